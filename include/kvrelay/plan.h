@@ -1,0 +1,117 @@
+/* kvrelay plan layer: byte runs per region class, digest, host reference
+ * executor, verifier and coverage proof (DESIGN.md §4). No UCX, no CUDA. */
+#ifndef KVRELAY_PLAN_H
+#define KVRELAY_PLAN_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "kvrelay/layout.h"
+#include "kvrelay/status.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* One copy, in bytes, relative to each side's region base. */
+typedef struct kvr_run {
+    uint64_t src;
+    uint64_t dst;
+    uint64_t len;
+} kvr_run_t;
+
+/* A request as the planner sees it: full block tables (never pre-sliced);
+ * counts come from the array lengths. */
+typedef struct kvr_request {
+    const uint32_t *src_blocks;
+    size_t num_src_blocks;
+    const uint32_t *dst_blocks;
+    size_t num_dst_blocks;
+    uint64_t num_tokens;
+    uint64_t num_computed_blocks; /* virtual blocks already on the consumer */
+} kvr_request_t;
+
+/* A producer region and the consumer region it maps to. */
+typedef struct kvr_region_pair {
+    kvr_region_desc_t src;
+    kvr_region_desc_t dst;
+} kvr_region_pair_t;
+
+typedef struct kvr_plan kvr_plan_t;
+
+/* Plans one region pair for DCP rank `rank`. Every check of §4 is its own
+ * status code; err (may be NULL) names the offending values. */
+kvr_status_t kvr_plan_create(const kvr_layout_t *lay, uint32_t rank,
+                             const kvr_region_pair_t *pair,
+                             const kvr_request_t *req, kvr_plan_t **out,
+                             kvr_error_t *err);
+void kvr_plan_destroy(kvr_plan_t *plan);
+
+/* Coalesced runs, sorted by destination; valid while the plan lives. */
+const kvr_run_t *kvr_plan_runs(const kvr_plan_t *plan, size_t *num_runs);
+size_t kvr_plan_num_runs(const kvr_plan_t *plan);
+size_t kvr_plan_runs_uncoalesced(const kvr_plan_t *plan);
+uint64_t kvr_plan_bytes(const kvr_plan_t *plan);
+
+/* Plans for many region pairs: computed once per region class (token-space
+ * for token-addressable roles, then scaled by token bytes) and shared by
+ * every region of the class. */
+typedef struct kvr_plan_set kvr_plan_set_t;
+
+kvr_status_t kvr_plan_set_create(const kvr_layout_t *lay, uint32_t rank,
+                                 const kvr_region_pair_t *pairs,
+                                 size_t num_pairs, const kvr_request_t *req,
+                                 kvr_plan_set_t **out, kvr_error_t *err);
+void kvr_plan_set_destroy(kvr_plan_set_t *set);
+size_t kvr_plan_set_num_classes(const kvr_plan_set_t *set);
+const kvr_plan_t *kvr_plan_set_class(const kvr_plan_set_t *set, size_t cls);
+/* Class index of region pair i, and the pairs' total bytes and runs. */
+size_t kvr_plan_set_class_of(const kvr_plan_set_t *set, size_t pair);
+const kvr_plan_t *kvr_plan_set_plan_of(const kvr_plan_set_t *set, size_t pair);
+uint64_t kvr_plan_set_total_bytes(const kvr_plan_set_t *set);
+uint64_t kvr_plan_set_total_runs(const kvr_plan_set_t *set);
+
+/* 64-bit layout digest (§4): first 8 bytes of a 16-byte BLAKE2b over the
+ * layout and the sorted set of region classes, read little-endian. The
+ * regions' ranks, counts, layers and sizes are excluded. */
+kvr_status_t kvr_layout_digest(const kvr_layout_t *lay,
+                               const kvr_region_desc_t *regions,
+                               size_t num_regions, uint64_t *out,
+                               kvr_error_t *err);
+/* 16 lowercase hex digits of the digest's 8 bytes in order, NUL-terminated. */
+void kvr_digest_hex(uint64_t digest, char out[17]);
+
+/* Host reference executor: memcpy every run from src_base to dst_base. */
+void kvr_plan_apply_host(const kvr_plan_t *plan, const void *src_base,
+                         void *dst_base);
+
+/* Verifier: checks that every token the rank must hold sits where §2-3 put
+ * it in dst_base (a copy of the consumer region), against src_base (the
+ * producer region). MLA: the token's bytes at slot(g). INDEX: every key byte
+ * at its (preshuffled) position and its scale. Returns KVR_ERR_VERIFY with
+ * the first wrong token, byte, expected and found values. */
+kvr_status_t kvr_verify_region(const kvr_layout_t *lay, uint32_t rank,
+                               const kvr_region_pair_t *pair,
+                               const kvr_request_t *req, const void *src_base,
+                               const void *dst_base, kvr_error_t *err);
+
+/* Coverage proof (test mode): given the W ranks' plans for one region pair,
+ * checks that together they write every token exactly once (replicated: on
+ * every rank), each from the right source byte, never twice to the same
+ * destination byte, and nothing outside the request's destination pages
+ * (index slack past num_tokens inside a touched page is allowed). */
+kvr_status_t kvr_plan_check_coverage(const kvr_layout_t *lay,
+                                     const kvr_region_pair_t *pair,
+                                     const kvr_request_t *req,
+                                     const kvr_plan_t *const *rank_plans,
+                                     kvr_error_t *err);
+
+/* Plan from an explicit run list (for tests, tools and replay); runs are
+ * copied, not validated. */
+kvr_status_t kvr_plan_from_runs(const kvr_run_t *runs, size_t num_runs,
+                                kvr_plan_t **out);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

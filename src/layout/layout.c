@@ -1,0 +1,253 @@
+#include "kvrelay/layout.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "layout_math.h"
+
+const char *kvr_status_str(kvr_status_t status)
+{
+    switch (status) {
+#define KVR__STATUS_STR(name, value, text)                                     \
+    case KVR_##name:                                                           \
+        return text;
+        KVR_STATUS_MAP(KVR__STATUS_STR)
+#undef KVR__STATUS_STR
+    }
+    return "unknown status";
+}
+
+const char *kvr_status_name(kvr_status_t status)
+{
+    switch (status) {
+#define KVR__STATUS_NAME(name, value, text)                                    \
+    case KVR_##name:                                                           \
+        return #name;
+        KVR_STATUS_MAP(KVR__STATUS_NAME)
+#undef KVR__STATUS_NAME
+    }
+    return NULL;
+}
+
+kvr_status_t kvr_error_set(kvr_error_t *err, kvr_status_t code,
+                           const char *fmt, ...)
+{
+    if (err == NULL)
+        return code;
+    err->code = code;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(err->msg, sizeof(err->msg), fmt, ap);
+    va_end(ap);
+    return code;
+}
+
+static const char *const role_names[] = {
+    [KVR_ROLE_MLA] = "mla",         [KVR_ROLE_INDEX] = "index",
+    [KVR_ROLE_DENSE] = "dense",     [KVR_ROLE_STATE] = "state",
+    [KVR_ROLE_STAGING] = "staging", [KVR_ROLE_OTHER] = "other",
+};
+
+const char *kvr_role_name(kvr_role_t role)
+{
+    if (role < KVR_ROLE_MLA || role > KVR_ROLE_OTHER)
+        return "unknown";
+    return role_names[role];
+}
+
+kvr_status_t kvr_role_parse(const char *text, kvr_role_t *out)
+{
+    for (int r = KVR_ROLE_MLA; r <= KVR_ROLE_OTHER; r++) {
+        if (text != NULL && strcmp(text, role_names[r]) == 0) {
+            *out = (kvr_role_t)r;
+            return KVR_OK;
+        }
+    }
+    return KVR_ERR_INVALID;
+}
+
+kvr_status_t kvr_layout_check(const kvr_layout_t *lay, kvr_error_t *err)
+{
+    if (lay == NULL)
+        return kvr_error_set(err, KVR_ERR_INVALID, "layout is NULL");
+    uint32_t bs = lay->block_size, I = lay->interleave, W = lay->dcp_size;
+    if (bs < 1)
+        return kvr_error_set(err, KVR_ERR_BLOCK_SIZE, "block size %u < 1", bs);
+    if (I < 1)
+        return kvr_error_set(err, KVR_ERR_INTERLEAVE_LT1,
+                             "interleave %u < 1", I);
+    if (I > bs)
+        return kvr_error_set(err, KVR_ERR_INTERLEAVE_GT_BS,
+                             "interleave %u > block size %u", I, bs);
+    if (bs % I != 0)
+        return kvr_error_set(err, KVR_ERR_INTERLEAVE_NOT_DIVISOR,
+                             "block size %u is not a multiple of interleave %u",
+                             bs, I);
+    if (W < 1)
+        return kvr_error_set(err, KVR_ERR_DCP_LT1, "DCP size %u < 1", W);
+    if (lay->tp < 1 || lay->tp % W != 0)
+        return kvr_error_set(err, KVR_ERR_TP_NOT_DIVISIBLE,
+                             "TP size %u is not a multiple of DCP size %u",
+                             lay->tp, W);
+    if (lay->producer_tp < 1)
+        return kvr_error_set(err, KVR_ERR_INVALID, "producer TP size %u < 1",
+                             lay->producer_tp);
+    return KVR_OK;
+}
+
+kvr_status_t kvr_layout_check_rank(const kvr_layout_t *lay, uint32_t rank,
+                                   kvr_error_t *err)
+{
+    kvr_status_t st = kvr_layout_check(lay, err);
+    if (st != KVR_OK)
+        return st;
+    if (rank >= lay->dcp_size)
+        return kvr_error_set(err, KVR_ERR_RANK_RANGE,
+                             "DCP rank %u out of range [0, %u)", rank,
+                             lay->dcp_size);
+    return KVR_OK;
+}
+
+uint64_t kvr_virtual_block(const kvr_layout_t *lay)
+{
+    return (uint64_t)lay->block_size * lay->dcp_size;
+}
+
+uint32_t kvr_owner(const kvr_layout_t *lay, uint64_t g)
+{
+    return kvr__owner(g, lay->interleave, lay->dcp_size);
+}
+
+uint64_t kvr_local_index(const kvr_layout_t *lay, uint64_t g)
+{
+    return kvr__local(g, lay->interleave, lay->dcp_size);
+}
+
+uint64_t kvr_global_index(const kvr_layout_t *lay, uint64_t j, uint32_t rank)
+{
+    return kvr__global(j, rank, lay->interleave, lay->dcp_size);
+}
+
+uint64_t kvr_local_len(const kvr_layout_t *lay, uint64_t len, uint32_t rank)
+{
+    return kvr__local_len(len, rank, lay->interleave, lay->dcp_size);
+}
+
+uint64_t kvr_num_dst_blocks(const kvr_layout_t *lay, uint64_t num_tokens)
+{
+    return kvr__ceil_div(num_tokens, kvr_virtual_block(lay));
+}
+
+uint64_t kvr_num_src_blocks(const kvr_layout_t *lay, uint64_t num_tokens)
+{
+    return kvr__ceil_div(num_tokens, lay->block_size);
+}
+
+uint64_t kvr_index_stride(uint32_t index_dim)
+{
+    return kvr__index_stride(index_dim);
+}
+
+uint64_t kvr_index_page_tokens(const kvr_layout_t *lay, bool consumer)
+{
+    if (consumer && lay->replicate_index)
+        return kvr_virtual_block(lay);
+    return lay->block_size;
+}
+
+uint64_t kvr_index_key_offset(const kvr_layout_t *lay, uint32_t index_dim,
+                              uint64_t t, uint32_t d)
+{
+    return kvr__index_key_off(t, d, index_dim, lay->preshuffle);
+}
+
+uint64_t kvr_index_scale_offset(uint64_t page_tokens, uint32_t index_dim,
+                                uint64_t t)
+{
+    return kvr__index_scale_off(t, page_tokens, index_dim);
+}
+
+uint64_t kvr_region_bytes(const kvr_region_desc_t *r)
+{
+    return r->bytes ? r->bytes : r->num_blocks * r->page_bytes;
+}
+
+uint64_t kvr_region_token_bytes(const kvr_layout_t *lay,
+                                const kvr_region_desc_t *r)
+{
+    return r->page_bytes / lay->block_size;
+}
+
+static kvr_status_t check_token_region(const kvr_layout_t *lay,
+                                       const kvr_region_desc_t *r,
+                                       const char *side, kvr_error_t *err)
+{
+    if (r->page_bytes == 0 || r->page_bytes % lay->block_size != 0)
+        return kvr_error_set(err, KVR_ERR_PAGE_NOT_TOKENS,
+                             "%s %s region layer %u: page bytes %llu is not a "
+                             "positive multiple of block size %u",
+                             side, kvr_role_name(r->role), r->layer,
+                             (unsigned long long)r->page_bytes,
+                             lay->block_size);
+    return KVR_OK;
+}
+
+static kvr_status_t check_index_region(const kvr_layout_t *lay,
+                                       const kvr_region_desc_t *r,
+                                       bool consumer, kvr_error_t *err)
+{
+    const char *side = consumer ? "consumer" : "producer";
+    uint32_t D = r->index_dim, Q = r->quant_block ? r->quant_block : D;
+    if (D == 0)
+        return kvr_error_set(err, KVR_ERR_PAGE_GEOMETRY,
+                             "%s index region layer %u: index dim D is 0",
+                             side, r->layer);
+    if (D % Q != 0 || D / Q != 1)
+        return kvr_error_set(err, KVR_ERR_INDEX_QUANT,
+                             "%s index region layer %u: D/Q must be 1 "
+                             "(D=%u, Q=%u)", side, r->layer, D, Q);
+    if (lay->preshuffle && lay->block_size % 16 != 0)
+        return kvr_error_set(err, KVR_ERR_PRESHUFFLE_BS,
+                             "preshuffled index needs bs %% 16 == 0 (bs=%u)",
+                             lay->block_size);
+    if (lay->preshuffle && D % 16 != 0)
+        return kvr_error_set(err, KVR_ERR_PAGE_GEOMETRY,
+                             "preshuffled index needs D %% 16 == 0 (D=%u)", D);
+    uint64_t P = kvr_index_page_tokens(lay, consumer);
+    uint64_t need = P * (D + 4ull * (D / Q));
+    if (r->page_bytes < need)
+        return kvr_error_set(err, KVR_ERR_PAGE_GEOMETRY,
+                             "%s index region layer %u: page bytes %llu < %llu "
+                             "needed for %llu tokens of D=%u plus scales",
+                             side, r->layer, (unsigned long long)r->page_bytes,
+                             (unsigned long long)need, (unsigned long long)P,
+                             D);
+    return KVR_OK;
+}
+
+kvr_status_t kvr_region_check(const kvr_layout_t *lay,
+                              const kvr_region_desc_t *r, bool consumer,
+                              kvr_error_t *err)
+{
+    if (lay == NULL || r == NULL)
+        return kvr_error_set(err, KVR_ERR_INVALID, "region or layout is NULL");
+    const char *side = consumer ? "consumer" : "producer";
+    switch (r->role) {
+    case KVR_ROLE_MLA:
+    case KVR_ROLE_DENSE:
+        return check_token_region(lay, r, side, err);
+    case KVR_ROLE_INDEX:
+        return check_index_region(lay, r, consumer, err);
+    case KVR_ROLE_STATE:
+    case KVR_ROLE_OTHER:
+    case KVR_ROLE_STAGING:
+        if (r->page_bytes == 0)
+            return kvr_error_set(err, KVR_ERR_PAGE_GEOMETRY,
+                                 "%s %s region layer %u: page bytes is 0", side,
+                                 kvr_role_name(r->role), r->layer);
+        return KVR_OK;
+    }
+    return kvr_error_set(err, KVR_ERR_INVALID, "%s region layer %u: role %d",
+                         side, r->layer, (int)r->role);
+}

@@ -1,0 +1,279 @@
+/* Expected placement of every byte (DESIGN.md §2-3), the byte verifier and
+ * the coverage proof built on it. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../layout/layout_math.h"
+#include "plan_internal.h"
+
+typedef unsigned long long ull;
+
+static int expect_index_token(const kvr_layout_t *lay,
+                              const kvr_region_pair_t *pair,
+                              const kvr_request_t *req, uint64_t g, int repl,
+                              kvr__expect_fn fn, void *ctx)
+{
+    uint64_t bs = lay->block_size, W = lay->dcp_size, V = bs * W;
+    uint64_t D = pair->src.index_dim;
+    uint64_t sp = req->src_blocks[g / bs] * pair->src.page_bytes;
+    uint64_t dp = req->dst_blocks[g / V] * pair->dst.page_bytes;
+    uint64_t ts = g % bs;
+    uint64_t td = repl ? g % V : kvr__local(g, lay->interleave, W) % bs;
+    uint64_t Pd = repl ? V : bs;
+    uint64_t step = lay->preshuffle ? 16 : D;
+    for (uint64_t d = 0; d < D; d += step) {
+        uint64_t so = kvr__index_key_off(ts, d, D, lay->preshuffle);
+        uint64_t dof = kvr__index_key_off(td, d, D, lay->preshuffle);
+        if (fn(ctx, g, "key", sp + so, dp + dof, step))
+            return 1;
+    }
+    return fn(ctx, g, "scale", sp + kvr__index_scale_off(ts, bs, D),
+              dp + kvr__index_scale_off(td, Pd, D), 4);
+}
+
+static void expect_pages(const kvr_layout_t *lay,
+                         const kvr_region_pair_t *pair,
+                         const kvr_request_t *req, kvr__expect_fn fn,
+                         void *ctx)
+{
+    uint64_t bs = lay->block_size;
+    uint64_t end = kvr__ceil_div(req->num_tokens, bs);
+    for (uint64_t j = req->num_computed_blocks; j < end; j++)
+        if (fn(ctx, j * bs, "page", req->src_blocks[j] * pair->src.page_bytes,
+               req->dst_blocks[j] * pair->dst.page_bytes, pair->src.page_bytes))
+            return;
+}
+
+void kvr__expect_foreach(const kvr_layout_t *lay, uint32_t rank,
+                         const kvr_region_pair_t *pair,
+                         const kvr_request_t *req, kvr__kind_t kind,
+                         kvr__expect_fn fn, void *ctx)
+{
+    uint64_t bs = lay->block_size, I = lay->interleave, W = lay->dcp_size;
+    uint64_t first = req->num_computed_blocks * bs * W;
+    if (kind == KVR__KIND_PAGE) {
+        expect_pages(lay, pair, req, fn, ctx);
+        return;
+    }
+    uint64_t tb = kvr_region_token_bytes(lay, &pair->src);
+    for (uint64_t g = first; g < req->num_tokens; g++) {
+        int owned = kvr__owner(g, I, W) == rank;
+        int stop = 0;
+        if (kind == KVR__KIND_TOKEN && owned)
+            stop = fn(ctx, g, "latent", kvr__src_slot(req->src_blocks, g, bs) * tb,
+                      kvr__dst_slot(req->dst_blocks, g, bs, I, W) * tb, tb);
+        else if (kind == KVR__KIND_INDEX_REPL || (kind == KVR__KIND_INDEX_SHARD && owned))
+            stop = expect_index_token(lay, pair, req, g,
+                                      kind == KVR__KIND_INDEX_REPL, fn, ctx);
+        if (stop)
+            return;
+    }
+}
+
+/* ---- verifier ---- */
+
+typedef struct {
+    const unsigned char *src;
+    const unsigned char *dst;
+    const kvr_region_pair_t *pair;
+    uint32_t rank;
+    kvr_error_t *err;
+    kvr_status_t st;
+} verify_ctx_t;
+
+static int verify_segment(void *arg, uint64_t g, const char *part,
+                          uint64_t so, uint64_t dof, uint64_t len)
+{
+    verify_ctx_t *v = arg;
+    if (memcmp(v->src + so, v->dst + dof, len) == 0)
+        return 0;
+    uint64_t i = 0;
+    while (v->src[so + i] == v->dst[dof + i])
+        i++;
+    v->st = kvr_error_set(v->err, KVR_ERR_VERIFY,
+                          "%s layer %u rank %u: token %llu wrong: %s byte %llu "
+                          "at dst offset %llu: expected 0x%02x (src offset "
+                          "%llu) found 0x%02x",
+                          kvr_role_name(v->pair->dst.role), v->pair->dst.layer,
+                          v->rank, (ull)g, part, (ull)i, (ull)(dof + i),
+                          v->src[so + i], (ull)(so + i), v->dst[dof + i]);
+    return 1;
+}
+
+kvr_status_t kvr_verify_region(const kvr_layout_t *lay, uint32_t rank,
+                               const kvr_region_pair_t *pair,
+                               const kvr_request_t *req, const void *src_base,
+                               const void *dst_base, kvr_error_t *err)
+{
+    kvr__req_info_t info;
+    kvr__kind_t kind;
+    if (src_base == NULL || dst_base == NULL)
+        return kvr_error_set(err, KVR_ERR_INVALID, "buffer is NULL");
+    kvr_status_t st = kvr__check_request(lay, rank, req, &info, err);
+    if (st == KVR_OK)
+        st = kvr__check_pair(lay, pair, req, &info, &kind, err);
+    if (st != KVR_OK)
+        return st;
+    verify_ctx_t v = {src_base, dst_base, pair, rank, err, KVR_OK};
+    kvr__expect_foreach(lay, rank, pair, req, kind, verify_segment, &v);
+    return v.st;
+}
+
+/* ---- coverage proof ---- */
+
+#define COVERED UINT32_MAX
+
+typedef struct {
+    uint32_t *map; /* per destination byte: source byte + 1, 0 unwritten */
+    uint32_t rank;
+    uint64_t tokens;
+    uint64_t last_g;
+    kvr_error_t *err;
+    kvr_status_t st;
+} cover_ctx_t;
+
+static int cover_segment(void *arg, uint64_t g, const char *part,
+                         uint64_t so, uint64_t dof, uint64_t len)
+{
+    cover_ctx_t *c = arg;
+    if (g != c->last_g || c->tokens == 0)
+        c->tokens++;
+    c->last_g = g;
+    for (uint64_t i = 0; i < len; i++) {
+        uint32_t got = c->map[dof + i];
+        if (got == so + i + 1) {
+            c->map[dof + i] = COVERED;
+            continue;
+        }
+        c->st = kvr_error_set(c->err, KVR_ERR_VERIFY,
+                              "rank %u token %llu %s byte %llu: dst byte %llu "
+                              "%s (expected src byte %llu, got %lld)",
+                              c->rank, (ull)g, part, (ull)i, (ull)(dof + i),
+                              got == 0 ? "never written" : "from the wrong source",
+                              (ull)(so + i), (long long)got - 1);
+        return 1;
+    }
+    return 0;
+}
+
+static kvr_status_t paint_plan(const kvr_plan_t *plan, uint32_t rank,
+                               uint64_t src_bytes, uint64_t dst_bytes,
+                               uint32_t *map, kvr_error_t *err)
+{
+    for (size_t i = 0; i < plan->num_runs; i++) {
+        const kvr_run_t *r = &plan->runs[i];
+        if (r->src + r->len > src_bytes || r->dst + r->len > dst_bytes)
+            return kvr_error_set(err, KVR_ERR_RUN_OUT_OF_BOUNDS,
+                                 "rank %u run %zu (src %llu dst %llu len %llu) "
+                                 "leaves the regions",
+                                 rank, i, (ull)r->src, (ull)r->dst,
+                                 (ull)r->len);
+        for (uint64_t b = 0; b < r->len; b++) {
+            if (map[r->dst + b] != 0)
+                return kvr_error_set(err, KVR_ERR_VERIFY,
+                                     "rank %u writes dst byte %llu twice",
+                                     rank, (ull)(r->dst + b));
+            map[r->dst + b] = (uint32_t)(r->src + b + 1);
+        }
+    }
+    return KVR_OK;
+}
+
+/* Leftover writes are legal only as index slack: in a request page, inside
+ * the planes. */
+static kvr_status_t check_leftovers(const kvr_layout_t *lay,
+                                    const kvr_region_pair_t *pair,
+                                    const kvr_request_t *req, kvr__kind_t kind,
+                                    uint32_t rank, const uint32_t *map,
+                                    uint64_t dst_bytes, kvr_error_t *err)
+{
+    int index = kind == KVR__KIND_INDEX_REPL || kind == KVR__KIND_INDEX_SHARD;
+    uint64_t planes = kvr_index_page_tokens(lay, true) *
+                      (pair->dst.index_dim + 4ull);
+    uint64_t end = kvr__ceil_div(req->num_tokens, kvr_virtual_block(lay));
+    unsigned char *in_request = calloc(pair->dst.num_blocks + 1, 1);
+    if (in_request == NULL)
+        return kvr_error_set(err, KVR_ERR_NO_MEMORY, "no memory");
+    for (uint64_t k = req->num_computed_blocks; k < end; k++)
+        in_request[req->dst_blocks[k]] = 1;
+    kvr_status_t st = KVR_OK;
+    for (uint64_t x = 0; x < dst_bytes && st == KVR_OK; x++) {
+        if (map[x] == 0 || map[x] == COVERED)
+            continue;
+        uint64_t page = x / pair->dst.page_bytes;
+        if (!index || page >= pair->dst.num_blocks || !in_request[page] ||
+            x % pair->dst.page_bytes >= planes)
+            st = kvr_error_set(err, KVR_ERR_VERIFY,
+                               "rank %u writes dst byte %llu (page %llu) "
+                               "that holds none of the request's tokens",
+                               rank, (ull)x, (ull)page);
+    }
+    free(in_request);
+    return st;
+}
+
+static kvr_status_t cover_rank(const kvr_layout_t *lay,
+                               const kvr_region_pair_t *pair,
+                               const kvr_request_t *req, kvr__kind_t kind,
+                               uint32_t rank, const kvr_plan_t *plan,
+                               uint32_t *map, uint64_t *tokens,
+                               kvr_error_t *err)
+{
+    uint64_t src_bytes = kvr_region_bytes(&pair->src);
+    uint64_t dst_bytes = kvr_region_bytes(&pair->dst);
+    memset(map, 0, dst_bytes * sizeof(*map));
+    kvr_status_t st = paint_plan(plan, rank, src_bytes, dst_bytes, map, err);
+    if (st != KVR_OK)
+        return st;
+    cover_ctx_t c = {map, rank, 0, 0, err, KVR_OK};
+    kvr__expect_foreach(lay, rank, pair, req, kind, cover_segment, &c);
+    if (c.st != KVR_OK)
+        return c.st;
+    *tokens += c.tokens;
+    return check_leftovers(lay, pair, req, kind, rank, map, dst_bytes, err);
+}
+
+static uint64_t expected_total(const kvr_layout_t *lay, const kvr_request_t *req,
+                               kvr__kind_t kind)
+{
+    uint64_t bs = lay->block_size, W = lay->dcp_size;
+    if (kind == KVR__KIND_PAGE)
+        return kvr__ceil_div(req->num_tokens, bs) - req->num_computed_blocks;
+    uint64_t first = req->num_computed_blocks * bs * W;
+    uint64_t n = req->num_tokens > first ? req->num_tokens - first : 0;
+    return kind == KVR__KIND_INDEX_REPL ? n * W : n;
+}
+
+kvr_status_t kvr_plan_check_coverage(const kvr_layout_t *lay,
+                                     const kvr_region_pair_t *pair,
+                                     const kvr_request_t *req,
+                                     const kvr_plan_t *const *rank_plans,
+                                     kvr_error_t *err)
+{
+    kvr__req_info_t info;
+    kvr__kind_t kind;
+    kvr_status_t st = kvr__check_request(lay, 0, req, &info, err);
+    if (st == KVR_OK)
+        st = kvr__check_pair(lay, pair, req, &info, &kind, err);
+    if (st != KVR_OK)
+        return st;
+    uint64_t dst_bytes = kvr_region_bytes(&pair->dst);
+    if (rank_plans == NULL || dst_bytes >= COVERED ||
+        kvr_region_bytes(&pair->src) >= COVERED)
+        return kvr_error_set(err, KVR_ERR_INVALID,
+                             "coverage needs W plans and regions < 4 GiB");
+    uint32_t *map = malloc((dst_bytes + 1) * sizeof(*map));
+    if (map == NULL)
+        return kvr_error_set(err, KVR_ERR_NO_MEMORY, "no memory for the map");
+    uint64_t tokens = 0;
+    for (uint32_t r = 0; r < lay->dcp_size && st == KVR_OK; r++)
+        st = cover_rank(lay, pair, req, kind, r, rank_plans[r], map, &tokens,
+                        err);
+    free(map);
+    if (st == KVR_OK && tokens != expected_total(lay, req, kind))
+        st = kvr_error_set(err, KVR_ERR_VERIFY,
+                           "ranks hold %llu token placements, expected %llu",
+                           (ull)tokens, (ull)expected_total(lay, req, kind));
+    return st;
+}
