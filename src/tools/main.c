@@ -1,0 +1,41 @@
+/* kvrelay: command-line entry point; one table of subcommands. */
+#include <stdio.h>
+#include <string.h>
+
+#include "commands.h"
+
+typedef struct {
+    const char *name;
+    int (*run)(int argc, char **argv);
+    const char *summary;
+} command_t;
+
+static const command_t commands[] = {
+    {"plan", kvr_cmd_plan, "print one DCP rank's transfer plan summary"},
+};
+
+static void usage(FILE *out)
+{
+    fputs("usage: kvrelay <command> [options]   (kvrelay <command> --help)\n"
+          "commands:\n", out);
+    for (size_t i = 0; i < sizeof(commands) / sizeof(commands[0]); i++)
+        fprintf(out, "  %-10s %s\n", commands[i].name, commands[i].summary);
+}
+
+int main(int argc, char **argv)
+{
+    if (argc < 2) {
+        usage(stderr);
+        return KVR_EXIT_USAGE;
+    }
+    if (strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "help") == 0) {
+        usage(stdout);
+        return KVR_EXIT_OK;
+    }
+    for (size_t i = 0; i < sizeof(commands) / sizeof(commands[0]); i++)
+        if (strcmp(argv[1], commands[i].name) == 0)
+            return commands[i].run(argc - 1, argv + 1);
+    fprintf(stderr, "kvrelay: unknown command '%s'\n", argv[1]);
+    usage(stderr);
+    return KVR_EXIT_USAGE;
+}

@@ -1,0 +1,90 @@
+/* libFuzzer target over planner inputs: any layout, region geometry, block
+ * tables and offsets. The planner must never crash; every plan it accepts
+ * must pass the coverage proof (in bounds, every token exactly once). */
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kvrelay/plan.h"
+
+typedef struct {
+    const uint8_t *p;
+    size_t n;
+} cursor_t;
+
+static uint32_t take(cursor_t *c, uint32_t mod)
+{
+    if (c->n == 0 || mod == 0)
+        return 0;
+    uint32_t v = *c->p++;
+    c->n--;
+    return v % mod;
+}
+
+static void build_region(cursor_t *c, const kvr_layout_t *lay,
+                         kvr_region_pair_t *pair)
+{
+    static const uint32_t dims[] = {16, 32, 128, 0, 24};
+    kvr_role_t role = (kvr_role_t)(1 + take(c, 6));
+    uint64_t tb = 1 + take(c, 40);
+    uint32_t D = dims[take(c, 5)];
+    uint64_t P = lay->block_size;
+    for (int side = 0; side < 2; side++) {
+        kvr_region_desc_t *r = side ? &pair->dst : &pair->src;
+        r->role = take(c, 16) == 0 ? (kvr_role_t)(1 + take(c, 6)) : role;
+        r->num_blocks = take(c, 40);
+        r->index_dim = D;
+        r->quant_block = take(c, 8) == 0 ? D / 2 : D;
+        if (role == KVR_ROLE_INDEX)
+            r->page_bytes = (side ? kvr_index_page_tokens(lay, true) : P) *
+                            kvr_index_stride(D);
+        else
+            r->page_bytes = P * tb + (take(c, 16) == 0);
+        r->bytes = take(c, 16) == 0 ? take(c, 255) * 64ull : 0;
+    }
+}
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
+{
+    cursor_t c = {data, size};
+    static const uint32_t bss[] = {1, 2, 4, 8, 16, 32, 64, 0};
+    kvr_layout_t lay = KVR_LAYOUT_INIT;
+    lay.block_size = bss[take(&c, 8)];
+    lay.dcp_size = take(&c, 9);
+    lay.interleave = take(&c, 65);
+    lay.tp = lay.dcp_size * (1 + take(&c, 2)) + (take(&c, 16) == 0);
+    lay.producer_tp = lay.tp;
+    lay.replicate_index = take(&c, 2);
+    lay.preshuffle = take(&c, 2);
+    uint32_t rank = take(&c, 9);
+    kvr_region_pair_t pair;
+    memset(&pair, 0, sizeof(pair));
+    build_region(&c, &lay, &pair);
+    uint32_t src[64], dst[32];
+    size_t nsrc = take(&c, 65), ndst = take(&c, 33);
+    for (size_t i = 0; i < nsrc; i++)
+        src[i] = take(&c, 48);
+    for (size_t i = 0; i < ndst; i++)
+        dst[i] = take(&c, 40);
+    kvr_request_t req = {src, nsrc, dst, ndst, take(&c, 255) * (1 + take(&c, 8)),
+                         take(&c, 5)};
+    kvr_plan_t *plans[8] = {0};
+    kvr_error_t err;
+    kvr_status_t st = kvr_plan_create(&lay, rank, &pair, &req, &plans[0], &err);
+    kvr_plan_destroy(plans[0]);
+    if (st != KVR_OK || lay.dcp_size > 8)
+        return 0;
+    for (uint32_t r = 0; r < lay.dcp_size; r++)
+        if (kvr_plan_create(&lay, r, &pair, &req, &plans[r], &err) != KVR_OK)
+            abort(); /* accepted for one rank means accepted for all */
+    st = kvr_plan_check_coverage(&lay, &pair, &req,
+                                 (const kvr_plan_t *const *)plans, &err);
+    if (st != KVR_OK && st != KVR_ERR_INVALID) {
+        fprintf(stderr, "coverage failed: %s\n", err.msg);
+        abort();
+    }
+    for (uint32_t r = 0; r < lay.dcp_size; r++)
+        kvr_plan_destroy(plans[r]);
+    return 0;
+}

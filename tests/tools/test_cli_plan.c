@@ -1,0 +1,158 @@
+/* `kvrelay plan` end to end: JSON fields and values, text output, and
+ * exit status 2 with one stderr line naming the bad value. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+
+#include <cmocka.h>
+#include <jansson.h>
+
+#include "kvrelay/layout.h"
+
+static const char *kvr_bin;
+
+typedef struct {
+    int status;
+    char out[65536];
+    char err[4096];
+} result_t;
+
+static void slurp(const char *path, char *buf, size_t cap)
+{
+    FILE *f = fopen(path, "r");
+    size_t n = f ? fread(buf, 1, cap - 1, f) : 0;
+    buf[n] = '\0';
+    if (f)
+        fclose(f);
+}
+
+static void run(const char *args, result_t *r)
+{
+    char cmd[2048];
+    snprintf(cmd, sizeof(cmd), "%s plan %s >cli_out.txt 2>cli_err.txt", kvr_bin, args);
+    int st = system(cmd);
+    r->status = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+    slurp("cli_out.txt", r->out, sizeof(r->out));
+    slurp("cli_err.txt", r->err, sizeof(r->err));
+}
+
+static json_int_t get_int(json_t *o, const char *key)
+{
+    json_t *v = json_object_get(o, key);
+    assert_non_null(v);
+    return json_integer_value(v);
+}
+
+static void test_json_headline(void **state)
+{
+    (void)state;
+    kvr_layout_t lay = KVR_LAYOUT_INIT;
+    lay.dcp_size = 4;
+    lay.tp = 4;
+    char digest0[17] = "";
+    for (uint32_t rank = 0; rank < 4; rank++) {
+        char args[512];
+        snprintf(args, sizeof(args), "--json --block-size 64 --dcp 4 --rank %u "
+                 "--tokens 3001 --replicate-index --region mla:576x78 "
+                 "--region index:128x26", rank);
+        result_t r;
+        run(args, &r);
+        assert_int_equal(r.status, 0);
+        json_error_t jerr;
+        json_t *root = json_loads(r.out, 0, &jerr);
+        assert_non_null(root);
+        assert_int_equal(get_int(root, "rank"), rank);
+        assert_int_equal(get_int(root, "dcp"), 4);
+        assert_int_equal(get_int(root, "interleave"), 1);
+        assert_int_equal(get_int(root, "tokens"), 3001);
+        json_t *regs = json_object_get(root, "regions");
+        assert_int_equal(json_array_size(regs), 2);
+        json_t *mla = json_array_get(regs, 0), *idx = json_array_get(regs, 1);
+        assert_string_equal(json_string_value(json_object_get(mla, "role")), "mla");
+        assert_int_equal(get_int(mla, "count"), 78);
+        uint64_t owned = kvr_local_len(&lay, 3001, rank);
+        assert_int_equal(get_int(mla, "bytes"), (json_int_t)(owned * 576 * 78));
+        assert_int_equal(get_int(mla, "runs"), (json_int_t)(owned * 78));
+        /* 47 source pages, two planes each, whole planes of 64 * (128 + 4) */
+        assert_int_equal(get_int(idx, "runs_uncoalesced"), 47 * 2 * 26);
+        assert_int_equal(get_int(idx, "bytes"), 47 * 64 * 132 * 26);
+        assert_int_equal(get_int(root, "total_bytes"),
+                         get_int(mla, "bytes") + get_int(idx, "bytes"));
+        assert_int_equal(get_int(root, "total_runs"),
+                         get_int(mla, "runs") + get_int(idx, "runs"));
+        const char *digest = json_string_value(json_object_get(root, "digest"));
+        assert_int_equal(strlen(digest), 16);
+        if (rank == 0)
+            snprintf(digest0, sizeof(digest0), "%s", digest);
+        assert_string_equal(digest, digest0); /* ranks excluded */
+        json_decref(root);
+    }
+}
+
+static void test_text_output(void **state)
+{
+    (void)state;
+    result_t r;
+    run("--block-size 16 --dcp 2 --rank 0 --tokens 40 --interleave 16 "
+        "--region mla:576 --src-blocks random:5 --dst-blocks 4,1", &r);
+    assert_int_equal(r.status, 0);
+    assert_non_null(strstr(r.out, "layout digest"));
+    assert_non_null(strstr(r.out, "block tables: given"));
+    run("--help", &r);
+    assert_int_equal(r.status, 0);
+    assert_non_null(strstr(r.out, "usage: kvrelay plan"));
+}
+
+static void expect_usage(const char *args, const char *needle)
+{
+    result_t r;
+    run(args, &r);
+    if (r.status != 2)
+        fail_msg("'%s' exited %d: %s", args, r.status, r.err);
+    if (strstr(r.err, needle) == NULL)
+        fail_msg("stderr \"%s\" lacks \"%s\"", r.err, needle);
+    char *nl = strchr(r.err, '\n');
+    assert_non_null(nl);
+    assert_string_equal(nl + 1, ""); /* exactly one line */
+}
+
+static void test_errors(void **state)
+{
+    (void)state;
+    const char *base = "--block-size 64 --dcp 4 --tokens 100 --region mla:576";
+    char args[512];
+    snprintf(args, sizeof(args), "%s --rank 4", base);
+    expect_usage(args, "DCP rank 4 out of range");
+    snprintf(args, sizeof(args), "%s --rank 0 --interleave 3", base);
+    expect_usage(args, "interleave 3");
+    snprintf(args, sizeof(args), "%s --rank 0 --region index:128", base);
+    expect_usage(args, "needs I == bs");
+    snprintf(args, sizeof(args), "%s --rank 0 --region bogus:1", base);
+    expect_usage(args, "--region 'bogus:1'");
+    snprintf(args, sizeof(args), "%s --rank 0 --dst-blocks 0,x", base);
+    expect_usage(args, "block id 'x'");
+    snprintf(args, sizeof(args), "%s --rank 0 --computed-blocks 9", base);
+    expect_usage(args, "num_computed_blocks 9");
+    snprintf(args, sizeof(args), "%s --rank 0 --dst-num-blocks 3 --dst-blocks 5", base);
+    expect_usage(args, "destination block id 5");
+    expect_usage("--dcp 4 --rank 0 --tokens 5 --region mla:576", "--block-size is required");
+    expect_usage("--block-size 64 --dcp 1 --rank 0 --tokens 5 --wat", "'--wat'");
+    snprintf(args, sizeof(args), "%s --rank 0 --region state:4096", base);
+    expect_usage(args, "no relayout");
+}
+
+int main(int argc, char **argv)
+{
+    kvr_bin = argc > 1 ? argv[1] : "kvrelay";
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_json_headline),
+        cmocka_unit_test(test_text_output),
+        cmocka_unit_test(test_errors),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
