@@ -1,0 +1,50 @@
+/* Synthetic KV for demos, tests and `kvrelay inspect`: every byte is a pure
+ * function of (seed, layer, role, position, token id), so a request that
+ * reuses a cached prefix verifies against bytes an earlier request wrote.
+ * Index scales are derived from the token's keys, so key/scale consistency
+ * can be checked on received pages alone. Part of the plan layer. */
+#ifndef KVRELAY_SYNTH_H
+#define KVRELAY_SYNTH_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "kvrelay/plan.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* token_bytes bytes of one MLA latent. */
+void kvr_synth_latent(uint64_t seed, uint32_t layer, uint64_t pos,
+                      uint32_t token_id, uint8_t *out, size_t token_bytes);
+/* D key bytes of one index token, in token order (not preshuffled). */
+void kvr_synth_index_key(uint64_t seed, uint32_t layer, uint64_t pos,
+                         uint32_t token_id, uint8_t *key, uint32_t index_dim);
+/* The fp32 scale derived from a token's D key bytes. */
+float kvr_synth_index_scale(const uint8_t *key, uint32_t index_dim);
+
+/* Writes tokens [0, num_tokens) of a request into a producer region at base
+ * (token g at its producer slot; index keys at their preshuffled position
+ * and scales in the scale plane). token_ids has num_tokens entries. */
+kvr_status_t kvr_synth_fill_source(const kvr_layout_t *lay,
+                                   const kvr_region_desc_t *src,
+                                   uint64_t seed, const uint32_t *src_blocks,
+                                   size_t num_src_blocks,
+                                   const uint32_t *token_ids,
+                                   uint64_t num_tokens, void *base,
+                                   kvr_error_t *err);
+
+/* Reads back token g from a consumer index page (page_tokens P, slot t) and
+ * checks that its scale matches its keys. Returns KVR_ERR_VERIFY naming the
+ * token, expected and found scale. */
+kvr_status_t kvr_synth_check_index_token(const kvr_layout_t *lay,
+                                         const uint8_t *page,
+                                         uint64_t page_tokens, uint64_t t,
+                                         uint32_t index_dim, uint64_t g,
+                                         kvr_error_t *err);
+
+#ifdef __cplusplus
+}
+#endif
+#endif
