@@ -50,7 +50,9 @@ extern "C" {
     X(ERR_NOT_FOUND, 56, "not found")                                           \
     X(ERR_EXISTS, 57, "already exists")                                         \
     X(ERR_IO, 60, "I/O error")                                                  \
-    X(ERR_CUDA, 70, "CUDA error")
+    X(ERR_CUDA, 70, "CUDA error")                                               \
+    X(ERR_TABLE_FULL, 100, "bookkeeping table full")                            \
+    X(ERR_CHUNK_SIZE, 101, "offload chunk size 0 or not a multiple of bs * W")
 
 typedef enum {
 #define KVR__STATUS_ENUM(name, value, text) KVR_##name = value,
