@@ -122,6 +122,22 @@ static json_t *describe(const kvr_offload_desc_t *d)
     return o;
 }
 
+/* jansson writes \u escapes with upper-case hex; lower-case them so the
+ * text equals Python's json.dumps(sort_keys=True, separators=(",", ":"),
+ * ensure_ascii=True) and other tools can reproduce the key. */
+static void lower_escapes(char *text, size_t n)
+{
+    for (size_t i = 0; i + 1 < n; i++) {
+        if (text[i] != '\\')
+            continue;
+        if (text[i + 1] == 'u')
+            for (size_t j = i + 2; j < i + 6 && j < n; j++)
+                if (text[j] >= 'A' && text[j] <= 'F')
+                    text[j] = (char)(text[j] - 'A' + 'a');
+        i++; /* skip the escaped character: "\\u" is not an escape */
+    }
+}
+
 /* The canonical text in a new heap string (caller frees), length in *len. */
 static kvr_status_t canonical_new(const kvr_offload_desc_t *d, char **out,
                                   size_t *len, kvr_error_t *err)
@@ -145,6 +161,7 @@ static kvr_status_t canonical_new(const kvr_offload_desc_t *d, char **out,
     }
     json_decref(o);
     text[n] = '\0';
+    lower_escapes(text, n);
     *out = text;
     *len = n;
     return KVR_OK;

@@ -197,8 +197,8 @@ static kvr_status_t record_get(kvr_pairing_t *p, const kvr__view_t *rv,
     if (s == KVR_ERR_TABLE_FULL)
         return kvr__fail_full(err, "tracking request", rv, "max_requests",
                               p->prm.max_requests);
-    record_t *r = calloc(1, sizeof(*r));
-    if (s != KVR_OK || r == NULL || (r->key = kvr__key_new(rv)) == NULL) {
+    record_t *r = s == KVR_OK ? calloc(1, sizeof(*r)) : NULL;
+    if (r == NULL || (r->key = kvr__key_new(rv)) == NULL) {
         free(r);
         return kvr__fail_nomem(err, "tracking request", rv);
     }

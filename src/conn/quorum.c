@@ -92,9 +92,11 @@ static kvr_status_t entry_new(kvr_quorum_t *q, const kvr__view_t *v,
     if (s == KVR_ERR_TABLE_FULL)
         return kvr__fail_full(err, "tracking", v, "max_pending",
                               q->prm.max_pending);
-    entry_t *e = calloc(1, sizeof(*e) + q->words * sizeof(uint64_t));
+    entry_t *e = NULL;
+    if (s == KVR_OK)
+        e = calloc(1, sizeof(*e) + q->words * sizeof(uint64_t));
     kvr__key_t *key = e != NULL ? kvr__key_new(v) : NULL;
-    if (s != KVR_OK || key == NULL) {
+    if (key == NULL) {
         free(e);
         return kvr__fail_nomem(err, "tracking", v);
     }
