@@ -1,0 +1,319 @@
+/* kvrelay xfer layer: transports (loopback, UCX), host pack/unpack, the
+ * direct and staged executors and the cost model that picks between them
+ * (DESIGN.md §5-6). No UCX header is included here. */
+#ifndef KVRELAY_XFER_H
+#define KVRELAY_XFER_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "kvrelay/plan.h"
+#include "kvrelay/status.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---- time ------------------------------------------------------------ */
+
+/* Deadlines are absolute CLOCK_MONOTONIC nanoseconds on this host; they never
+ * cross the wire (the wire carries relative milliseconds). */
+uint64_t kvr_xfer_now_ns(void);
+uint64_t kvr_xfer_deadline(uint32_t timeout_ms);
+
+/* ---- transport ------------------------------------------------------- */
+
+typedef struct kvr_transport kvr_transport_t;
+typedef struct kvr_ep kvr_ep_t;     /* a connection to one peer */
+typedef struct kvr_mem kvr_mem_t;   /* a local region, registered once */
+typedef struct kvr_rmem kvr_rmem_t; /* a peer's region, as seen through an ep */
+
+/* Packed remote key bytes must fit here (UCX shm+tcp keys are ~100 B). */
+#define KVR_XFER_RKEY_MAX 1024
+/* Longest control message payload; longer sends are refused. */
+#define KVR_XFER_MSG_MAX 65536u
+/* Control message types from this value up belong to the executors. */
+#define KVR_XFER_MSG_RESERVED 0xff00u
+
+/* A region as a peer announces it (the connector carries it in REGIONS).
+ * Unpack rkeys only from an authenticated peer: UCX trusts them blindly. */
+typedef struct kvr_remote_region {
+    uint64_t base;   /* the owner's virtual address of byte 0 */
+    uint64_t length; /* every put is checked against it before it is posted */
+    uint32_t rkey_len;
+    uint8_t rkey[KVR_XFER_RKEY_MAX];
+} kvr_remote_region_t;
+
+typedef enum kvr_xfer_tl {
+    KVR_XFER_TL_AUTO = 0, /* UCX picks; shm on one host, tcp across hosts */
+    KVR_XFER_TL_SHM = 1,  /* posix/sysv/cma only */
+    KVR_XFER_TL_TCP = 2,  /* tcp only (needed between network namespaces) */
+} kvr_xfer_tl_t;
+
+typedef enum kvr_xfer_progress_mode {
+    KVR_XFER_PROGRESS_CALLER = 0, /* progress inside kvrelay calls and
+                                     kvr_xfer_progress(); see event_fd */
+    KVR_XFER_PROGRESS_THREAD = 1, /* a sleeping progress thread (needed by a
+                                     target of emulated puts that is busy) */
+} kvr_xfer_progress_mode_t;
+
+typedef struct kvr_ucx_params {
+    kvr_xfer_tl_t tl;
+    kvr_xfer_progress_mode_t progress;
+    uint64_t id;             /* carried as `sender` on every control message */
+    uint32_t keepalive_ms;   /* UCX_KEEPALIVE_INTERVAL; a killed peer is found
+                                within a few intervals */
+    uint32_t close_timeout_ms; /* bound on ep and transport teardown */
+    uint32_t max_inflight;   /* puts in flight per endpoint before a put waits */
+    uint32_t msg_queue_max;  /* queued control messages; beyond, ERR_NO_SPACE */
+    uint32_t tcp_tx_seg;     /* UCX_TCP_TX_SEG_SIZE, bytes (0: UCX default) */
+    uint32_t tcp_rx_seg;     /* UCX_TCP_RX_SEG_SIZE, bytes (0: UCX default) */
+    const char *net_devices; /* UCX_NET_DEVICES, NULL: all */
+} kvr_ucx_params_t;
+
+#define KVR_UCX_PARAMS_INIT                                                    \
+    {.tl = KVR_XFER_TL_AUTO, .progress = KVR_XFER_PROGRESS_CALLER, .id = 0,    \
+     .keepalive_ms = 1000, .close_timeout_ms = 2000, .max_inflight = 1024,     \
+     .msg_queue_max = 65536, .tcp_tx_seg = 256 * 1024,                         \
+     .tcp_rx_seg = 1024 * 1024, .net_devices = NULL}
+
+/* Loopback: transports of one process joined on one hub; puts are memcpy.
+ * Fault counters count this transport's operations from 1; 0 is off. */
+typedef struct kvr_loopback_params {
+    uint64_t id;
+    uint32_t max_inflight;
+    uint32_t msg_queue_max;
+    uint64_t fail_put_at;    /* the k-th put fails (ERR_TRANSPORT), ep dies */
+    uint64_t corrupt_put_at; /* the k-th put lands with its first byte flipped */
+    uint64_t drop_msg_at;    /* the k-th control message sent is lost */
+    uint64_t dup_msg_at;     /* the k-th control message arrives twice */
+    uint32_t delay_ms;       /* puts complete and messages arrive this late */
+    uint64_t mem_limit;      /* bytes this transport may register (0: any);
+                                beyond it registration fails ERR_NO_SPACE */
+    bool no_map;             /* refuse kvr_rmem_ptr (as UCX over tcp does) */
+} kvr_loopback_params_t;
+
+#define KVR_LOOPBACK_PARAMS_INIT {.max_inflight = 1024, .msg_queue_max = 65536}
+
+/* ERR_UNSUPPORTED when kvrelay was built without UCX. err may be NULL. */
+kvr_status_t kvr_transport_ucx_create(const kvr_ucx_params_t *params,
+                                      kvr_transport_t **out, kvr_error_t *err);
+/* join: NULL starts a new hub; else the new transport joins join's hub. */
+kvr_status_t kvr_transport_loopback_create(kvr_transport_t *join,
+                                           const kvr_loopback_params_t *params,
+                                           kvr_transport_t **out,
+                                           kvr_error_t *err);
+/* Destroy t's endpoints, remote regions and memory first; accepts NULL. */
+void kvr_transport_destroy(kvr_transport_t *t);
+/* "loopback", "ucx-shm", "ucx-tcp" or "ucx-auto". */
+const char *kvr_transport_name(const kvr_transport_t *t);
+/* Detail of the last failure on this transport ("" if none). */
+const char *kvr_xfer_last_error(const kvr_transport_t *t);
+
+/* The blob a peer needs to connect; valid while t lives. */
+kvr_status_t kvr_xfer_address(kvr_transport_t *t, const void **addr,
+                              size_t *len);
+/* Caller-driven progress: poll this fd for readability, then call
+ * kvr_xfer_progress (which re-arms it). ERR_UNSUPPORTED on loopback. */
+kvr_status_t kvr_xfer_event_fd(kvr_transport_t *t, int *fd);
+kvr_status_t kvr_xfer_progress(kvr_transport_t *t);
+
+kvr_status_t kvr_ep_create(kvr_transport_t *t, const void *addr, size_t len,
+                           kvr_ep_t **out);
+/* Flushes (bounded by close_timeout_ms) unless the ep failed, then closes. */
+void kvr_ep_destroy(kvr_ep_t *ep);
+/* KVR_OK while healthy; the error that killed it otherwise. */
+kvr_status_t kvr_ep_status(const kvr_ep_t *ep);
+
+/* Registers existing memory (UCX: puts into it are emulated and need the
+ * owner to progress). */
+kvr_status_t kvr_mem_register(kvr_transport_t *t, void *addr, size_t len,
+                              kvr_mem_t **out);
+/* Allocates and registers (UCX: UCP_MEM_MAP_ALLOCATE, true one-sided puts
+ * on shared memory, and kvr_rmem_ptr works). Contents are undefined. */
+kvr_status_t kvr_mem_alloc(kvr_transport_t *t, size_t len, kvr_mem_t **out);
+void kvr_mem_destroy(kvr_mem_t *mem);
+void *kvr_mem_addr(const kvr_mem_t *mem);
+size_t kvr_mem_len(const kvr_mem_t *mem);
+/* Describes the whole region for a peer (base, length, packed rkey). */
+kvr_status_t kvr_mem_pack(const kvr_mem_t *mem, kvr_remote_region_t *out);
+
+kvr_status_t kvr_rmem_open(kvr_ep_t *ep, const kvr_remote_region_t *desc,
+                           kvr_rmem_t **out);
+void kvr_rmem_close(kvr_rmem_t *rmem);
+uint64_t kvr_rmem_len(const kvr_rmem_t *rmem);
+/* A local pointer to [off, off+len) of the peer's region when it is mapped
+ * into this process (UCX shm, kvrelay-allocated); ERR_UNSUPPORTED otherwise.
+ * Stores through it are ordered before later control messages. */
+kvr_status_t kvr_rmem_ptr(kvr_rmem_t *rmem, uint64_t off, uint64_t len,
+                          void **out);
+
+/* Posts a put of [src, src+len) to dst at dst_off. Checked against the
+ * region's length first (ERR_RUN_OUT_OF_BOUNDS). Waits, up to the deadline,
+ * only while max_inflight puts are outstanding. src must stay untouched
+ * until a flush returned. */
+kvr_status_t kvr_xfer_put(kvr_ep_t *ep, const void *src, uint64_t len,
+                          kvr_rmem_t *dst, uint64_t dst_off,
+                          uint64_t deadline_ns);
+/* Returns when every put posted on ep is complete at the target. Never
+ * posted on a failed ep. */
+kvr_status_t kvr_xfer_flush(kvr_ep_t *ep, uint64_t deadline_ns);
+
+/* A control message as received. */
+typedef struct kvr_msg {
+    uint64_t sender; /* the sending transport's id (informational) */
+    uint32_t type;
+    uint32_t len;
+    unsigned char data[]; /* len bytes */
+} kvr_msg_t;
+
+/* Sends len <= KVR_XFER_MSG_MAX bytes; returns once data may be reused. */
+kvr_status_t kvr_xfer_send_msg(kvr_ep_t *ep, uint32_t type, const void *data,
+                               size_t len, uint64_t deadline_ns);
+/* Returns non-zero to take a message. */
+typedef int (*kvr_msg_match_fn)(void *ctx, const kvr_msg_t *msg);
+/* Takes the oldest queued message that match accepts (NULL: any), waiting
+ * and progressing up to the deadline (ERR_TIMEOUT). Others stay queued. */
+kvr_status_t kvr_xfer_recv_msg(kvr_transport_t *t, kvr_msg_match_fn match,
+                               void *ctx, kvr_msg_t **out,
+                               uint64_t deadline_ns);
+void kvr_msg_free(kvr_msg_t *msg);
+
+/* ---- host pack / unpack ---------------------------------------------- */
+
+/* One region's part of a transfer. The byte stream of a transfer is the
+ * concatenation, in segment order, of each plan's runs in plan order (which
+ * is destination order): the consumer's order. */
+typedef struct kvr_xfer_seg {
+    const kvr_plan_t *plan;
+    const void *src;  /* producer: local source region base */
+    kvr_rmem_t *dst;  /* producer, direct: the consumer's region */
+    void *dst_local;  /* consumer, staged: local destination region base */
+} kvr_xfer_seg_t;
+
+/* Position in a stream; start with {0}. Seeking forward is cheap. */
+typedef struct kvr_xfer_cursor {
+    size_t seg;
+    size_t run;
+    uint64_t in_run; /* bytes of the run before the position */
+    uint64_t pos;    /* stream offset */
+} kvr_xfer_cursor_t;
+
+uint64_t kvr_xfer_stream_bytes(const kvr_xfer_seg_t *segs, size_t n);
+/* Copies stream bytes [pos, pos+len) from the segments' src into buf. */
+void kvr_xfer_pack(const kvr_xfer_seg_t *segs, size_t n,
+                   kvr_xfer_cursor_t *cur, uint64_t pos, void *buf,
+                   uint64_t len);
+/* Copies buf into stream bytes [pos, pos+len) at the segments' dst_local. */
+void kvr_xfer_unpack(const kvr_xfer_seg_t *segs, size_t n,
+                     kvr_xfer_cursor_t *cur, uint64_t pos, const void *buf,
+                     uint64_t len);
+
+/* ---- staging pool (consumer side) ------------------------------------ */
+
+typedef struct kvr_staging_pool kvr_staging_pool_t;
+
+/* num_slots fixed-size slots carved from a region of num_slots * slot_bytes. */
+kvr_status_t kvr_staging_pool_create(uint32_t num_slots, uint64_t slot_bytes,
+                                     kvr_staging_pool_t **out);
+void kvr_staging_pool_destroy(kvr_staging_pool_t *pool);
+/* Grants between min and max slots (as many as are free, at least min),
+ * waiting on the pool's condition variable until the deadline; then
+ * ERR_NO_SPACE. Thread-safe. */
+kvr_status_t kvr_staging_acquire(kvr_staging_pool_t *pool, uint32_t min,
+                                 uint32_t max, uint64_t deadline_ns,
+                                 uint32_t *slots, uint32_t *num_granted);
+void kvr_staging_release(kvr_staging_pool_t *pool, const uint32_t *slots,
+                         uint32_t n);
+uint32_t kvr_staging_free_slots(kvr_staging_pool_t *pool);
+
+/* ---- executors ------------------------------------------------------- */
+
+typedef enum kvr_exec_kind {
+    KVR_EXEC_AUTO = 0,
+    KVR_EXEC_DIRECT = 1, /* one put per coalesced run */
+    KVR_EXEC_STAGED = 2, /* pack in consumer order, one put per chunk */
+} kvr_exec_kind_t;
+
+const char *kvr_exec_name(kvr_exec_kind_t kind);
+
+typedef struct kvr_exec_params {
+    uint64_t transfer_id; /* both sides; tags every executor message */
+    uint64_t deadline_ns; /* the whole transfer */
+    /* staged: the consumer's granted slots of its staging region */
+    uint64_t slot_bytes;
+    const uint32_t *slots;
+    uint32_t num_slots;
+    kvr_rmem_t *staging;       /* producer: the consumer's staging region */
+    kvr_mem_t *pack_buf;       /* producer: >= slot_bytes of registered local
+                                  memory; NULL: pack through kvr_rmem_ptr
+                                  when mapped, else a private buffer */
+    const void *staging_local; /* consumer: base of its staging region */
+} kvr_exec_params_t;
+
+#define KVR_EXEC_PARAMS_INIT {.slot_bytes = 4u << 20}
+
+typedef struct kvr_exec_stats {
+    uint64_t bytes;
+    uint64_t puts;
+    uint64_t chunks;
+    uint64_t msgs;
+    bool mapped; /* staged packing went straight into the peer's memory */
+} kvr_exec_stats_t;
+
+/* Producer side. Both flush before their completion message; both return
+ * once the consumer was told (direct) or acknowledged every chunk (staged).
+ * On failure the consumer is sent an abort carrying the status. */
+kvr_status_t kvr_exec_send(kvr_ep_t *ep, kvr_exec_kind_t kind,
+                           const kvr_xfer_seg_t *segs, size_t n,
+                           const kvr_exec_params_t *params,
+                           kvr_exec_stats_t *stats, kvr_error_t *err);
+/* Consumer side: returns KVR_OK only when every planned byte is in place
+ * (staged: every chunk unpacked) and the producer's byte count matches. */
+kvr_status_t kvr_exec_recv(kvr_ep_t *ep, kvr_exec_kind_t kind,
+                           const kvr_xfer_seg_t *segs, size_t n,
+                           const kvr_exec_params_t *params,
+                           kvr_exec_stats_t *stats, kvr_error_t *err);
+
+/* ---- cost model ------------------------------------------------------ */
+
+/* t(direct) = runs * put_s + bytes / put_Bps
+ * t(staged) = chunks * chunk_s + bytes / copy_Bps (pack)
+ *             + bytes / stage_Bps (unless mapped) + slot / copy_Bps (unpack
+ *             of the last chunk; earlier unpacks overlap the next chunk) */
+typedef struct kvr_cost_model {
+    double put_s;     /* fixed cost of one put into destination memory */
+    double put_Bps;   /* large-put bandwidth into destination memory */
+    double chunk_s;   /* per staged chunk: flush and control round trip */
+    double stage_Bps; /* large-put bandwidth into staging memory */
+    double copy_Bps;  /* host pack/unpack rate for small runs */
+    bool mapped;      /* staging is reachable through kvr_rmem_ptr */
+} kvr_cost_model_t;
+
+typedef struct kvr_cost_probe {
+    kvr_rmem_t *scratch;       /* memory like the destination, >= large_bytes,
+                                  whose contents may be overwritten */
+    kvr_rmem_t *stage_scratch; /* staging memory (NULL: scratch) */
+    uint64_t small_bytes;      /* e.g. one token, 576 */
+    uint32_t small_count;      /* e.g. 512 */
+    uint64_t large_bytes;      /* e.g. 4 MiB */
+    uint64_t deadline_ns;
+} kvr_cost_probe_t;
+
+/* A short measurement over ep: small puts, one large put, flush round trips,
+ * local memcpy of small pieces. */
+kvr_status_t kvr_cost_measure(kvr_ep_t *ep, const kvr_cost_probe_t *probe,
+                              kvr_cost_model_t *out, kvr_error_t *err);
+/* Picks the cheaper executor; force != AUTO wins. Predicted seconds go to
+ * t_direct / t_staged when non-NULL. */
+kvr_exec_kind_t kvr_cost_choose(const kvr_cost_model_t *model,
+                                kvr_exec_kind_t force,
+                                const kvr_xfer_seg_t *segs, size_t n,
+                                uint64_t slot_bytes, double *t_direct,
+                                double *t_staged);
+
+#ifdef __cplusplus
+}
+#endif
+#endif
