@@ -51,6 +51,9 @@ extern "C" {
     X(ERR_EXISTS, 57, "already exists")                                         \
     X(ERR_IO, 60, "I/O error")                                                  \
     X(ERR_CUDA, 70, "CUDA error")                                               \
+    X(ERR_PEER_ROLE, 90, "peer has an unexpected role")                         \
+    X(ERR_WIRE_LIMIT, 91, "message exceeds a protocol limit")                   \
+    X(ERR_BUFFER_SMALL, 92, "output buffer too small")                          \
     X(ERR_TABLE_FULL, 100, "bookkeeping table full")                            \
     X(ERR_CHUNK_SIZE, 101, "offload chunk size 0 or not a multiple of bs * W")
 

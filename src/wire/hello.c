@@ -1,0 +1,274 @@
+/* HELLO: this side's layout and topology, and the comparison that names the
+ * first raw layout field two sides disagree on (DESIGN.md §7 Handshake). */
+#include <inttypes.h>
+#include <sodium.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kvrelay/plan.h"
+#include "wire_internal.h"
+
+/* Mirrors the digest's view of a region (src/plan/digest.c); hello_init
+ * checks that the announced classes hash to the same digest. */
+static kvr_wire_class_t class_of(const kvr_layout_t *lay,
+                                 const kvr_region_desc_t *r)
+{
+    kvr_wire_class_t k = {r->role, r->page_bytes, 0};
+    if (r->role == KVR_ROLE_MLA || r->role == KVR_ROLE_DENSE)
+        k.width = r->page_bytes / lay->block_size;
+    else if (r->role == KVR_ROLE_INDEX) {
+        k.width = r->index_dim;
+        k.quant = r->quant_block ? r->quant_block : r->index_dim;
+    }
+    return k;
+}
+
+static kvr_region_desc_t region_of(const kvr_layout_t *lay,
+                                   const kvr_wire_class_t *k)
+{
+    kvr_region_desc_t r = {.role = k->role, .num_blocks = 1,
+                           .page_bytes = k->width};
+    if (k->role == KVR_ROLE_MLA || k->role == KVR_ROLE_DENSE)
+        r.page_bytes = k->width * lay->block_size;
+    else if (k->role == KVR_ROLE_INDEX) {
+        r.index_dim = (uint32_t)k->width;
+        r.quant_block = (uint32_t)k->quant;
+    }
+    return r;
+}
+
+static int cmp_class(const kvr_wire_class_t *x, const kvr_wire_class_t *y)
+{
+    if (x->role != y->role)
+        return x->role < y->role ? -1 : 1;
+    if (x->width != y->width)
+        return x->width < y->width ? -1 : 1;
+    return (x->quant > y->quant) - (x->quant < y->quant);
+}
+
+static int cmp_class_qsort(const void *a, const void *b)
+{
+    return cmp_class(a, b);
+}
+
+/* Sorted distinct classes of the non-STAGING regions. */
+static kvr_status_t collect_classes(kvr_msg_hello_t *h, const kvr_layout_t *lay,
+                                    const kvr_region_desc_t *regions, size_t n,
+                                    kvr_error_t *err)
+{
+    kvr_wire_class_t *all = calloc(n + 1, sizeof(*all));
+    if (all == NULL)
+        return kvr_error_set(err, KVR_ERR_NO_MEMORY, "no memory");
+    size_t m = 0;
+    for (size_t i = 0; i < n; i++)
+        if (regions[i].role != KVR_ROLE_STAGING)
+            all[m++] = class_of(lay, &regions[i]);
+    qsort(all, m, sizeof(*all), cmp_class_qsort);
+    h->num_classes = 0;
+    for (size_t i = 0; i < m; i++) {
+        if (i > 0 && cmp_class(&all[i - 1], &all[i]) == 0)
+            continue;
+        if (h->num_classes == KVR_WIRE_MAX_CLASSES) {
+            free(all);
+            return kvr_error_set(err, KVR_ERR_WIRE_LIMIT,
+                                 "more than %u region classes",
+                                 KVR_WIRE_MAX_CLASSES);
+        }
+        h->classes[h->num_classes++] = all[i];
+    }
+    free(all);
+    return KVR_OK;
+}
+
+/* Digest of the layout plus the announced classes. */
+static kvr_status_t classes_digest(const kvr_msg_hello_t *h, uint64_t *out,
+                                   kvr_error_t *err)
+{
+    kvr_region_desc_t r[KVR_WIRE_MAX_CLASSES];
+    for (uint32_t i = 0; i < h->num_classes; i++)
+        r[i] = region_of(&h->layout, &h->classes[i]);
+    return kvr_layout_digest(&h->layout, r, h->num_classes, out, err);
+}
+
+kvr_status_t kvr_wire_hello_init(kvr_msg_hello_t *hello, kvr_wire_side_t side,
+                                 const kvr_wire_topo_t *topo,
+                                 const kvr_layout_t *lay,
+                                 const kvr_region_desc_t *regions,
+                                 size_t num_regions, kvr_error_t *err)
+{
+    if (hello == NULL || topo == NULL || lay == NULL ||
+        (num_regions && regions == NULL))
+        return kvr_error_set(err, KVR_ERR_INVALID, "NULL argument");
+    if (side != KVR_WIRE_PRODUCER && side != KVR_WIRE_CONSUMER)
+        return kvr_error_set(err, KVR_ERR_INVALID, "side %d unknown", (int)side);
+    if (sodium_init() < 0)
+        return kvr_error_set(err, KVR_ERR_INVALID, "libsodium init failed");
+    kvr_msg_hello_t h;
+    memset(&h, 0, sizeof(h));
+    h.proto_major = KVR_WIRE_VERSION_MAJOR;
+    h.proto_minor = KVR_WIRE_VERSION_MINOR;
+    h.side = side;
+    h.topo = *topo;
+    h.layout_version = KVR_LAYOUT_VERSION;
+    h.layout = *lay;
+    uint64_t check;
+    kvr_status_t s = kvr_layout_digest(lay, regions, num_regions, &h.digest, err);
+    if (s == KVR_OK)
+        s = collect_classes(&h, lay, regions, num_regions, err);
+    if (s == KVR_OK)
+        s = classes_digest(&h, &check, err);
+    if (s != KVR_OK)
+        return s;
+    if (check != h.digest)
+        return kvr_error_set(err, KVR_ERR_INVALID,
+                             "region classes do not reproduce the layout digest "
+                             "(wire and plan disagree on the digest's fields)");
+    randombytes_buf(h.nonce, sizeof(h.nonce));
+    *hello = h;
+    return KVR_OK;
+}
+
+uint64_t kvr_wire_random_nonce(void)
+{
+    uint64_t v = 0;
+    if (sodium_init() < 0)
+        abort(); /* libsodium cannot produce randomness: nothing is safe */
+    while (v == 0)
+        randombytes_buf(&v, sizeof(v));
+    return v;
+}
+
+static const char *side_name(kvr_wire_side_t side)
+{
+    return side == KVR_WIRE_PRODUCER ? "producer" : "consumer";
+}
+
+#define MISMATCH(err, what, fmt, a, b)                                         \
+    kvr_error_set(err, KVR_ERR_LAYOUT_MISMATCH,                               \
+                  "layout mismatch: " what " " fmt " vs " fmt " (here vs peer)", \
+                  a, b)
+
+static kvr_status_t cmp_flag(const char *yes, const char *no, const char *what,
+                             bool a, bool b, kvr_error_t *err)
+{
+    if (a == b)
+        return KVR_OK;
+    return kvr_error_set(err, KVR_ERR_LAYOUT_MISMATCH,
+                         "layout mismatch: %s vs %s %s (here vs peer)",
+                         a ? yes : no, b ? yes : no, what);
+}
+
+static void class_text(const kvr_wire_class_t *k, char *buf, size_t cap)
+{
+    const char *name = kvr_role_name(k->role);
+    if (k->role == KVR_ROLE_INDEX)
+        snprintf(buf, cap, "index D %" PRIu64 " Q %" PRIu64, k->width, k->quant);
+    else if (k->role == KVR_ROLE_MLA || k->role == KVR_ROLE_DENSE)
+        snprintf(buf, cap, "%s token bytes %" PRIu64, name, k->width);
+    else
+        snprintf(buf, cap, "%s page bytes %" PRIu64, name ? name : "?",
+                 k->width);
+}
+
+static kvr_status_t cmp_classes(const kvr_msg_hello_t *a,
+                                const kvr_msg_hello_t *b, kvr_error_t *err)
+{
+    uint32_t n = a->num_classes > b->num_classes ? a->num_classes
+                                                 : b->num_classes;
+    char x[96] = "(none)", y[96] = "(none)";
+    for (uint32_t i = 0; i < n; i++) {
+        const kvr_wire_class_t *p = i < a->num_classes ? &a->classes[i] : NULL;
+        const kvr_wire_class_t *q = i < b->num_classes ? &b->classes[i] : NULL;
+        if (p && q && cmp_class(p, q) == 0)
+            continue;
+        if (p)
+            class_text(p, x, sizeof(x));
+        if (q)
+            class_text(q, y, sizeof(y));
+        return kvr_error_set(err, KVR_ERR_LAYOUT_MISMATCH,
+                             "layout mismatch: region class %u: %s vs %s "
+                             "(here vs peer)",
+                             i, x, y);
+    }
+    return KVR_OK;
+}
+
+/* Raw layout fields in digest order, then those outside the digest. */
+static kvr_status_t cmp_layout(const kvr_msg_hello_t *a,
+                               const kvr_msg_hello_t *b, kvr_error_t *err)
+{
+    const kvr_layout_t *x = &a->layout, *y = &b->layout;
+    if (a->layout_version != b->layout_version)
+        return MISMATCH(err, "layout version", "%u", a->layout_version,
+                        b->layout_version);
+    if (x->block_size != y->block_size)
+        return MISMATCH(err, "block size", "%u", x->block_size, y->block_size);
+    if (x->dcp_size != y->dcp_size)
+        return MISMATCH(err, "DCP size W", "%u", x->dcp_size, y->dcp_size);
+    if (x->interleave != y->interleave)
+        return MISMATCH(err, "interleave", "%u", x->interleave, y->interleave);
+    kvr_status_t s = cmp_flag("replicated", "sharded", "index",
+                              x->replicate_index, y->replicate_index, err);
+    if (s == KVR_OK)
+        s = cmp_flag("preshuffled", "plain", "index keys", x->preshuffle,
+                     y->preshuffle, err);
+    if (s == KVR_OK)
+        s = cmp_classes(a, b, err);
+    if (s != KVR_OK)
+        return s;
+    if (x->tp != y->tp)
+        return MISMATCH(err, "consumer TP size", "%u", x->tp, y->tp);
+    if (x->producer_tp != y->producer_tp)
+        return MISMATCH(err, "producer TP size", "%u", x->producer_tp,
+                        y->producer_tp);
+    if (a->digest != b->digest)
+        return MISMATCH(err, "digest (raw fields agree)", "%016" PRIx64,
+                        a->digest, b->digest);
+    return KVR_OK;
+}
+
+/* The peer's own topology must make sense before anything is planned. */
+static kvr_status_t check_topo(const kvr_msg_hello_t *p, kvr_error_t *err)
+{
+    const kvr_wire_topo_t *t = &p->topo;
+    const struct { const char *name; uint32_t rank, size; } r[] = {
+        {"pp", t->pp_rank, t->pp_size},
+        {"tp", t->tp_rank, t->tp_size},
+        {"dp", t->dp_rank, t->dp_size},
+        {"dcp", t->dcp_rank, p->layout.dcp_size},
+    };
+    for (size_t i = 0; i < sizeof(r) / sizeof(r[0]); i++)
+        if (r[i].rank >= r[i].size)
+            return kvr_error_set(err, KVR_ERR_PROTO,
+                                 "peer %s rank %u >= %s size %u", r[i].name,
+                                 r[i].rank, r[i].name, r[i].size);
+    if (t->layer_start >= t->layer_end)
+        return kvr_error_set(err, KVR_ERR_PROTO,
+                             "peer layer range [%u, %u) is empty",
+                             t->layer_start, t->layer_end);
+    return KVR_OK;
+}
+
+kvr_status_t kvr_wire_hello_check(const kvr_msg_hello_t *ours,
+                                  const kvr_msg_hello_t *peer,
+                                  kvr_wire_side_t peer_side, kvr_error_t *err)
+{
+    if (ours == NULL || peer == NULL)
+        return kvr_error_set(err, KVR_ERR_INVALID, "NULL argument");
+    if (ours->proto_major != peer->proto_major)
+        return kvr_error_set(err, KVR_ERR_VERSION,
+                             "protocol version %u.%u vs %u.%u (here vs peer)",
+                             ours->proto_major, ours->proto_minor,
+                             peer->proto_major, peer->proto_minor);
+    if (peer->side != peer_side)
+        return kvr_error_set(err, KVR_ERR_PEER_ROLE,
+                             "peer is a %s, expected a %s",
+                             side_name(peer->side), side_name(peer_side));
+    if (ours->has_key != peer->has_key)
+        return kvr_error_set(err, KVR_ERR_AUTH,
+                             "pre-shared key: %s here, %s on the peer",
+                             ours->has_key ? "configured" : "not configured",
+                             peer->has_key ? "configured" : "not configured");
+    kvr_status_t s = check_topo(peer, err);
+    return s == KVR_OK ? cmp_layout(ours, peer, err) : s;
+}
