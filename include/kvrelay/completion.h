@@ -88,7 +88,8 @@ typedef enum kvr_quorum_outcome {
 typedef struct kvr_quorum_result {
     kvr_quorum_outcome_t outcome;
     /* DONE: KVR_OK when every report succeeded, else the first failure
-     * reported (failure dominates). PENDING: the failure so far, if any. */
+     * reported (failure dominates). PENDING: the failure so far, if any.
+     * IGNORED: KVR_OK (the key's result was given when it finished). */
     kvr_status_t status;
     uint32_t reported; /* distinct members heard for this key */
 } kvr_quorum_result_t;

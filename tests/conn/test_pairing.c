@@ -373,6 +373,57 @@ static void test_errors(void **state)
     kvr_pairing_destroy(p);
 }
 
+/* The PP head's wiring: sends aggregated over 2 TP workers, saves over 4
+ * PP stages, then paired; late duplicates stop at the quorums. */
+static void flow(kvr_quorum_t *sends, kvr_quorum_t *saves, kvr_pairing_t *p,
+                 bool is_send, kvr_completion_id_t id, uint32_t member)
+{
+    kvr_quorum_result_t res;
+    kvr_quorum_t *q = is_send ? sends : saves;
+    assert_int_equal(kvr_quorum_report(q, &id, member, KVR_OK, &res, NULL),
+                     KVR_OK);
+    if (res.outcome != KVR_QUORUM_DONE)
+        return;
+    kvr_status_t s = is_send
+                         ? kvr_pairing_send_done(p, &id, res.status, NULL, NULL)
+                         : kvr_pairing_save_done(p, &id, res.status, NULL, NULL);
+    assert_int_equal(s, KVR_OK);
+}
+
+static void test_head_flow(void **state)
+{
+    (void)state;
+    kvr_quorum_params_t tp = KVR_QUORUM_PARAMS_INIT, pp = tp;
+    tp.members = 2;
+    pp.members = 4;
+    kvr_quorum_t *sends, *saves;
+    assert_int_equal(kvr_quorum_create(&tp, &sends, NULL), KVR_OK);
+    assert_int_equal(kvr_quorum_create(&pp, &saves, NULL), KVR_OK);
+    kvr_pairing_t *p = make_default();
+    expect_save(p, OP("a", 0));
+    expect_save(p, OP("b", 0));
+    /* a: both sends first, then the stages' saves */
+    flow(sends, saves, p, true, ID("a"), 0);
+    flow(sends, saves, p, true, ID("a"), 1);
+    flow(sends, saves, p, true, ID("a"), 1); /* late duplicate */
+    for (uint32_t st = 0; st < 3; st++)
+        flow(sends, saves, p, false, OP("a", 0), st);
+    /* b: interleaved, its saves complete before its sends */
+    flow(sends, saves, p, true, ID("b"), 1);
+    for (uint32_t st = 0; st < 4; st++)
+        flow(sends, saves, p, false, OP("b", 0), st);
+    EVENTS(p, "V:b#0"); /* a is still held: its last stage is missing */
+    flow(sends, saves, p, false, OP("a", 0), 3);
+    EVENTS(p, "V:a#0", "S:a");
+    flow(sends, saves, p, true, ID("b"), 0);
+    flow(sends, saves, p, false, OP("b", 0), 2); /* late duplicate */
+    EVENTS(p, "S:b");
+    assert_int_equal(kvr_pairing_num_requests(p), 0);
+    kvr_pairing_destroy(p);
+    kvr_quorum_destroy(sends);
+    kvr_quorum_destroy(saves);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -389,6 +440,7 @@ int main(void)
         cmocka_unit_test(test_forget),
         cmocka_unit_test(test_release_tombstones),
         cmocka_unit_test(test_errors),
+        cmocka_unit_test(test_head_flow),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
