@@ -226,7 +226,7 @@ kvr_status_t kvr_hash_block_size(const kvr_layout_t *lay, uint64_t *out,
  * token ids as u32 little-endian), h_{-1} = *parent or 32 zero bytes when
  * parent is NULL. A trailing partial block is not hashed. *num gets the
  * number of full blocks; with out == NULL only that count is computed, else
- * out_cap must hold them all. */
+ * out_cap must hold them all (KVR_ERR_BUFFER_SMALL otherwise). */
 kvr_status_t kvr_prefix_hashes(const kvr_block_hash_t *parent,
                                const uint32_t *tokens, size_t num_tokens,
                                uint64_t hash_block_size, kvr_block_hash_t *out,
@@ -266,7 +266,8 @@ typedef struct kvr_offload_desc {
 
 /* Canonical description: compact JSON, sorted keys, ASCII-escaped, e.g.
  * {"block_size":64,...,"schema":"kvrelay-page-namespace","tp_size":4}.
- * buf gets it NUL-terminated when cap > its length; *len its length. */
+ * *len gets its length; buf (NULL: length only) gets it NUL-terminated,
+ * or KVR_ERR_BUFFER_SMALL when cap <= its length. */
 kvr_status_t kvr_offload_canonical(const kvr_offload_desc_t *desc, char *buf,
                                    size_t cap, size_t *len, kvr_error_t *err);
 

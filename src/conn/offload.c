@@ -179,7 +179,7 @@ kvr_status_t kvr_offload_canonical(const kvr_offload_desc_t *desc, char *buf,
         return s;
     if (buf != NULL && cap <= n) {
         free(text);
-        return kvr_error_set(err, KVR_ERR_INVALID,
+        return kvr_error_set(err, KVR_ERR_BUFFER_SMALL,
                              "buffer of %zu bytes; the description needs %zu",
                              cap, n + 1);
     }
@@ -223,7 +223,7 @@ kvr_status_t kvr_offload_namespace(const kvr_offload_desc_t *desc, char *buf,
     int n = snprintf(NULL, 0, "%s::kvrelay-page-v%u-%s", desc->model_tag,
                      KVR_OFFLOAD_LAYOUT_VERSION, key);
     if (n < 0 || (size_t)n >= cap)
-        return kvr_error_set(err, KVR_ERR_INVALID,
+        return kvr_error_set(err, KVR_ERR_BUFFER_SMALL,
                              "buffer of %zu bytes; the namespace needs %d",
                              cap, n + 1);
     snprintf(buf, cap, "%s::kvrelay-page-v%u-%s", desc->model_tag,

@@ -59,7 +59,7 @@ kvr_status_t kvr_prefix_hashes(const kvr_block_hash_t *parent,
         return s;
     size_t blocks = (size_t)(num_tokens / hash_block_size);
     if (out != NULL && out_cap < blocks)
-        return kvr_error_set(err, KVR_ERR_INVALID,
+        return kvr_error_set(err, KVR_ERR_BUFFER_SMALL,
                              "out holds %zu hashes; %zu tokens make %zu full "
                              "blocks of %llu",
                              out_cap, num_tokens, blocks,

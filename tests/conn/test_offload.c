@@ -91,7 +91,7 @@ static void test_sizing(void **state)
     char buf[512];
     memset(buf, 'z', sizeof(buf));
     assert_int_equal(kvr_offload_canonical(&d, buf, len, &len2, &err),
-                     KVR_ERR_INVALID);
+                     KVR_ERR_BUFFER_SMALL);
     assert_non_null(strstr(err.msg, "needs"));
     assert_int_equal(len2, 0);
     assert_int_equal(buf[0], 'z');
@@ -101,7 +101,7 @@ static void test_sizing(void **state)
     assert_int_equal(buf[len], '\0');
     char ns[20];
     assert_int_equal(kvr_offload_namespace(&d, ns, sizeof(ns), &err),
-                     KVR_ERR_INVALID);
+                     KVR_ERR_BUFFER_SMALL);
     assert_non_null(strstr(err.msg, "buffer of 20 bytes; the namespace needs 58"));
 }
 

@@ -95,7 +95,7 @@ static void test_count_and_errors(void **state)
     memset(h, 0xab, sizeof(h));
     n = 99;
     assert_int_equal(kvr_prefix_hashes(NULL, tok, 10, 3, h, 2, &n, &err),
-                     KVR_ERR_INVALID);
+                     KVR_ERR_BUFFER_SMALL);
     assert_non_null(strstr(err.msg, "out holds 2 hashes; 10 tokens make 3"));
     assert_int_equal(n, 99);
     for (size_t i = 0; i < sizeof(h); i++) /* untouched on error */
