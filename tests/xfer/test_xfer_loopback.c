@@ -1,0 +1,496 @@
+/* Loopback transport, host pack/unpack, staging pool, cost model and both
+ * executors in one process (consumer on a thread), plus every fault the
+ * loopback backend injects: each must end in a clean error status and no
+ * leak (LeakSanitizer runs in the sanitizer build). */
+#include <pthread.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "../plan/plan_fixture.h"
+#include "kvrelay/xfer.h"
+
+#define BS 16
+#define W 2
+#define TOKENS (BS * W * 5 + 7)
+
+typedef struct {
+    kvr_layout_t lay;
+    kvr_region_pair_t pairs[2];
+    uint32_t src_ids[TOKENS / BS + 1], dst_ids[TOKENS / (BS * W) + 1];
+    kvr_request_t req;
+    unsigned char *src[2];
+    kvr_transport_t *tp, *tc;
+    kvr_ep_t *ep_pc, *ep_cp;
+    kvr_mem_t *dst[2], *stage;
+    kvr_rmem_t *rdst[2], *rstage;
+    kvr_plan_set_t *set;
+    kvr_xfer_seg_t psegs[2], csegs[2];
+    uint32_t slots[4];
+    kvr_exec_params_t pp, cp;
+    kvr_exec_kind_t kind;
+    kvr_status_t cons_st;
+    kvr_error_t cons_err;
+} fix_t;
+
+static void open_remote(fix_t *f, kvr_mem_t *mem, kvr_rmem_t **out)
+{
+    kvr_remote_region_t desc;
+    assert_int_equal(kvr_mem_pack(mem, &desc), KVR_OK);
+    assert_int_equal(kvr_rmem_open(f->ep_pc, &desc, out), KVR_OK);
+}
+
+static void fix_regions(fix_t *f)
+{
+    unsigned seed = 5;
+    f->lay = fx_layout(BS, W, 1, 1, 1);
+    f->pairs[0] = fx_mla(&f->lay, 576, TOKENS / BS + 3, TOKENS / (BS * W) + 2);
+    f->pairs[1] = fx_index(&f->lay, 128, TOKENS / BS + 3, TOKENS / (BS * W) + 2);
+    fx_table(f->src_ids, TOKENS / BS + 1, TOKENS / BS + 3, &seed);
+    fx_table(f->dst_ids, TOKENS / (BS * W) + 1, TOKENS / (BS * W) + 2, &seed);
+    f->req = (kvr_request_t){f->src_ids, TOKENS / BS + 1, f->dst_ids,
+                             TOKENS / (BS * W) + 1, TOKENS, 0};
+    for (int i = 0; i < 2; i++) {
+        uint64_t len = kvr_region_bytes(&f->pairs[i].src);
+        f->src[i] = malloc(len);
+        fx_fill(f->src[i], len, &seed);
+        assert_int_equal(kvr_mem_alloc(f->tc, kvr_region_bytes(&f->pairs[i].dst),
+                                       &f->dst[i]),
+                         KVR_OK);
+        memset(kvr_mem_addr(f->dst[i]), 0, kvr_mem_len(f->dst[i]));
+    }
+}
+
+static void fix_params(fix_t *f, uint64_t slot_bytes, uint32_t num_slots,
+                       uint32_t timeout_ms)
+{
+    for (uint32_t i = 0; i < num_slots; i++)
+        f->slots[i] = num_slots - 1 - i; /* any order the pool grants */
+    f->pp = (kvr_exec_params_t)KVR_EXEC_PARAMS_INIT;
+    f->pp.transfer_id = 42;
+    f->pp.deadline_ns = kvr_xfer_deadline(timeout_ms);
+    f->pp.slot_bytes = slot_bytes;
+    f->pp.slots = f->slots;
+    f->pp.num_slots = num_slots;
+    f->cp = f->pp;
+    f->pp.staging = f->rstage;
+    f->cp.staging_local = kvr_mem_addr(f->stage);
+}
+
+static void fix_init(fix_t *f, const kvr_loopback_params_t *prod,
+                     uint64_t slot_bytes, uint32_t num_slots,
+                     uint32_t timeout_ms)
+{
+    const void *addr;
+    size_t len;
+    memset(f, 0, sizeof(*f));
+    assert_int_equal(kvr_transport_loopback_create(NULL, prod, &f->tp, NULL), KVR_OK);
+    assert_int_equal(kvr_transport_loopback_create(f->tp, NULL, &f->tc, NULL), KVR_OK);
+    assert_int_equal(kvr_xfer_address(f->tc, &addr, &len), KVR_OK);
+    assert_int_equal(kvr_ep_create(f->tp, addr, len, &f->ep_pc), KVR_OK);
+    assert_int_equal(kvr_xfer_address(f->tp, &addr, &len), KVR_OK);
+    assert_int_equal(kvr_ep_create(f->tc, addr, len, &f->ep_cp), KVR_OK);
+    fix_regions(f);
+    assert_int_equal(kvr_mem_alloc(f->tc, slot_bytes * num_slots, &f->stage),
+                     KVR_OK);
+    for (int i = 0; i < 2; i++)
+        open_remote(f, f->dst[i], &f->rdst[i]);
+    open_remote(f, f->stage, &f->rstage);
+    assert_int_equal(kvr_plan_set_create(&f->lay, 0, f->pairs, 2, &f->req,
+                                         &f->set, NULL),
+                     KVR_OK);
+    for (int i = 0; i < 2; i++) {
+        const kvr_plan_t *plan = kvr_plan_set_plan_of(f->set, (size_t)i);
+        f->psegs[i] = (kvr_xfer_seg_t){.plan = plan, .src = f->src[i],
+                                       .dst = f->rdst[i]};
+        f->csegs[i] = (kvr_xfer_seg_t){.plan = plan,
+                                       .dst_local = kvr_mem_addr(f->dst[i])};
+    }
+    fix_params(f, slot_bytes, num_slots, timeout_ms);
+}
+
+static void fix_fini(fix_t *f)
+{
+    kvr_plan_set_destroy(f->set);
+    kvr_rmem_close(f->rstage);
+    for (int i = 0; i < 2; i++) {
+        kvr_rmem_close(f->rdst[i]);
+        kvr_mem_destroy(f->dst[i]);
+        free(f->src[i]);
+    }
+    kvr_mem_destroy(f->stage);
+    kvr_ep_destroy(f->ep_pc);
+    kvr_ep_destroy(f->ep_cp);
+    kvr_transport_destroy(f->tc);
+    kvr_transport_destroy(f->tp);
+}
+
+static void *consumer(void *arg)
+{
+    fix_t *f = arg;
+    f->cons_st = kvr_exec_recv(f->ep_cp, f->kind, f->csegs, 2, &f->cp, NULL,
+                               &f->cons_err);
+    return NULL;
+}
+
+/* Runs one transfer; returns the producer's status, consumer's in f. */
+static kvr_status_t run_pair(fix_t *f, kvr_exec_kind_t kind,
+                             kvr_exec_stats_t *stats)
+{
+    pthread_t th;
+    kvr_error_t err = {0};
+    f->kind = kind;
+    assert_int_equal(pthread_create(&th, NULL, consumer, f), 0);
+    kvr_status_t st = kvr_exec_send(f->ep_pc, kind, f->psegs, 2, &f->pp, stats,
+                                    &err);
+    pthread_join(th, NULL);
+    return st;
+}
+
+static kvr_status_t verify(fix_t *f)
+{
+    kvr_status_t st = KVR_OK;
+    for (int i = 0; i < 2 && st == KVR_OK; i++)
+        st = kvr_verify_region(&f->lay, 0, &f->pairs[i], &f->req, f->src[i],
+                               kvr_mem_addr(f->dst[i]), NULL);
+    return st;
+}
+
+static void test_direct(void **state)
+{
+    (void)state;
+    fix_t f;
+    kvr_exec_stats_t stats;
+    fix_init(&f, NULL, 4096, 2, 5000);
+    assert_int_equal(run_pair(&f, KVR_EXEC_DIRECT, &stats), KVR_OK);
+    assert_int_equal(f.cons_st, KVR_OK);
+    assert_int_equal(stats.puts, kvr_plan_set_total_runs(f.set));
+    assert_int_equal(stats.bytes, kvr_plan_set_total_bytes(f.set));
+    assert_int_equal(verify(&f), KVR_OK);
+    fix_fini(&f);
+}
+
+static void staged(bool map, uint64_t slot_bytes, uint32_t num_slots)
+{
+    kvr_loopback_params_t lp = KVR_LOOPBACK_PARAMS_INIT;
+    lp.no_map = !map;
+    fix_t f;
+    kvr_exec_stats_t stats;
+    fix_init(&f, &lp, slot_bytes, num_slots, 5000);
+    assert_int_equal(run_pair(&f, KVR_EXEC_STAGED, &stats), KVR_OK);
+    assert_int_equal(f.cons_st, KVR_OK);
+    uint64_t bytes = kvr_plan_set_total_bytes(f.set);
+    assert_int_equal(stats.chunks, (bytes + slot_bytes - 1) / slot_bytes);
+    assert_int_equal(stats.mapped, map);
+    assert_int_equal(stats.puts, map ? 0 : stats.chunks);
+    assert_int_equal(verify(&f), KVR_OK);
+    fix_fini(&f);
+}
+
+static void test_staged(void **state)
+{
+    (void)state;
+    staged(true, 8192, 2);
+    staged(false, 8192, 2);
+    staged(false, 1000, 1); /* chunks split runs; one slot: ack per chunk */
+    staged(true, 1u << 20, 4); /* one chunk holds everything */
+}
+
+static void test_pack_roundtrip(void **state)
+{
+    (void)state;
+    fix_t f;
+    fix_init(&f, NULL, 4096, 1, 1000);
+    uint64_t total = kvr_xfer_stream_bytes(f.psegs, 2);
+    unsigned char *buf = malloc(total);
+    kvr_xfer_cursor_t pc = {0}, uc = {0};
+    for (uint64_t pos = 0; pos < total; pos += 777) /* odd chunk size */
+        kvr_xfer_pack(f.psegs, 2, &pc, pos, buf + pos,
+                      total - pos < 777 ? total - pos : 777);
+    for (uint64_t pos = total; pos > 0;) { /* unpack backwards: seeks back */
+        uint64_t from = pos > 1000 ? pos - 1000 : 0;
+        kvr_xfer_unpack(f.csegs, 2, &uc, from, buf + from, pos - from);
+        pos = from;
+    }
+    assert_int_equal(verify(&f), KVR_OK);
+    free(buf);
+    fix_fini(&f);
+}
+
+static void test_bounds_and_garbage(void **state)
+{
+    (void)state;
+    fix_t f;
+    fix_init(&f, NULL, 4096, 1, 1000);
+    unsigned char b[64] = {0};
+    uint64_t len = kvr_rmem_len(f.rstage);
+    uint64_t dl = kvr_xfer_deadline(1000);
+    assert_int_equal(kvr_xfer_put(f.ep_pc, b, 64, f.rstage, len - 63, dl),
+                     KVR_ERR_RUN_OUT_OF_BOUNDS);
+    assert_int_equal(kvr_xfer_put(f.ep_pc, b, 1, f.rstage, UINT64_MAX, dl),
+                     KVR_ERR_RUN_OUT_OF_BOUNDS);
+    assert_int_equal(kvr_xfer_put(f.ep_pc, b, 64, f.rstage, len - 64, dl), KVR_OK);
+    void *p;
+    assert_int_equal(kvr_rmem_ptr(f.rstage, len, 1, &p), KVR_ERR_RUN_OUT_OF_BOUNDS);
+    kvr_remote_region_t desc;
+    assert_int_equal(kvr_mem_pack(f.stage, &desc), KVR_OK);
+    desc.length += 1; /* claims more than the region holds */
+    kvr_rmem_t *r = NULL;
+    assert_int_equal(kvr_rmem_open(f.ep_pc, &desc, &r), KVR_ERR_INVALID);
+    memset(desc.rkey, 0xab, desc.rkey_len);
+    assert_int_equal(kvr_rmem_open(f.ep_pc, &desc, &r), KVR_ERR_INVALID);
+    kvr_ep_t *ep = NULL;
+    assert_int_equal(kvr_ep_create(f.tp, b, 16, &ep), KVR_ERR_PEER_DEAD);
+    assert_int_equal(kvr_xfer_send_msg(f.ep_pc, 1, b, KVR_XFER_MSG_MAX + 1, dl),
+                     KVR_ERR_INVALID);
+    fix_fini(&f);
+}
+
+static void test_messages(void **state)
+{
+    (void)state;
+    fix_t f;
+    fix_init(&f, NULL, 4096, 1, 1000);
+    uint64_t dl = kvr_xfer_deadline(1000);
+    assert_int_equal(kvr_xfer_send_msg(f.ep_pc, 7, "seven", 5, dl), KVR_OK);
+    assert_int_equal(kvr_xfer_send_msg(f.ep_pc, 8, "eight", 5, dl), KVR_OK);
+    kvr_msg_t *m = NULL;
+    assert_int_equal(kvr_xfer_recv_msg(f.tc, NULL, NULL, &m, dl), KVR_OK);
+    assert_int_equal(m->type, 7);
+    assert_memory_equal(m->data, "seven", 5);
+    kvr_msg_free(m);
+    assert_int_equal(kvr_xfer_recv_msg(f.tc, NULL, NULL, &m, dl), KVR_OK);
+    assert_int_equal(m->type, 8);
+    kvr_msg_free(m);
+    assert_int_equal(kvr_xfer_recv_msg(f.tc, NULL, NULL, &m,
+                                       kvr_xfer_deadline(20)),
+                     KVR_ERR_TIMEOUT);
+    fix_fini(&f);
+}
+
+/* ---- injected faults -------------------------------------------------- */
+
+static void fault(kvr_loopback_params_t lp, kvr_exec_kind_t kind,
+                  uint32_t timeout_ms, kvr_status_t prod, kvr_status_t cons,
+                  kvr_status_t ver)
+{
+    fix_t f;
+    fix_init(&f, &lp, 4096, 2, timeout_ms);
+    assert_int_equal(run_pair(&f, kind, NULL), prod);
+    assert_int_equal(f.cons_st, cons);
+    if (ver != KVR_OK || cons == KVR_OK)
+        assert_int_equal(verify(&f), ver);
+    fix_fini(&f);
+}
+
+static void test_fault_fail_put(void **state)
+{
+    (void)state;
+    kvr_loopback_params_t lp = KVR_LOOPBACK_PARAMS_INIT;
+    lp.fail_put_at = 3;
+    /* the failed put kills the ep, so the consumer hears nothing more */
+    fault(lp, KVR_EXEC_DIRECT, 300, KVR_ERR_TRANSPORT, KVR_ERR_TIMEOUT,
+          KVR_ERR_VERIFY);
+    lp.no_map = true;
+    lp.fail_put_at = 2;
+    fault(lp, KVR_EXEC_STAGED, 300, KVR_ERR_TRANSPORT, KVR_ERR_TIMEOUT,
+          KVR_ERR_VERIFY);
+}
+
+static void test_fault_drop_and_dup(void **state)
+{
+    (void)state;
+    kvr_loopback_params_t lp = KVR_LOOPBACK_PARAMS_INIT;
+    lp.drop_msg_at = 1; /* direct: DONE lost; the data is there, unconfirmed */
+    fault(lp, KVR_EXEC_DIRECT, 200, KVR_OK, KVR_ERR_TIMEOUT, KVR_OK);
+    fault(lp, KVR_EXEC_STAGED, 200, KVR_ERR_TIMEOUT, KVR_ERR_TIMEOUT,
+          KVR_ERR_VERIFY);
+    lp.drop_msg_at = 0;
+    lp.dup_msg_at = 1; /* duplicates are ignored */
+    fault(lp, KVR_EXEC_DIRECT, 2000, KVR_OK, KVR_OK, KVR_OK);
+    fault(lp, KVR_EXEC_STAGED, 2000, KVR_OK, KVR_OK, KVR_OK);
+    lp.dup_msg_at = 3;
+    fault(lp, KVR_EXEC_STAGED, 2000, KVR_OK, KVR_OK, KVR_OK);
+}
+
+static void test_fault_delay(void **state)
+{
+    (void)state;
+    kvr_loopback_params_t lp = KVR_LOOPBACK_PARAMS_INIT;
+    lp.delay_ms = 300;
+    fault(lp, KVR_EXEC_DIRECT, 100, KVR_ERR_TIMEOUT, KVR_ERR_TIMEOUT, KVR_OK);
+    lp.delay_ms = 5; /* slow but within the deadline */
+    fault(lp, KVR_EXEC_STAGED, 3000, KVR_OK, KVR_OK, KVR_OK);
+}
+
+static void test_fault_corrupt(void **state)
+{
+    (void)state;
+    kvr_loopback_params_t lp = KVR_LOOPBACK_PARAMS_INIT;
+    lp.corrupt_put_at = 4;
+    fault(lp, KVR_EXEC_DIRECT, 2000, KVR_OK, KVR_OK, KVR_ERR_VERIFY);
+}
+
+static void test_fault_no_space(void **state)
+{
+    (void)state;
+    kvr_loopback_params_t lp = KVR_LOOPBACK_PARAMS_INIT;
+    lp.mem_limit = 1 << 20;
+    kvr_transport_t *t = NULL;
+    kvr_mem_t *a = NULL, *b = NULL;
+    assert_int_equal(kvr_transport_loopback_create(NULL, &lp, &t, NULL), KVR_OK);
+    assert_int_equal(kvr_mem_alloc(t, 768 << 10, &a), KVR_OK);
+    assert_int_equal(kvr_mem_alloc(t, 512 << 10, &b), KVR_ERR_NO_SPACE);
+    assert_null(b);
+    kvr_mem_destroy(a);
+    assert_int_equal(kvr_mem_alloc(t, 1 << 20, &b), KVR_OK);
+    kvr_mem_destroy(b);
+    kvr_transport_destroy(t);
+}
+
+static void test_staging_pool(void **state)
+{
+    (void)state;
+    kvr_staging_pool_t *pool = NULL;
+    uint32_t slots[4], n = 0, more[4];
+    assert_int_equal(kvr_staging_pool_create(3, 4096, &pool), KVR_OK);
+    assert_int_equal(kvr_staging_acquire(pool, 1, 4, kvr_xfer_deadline(10),
+                                         slots, &n),
+                     KVR_OK);
+    assert_int_equal(n, 3);
+    assert_int_equal(kvr_staging_free_slots(pool), 0);
+    uint64_t t0 = kvr_xfer_now_ns();
+    assert_int_equal(kvr_staging_acquire(pool, 1, 1, kvr_xfer_deadline(50),
+                                         more, &n),
+                     KVR_ERR_NO_SPACE);
+    assert_true(kvr_xfer_now_ns() - t0 >= 45000000u);
+    kvr_staging_release(pool, slots, 2);
+    kvr_staging_release(pool, slots, 2); /* double release is ignored */
+    assert_int_equal(kvr_staging_free_slots(pool), 2);
+    assert_int_equal(kvr_staging_acquire(pool, 2, 2, kvr_xfer_deadline(10),
+                                         more, &n),
+                     KVR_OK);
+    assert_int_equal(kvr_staging_acquire(pool, 4, 4, kvr_xfer_deadline(10),
+                                         more, &n),
+                     KVR_ERR_INVALID);
+    kvr_staging_pool_destroy(pool);
+}
+
+static void test_peer_gone(void **state)
+{
+    (void)state;
+    fix_t f;
+    fix_init(&f, NULL, 4096, 1, 1000);
+    kvr_rmem_close(f.rstage);
+    f.rstage = NULL;
+    for (int i = 0; i < 2; i++) {
+        kvr_rmem_close(f.rdst[i]);
+        f.rdst[i] = NULL;
+        kvr_mem_destroy(f.dst[i]);
+        f.dst[i] = NULL;
+    }
+    kvr_mem_destroy(f.stage);
+    f.stage = NULL;
+    kvr_ep_destroy(f.ep_cp);
+    f.ep_cp = NULL;
+    kvr_transport_destroy(f.tc);
+    f.tc = NULL;
+    assert_int_equal(kvr_xfer_send_msg(f.ep_pc, 1, "x", 1, kvr_xfer_deadline(10)),
+                     KVR_ERR_PEER_DEAD);
+    assert_int_equal(kvr_ep_status(f.ep_pc), KVR_ERR_PEER_DEAD);
+    fix_fini(&f);
+}
+
+static void test_forged_chunk(void **state)
+{
+    (void)state;
+    fix_t f;
+    fix_init(&f, NULL, 4096, 2, 2000);
+    unsigned char m[28] = {42}; /* transfer 42, chunk 0, 0 bytes, slot 0 */
+    assert_int_equal(kvr_xfer_send_msg(f.ep_pc, KVR_XFER_MSG_RESERVED + 1, m,
+                                       sizeof(m), kvr_xfer_deadline(100)),
+                     KVR_OK);
+    kvr_error_t err = {0};
+    assert_int_equal(kvr_exec_recv(f.ep_cp, KVR_EXEC_STAGED, f.csegs, 2, &f.cp,
+                                   NULL, &err),
+                     KVR_ERR_PROTO);
+    assert_non_null(strstr(err.msg, "does not match"));
+    fix_fini(&f);
+}
+
+static void test_cost_choose(void **state)
+{
+    (void)state;
+    fix_t f;
+    fix_init(&f, NULL, 4096, 1, 1000);
+    kvr_cost_model_t tcp = {.put_s = 6e-6, .put_Bps = 1e9, .chunk_s = 50e-6,
+                            .stage_Bps = 1e9, .copy_Bps = 6e9};
+    double td, ts;
+    /* I = 1: a run per token */
+    assert_int_equal(kvr_cost_choose(&tcp, KVR_EXEC_AUTO, f.psegs, 1, 1 << 20,
+                                     &td, &ts),
+                     KVR_EXEC_STAGED);
+    assert_true(ts < td);
+    assert_int_equal(kvr_cost_choose(&tcp, KVR_EXEC_DIRECT, f.psegs, 1, 1 << 20,
+                                     NULL, NULL),
+                     KVR_EXEC_DIRECT);
+    kvr_run_t big = {0, 0, 8u << 20};
+    kvr_plan_t *one = NULL;
+    assert_int_equal(kvr_plan_from_runs(&big, 1, &one), KVR_OK);
+    kvr_xfer_seg_t seg = {.plan = one};
+    assert_int_equal(kvr_cost_choose(&tcp, KVR_EXEC_AUTO, &seg, 1, 1 << 20, &td,
+                                     &ts),
+                     KVR_EXEC_DIRECT);
+    assert_int_equal(kvr_cost_choose(&tcp, KVR_EXEC_STAGED, &seg, 1, 1 << 20,
+                                     NULL, NULL),
+                     KVR_EXEC_STAGED);
+    assert_int_equal(kvr_cost_choose(NULL, KVR_EXEC_AUTO, &seg, 1, 1 << 20,
+                                     NULL, NULL),
+                     KVR_EXEC_DIRECT);
+    kvr_plan_destroy(one);
+    fix_fini(&f);
+}
+
+static void test_cost_measure(void **state)
+{
+    (void)state;
+    fix_t f;
+    fix_init(&f, NULL, 4u << 20, 1, 1000);
+    kvr_cost_probe_t probe = {.scratch = f.rstage, .small_bytes = 576,
+                              .small_count = 64, .large_bytes = 1 << 20,
+                              .deadline_ns = kvr_xfer_deadline(2000)};
+    kvr_cost_model_t m;
+    assert_int_equal(kvr_cost_measure(f.ep_pc, &probe, &m, NULL), KVR_OK);
+    assert_true(m.put_Bps > 0 && m.copy_Bps > 0 && m.put_s >= 0);
+    assert_true(m.mapped);
+    probe.large_bytes = 64u << 20;
+    assert_int_equal(kvr_cost_measure(f.ep_pc, &probe, &m, NULL), KVR_ERR_INVALID);
+    fix_fini(&f);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_direct),
+        cmocka_unit_test(test_staged),
+        cmocka_unit_test(test_pack_roundtrip),
+        cmocka_unit_test(test_bounds_and_garbage),
+        cmocka_unit_test(test_messages),
+        cmocka_unit_test(test_fault_fail_put),
+        cmocka_unit_test(test_fault_drop_and_dup),
+        cmocka_unit_test(test_fault_delay),
+        cmocka_unit_test(test_fault_corrupt),
+        cmocka_unit_test(test_fault_no_space),
+        cmocka_unit_test(test_staging_pool),
+        cmocka_unit_test(test_peer_gone),
+        cmocka_unit_test(test_forged_chunk),
+        cmocka_unit_test(test_cost_choose),
+        cmocka_unit_test(test_cost_measure),
+    };
+    return cmocka_run_group_tests_name("xfer-loopback", tests, NULL, NULL);
+}
