@@ -13,6 +13,8 @@
 #define KVR_EXIT_USAGE 2
 
 int kvr_cmd_plan(int argc, char **argv);
+int kvr_cmd_capacity(int argc, char **argv);
+int kvr_cmd_inspect(int argc, char **argv);
 
 /* Prints "kvrelay <cmd>: <message>" on stderr; returns KVR_EXIT_USAGE. */
 int kvr_tool_usage_error(const char *cmd, const char *fmt, ...)

@@ -12,6 +12,8 @@ typedef struct {
 
 static const command_t commands[] = {
     {"plan", kvr_cmd_plan, "print one DCP rank's transfer plan summary"},
+    {"capacity", kvr_cmd_capacity, "KV blocks and tokens a decode rank holds in a budget"},
+    {"inspect", kvr_cmd_inspect, "diff dumped received pages against the source, per token"},
 };
 
 static void usage(FILE *out)
