@@ -33,6 +33,7 @@ extern "C" {
 #define KVR_WIRE_MAX_PROMPT (1u << 20)    /* prompt token ids per OFFER */
 #define KVR_WIRE_MAX_REGIONS 1024u        /* regions per REGIONS */
 #define KVR_WIRE_RKEY_MAX 4096u           /* packed remote key bytes */
+#define KVR_WIRE_ADDR_MAX 4096u           /* transport address bytes */
 #define KVR_WIRE_MAX_SLOTS 4096u          /* staging slots per WRITE_REQUEST */
 #define KVR_WIRE_MAX_CLASSES 32u          /* region classes per HELLO */
 #define KVR_WIRE_DEADLINE_DEFAULT_MS 30000u
@@ -134,9 +135,13 @@ typedef struct kvr_wire_region {
     uint32_t rkey_len;
 } kvr_wire_region_t;
 
+/* The consumer's regions and the transport address producers connect
+ * their data endpoint to (opaque, transport-defined). */
 typedef struct kvr_msg_regions {
     const kvr_wire_region_t *regions;
     uint32_t num_regions;
+    const uint8_t *address;
+    uint32_t address_len;
 } kvr_msg_regions_t;
 
 typedef struct kvr_msg_offer {

@@ -102,6 +102,8 @@ static const kvr__rec_t region_rec =
 static const kvr__field_t regions_fields[] = {
     F_ARRAY(KVR__F_RECS, kvr_msg_regions_t, regions, num_regions,
             KVR_WIRE_MAX_REGIONS, &region_rec),
+    F_ARRAY(KVR__F_BYTES, kvr_msg_regions_t, address, address_len,
+            KVR_WIRE_ADDR_MAX, NULL),
 };
 static const kvr__rec_t regions_rec =
     REC("REGIONS", kvr_msg_regions_t, regions_fields);

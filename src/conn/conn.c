@@ -1,0 +1,463 @@
+/* Connector object: regions, links, the event loop and the event queue. */
+#include <errno.h>
+#include <poll.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sodium.h>
+#include <unistd.h>
+
+#include "conn_internal.h"
+
+void kvr__conn_fail(kvr_conn_t *c, kvr_status_t st, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(c->last_error, sizeof(c->last_error), fmt, ap);
+    va_end(ap);
+    (void)st;
+}
+
+const char *kvr_conn_last_error(const kvr_conn_t *conn)
+{
+    return conn ? conn->last_error : "";
+}
+
+static void free_peer(kvr__peer_t *peer);
+
+static kvr_status_t check_params(const kvr_conn_params_t *p, kvr_error_t *err)
+{
+    kvr_status_t st = kvr_layout_check(&p->layout, err);
+    if (st != KVR_OK)
+        return st;
+    if (p->side != KVR_WIRE_PRODUCER && p->side != KVR_WIRE_CONSUMER)
+        return kvr_error_set(err, KVR_ERR_INVALID, "side %d", (int)p->side);
+    if (p->producer_stages < 1 || p->producer_stages > KVR_CONN_MAX_STAGES)
+        return kvr_error_set(err, KVR_ERR_INVALID,
+                             "producer stages %u not in [1, %u]",
+                             p->producer_stages, KVR_CONN_MAX_STAGES);
+    if (p->consumer_ranks < 1 || p->consumer_ranks > 64)
+        return kvr_error_set(err, KVR_ERR_INVALID,
+                             "consumer ranks %u not in [1, 64]",
+                             p->consumer_ranks);
+    if (p->deadline_ms < 1 || p->deadline_ms > KVR_WIRE_DEADLINE_MAX_MS)
+        return kvr_error_set(err, KVR_ERR_INVALID, "deadline %u ms",
+                             p->deadline_ms);
+    if (p->max_requests < 1 || p->max_requests > 65536)
+        return kvr_error_set(err, KVR_ERR_INVALID, "max requests %u",
+                             p->max_requests);
+    if (p->side == KVR_WIRE_CONSUMER && p->topo.dcp_rank >= p->layout.dcp_size)
+        return kvr_error_set(err, KVR_ERR_RANK_RANGE,
+                             "DCP rank %u out of range [0, %u)",
+                             p->topo.dcp_rank, p->layout.dcp_size);
+    if (p->staging_slots > 4096 || p->staging_slot_bytes > (1ull << 30))
+        return kvr_error_set(err, KVR_ERR_INVALID,
+                             "staging %u slots of %llu bytes", p->staging_slots,
+                             (unsigned long long)p->staging_slot_bytes);
+    return KVR_OK;
+}
+
+static void event_free(kvr_conn_event_t *e);
+
+static kvr_status_t alloc_tables(kvr_conn_t *c, kvr_error_t *err)
+{
+    c->events = calloc(KVR_CONN_EVENTS_MAX, sizeof(*c->events));
+    c->creqs = calloc(c->p.max_requests, sizeof(*c->creqs));
+    c->preqs = calloc(c->p.max_requests, sizeof(*c->preqs));
+    if (c->events == NULL || c->creqs == NULL || c->preqs == NULL)
+        return kvr_error_set(err, KVR_ERR_NO_MEMORY, "no memory for tables");
+    return KVR_OK;
+}
+
+kvr_status_t kvr_conn_create(const kvr_conn_params_t *params,
+                             kvr_conn_t **out, kvr_error_t *err)
+{
+    if (params == NULL || out == NULL)
+        return kvr_error_set(err, KVR_ERR_INVALID, "params or out is NULL");
+    kvr_status_t st = check_params(params, err);
+    if (st != KVR_OK)
+        return st;
+    kvr_conn_t *c = calloc(1, sizeof(*c));
+    if (c == NULL)
+        return kvr_error_set(err, KVR_ERR_NO_MEMORY, "no memory");
+    c->p = *params;
+    c->listen_fd = -1;
+    c->staging_idx = -1;
+    if (params->key != NULL) {
+        memcpy(c->key, params->key, sizeof(c->key));
+        c->has_key = true;
+        c->p.key = c->key;
+    }
+    st = alloc_tables(c, err);
+    if (st == KVR_OK)
+        st = kvr__data_create((int)params->tl,
+                              params->side == KVR_WIRE_CONSUMER, &c->data, err);
+    bool leads = params->side == KVR_WIRE_CONSUMER && params->topo.dcp_rank == 0;
+    if (st == KVR_OK && leads)
+        st = kvr__leader_create(c, err);
+    if (st != KVR_OK) {
+        kvr_conn_destroy(c);
+        return st;
+    }
+    *out = c;
+    return KVR_OK;
+}
+
+static void free_peer(kvr__peer_t *peer)
+{
+    kvr__dpeer_close(peer->data);
+    free(peer->regions);
+    kvr__link_destroy(peer->link);
+    free(peer);
+}
+
+void kvr_conn_destroy(kvr_conn_t *c)
+{
+    if (c == NULL)
+        return;
+    for (uint32_t i = 0; i < c->num_peers; i++)
+        free_peer(c->peers[i]);
+    for (uint32_t i = 0; c->creqs && i < c->p.max_requests; i++)
+        kvr__creq_free(&c->creqs[i]);
+    for (uint32_t i = 0; i < c->num_regions; i++)
+        kvr__dmem_destroy(c->regions[i].mem);
+    if (c->listen_fd >= 0)
+        close(c->listen_fd);
+    kvr__leader_destroy(c->leader);
+    kvr__data_destroy(c->data);
+    free(c->events);
+    free(c->slot_busy);
+    kvr__rank_offers_free(c);
+    free(c->creqs);
+    free(c->preqs);
+    for (uint32_t i = 0; c->events && i < c->ev_count; i++)
+        event_free(&c->events[(c->ev_head + i) % KVR_CONN_EVENTS_MAX]);
+    event_free(&c->polled);
+    sodium_memzero(c->key, sizeof(c->key));
+    free(c);
+}
+
+static kvr_status_t add_region(kvr_conn_t *c, const kvr_region_desc_t *desc,
+                               void *base, bool alloc, void **base_out)
+{
+    kvr_error_t err = {0};
+    bool consumer = c->p.side == KVR_WIRE_CONSUMER;
+    kvr_status_t st = KVR_OK;
+    if (c->num_regions == KVR_CONN_MAX_REGIONS)
+        st = kvr_error_set(&err, KVR_ERR_NO_SPACE, "more than %u regions",
+                           KVR_CONN_MAX_REGIONS);
+    else if (c->num_peers > 0 || c->listen_fd >= 0)
+        st = kvr_error_set(&err, KVR_ERR_INVALID,
+                           "regions must be added before listen/connect");
+    else if (desc->role != KVR_ROLE_STAGING)
+        st = kvr_region_check(&c->p.layout, desc, consumer, &err);
+    if (st == KVR_OK && (desc->num_blocks == 0 ||
+                         desc->page_bytes > UINT64_MAX / desc->num_blocks))
+        st = kvr_error_set(&err, KVR_ERR_INVALID, "region layer %u: %llu blocks "
+                           "of %llu bytes", desc->layer,
+                           (unsigned long long)desc->num_blocks,
+                           (unsigned long long)desc->page_bytes);
+    kvr__region_t *r = &c->regions[c->num_regions];
+    uint64_t len = kvr_region_bytes(desc);
+    if (st == KVR_OK && alloc)
+        st = kvr__dmem_alloc(c->data, len, &base, &r->mem, &err);
+    else if (st == KVR_OK)
+        st = kvr__dmem_register(c->data, base, len, &r->mem, &err);
+    if (st != KVR_OK) {
+        kvr__conn_fail(c, st, "%s", err.msg);
+        return st;
+    }
+    r->desc = *desc;
+    r->base = base;
+    if (desc->role == KVR_ROLE_STAGING && c->staging_idx < 0 && consumer) {
+        c->staging_idx = (int)c->num_regions;
+        c->slot_busy = calloc(desc->num_blocks, 1);
+    }
+    c->num_regions++;
+    if (base_out != NULL)
+        *base_out = base;
+    return KVR_OK;
+}
+
+kvr_status_t kvr_conn_add_region(kvr_conn_t *conn,
+                                 const kvr_region_desc_t *desc, void *base)
+{
+    if (conn == NULL || desc == NULL || base == NULL)
+        return KVR_ERR_INVALID;
+    return add_region(conn, desc, base, false, NULL);
+}
+
+kvr_status_t kvr_conn_alloc_region(kvr_conn_t *conn,
+                                   const kvr_region_desc_t *desc, void **base)
+{
+    if (conn == NULL || desc == NULL || base == NULL)
+        return KVR_ERR_INVALID;
+    return add_region(conn, desc, NULL, true, base);
+}
+
+static kvr_status_t add_peer(kvr_conn_t *c, int fd, bool initiator,
+                             kvr__peer_t **out)
+{
+    kvr_error_t err = {0};
+    if (c->num_peers == KVR_CONN_MAX_LINKS) {
+        close(fd);
+        kvr__conn_fail(c, KVR_ERR_NO_SPACE, "more than %u links",
+                       KVR_CONN_MAX_LINKS);
+        return KVR_ERR_NO_SPACE;
+    }
+    kvr__peer_t *peer = calloc(1, sizeof(*peer));
+    kvr_status_t st = peer ? kvr__link_create(fd, initiator, c->p.key,
+                                              &peer->link, &err)
+                           : KVR_ERR_NO_MEMORY;
+    if (st != KVR_OK) {
+        close(fd);
+        free(peer);
+        kvr__conn_fail(c, st, "link: %s", err.msg);
+        return st;
+    }
+    peer->staging = -1;
+    peer->link->owner_data = peer;
+    c->peers[c->num_peers++] = peer;
+    *out = peer;
+    return KVR_OK;
+}
+
+kvr_status_t kvr_conn_listen(kvr_conn_t *conn, const char *host,
+                             uint16_t port, uint16_t *bound)
+{
+    kvr_error_t err = {0};
+    if (conn == NULL || host == NULL || conn->listen_fd >= 0)
+        return KVR_ERR_INVALID;
+    kvr_status_t st = kvr__tcp_listen(host, port, &conn->listen_fd, bound, &err);
+    if (st != KVR_OK)
+        kvr__conn_fail(conn, st, "%s", err.msg);
+    return st;
+}
+
+kvr_status_t kvr_conn_connect(kvr_conn_t *conn, const char *host,
+                              uint16_t port, uint32_t timeout_ms)
+{
+    kvr_error_t err = {0};
+    int fd = -1;
+    if (conn == NULL || host == NULL)
+        return KVR_ERR_INVALID;
+    kvr_status_t st = kvr__tcp_connect(host, port, timeout_ms, &fd, &err);
+    if (st != KVR_OK) {
+        kvr__conn_fail(conn, st, "%s", err.msg);
+        return st;
+    }
+    kvr__peer_t *peer = NULL;
+    st = add_peer(conn, fd, true, &peer);
+    if (st == KVR_OK)
+        st = kvr__handshake_start(conn, peer);
+    uint64_t deadline = kvr__now_ns() + (uint64_t)timeout_ms * 1000000ull;
+    while (st == KVR_OK && !kvr__peer_ready(conn, peer) && !peer->link->closed) {
+        if (kvr__now_ns() > deadline) {
+            kvr__link_close(peer->link, KVR_ERR_TIMEOUT,
+                            "handshake with %s:%u took over %u ms", host, port,
+                            timeout_ms);
+            break;
+        }
+        st = kvr_conn_progress(conn, 10);
+    }
+    if (st == KVR_OK && peer->link->closed) {
+        st = peer->link->close_status ? peer->link->close_status
+                                      : KVR_ERR_PEER_DEAD;
+        kvr__conn_fail(conn, st, "%s:%u: %s", host, port, peer->link->close_why);
+    }
+    return st;
+}
+
+uint32_t kvr_conn_num_ready(const kvr_conn_t *conn)
+{
+    uint32_t n = 0;
+    for (uint32_t i = 0; conn && i < conn->num_peers; i++)
+        n += kvr__peer_ready(conn, conn->peers[i]) && !conn->peers[i]->link->closed;
+    return n;
+}
+
+kvr_status_t kvr__peer_send(kvr__peer_t *peer, const kvr_msg_t *msg)
+{
+    return kvr__link_send(peer->link, msg);
+}
+
+static uint32_t *copy_ids(const uint32_t *ids, size_t n)
+{
+    uint32_t *out = n ? malloc(n * sizeof(*out)) : NULL;
+    if (out != NULL)
+        memcpy(out, ids, n * sizeof(*out));
+    return out;
+}
+
+/* Events own copies of their tables until the poll after theirs. */
+void kvr__event_attach(kvr_conn_event_t *e, const uint32_t *src, size_t nsrc,
+                       const uint32_t *dst, size_t ndst)
+{
+    e->src_blocks = copy_ids(src, nsrc);
+    e->num_src_blocks = e->src_blocks ? nsrc : 0;
+    e->dst_blocks = copy_ids(dst, ndst);
+    e->num_dst_blocks = e->dst_blocks ? ndst : 0;
+}
+
+static void event_free(kvr_conn_event_t *e)
+{
+    free((void *)e->src_blocks);
+    free((void *)e->dst_blocks);
+    e->src_blocks = e->dst_blocks = NULL;
+}
+
+kvr_conn_event_t *kvr__event_push(kvr_conn_t *c, kvr_conn_event_kind_t kind,
+                                  const kvr_wire_id_t *id, uint64_t transfer,
+                                  kvr_status_t st, const char *msg)
+{
+    if (c->ev_count == KVR_CONN_EVENTS_MAX) { /* oldest dropped, never blocks */
+        event_free(&c->events[c->ev_head]);
+        c->ev_head = (c->ev_head + 1) % KVR_CONN_EVENTS_MAX;
+        c->ev_count--;
+    }
+    kvr_conn_event_t *e =
+        &c->events[(c->ev_head + c->ev_count++) % KVR_CONN_EVENTS_MAX];
+    memset(e, 0, sizeof(*e));
+    e->kind = kind;
+    if (id != NULL)
+        e->request_id = *id;
+    e->transfer_id = transfer;
+    e->status = st;
+    snprintf(e->message, sizeof(e->message), "%s", msg ? msg : "");
+    return e;
+}
+
+bool kvr_conn_poll_event(kvr_conn_t *conn, kvr_conn_event_t *out)
+{
+    if (conn == NULL || out == NULL)
+        return false;
+    event_free(&conn->polled);
+    if (conn->ev_count == 0)
+        return false;
+    conn->polled = conn->events[conn->ev_head];
+    conn->ev_head = (conn->ev_head + 1) % KVR_CONN_EVENTS_MAX;
+    conn->ev_count--;
+    *out = conn->polled;
+    return true;
+}
+
+uint32_t kvr_conn_num_live(const kvr_conn_t *conn)
+{
+    uint32_t n = 0;
+    for (uint32_t i = 0; conn && i < conn->p.max_requests; i++)
+        n += conn->creqs[i].phase != CREQ_FREE || conn->preqs[i].used;
+    return n;
+}
+
+static void accept_new(kvr_conn_t *c)
+{
+    for (;;) {
+        int fd = accept4(c->listen_fd, NULL, NULL, SOCK_CLOEXEC);
+        if (fd < 0)
+            return;
+        kvr__peer_t *peer = NULL;
+        if (add_peer(c, fd, false, &peer) != KVR_OK)
+            continue;
+        if (!c->has_key && !c->p.insecure && !peer->link->loopback_peer)
+            kvr__link_close(peer->link, KVR_ERR_AUTH,
+                            "refused a non-loopback peer without a key "
+                            "(use a key file, or --insecure)");
+    }
+}
+
+static kvr_status_t dispatch(kvr_conn_t *c, kvr__peer_t *peer,
+                             const kvr_msg_t *msg)
+{
+    bool handled = false;
+    kvr_status_t st = kvr__handshake_msg(c, peer, msg, &handled);
+    if (handled || st != KVR_OK)
+        return st;
+    if (c->p.side == KVR_WIRE_CONSUMER)
+        return kvr__consumer_msg(c, peer, msg);
+    return kvr__producer_msg(c, peer, msg);
+}
+
+/* Reads and handles every complete frame of one link. */
+static void service_link(kvr_conn_t *c, kvr__peer_t *peer)
+{
+    kvr__link_read(peer->link);
+    while (!peer->link->closed) {
+        kvr_msg_t msg;
+        bool have = false;
+        kvr_error_t err = {0};
+        kvr_status_t st = kvr__link_next(peer->link, &msg, &have, &err);
+        if (st != KVR_OK) {
+            kvr__link_close(peer->link, st, "bad frame: %s", err.msg);
+            break;
+        }
+        if (!have)
+            break;
+        dispatch(c, peer, &msg);
+        kvr_msg_free(&msg);
+    }
+}
+
+static void reap_closed(kvr_conn_t *c)
+{
+    for (uint32_t i = 0; i < c->num_peers;) {
+        kvr__peer_t *peer = c->peers[i];
+        if (!peer->link->closed) {
+            i++;
+            continue;
+        }
+        if (c->p.side == KVR_WIRE_CONSUMER)
+            kvr__consumer_peer_lost(c, peer);
+        else
+            kvr__producer_peer_lost(c, peer);
+        if (peer->link->ready) {
+            kvr_conn_event_t *e = kvr__event_push(c, KVR_EVENT_PEER_LOST, NULL, 0,
+                                                  peer->link->close_status,
+                                                  peer->link->close_why);
+            e->peer_rank = peer->link->peer.side == KVR_WIRE_PRODUCER
+                               ? peer->link->peer.topo.pp_rank
+                               : peer->link->peer.topo.dcp_rank;
+        }
+        if (c->leader_link == peer)
+            c->leader_link = NULL;
+        free_peer(peer);
+        c->peers[i] = c->peers[--c->num_peers];
+    }
+}
+
+kvr_status_t kvr_conn_progress(kvr_conn_t *conn, uint32_t timeout_ms)
+{
+    if (conn == NULL)
+        return KVR_ERR_INVALID;
+    struct pollfd fds[KVR_CONN_MAX_LINKS + 1];
+    uint32_t n = 0, first = 0;
+    if (conn->listen_fd >= 0) {
+        fds[n++] = (struct pollfd){.fd = conn->listen_fd, .events = POLLIN};
+        first = 1;
+    }
+    for (uint32_t i = 0; i < conn->num_peers; i++)
+        fds[n++] = (struct pollfd){
+            .fd = conn->peers[i]->link->fd,
+            .events = (short)(POLLIN | (kvr__link_wants_write(conn->peers[i]->link)
+                                            ? POLLOUT : 0))};
+    int rc = poll(fds, n, (int)(timeout_ms > 100 ? 100 : timeout_ms));
+    if (rc < 0 && errno != EINTR)
+        return KVR_ERR_IO;
+    uint32_t peers_now = conn->num_peers;
+    for (uint32_t i = 0; rc > 0 && i < peers_now; i++) {
+        short re = fds[first + i].revents;
+        if (re & (POLLIN | POLLHUP | POLLERR))
+            service_link(conn, conn->peers[i]);
+        if (re & POLLOUT)
+            kvr__link_flush(conn->peers[i]->link);
+    }
+    if (first && rc > 0 && (fds[0].revents & POLLIN))
+        accept_new(conn);
+    if (conn->p.side == KVR_WIRE_CONSUMER)
+        kvr__consumer_tick(conn);
+    else
+        kvr__producer_tick(conn);
+    reap_closed(conn);
+    return KVR_OK;
+}

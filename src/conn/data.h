@@ -1,0 +1,79 @@
+/* The conn layer's view of the transport: the only file that includes
+ * kvrelay/xfer.h. Keeps the connector independent of transport details. */
+#ifndef KVRELAY_CONN_DATA_H
+#define KVRELAY_CONN_DATA_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "kvrelay/plan.h"
+#include "kvrelay/status.h"
+
+typedef struct kvr__data kvr__data_t;   /* one transport */
+typedef struct kvr__dmem kvr__dmem_t;   /* a local registered region */
+typedef struct kvr__dpeer kvr__dpeer_t; /* an endpoint and its remote regions */
+
+#define KVR_DATA_ADDR_MAX 4096u
+#define KVR_DATA_RKEY_MAX 1024u
+
+/* tl: 0 auto, 1 shm, 2 tcp. progress_thread for targets of emulated puts. */
+kvr_status_t kvr__data_create(int tl, bool progress_thread, kvr__data_t **out,
+                              kvr_error_t *err);
+void kvr__data_destroy(kvr__data_t *d);
+kvr_status_t kvr__data_address(kvr__data_t *d, const void **addr,
+                               size_t *len);
+
+/* Registers engine memory, or allocates (base returned through *base). */
+kvr_status_t kvr__dmem_register(kvr__data_t *d, void *base, uint64_t len,
+                                kvr__dmem_t **out, kvr_error_t *err);
+kvr_status_t kvr__dmem_alloc(kvr__data_t *d, uint64_t len, void **base,
+                             kvr__dmem_t **out, kvr_error_t *err);
+void kvr__dmem_destroy(kvr__dmem_t *m);
+/* Packed remote key of a region (for REGIONS). */
+kvr_status_t kvr__dmem_rkey(kvr__dmem_t *m, uint8_t *rkey, uint32_t *len);
+
+kvr_status_t kvr__dpeer_open(kvr__data_t *d, const void *addr, size_t len,
+                             kvr__dpeer_t **out, kvr_error_t *err);
+void kvr__dpeer_close(kvr__dpeer_t *p);
+kvr_status_t kvr__dpeer_status(const kvr__dpeer_t *p);
+/* Opens [base, base+len) of a peer region (sub-ranges of one registration
+ * share its rkey); returns its index for later puts. */
+kvr_status_t kvr__dpeer_map(kvr__dpeer_t *p, uint64_t base, uint64_t len,
+                            const uint8_t *rkey, uint32_t rkey_len,
+                            uint32_t *index, kvr_error_t *err);
+
+/* One region's part of a transfer. */
+typedef struct kvr__dseg {
+    const kvr_plan_t *plan;
+    const void *src;   /* producer: local source base */
+    uint32_t remote;   /* producer: index of the destination mapping */
+    void *dst_local;   /* consumer: local destination base */
+} kvr__dseg_t;
+
+uint64_t kvr__dseg_bytes(const kvr__dseg_t *segs, size_t n);
+
+/* Producer, direct: one put per run, then a flush. */
+kvr_status_t kvr__data_send_direct(kvr__dpeer_t *p, const kvr__dseg_t *segs,
+                                   size_t n, uint64_t deadline_ns,
+                                   uint64_t *puts, kvr_error_t *err);
+/* Producer, staged: pack stream bytes [off, off+len) into the peer's
+ * mapping `staging` at staging_off, put and flush. */
+kvr_status_t kvr__data_send_chunk(kvr__dpeer_t *p, const kvr__dseg_t *segs,
+                                  size_t n, uint64_t off, uint64_t len,
+                                  uint32_t staging, uint64_t staging_off,
+                                  uint64_t deadline_ns, kvr_error_t *err);
+/* Consumer, staged: unpack stream bytes [off, off+len) from buf. */
+void kvr__data_unpack(const kvr__dseg_t *segs, size_t n, uint64_t off,
+                      const void *buf, uint64_t len);
+
+/* Executor choice from the cost model; force 1 direct, 2 staged. */
+int kvr__data_choose(kvr__dpeer_t *p, int force, const kvr__dseg_t *segs,
+                     size_t n, uint64_t slot_bytes);
+/* Measures the cost model once with a scratch mapping of the peer. */
+kvr_status_t kvr__data_probe(kvr__dpeer_t *p, uint32_t scratch,
+                             uint64_t scratch_len, kvr_error_t *err);
+
+uint64_t kvr__now_ns(void);
+
+#endif

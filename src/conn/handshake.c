@@ -1,0 +1,250 @@
+/* HELLO / HELLO_ACK / AUTH / BYE / REGIONS: what happens before any request
+ * (DESIGN.md §7 handshake). Rkeys are unpacked only after authentication. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "conn_internal.h"
+
+static kvr_status_t build_hello(kvr_conn_t *c, kvr__link_t *link,
+                                kvr_error_t *err)
+{
+    kvr_region_desc_t descs[KVR_CONN_MAX_REGIONS];
+    size_t n = 0;
+    for (uint32_t i = 0; i < c->num_regions; i++)
+        if (c->regions[i].desc.role != KVR_ROLE_STAGING)
+            descs[n++] = c->regions[i].desc;
+    kvr_status_t st = kvr_wire_hello_init(&link->ours, c->p.side, &c->p.topo,
+                                          &c->p.layout, descs, n, err);
+    link->ours.has_key = c->has_key;
+    return st;
+}
+
+static void refuse(kvr__peer_t *peer, kvr_status_t st, const char *why)
+{
+    kvr_msg_t bye;
+    kvr_msg_init(&bye, KVR_MSG_BYE);
+    bye.u.bye.status = st;
+    snprintf(bye.u.bye.text, sizeof(bye.u.bye.text), "%s", why);
+    kvr__peer_send(peer, &bye);
+    kvr__link_flush(peer->link);
+    kvr__link_close(peer->link, st, "refused: %s", why);
+}
+
+kvr_status_t kvr__handshake_start(kvr_conn_t *c, kvr__peer_t *peer)
+{
+    kvr_error_t err = {0};
+    kvr_status_t st = build_hello(c, peer->link, &err);
+    if (st != KVR_OK) {
+        kvr__link_close(peer->link, st, "HELLO: %s", err.msg);
+        return st;
+    }
+    kvr_msg_t m = {.type = KVR_MSG_HELLO};
+    m.u.hello = peer->link->ours;
+    st = kvr__peer_send(peer, &m);
+    peer->link->hello_sent = st == KVR_OK;
+    return st;
+}
+
+/* Consumers accept producers; the leader also accepts the other ranks. */
+static kvr_wire_side_t expected_side(const kvr_conn_t *c, const kvr__peer_t *p)
+{
+    if (c->p.side == KVR_WIRE_PRODUCER)
+        return KVR_WIRE_CONSUMER;
+    if (p->link->initiator) /* a rank dialing the leader */
+        return KVR_WIRE_CONSUMER;
+    if (c->leader != NULL && p->link->peer.side == KVR_WIRE_CONSUMER)
+        return KVR_WIRE_CONSUMER;
+    return KVR_WIRE_PRODUCER;
+}
+
+static kvr_status_t send_regions(kvr_conn_t *c, kvr__peer_t *peer);
+
+static void on_ready(kvr_conn_t *c, kvr__peer_t *peer)
+{
+    peer->link->ready = true;
+    bool peer_producer = peer->link->peer.side == KVR_WIRE_PRODUCER;
+    if (c->p.side == KVR_WIRE_CONSUMER && peer_producer)
+        send_regions(c, peer);
+    if (c->p.side == KVR_WIRE_CONSUMER && peer->link->initiator)
+        c->leader_link = peer;
+}
+
+static void maybe_auth(kvr_conn_t *c, kvr__peer_t *peer)
+{
+    kvr__link_t *l = peer->link;
+    kvr_error_t err = {0};
+    if (!l->hello_sent || !l->hello_recv)
+        return;
+    if (c->has_key && !l->auth_sent) {
+        kvr_msg_t m = {.type = KVR_MSG_AUTH};
+        kvr_status_t st = kvr_wire_auth_sign(l->auth, &m.u.auth, &err);
+        if (st != KVR_OK) {
+            kvr__link_close(l, st, "AUTH: %s", err.msg);
+            return;
+        }
+        kvr__peer_send(peer, &m);
+        l->auth_sent = true;
+    }
+    if (!l->ready && kvr_wire_auth_ready(l->auth))
+        on_ready(c, peer);
+}
+
+static void on_hello(kvr_conn_t *c, kvr__peer_t *peer, const kvr_msg_t *msg)
+{
+    kvr__link_t *l = peer->link;
+    kvr_error_t err = {0};
+    if (l->hello_recv || (msg->type == KVR_MSG_HELLO) == l->initiator) {
+        refuse(peer, KVR_ERR_PROTO, "unexpected HELLO");
+        return;
+    }
+    l->peer = msg->u.hello;
+    l->hello_recv = true;
+    kvr_status_t st = kvr__link_note_peer_hello(l, &err);
+    if (st == KVR_OK && !l->initiator)
+        st = build_hello(c, l, &err);
+    if (st == KVR_OK)
+        st = kvr_wire_hello_check(&l->ours, &l->peer, expected_side(c, peer), &err);
+    if (st != KVR_OK) {
+        refuse(peer, st, err.msg);
+        return;
+    }
+    if (!l->initiator) {
+        kvr_msg_t ack = {.type = KVR_MSG_HELLO_ACK};
+        ack.u.hello = l->ours;
+        l->hello_sent = kvr__peer_send(peer, &ack) == KVR_OK;
+    }
+    maybe_auth(c, peer);
+}
+
+static void on_auth(kvr_conn_t *c, kvr__peer_t *peer, const kvr_msg_t *msg)
+{
+    kvr_error_t err = {0};
+    kvr_status_t st = kvr_wire_auth_verify(peer->link->auth, &msg->u.auth, &err);
+    if (st != KVR_OK) {
+        refuse(peer, st, err.msg);
+        return;
+    }
+    maybe_auth(c, peer);
+}
+
+/* ---- REGIONS ---- */
+
+static kvr_status_t send_regions(kvr_conn_t *c, kvr__peer_t *peer)
+{
+    kvr_wire_region_t *regs = calloc(c->num_regions + 1, sizeof(*regs));
+    uint8_t *keys = calloc(c->num_regions + 1, KVR_DATA_RKEY_MAX);
+    kvr_status_t st = regs && keys ? KVR_OK : KVR_ERR_NO_MEMORY;
+    for (uint32_t i = 0; st == KVR_OK && i < c->num_regions; i++) {
+        uint8_t *k = keys + (size_t)i * KVR_DATA_RKEY_MAX;
+        regs[i].desc = c->regions[i].desc;
+        regs[i].base = (uint64_t)(uintptr_t)c->regions[i].base;
+        regs[i].rkey = k;
+        st = kvr__dmem_rkey(c->regions[i].mem, k, &regs[i].rkey_len);
+    }
+    kvr_msg_t m = {.type = KVR_MSG_REGIONS};
+    const void *addr = NULL;
+    size_t alen = 0;
+    if (st == KVR_OK)
+        st = kvr__data_address(c->data, &addr, &alen);
+    m.u.regions.regions = regs;
+    m.u.regions.num_regions = c->num_regions;
+    m.u.regions.address = addr;
+    m.u.regions.address_len = (uint32_t)alen;
+    if (st == KVR_OK)
+        st = kvr__peer_send(peer, &m);
+    if (st != KVR_OK)
+        kvr__link_close(peer->link, st, "sending REGIONS failed (%s)",
+                        kvr_status_name(st));
+    free(regs);
+    free(keys);
+    return st;
+}
+
+static kvr_status_t map_regions(kvr__peer_t *peer, const kvr_msg_regions_t *m,
+                                kvr_error_t *err)
+{
+    peer->regions = calloc(m->num_regions + 1, sizeof(*peer->regions));
+    if (peer->regions == NULL)
+        return kvr_error_set(err, KVR_ERR_NO_MEMORY, "no memory");
+    for (uint32_t i = 0; i < m->num_regions; i++) {
+        const kvr_wire_region_t *r = &m->regions[i];
+        uint64_t len = kvr_region_bytes(&r->desc);
+        kvr_status_t st = kvr__dpeer_map(peer->data, r->base, len, r->rkey,
+                                         r->rkey_len,
+                                         &peer->regions[i].mapping, err);
+        if (st != KVR_OK)
+            return st;
+        peer->regions[i].desc = r->desc;
+        if (r->desc.role == KVR_ROLE_STAGING && peer->staging < 0) {
+            peer->staging = (int)i;
+            /* the last slot is never granted: the cost probe's scratch */
+            uint64_t slot = r->desc.page_bytes;
+            st = kvr__dpeer_map(peer->data, r->base + (r->desc.num_blocks - 1) * slot,
+                                slot, r->rkey, r->rkey_len, &peer->probe_mapping,
+                                err);
+            if (st != KVR_OK)
+                return st;
+        }
+        peer->num_regions = i + 1;
+    }
+    return KVR_OK;
+}
+
+static void on_regions(kvr_conn_t *c, kvr__peer_t *peer, const kvr_msg_t *msg)
+{
+    kvr_error_t err = {0};
+    const kvr_msg_regions_t *m = &msg->u.regions;
+    if (c->p.side != KVR_WIRE_PRODUCER || peer->regions_ready) {
+        refuse(peer, KVR_ERR_PROTO, "unexpected REGIONS");
+        return;
+    }
+    kvr_status_t st = kvr__dpeer_open(c->data, m->address, m->address_len,
+                                      &peer->data, &err);
+    if (st == KVR_OK)
+        st = map_regions(peer, m, &err);
+    if (st == KVR_OK && peer->staging >= 0 &&
+        peer->regions[peer->staging].desc.num_blocks > 1)
+        st = kvr__data_probe(peer->data, peer->probe_mapping,
+                             peer->regions[peer->staging].desc.page_bytes, &err);
+    if (st != KVR_OK) {
+        refuse(peer, st, err.msg);
+        return;
+    }
+    peer->regions_ready = true;
+}
+
+kvr_status_t kvr__handshake_msg(kvr_conn_t *c, kvr__peer_t *peer,
+                                const kvr_msg_t *msg, bool *handled)
+{
+    kvr_error_t err = {0};
+    *handled = true;
+    if (msg->type == KVR_MSG_BYE) {
+        kvr__link_close(peer->link, msg->u.bye.status ? msg->u.bye.status
+                                                      : KVR_ERR_PEER_DEAD,
+                        "peer said: %s", msg->u.bye.text);
+        return KVR_OK;
+    }
+    kvr_status_t st = kvr_wire_gate(peer->link->auth, msg->type, &err);
+    if (st != KVR_OK) {
+        refuse(peer, st, err.msg);
+        return KVR_OK;
+    }
+    switch (msg->type) {
+    case KVR_MSG_HELLO:
+    case KVR_MSG_HELLO_ACK: on_hello(c, peer, msg); break;
+    case KVR_MSG_AUTH: on_auth(c, peer, msg); break;
+    case KVR_MSG_REGIONS: on_regions(c, peer, msg); break;
+    default: *handled = false; break;
+    }
+    return KVR_OK;
+}
+
+bool kvr__peer_ready(const kvr_conn_t *c, const kvr__peer_t *peer)
+{
+    if (!peer->link->ready)
+        return false;
+    if (c->p.side == KVR_WIRE_PRODUCER)
+        return peer->regions_ready;
+    return true;
+}

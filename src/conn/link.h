@@ -1,0 +1,72 @@
+/* A control link: one TCP connection carrying wire frames, with its
+ * handshake state. Non-blocking; the owner polls fd and calls
+ * kvr__link_on_readable / kvr__link_on_writable. Internal to conn. */
+#ifndef KVRELAY_CONN_LINK_H
+#define KVRELAY_CONN_LINK_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "kvrelay/wire.h"
+
+/* Hard cap on queued outgoing bytes per link: a peer that stops reading is
+ * closed rather than buffered without bound. */
+#define KVR_LINK_TX_MAX (64u << 20)
+
+typedef struct kvr__link {
+    int fd;
+    bool initiator;
+    bool loopback_peer;
+    bool closed;
+    bool hello_sent, hello_recv, auth_sent, ready;
+    kvr_wire_auth_t *auth;
+    kvr_msg_hello_t ours;
+    kvr_msg_hello_t peer;
+    uint8_t *rx;
+    size_t rx_len, rx_cap;
+    uint8_t *tx;
+    size_t tx_len, tx_off, tx_cap;
+    kvr_status_t close_status;
+    char close_why[KVR_ERROR_MSG_MAX];
+    void *owner_data; /* the side's per-peer state */
+    uint8_t hello_frame[KVR_WIRE_HELLO_FRAME_MAX]; /* last HELLO received */
+    size_t hello_len;
+} kvr__link_t;
+
+/* Takes ownership of a connected socket. key may be NULL. */
+kvr_status_t kvr__link_create(int fd, bool initiator, const uint8_t *key,
+                              kvr__link_t **out, kvr_error_t *err);
+void kvr__link_destroy(kvr__link_t *link);
+
+/* Blocking connect with a deadline, then non-blocking. */
+kvr_status_t kvr__tcp_connect(const char *host, uint16_t port,
+                              uint32_t timeout_ms, int *fd, kvr_error_t *err);
+kvr_status_t kvr__tcp_listen(const char *host, uint16_t port, int *fd,
+                             uint16_t *bound, kvr_error_t *err);
+
+/* Encodes and queues a frame, writing what the socket takes now. HELLO and
+ * HELLO_ACK frames are noted for AUTH. */
+kvr_status_t kvr__link_send(kvr__link_t *link, const kvr_msg_t *msg);
+/* Writes queued bytes; false when the link broke. */
+bool kvr__link_flush(kvr__link_t *link);
+bool kvr__link_wants_write(const kvr__link_t *link);
+
+/* Reads what is available. Then kvr__link_next yields complete frames:
+ * KVR_OK with *have set, or an error that closes the link. */
+kvr_status_t kvr__link_read(kvr__link_t *link);
+kvr_status_t kvr__link_next(kvr__link_t *link, kvr_msg_t *msg, bool *have,
+                            kvr_error_t *err);
+
+/* Notes the last received HELLO frame for AUTH (after the gate let it in). */
+kvr_status_t kvr__link_note_peer_hello(kvr__link_t *link, kvr_error_t *err);
+
+/* Marks the link closed with a reason (first reason wins) and shuts it. */
+void kvr__link_close(kvr__link_t *link, kvr_status_t why, const char *fmt,
+                     ...)
+#if defined(__GNUC__)
+    __attribute__((format(printf, 3, 4)))
+#endif
+    ;
+
+#endif
