@@ -1,0 +1,278 @@
+/* kvrelay gpu layer: relayout kernels and decode-side DCP ops behind a C
+ * interface (DESIGN.md §5 gpu-direct and staged, §10 decode ops).
+ *
+ * No CUDA header here: a stream is a `void *` holding a cudaStream_t (NULL is
+ * the legacy default stream), device buffers are plain pointers.
+ *
+ * Two libraries implement this header:
+ *  - kvr_gpu_ref, always built, plain C: relayout descriptions, host reference
+ *    executors and the reference decode ops;
+ *  - kvr_gpu, built only when CUDA is found: everything marked (CUDA), on the
+ *    current device (cudaSetDevice), asynchronous on the given stream.
+ *
+ * Every precondition is checked on the host and returned as a status with
+ * detail in *err (may be NULL). Data that only the device sees (positions in a
+ * top-k list, sequence lengths) is checked by the kernels: a bad value is
+ * dropped from the output and recorded, and kvr_gpu_decode_check() returns it
+ * as an error. */
+#ifndef KVRELAY_GPU_H
+#define KVRELAY_GPU_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "kvrelay/layout.h"
+#include "kvrelay/status.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ------------------------------------------------------------------------
+ * Relayout (DESIGN.md §2-5)
+ *
+ * A relayout describes one region pair of one request: the producer region
+ * `src`, the consumer region `dst` (each DCP rank has its own copy of it, at
+ * its own address) and the request's full block tables. It moves exactly the
+ * bytes kvr_plan_create() plans, for every rank:
+ *  - MLA: each I-token chunk to its owner's slot, clipped at num_tokens;
+ *  - INDEX replicated: each source page's key and scale planes into sub-page
+ *    j % W of destination page dst[j / W], on every rank;
+ *  - INDEX sharded (I == bs, or W == 1): the owner of source page j gets its
+ *    planes as one segment of bs * (D + 4) bytes in page dst[j / W];
+ *  - other roles at W == 1: whole pages src[j] -> dst[j].
+ * Incremental requests cover tokens [k*V, N), source blocks from k*W and
+ * destination blocks from k (k = num_computed_blocks).
+ *
+ * Staging byte order (pack/unpack): rank r's share is one byte stream, the
+ * concatenation of rank r's plan runs in plan order, i.e. sorted by
+ * destination offset (destination blocks by ascending block id; inside a
+ * page, MLA tokens by local slot, replicated index: the key sub-planes by
+ * sub-page, then the scale sub-planes). This is the order kvr_plan_create()
+ * returns for that rank, so a staging buffer written by any executor that
+ * follows the plan can be unpacked here, and the other way round.
+ * ------------------------------------------------------------------------ */
+
+/* A request's tables as the planner takes them (kvr_request_t in plan.h,
+ * which this lower layer cannot include): full tables, never pre-sliced. */
+typedef struct kvr_gpu_request {
+    const uint32_t *src_blocks;
+    size_t num_src_blocks;
+    const uint32_t *dst_blocks;
+    size_t num_dst_blocks;
+    uint64_t num_tokens;
+    uint64_t num_computed_blocks; /* virtual blocks already on the consumer */
+} kvr_gpu_request_t;
+
+typedef struct kvr_gpu_relayout kvr_gpu_relayout_t;
+
+/* Validates layout, regions and tables with the planner's checks (each its
+ * own status code, message naming the values) and copies the tables. Pages
+ * must lie wholly inside each region's registered bytes. The GPU path needs
+ * num_tokens < 2^31. Host only; no device is touched. */
+kvr_status_t kvr_gpu_relayout_create(const kvr_layout_t *lay,
+                                     const kvr_region_desc_t *src,
+                                     const kvr_region_desc_t *dst,
+                                     const kvr_gpu_request_t *req,
+                                     kvr_gpu_relayout_t **out,
+                                     kvr_error_t *err);
+/* Frees host and device copies; NULL is fine. */
+void kvr_gpu_relayout_destroy(kvr_gpu_relayout_t *rl);
+
+/* Bytes rank `rank` receives: its plan's bytes and its staging stream's
+ * length. 0 for a rank out of range. */
+uint64_t kvr_gpu_relayout_bytes(const kvr_gpu_relayout_t *rl, uint32_t rank);
+
+/* Host reference executors, on host memory. scatter: rank's share from the
+ * producer region at src_base into that rank's region at dst_base. pack:
+ * bytes [offset, offset + len) of rank's stream into staging[0, len).
+ * unpack: staging[0, len), holding stream bytes [offset, offset + len), into
+ * rank's region at dst_base. */
+kvr_status_t kvr_gpu_ref_scatter(const kvr_gpu_relayout_t *rl, uint32_t rank,
+                                 const void *src_base, void *dst_base,
+                                 kvr_error_t *err);
+kvr_status_t kvr_gpu_ref_pack(const kvr_gpu_relayout_t *rl, uint32_t rank,
+                              const void *src_base, uint64_t offset,
+                              uint64_t len, void *staging, kvr_error_t *err);
+kvr_status_t kvr_gpu_ref_unpack(const kvr_gpu_relayout_t *rl, uint32_t rank,
+                                const void *staging, uint64_t offset,
+                                uint64_t len, void *dst_base,
+                                kvr_error_t *err);
+
+/* (CUDA) Copies the tables to the current device; needed once per device
+ * before the calls below run there. Synchronous. */
+kvr_status_t kvr_gpu_relayout_upload(kvr_gpu_relayout_t *rl, kvr_error_t *err);
+
+/* (CUDA) Direct scatter into every rank at once: dst_bases[r] is rank r's
+ * region base, any pointer the current device can write (its own memory, a
+ * peer's with peer access enabled, a CUDA IPC mapping). W <= 64. */
+kvr_status_t kvr_gpu_scatter(const kvr_gpu_relayout_t *rl,
+                             const void *src_base, void *const *dst_bases,
+                             void *stream, kvr_error_t *err);
+/* (CUDA) The same for one rank. */
+kvr_status_t kvr_gpu_scatter_rank(const kvr_gpu_relayout_t *rl, uint32_t rank,
+                                  const void *src_base, void *dst_base,
+                                  void *stream, kvr_error_t *err);
+/* (CUDA) Device pack/unpack with the semantics of the reference ones. Any
+ * byte range works; 16-byte accesses are used when sizes, offsets and
+ * pointers are 16-aligned, narrower ones otherwise. */
+kvr_status_t kvr_gpu_pack(const kvr_gpu_relayout_t *rl, uint32_t rank,
+                          const void *src_base, uint64_t offset, uint64_t len,
+                          void *staging, void *stream, kvr_error_t *err);
+kvr_status_t kvr_gpu_unpack(const kvr_gpu_relayout_t *rl, uint32_t rank,
+                            const void *staging, uint64_t offset, uint64_t len,
+                            void *dst_base, void *stream, kvr_error_t *err);
+
+/* ------------------------------------------------------------------------
+ * Devices, peer access and CUDA IPC (CUDA)
+ * ------------------------------------------------------------------------ */
+
+/* Number of usable devices; 0 (and KVR_OK) when there is no driver or no
+ * device. */
+kvr_status_t kvr_gpu_device_count(int *count, kvr_error_t *err);
+/* Lets `device` access `peer`'s memory (already enabled is fine);
+ * KVR_ERR_UNSUPPORTED when the pair has no peer path. */
+kvr_status_t kvr_gpu_enable_peer(int device, int peer, kvr_error_t *err);
+
+/* Names device memory for another process: the allocation's IPC handle plus
+ * the pointer's offset inside it. Plain bytes; send it as is. */
+typedef struct kvr_gpu_ipc_handle {
+    unsigned char handle[64];
+    uint64_t offset;
+} kvr_gpu_ipc_handle_t;
+
+kvr_status_t kvr_gpu_ipc_export(const void *ptr, kvr_gpu_ipc_handle_t *out,
+                                kvr_error_t *err);
+/* Maps the memory on the current device; *ptr points at the exported byte. */
+kvr_status_t kvr_gpu_ipc_open(const kvr_gpu_ipc_handle_t *h, void **ptr,
+                              kvr_error_t *err);
+/* Unmaps what kvr_gpu_ipc_open returned; NULL is fine. */
+void kvr_gpu_ipc_close(const kvr_gpu_ipc_handle_t *h, void *ptr);
+
+/* ------------------------------------------------------------------------
+ * Decode-side DCP ops (DESIGN.md §10). Reference (host) and (CUDA) versions
+ * take the same arguments; the CUDA ones take device pointers.
+ * ------------------------------------------------------------------------ */
+
+/* Top-k filter/convert. Row t is a query token of request token_to_seq[t];
+ * its K candidates are global positions (-1 empty). Output per row: the
+ * physical slots (block_table[req][g / V] * bs + local(g) % bs) of the
+ * positions this rank owns, in candidate order, compacted: row t's slots are
+ * out_slots[out_indptr[t] .. out_indptr[t + 1]), owned_counts[t] of them.
+ * Faults (the row's entry is dropped): token_to_seq outside [0, num_reqs); a
+ * position < -1 or at or past max_blocks * V; a negative block-table entry or
+ * a slot past INT32_MAX under an owned position. */
+typedef struct kvr_gpu_topk_args {
+    const int32_t *token_indices; /* [num_rows, topk] */
+    const int32_t *token_to_seq;  /* [num_rows] */
+    const int32_t *block_table;   /* [num_reqs, max_blocks], virtual blocks */
+    uint32_t num_rows;
+    uint32_t topk;                /* K >= 1; num_rows * K <= INT32_MAX */
+    uint32_t num_reqs;
+    uint32_t max_blocks;
+    uint32_t rank;
+    uint32_t dcp_size;            /* W */
+    uint32_t block_size;          /* bs */
+    uint32_t interleave;          /* I */
+    int32_t *out_slots;           /* out_capacity entries */
+    uint64_t out_capacity;        /* >= num_rows * K */
+    int32_t *out_indptr;          /* [num_rows + 1] */
+    int32_t *owned_counts;        /* [num_rows] */
+} kvr_gpu_topk_args_t;
+
+/* Which request each query-token row belongs to, per step kind:
+ *  DECODE: one row per request, q_len == 1: row i -> i;
+ *  VERIFY: q_len rows per request: row t -> t / q_len;
+ *  DRAFT: identity over the running batch, padded rows included:
+ *         padded_rows >= num_reqs rows, row i -> i, q_len == 1. */
+typedef enum kvr_gpu_step {
+    KVR_GPU_STEP_DECODE = 1,
+    KVR_GPU_STEP_VERIFY = 2,
+    KVR_GPU_STEP_DRAFT = 3,
+} kvr_gpu_step_t;
+
+typedef struct kvr_gpu_rows_args {
+    kvr_gpu_step_t step;
+    uint32_t num_reqs;
+    uint32_t q_len;
+    uint32_t padded_rows; /* DRAFT only */
+    int32_t *out;         /* out_capacity entries */
+    uint32_t out_capacity;
+} kvr_gpu_rows_args_t;
+
+/* Rows a step has (checks the arguments, ignores out). */
+kvr_status_t kvr_gpu_rows_count(const kvr_gpu_rows_args_t *a, uint32_t *rows,
+                                kvr_error_t *err);
+
+/* Index slot mapping for a replicated index cache (pages of V = bs * W
+ * tokens): request i gets q_len slots, for positions [seq_len - q_len,
+ * seq_len): block_table[i][t / V] * V + t % V, at out_slots[i * q_len + k].
+ * A request with seq_len 0 is padding: its slots are -1. Faults (slots -1):
+ * seq_len < 0, 0 < seq_len < q_len, seq_len past max_blocks * V, a negative
+ * block-table entry. */
+typedef struct kvr_gpu_slots_args {
+    const int32_t *seq_lens;    /* [num_reqs] */
+    const int32_t *block_table; /* [num_reqs, max_blocks] */
+    uint32_t num_reqs;
+    uint32_t max_blocks;
+    uint32_t q_len;             /* >= 1 */
+    uint32_t block_size;
+    uint32_t dcp_size;
+    int64_t *out_slots;         /* [num_reqs * q_len] */
+} kvr_gpu_slots_args_t;
+
+/* LSE merge of W ranks' partial attention: per (b, h), lse_i sanitised
+ * (NaN, +inf -> -inf), G = log(sum exp(lse_i - m)) + m with m the largest
+ * finite lse (0 if none), out = sum over ranks with exp(lse_i - G) > 0 of
+ * exp(lse_i - G) * out_i; an empty rank contributes exactly zero (its NaN
+ * output too); all empty: out 0, lse -inf. Contiguous fp32 tensors. */
+typedef struct kvr_gpu_lse_args {
+    const float *outs; /* [W, B, H, D] */
+    const float *lses; /* [W, B, H] */
+    uint32_t ranks;    /* W >= 1 */
+    uint32_t batch;
+    uint32_t heads;
+    uint32_t head_dim;
+    float *out;        /* [B, H, D] */
+    float *lse;        /* [B, H]; NULL to skip */
+} kvr_gpu_lse_args_t;
+
+kvr_status_t kvr_gpu_topk_filter_ref(const kvr_gpu_topk_args_t *a,
+                                     kvr_error_t *err);
+kvr_status_t kvr_gpu_rows_ref(const kvr_gpu_rows_args_t *a, kvr_error_t *err);
+kvr_status_t kvr_gpu_index_slots_ref(const kvr_gpu_slots_args_t *a,
+                                     kvr_error_t *err);
+kvr_status_t kvr_gpu_lse_merge_ref(const kvr_gpu_lse_args_t *a,
+                                   kvr_error_t *err);
+
+/* (CUDA) Device state for the decode ops on one device: the top-k filter's
+ * cross-row scan state and a fault record. Reusable across launches and
+ * streams one at a time; safe to capture in a CUDA graph. max_rows bounds
+ * num_rows of each top-k launch. */
+typedef struct kvr_gpu_decode kvr_gpu_decode_t;
+
+kvr_status_t kvr_gpu_decode_create(uint32_t max_rows, kvr_gpu_decode_t **out,
+                                   kvr_error_t *err);
+void kvr_gpu_decode_destroy(kvr_gpu_decode_t *dec);
+/* Synchronizes `stream`, then returns the first data fault recorded since the
+ * last check (and clears it), KVR_OK if none. */
+kvr_status_t kvr_gpu_decode_check(kvr_gpu_decode_t *dec, void *stream,
+                                  kvr_error_t *err);
+
+/* (CUDA) Asynchronous; argument checks on the host, data faults through
+ * kvr_gpu_decode_check(). */
+kvr_status_t kvr_gpu_topk_filter(kvr_gpu_decode_t *dec,
+                                 const kvr_gpu_topk_args_t *a, void *stream,
+                                 kvr_error_t *err);
+kvr_status_t kvr_gpu_rows(const kvr_gpu_rows_args_t *a, void *stream,
+                          kvr_error_t *err);
+kvr_status_t kvr_gpu_index_slots(kvr_gpu_decode_t *dec,
+                                 const kvr_gpu_slots_args_t *a, void *stream,
+                                 kvr_error_t *err);
+kvr_status_t kvr_gpu_lse_merge(const kvr_gpu_lse_args_t *a, void *stream,
+                               kvr_error_t *err);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

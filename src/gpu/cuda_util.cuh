@@ -1,0 +1,33 @@
+/* CUDA helpers of the gpu layer: error conversion and launch sizing. */
+#ifndef KVRELAY_GPU_CUDA_UTIL_CUH
+#define KVRELAY_GPU_CUDA_UTIL_CUH
+
+#include <cuda_runtime.h>
+
+#include "gpu_internal.h"
+
+/* The one place a cudaError_t becomes a kvr status (KVR_ERR_CUDA, message
+ * naming the call and CUDA's text); cudaSuccess gives KVR_OK. */
+kvr_status_t kvr__cuda_status(cudaError_t e, const char *what,
+                              kvr_error_t *err);
+
+#define KVR__CUDA_TRY(call, err)                                               \
+    do {                                                                       \
+        cudaError_t e_ = (call);                                               \
+        if (e_ != cudaSuccess)                                                 \
+            return kvr__cuda_status(e_, #call, err);                           \
+    } while (0)
+
+/* Checks the launch just made (cudaGetLastError). */
+static inline kvr_status_t kvr__launch_status(const char *kernel,
+                                              kvr_error_t *err)
+{
+    return kvr__cuda_status(cudaGetLastError(), kernel, err);
+}
+
+/* Blocks for a grid-stride kernel: enough for `work` threads, at most what
+ * fits on the current device at once. */
+kvr_status_t kvr__grid_size(const void *kernel, int threads, uint64_t work,
+                            unsigned *blocks, kvr_error_t *err);
+
+#endif

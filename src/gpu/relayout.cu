@@ -1,0 +1,344 @@
+/* Relayout kernels: direct scatter into peer pages, pack into and unpack
+ * from consumer-ordered staging. One kernel moves the pieces of
+ * relayout_map.h for all three: a warp takes 32 items (a piece, or a part of
+ * a large one, of at most 64 vectors), each lane works out one item's
+ * addresses with the layout math, then the warp copies the items one pair at
+ * a time, every lane moving two vectors of each, so that index arithmetic
+ * is paid once per item and every access is a full-warp contiguous one. */
+#include "cuda_util.cuh"
+
+namespace {
+
+enum Mode : uint32_t { SCATTER_ALL, SCATTER, PACK, UNPACK };
+
+struct Job {
+    kvr__rl_geom_t g;                          /* device tables */
+    const unsigned char *src;                  /* region, or staging */
+    unsigned char *dst[KVR__GPU_MAX_RANKS];    /* SCATTER_ALL: per rank */
+    uint64_t lo, hi;                           /* stream range, pack/unpack */
+    uint32_t mode, rank;
+    uint32_t item0, num_items;
+    uint32_t items_per_rank;                   /* SCATTER_ALL */
+    uint32_t parts;                            /* items per piece */
+    uint32_t part_bytes;
+};
+
+struct Item {
+    const unsigned char *src;
+    unsigned char *dst;
+    uint32_t len;
+};
+
+/* Clips the part [a, b) of piece p to the job's stream range. */
+__device__ bool clip(const Job &j, const kvr__rl_piece_t &p, uint64_t *a,
+                     uint64_t *b)
+{
+    if (j.mode != PACK && j.mode != UNPACK)
+        return *a < *b;
+    uint64_t s0 = max(p.stream + *a, j.lo), s1 = min(p.stream + *b, j.hi);
+    *a = s0 - p.stream;
+    *b = s1 - p.stream;
+    return s0 < s1;
+}
+
+__device__ Item describe(const Job &j, uint32_t item)
+{
+    Item it = {nullptr, nullptr, 0};
+    uint32_t rank = j.rank;
+    if (j.mode == SCATTER_ALL) {
+        rank = item / j.items_per_rank;
+        item -= rank * j.items_per_rank;
+    }
+    uint32_t piece = item / j.parts, part = item - piece * j.parts;
+    kvr__rl_piece_t p = kvr__rl_piece_at(&j.g, rank, piece);
+    uint64_t a = (uint64_t)part * j.part_bytes;
+    uint64_t b = min(p.len, a + j.part_bytes);
+    if (!clip(j, p, &a, &b))
+        return it;
+    it.len = (uint32_t)(b - a);
+    switch (j.mode) {
+    case SCATTER_ALL:
+    case SCATTER:
+        it.src = j.src + p.src + a;
+        it.dst = j.dst[j.mode == SCATTER_ALL ? rank : 0] + p.dst + a;
+        break;
+    case PACK:
+        it.src = j.src + p.src + a;
+        it.dst = j.dst[0] + (p.stream + a - j.lo);
+        break;
+    default:
+        it.src = j.src + (p.stream + a - j.lo);
+        it.dst = j.dst[0] + p.dst + a;
+    }
+    return it;
+}
+
+__device__ Item from_lane(const Item &it, int lane)
+{
+    Item o;
+    o.src = (const unsigned char *)__shfl_sync(~0u, (uintptr_t)it.src, lane);
+    o.dst = (unsigned char *)__shfl_sync(~0u, (uintptr_t)it.dst, lane);
+    o.len = __shfl_sync(~0u, it.len, lane);
+    return o;
+}
+
+/* Two items, up to 64 vectors each: four loads in flight per lane, then the
+ * four stores. */
+template <typename V>
+__device__ void copy_pair(const Item &x, const Item &y, uint32_t lane)
+{
+    const V *xs = (const V *)x.src, *ys = (const V *)y.src;
+    V *xd = (V *)x.dst, *yd = (V *)y.dst;
+    uint32_t nx = x.len / sizeof(V), ny = y.len / sizeof(V);
+    V a0{}, a1{}, b0{}, b1{};
+    if (lane < nx)
+        a0 = __ldg(xs + lane);
+    if (lane + 32 < nx)
+        a1 = __ldg(xs + lane + 32);
+    if (lane < ny)
+        b0 = __ldg(ys + lane);
+    if (lane + 32 < ny)
+        b1 = __ldg(ys + lane + 32);
+    if (lane < nx)
+        xd[lane] = a0;
+    if (lane + 32 < nx)
+        xd[lane + 32] = a1;
+    if (lane < ny)
+        yd[lane] = b0;
+    if (lane + 32 < ny)
+        yd[lane + 32] = b1;
+}
+
+constexpr int THREADS = 256;
+
+template <typename V>
+__global__ void __launch_bounds__(THREADS) relayout_kernel(const Job j)
+{
+    uint32_t lane = threadIdx.x & 31;
+    uint32_t warp = (blockIdx.x * blockDim.x + threadIdx.x) >> 5;
+    uint32_t warps = (gridDim.x * blockDim.x) >> 5;
+    for (uint32_t base = warp * 32; base < j.num_items; base += warps * 32) {
+        Item mine = {nullptr, nullptr, 0};
+        if (base + lane < j.num_items)
+            mine = describe(j, j.item0 + base + lane);
+        for (int k = 0; k < 32; k += 2)
+            copy_pair<V>(from_lane(mine, k), from_lane(mine, k + 1), lane);
+    }
+}
+
+/* Widest access (16, 8, 4 or 1 bytes) that divides every size, offset and
+ * base pointer in `bits`. */
+uint32_t vector_bytes(uint64_t bits)
+{
+    if (bits % 16 == 0)
+        return 16;
+    if (bits % 8 == 0)
+        return 8;
+    return bits % 4 == 0 ? 4 : 1;
+}
+
+/* Every piece length, page and stream offset is a multiple of these. */
+uint64_t geometry_bits(const kvr__rl_geom_t *g)
+{
+    uint64_t bits = g->src_page | g->dst_page | g->unit;
+    if (g->kind == KVR__RL_REPL)
+        bits |= (uint64_t)g->bs * g->unit | (uint64_t)g->bs * 4;
+    return bits;
+}
+
+template <typename V>
+kvr_status_t launch_as(Job &j, cudaStream_t stream, kvr_error_t *err)
+{
+    unsigned blocks = 0;
+    kvr_status_t st = kvr__grid_size((const void *)relayout_kernel<V>,
+                                     THREADS, j.num_items, &blocks, err);
+    if (st != KVR_OK)
+        return st;
+    relayout_kernel<V><<<blocks, THREADS, 0, stream>>>(j);
+    return kvr__launch_status("relayout_kernel", err);
+}
+
+kvr_status_t device_tables(const kvr_gpu_relayout_t *rl, kvr__rl_geom_t *g,
+                           kvr_error_t *err)
+{
+    int dev = 0;
+    KVR__CUDA_TRY(cudaGetDevice(&dev), err);
+    if (dev < 0 || dev >= KVR__GPU_MAX_DEVICES || rl->device[dev] == NULL)
+        return kvr_error_set(err, KVR_ERR_INVALID,
+                             "relayout tables are not on device %d: call "
+                             "kvr_gpu_relayout_upload there first", dev);
+    const uint32_t *t = (const uint32_t *)rl->device[dev];
+    *g = rl->geom;
+    g->src_blocks = t + (rl->geom.src_blocks - rl->tables);
+    g->dst_blocks = t + (rl->geom.dst_blocks - rl->tables);
+    g->order = t + (rl->geom.order - rl->tables);
+    return KVR_OK;
+}
+
+/* Runs pieces [first, first + count) of the job's rank(s). */
+kvr_status_t launch(const kvr_gpu_relayout_t *rl, Job &j, uint64_t bits,
+                    uint32_t first, uint32_t count, void *stream,
+                    kvr_error_t *err)
+{
+    kvr_status_t st = device_tables(rl, &j.g, err);
+    if (st != KVR_OK || count == 0)
+        return st;
+    uint32_t vb = vector_bytes(bits | geometry_bits(&j.g));
+    uint64_t ranks = j.mode == SCATTER_ALL ? j.g.W : 1;
+    j.part_bytes = 64 * vb;
+    j.parts = (uint32_t)((kvr__rl_max_piece(&j.g) + j.part_bytes - 1) /
+                         j.part_bytes);
+    uint64_t items = (uint64_t)count * j.parts * ranks;
+    if ((uint64_t)(first + count) * j.parts * ranks > INT32_MAX)
+        return kvr_error_set(err, KVR_ERR_UNSUPPORTED,
+                             "relayout of %llu items of %u bytes exceeds the "
+                             "kernel's 2^31", (unsigned long long)items,
+                             j.part_bytes);
+    j.item0 = first * j.parts;
+    j.num_items = (uint32_t)items;
+    j.items_per_rank = count * j.parts;
+    cudaStream_t s = (cudaStream_t)stream;
+    if (vb == 16)
+        return launch_as<uint4>(j, s, err);
+    if (vb == 8)
+        return launch_as<uint2>(j, s, err);
+    if (vb == 4)
+        return launch_as<uint32_t>(j, s, err);
+    return launch_as<unsigned char>(j, s, err);
+}
+
+uint32_t all_pieces(const kvr_gpu_relayout_t *rl)
+{
+    return rl->geom.num_blocks * kvr__rl_pieces_per_block(&rl->geom);
+}
+
+void free_device(void *ptr)
+{
+    cudaFree(ptr);
+}
+
+kvr_status_t check_pointers(const void *a, const void *b, kvr_error_t *err)
+{
+    if (a == NULL || b == NULL)
+        return kvr_error_set(err, KVR_ERR_INVALID, "buffer is NULL");
+    return KVR_OK;
+}
+
+/* Pack or unpack rank's stream bytes [offset, offset + len). */
+kvr_status_t run_range(const kvr_gpu_relayout_t *rl, Mode mode, uint32_t rank,
+                       const void *src, void *dst, uint64_t offset,
+                       uint64_t len, void *stream, kvr_error_t *err)
+{
+    kvr_status_t st = kvr__rl_check_range(rl, rank, offset, len, err);
+    if (st != KVR_OK || len == 0)
+        return st;
+    st = check_pointers(src, dst, err);
+    if (st != KVR_OK)
+        return st;
+    Job j = {};
+    j.mode = mode;
+    j.rank = rank;
+    j.src = (const unsigned char *)src;
+    j.dst[0] = (unsigned char *)dst;
+    j.lo = offset;
+    j.hi = offset + len;
+    uint32_t s0, s1, per = kvr__rl_pieces_per_block(&rl->geom);
+    kvr__rl_block_span(&rl->geom, rank, offset, len, &s0, &s1);
+    uint64_t bits = (uintptr_t)src | (uintptr_t)dst | offset | len;
+    return launch(rl, j, bits, s0 * per, (s1 - s0) * per, stream, err);
+}
+
+} // namespace
+
+extern "C" kvr_status_t kvr_gpu_relayout_upload(kvr_gpu_relayout_t *rl,
+                                                kvr_error_t *err)
+{
+    int dev = 0;
+    if (rl == NULL)
+        return kvr_error_set(err, KVR_ERR_INVALID, "relayout is NULL");
+    KVR__CUDA_TRY(cudaGetDevice(&dev), err);
+    if (dev < 0 || dev >= KVR__GPU_MAX_DEVICES)
+        return kvr_error_set(err, KVR_ERR_UNSUPPORTED,
+                             "device %d: at most %d devices", dev,
+                             KVR__GPU_MAX_DEVICES);
+    if (rl->device[dev] != NULL)
+        return KVR_OK;
+    void *p = NULL;
+    size_t bytes = rl->table_words * sizeof(uint32_t);
+    KVR__CUDA_TRY(cudaMalloc(&p, bytes), err);
+    cudaError_t e = cudaMemcpy(p, rl->tables, bytes, cudaMemcpyHostToDevice);
+    if (e != cudaSuccess) {
+        cudaFree(p);
+        return kvr__cuda_status(e, "cudaMemcpy(relayout tables)", err);
+    }
+    rl->device[dev] = p;
+    rl->free_device = free_device;
+    return KVR_OK;
+}
+
+extern "C" kvr_status_t kvr_gpu_scatter(const kvr_gpu_relayout_t *rl,
+                                        const void *src_base,
+                                        void *const *dst_bases, void *stream,
+                                        kvr_error_t *err)
+{
+    if (rl == NULL || src_base == NULL || dst_bases == NULL)
+        return kvr_error_set(err, KVR_ERR_INVALID,
+                             "relayout or buffer is NULL");
+    if (rl->geom.W > KVR__GPU_MAX_RANKS)
+        return kvr_error_set(err, KVR_ERR_UNSUPPORTED,
+                             "scatter into %u ranks at once: at most %d, use "
+                             "kvr_gpu_scatter_rank", rl->geom.W,
+                             KVR__GPU_MAX_RANKS);
+    Job j = {};
+    j.mode = SCATTER_ALL;
+    j.src = (const unsigned char *)src_base;
+    uint64_t bits = (uintptr_t)src_base;
+    for (uint32_t r = 0; r < rl->geom.W; r++) {
+        if (dst_bases[r] == NULL)
+            return kvr_error_set(err, KVR_ERR_INVALID,
+                                 "rank %u's destination is NULL", r);
+        j.dst[r] = (unsigned char *)dst_bases[r];
+        bits |= (uintptr_t)dst_bases[r];
+    }
+    return launch(rl, j, bits, 0, all_pieces(rl), stream, err);
+}
+
+extern "C" kvr_status_t kvr_gpu_scatter_rank(const kvr_gpu_relayout_t *rl,
+                                             uint32_t rank,
+                                             const void *src_base,
+                                             void *dst_base, void *stream,
+                                             kvr_error_t *err)
+{
+    kvr_status_t st = kvr__rl_check_range(rl, rank, 0, 0, err);
+    if (st == KVR_OK)
+        st = check_pointers(src_base, dst_base, err);
+    if (st != KVR_OK)
+        return st;
+    Job j = {};
+    j.mode = SCATTER;
+    j.rank = rank;
+    j.src = (const unsigned char *)src_base;
+    j.dst[0] = (unsigned char *)dst_base;
+    uint64_t bits = (uintptr_t)src_base | (uintptr_t)dst_base;
+    return launch(rl, j, bits, 0, all_pieces(rl), stream, err);
+}
+
+extern "C" kvr_status_t kvr_gpu_pack(const kvr_gpu_relayout_t *rl,
+                                     uint32_t rank, const void *src_base,
+                                     uint64_t offset, uint64_t len,
+                                     void *staging, void *stream,
+                                     kvr_error_t *err)
+{
+    return run_range(rl, PACK, rank, src_base, staging, offset, len, stream,
+                     err);
+}
+
+extern "C" kvr_status_t kvr_gpu_unpack(const kvr_gpu_relayout_t *rl,
+                                       uint32_t rank, const void *staging,
+                                       uint64_t offset, uint64_t len,
+                                       void *dst_base, void *stream,
+                                       kvr_error_t *err)
+{
+    return run_range(rl, UNPACK, rank, staging, dst_base, offset, len, stream,
+                     err);
+}
