@@ -4,6 +4,7 @@
 #include <getopt.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "commands.h"
 #include "kvrelay/inspect.h"
@@ -76,11 +77,12 @@ static int parse_inspect_args(int argc, char **argv, inspect_args_t *a)
     if (a->have_seed && a->no_synth)
         return kvr_tool_usage_error("inspect", "--seed and --no-synthetic "
                                     "exclude each other");
+    if (optind == argc)
+        return kvr_tool_usage_error("inspect", "the dump directory DIR is "
+                                    "required");
     if (optind + 1 != argc)
-        return kvr_tool_usage_error("inspect", optind == argc
-                                    ? "the dump directory DIR is required"
-                                    : "one dump directory expected, got '%s'",
-                                    argv[argc - 1]);
+        return kvr_tool_usage_error("inspect", "one dump directory expected, "
+                                    "got '%s' too", argv[argc - 1]);
     a->dir = argv[optind];
     return -1;
 }
@@ -92,22 +94,38 @@ static void print_bytes(const char *label, const uint8_t *b, uint32_t n)
         printf("%02x", b[i]);
 }
 
+/* Scales are fp32: show the values too. */
+static void print_scales(const kvr_inspect_diff_t *d)
+{
+    float want, got;
+    if (d->part != KVR_INSPECT_PART_SCALE || d->byte != 0 || d->excerpt_len < 4)
+        return;
+    memcpy(&want, d->expected, sizeof(want));
+    memcpy(&got, d->found, sizeof(got));
+    printf(" (scale %g, found %g)", (double)want, (double)got);
+}
+
 static void print_diff(const kvr_inspect_report_t *rep,
                        const kvr_inspect_diff_t *d)
 {
     static const char *const what[] = {"wrong token", "scale/key mismatch",
                                        "source not synthetic"};
+    static const char *const where[] = {
+        "at dst offset %llu (src offset %llu)",
+        "at dst offset %llu (expected = the scale its keys give)",
+        "at src offset %llu (expected = the generator's bytes)"};
     printf("  %s %llu (%s, rank %u): %s", what[d->kind], (ull)d->token,
            kvr_inspect_report_request_id(rep, d->request), d->rank,
            kvr_inspect_part_name(d->part));
     if (d->parts != d->part)
         printf(" (also %s)", d->parts & ~d->part & KVR_INSPECT_PART_SCALE
                                  ? "scale" : "key");
-    printf(" byte %llu at dst offset %llu (src offset %llu): expected 0x%02x "
-           "found 0x%02x;", (ull)d->byte, (ull)d->dst_offset,
-           (ull)d->src_offset, d->expected[0], d->found[0]);
+    printf(" byte %llu ", (ull)d->byte);
+    printf(where[d->kind], (ull)d->dst_offset, (ull)d->src_offset);
+    printf(": expected 0x%02x found 0x%02x;", d->expected[0], d->found[0]);
     print_bytes("expected", d->expected, d->excerpt_len);
     print_bytes("found", d->found, d->excerpt_len);
+    print_scales(d);
     putchar('\n');
 }
 
