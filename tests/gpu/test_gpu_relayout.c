@@ -1,0 +1,231 @@
+/* Relayout kernels against the per-token expected images and the host
+ * reference: direct scatter into every rank (ranks spread over the devices
+ * present, written through peer access), one rank at a time launched on the
+ * consumer's device (pull), pack and chunked unpack, misaligned buffers.
+ * Exit 77 without a CUDA device. */
+#include <cuda_runtime_api.h>
+#include <string.h>
+
+#include "relayout_case.h"
+
+#define CUDA_OK(call)                                                          \
+    do {                                                                       \
+        cudaError_t e_ = (call);                                               \
+        CHECK(e_ == cudaSuccess, "%s", cudaGetErrorString(e_));                \
+    } while (0)
+
+static int devices;
+
+/* A device buffer `shift` bytes past a fresh allocation, holding `host`. */
+typedef struct {
+    void *alloc;
+    unsigned char *ptr;
+} dbuf_t;
+
+static dbuf_t dbuf_make(int dev, const void *host, uint64_t bytes, uint32_t shift)
+{
+    dbuf_t b;
+    CUDA_OK(cudaSetDevice(dev));
+    CUDA_OK(cudaMalloc(&b.alloc, bytes + shift + 1));
+    b.ptr = (unsigned char *)b.alloc + shift;
+    if (host != NULL)
+        CUDA_OK(cudaMemcpy(b.ptr, host, bytes, cudaMemcpyHostToDevice));
+    CUDA_OK(cudaSetDevice(0));
+    return b;
+}
+
+static void dbuf_free(dbuf_t *b)
+{
+    CUDA_OK(cudaFree(b->alloc));
+}
+
+static void check_device_image(const dbuf_t *b, const unsigned char *want,
+                               uint64_t bytes, const char *what,
+                               const char *name, uint32_t rank)
+{
+    unsigned char *got = xmalloc(bytes);
+    CUDA_OK(cudaMemcpy(got, b->ptr, bytes, cudaMemcpyDeviceToHost));
+    uint64_t i = 0;
+    while (i < bytes && got[i] == want[i])
+        i++;
+    CHECK(i == bytes, "%s: %s rank %u: byte %llu is 0x%02x, want 0x%02x", name,
+          what, rank, (unsigned long long)i, got[i], want[i]);
+    free(got);
+}
+
+typedef struct {
+    const relayout_case_t *c;
+    kvr_gpu_relayout_t *rl;
+    dbuf_t src;
+    unsigned char **expect; /* per rank */
+    unsigned char *poison;
+    const char *name;
+} run_t;
+
+static void check_scatter_all(run_t *t, uint32_t shift)
+{
+    uint32_t W = t->c->lay.dcp_size;
+    dbuf_t dst[8];
+    void *bases[8];
+    for (uint32_t r = 0; r < W; r++) {
+        dst[r] = dbuf_make((int)(r % devices), t->poison, t->c->dst_bytes, shift);
+        bases[r] = dst[r].ptr;
+    }
+    CHECK_KVR(kvr_gpu_scatter(t->rl, t->src.ptr, bases, NULL, &err));
+    CUDA_OK(cudaDeviceSynchronize());
+    for (uint32_t r = 0; r < W; r++) {
+        check_device_image(&dst[r], t->expect[r], t->c->dst_bytes, "scatter",
+                           t->name, r);
+        dbuf_free(&dst[r]);
+    }
+}
+
+/* One rank, launched on the device that holds its pages. */
+static void check_scatter_rank(run_t *t, uint32_t r)
+{
+    int dev = (int)(r % devices);
+    dbuf_t dst = dbuf_make(dev, t->poison, t->c->dst_bytes, 0);
+    CUDA_OK(cudaSetDevice(dev));
+    CHECK_KVR(kvr_gpu_scatter_rank(t->rl, r, t->src.ptr, dst.ptr, NULL, &err));
+    CUDA_OK(cudaDeviceSynchronize());
+    CUDA_OK(cudaSetDevice(0));
+    check_device_image(&dst, t->expect[r], t->c->dst_bytes, "scatter_rank",
+                       t->name, r);
+    dbuf_free(&dst);
+}
+
+/* Whole-stream pack against the reference, then unpack in chunks of a
+ * random (often unaligned) size, last chunk first. */
+static void check_pack_unpack(run_t *t, uint32_t r, uint64_t *rng)
+{
+    uint64_t total = kvr_gpu_relayout_bytes(t->rl, r);
+    if (total == 0)
+        return;
+    unsigned char *want = xmalloc(total);
+    CHECK_KVR(kvr_gpu_ref_pack(t->rl, r, t->c->src_img, 0, total, want, &err));
+    dbuf_t stage = dbuf_make(0, NULL, total, 0);
+    CHECK_KVR(kvr_gpu_pack(t->rl, r, t->src.ptr, 0, total, stage.ptr, NULL, &err));
+    CUDA_OK(cudaDeviceSynchronize());
+    check_device_image(&stage, want, total, "pack", t->name, r);
+    dbuf_t dst = dbuf_make((int)(r % devices), t->poison, t->c->dst_bytes, 0);
+    uint64_t chunk = rng_below(rng, 2) ? 4096 : 1 + rng_below(rng, (uint32_t)(total / 2 + 1));
+    for (uint64_t end = total; end > 0;) {
+        uint64_t off = end > chunk ? end - chunk : 0;
+        CHECK_KVR(kvr_gpu_unpack(t->rl, r, stage.ptr + off, off, end - off,
+                                 dst.ptr, NULL, &err));
+        end = off;
+    }
+    CUDA_OK(cudaDeviceSynchronize());
+    check_device_image(&dst, t->expect[r], t->c->dst_bytes, "unpack", t->name, r);
+    dbuf_free(&dst);
+    dbuf_free(&stage);
+    free(want);
+}
+
+static void upload_everywhere(kvr_gpu_relayout_t *rl)
+{
+    for (int d = 0; d < devices; d++) {
+        CUDA_OK(cudaSetDevice(d));
+        CHECK_KVR(kvr_gpu_relayout_upload(rl, &err));
+    }
+    CUDA_OK(cudaSetDevice(0));
+}
+
+static void run_case(const case_shape_t *shape, uint64_t *rng, int thorough)
+{
+    relayout_case_t c;
+    char name[160];
+    case_make(&c, shape, rng);
+    run_t t = {&c, NULL, {0}, NULL, xmalloc(c.dst_bytes),
+               case_name(shape, name, sizeof(name))};
+    CHECK_KVR(kvr_gpu_relayout_create(&c.lay, &c.src, &c.dst, &c.req, &t.rl, &err));
+    upload_everywhere(t.rl);
+    case_poison(t.poison, c.dst_bytes, 3);
+    t.expect = xmalloc(shape->W * sizeof(*t.expect));
+    for (uint32_t r = 0; r < shape->W; r++) {
+        t.expect[r] = xmalloc(c.dst_bytes);
+        memcpy(t.expect[r], t.poison, c.dst_bytes);
+        case_expect(&c, r, t.expect[r]);
+    }
+    static const uint32_t SHIFTS[] = {0, 0, 8, 4, 1};
+    uint32_t shift = SHIFTS[rng_below(rng, 5)];
+    t.src = dbuf_make(0, c.src_img, c.src_bytes, shift);
+    check_scatter_all(&t, shift);
+    for (uint32_t r = 0; thorough && r < shape->W; r++) {
+        check_scatter_rank(&t, r);
+        check_pack_unpack(&t, r, rng);
+    }
+    for (uint32_t r = 0; r < shape->W; r++)
+        free(t.expect[r]);
+    free(t.expect);
+    free(t.poison);
+    dbuf_free(&t.src);
+    kvr_gpu_relayout_destroy(t.rl);
+    case_free(&c);
+}
+
+static void check_errors(void)
+{
+    uint64_t rng = 5;
+    case_shape_t s = {KVR_ROLE_MLA, 16, 2, 4, 0, 0, 64, 100, 0};
+    relayout_case_t c;
+    case_make(&c, &s, &rng);
+    kvr_gpu_relayout_t *rl = NULL;
+    kvr_error_t err = {0};
+    kvr_status_t st = kvr_gpu_relayout_create(&c.lay, &c.src, &c.dst, &c.req,
+                                              &rl, &err);
+    CHECK(st == KVR_OK, "%s", err.msg);
+    void *p = (void *)&c, *bases[2] = {p, p};
+    st = kvr_gpu_scatter(rl, p, bases, NULL, &err);
+    CHECK(st == KVR_ERR_INVALID && strstr(err.msg, "kvr_gpu_relayout_upload"),
+          "scatter before upload: %s", err.msg);
+    CHECK(kvr_gpu_relayout_upload(rl, &err) == KVR_OK, "%s", err.msg);
+    st = kvr_gpu_pack(rl, 0, p, 1, kvr_gpu_relayout_bytes(rl, 0), p, NULL, &err);
+    CHECK(st == KVR_ERR_INVALID, "pack past the stream: %s", err.msg);
+    st = kvr_gpu_scatter_rank(rl, 2, p, p, NULL, &err);
+    CHECK(st == KVR_ERR_RANK_RANGE, "rank 2 of 2: %s", err.msg);
+    bases[1] = NULL;
+    st = kvr_gpu_scatter(rl, p, bases, NULL, &err);
+    CHECK(st == KVR_ERR_INVALID && strstr(err.msg, "rank 1"), "%s", err.msg);
+    kvr_gpu_relayout_destroy(rl);
+    case_free(&c);
+}
+
+int main(void)
+{
+    CHECK_KVR(kvr_gpu_device_count(&devices, &err));
+    if (devices == 0) {
+        printf("SKIP: no CUDA device\n");
+        return 77;
+    }
+    devices = devices > 2 ? 2 : devices;
+    for (int d = 1; d < devices; d++) {
+        kvr_error_t err = {0};
+        if (kvr_gpu_enable_peer(0, d, &err) != KVR_OK ||
+            kvr_gpu_enable_peer(d, 0, &err) != KVR_OK) {
+            printf("no peer access between devices 0 and %d (%s): one device\n",
+                   d, err.msg);
+            devices = 1;
+        }
+    }
+    check_errors();
+    uint64_t rng = 0x475055ull;
+    int cases = 0;
+    for (; cases < 400; cases++) {
+        case_shape_t s = case_random_shape(&rng);
+        run_case(&s, &rng, 1);
+    }
+    /* The benchmark's shapes at full size. */
+    static const uint32_t IS[] = {1, 4, 16, 64};
+    for (int i = 0; i < 4; i++, cases++) {
+        case_shape_t mla = {KVR_ROLE_MLA, 64, 4, IS[i], 0, 0, 576, 262144, 0};
+        run_case(&mla, &rng, i == 0);
+    }
+    case_shape_t big = {KVR_ROLE_MLA, 64, 4, 1, 0, 0, 1152, 262144 - 77, 3};
+    case_shape_t repl = {KVR_ROLE_INDEX, 64, 4, 1, 1, 1, 128, 262144, 0};
+    run_case(&big, &rng, 0);
+    run_case(&repl, &rng, 1);
+    printf("test_gpu_relayout: %d cases passed on %d device(s)\n", cases + 2,
+           devices);
+    return 0;
+}
