@@ -161,24 +161,24 @@ kvr_status_t kvr_xfer_put(kvr_ep_t *ep, const void *src, uint64_t len,
 kvr_status_t kvr_xfer_flush(kvr_ep_t *ep, uint64_t deadline_ns);
 
 /* A control message as received. */
-typedef struct kvr_msg {
+typedef struct kvr_xfer_msg {
     uint64_t sender; /* the sending transport's id (informational) */
     uint32_t type;
     uint32_t len;
     unsigned char data[]; /* len bytes */
-} kvr_msg_t;
+} kvr_xfer_msg_t;
 
 /* Sends len <= KVR_XFER_MSG_MAX bytes; returns once data may be reused. */
 kvr_status_t kvr_xfer_send_msg(kvr_ep_t *ep, uint32_t type, const void *data,
                                size_t len, uint64_t deadline_ns);
 /* Returns non-zero to take a message. */
-typedef int (*kvr_msg_match_fn)(void *ctx, const kvr_msg_t *msg);
+typedef int (*kvr_xfer_msg_match_fn)(void *ctx, const kvr_xfer_msg_t *msg);
 /* Takes the oldest queued message that match accepts (NULL: any), waiting
  * and progressing up to the deadline (ERR_TIMEOUT). Others stay queued. */
-kvr_status_t kvr_xfer_recv_msg(kvr_transport_t *t, kvr_msg_match_fn match,
-                               void *ctx, kvr_msg_t **out,
+kvr_status_t kvr_xfer_recv_msg(kvr_transport_t *t, kvr_xfer_msg_match_fn match,
+                               void *ctx, kvr_xfer_msg_t **out,
                                uint64_t deadline_ns);
-void kvr_msg_free(kvr_msg_t *msg);
+void kvr_xfer_msg_free(kvr_xfer_msg_t *msg);
 
 /* ---- host pack / unpack ---------------------------------------------- */
 
@@ -284,7 +284,8 @@ kvr_status_t kvr_exec_recv(kvr_ep_t *ep, kvr_exec_kind_t kind,
  *             of the last chunk; earlier unpacks overlap the next chunk) */
 typedef struct kvr_cost_model {
     double put_s;     /* fixed cost of one put into destination memory */
-    double put_Bps;   /* large-put bandwidth into destination memory */
+    double put_Bps;   /* per-byte rate of run-sized puts (fitted through a
+                         1- and a 16-token put; at most the large-put rate) */
     double chunk_s;   /* per staged chunk: flush and control round trip */
     double stage_Bps; /* large-put bandwidth into staging memory */
     double copy_Bps;  /* host pack/unpack rate for small runs */

@@ -52,10 +52,6 @@ static kvr_status_t check_params(const kvr_conn_params_t *p, kvr_error_t *err)
         return kvr_error_set(err, KVR_ERR_RANK_RANGE,
                              "DCP rank %u out of range [0, %u)",
                              p->topo.dcp_rank, p->layout.dcp_size);
-    if (p->staging_slots > 4096 || p->staging_slot_bytes > (1ull << 30))
-        return kvr_error_set(err, KVR_ERR_INVALID,
-                             "staging %u slots of %llu bytes", p->staging_slots,
-                             (unsigned long long)p->staging_slot_bytes);
     return KVR_OK;
 }
 
@@ -63,7 +59,8 @@ static void event_free(kvr_conn_event_t *e);
 
 static kvr_status_t alloc_tables(kvr_conn_t *c, kvr_error_t *err)
 {
-    c->events = calloc(KVR_CONN_EVENTS_MAX, sizeof(*c->events));
+    c->ev_cap = 64;
+    c->events = calloc(c->ev_cap, sizeof(*c->events));
     c->creqs = calloc(c->p.max_requests, sizeof(*c->creqs));
     c->preqs = calloc(c->p.max_requests, sizeof(*c->preqs));
     if (c->events == NULL || c->creqs == NULL || c->preqs == NULL)
@@ -127,14 +124,14 @@ void kvr_conn_destroy(kvr_conn_t *c)
         close(c->listen_fd);
     kvr__leader_destroy(c->leader);
     kvr__data_destroy(c->data);
-    free(c->events);
     free(c->slot_busy);
     kvr__rank_offers_free(c);
     free(c->creqs);
     free(c->preqs);
     for (uint32_t i = 0; c->events && i < c->ev_count; i++)
-        event_free(&c->events[(c->ev_head + i) % KVR_CONN_EVENTS_MAX]);
+        event_free(&c->events[(c->ev_head + i) % c->ev_cap]);
     event_free(&c->polled);
+    free(c->events);
     sodium_memzero(c->key, sizeof(c->key));
     free(c);
 }
@@ -308,17 +305,34 @@ static void event_free(kvr_conn_event_t *e)
     e->src_blocks = e->dst_blocks = NULL;
 }
 
+/* Doubles the event ring (up to KVR_CONN_EVENTS_MAX), keeping order. */
+static void grow_events(kvr_conn_t *c)
+{
+    if (c->ev_cap >= KVR_CONN_EVENTS_MAX)
+        return;
+    kvr_conn_event_t *e = calloc(c->ev_cap * 2, sizeof(*e));
+    if (e == NULL)
+        return;
+    for (uint32_t i = 0; i < c->ev_count; i++)
+        e[i] = c->events[(c->ev_head + i) % c->ev_cap];
+    free(c->events);
+    c->events = e;
+    c->ev_head = 0;
+    c->ev_cap *= 2;
+}
+
 kvr_conn_event_t *kvr__event_push(kvr_conn_t *c, kvr_conn_event_kind_t kind,
                                   const kvr_wire_id_t *id, uint64_t transfer,
                                   kvr_status_t st, const char *msg)
 {
-    if (c->ev_count == KVR_CONN_EVENTS_MAX) { /* oldest dropped, never blocks */
+    if (c->ev_count == c->ev_cap)
+        grow_events(c);
+    if (c->ev_count == c->ev_cap) { /* at the cap: oldest dropped, never blocks */
         event_free(&c->events[c->ev_head]);
-        c->ev_head = (c->ev_head + 1) % KVR_CONN_EVENTS_MAX;
+        c->ev_head = (c->ev_head + 1) % c->ev_cap;
         c->ev_count--;
     }
-    kvr_conn_event_t *e =
-        &c->events[(c->ev_head + c->ev_count++) % KVR_CONN_EVENTS_MAX];
+    kvr_conn_event_t *e = &c->events[(c->ev_head + c->ev_count++) % c->ev_cap];
     memset(e, 0, sizeof(*e));
     e->kind = kind;
     if (id != NULL)
@@ -329,6 +343,14 @@ kvr_conn_event_t *kvr__event_push(kvr_conn_t *c, kvr_conn_event_kind_t kind,
     return e;
 }
 
+bool kvr__fault_is(const kvr_conn_t *c, kvr_conn_fault_kind_t kind,
+                   const kvr_wire_id_t *id)
+{
+    size_t n = strlen(c->p.fault.request);
+    return c->p.fault.kind == kind && id->len == n &&
+           memcmp(id->bytes, c->p.fault.request, n) == 0;
+}
+
 bool kvr_conn_poll_event(kvr_conn_t *conn, kvr_conn_event_t *out)
 {
     if (conn == NULL || out == NULL)
@@ -337,7 +359,7 @@ bool kvr_conn_poll_event(kvr_conn_t *conn, kvr_conn_event_t *out)
     if (conn->ev_count == 0)
         return false;
     conn->polled = conn->events[conn->ev_head];
-    conn->ev_head = (conn->ev_head + 1) % KVR_CONN_EVENTS_MAX;
+    conn->ev_head = (conn->ev_head + 1) % conn->ev_cap;
     conn->ev_count--;
     *out = conn->polled;
     return true;

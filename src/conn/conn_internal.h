@@ -120,7 +120,7 @@ struct kvr_conn {
     uint8_t *slot_busy;       /* consumer: per staging slot */
     struct kvr__pending_offer *offers; /* rank: OFFERs awaiting ASSIGN */
     kvr_conn_event_t *events;
-    uint32_t ev_head, ev_count;
+    uint32_t ev_head, ev_count, ev_cap;
     kvr_conn_event_t polled;
     char last_error[KVR_ERROR_MSG_MAX];
 };
@@ -136,6 +136,8 @@ kvr_conn_event_t *kvr__event_push(kvr_conn_t *c, kvr_conn_event_kind_t kind,
                                   kvr_status_t st, const char *msg);
 void kvr__event_attach(kvr_conn_event_t *e, const uint32_t *src, size_t nsrc,
                        const uint32_t *dst, size_t ndst);
+bool kvr__fault_is(const kvr_conn_t *c, kvr_conn_fault_kind_t kind,
+                   const kvr_wire_id_t *id);
 kvr_status_t kvr__peer_send(kvr__peer_t *peer, const kvr_msg_t *msg);
 /* Regions of ours in [layer_start, layer_end) paired with the given
  * counterpart list by (role, layer). */
@@ -167,6 +169,7 @@ kvr_status_t kvr__leader_create(kvr_conn_t *c, kvr_error_t *err);
 void kvr__leader_destroy(kvr__leader_t *l);
 kvr_status_t kvr__leader_offer(kvr_conn_t *c, kvr__peer_t *from,
                                const kvr_msg_offer_t *offer);
+void kvr__leader_rank_lost(kvr_conn_t *c, uint32_t rank);
 void kvr__leader_release(kvr_conn_t *c, const kvr_msg_release_t *rel,
                          uint32_t rank);
 /* Rank side: the leader forwarded an OFFER or sent an ASSIGN. */

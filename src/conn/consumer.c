@@ -195,6 +195,8 @@ kvr_status_t kvr__consumer_load(kvr_conn_t *c, const kvr_conn_load_t *l,
     st = copy_tables(r, l);
     if (st != KVR_OK)
         kvr_error_set(err, st, "no memory for tables");
+    else if (r->ndst > 0 && kvr__fault_is(c, KVR_FAULT_BAD_BLOCKS, &id))
+        r->dst[r->ndst - 1] = 0x7fffffffu;
     else
         st = attach_stages(c, r, err);
     if (st != KVR_OK) {
@@ -480,6 +482,9 @@ void kvr__consumer_tick(kvr_conn_t *c)
 
 void kvr__consumer_peer_lost(kvr_conn_t *c, kvr__peer_t *peer)
 {
+    if (c->leader != NULL && peer->link->ready &&
+        peer->link->peer.side == KVR_WIRE_CONSUMER)
+        kvr__leader_rank_lost(c, peer->link->peer.topo.dcp_rank);
     for (uint32_t i = 0; i < c->p.max_requests; i++) {
         kvr__creq_t *r = &c->creqs[i];
         kvr__cstage_t *s = r->phase != CREQ_FREE ? stage_of(r, peer) : NULL;

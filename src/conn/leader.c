@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "conn_internal.h"
 
@@ -143,6 +144,7 @@ static void refuse_offer(kvr_conn_t *c, kvr__peer_t *from, const kvr_msg_offer_t
         m.u.release.request_id = o->request_id;
         m.u.release.transfer_id = o->transfer_id;
         m.u.release.consumer_rank = r;
+        m.u.release.write_nonce = kvr_wire_random_nonce();
         m.u.release.outcome = st;
         kvr__peer_send(from, &m);
     }
@@ -316,6 +318,8 @@ kvr_status_t kvr__rank_offer(kvr_conn_t *c, const kvr_msg_offer_t *o)
 
 kvr_status_t kvr__rank_assign(kvr_conn_t *c, const kvr_msg_assign_t *a)
 {
+    if (kvr__fault_is(c, KVR_FAULT_DIE_ASSIGN, &a->request_id))
+        _exit(9); /* a decode rank killed */
     pending_offer_t *t = offers(c), *o = NULL;
     for (uint32_t i = 0; t != NULL && i < c->p.max_requests && o == NULL; i++)
         if (t[i].used && t[i].transfer_id == a->transfer_id &&
@@ -334,7 +338,7 @@ kvr_status_t kvr__rank_assign(kvr_conn_t *c, const kvr_msg_assign_t *a)
     if (st != KVR_OK) {
         /* the group must hear of it: fail locally, release to the leader */
         kvr__creq_t r = {.id = a->request_id, .transfer_id = a->transfer_id,
-                         .status = st};
+                         .nonce = kvr_wire_random_nonce(), .status = st};
         kvr_conn_event_t *e = kvr__event_push(c, KVR_EVENT_LOAD_FAILED, &r.id,
                                               r.transfer_id, st, err.msg);
         e->num_tokens = o->num_tokens;
@@ -359,4 +363,18 @@ void kvr__rank_release(kvr_conn_t *c, const kvr__creq_t *r)
     kvr_msg_t m = {.type = KVR_MSG_RELEASE};
     m.u.release = rel;
     kvr__peer_send(c->leader_link, &m);
+}
+
+/* A rank that is gone will never release: count it as a failed release. */
+void kvr__leader_rank_lost(kvr_conn_t *c, uint32_t rank)
+{
+    kvr__leader_t *l = c->leader;
+    for (uint32_t i = 0; l != NULL && i < l->max_reqs; i++) {
+        kvr__lreq_t *r = &l->reqs[i];
+        if (!r->used)
+            continue;
+        kvr_msg_release_t rel = {.request_id = r->id, .transfer_id = r->transfer_id,
+                                 .consumer_rank = rank, .outcome = KVR_ERR_PEER_DEAD};
+        kvr__leader_release(c, &rel, rank);
+    }
 }

@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "conn_internal.h"
 
@@ -267,6 +268,11 @@ static kvr_status_t execute(kvr_conn_t *c, kvr__peer_t *peer,
         st = kvr_error_set(err, KVR_ERR_NO_SPACE, "staged executor asked without "
                            "staging slots");
     *chunks = 0;
+    if (st == KVR_OK && kvr__fault_is(c, KVR_FAULT_DIE_MID, &w->request_id)) {
+        kvr__data_send_direct(peer->data, job.segs, (job.n + 1) / 2, deadline,
+                              NULL, err);
+        _exit(9); /* a producer killed mid-transfer */
+    }
     if (st == KVR_OK && pick_executor(peer, w, &job) == 2)
         st = run_staged(c, peer, w, &job, deadline, chunks, err);
     else if (st == KVR_OK)
@@ -295,7 +301,9 @@ static void on_write_request(kvr_conn_t *c, kvr__peer_t *peer,
     uint64_t bytes = 0;
     uint32_t chunks = 0;
     kvr_error_t err = {0};
-    kvr_status_t st = execute(c, peer, w, &bytes, &chunks, &err);
+    kvr_status_t st = kvr__fault_is(c, KVR_FAULT_REFUSE, &w->request_id)
+        ? kvr_error_set(&err, KVR_ERR_REFUSED, "fault injection: refused")
+        : execute(c, peer, w, &bytes, &chunks, &err);
     if (st != KVR_OK) {
         send_failed(c, peer, w, st, err.msg);
         r->failed = true;
@@ -309,7 +317,12 @@ static void on_write_request(kvr_conn_t *c, kvr__peer_t *peer,
         r->done_bytes[rank] = bytes;
         r->done_chunks[rank] = chunks;
     }
-    send_done(c, peer, w, bytes, chunks);
+    kvr_msg_write_request_t answer = *w;
+    if (kvr__fault_is(c, KVR_FAULT_WRONG_NONCE, &w->request_id))
+        answer.write_nonce ^= 0x5a5a;
+    send_done(c, peer, &answer, bytes, chunks);
+    if (kvr__fault_is(c, KVR_FAULT_DUP_DONE, &w->request_id))
+        send_done(c, peer, &answer, bytes, chunks);
 }
 
 static void finish_preq(kvr_conn_t *c, kvr__preq_t *r, kvr_status_t st,
@@ -372,10 +385,21 @@ void kvr__producer_tick(kvr_conn_t *c)
     }
 }
 
+/* A consumer rank that is gone will never release: its share of every
+ * request counts as released with a failure. */
 void kvr__producer_peer_lost(kvr_conn_t *c, kvr__peer_t *peer)
 {
-    (void)c;
-    (void)peer; /* requests it served end at their release deadline */
+    if (!peer->link->ready)
+        return;
+    uint32_t rank = peer->link->peer.topo.tp_rank;
+    for (uint32_t i = 0; i < c->p.max_requests; i++) {
+        kvr__preq_t *r = &c->preqs[i];
+        if (!r->used)
+            continue;
+        kvr_msg_release_t rel = {.request_id = r->id, .transfer_id = r->transfer_id,
+                                 .consumer_rank = rank, .outcome = KVR_ERR_PEER_DEAD};
+        on_release(c, &rel);
+    }
 }
 
 kvr_status_t kvr_conn_offer(kvr_conn_t *conn, const kvr_conn_offer_t *o)

@@ -13,6 +13,9 @@
 #define KVR_EXIT_USAGE 2
 
 int kvr_cmd_plan(int argc, char **argv);
+int kvr_cmd_serve(int argc, char **argv);
+int kvr_cmd_push(int argc, char **argv);
+int kvr_cmd_demo(int argc, char **argv);
 int kvr_cmd_capacity(int argc, char **argv);
 int kvr_cmd_inspect(int argc, char **argv);
 
@@ -40,5 +43,9 @@ bool kvr_tool_parse_region(const char *text, kvr_region_desc_t *out,
 bool kvr_tool_parse_table(const char *text, size_t need, uint32_t **ids,
                           size_t *n, uint32_t *pool, char *msg,
                           size_t msg_len);
+
+/* "HOST:PORT" (the last colon splits). */
+bool kvr_tool_parse_hostport(const char *text, char *host, size_t cap,
+                             uint16_t *port);
 
 #endif

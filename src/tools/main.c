@@ -12,6 +12,9 @@ typedef struct {
 
 static const command_t commands[] = {
     {"plan", kvr_cmd_plan, "print one DCP rank's transfer plan summary"},
+    {"demo", kvr_cmd_demo, "run the headline case on this machine, verified"},
+    {"serve", kvr_cmd_serve, "one decode rank (consumer); rank 0 leads"},
+    {"push", kvr_cmd_push, "one prefill stage (producer)"},
     {"capacity", kvr_cmd_capacity, "KV blocks and tokens a decode rank holds in a budget"},
     {"inspect", kvr_cmd_inspect, "diff dumped received pages against the source, per token"},
 };

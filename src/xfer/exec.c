@@ -29,7 +29,7 @@ void kvr__exec_msg_encode(const kvr__exec_msg_t *m,
     kvr__put_le(out + 24, m->slot, 4);
 }
 
-kvr_status_t kvr__exec_msg_decode(const kvr_msg_t *msg, kvr__exec_msg_t *out)
+kvr_status_t kvr__exec_msg_decode(const kvr_xfer_msg_t *msg, kvr__exec_msg_t *out)
 {
     if (msg->len != KVR__EXEC_MSG_BYTES)
         return KVR_ERR_PROTO;
@@ -57,7 +57,7 @@ typedef struct {
     uint32_t types; /* bit (type - RESERVED) */
 } match_t;
 
-static int match_ctl(void *ctx, const kvr_msg_t *msg)
+static int match_ctl(void *ctx, const kvr_xfer_msg_t *msg)
 {
     const match_t *m = ctx;
     uint32_t bit = msg->type - KVR_XFER_MSG_RESERVED;
@@ -74,12 +74,12 @@ kvr_status_t kvr__exec_recv_ctl(kvr_ep_t *ep, uint64_t transfer_id,
 {
     match_t m = {.transfer_id = transfer_id,
                  .types = types | KVR__BIT(KVR__MSG_ABORT)};
-    kvr_msg_t *msg = NULL;
+    kvr_xfer_msg_t *msg = NULL;
     kvr_status_t st = kvr_xfer_recv_msg(ep->t, match_ctl, &m, &msg, deadline_ns);
     if (st == KVR_OK) {
         *type = msg->type;
         kvr__exec_msg_decode(msg, out);
-        kvr_msg_free(msg);
+        kvr_xfer_msg_free(msg);
     }
     if (st == KVR_OK && *type == KVR__MSG_ABORT) {
         st = kvr__exec_abort_status(out->slot);

@@ -238,6 +238,10 @@ kvr_status_t kvr__staged_recv(kvr_ep_t *ep, const kvr_xfer_seg_t *segs,
             done = true;
         }
     }
+    /* The last acks must leave before this side stops progressing: UCX may
+     * hold them in its pending queue while the producer's FIFO is full. */
+    if (st == KVR_OK)
+        st = kvr_xfer_flush(ep, p->deadline_ns);
     staged_fini(&s);
     return st;
 }

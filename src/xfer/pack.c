@@ -51,29 +51,40 @@ static void seek(const kvr_xfer_seg_t *segs, size_t n, kvr_xfer_cursor_t *cur,
     }
 }
 
+/* The hot loop of staging: one memcpy per run piece, runs walked in
+ * place (a run per 576-byte token at I = 1). */
 static void copy_stream(const kvr_xfer_seg_t *segs, size_t n,
                         kvr_xfer_cursor_t *cur, uint64_t pos,
                         unsigned char *buf, uint64_t len, bool pack)
 {
     seek(segs, n, cur, pos);
-    while (len != 0) {
-        const kvr_run_t *r = cur_run(segs, n, cur);
-        if (r == NULL)
-            return;
-        uint64_t step = r->len - cur->in_run;
-        if (step > len)
-            step = len;
-        const kvr_xfer_seg_t *s = &segs[cur->seg];
-        if (pack)
-            memcpy(buf, (const unsigned char *)s->src + r->src + cur->in_run,
-                   step);
-        else
-            memcpy((unsigned char *)s->dst_local + r->dst + cur->in_run, buf,
-                   step);
-        cur->in_run += step;
-        cur->pos += step;
-        buf += step;
-        len -= step;
+    while (len != 0 && cur->seg < n) {
+        size_t num_runs;
+        const kvr_run_t *runs = kvr_plan_runs(segs[cur->seg].plan, &num_runs);
+        const unsigned char *src = segs[cur->seg].src;
+        unsigned char *dst = segs[cur->seg].dst_local;
+        while (len != 0 && cur->run < num_runs) {
+            const kvr_run_t *r = &runs[cur->run];
+            uint64_t step = r->len - cur->in_run;
+            step = step < len ? step : len;
+            if (pack)
+                memcpy(buf, src + r->src + cur->in_run, step);
+            else
+                memcpy(dst + r->dst + cur->in_run, buf, step);
+            cur->pos += step;
+            buf += step;
+            len -= step;
+            cur->in_run += step;
+            if (cur->in_run == r->len) {
+                cur->run++;
+                cur->in_run = 0;
+            }
+        }
+        if (cur->run >= num_runs) {
+            cur->seg++;
+            cur->run = 0;
+            cur->in_run = 0;
+        }
     }
 }
 

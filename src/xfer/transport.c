@@ -12,7 +12,7 @@
 struct kvr__queued_msg {
     kvr__queued_msg_t *next;
     uint64_t ready_ns;
-    kvr_msg_t msg; /* flexible tail: keep last */
+    kvr_xfer_msg_t msg; /* flexible tail: keep last */
 };
 
 /* Longest a single sleep lasts, so a lost wake-up costs at most this. */
@@ -136,7 +136,7 @@ void kvr__msg_deliver(kvr_transport_t *t, uint64_t sender, uint32_t type,
 
 /* With t->lock held: unlinks the first ready match; *next_ready is the
  * earliest delivery time of a matching message not ready yet. */
-static kvr__queued_msg_t *take_match(kvr_transport_t *t, kvr_msg_match_fn match,
+static kvr__queued_msg_t *take_match(kvr_transport_t *t, kvr_xfer_msg_match_fn match,
                                      void *ctx, uint64_t now,
                                      uint64_t *next_ready)
 {
@@ -167,8 +167,8 @@ static void timed_wait(kvr_transport_t *t, uint64_t until_ns)
     pthread_cond_timedwait(&t->cond, &t->lock, &ts);
 }
 
-kvr_status_t kvr_xfer_recv_msg(kvr_transport_t *t, kvr_msg_match_fn match,
-                               void *ctx, kvr_msg_t **out,
+kvr_status_t kvr_xfer_recv_msg(kvr_transport_t *t, kvr_xfer_msg_match_fn match,
+                               void *ctx, kvr_xfer_msg_t **out,
                                uint64_t deadline_ns)
 {
     if (t == NULL || out == NULL)
@@ -201,7 +201,7 @@ kvr_status_t kvr_xfer_recv_msg(kvr_transport_t *t, kvr_msg_match_fn match,
     }
 }
 
-void kvr_msg_free(kvr_msg_t *msg)
+void kvr_xfer_msg_free(kvr_xfer_msg_t *msg)
 {
     if (msg != NULL)
         free((char *)msg - offsetof(kvr__queued_msg_t, msg));

@@ -14,7 +14,7 @@
 
 /* After an event, keep polling this long before sleeping on the fd: a
  * stream of puts arrives faster than a wake-up. */
-#define LINGER_NS 200000u
+#define LINGER_NS 2000000u
 /* With requests outstanding and no event for this long the peer is slow
  * or stopped: sleep in short polls instead of yielding. */
 #define STALL_NS 2000000u

@@ -134,6 +134,6 @@ static inline uint64_t kvr__get_le(const unsigned char *p, unsigned bytes)
 
 void kvr__exec_msg_encode(const kvr__exec_msg_t *m,
                           unsigned char out[KVR__EXEC_MSG_BYTES]);
-kvr_status_t kvr__exec_msg_decode(const kvr_msg_t *msg, kvr__exec_msg_t *out);
+kvr_status_t kvr__exec_msg_decode(const kvr_xfer_msg_t *msg, kvr__exec_msg_t *out);
 
 #endif

@@ -259,14 +259,14 @@ static void test_messages(void **state)
     uint64_t dl = kvr_xfer_deadline(1000);
     assert_int_equal(kvr_xfer_send_msg(f.ep_pc, 7, "seven", 5, dl), KVR_OK);
     assert_int_equal(kvr_xfer_send_msg(f.ep_pc, 8, "eight", 5, dl), KVR_OK);
-    kvr_msg_t *m = NULL;
+    kvr_xfer_msg_t *m = NULL;
     assert_int_equal(kvr_xfer_recv_msg(f.tc, NULL, NULL, &m, dl), KVR_OK);
     assert_int_equal(m->type, 7);
     assert_memory_equal(m->data, "seven", 5);
-    kvr_msg_free(m);
+    kvr_xfer_msg_free(m);
     assert_int_equal(kvr_xfer_recv_msg(f.tc, NULL, NULL, &m, dl), KVR_OK);
     assert_int_equal(m->type, 8);
-    kvr_msg_free(m);
+    kvr_xfer_msg_free(m);
     assert_int_equal(kvr_xfer_recv_msg(f.tc, NULL, NULL, &m,
                                        kvr_xfer_deadline(20)),
                      KVR_ERR_TIMEOUT);

@@ -16,7 +16,8 @@
 
 #include "../plan/plan_fixture.h"
 
-enum { OP_ROUND = 1, OP_QUIT = 2 };
+enum { OP_ROUND = 1, OP_QUIT = 2, OP_PROBE = 3 };
+#define MSG_PROBE_END 1u
 enum { R_MLA, R_INDEX, R_STAGING, R_SCRATCH, R_COUNT };
 #define SCRATCH_BYTES (4u << 20)
 
@@ -296,8 +297,28 @@ static int consumer_round(consumer_t *c, const cmd_t *cmd)
                                &err);
     if (res.status != KVR_OK)
         snprintf(res.msg, sizeof(res.msg), "%.256s", err.msg);
-    else if (cmd->kind != XH_CEILING)
+    /* verify only once every rank was sent to: it must not steal the CPU
+     * from the transfers still being timed */
+    if (read_all(c->fd, &ready, 1, kvr_xfer_deadline(c->cfg->timeout_ms * 2)))
+        return 1;
+    if (res.status == KVR_OK && cmd->kind != XH_CEILING)
         consumer_verify(c, &res);
+    return write_all(c->fd, &res, sizeof(res));
+}
+
+/* Progresses (emulated puts need it) until the producer's probe ends. */
+static int consumer_probe(consumer_t *c)
+{
+    xh_result_t res = {.verify = -1};
+    char ready = 1;
+    if (write_all(c->fd, &ready, 1) != 0)
+        return 1;
+    kvr_xfer_msg_t *m = NULL;
+    res.status = kvr_xfer_recv_msg(c->t, NULL, NULL, &m,
+                                   kvr_xfer_deadline(c->cfg->timeout_ms));
+    if (res.status == KVR_OK && m->type != MSG_PROBE_END)
+        res.status = KVR_ERR_PROTO;
+    kvr_xfer_msg_free(m);
     return write_all(c->fd, &res, sizeof(res));
 }
 
@@ -353,6 +374,8 @@ static int consumer_main(const xh_config_t *cfg, uint32_t rank, int fd)
             rc = 1;
         else if (cmd.op == OP_QUIT)
             break;
+        else if (cmd.op == OP_PROBE)
+            rc = consumer_probe(&c);
         else
             rc = consumer_round(&c, &cmd);
     }
@@ -501,6 +524,10 @@ kvr_status_t xh_round(xh_session_t *s, int kind, double *secs,
     for (uint32_t r = 0; r < s->cfg.W && first == KVR_OK; r++)
         first = send_rank(s, r, kind, tid + r, secs);
     for (uint32_t r = 0; r < s->cfg.W; r++) {
+        char go = 1;
+        write_all(s->fds[r], &go, 1);
+    }
+    for (uint32_t r = 0; r < s->cfg.W; r++) {
         xh_result_t res = {.status = KVR_ERR_PEER_DEAD, .verify = -1};
         if (read_all(s->fds[r], &res, sizeof(res),
                      kvr_xfer_deadline(s->cfg.timeout_ms + 2000)) != 0)
@@ -513,6 +540,35 @@ kvr_status_t xh_round(xh_session_t *s, int kind, double *secs,
             first = KVR_ERR_VERIFY;
     }
     return first;
+}
+
+kvr_status_t xh_probe(xh_session_t *s, uint32_t r, kvr_cost_model_t *out)
+{
+    cmd_t cmd = {.op = OP_PROBE};
+    char ready;
+    uint64_t deadline = kvr_xfer_deadline(s->cfg.timeout_ms);
+    if (write_all(s->fds[r], &cmd, sizeof(cmd)) != 0 ||
+        read_all(s->fds[r], &ready, 1, deadline) != 0)
+        return KVR_ERR_PEER_DEAD;
+    kvr_cost_probe_t probe = {.scratch = s->rmem[r][R_SCRATCH],
+                              .stage_scratch = s->rmem[r][R_STAGING],
+                              .small_bytes = s->cfg.token_bytes,
+                              .small_count = 512,
+                              .large_bytes = SCRATCH_BYTES,
+                              .deadline_ns = deadline};
+    if (s->cfg.slot_bytes * s->cfg.num_slots < SCRATCH_BYTES)
+        probe.stage_scratch = NULL;
+    kvr_error_t err = {0};
+    kvr_status_t st = kvr_cost_measure(s->eps[r], &probe, out, &err);
+    if (st != KVR_OK)
+        snprintf(s->error, sizeof(s->error), "probe: %.256s", err.msg);
+    kvr_status_t sent = kvr_xfer_send_msg(s->eps[r], MSG_PROBE_END, NULL, 0,
+                                          deadline);
+    xh_result_t res = {.status = KVR_ERR_PEER_DEAD};
+    read_all(s->fds[r], &res, sizeof(res), kvr_xfer_deadline(s->cfg.timeout_ms));
+    if (st == KVR_OK)
+        st = sent != KVR_OK ? sent : (kvr_status_t)res.status;
+    return st;
 }
 
 /* Waits for every child until the deadline, then kills what is left. */

@@ -76,6 +76,8 @@ int xh_start(xh_session_t *s, const xh_config_t *cfg);
  * Returns the first failing status (producer or consumer). */
 kvr_status_t xh_round(xh_session_t *s, int kind, double *secs,
                       xh_result_t *results);
+/* Measures the cost model against rank r (its scratch and staging). */
+kvr_status_t xh_probe(xh_session_t *s, uint32_t r, kvr_cost_model_t *out);
 /* Tells consumers to quit, reaps them (killing after timeout_ms), frees. */
 int xh_stop(xh_session_t *s);
 

@@ -1,0 +1,515 @@
+/* Demo deployment: configuration, synthetic requests, verification. */
+#include "demo.h"
+
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "commands.h"
+#include "kvrelay/synth.h"
+#include "layout_math.h"
+
+const char kvr_demo_options_help[] =
+    "layout and workload (the same on every process):\n"
+    "  --block-size BS (64)  --dcp W (4)  --interleave I (1)\n"
+    "  --replicate-index (default) | --sharded-index   --no-preshuffle\n"
+    "  --pp STAGES (4)  --layers L (78)  --index-every K (3)  --index-dim D (128)\n"
+    "  --token-bytes B (576)  --requests R (4)  --tokens N (3000)  --seed S (1)\n"
+    "  --no-reuse (by default the last request reuses request 0's prefix)\n"
+    "  --deadline-ms MS (30000)  --timeout SECONDS (120)\n"
+    "  --transport auto|shm|tcp (auto)  --executor auto|direct|staged (auto)\n"
+    "  --staging-slots N (8)  --slot-bytes BYTES (4194304)\n"
+    "  --key-file PATH (32-byte hex pre-shared key)  --insecure\n"
+    "  --fault KIND:REQUEST_ID  (die-mid, refuse, wrong-nonce, dup-done,\n"
+    "                            bad-blocks, die-assign)  --verbose\n";
+
+void kvr_demo_cfg_init(kvr_demo_cfg_t *cfg)
+{
+    memset(cfg, 0, sizeof(*cfg));
+    cfg->lay = (kvr_layout_t)KVR_LAYOUT_INIT;
+    cfg->lay.dcp_size = 4;
+    cfg->lay.tp = 4;
+    cfg->lay.replicate_index = true;
+    cfg->pp = 4;
+    cfg->layers = 78;
+    cfg->index_every = 3;
+    cfg->index_dim = 128;
+    cfg->token_bytes = 576;
+    cfg->requests = 4;
+    cfg->tokens = 3000;
+    cfg->seed = 1;
+    cfg->reuse = true;
+    cfg->deadline_ms = 30000;
+    cfg->run_timeout_ms = 120000;
+    cfg->staging_slots = 8;
+    cfg->slot_bytes = 4u << 20;
+}
+
+static int parse_enum(const char *cmd, const char *name, const char *value,
+                      const char *const *names, int n, int *out)
+{
+    for (int i = 0; i < n; i++)
+        if (strcmp(value, names[i]) == 0) {
+            *out = i;
+            return 1;
+        }
+    kvr_tool_usage_error(cmd, "--%s: '%s' is not one of %s|%s%s%s", name, value,
+                         names[0], names[1], n > 2 ? "|" : "", n > 2 ? names[2] : "");
+    return -1;
+}
+
+static int parse_fault(kvr_demo_cfg_t *cfg, const char *cmd, const char *value)
+{
+    static const char *const kinds[] = {"", "die-mid", "refuse", "wrong-nonce",
+                                        "dup-done", "bad-blocks", "die-assign"};
+    const char *colon = strchr(value, ':');
+    for (int k = 1; colon != NULL && k < 7; k++)
+        if (strlen(kinds[k]) == (size_t)(colon - value) &&
+            strncmp(value, kinds[k], (size_t)(colon - value)) == 0 &&
+            strlen(colon + 1) < sizeof(cfg->fault.request)) {
+            cfg->fault.kind = (kvr_conn_fault_kind_t)k;
+            snprintf(cfg->fault.request, sizeof(cfg->fault.request), "%s", colon + 1);
+            return 1;
+        }
+    kvr_tool_usage_error(cmd, "--fault '%s': expected KIND:REQUEST_ID with KIND "
+                         "die-mid, refuse, wrong-nonce, dup-done, bad-blocks or "
+                         "die-assign", value);
+    return -1;
+}
+
+typedef struct {
+    const char *name;
+    size_t offset;
+    int width; /* 4 or 8 */
+    uint64_t min, max;
+} num_opt_t;
+
+#define NUM(n, f, w, lo, hi) {n, offsetof(kvr_demo_cfg_t, f), w, lo, hi}
+static const num_opt_t num_opts[] = {
+    NUM("block-size", lay.block_size, 4, 1, 1024),
+    NUM("dcp", lay.dcp_size, 4, 1, 64),
+    NUM("interleave", lay.interleave, 4, 1, 1024),
+    NUM("pp", pp, 4, 1, 64),
+    NUM("layers", layers, 4, 1, KVR_DEMO_MAX_LAYERS),
+    NUM("index-every", index_every, 4, 0, KVR_DEMO_MAX_LAYERS),
+    NUM("index-dim", index_dim, 4, 16, 1024),
+    NUM("token-bytes", token_bytes, 4, 1, 65536),
+    NUM("requests", requests, 4, 1, KVR_DEMO_MAX_REQUESTS),
+    NUM("tokens", tokens, 8, 1, 1u << 20),
+    NUM("seed", seed, 8, 0, UINT64_MAX - 1),
+    NUM("deadline-ms", deadline_ms, 4, 1, 3600000),
+    NUM("staging-slots", staging_slots, 4, 0, 1024),
+    NUM("slot-bytes", slot_bytes, 8, 4096, 1u << 30),
+};
+
+static int number(kvr_demo_cfg_t *cfg, const char *cmd, const num_opt_t *o,
+                  const char *value)
+{
+    uint64_t v;
+    if (!kvr_tool_parse_u64(value, o->min, o->max, &v)) {
+        kvr_tool_usage_error(cmd, "--%s: '%s' is not a number in [%llu, %llu]",
+                             o->name, value, (unsigned long long)o->min,
+                             (unsigned long long)o->max);
+        return -1;
+    }
+    char *field = (char *)cfg + o->offset;
+    if (o->width == 4)
+        *(uint32_t *)(void *)field = (uint32_t)v;
+    else
+        *(uint64_t *)(void *)field = v;
+    return 1;
+}
+
+int kvr_demo_option(kvr_demo_cfg_t *cfg, const char *cmd, const char *name,
+                    const char *value)
+{
+    static const char *const tls[] = {"auto", "shm", "tcp"};
+    static const char *const execs[] = {"auto", "direct", "staged"};
+    for (size_t i = 0; i < sizeof(num_opts) / sizeof(num_opts[0]); i++)
+        if (strcmp(name, num_opts[i].name) == 0)
+            return number(cfg, cmd, &num_opts[i], value);
+    int e = 0, rc = 1;
+    if (strcmp(name, "replicate-index") == 0)
+        cfg->lay.replicate_index = true;
+    else if (strcmp(name, "sharded-index") == 0)
+        cfg->lay.replicate_index = false;
+    else if (strcmp(name, "no-preshuffle") == 0)
+        cfg->lay.preshuffle = false;
+    else if (strcmp(name, "no-reuse") == 0)
+        cfg->reuse = false;
+    else if (strcmp(name, "insecure") == 0)
+        cfg->insecure = true;
+    else if (strcmp(name, "verbose") == 0)
+        cfg->verbose = true;
+    else if (strcmp(name, "key-file") == 0)
+        cfg->key_file = value;
+    else if (strcmp(name, "fault") == 0)
+        return parse_fault(cfg, cmd, value);
+    else if (strcmp(name, "timeout") == 0) {
+        uint64_t s;
+        if (!kvr_tool_parse_u64(value, 1, 86400, &s)) {
+            kvr_tool_usage_error(cmd, "--timeout: '%s' is not seconds in [1, 86400]", value);
+            return -1;
+        }
+        cfg->run_timeout_ms = (uint32_t)(s * 1000);
+    } else if (strcmp(name, "transport") == 0) {
+        rc = parse_enum(cmd, name, value, tls, 3, &e);
+        cfg->tl = (kvr_conn_tl_t)e;
+    } else if (strcmp(name, "executor") == 0) {
+        rc = parse_enum(cmd, name, value, execs, 3, &e);
+        cfg->exec = (kvr_conn_exec_t)e;
+    } else
+        return 0;
+    return rc;
+}
+
+bool kvr_demo_cfg_check(const kvr_demo_cfg_t *cfg, const char *cmd)
+{
+    kvr_layout_t lay = cfg->lay;
+    lay.tp = lay.dcp_size;
+    kvr_error_t err = {0};
+    if (kvr_layout_check(&lay, &err) != KVR_OK) {
+        kvr_tool_usage_error(cmd, "%s", err.msg);
+        return false;
+    }
+    if (cfg->pp > cfg->layers) {
+        kvr_tool_usage_error(cmd, "--pp %u exceeds --layers %u", cfg->pp, cfg->layers);
+        return false;
+    }
+    if (cfg->exec == KVR_CONN_EXEC_STAGED && cfg->staging_slots == 0) {
+        kvr_tool_usage_error(cmd, "--executor staged needs --staging-slots > 0");
+        return false;
+    }
+    return true;
+}
+
+int kvr_demo_cfg_args(const kvr_demo_cfg_t *cfg, char **argv, int max)
+{
+    static char vals[32][40];
+    static const char *const tls[] = {"auto", "shm", "tcp"};
+    static const char *const execs[] = {"auto", "direct", "staged"};
+    static const char *const kinds[] = {"", "die-mid", "refuse", "wrong-nonce",
+                                        "dup-done", "bad-blocks", "die-assign"};
+    static char fault[96];
+    int n = 0, v = 0;
+    for (size_t i = 0; i < sizeof(num_opts) / sizeof(num_opts[0]) && n + 2 < max; i++) {
+        const char *field = (const char *)cfg + num_opts[i].offset;
+        uint64_t x = num_opts[i].width == 4 ? *(const uint32_t *)(const void *)field
+                                            : *(const uint64_t *)(const void *)field;
+        snprintf(vals[v], sizeof(vals[v]), "--%s=%llu", num_opts[i].name,
+                 (unsigned long long)x);
+        argv[n++] = vals[v++];
+    }
+    argv[n++] = cfg->lay.replicate_index ? "--replicate-index" : "--sharded-index";
+    if (!cfg->lay.preshuffle)
+        argv[n++] = "--no-preshuffle";
+    if (!cfg->reuse)
+        argv[n++] = "--no-reuse";
+    if (cfg->insecure)
+        argv[n++] = "--insecure";
+    if (cfg->verbose)
+        argv[n++] = "--verbose";
+    snprintf(vals[v], sizeof(vals[v]), "--timeout=%u", cfg->run_timeout_ms / 1000);
+    argv[n++] = vals[v++];
+    snprintf(vals[v], sizeof(vals[v]), "--transport=%s", tls[cfg->tl]);
+    argv[n++] = vals[v++];
+    snprintf(vals[v], sizeof(vals[v]), "--executor=%s", execs[cfg->exec]);
+    argv[n++] = vals[v++];
+    if (cfg->key_file != NULL) {
+        argv[n++] = "--key-file";
+        argv[n++] = (char *)cfg->key_file;
+    }
+    if (cfg->fault.kind != KVR_FAULT_NONE) {
+        snprintf(fault, sizeof(fault), "--fault=%s:%s", kinds[cfg->fault.kind],
+                 cfg->fault.request);
+        argv[n++] = fault;
+    }
+    return n;
+}
+
+/* PP split: the remainder goes to the middle stages (78 / 4: 19 20 20 19). */
+void kvr_demo_stage_layers(const kvr_demo_cfg_t *cfg, uint32_t stage,
+                           uint32_t *start, uint32_t *end)
+{
+    uint32_t base = cfg->layers / cfg->pp, rem = cfg->layers % cfg->pp;
+    uint32_t first_extra = (cfg->pp - rem) / 2, s = 0;
+    for (uint32_t i = 0; i < stage; i++)
+        s += base + (i >= first_extra && i < first_extra + rem);
+    *start = s;
+    *end = s + base + (stage >= first_extra && stage < first_extra + rem);
+}
+
+uint64_t kvr_demo_tokens(const kvr_demo_cfg_t *cfg, uint32_t req)
+{
+    return cfg->tokens + (uint64_t)req * 97u;
+}
+
+static uint64_t mix(uint64_t x)
+{
+    x += 0x9e3779b97f4a7c15ull;
+    x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+    x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+    return x ^ (x >> 31);
+}
+
+/* The reusing request starts with request 0's first half (whole virtual
+ * blocks), so the leader's prefix cache hits. */
+uint32_t kvr_demo_token_id(const kvr_demo_cfg_t *cfg, uint32_t req, uint64_t pos)
+{
+    uint64_t V = kvr_virtual_block(&cfg->lay);
+    uint64_t shared = (cfg->tokens / 2) / V * V;
+    if (cfg->reuse && req > 0 && req + 1 == cfg->requests && pos < shared)
+        req = 0;
+    return (uint32_t)(mix(mix(cfg->seed ^ 0x70ce) ^ ((uint64_t)req << 40) ^ pos) % 151000u);
+}
+
+void kvr_demo_request_id(uint32_t req, char *buf, size_t len)
+{
+    snprintf(buf, len, "req-%u", req);
+}
+
+bool kvr_demo_parse_request_id(const char *bytes, size_t len, uint32_t *req)
+{
+    char buf[32];
+    uint64_t v;
+    if (len < 5 || len >= sizeof(buf) || memcmp(bytes, "req-", 4) != 0)
+        return false;
+    memcpy(buf, bytes + 4, len - 4);
+    buf[len - 4] = '\0';
+    if (!kvr_tool_parse_u64(buf, 0, KVR_DEMO_MAX_REQUESTS - 1, &v))
+        return false;
+    *req = (uint32_t)v;
+    return true;
+}
+
+static uint32_t src_base(const kvr_demo_cfg_t *cfg, uint32_t req)
+{
+    uint32_t b = 0;
+    for (uint32_t i = 0; i < req; i++)
+        b += (uint32_t)kvr_num_src_blocks(&cfg->lay, kvr_demo_tokens(cfg, i));
+    return b;
+}
+
+uint32_t kvr_demo_src_pool(const kvr_demo_cfg_t *cfg)
+{
+    return src_base(cfg, cfg->requests) + 7;
+}
+
+uint32_t kvr_demo_dst_pool(const kvr_demo_cfg_t *cfg)
+{
+    uint32_t b = 0;
+    for (uint32_t i = 0; i < cfg->requests; i++)
+        b += (uint32_t)kvr_num_dst_blocks(&cfg->lay, kvr_demo_tokens(cfg, i));
+    return b + 3;
+}
+
+/* Request tables are slices of one seeded permutation of the pool, so
+ * block ids are scattered but identical on every stage. */
+void kvr_demo_src_blocks(const kvr_demo_cfg_t *cfg, uint32_t req, uint32_t *out)
+{
+    uint32_t pool = kvr_demo_src_pool(cfg), base = src_base(cfg, req);
+    uint32_t n = (uint32_t)kvr_num_src_blocks(&cfg->lay, kvr_demo_tokens(cfg, req));
+    uint32_t *perm = malloc(pool * sizeof(*perm));
+    if (perm == NULL)
+        return;
+    for (uint32_t i = 0; i < pool; i++)
+        perm[i] = i;
+    uint64_t s = cfg->seed;
+    for (uint32_t i = pool; i > 1; i--) {
+        s = mix(s);
+        uint32_t j = (uint32_t)(s % i), t = perm[i - 1];
+        perm[i - 1] = perm[j];
+        perm[j] = t;
+    }
+    memcpy(out, perm + base, n * sizeof(*out));
+    free(perm);
+}
+
+uint32_t kvr_demo_region(const kvr_demo_cfg_t *cfg, uint32_t i, bool consumer,
+                         kvr_region_desc_t *desc)
+{
+    uint32_t nidx = cfg->index_every ? (cfg->layers + cfg->index_every - 1) / cfg->index_every : 0;
+    if (desc == NULL)
+        return cfg->layers + nidx;
+    kvr_region_desc_t d = {0};
+    d.num_blocks = consumer ? kvr_demo_dst_pool(cfg) : kvr_demo_src_pool(cfg);
+    if (i < cfg->layers) {
+        d.role = KVR_ROLE_MLA;
+        d.layer = i;
+        d.page_bytes = (uint64_t)cfg->lay.block_size * cfg->token_bytes;
+    } else {
+        d.role = KVR_ROLE_INDEX;
+        d.layer = (i - cfg->layers) * cfg->index_every;
+        d.index_dim = d.quant_block = cfg->index_dim;
+        d.page_bytes = kvr_index_page_tokens(&cfg->lay, consumer) *
+                       kvr_index_stride(cfg->index_dim);
+    }
+    *desc = d;
+    return cfg->layers + nidx;
+}
+
+kvr_status_t kvr_demo_load_key(const kvr_demo_cfg_t *cfg, uint8_t *key,
+                               bool *have, kvr_error_t *err)
+{
+    *have = false;
+    if (cfg->key_file == NULL)
+        return KVR_OK;
+    kvr_status_t st = kvr_wire_key_load(cfg->key_file, key, err);
+    *have = st == KVR_OK;
+    return st;
+}
+
+static kvr_status_t mismatch(kvr_error_t *err, const kvr_region_desc_t *d,
+                             uint32_t rank, uint64_t g, const char *part,
+                             const uint8_t *want, const uint8_t *got, size_t n,
+                             uint64_t off)
+{
+    size_t i = 0;
+    while (i < n && want[i] == got[i])
+        i++;
+    return kvr_error_set(err, KVR_ERR_VERIFY,
+                         "%s layer %u rank %u: token %llu %s byte %zu at dst "
+                         "offset %llu: expected 0x%02x found 0x%02x",
+                         kvr_role_name(d->role), d->layer, rank,
+                         (unsigned long long)g, part, i,
+                         (unsigned long long)(off + i), want[i], got[i]);
+}
+
+static kvr_status_t verify_index_token(const kvr_demo_cfg_t *cfg, uint32_t rank,
+                                       const kvr_region_desc_t *d, const uint8_t *base,
+                                       const kvr_conn_event_t *ev, uint64_t g,
+                                       uint32_t tok, kvr_error_t *err)
+{
+    const kvr_layout_t *lay = &cfg->lay;
+    uint64_t bs = lay->block_size, W = lay->dcp_size, V = bs * W, D = d->index_dim;
+    bool repl = lay->replicate_index;
+    uint64_t td = repl ? g % V : kvr__local(g, lay->interleave, W) % bs;
+    uint64_t P = repl ? V : bs;
+    const uint8_t *page = base + (uint64_t)ev->dst_blocks[g / V] * d->page_bytes;
+    uint8_t key[1024], got[1024];
+    kvr_synth_index_key(cfg->seed, d->layer, g, tok, key, (uint32_t)D);
+    for (uint64_t i = 0; i < D; i++)
+        got[i] = page[kvr__index_key_off(td, i, D, lay->preshuffle)];
+    if (memcmp(key, got, D) != 0)
+        return mismatch(err, d, rank, g, "key", key, got, D,
+                        (uint64_t)(page - base) + kvr__index_key_off(td, 0, D, lay->preshuffle));
+    float want = kvr_synth_index_scale(key, (uint32_t)D);
+    uint64_t so = kvr__index_scale_off(td, P, D);
+    if (memcmp(&want, page + so, 4) != 0)
+        return mismatch(err, d, rank, g, "scale", (const uint8_t *)&want, page + so,
+                        4, (uint64_t)(page - base) + so);
+    return KVR_OK;
+}
+
+static kvr_status_t verify_region(const kvr_demo_cfg_t *cfg, uint32_t rank,
+                                  uint32_t req, const kvr_region_desc_t *d,
+                                  const uint8_t *base, const kvr_conn_event_t *ev,
+                                  kvr_error_t *err)
+{
+    const kvr_layout_t *lay = &cfg->lay;
+    uint64_t bs = lay->block_size, I = lay->interleave, W = lay->dcp_size;
+    uint8_t want[65536];
+    for (uint64_t g = 0; g < ev->num_tokens; g++) {
+        bool owned = kvr__owner(g, I, W) == rank;
+        uint32_t tok = kvr_demo_token_id(cfg, req, g);
+        kvr_status_t st = KVR_OK;
+        if (d->role == KVR_ROLE_MLA && owned) {
+            uint64_t off = kvr__dst_slot(ev->dst_blocks, g, bs, I, W) * cfg->token_bytes;
+            kvr_synth_latent(cfg->seed, d->layer, g, tok, want, cfg->token_bytes);
+            if (memcmp(want, base + off, cfg->token_bytes) != 0)
+                st = mismatch(err, d, rank, g, "latent", want, base + off,
+                              cfg->token_bytes, off);
+        } else if (d->role == KVR_ROLE_INDEX && (lay->replicate_index || owned)) {
+            st = verify_index_token(cfg, rank, d, base, ev, g, tok, err);
+        }
+        if (st != KVR_OK)
+            return st;
+    }
+    return KVR_OK;
+}
+
+kvr_status_t kvr_demo_verify(const kvr_demo_cfg_t *cfg, uint32_t rank,
+                             const kvr_region_desc_t *descs, void *const *bases,
+                             uint32_t num_regions, const kvr_conn_event_t *ev,
+                             kvr_error_t *err)
+{
+    uint32_t req;
+    if (!kvr_demo_parse_request_id((const char *)ev->request_id.bytes,
+                                   ev->request_id.len, &req))
+        return kvr_error_set(err, KVR_ERR_INVALID, "request id is not a demo id");
+    if (ev->num_dst_blocks < kvr_num_dst_blocks(&cfg->lay, ev->num_tokens) ||
+        cfg->token_bytes > 65536)
+        return kvr_error_set(err, KVR_ERR_INVALID, "event tables too short");
+    for (uint32_t i = 0; i < num_regions; i++) {
+        kvr_status_t st = verify_region(cfg, rank, req, &descs[i], bases[i], ev, err);
+        if (st != KVR_OK)
+            return st;
+    }
+    return KVR_OK;
+}
+
+static bool in_list(const char *const *list, const char *name)
+{
+    for (size_t i = 0; list != NULL && list[i] != NULL; i++)
+        if (strcmp(list[i], name) == 0)
+            return true;
+    return false;
+}
+
+static const char *const shared_flags[] = {"replicate-index", "sharded-index",
+                                           "no-preshuffle", "no-reuse",
+                                           "insecure", "verbose", NULL};
+
+static int one_option(int argc, char **argv, int *i, kvr_demo_cfg_t *cfg,
+                      const char *cmd, const char *const *own_flags,
+                      kvr_demo_own_fn own, void *ctx)
+{
+    char name[64];
+    const char *arg = argv[*i] + 2, *eq = strchr(arg, '='), *value = NULL;
+    size_t len = eq ? (size_t)(eq - arg) : strlen(arg);
+    if (len >= sizeof(name))
+        return kvr_tool_usage_error(cmd, "unknown option '%s'", argv[*i]);
+    memcpy(name, arg, len);
+    name[len] = '\0';
+    bool flag = in_list(shared_flags, name) || in_list(own_flags, name);
+    if (!flag && eq)
+        value = eq + 1;
+    else if (!flag && *i + 1 < argc)
+        value = argv[++*i];
+    else if (!flag)
+        return kvr_tool_usage_error(cmd, "option '--%s' needs a value", name);
+    int rc = own ? own(ctx, name, value) : 0;
+    if (rc == 0)
+        rc = kvr_demo_option(cfg, cmd, name, value);
+    if (rc == 0)
+        return kvr_tool_usage_error(cmd, "unknown option '--%s' (see --help)", name);
+    return rc < 0 ? KVR_EXIT_USAGE : -1;
+}
+
+int kvr_demo_parse(int argc, char **argv, kvr_demo_cfg_t *cfg, const char *cmd,
+                   const char *usage, const char *const *own_flags,
+                   kvr_demo_own_fn own, void *ctx)
+{
+    for (int i = 1; i < argc; i++) {
+        if (strcmp(argv[i], "--help") == 0) {
+            fputs(usage, stdout);
+            fputs(kvr_demo_options_help, stdout);
+            return KVR_EXIT_OK;
+        }
+        if (strncmp(argv[i], "--", 2) != 0)
+            return kvr_tool_usage_error(cmd, "unexpected argument '%s'", argv[i]);
+        int rc = one_option(argc, argv, &i, cfg, cmd, own_flags, own, ctx);
+        if (rc >= 0)
+            return rc;
+    }
+    return kvr_demo_cfg_check(cfg, cmd) ? -1 : KVR_EXIT_USAGE;
+}
+
+uint64_t kvr_demo_now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
