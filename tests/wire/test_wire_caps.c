@@ -253,6 +253,8 @@ static void test_regions_at_cap(void **state)
     kvr_msg_init(&m, KVR_MSG_REGIONS);
     m.u.regions.regions = r;
     m.u.regions.num_regions = KVR_WIRE_MAX_REGIONS;
+    m.u.regions.address = rkey;
+    m.u.regions.address_len = KVR_WIRE_ADDR_MAX;
     uint8_t *buf;
     size_t len;
     assert_int_equal(kvr_wire_encode_alloc(&m, &buf, &len, NULL), KVR_OK);
@@ -267,6 +269,10 @@ static void test_regions_at_cap(void **state)
     expect_encode(&m, KVR_ERR_INVALID, "REGIONS.regions[7].desc.role: value 9 outside [1, 6]");
     m.u.regions.num_regions = KVR_WIRE_MAX_REGIONS + 1;
     expect_encode(&m, KVR_ERR_WIRE_LIMIT, "REGIONS.regions: count 1025 > cap 1024");
+    m.u.regions.num_regions = 0;
+    m.u.regions.address = rkey;
+    m.u.regions.address_len = KVR_WIRE_ADDR_MAX + 1;
+    expect_encode(&m, KVR_ERR_WIRE_LIMIT, "REGIONS.address: count 4097 > cap 4096");
     free(rkey);
     free(r);
 }
@@ -301,6 +307,12 @@ static void test_regions_decode_caps(void **state)
     le(t, 1, 4);
     region_prefix(t, 0);
     expect_decode(t, KVR_ERR_PROTO, "REGIONS.regions[0].desc.role: value 0 outside [1, 6]");
+    t = start(KVR_MSG_REGIONS);
+    le(t, 1, 4);
+    region_prefix(t, KVR_ROLE_MLA);
+    le(t, 0, 4);
+    le(t, KVR_WIRE_ADDR_MAX + 1, 4);
+    expect_decode(t, KVR_ERR_WIRE_LIMIT, "REGIONS.address: count 4097 > cap 4096");
     t = start(KVR_MSG_REGIONS); /* 1000 regions announced, 1 present */
     le(t, 1000, 4);
     region_prefix(t, KVR_ROLE_MLA);

@@ -131,6 +131,8 @@ static void test_decoded_fields(void **state)
     assert_int_equal(r[2].rkey_len, 0);
     assert_null(r[2].rkey);
     assert_int_equal(r[2].desc.bytes, 16 << 20);
+    assert_int_equal(d.u.regions.address_len, 7);
+    assert_memory_equal(d.u.regions.address, m.u.regions.address, 7);
     kvr_msg_free(&d);
     kvr_msg_free(NULL);
 }

@@ -17,6 +17,7 @@ static const uint32_t prompt[] = {1, 2, 3, 100000, 0xffffffffu, 5};
 static const uint32_t slots[] = {0, 5, 6};
 static const uint8_t rkey_a[] = {0xde, 0xad, 0xbe, 0xef, 0x00, 0x01};
 static const uint8_t rkey_b[] = {0x55};
+static const uint8_t address[] = {0x01, 0x7f, 0x00, 0x00, 0x01, 0x27, 0x10};
 
 static const kvr_wire_region_t regions[] = {
     {{KVR_ROLE_MLA, 3, 1000, 64 * 576, 0, 0, 0}, 0x7f0000001000ull, rkey_a,
@@ -133,6 +134,8 @@ void kvr_sample_msg(kvr_msg_type_t type, kvr_msg_t *m)
     case KVR_MSG_REGIONS:
         m->u.regions.regions = regions;
         m->u.regions.num_regions = 3;
+        m->u.regions.address = address;
+        m->u.regions.address_len = sizeof(address);
         break;
     case KVR_MSG_OFFER:
     case KVR_MSG_ASSIGN:
