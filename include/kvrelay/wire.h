@@ -220,7 +220,7 @@ typedef struct kvr_msg_chunk_done {
 
 /* A message. Built by the caller (arrays are the caller's, priv_arena NULL)
  * or by kvr_wire_decode (arrays live in priv_arena; kvr_msg_free releases
- * them). kvr_msg_free is harmless on caller-built messages. */
+ * them). kvr_msg_free on a caller-built message only zeroes it. */
 typedef struct kvr_msg {
     kvr_msg_type_t type;
     union {
@@ -241,7 +241,8 @@ typedef struct kvr_msg {
 
 /* Zeroes msg and sets type and defaults (deadlines, protocol version). */
 void kvr_msg_init(kvr_msg_t *msg, kvr_msg_type_t type);
-/* Frees what kvr_wire_decode allocated; accepts NULL. */
+/* Frees what kvr_wire_decode allocated and zeroes msg (no dangling array
+ * pointers); accepts NULL. */
 void kvr_msg_free(kvr_msg_t *msg);
 
 /* Frame size of msg after validating every field, cap and range. */
