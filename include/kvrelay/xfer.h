@@ -160,6 +160,11 @@ kvr_status_t kvr_xfer_put(kvr_ep_t *ep, const void *src, uint64_t len,
  * posted on a failed ep. */
 kvr_status_t kvr_xfer_flush(kvr_ep_t *ep, uint64_t deadline_ns);
 
+/* Returns once every message posted on ep has left this process (local
+ * completion). Unlike a flush it needs no progress from the peer: call it
+ * before a side stops progressing after its last message. */
+kvr_status_t kvr_xfer_drain(kvr_ep_t *ep, uint64_t deadline_ns);
+
 /* A control message as received. */
 typedef struct kvr_xfer_msg {
     uint64_t sender; /* the sending transport's id (informational) */

@@ -188,6 +188,14 @@ kvr_status_t kvr_xfer_flush(kvr_ep_t *ep, uint64_t deadline_ns)
     return ep->t->ops->flush(ep, deadline_ns);
 }
 
+kvr_status_t kvr_xfer_drain(kvr_ep_t *ep, uint64_t deadline_ns)
+{
+    if (ep == NULL)
+        return KVR_ERR_INVALID;
+    kvr_status_t st = kvr__ep_failed(ep);
+    return st != KVR_OK ? st : ep->t->ops->drain(ep, deadline_ns);
+}
+
 kvr_status_t kvr_xfer_send_msg(kvr_ep_t *ep, uint32_t type, const void *data,
                                size_t len, uint64_t deadline_ns)
 {

@@ -140,6 +140,8 @@ static kvr_status_t direct_send(kvr_ep_t *ep, const kvr_xfer_seg_t *segs,
                             .bytes = stats->bytes};
     if (st == KVR_OK)
         st = kvr__exec_send_ctl(ep, KVR__MSG_DONE, &done, p->deadline_ns, stats);
+    if (st == KVR_OK) /* DONE must leave even if the caller stops progressing */
+        st = kvr_xfer_drain(ep, p->deadline_ns);
     return st;
 }
 

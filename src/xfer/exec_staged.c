@@ -239,9 +239,11 @@ kvr_status_t kvr__staged_recv(kvr_ep_t *ep, const kvr_xfer_seg_t *segs,
         }
     }
     /* The last acks must leave before this side stops progressing: UCX may
-     * hold them in its pending queue while the producer's FIFO is full. */
+     * hold them in its pending queue while the producer's FIFO is full. A
+     * flush would need the producer's progress too, which it may have
+     * stopped once the acks arrived; draining needs only ours. */
     if (st == KVR_OK)
-        st = kvr_xfer_flush(ep, p->deadline_ns);
+        st = kvr_xfer_drain(ep, p->deadline_ns);
     staged_fini(&s);
     return st;
 }

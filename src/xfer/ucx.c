@@ -191,6 +191,7 @@ static const kvr__xfer_ops_t ucx_ops = {
     .rmem_ptr = kvr__ucx_rmem_ptr,
     .put = kvr__ucx_put,
     .flush = kvr__ucx_flush,
+    .drain = kvr__ucx_drain,
     .send_msg = kvr__ucx_send_msg,
     .close = ucx_close,
 };

@@ -58,6 +58,7 @@ static int ep_idle(void *ctx)
     if (w->req != NULL && ucp_request_check_status(w->req) == UCS_INPROGRESS)
         return 0;
     return atomic_load(&w->ep->inflight) == 0 &&
+           atomic_load(&w->ep->msgs_pending) == 0 &&
            atomic_load(&w->ep->flushes_done) == w->ep->flushes_posted;
 }
 
@@ -297,9 +298,26 @@ static void am_done(void *req, ucs_status_t s, void *user)
     if (s != UCS_OK)
         kvr__ep_set_failed(&b->ep->base,
                            kvr__ucx_status(b->ep->base.t, s, "send message"));
+    atomic_fetch_sub(&b->ep->msgs_pending, 1);
     ucp_request_free(req);
     kvr__ucx_completed(tr_of_ep(&b->ep->base));
     free(b);
+}
+
+static int msgs_left(void *ctx)
+{
+    ucx_ep_t *ep = ctx;
+    return atomic_load(&ep->msgs_pending) == 0 ||
+           kvr__ep_failed(&ep->base) != KVR_OK;
+}
+
+kvr_status_t kvr__ucx_drain(kvr_ep_t *ep, uint64_t deadline_ns)
+{
+    kvr_status_t st = kvr__wait(ep->t, msgs_left, ep, deadline_ns);
+    if (st == KVR_ERR_TIMEOUT)
+        return kvr__fail(ep->t, st, "%u control messages still unsent",
+                         atomic_load(&((ucx_ep_t *)ep)->msgs_pending));
+    return st != KVR_OK ? st : kvr__ep_failed(ep);
 }
 
 kvr_status_t kvr__ucx_send_msg(kvr_ep_t *ep, uint32_t type, const void *data,
@@ -323,9 +341,11 @@ kvr_status_t kvr__ucx_send_msg(kvr_ep_t *ep, uint32_t type, const void *data,
         .flags = UCP_AM_SEND_FLAG_EAGER, /* never rendezvous: no recv step */
     };
     kvr__ucx_posted(tr_of_ep(ep));
+    atomic_fetch_add(&b->ep->msgs_pending, 1);
     void *req = ucp_am_send_nbx(b->ep->uep, KVR__UCX_AM_ID, b->hdr,
                                 sizeof(b->hdr), b->data, len, &prm);
-    kvr_status_t st = posted(b->ep, req, "ucp_am_send_nbx", NULL);
+    kvr_status_t st =
+        posted(b->ep, req, "ucp_am_send_nbx", &b->ep->msgs_pending);
     if (req == NULL || UCS_PTR_IS_ERR(req))
         free(b);
     return st;

@@ -33,6 +33,7 @@ typedef struct ucx_ep {
     kvr_ep_t base;
     ucp_ep_h uep;
     _Atomic uint32_t inflight; /* puts */
+    _Atomic uint32_t msgs_pending; /* control messages not yet sent */
     _Atomic uint64_t flushes_done;
     uint64_t flushes_posted;
 } ucx_ep_t;
@@ -76,6 +77,7 @@ kvr_status_t kvr__ucx_rmem_ptr(kvr_rmem_t *rmem, uint64_t off, void **out);
 kvr_status_t kvr__ucx_put(kvr_ep_t *ep, const void *src, uint64_t len,
                           kvr_rmem_t *dst, uint64_t off, uint64_t deadline_ns);
 kvr_status_t kvr__ucx_flush(kvr_ep_t *ep, uint64_t deadline_ns);
+kvr_status_t kvr__ucx_drain(kvr_ep_t *ep, uint64_t deadline_ns);
 kvr_status_t kvr__ucx_send_msg(kvr_ep_t *ep, uint32_t type, const void *data,
                                size_t len, uint64_t deadline_ns);
 ucs_status_t kvr__ucx_am_recv(void *arg, const void *header, size_t hlen,

@@ -33,6 +33,7 @@ typedef struct kvr__xfer_ops {
     kvr_status_t (*put)(kvr_ep_t *ep, const void *src, uint64_t len,
                         kvr_rmem_t *dst, uint64_t off, uint64_t deadline_ns);
     kvr_status_t (*flush)(kvr_ep_t *ep, uint64_t deadline_ns);
+    kvr_status_t (*drain)(kvr_ep_t *ep, uint64_t deadline_ns);
     kvr_status_t (*send_msg)(kvr_ep_t *ep, uint32_t type, const void *data,
                              size_t len, uint64_t deadline_ns);
     void (*close)(kvr_transport_t *t);

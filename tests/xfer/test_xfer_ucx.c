@@ -1,7 +1,10 @@
 /* A producer and W consumer processes over UCX (shared memory or TCP, from
  * argv[1]), I in {1, bs}, sharded MLA plus a replicated index, both
  * executors; every byte checked by kvr_verify_region in the consumers. */
+#include <pthread.h>
 #include <setjmp.h>
+#include <signal.h>
+#include <time.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -69,6 +72,58 @@ static void test_four_ranks(void **state)
     run_rounds(&cfg);
 }
 
+static void *killer(void *arg)
+{
+    pid_t pid = *(pid_t *)arg;
+    struct timespec ts = {0, 30 * 1000 * 1000};
+    nanosleep(&ts, NULL);
+    kill(pid, SIGKILL);
+    return NULL;
+}
+
+/* A consumer killed mid-transfer surfaces as PEER_DEAD or TIMEOUT within
+ * the round's deadline, never as a hang. */
+static void test_dead_peer(void **state)
+{
+    (void)state;
+    xh_config_t cfg = base_config(1, 1);
+    cfg.tokens = 16384;
+    cfg.with_index = false;
+    cfg.timeout_ms = 2000;
+    xh_session_t s;
+    assert_int_equal(xh_start(&s, &cfg), 0);
+    assert_int_equal(xh_round(&s, KVR_EXEC_DIRECT, NULL, NULL), KVR_OK);
+    pthread_t th;
+    pid_t pid = s.pids[0];
+    assert_int_equal(pthread_create(&th, NULL, killer, &pid), 0);
+    uint64_t t0 = kvr_xfer_now_ns();
+    kvr_status_t st = KVR_OK;
+    for (int i = 0; i < 200 && st == KVR_OK; i++)
+        st = xh_round(&s, i % 2 ? KVR_EXEC_STAGED : KVR_EXEC_DIRECT, NULL, NULL);
+    double secs = (double)(kvr_xfer_now_ns() - t0) * 1e-9;
+    pthread_join(th, NULL);
+    fprintf(stderr, "dead peer: %s after %.2f s (%s)\n", kvr_status_name(st),
+            secs, s.error);
+    assert_true(st == KVR_ERR_PEER_DEAD || st == KVR_ERR_TIMEOUT);
+    assert_true(secs < cfg.timeout_ms / 1000.0 + 3.0);
+    /* the round may have failed on the control socket first: the transport
+     * itself must report the death too */
+    kvr_xfer_seg_t segs[2];
+    size_t n = xh_segs(&s, 0, KVR_EXEC_DIRECT, segs);
+    kvr_exec_params_t p = KVR_EXEC_PARAMS_INIT;
+    p.transfer_id = 999;
+    p.deadline_ns = kvr_xfer_deadline(cfg.timeout_ms);
+    kvr_error_t err = {0};
+    t0 = kvr_xfer_now_ns();
+    st = kvr_exec_send(s.eps[0], KVR_EXEC_DIRECT, segs, n, &p, NULL, &err);
+    secs = (double)(kvr_xfer_now_ns() - t0) * 1e-9;
+    fprintf(stderr, "send to the dead peer: %s after %.2f s: %s\n",
+            kvr_status_name(st), secs, err.msg);
+    assert_true(st == KVR_ERR_PEER_DEAD || st == KVR_ERR_TIMEOUT);
+    assert_true(secs < cfg.timeout_ms / 1000.0 + 1.0);
+    xh_stop(&s); /* the killed child reports failure; that is the point */
+}
+
 int main(int argc, char **argv)
 {
     if (argc > 1 && strcmp(argv[1], "tcp") == 0)
@@ -77,6 +132,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_interleave_1),
         cmocka_unit_test(test_interleave_bs),
         cmocka_unit_test(test_four_ranks),
+        cmocka_unit_test(test_dead_peer),
     };
     return cmocka_run_group_tests_name(g_tl == KVR_XFER_TL_TCP ? "ucx-tcp"
                                                                : "ucx-shm",

@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mount.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -85,7 +86,7 @@ static int write_all(int fd, const void *p, size_t n)
 {
     const char *c = p;
     while (n > 0) {
-        ssize_t w = write(fd, c, n);
+        ssize_t w = send(fd, c, n, MSG_NOSIGNAL); /* a dead peer is an error, not SIGPIPE */
         if (w < 0 && errno == EINTR)
             continue;
         if (w <= 0)
@@ -146,6 +147,16 @@ static int enter_netns(const char *name, char *why, size_t why_len)
         return 77;
     }
     close(fd);
+    /* UCX lists devices from /sys/class/net, which shows the namespace of
+     * whoever mounted /sys: remount it privately, as `ip netns exec` does. */
+    if (unshare(CLONE_NEWNS) != 0 ||
+        mount("", "/", NULL, MS_SLAVE | MS_REC, NULL) != 0 ||
+        umount2("/sys", MNT_DETACH) != 0 ||
+        mount(name, "/sys", "sysfs", 0, NULL) != 0) {
+        snprintf(why, why_len, "cannot remount /sys in netns %s: %s", name,
+                 strerror(errno));
+        return 77;
+    }
     return 0;
 }
 
