@@ -77,8 +77,13 @@ static kvr_status_t measure(probe_t *pr, kvr_cost_model_t *m)
     uint64_t s1 = p->small_bytes, s2 = 16 * p->small_bytes;
     uint32_t n1 = p->small_count, n2 = p->small_count / 4 + 1;
     kvr_status_t st = large_rate(pr, p->scratch, &large_Bps);
-    if (st == KVR_OK) /* pages are warm now: the measured round trip */
-        st = timed_puts(pr, p->scratch, s1, 1, &t_rtt);
+    /* the round trip: the best of 8, as a sleeping target's wake-up is a
+     * once-per-transfer cost, not a per-chunk one */
+    for (int i = 0; i < 8 && st == KVR_OK; i++) {
+        double t;
+        st = timed_puts(pr, p->scratch, s1, 1, &t);
+        t_rtt = i == 0 || t < t_rtt ? t : t_rtt;
+    }
     if (st == KVR_OK)
         st = timed_puts(pr, p->scratch, s1, n1, &t_small);
     if (st == KVR_OK && s2 <= p->large_bytes)
@@ -93,8 +98,8 @@ static kvr_status_t measure(probe_t *pr, kvr_cost_model_t *m)
         per_byte = 1.0 / large_Bps;
     m->put_Bps = 1.0 / per_byte;
     m->put_s = t_small / n1 - (double)s1 * per_byte;
-    if (m->put_s < 0)
-        m->put_s = 0;
+    if (m->put_s <= 0) /* a noisy fit: charge the token put whole */
+        m->put_s = t_small / n1;
     m->chunk_s = 2 * t_rtt; /* the chunk's flush plus its message and ack */
     m->copy_Bps = copy_rate(pr);
     kvr_rmem_t *stage = p->stage_scratch ? p->stage_scratch : p->scratch;
