@@ -1,0 +1,48 @@
+"""kvrelay: move LLM KV cache from prefill (producer) to decode (consumer)
+nodes whose parallel layouts differ: ctypes bindings of libkvrelay.so.
+
+The C API shows through: every call maps to one kvr_* function, every
+failure raises ``KvrelayError`` carrying kvrelay's status code, name and
+message, and plan runs are numpy views of the C memory.
+
+Modules: ``layout`` (Layout, RegionDesc, RegionPair, Role and the DCP math),
+``plan`` (plan, PlanSet, verify_region, check_coverage, layout_digest),
+``inspect`` (per-token diff of received pages), ``dump`` (dump directories),
+``synth`` (synthetic KV), ``capacity`` and ``conn`` (the connector:
+register regions, submit a request, poll completions).
+"""
+
+from __future__ import annotations
+
+from ._buffers import RawBuffer
+from ._lib import LIB as _LIB
+from .capacity import Capacity, CapacityOption, capacity
+from .dump import DumpRegion, DumpRequest, write_dump
+from .errors import KvrelayError, Status, status_name, status_str
+from .inspect import Diff, Inspection, inspect_buffers, inspect_dump
+from .layout import Layout, RegionDesc, RegionPair, Role, index_stride
+from .plan import (Plan, PlanSet, Request, check_coverage, layout_digest,
+                   plan, verify_region)
+from ._types import RUN_DTYPE
+
+__version__ = "0.1.0"
+
+
+def library_path() -> str:
+    """Path of the libkvrelay.so this package loaded."""
+    return str(_LIB.path)
+
+
+def library_version() -> "str | None":
+    """Version string built into the loaded library."""
+    return _LIB.version()
+
+
+__all__ = [
+    "Capacity", "CapacityOption", "Diff", "DumpRegion", "DumpRequest",
+    "Inspection", "KvrelayError", "Layout", "Plan", "PlanSet", "RUN_DTYPE",
+    "RawBuffer", "RegionDesc", "RegionPair", "Request", "Role", "Status",
+    "capacity", "check_coverage", "index_stride", "inspect_buffers",
+    "inspect_dump", "layout_digest", "library_path", "library_version",
+    "plan", "status_name", "status_str", "verify_region", "write_dump",
+]

@@ -1,0 +1,194 @@
+"""Locating and loading libkvrelay.so, and the C prototypes.
+
+Search order: the ``KVRELAY_LIB`` environment variable (a path to the
+library; an error if it does not exist), then ``build/lib/libkvrelay.so`` of
+the repository this package sits in (``python/kvrelay`` -> repository root),
+then a ``libkvrelay.so`` copied next to this file by a packager.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+from pathlib import Path
+from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
+
+from . import _types as T
+
+LIB_ENV = "KVRELAY_LIB"
+_NAME = "libkvrelay.so"
+
+
+def _candidates() -> Iterator[Path]:
+    here = Path(__file__).resolve().parent
+    yield here.parent.parent / "build" / "lib" / _NAME
+    yield here / _NAME
+
+
+def _find() -> Path:
+    env = os.environ.get(LIB_ENV)
+    if env:
+        path = Path(env)
+        if not path.is_file():
+            raise ImportError(f"kvrelay: {LIB_ENV}={env} is not a file")
+        return path
+    tried: List[str] = []
+    for path in _candidates():
+        if path.is_file():
+            return path
+        tried.append(str(path))
+    raise ImportError(
+        "kvrelay: libkvrelay.so not found (looked in "
+        + ", ".join(tried)
+        + f"); build it (cmake --build build) or set {LIB_ENV}"
+    )
+
+
+c_u32p = ctypes.POINTER(ctypes.c_uint32)
+c_u8p = ctypes.POINTER(ctypes.c_uint8)
+_P = ctypes.c_void_p
+_E = ctypes.POINTER(T.Error)
+_LAY = ctypes.POINTER(T.Layout)
+_DESC = ctypes.POINTER(T.RegionDesc)
+_PAIR = ctypes.POINTER(T.RegionPair)
+_REQ = ctypes.POINTER(T.Request)
+_u32, _u64, _int = ctypes.c_uint32, ctypes.c_uint64, ctypes.c_int
+_sz, _b, _s = ctypes.c_size_t, ctypes.c_bool, ctypes.c_char_p
+
+# name: (restype, argtypes). Functions of layers absent from a build are
+# simply missing; require() names them.
+_PROTOTYPES: Dict[str, Tuple[Any, Sequence[Any]]] = {
+    # status.h / layout.h
+    "kvr_status_str": (_s, [_int]),
+    "kvr_status_name": (_s, [_int]),
+    "kvr_role_name": (_s, [_int]),
+    "kvr_layout_check": (_int, [_LAY, _E]),
+    "kvr_layout_check_rank": (_int, [_LAY, _u32, _E]),
+    "kvr_virtual_block": (_u64, [_LAY]),
+    "kvr_owner": (_u32, [_LAY, _u64]),
+    "kvr_local_index": (_u64, [_LAY, _u64]),
+    "kvr_global_index": (_u64, [_LAY, _u64, _u32]),
+    "kvr_local_len": (_u64, [_LAY, _u64, _u32]),
+    "kvr_num_dst_blocks": (_u64, [_LAY, _u64]),
+    "kvr_num_src_blocks": (_u64, [_LAY, _u64]),
+    "kvr_index_stride": (_u64, [_u32]),
+    "kvr_index_page_tokens": (_u64, [_LAY, _b]),
+    "kvr_index_key_offset": (_u64, [_LAY, _u32, _u64, _u32]),
+    "kvr_index_scale_offset": (_u64, [_u64, _u32, _u64]),
+    "kvr_region_bytes": (_u64, [_DESC]),
+    "kvr_region_check": (_int, [_LAY, _DESC, _b, _E]),
+    "kvr_region_token_bytes": (_u64, [_LAY, _DESC]),
+    # plan.h
+    "kvr_plan_create": (_int, [_LAY, _u32, _PAIR, _REQ, ctypes.POINTER(_P), _E]),
+    "kvr_plan_destroy": (None, [_P]),
+    "kvr_plan_runs": (_P, [_P, ctypes.POINTER(_sz)]),
+    "kvr_plan_num_runs": (_sz, [_P]),
+    "kvr_plan_runs_uncoalesced": (_sz, [_P]),
+    "kvr_plan_bytes": (_u64, [_P]),
+    "kvr_plan_set_create": (
+        _int, [_LAY, _u32, _PAIR, _sz, _REQ, ctypes.POINTER(_P), _E]),
+    "kvr_plan_set_destroy": (None, [_P]),
+    "kvr_plan_set_num_classes": (_sz, [_P]),
+    "kvr_plan_set_class": (_P, [_P, _sz]),
+    "kvr_plan_set_class_of": (_sz, [_P, _sz]),
+    "kvr_plan_set_plan_of": (_P, [_P, _sz]),
+    "kvr_plan_set_total_bytes": (_u64, [_P]),
+    "kvr_plan_set_total_runs": (_u64, [_P]),
+    "kvr_layout_digest": (
+        _int, [_LAY, _DESC, _sz, ctypes.POINTER(_u64), _E]),
+    "kvr_digest_hex": (None, [_u64, ctypes.c_char * 17]),
+    "kvr_plan_apply_host": (None, [_P, _P, _P]),
+    "kvr_verify_region": (_int, [_LAY, _u32, _PAIR, _REQ, _P, _P, _E]),
+    "kvr_plan_check_coverage": (
+        _int, [_LAY, _PAIR, _REQ, ctypes.POINTER(_P), _E]),
+    "kvr_plan_from_runs": (_int, [_P, _sz, ctypes.POINTER(_P)]),
+    # synth.h
+    "kvr_synth_latent": (None, [_u64, _u32, _u64, _u32, _P, _sz]),
+    "kvr_synth_index_key": (None, [_u64, _u32, _u64, _u32, _P, _u32]),
+    "kvr_synth_index_scale": (ctypes.c_float, [_P, _u32]),
+    "kvr_synth_fill_source": (
+        _int, [_LAY, _DESC, _u64, c_u32p, _sz, c_u32p, _u64, _P, _E]),
+    "kvr_synth_check_index_token": (
+        _int, [_LAY, _P, _u64, _u64, _u32, _u64, _E]),
+    # inspect.h
+    "kvr_inspect_buffers": (
+        _int, [_LAY, _u32, _PAIR, _REQ, _P, _u64, _P, _u64,
+               ctypes.POINTER(T.InspectOpts), ctypes.POINTER(T.InspectResult),
+               _E]),
+    "kvr_inspect_source": (
+        _int, [_LAY, _PAIR, _REQ, c_u32p, _P, _u64,
+               ctypes.POINTER(T.InspectOpts), ctypes.POINTER(T.InspectResult),
+               _E]),
+    "kvr_inspect_dump": (
+        _int, [_s, ctypes.POINTER(T.InspectOpts), ctypes.POINTER(_P), _E]),
+    "kvr_inspect_report_destroy": (None, [_P]),
+    "kvr_inspect_report_clean": (_b, [_P]),
+    # returns malloc'd text: keep it a raw pointer to free it
+    "kvr_inspect_report_json": (_P, [_P]),
+    "kvr_inspect_free": (None, [_P]),
+    "kvr_inspect_part_name": (_s, [_u32]),
+    "kvr_inspect_kind_name": (_s, [_int]),
+    # conn.h
+    "kvr_conn_create": (
+        _int, [ctypes.POINTER(T.ConnParams), ctypes.POINTER(_P), _E]),
+    "kvr_conn_destroy": (None, [_P]),
+    "kvr_conn_last_error": (_s, [_P]),
+    "kvr_conn_add_region": (_int, [_P, _DESC, _P]),
+    "kvr_conn_alloc_region": (_int, [_P, _DESC, ctypes.POINTER(_P)]),
+    "kvr_conn_listen": (
+        _int, [_P, _s, ctypes.c_uint16, ctypes.POINTER(ctypes.c_uint16)]),
+    "kvr_conn_connect": (_int, [_P, _s, ctypes.c_uint16, _u32]),
+    "kvr_conn_num_ready": (_u32, [_P]),
+    "kvr_conn_progress": (_int, [_P, _u32]),
+    "kvr_conn_offer": (_int, [_P, ctypes.POINTER(T.ConnOffer)]),
+    "kvr_conn_load": (_int, [_P, ctypes.POINTER(T.ConnLoad)]),
+    "kvr_conn_poll_event": (_b, [_P, ctypes.POINTER(T.ConnEvent)]),
+    "kvr_conn_num_live": (_u32, [_P]),
+}
+
+
+class _Library:
+    """The loaded library with prototypes applied."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.dll = ctypes.CDLL(str(path))
+        self._missing: List[str] = []
+        for name, (restype, argtypes) in _PROTOTYPES.items():
+            self.declare(name, restype, argtypes)
+
+    def declare(self, name: str, restype: Any, argtypes: Sequence[Any]) -> None:
+        try:
+            fn = getattr(self.dll, name)
+        except AttributeError:
+            self._missing.append(name)
+            return
+        fn.restype = restype
+        fn.argtypes = list(argtypes)
+
+    def has(self, name: str) -> bool:
+        return hasattr(self.dll, name)
+
+    def require(self, name: str) -> Any:
+        """The C function `name`, or RuntimeError naming the library."""
+        if not self.has(name):
+            raise RuntimeError(
+                f"kvrelay: {self.path} has no {name} (built without that layer?)")
+        return getattr(self.dll, name)
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("kvr_"):
+            return self.require(name)
+        raise AttributeError(name)
+
+    def version(self) -> Optional[str]:
+        """The library's version string (None for a library built without
+        src/shared's marker)."""
+        try:
+            text = (ctypes.c_char * 64).in_dll(self.dll, "kvr__shared_version")
+        except ValueError:
+            return None
+        return text.value.decode()
+
+
+LIB = _Library(_find())

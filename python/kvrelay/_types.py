@@ -1,0 +1,228 @@
+"""ctypes mirrors of kvrelay's public C structs.
+
+Every class names its C type in ``_c_name_`` and its header in ``_c_header_``;
+field names are the C field names, so ``tests/test_abi.py`` can compile a
+program that prints the C sizes and offsets and compare them with these.
+"""
+
+from __future__ import annotations
+
+import ctypes
+
+import numpy as np
+
+_u8, _u16, _u32, _u64 = ctypes.c_uint8, ctypes.c_uint16, ctypes.c_uint32, ctypes.c_uint64
+_int, _bool, _size = ctypes.c_int, ctypes.c_bool, ctypes.c_size_t
+
+ERROR_MSG_MAX = 256
+INSPECT_KINDS = 3
+INSPECT_EXCERPT = 16
+
+
+class Error(ctypes.Structure):
+    _c_name_ = "kvr_error_t"
+    _c_header_ = "kvrelay/status.h"
+    _fields_ = [("code", _int), ("msg", ctypes.c_char * ERROR_MSG_MAX)]
+
+
+class Layout(ctypes.Structure):
+    _c_name_ = "kvr_layout_t"
+    _c_header_ = "kvrelay/layout.h"
+    _fields_ = [
+        ("block_size", _u32),
+        ("dcp_size", _u32),
+        ("interleave", _u32),
+        ("tp", _u32),
+        ("producer_tp", _u32),
+        ("replicate_index", _bool),
+        ("preshuffle", _bool),
+    ]
+
+
+class RegionDesc(ctypes.Structure):
+    _c_name_ = "kvr_region_desc_t"
+    _c_header_ = "kvrelay/layout.h"
+    _fields_ = [
+        ("role", _int),
+        ("layer", _u32),
+        ("num_blocks", _u64),
+        ("page_bytes", _u64),
+        ("index_dim", _u32),
+        ("quant_block", _u32),
+        ("bytes", _u64),
+    ]
+
+
+class RegionPair(ctypes.Structure):
+    _c_name_ = "kvr_region_pair_t"
+    _c_header_ = "kvrelay/plan.h"
+    _fields_ = [("src", RegionDesc), ("dst", RegionDesc)]
+
+
+class Request(ctypes.Structure):
+    _c_name_ = "kvr_request_t"
+    _c_header_ = "kvrelay/plan.h"
+    _fields_ = [
+        ("src_blocks", ctypes.POINTER(_u32)),
+        ("num_src_blocks", _size),
+        ("dst_blocks", ctypes.POINTER(_u32)),
+        ("num_dst_blocks", _size),
+        ("num_tokens", _u64),
+        ("num_computed_blocks", _u64),
+    ]
+
+
+class Run(ctypes.Structure):
+    _c_name_ = "kvr_run_t"
+    _c_header_ = "kvrelay/plan.h"
+    _fields_ = [("src", _u64), ("dst", _u64), ("len", _u64)]
+
+
+#: numpy view of kvr_run_t: plan runs come back as arrays of this dtype.
+RUN_DTYPE = np.dtype([("src", "<u8"), ("dst", "<u8"), ("len", "<u8")])
+
+
+class InspectDiff(ctypes.Structure):
+    _c_name_ = "kvr_inspect_diff_t"
+    _c_header_ = "kvrelay/inspect.h"
+    _fields_ = [
+        ("kind", _int),
+        ("request", _u32),
+        ("rank", _u32),
+        ("parts", _u32),
+        ("token", _u64),
+        ("part", _u32),
+        ("excerpt_len", _u32),
+        ("byte", _u64),
+        ("src_offset", _u64),
+        ("dst_offset", _u64),
+        ("expected", _u8 * INSPECT_EXCERPT),
+        ("found", _u8 * INSPECT_EXCERPT),
+    ]
+
+
+class InspectResult(ctypes.Structure):
+    _c_name_ = "kvr_inspect_result_t"
+    _c_header_ = "kvrelay/inspect.h"
+    _fields_ = [
+        ("checked", _u64 * INSPECT_KINDS),
+        ("found", _u64 * INSPECT_KINDS),
+        ("diffs", ctypes.POINTER(InspectDiff)),
+        ("diffs_cap", _size),
+        ("num_diffs", _size),
+    ]
+
+
+class InspectOpts(ctypes.Structure):
+    _c_name_ = "kvr_inspect_opts_t"
+    _c_header_ = "kvrelay/inspect.h"
+    _fields_ = [
+        ("max_report", _size),
+        ("synthetic", _bool),
+        ("seed", _u64),
+        ("manifest_seed", _bool),
+    ]
+
+
+# ---- conn.h (and the wire.h types it uses) ----
+
+WIRE_REQ_ID_MAX = 256
+WIRE_KEY_BYTES = 32
+
+
+class WireTopo(ctypes.Structure):
+    _c_name_ = "kvr_wire_topo_t"
+    _c_header_ = "kvrelay/wire.h"
+    _fields_ = [(name, _u32) for name in (
+        "pp_rank", "pp_size", "tp_rank", "tp_size", "dp_rank", "dp_size",
+        "layer_start", "layer_end", "dcp_rank")]
+
+
+class WireId(ctypes.Structure):
+    _c_name_ = "kvr_wire_id_t"
+    _c_header_ = "kvrelay/wire.h"
+    _fields_ = [("len", _u16), ("bytes", _u8 * WIRE_REQ_ID_MAX)]
+
+
+class ConnFault(ctypes.Structure):
+    _c_name_ = "kvr_conn_fault_t"
+    _c_header_ = "kvrelay/conn.h"
+    _fields_ = [("kind", _int), ("request", ctypes.c_char * 64)]
+
+
+class ConnParams(ctypes.Structure):
+    _c_name_ = "kvr_conn_params_t"
+    _c_header_ = "kvrelay/conn.h"
+    _fields_ = [
+        ("side", _int),
+        ("layout", Layout),
+        ("topo", WireTopo),
+        ("producer_stages", _u32),
+        ("consumer_ranks", _u32),
+        ("key", ctypes.POINTER(_u8)),
+        ("insecure", _bool),
+        ("tl", _int),
+        ("executor", _int),
+        ("deadline_ms", _u32),
+        ("release_grace_ms", _u32),
+        ("max_requests", _u32),
+        ("leader_blocks", _u32),
+        ("fault", ConnFault),
+    ]
+
+
+class ConnOffer(ctypes.Structure):
+    _c_name_ = "kvr_conn_offer_t"
+    _c_header_ = "kvrelay/conn.h"
+    _fields_ = [
+        ("request_id", ctypes.c_void_p),
+        ("request_id_len", _size),
+        ("transfer_id", _u64),
+        ("num_tokens", _u64),
+        ("src_blocks", ctypes.POINTER(_u32)),
+        ("num_src_blocks", _size),
+        ("prompt", ctypes.POINTER(_u32)),
+        ("num_prompt", _size),
+    ]
+
+
+class ConnLoad(ctypes.Structure):
+    _c_name_ = "kvr_conn_load_t"
+    _c_header_ = "kvrelay/conn.h"
+    _fields_ = [
+        ("request_id", ctypes.c_void_p),
+        ("request_id_len", _size),
+        ("transfer_id", _u64),
+        ("src_blocks", ctypes.POINTER(_u32)),
+        ("num_src_blocks", _size),
+        ("dst_blocks", ctypes.POINTER(_u32)),
+        ("num_dst_blocks", _size),
+        ("num_tokens", _u64),
+        ("num_computed_blocks", _u64),
+        ("deadline_ms", _u32),
+    ]
+
+
+class ConnEvent(ctypes.Structure):
+    _c_name_ = "kvr_conn_event_t"
+    _c_header_ = "kvrelay/conn.h"
+    _fields_ = [
+        ("kind", _int),
+        ("request_id", WireId),
+        ("transfer_id", _u64),
+        ("status", _int),
+        ("message", ctypes.c_char * ERROR_MSG_MAX),
+        ("bytes", _u64),
+        ("num_tokens", _u64),
+        ("num_computed_blocks", _u64),
+        ("src_blocks", ctypes.POINTER(_u32)),
+        ("num_src_blocks", _size),
+        ("dst_blocks", ctypes.POINTER(_u32)),
+        ("num_dst_blocks", _size),
+        ("peer_rank", _u32),
+    ]
+
+
+ALL = [Error, Layout, RegionDesc, RegionPair, Request, Run, InspectDiff,
+       InspectResult, InspectOpts, WireTopo, WireId, ConnFault, ConnParams,
+       ConnOffer, ConnLoad, ConnEvent]
