@@ -63,7 +63,8 @@ typedef struct kvr_inspect_result {
 } kvr_inspect_result_t;
 
 typedef struct kvr_inspect_opts {
-    size_t max_report; /* findings kept per region and kind; 0 = default 5 */
+    size_t max_report; /* findings kept per region and kind; 0 = default 5;
+                          kvr_inspect_dump takes at most 1000 */
     bool synthetic;    /* data is kvr_synth data of `seed`: check index
                           scales against keys, and sources against the
                           generator */

@@ -60,7 +60,7 @@ static int parse_inspect_args(int argc, char **argv, inspect_args_t *a)
         switch (opt) {
         case O_JSON: a->json = true; break;
         case O_NOSYNTH: a->no_synth = true; break;
-        case O_MAX: rc = number("max-report", optarg, 1, 100000, &a->max_report); break;
+        case O_MAX: rc = number("max-report", optarg, 1, 1000, &a->max_report); break;
         case O_SEED:
             rc = number("seed", optarg, 0, INT64_MAX, &a->seed);
             a->have_seed = true;

@@ -24,7 +24,7 @@ typedef unsigned long long ull;
 #define MAX_ID_BYTES 256u
 #define MAX_TOKENS (1ull << 40)
 #define MAX_IMAGE_BYTES (1ull << 48)
-#define MAX_REPORT 100000u
+#define MAX_REPORT 1000u
 #define MAX_INDEX_DIM 65536u
 
 typedef struct {
@@ -486,6 +486,21 @@ static kvr_status_t check_region(kvr_inspect_report_t *rep, size_t i,
     return st;
 }
 
+/* Memory for findings is sized for max_report while a region is checked,
+ * then shrunk to what was found: most regions keep none. */
+static void keep_found(kvr_inspect_result_t *res)
+{
+    if (res->num_diffs == 0) {
+        free(res->diffs);
+        res->diffs = NULL;
+    } else {
+        kvr_inspect_diff_t *d = realloc(res->diffs,
+                                        res->num_diffs * sizeof(*d));
+        res->diffs = d ? d : res->diffs;
+    }
+    res->diffs_cap = res->num_diffs;
+}
+
 /* Maps one region's W + 1 images, checks it, unmaps. */
 static kvr_status_t run_region(kvr_inspect_report_t *rep, const char *dir,
                                size_t i, kvr_error_t *err)
@@ -505,6 +520,8 @@ static kvr_status_t run_region(kvr_inspect_report_t *rep, const char *dir,
         st = map_image(dir, r->dst_files[w], &r->pair.dst, &dst[w], err);
     if (st == KVR_OK)
         st = check_region(rep, i, &src, dst, err);
+    if (st == KVR_OK)
+        keep_found(&r->res);
     for (uint32_t w = 0; w < W; w++)
         unmap_image(&dst[w]);
     unmap_image(&src);
