@@ -37,7 +37,7 @@ def address_of(obj: BufferLike, writable: bool, what: str) -> Tuple[int, int, An
             isinstance(v, int) for v in obj):
         return _raw(obj[0], obj[1], what)
     try:
-        view = memoryview(obj)
+        view = memoryview(obj)  # type: ignore[arg-type]
     except TypeError:
         raise invalid(f"{what}: {type(obj).__name__} has no buffer; pass a "
                       "buffer or (address, size)") from None

@@ -45,7 +45,6 @@ def _find() -> Path:
 
 
 c_u32p = ctypes.POINTER(ctypes.c_uint32)
-c_u8p = ctypes.POINTER(ctypes.c_uint8)
 _P = ctypes.c_void_p
 _E = ctypes.POINTER(T.Error)
 _LAY = ctypes.POINTER(T.Layout)

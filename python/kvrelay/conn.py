@@ -205,7 +205,7 @@ class Connector:
         """Detail of the last failure ("" if none)."""
         if not self._handle:
             return ""
-        return LIB.kvr_conn_last_error(self._handle).decode(errors="replace")
+        return str(LIB.kvr_conn_last_error(self._handle).decode(errors="replace"))
 
     # ---- regions ----
     def add_region(self, desc: RegionDesc, memory: BufferLike) -> None:

@@ -37,7 +37,7 @@ def status_name(code: int) -> str:
 
 def status_str(code: int) -> str:
     """The C library's short text for a status code."""
-    return LIB.kvr_status_str(int(code)).decode()
+    return str(LIB.kvr_status_str(int(code)).decode())
 
 
 class KvrelayError(Exception):

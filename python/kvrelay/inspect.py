@@ -30,7 +30,7 @@ _PART_BITS = (1, 2, 4)
 
 
 def _part_name(bit: int) -> str:
-    return LIB.kvr_inspect_part_name(bit).decode()
+    return str(LIB.kvr_inspect_part_name(bit).decode())
 
 
 @dataclass(frozen=True)
@@ -166,7 +166,8 @@ def inspect_dump(directory: Union[str, Path], *, max_report: int = 5,
         if not text:
             raise MemoryError("kvrelay: no memory for the inspect report")
         try:
-            return json.loads(ctypes.string_at(text).decode())
+            report: Dict[str, Any] = json.loads(ctypes.string_at(text).decode())
+            return report
         finally:
             LIB.kvr_inspect_free(text)
     finally:

@@ -198,7 +198,7 @@ def regions_to_c(regions: Sequence[RegionDesc]) -> "ctypes.Array[T.RegionDesc]":
 
 def role_name(role: int) -> str:
     """The C library's name of a role ("mla", "index", ...)."""
-    return LIB.kvr_role_name(int(role)).decode()
+    return str(LIB.kvr_role_name(int(role)).decode())
 
 
 __all__ = ["Role", "Layout", "RegionDesc", "RegionPair", "index_stride",
