@@ -104,6 +104,9 @@ kvr_status_t kvr_conn_create(const kvr_conn_params_t *params,
 
 static void free_peer(kvr__peer_t *peer)
 {
+    for (uint32_t i = 0; i < peer->backlog_len; i++)
+        kvr_msg_free(&peer->backlog[i]);
+    free(peer->backlog);
     kvr__dpeer_close(peer->data);
     free(peer->regions);
     kvr__link_destroy(peer->link);
@@ -247,8 +250,10 @@ kvr_status_t kvr_conn_connect(kvr_conn_t *conn, const char *host,
     }
     kvr__peer_t *peer = NULL;
     st = add_peer(conn, fd, true, &peer);
-    if (st == KVR_OK)
-        st = kvr__handshake_start(conn, peer);
+    if (st != KVR_OK)
+        return st;
+    peer->pinned = true;
+    st = kvr__handshake_start(conn, peer);
     uint64_t deadline = kvr__now_ns() + (uint64_t)timeout_ms * 1000000ull;
     while (st == KVR_OK && !kvr__peer_ready(conn, peer) && !peer->link->closed) {
         if (kvr__now_ns() > deadline) {
@@ -264,6 +269,7 @@ kvr_status_t kvr_conn_connect(kvr_conn_t *conn, const char *host,
                                       : KVR_ERR_PEER_DEAD;
         kvr__conn_fail(conn, st, "%s:%u: %s", host, port, peer->link->close_why);
     }
+    peer->pinned = false;
     return st;
 }
 
@@ -401,9 +407,21 @@ static kvr_status_t dispatch(kvr_conn_t *c, kvr__peer_t *peer,
     return kvr__producer_msg(c, peer, msg);
 }
 
+/* Frames a waiting transfer set aside are handled first, in order. */
+static void drain_backlog(kvr_conn_t *c, kvr__peer_t *peer)
+{
+    for (uint32_t i = 0; i < peer->backlog_len; i++) {
+        if (!peer->link->closed)
+            dispatch(c, peer, &peer->backlog[i]);
+        kvr_msg_free(&peer->backlog[i]);
+    }
+    peer->backlog_len = 0;
+}
+
 /* Reads and handles every complete frame of one link. */
 static void service_link(kvr_conn_t *c, kvr__peer_t *peer)
 {
+    drain_backlog(c, peer);
     kvr__link_read(peer->link);
     while (!peer->link->closed) {
         kvr_msg_t msg;
@@ -419,13 +437,15 @@ static void service_link(kvr_conn_t *c, kvr__peer_t *peer)
         dispatch(c, peer, &msg);
         kvr_msg_free(&msg);
     }
+    if (peer->link->eof)
+        kvr__link_close(peer->link, KVR_ERR_PEER_DEAD, "%s", peer->link->eof_why);
 }
 
 static void reap_closed(kvr_conn_t *c)
 {
     for (uint32_t i = 0; i < c->num_peers;) {
         kvr__peer_t *peer = c->peers[i];
-        if (!peer->link->closed) {
+        if (!peer->link->closed || peer->pinned) {
             i++;
             continue;
         }
@@ -467,9 +487,9 @@ kvr_status_t kvr_conn_progress(kvr_conn_t *conn, uint32_t timeout_ms)
     if (rc < 0 && errno != EINTR)
         return KVR_ERR_IO;
     uint32_t peers_now = conn->num_peers;
-    for (uint32_t i = 0; rc > 0 && i < peers_now; i++) {
-        short re = fds[first + i].revents;
-        if (re & (POLLIN | POLLHUP | POLLERR))
+    for (uint32_t i = 0; i < peers_now; i++) {
+        short re = rc > 0 ? fds[first + i].revents : 0;
+        if ((re & (POLLIN | POLLHUP | POLLERR)) || conn->peers[i]->backlog_len)
             service_link(conn, conn->peers[i]);
         if (re & POLLOUT)
             kvr__link_flush(conn->peers[i]->link);

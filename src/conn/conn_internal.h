@@ -36,6 +36,7 @@ typedef struct kvr__peer {
     uint32_t probe_mapping;
     bool regions_ready;
     bool lost_reported;
+    bool pinned;                /* kvr_conn_connect still looks at it */
     kvr_msg_t *backlog;         /* frames read while a transfer waited */
     uint32_t backlog_len;
 } kvr__peer_t;
@@ -58,6 +59,7 @@ typedef enum { CREQ_FREE = 0, CREQ_ACTIVE, CREQ_QUARANTINE } kvr__creq_phase_t;
 
 typedef struct kvr__creq {
     kvr__creq_phase_t phase;
+    bool waiting;           /* loaded before every stage connected */
     kvr_wire_id_t id;
     uint64_t transfer_id, nonce, num_tokens, num_computed;
     uint32_t *src, *dst;

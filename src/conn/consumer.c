@@ -142,6 +142,24 @@ static kvr_status_t copy_tables(kvr__creq_t *r, const kvr_conn_load_t *l)
     return KVR_OK;
 }
 
+static uint32_t producers_ready(const kvr_conn_t *c)
+{
+    uint32_t n = 0;
+    for (uint32_t i = 0; i < c->num_peers; i++)
+        n += c->peers[i]->link->ready && !c->peers[i]->link->closed &&
+             c->peers[i]->link->peer.side == KVR_WIRE_PRODUCER;
+    return n;
+}
+
+static void send_all(kvr_conn_t *c, kvr__creq_t *r)
+{
+    /* fault injection: planned right, asked wrong; producers must refuse */
+    if (r->ndst > 0 && kvr__fault_is(c, KVR_FAULT_BAD_BLOCKS, &r->id))
+        r->dst[r->ndst - 1] = 0x7fffffffu;
+    for (uint32_t s = 0; s < r->num_stages; s++)
+        send_write_request(c, r, &r->stages[s]);
+}
+
 /* One stage per connected producer; every expected stage must be there. */
 static kvr_status_t attach_stages(kvr_conn_t *c, kvr__creq_t *r, kvr_error_t *err)
 {
@@ -195,10 +213,10 @@ kvr_status_t kvr__consumer_load(kvr_conn_t *c, const kvr_conn_load_t *l,
     st = copy_tables(r, l);
     if (st != KVR_OK)
         kvr_error_set(err, st, "no memory for tables");
-    else if (r->ndst > 0 && kvr__fault_is(c, KVR_FAULT_BAD_BLOCKS, &id))
-        r->dst[r->ndst - 1] = 0x7fffffffu;
-    else
+    else if (producers_ready(c) == c->p.producer_stages)
         st = attach_stages(c, r, err);
+    else
+        r->waiting = true; /* stages still connecting: attach on a tick */
     if (st != KVR_OK) {
         for (uint32_t s = 0; s < r->num_stages; s++)
             free_slots(c, &r->stages[s]);
@@ -206,8 +224,8 @@ kvr_status_t kvr__consumer_load(kvr_conn_t *c, const kvr_conn_load_t *l,
         return st;
     }
     r->phase = CREQ_ACTIVE;
-    for (uint32_t s = 0; s < r->num_stages; s++)
-        send_write_request(c, r, &r->stages[s]);
+    if (!r->waiting)
+        send_all(c, r);
     return KVR_OK;
 }
 
@@ -348,6 +366,7 @@ static void on_write_done(kvr_conn_t *c, kvr__peer_t *peer,
                      (unsigned long long)s->expect_bytes);
     else {
         s->done = true;
+        free_slots(c, s); /* others may be waiting for staging slots */
         complete_if_done(c, r);
     }
 }
@@ -361,6 +380,7 @@ static void on_write_failed(kvr_conn_t *c, kvr__peer_t *peer,
     if (s == NULL)
         return;
     s->answered = true;
+    free_slots(c, s);
     if (r->phase == CREQ_ACTIVE)
         fail_request(c, r, m->status, "stage %u refused: %s", s->pp_rank,
                      m->text);
@@ -446,8 +466,37 @@ kvr_status_t kvr__consumer_msg(kvr_conn_t *c, kvr__peer_t *peer,
     return KVR_OK;
 }
 
+/* A request loaded before every stage connected: attach now or at the
+ * deadline fail (nothing was asked, so nothing is quarantined). */
+static void attach_late(kvr_conn_t *c, kvr__creq_t *r, uint64_t now)
+{
+    kvr_error_t err = {0};
+    if (producers_ready(c) < c->p.producer_stages) {
+        if (now > r->deadline_ns)
+            fail_request(c, r, KVR_ERR_PEER_DEAD, "%u of %u producer stages "
+                         "connected at the deadline", producers_ready(c),
+                         c->p.producer_stages);
+        return;
+    }
+    r->waiting = false;
+    kvr_status_t st = attach_stages(c, r, &err);
+    if (st == KVR_OK) {
+        send_all(c, r);
+        return;
+    }
+    for (uint32_t s = 0; s < r->num_stages; s++) {
+        r->stages[s].answered = true;
+        free_slots(c, &r->stages[s]);
+    }
+    fail_request(c, r, st, "%s", err.msg);
+}
+
 static void tick_request(kvr_conn_t *c, kvr__creq_t *r, uint64_t now)
 {
+    if (r->phase == CREQ_ACTIVE && r->waiting) {
+        attach_late(c, r, now);
+        return;
+    }
     if (r->phase == CREQ_ACTIVE) {
         uint32_t answered = 0;
         for (uint32_t s = 0; s < r->num_stages; s++) {

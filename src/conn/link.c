@@ -272,8 +272,10 @@ kvr_status_t kvr__link_read(kvr__link_t *link)
         }
         if (n < 0 && (errno == EAGAIN || errno == EINTR))
             return KVR_OK;
-        kvr__link_close(link, KVR_ERR_PEER_DEAD, "peer closed the connection%s%s",
-                        n < 0 ? ": " : "", n < 0 ? strerror(errno) : "");
+        /* frames already read (a BYE with the reason) are handled first */
+        link->eof = true;
+        snprintf(link->eof_why, sizeof(link->eof_why), "peer closed the connection%s%s",
+                 n < 0 ? ": " : "", n < 0 ? strerror(errno) : "");
         return KVR_ERR_PEER_DEAD;
     }
 }

@@ -19,6 +19,8 @@ typedef struct kvr__link {
     bool initiator;
     bool loopback_peer;
     bool closed;
+    bool eof; /* the peer closed; close once buffered frames are handled */
+    char eof_why[128];
     bool hello_sent, hello_recv, auth_sent, ready;
     kvr_wire_auth_t *auth;
     kvr_msg_hello_t ours;

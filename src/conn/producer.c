@@ -174,7 +174,9 @@ static kvr_status_t wait_ack(kvr__peer_t *peer, const kvr_msg_write_request_t *w
                                  "before the deadline", want);
         struct pollfd p = {.fd = peer->link->fd, .events = POLLIN};
         poll(&p, 1, (int)((deadline - now) / 1000000u > 100 ? 100 : (deadline - now) / 1000000u + 1));
-        kvr__link_read(peer->link);
+        if (kvr__link_read(peer->link) != KVR_OK && peer->link->eof &&
+            peer->link->rx_len < KVR_WIRE_HEADER_BYTES)
+            kvr__link_close(peer->link, KVR_ERR_PEER_DEAD, "%s", peer->link->eof_why);
     }
     return kvr_error_set(err, KVR_ERR_PEER_DEAD, "consumer lost: %s",
                          peer->link->close_why);

@@ -1,0 +1,263 @@
+/* The connector end to end through `kvrelay demo`/`serve`/`push`: the
+ * transfer matrix verifies byte-exact, and every injected fault ends with
+ * the affected request failed within its deadline, every other request
+ * verified, and every surviving process exiting cleanly (under ASan, a leak
+ * makes a child exit 23 and fails the test). */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+#include <jansson.h>
+
+static const char *kvr_bin;
+
+#define SMALL "--requests 3 --tokens 700 --layers 6 --pp 2 --dcp 2 " \
+              "--deadline-ms 3000 --timeout 60"
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
+/* Runs the demo; returns its JSON summary (caller decrefs) and exit code. */
+static json_t *run_demo(const char *args, int *code, double *secs)
+{
+    char cmd[1024];
+    snprintf(cmd, sizeof(cmd), "%s demo --json %s > demo_out.txt 2>&1", kvr_bin, args);
+    double t0 = now_s();
+    int st = system(cmd);
+    *secs = now_s() - t0;
+    *code = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+    FILE *f = fopen("demo_out.txt", "r");
+    char line[65536];
+    json_t *root = NULL;
+    while (f != NULL && fgets(line, sizeof(line), f) != NULL)
+        if (line[0] == '{')
+            root = json_loads(line, 0, NULL);
+        else
+            fputs(line, stderr);
+    if (f != NULL)
+        fclose(f);
+    if (root == NULL)
+        fail_msg("no JSON summary from '%s'", args);
+    return root;
+}
+
+static json_t *req(json_t *root, int i)
+{
+    return json_array_get(json_object_get(root, "requests"), (size_t)i);
+}
+
+static int verified_ranks(json_t *root, int i)
+{
+    return (int)json_integer_value(json_object_get(req(root, i), "verified_ranks"));
+}
+
+static const char *failure(json_t *root, int i)
+{
+    return json_string_value(json_object_get(req(root, i), "failure"));
+}
+
+/* Every child exited 0 or 1 (never a crash or a leak report), except the
+ * one a fault killed (exit 9). */
+static void check_children(json_t *root, const char *killed)
+{
+    json_t *kids = json_object_get(root, "children"), *k;
+    size_t i;
+    json_array_foreach(kids, i, k) {
+        const char *name = json_string_value(json_object_get(k, "name"));
+        int exit_code = (int)json_integer_value(json_object_get(k, "exit"));
+        if (killed != NULL && strcmp(name, killed) == 0)
+            assert_int_equal(exit_code, 9);
+        else if (exit_code != 0 && exit_code != 1)
+            fail_msg("%s exited %d", name, exit_code);
+    }
+}
+
+static void expect_ok(const char *args)
+{
+    int code;
+    double secs;
+    json_t *root = run_demo(args, &code, &secs);
+    if (code != 0)
+        fail_msg("'%s' exited %d", args, code);
+    for (int i = 0; i < 3; i++)
+        assert_int_equal(verified_ranks(root, i), 2);
+    assert_int_equal(json_integer_value(json_object_get(req(root, 2), "computed_blocks")), 2);
+    check_children(root, NULL);
+    json_decref(root);
+}
+
+static void test_matrix(void **state)
+{
+    (void)state;
+    expect_ok(SMALL);
+    expect_ok(SMALL " --executor staged --staging-slots 2 --slot-bytes 65536");
+    expect_ok(SMALL " --transport tcp --executor direct");
+    expect_ok(SMALL " --transport tcp --executor staged --slot-bytes 262144");
+    expect_ok(SMALL " --interleave 64 --sharded-index");
+    expect_ok(SMALL " --interleave 16 --executor staged");
+}
+
+/* The faulted request (req-2, offered last) fails with `status` within the
+ * deadline; req-0 and req-1 verify on every rank. */
+static void expect_fault(const char *fault, const char *status, const char *killed)
+{
+    char args[512];
+    snprintf(args, sizeof(args), SMALL " --fault %s", fault);
+    int code;
+    double secs;
+    json_t *root = run_demo(args, &code, &secs);
+    assert_int_equal(code, 1);
+    assert_int_equal(verified_ranks(root, 0), 2);
+    assert_int_equal(verified_ranks(root, 1), 2);
+    assert_true(verified_ranks(root, 2) < 2);
+    if (status != NULL && strstr(failure(root, 2), status) == NULL)
+        fail_msg("--fault %s: failure \"%s\" lacks %s", fault, failure(root, 2), status);
+    assert_true(secs < 3.0 + 20.0); /* deadline plus start-up */
+    check_children(root, killed);
+    json_decref(root);
+}
+
+static void test_producer_killed_mid_transfer(void **state)
+{
+    (void)state;
+    expect_fault("die-mid:req-2@1", "ERR_PEER_DEAD", "stage 1");
+}
+
+static void test_consumer_killed(void **state)
+{
+    (void)state;
+    expect_fault("die-assign:req-2@1", NULL, "rank 1");
+}
+
+static void test_write_failed(void **state)
+{
+    (void)state;
+    expect_fault("refuse:req-2@0", "ERR_REFUSED", NULL);
+}
+
+static void test_block_ids_out_of_range(void **state)
+{
+    (void)state;
+    expect_fault("bad-blocks:req-2", "ERR_BLOCK_RANGE", NULL);
+}
+
+static void test_wrong_nonce(void **state)
+{
+    (void)state;
+    expect_fault("wrong-nonce:req-2@1", "ERR_TIMEOUT", NULL);
+}
+
+static void test_duplicate_write_done(void **state)
+{
+    (void)state;
+    expect_ok(SMALL " --fault dup-done:req-2");
+    expect_ok(SMALL " --fault dup-done:req-0@1");
+}
+
+/* A lone decode rank (W = 1) in the background; returns its port. */
+static pid_t start_serve(const char *extra, int *port)
+{
+    int p[2];
+    assert_int_equal(pipe(p), 0);
+    pid_t pid = fork();
+    if (pid == 0) {
+        char cmd[1024];
+        dup2(p[1], STDOUT_FILENO);
+        close(p[0]);
+        snprintf(cmd, sizeof(cmd), "exec %s serve --rank 0 --dcp 1 --pp 1 "
+                 "--layers 4 --requests 1 --tokens 300 --expect 1 --timeout 20 %s",
+                 kvr_bin, extra);
+        execl("/bin/sh", "sh", "-c", cmd, (char *)NULL);
+        _exit(127);
+    }
+    close(p[1]);
+    FILE *f = fdopen(p[0], "r");
+    char line[256] = "";
+    *port = 0;
+    while (fgets(line, sizeof(line), f) != NULL && sscanf(line, "listening %d", port) != 1)
+        ;
+    fclose(f);
+    assert_true(*port > 0);
+    return pid;
+}
+
+static void expect_refused(const char *serve_extra, const char *push_extra,
+                           const char *needle)
+{
+    int port;
+    pid_t serve = start_serve(serve_extra, &port);
+    char cmd[1024];
+    snprintf(cmd, sizeof(cmd), "%s push --stage 0 --connect 127.0.0.1:%d --dcp 1 "
+             "--pp 1 --layers 4 --requests 1 --tokens 300 --timeout 20 %s "
+             "> push_out.txt 2>&1", kvr_bin, port, push_extra);
+    int st = system(cmd);
+    kill(serve, SIGTERM);
+    int sst;
+    waitpid(serve, &sst, 0);
+    assert_true(WIFEXITED(st));
+    assert_int_equal(WEXITSTATUS(st), 1);
+    FILE *f = fopen("push_out.txt", "r");
+    char out[8192] = "";
+    size_t n = f ? fread(out, 1, sizeof(out) - 1, f) : 0;
+    out[n] = '\0';
+    if (f)
+        fclose(f);
+    if (strstr(out, needle) == NULL)
+        fail_msg("push output \"%s\" lacks \"%s\"", out, needle);
+    /* the rank itself shut down cleanly (no crash, no leak) */
+    assert_true(WIFEXITED(sst) && WEXITSTATUS(sst) <= 1);
+}
+
+static void write_key(const char *path, const char *hex)
+{
+    FILE *f = fopen(path, "w");
+    assert_non_null(f);
+    fprintf(f, "%s\n", hex);
+    fclose(f);
+}
+
+static void test_mismatched_layout(void **state)
+{
+    (void)state;
+    expect_refused("--interleave 1", "--interleave 4", "interleave");
+    expect_refused("--block-size 64", "--block-size 32 --interleave 1", "block");
+}
+
+static void test_wrong_key(void **state)
+{
+    (void)state;
+    write_key("key_a.hex", "000102030405060708090a0b0c0d0e0f101112131415161718191a1b1c1d1e1f");
+    write_key("key_b.hex", "ff0102030405060708090a0b0c0d0e0f101112131415161718191a1b1c1d1e1f");
+    expect_refused("--key-file key_a.hex", "--key-file key_b.hex", "AUTH");
+    expect_refused("--key-file key_a.hex", "", "key");
+}
+
+int main(int argc, char **argv)
+{
+    kvr_bin = argc > 1 ? argv[1] : "kvrelay";
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_matrix),
+        cmocka_unit_test(test_producer_killed_mid_transfer),
+        cmocka_unit_test(test_consumer_killed),
+        cmocka_unit_test(test_write_failed),
+        cmocka_unit_test(test_block_ids_out_of_range),
+        cmocka_unit_test(test_wrong_nonce),
+        cmocka_unit_test(test_duplicate_write_done),
+        cmocka_unit_test(test_mismatched_layout),
+        cmocka_unit_test(test_wrong_key),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
