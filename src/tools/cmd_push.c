@@ -84,7 +84,7 @@ static kvr_status_t create_conn(push_t *s, const uint8_t *key, kvr_error_t *err)
     p.insecure = s->cfg.insecure;
     p.tl = s->cfg.tl;
     p.deadline_ms = s->cfg.deadline_ms;
-    p.fault = s->cfg.fault;
+    p.fault = kvr_demo_fault_for(&s->cfg, s->o.stage);
     return kvr_conn_create(&p, &s->conn, err);
 }
 

@@ -126,7 +126,7 @@ static kvr_status_t create_conn(serve_t *s, const uint8_t *key, kvr_error_t *err
     p.executor = s->cfg.exec;
     p.deadline_ms = s->cfg.deadline_ms;
     p.leader_blocks = kvr_demo_dst_pool(&s->cfg);
-    p.fault = s->cfg.fault;
+    p.fault = kvr_demo_fault_for(&s->cfg, s->o.rank);
     return kvr_conn_create(&p, &s->conn, err);
 }
 

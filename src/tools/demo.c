@@ -22,8 +22,9 @@ const char kvr_demo_options_help[] =
     "  --transport auto|shm|tcp (auto)  --executor auto|direct|staged (auto)\n"
     "  --staging-slots N (8)  --slot-bytes BYTES (4194304)\n"
     "  --key-file PATH (32-byte hex pre-shared key)  --insecure\n"
-    "  --fault KIND:REQUEST_ID  (die-mid, refuse, wrong-nonce, dup-done,\n"
-    "                            bad-blocks, die-assign)  --verbose\n";
+    "  --fault KIND:REQUEST_ID[@WHO]  (die-mid, refuse, wrong-nonce, dup-done:\n"
+    "       push stage WHO; bad-blocks, die-assign: serve rank WHO; all if no @)\n"
+    "  --verbose\n";
 
 void kvr_demo_cfg_init(kvr_demo_cfg_t *cfg)
 {
@@ -45,6 +46,15 @@ void kvr_demo_cfg_init(kvr_demo_cfg_t *cfg)
     cfg->run_timeout_ms = 120000;
     cfg->staging_slots = 8;
     cfg->slot_bytes = 4u << 20;
+    cfg->fault_target = -1;
+}
+
+kvr_conn_fault_t kvr_demo_fault_for(const kvr_demo_cfg_t *cfg, uint32_t who)
+{
+    kvr_conn_fault_t none = {KVR_FAULT_NONE, ""};
+    if (cfg->fault_target >= 0 && (uint32_t)cfg->fault_target != who)
+        return none;
+    return cfg->fault;
 }
 
 static int parse_enum(const char *cmd, const char *name, const char *value,
@@ -65,15 +75,21 @@ static int parse_fault(kvr_demo_cfg_t *cfg, const char *cmd, const char *value)
     static const char *const kinds[] = {"", "die-mid", "refuse", "wrong-nonce",
                                         "dup-done", "bad-blocks", "die-assign"};
     const char *colon = strchr(value, ':');
-    for (int k = 1; colon != NULL && k < 7; k++)
+    const char *at = colon ? strchr(colon, '@') : NULL;
+    uint64_t target = 0;
+    size_t idlen = colon ? (at ? (size_t)(at - colon - 1) : strlen(colon + 1)) : 0;
+    bool target_ok = at == NULL || kvr_tool_parse_u64(at + 1, 0, 63, &target);
+    for (int k = 1; colon != NULL && target_ok && k < 7; k++)
         if (strlen(kinds[k]) == (size_t)(colon - value) &&
             strncmp(value, kinds[k], (size_t)(colon - value)) == 0 &&
-            strlen(colon + 1) < sizeof(cfg->fault.request)) {
+            idlen > 0 && idlen < sizeof(cfg->fault.request)) {
             cfg->fault.kind = (kvr_conn_fault_kind_t)k;
-            snprintf(cfg->fault.request, sizeof(cfg->fault.request), "%s", colon + 1);
+            snprintf(cfg->fault.request, sizeof(cfg->fault.request), "%.*s",
+                     (int)idlen, colon + 1);
+            cfg->fault_target = at ? (int)target : -1;
             return 1;
         }
-    kvr_tool_usage_error(cmd, "--fault '%s': expected KIND:REQUEST_ID with KIND "
+    kvr_tool_usage_error(cmd, "--fault '%s': expected KIND:REQUEST_ID[@WHO] with KIND "
                          "die-mid, refuse, wrong-nonce, dup-done, bad-blocks or "
                          "die-assign", value);
     return -1;
@@ -222,8 +238,10 @@ int kvr_demo_cfg_args(const kvr_demo_cfg_t *cfg, char **argv, int max)
         argv[n++] = (char *)cfg->key_file;
     }
     if (cfg->fault.kind != KVR_FAULT_NONE) {
-        snprintf(fault, sizeof(fault), "--fault=%s:%s", kinds[cfg->fault.kind],
-                 cfg->fault.request);
+        int len = snprintf(fault, sizeof(fault), "--fault=%s:%s",
+                           kinds[cfg->fault.kind], cfg->fault.request);
+        if (cfg->fault_target >= 0 && len > 0 && (size_t)len < sizeof(fault))
+            snprintf(fault + len, sizeof(fault) - (size_t)len, "@%d", cfg->fault_target);
         argv[n++] = fault;
     }
     return n;

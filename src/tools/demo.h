@@ -32,6 +32,7 @@ typedef struct kvr_demo_cfg {
     const char *key_file;
     bool insecure;
     kvr_conn_fault_t fault;
+    int fault_target; /* rank (serve) or stage (push) it applies to; -1 all */
     bool verbose;
 } kvr_demo_cfg_t;
 
@@ -40,6 +41,8 @@ void kvr_demo_cfg_init(kvr_demo_cfg_t *cfg);
  * 1 if it was one, 0 if not, -1 (message printed) if its value is bad. */
 int kvr_demo_option(kvr_demo_cfg_t *cfg, const char *cmd, const char *name,
                     const char *value);
+/* The fault for this process: rank of a serve or stage of a push. */
+kvr_conn_fault_t kvr_demo_fault_for(const kvr_demo_cfg_t *cfg, uint32_t who);
 /* Checks the whole configuration; prints one line and returns false if bad. */
 bool kvr_demo_cfg_check(const kvr_demo_cfg_t *cfg, const char *cmd);
 /* argv fragment reproducing cfg for a child process (static storage). */
