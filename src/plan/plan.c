@@ -1,4 +1,5 @@
 /* Run generation, ordering and coalescing (DESIGN.md §4). */
+#include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -85,32 +86,94 @@ void kvr__plan_finish(kvr_plan_t *plan)
     }
 }
 
-/* Rank r owns chunks c = (q*W + r)*I; its local index there is q*I. */
-kvr_status_t kvr__plan_tokens(const kvr_layout_t *lay, uint32_t rank,
-                              const kvr_request_t *req, kvr_plan_t **out)
+typedef struct {
+    uint32_t id;
+    uint32_t index;
+} id_index_t;
+
+static int cmp_id(const void *a, const void *b)
 {
-    uint64_t bs = lay->block_size, I = lay->interleave, W = lay->dcp_size;
-    uint64_t V = bs * W, N = req->num_tokens;
-    uint64_t first = req->num_computed_blocks * V;
-    uint64_t chunks = N > first ? (N - first) / (I * W) + 1 : 1;
-    kvr_plan_t *plan = kvr__plan_new((size_t)chunks);
-    if (plan == NULL)
-        return KVR_ERR_NO_MEMORY;
-    for (uint64_t q = first / (I * W);; q++) {
+    const id_index_t *x = a, *y = b;
+    return (x->id > y->id) - (x->id < y->id);
+}
+
+/* Indices [first, end) of a destination table in ascending block-id order,
+ * so runs come out sorted by destination without sorting the runs. */
+static uint32_t *dst_order(const uint32_t *table, uint64_t first, uint64_t end)
+{
+    size_t n = (size_t)(end > first ? end - first : 0);
+    id_index_t *tmp = malloc((n + 1) * sizeof(*tmp));
+    uint32_t *order = malloc((n + 1) * sizeof(*order));
+    if (tmp == NULL || order == NULL) {
+        free(tmp);
+        free(order);
+        return NULL;
+    }
+    bool sorted = true;
+    for (size_t i = 0; i < n; i++) {
+        tmp[i] = (id_index_t){table[first + i], (uint32_t)(first + i)};
+        sorted &= i == 0 || tmp[i - 1].id < tmp[i].id;
+    }
+    if (!sorted)
+        qsort(tmp, n, sizeof(*tmp), cmp_id);
+    for (size_t i = 0; i < n; i++)
+        order[i] = tmp[i].index;
+    free(tmp);
+    return order;
+}
+
+/* Rank r owns chunks c = (q*W + r)*I, local index q*I; virtual block k
+ * holds q in [k*bs/I, (k+1)*bs/I). */
+static kvr_status_t push_token_block(const kvr_request_t *req, uint64_t k,
+                                     uint32_t rank, uint64_t bs, uint64_t I,
+                                     uint64_t W, kvr_plan_t *plan)
+{
+    uint64_t N = req->num_tokens;
+    for (uint64_t q = k * bs / I; q < (k + 1) * bs / I; q++) {
         uint64_t c = (q * W + rank) * I;
         if (c >= N)
             break;
         uint64_t len = N - c < I ? N - c : I;
         uint64_t src = kvr__src_slot(req->src_blocks, c, bs);
-        uint64_t dst = (uint64_t)req->dst_blocks[c / V] * bs + (q * I) % bs;
-        if (kvr__plan_push(plan, src, dst, len) != KVR_OK) {
-            kvr_plan_destroy(plan);
+        uint64_t dst = (uint64_t)req->dst_blocks[k] * bs + (q * I) % bs;
+        if (kvr__plan_push(plan, src, dst, len) != KVR_OK)
             return KVR_ERR_NO_MEMORY;
-        }
+    }
+    return KVR_OK;
+}
+
+kvr_status_t kvr__plan_tokens(const kvr_layout_t *lay, uint32_t rank,
+                              const kvr_request_t *req, kvr_plan_t **out)
+{
+    uint64_t bs = lay->block_size, I = lay->interleave, W = lay->dcp_size;
+    uint64_t V = bs * W, N = req->num_tokens, k0 = req->num_computed_blocks;
+    uint64_t end = kvr__ceil_div(N, V);
+    uint64_t chunks = N > k0 * V ? (N - k0 * V) / (I * W) + 1 : 1;
+    kvr_plan_t *plan = kvr__plan_new((size_t)chunks);
+    uint32_t *order = dst_order(req->dst_blocks, k0, end);
+    kvr_status_t st = plan && order ? KVR_OK : KVR_ERR_NO_MEMORY;
+    for (uint64_t i = 0; st == KVR_OK && i + k0 < end; i++)
+        st = push_token_block(req, order[i], rank, bs, I, W, plan);
+    free(order);
+    if (st != KVR_OK) {
+        kvr_plan_destroy(plan);
+        return st;
     }
     kvr__plan_finish(plan);
     *out = plan;
     return KVR_OK;
+}
+
+void kvr__plan_scale(kvr_plan_t *plan, uint64_t unit)
+{
+    for (size_t i = 0; i < plan->num_runs; i++) {
+        plan->runs[i].src *= unit;
+        plan->runs[i].dst *= unit;
+        plan->runs[i].len *= unit;
+    }
+    plan->bytes *= unit;
+    plan->src_end *= unit;
+    plan->dst_end *= unit;
 }
 
 kvr_status_t kvr__plan_scaled(const kvr_plan_t *tokens, uint64_t unit,
@@ -132,32 +195,39 @@ kvr_status_t kvr__plan_scaled(const kvr_plan_t *tokens, uint64_t unit,
     return KVR_OK;
 }
 
+/* Replicated: destination block k takes source pages j = k*W + s, key
+ * planes at s*bs*D, then scale planes at W*bs*D + s*bs*4 (ascending). */
 static kvr_status_t push_index_repl(const kvr_layout_t *lay,
                                     const kvr_region_pair_t *pair,
-                                    const kvr_request_t *req, uint64_t j,
-                                    kvr_plan_t *plan)
+                                    const kvr_request_t *req, uint64_t k,
+                                    uint64_t end_src, kvr_plan_t *plan)
 {
     uint64_t bs = lay->block_size, W = lay->dcp_size, D = pair->src.index_dim;
-    uint64_t s = j % W;
-    uint64_t src = req->src_blocks[j] * pair->src.page_bytes;
-    uint64_t dst = req->dst_blocks[j / W] * pair->dst.page_bytes;
-    kvr_status_t st = kvr__plan_push(plan, src, dst + s * bs * D, bs * D);
-    if (st == KVR_OK)
-        st = kvr__plan_push(plan, src + bs * D, dst + W * bs * D + s * bs * 4,
-                            bs * 4);
+    uint64_t dst = req->dst_blocks[k] * pair->dst.page_bytes;
+    kvr_status_t st = KVR_OK;
+    for (int plane = 0; plane < 2 && st == KVR_OK; plane++)
+        for (uint64_t s = 0; s < W && k * W + s < end_src && st == KVR_OK; s++) {
+            uint64_t src = req->src_blocks[k * W + s] * pair->src.page_bytes;
+            st = plane == 0
+                     ? kvr__plan_push(plan, src, dst + s * bs * D, bs * D)
+                     : kvr__plan_push(plan, src + bs * D,
+                                      dst + W * bs * D + s * bs * 4, bs * 4);
+        }
     return st;
 }
 
+/* Sharded (I == bs or W == 1): block k's page from source page k*W + rank. */
 static kvr_status_t push_index_shard(const kvr_layout_t *lay, uint32_t rank,
                                      const kvr_region_pair_t *pair,
-                                     const kvr_request_t *req, uint64_t j,
-                                     kvr_plan_t *plan)
+                                     const kvr_request_t *req, uint64_t k,
+                                     uint64_t end_src, kvr_plan_t *plan)
 {
     uint64_t bs = lay->block_size, W = lay->dcp_size, D = pair->src.index_dim;
-    if (kvr__owner(j * bs, lay->interleave, W) != rank)
+    uint64_t j = k * W + (W > 1 ? rank : 0);
+    if (j >= end_src)
         return KVR_OK;
     return kvr__plan_push(plan, req->src_blocks[j] * pair->src.page_bytes,
-                          req->dst_blocks[j / W] * pair->dst.page_bytes,
+                          req->dst_blocks[k] * pair->dst.page_bytes,
                           bs * (D + 4));
 }
 
@@ -170,35 +240,34 @@ static kvr_status_t push_page(const kvr_region_pair_t *pair,
                           pair->src.page_bytes);
 }
 
-/* Page-granular kinds: one step per touched source block. */
+/* Plans any kind, walking destination blocks in ascending id order. */
 kvr_status_t kvr__plan_kind(const kvr_layout_t *lay, uint32_t rank,
                             const kvr_region_pair_t *pair,
                             const kvr_request_t *req, kvr__kind_t kind,
                             kvr_plan_t **out)
 {
     if (kind == KVR__KIND_TOKEN) {
-        kvr_plan_t *tokens = NULL;
-        kvr_status_t st = kvr__plan_tokens(lay, rank, req, &tokens);
+        kvr_status_t st = kvr__plan_tokens(lay, rank, req, out);
         if (st == KVR_OK)
-            st = kvr__plan_scaled(tokens, kvr_region_token_bytes(lay, &pair->src),
-                                  out);
-        kvr_plan_destroy(tokens);
+            kvr__plan_scale(*out, kvr_region_token_bytes(lay, &pair->src));
         return st;
     }
-    uint64_t first = req->num_computed_blocks * lay->dcp_size;
-    uint64_t end = kvr__ceil_div(req->num_tokens, lay->block_size);
-    kvr_plan_t *plan = kvr__plan_new(end > first ? 2 * (size_t)(end - first) : 1);
-    if (plan == NULL)
-        return KVR_ERR_NO_MEMORY;
-    kvr_status_t st = KVR_OK;
-    for (uint64_t j = first; j < end && st == KVR_OK; j++) {
+    /* W == 1 for PAGE, so virtual blocks are blocks */
+    uint64_t k0 = req->num_computed_blocks;
+    uint64_t end_src = kvr__ceil_div(req->num_tokens, lay->block_size);
+    uint64_t end = kvr__ceil_div(req->num_tokens, kvr_virtual_block(lay));
+    kvr_plan_t *plan = kvr__plan_new(end > k0 ? 2 * lay->dcp_size * (size_t)(end - k0) : 1);
+    uint32_t *order = dst_order(req->dst_blocks, k0, end);
+    kvr_status_t st = plan && order ? KVR_OK : KVR_ERR_NO_MEMORY;
+    for (uint64_t i = 0; st == KVR_OK && i + k0 < end; i++) {
         if (kind == KVR__KIND_INDEX_REPL)
-            st = push_index_repl(lay, pair, req, j, plan);
+            st = push_index_repl(lay, pair, req, order[i], end_src, plan);
         else if (kind == KVR__KIND_INDEX_SHARD)
-            st = push_index_shard(lay, rank, pair, req, j, plan);
+            st = push_index_shard(lay, rank, pair, req, order[i], end_src, plan);
         else
-            st = push_page(pair, req, j, plan);
+            st = push_page(pair, req, order[i], plan);
     }
+    free(order);
     if (st != KVR_OK) {
         kvr_plan_destroy(plan);
         return st;

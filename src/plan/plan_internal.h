@@ -53,6 +53,8 @@ void kvr__plan_finish(kvr_plan_t *plan);
 /* Token-space plan for a token-addressable role on `rank`. */
 kvr_status_t kvr__plan_tokens(const kvr_layout_t *lay, uint32_t rank,
                               const kvr_request_t *req, kvr_plan_t **out);
+/* Token units to bytes, in place. */
+void kvr__plan_scale(kvr_plan_t *plan, uint64_t unit);
 kvr_status_t kvr__plan_scaled(const kvr_plan_t *tokens, uint64_t unit,
                               kvr_plan_t **out);
 kvr_status_t kvr__plan_kind(const kvr_layout_t *lay, uint32_t rank,

@@ -52,6 +52,9 @@ static kvr_status_t build_plans(const kvr_layout_t *lay, uint32_t rank,
 {
     kvr_plan_t *tokens = NULL;
     kvr_status_t st = KVR_OK;
+    size_t token_classes = 0;
+    for (size_t c = 0; c < set->num_classes; c++)
+        token_classes += kinds[c] == KVR__KIND_TOKEN;
     for (size_t c = 0; c < set->num_classes && st == KVR_OK; c++) {
         const kvr_region_pair_t *p = &pairs[first[c]];
         if (kinds[c] != KVR__KIND_TOKEN) {
@@ -60,9 +63,14 @@ static kvr_status_t build_plans(const kvr_layout_t *lay, uint32_t rank,
         }
         if (tokens == NULL)
             st = kvr__plan_tokens(lay, rank, req, &tokens);
-        if (st == KVR_OK)
-            st = kvr__plan_scaled(tokens, kvr_region_token_bytes(lay, &p->src),
-                                  &set->plans[c]);
+        uint64_t unit = kvr_region_token_bytes(lay, &p->src);
+        if (st == KVR_OK && --token_classes == 0) { /* the last one keeps it */
+            kvr__plan_scale(tokens, unit);
+            set->plans[c] = tokens;
+            tokens = NULL;
+        } else if (st == KVR_OK) {
+            st = kvr__plan_scaled(tokens, unit, &set->plans[c]);
+        }
     }
     kvr_plan_destroy(tokens);
     return st;
