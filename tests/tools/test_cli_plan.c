@@ -94,6 +94,29 @@ static void test_json_headline(void **state)
     }
 }
 
+/* The issue's headline stage: 20 MLA regions, 7 index regions, bs 16,
+ * W 4, I 1, 48 tokens, replicated index. */
+static void test_headline_stage(void **state)
+{
+    (void)state;
+    json_int_t mla_sum = 0;
+    for (int rank = 0; rank < 4; rank++) {
+        char args[512];
+        snprintf(args, sizeof(args), "--json --block-size 16 --dcp 4 --rank %d "
+                 "--tokens 48 --replicate-index --region mla:576x20 "
+                 "--region index:128x7", rank);
+        result_t r;
+        run(args, &r);
+        assert_int_equal(r.status, 0);
+        json_t *root = json_loads(r.out, 0, NULL);
+        assert_non_null(root);
+        assert_int_equal(get_int(root, "total_bytes"), 20 * 576 * 12 + 7 * (128 + 4) * 48);
+        mla_sum += get_int(json_array_get(json_object_get(root, "regions"), 0), "bytes");
+        json_decref(root);
+    }
+    assert_int_equal(mla_sum, 20 * 576 * 48);
+}
+
 static void test_text_output(void **state)
 {
     (void)state;
@@ -151,6 +174,7 @@ int main(int argc, char **argv)
     kvr_bin = argc > 1 ? argv[1] : "kvrelay";
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_json_headline),
+        cmocka_unit_test(test_headline_stage),
         cmocka_unit_test(test_text_output),
         cmocka_unit_test(test_errors),
     };
