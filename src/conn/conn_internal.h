@@ -150,6 +150,8 @@ kvr_status_t kvr__handshake_start(kvr_conn_t *c, kvr__peer_t *peer);
 kvr_status_t kvr__handshake_msg(kvr_conn_t *c, kvr__peer_t *peer,
                                 const kvr_msg_t *msg, bool *handled);
 bool kvr__peer_ready(const kvr_conn_t *c, const kvr__peer_t *peer);
+/* Index of the peer's region with d's (role, layer), or -1. */
+int kvr__twin_of(const kvr__peer_t *peer, const kvr_region_desc_t *d);
 
 /* consumer.c */
 void kvr__creq_free(kvr__creq_t *r);

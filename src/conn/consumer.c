@@ -160,6 +160,27 @@ static void send_all(kvr_conn_t *c, kvr__creq_t *r)
         send_write_request(c, r, &r->stages[s]);
 }
 
+/* A layer no stage serves would stay empty: never report such a request
+ * loaded (the gap is named once every stage joined). */
+static kvr_status_t check_gaps(const kvr_conn_t *c, const kvr__creq_t *r,
+                               kvr_error_t *err)
+{
+    for (uint32_t i = 0; i < c->num_regions; i++) {
+        const kvr_region_desc_t *d = &c->regions[i].desc;
+        bool served = d->role == KVR_ROLE_STAGING;
+        for (uint32_t s = 0; s < r->num_stages && !served; s++) {
+            const kvr_wire_topo_t *t = &r->stages[s].peer->link->peer.topo;
+            served = d->layer >= t->layer_start && d->layer < t->layer_end;
+        }
+        if (!served)
+            return kvr_error_set(err, KVR_ERR_LAYOUT_MISMATCH,
+                                 "%s layer %u is served by none of the %u "
+                                 "producer stages", kvr_role_name(d->role),
+                                 d->layer, r->num_stages);
+    }
+    return KVR_OK;
+}
+
 /* One stage per connected producer; every expected stage must be there. */
 static kvr_status_t attach_stages(kvr_conn_t *c, kvr__creq_t *r, kvr_error_t *err)
 {
@@ -181,7 +202,7 @@ static kvr_status_t attach_stages(kvr_conn_t *c, kvr__creq_t *r, kvr_error_t *er
         return kvr_error_set(err, KVR_ERR_PEER_DEAD,
                              "%u of %u producer stages connected",
                              r->num_stages, c->p.producer_stages);
-    return KVR_OK;
+    return check_gaps(c, r, err);
 }
 
 kvr_status_t kvr__consumer_load(kvr_conn_t *c, const kvr_conn_load_t *l,

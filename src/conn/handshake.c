@@ -60,8 +60,36 @@ static kvr_wire_side_t expected_side(const kvr_conn_t *c, const kvr__peer_t *p)
 
 static kvr_status_t send_regions(kvr_conn_t *c, kvr__peer_t *peer);
 
+/* A stage's layer range must not overlap another stage's (DESIGN §7). */
+static bool stage_overlaps(kvr_conn_t *c, kvr__peer_t *peer, char *why, size_t n)
+{
+    const kvr_wire_topo_t *t = &peer->link->peer.topo;
+    for (uint32_t i = 0; i < c->num_peers; i++) {
+        const kvr__peer_t *o = c->peers[i];
+        const kvr_wire_topo_t *u = &o->link->peer.topo;
+        if (o == peer || !o->link->ready || o->link->closed ||
+            o->link->peer.side != KVR_WIRE_PRODUCER)
+            continue;
+        if (u->pp_rank == t->pp_rank || (t->layer_start < u->layer_end &&
+                                         u->layer_start < t->layer_end)) {
+            snprintf(why, n, "stage %u layers [%u, %u) collide with stage %u "
+                     "layers [%u, %u)", t->pp_rank, t->layer_start, t->layer_end,
+                     u->pp_rank, u->layer_start, u->layer_end);
+            return true;
+        }
+    }
+    return false;
+}
+
 static void on_ready(kvr_conn_t *c, kvr__peer_t *peer)
 {
+    char why[KVR_ERROR_MSG_MAX];
+    bool producer = peer->link->peer.side == KVR_WIRE_PRODUCER;
+    if (c->p.side == KVR_WIRE_CONSUMER && producer &&
+        stage_overlaps(c, peer, why, sizeof(why))) {
+        refuse(peer, KVR_ERR_LAYOUT_MISMATCH, why);
+        return;
+    }
     peer->link->ready = true;
     bool peer_producer = peer->link->peer.side == KVR_WIRE_PRODUCER;
     if (c->p.side == KVR_WIRE_CONSUMER && peer_producer)
@@ -191,6 +219,30 @@ static kvr_status_t map_regions(kvr__peer_t *peer, const kvr_msg_regions_t *m,
     return KVR_OK;
 }
 
+int kvr__twin_of(const kvr__peer_t *peer, const kvr_region_desc_t *d)
+{
+    for (uint32_t j = 0; j < peer->num_regions; j++)
+        if (peer->regions[j].desc.role == d->role &&
+            peer->regions[j].desc.layer == d->layer)
+            return (int)j;
+    return -1;
+}
+
+/* Every producer region needs a consumer region of the same (role, layer). */
+static kvr_status_t check_twins(const kvr_conn_t *c, const kvr__peer_t *peer,
+                                kvr_error_t *err)
+{
+    for (uint32_t i = 0; i < c->num_regions; i++) {
+        const kvr_region_desc_t *d = &c->regions[i].desc;
+        if (kvr__twin_of(peer, d) < 0)
+            return kvr_error_set(err, KVR_ERR_LAYOUT_MISMATCH,
+                                 "producer %s region layer %u has no twin on "
+                                 "consumer rank %u", kvr_role_name(d->role),
+                                 d->layer, peer->link->peer.topo.dcp_rank);
+    }
+    return KVR_OK;
+}
+
 static void on_regions(kvr_conn_t *c, kvr__peer_t *peer, const kvr_msg_t *msg)
 {
     kvr_error_t err = {0};
@@ -203,6 +255,8 @@ static void on_regions(kvr_conn_t *c, kvr__peer_t *peer, const kvr_msg_t *msg)
                                       &peer->data, &err);
     if (st == KVR_OK)
         st = map_regions(peer, m, &err);
+    if (st == KVR_OK)
+        st = check_twins(c, peer, &err);
     if (st == KVR_OK && peer->staging >= 0 &&
         peer->regions[peer->staging].desc.num_blocks > 1)
         st = kvr__data_probe(peer->data, peer->probe_mapping,

@@ -75,11 +75,8 @@ static kvr_status_t pair_regions(kvr_conn_t *c, const kvr__peer_t *peer,
     *n = 0;
     for (uint32_t i = 0; i < c->num_regions; i++) {
         const kvr_region_desc_t *d = &c->regions[i].desc;
-        uint32_t j = 0;
-        while (j < peer->num_regions && (peer->regions[j].desc.role != d->role ||
-                                         peer->regions[j].desc.layer != d->layer))
-            j++;
-        if (j == peer->num_regions)
+        int j = kvr__twin_of(peer, d);
+        if (j < 0)
             return kvr_error_set(err, KVR_ERR_NOT_FOUND,
                                  "producer %s region layer %u has no twin on "
                                  "consumer rank %u", kvr_role_name(d->role),
