@@ -1,6 +1,6 @@
 /* kvrelay wire layer: the binary protocol of DESIGN.md §7 (framing, messages,
  * strict decoding), the HELLO layout comparison and the optional pre-shared
- * key authentication. No transport: bytes in, bytes out. See docs/protocol.md
+ * key authentication. No transport: bytes in, bytes out. See docs/PROTOCOL.md
  * for the byte layout and the caps. */
 #ifndef KVRELAY_WIRE_H
 #define KVRELAY_WIRE_H

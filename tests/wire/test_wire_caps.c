@@ -1,5 +1,5 @@
 /* Caps and ranges, enforced on encode and on decode; frames are built by
- * hand here, so these tests also pin the byte layout of docs/protocol.md. */
+ * hand here, so these tests also pin the byte layout of docs/PROTOCOL.md. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
