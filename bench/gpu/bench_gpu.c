@@ -194,33 +194,40 @@ static void setup_regions(relayout_t *b, kvr_region_desc_t *src,
     }
 }
 
+/* Appends one copy, merged into the last one where both sides continue. */
+static void add_run(relayout_t *b, size_t first, const unsigned char *s,
+                    unsigned char *d, size_t len)
+{
+    size_t k = b->runs;
+    if (k > first && (const unsigned char *)b->srcs[k - 1] + b->sizes[k - 1] == s &&
+        (unsigned char *)b->dsts[k - 1] + b->sizes[k - 1] == d) {
+        b->sizes[k - 1] += len;
+        return;
+    }
+    b->srcs[k] = s;
+    b->dsts[k] = d;
+    b->sizes[k] = len;
+    b->runs++;
+}
+
 /* Coalesced runs of every rank, in plan order: the batched baseline. */
 static void build_runs(relayout_t *b)
 {
     const kvr__rl_geom_t *g = &b->rl->geom;
     uint32_t pieces = g->num_blocks * kvr__rl_pieces_per_block(g);
-    b->dsts = xmalloc((size_t)W * pieces * sizeof(void *));
-    b->srcs = xmalloc((size_t)W * pieces * sizeof(void *));
-    b->sizes = xmalloc((size_t)W * pieces * sizeof(size_t));
+    size_t cap = (size_t)W * TOKENS / (g->kind == KVR__RL_MLA ? W : BS / 2);
+    b->dsts = xmalloc(cap * sizeof(void *));
+    b->srcs = xmalloc(cap * sizeof(void *));
+    b->sizes = xmalloc(cap * sizeof(size_t));
     b->runs = 0;
     for (uint32_t r = 0; r < W; r++) {
         size_t first = b->runs;
         for (uint32_t i = 0; i < pieces; i++) {
             kvr__rl_piece_t p = kvr__rl_piece_at(g, r, i);
-            if (p.len == 0)
-                continue;
-            const unsigned char *s = b->src + p.src;
-            unsigned char *d = b->dst[r] + p.dst;
-            size_t k = b->runs;
-            if (k > first && (const unsigned char *)b->srcs[k - 1] + b->sizes[k - 1] == s &&
-                (unsigned char *)b->dsts[k - 1] + b->sizes[k - 1] == d) {
-                b->sizes[k - 1] += p.len;
-                continue;
-            }
-            b->srcs[k] = s;
-            b->dsts[k] = d;
-            b->sizes[k] = p.len;
-            b->runs++;
+            for (uint64_t x = 0; x < p.len; x += p.chunk)
+                add_run(b, first, b->src + kvr__rl_src_at(&p, x),
+                        b->dst[r] + p.dst + x,
+                        p.len - x < p.chunk ? p.len - x : p.chunk);
         }
     }
 }
@@ -265,6 +272,11 @@ static void relayout_setup(relayout_t *b)
     CUDA_OK(cudaEventCreateWithFlags(&b->copied, cudaEventDisableTiming));
     free(host);
     build_runs(b);
+    for (int dev = 0; dev < 2; dev++) {
+        CUDA_OK(cudaSetDevice(dev));
+        CUDA_OK(cudaDeviceSynchronize());
+    }
+    CUDA_OK(cudaSetDevice(0));
 }
 
 static void relayout_teardown(relayout_t *b)
@@ -508,6 +520,7 @@ static void bench_topk(uint32_t rows, uint32_t I, double copy_gbps, int first)
     t.d.out_slots = upload(NULL, (size_t)rows * K * 4);
     t.d.out_indptr = upload(NULL, (rows + 1) * 4);
     t.d.owned_counts = upload(NULL, rows * 4);
+    CUDA_OK(cudaDeviceSynchronize());
     stat_t st = time_op(0, t.s, op_topk, &t, 200);
     KVR_OK_OR_DIE(kvr_gpu_decode_check(t.dec, t.s, &err));
     int ok = topk_verify(&h, &t.d);
@@ -593,22 +606,25 @@ static void header(int devices)
 
 int main(int argc, char **argv)
 {
-    int devices = 0;
-    if (argc != 2)
-        DIE("usage: bench_gpu OUT.json");
+    int devices = 0, relayout_only = argc == 3 && !strcmp(argv[1], "--relayout-only");
+    if (argc != 2 && !relayout_only)
+        DIE("usage: bench_gpu [--relayout-only] OUT.json");
     if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0)
         DIE("no CUDA device");
-    js = fopen(argv[1], "w");
+    js = fopen(argv[argc - 1], "w");
     if (js == NULL)
-        DIE("cannot write %s", argv[1]);
+        DIE("cannot write %s", argv[argc - 1]);
     header(devices);
-    double copy_gbps = copy_ceiling();
-    fprintf(js, "  \"topk\": [");
-    static const uint32_t ROWS[] = {4096, 16384, 65536};
-    for (int i = 0; i < 3; i++)
-        bench_topk(ROWS[i], 1, copy_gbps, i == 0);
-    bench_topk(4096, 64, copy_gbps, 0);
-    fprintf(js, "],\n  \"relayout\": [");
+    if (!relayout_only) {
+        double copy_gbps = copy_ceiling();
+        fprintf(js, "  \"topk\": [");
+        static const uint32_t ROWS[] = {4096, 16384, 65536};
+        for (int i = 0; i < 3; i++)
+            bench_topk(ROWS[i], 1, copy_gbps, i == 0);
+        bench_topk(4096, 64, copy_gbps, 0);
+        fprintf(js, "],\n");
+    }
+    fprintf(js, "  \"relayout\": [");
     if (devices >= 2) {
         KVR_OK_OR_DIE(kvr_gpu_enable_peer(0, 1, &err));
         KVR_OK_OR_DIE(kvr_gpu_enable_peer(1, 0, &err));

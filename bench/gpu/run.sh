@@ -47,6 +47,18 @@ link test_gpu_relayout "$(obj tests/gpu/test_gpu_relayout.c)" "$(obj tests/gpu/r
 link test_gpu_ipc "$(obj tests/gpu/test_gpu_ipc.c)" "$(obj tests/gpu/relayout_case.c)"
 link test_gpu_decode "$(obj tests/gpu/test_gpu_decode.c)" "$(obj tests/gpu/decode_case.c)"
 link bench_gpu "$(obj bench/gpu/bench_gpu.c)"
+if [ -n "${TUNE:-}" ]; then # kernel variants to compare, e.g. TUNE=-DKVR_RL_STEP=4
+    TUNE_LIB=""
+    for f in src/layout/layout.c $(ls src/gpu/*.c src/gpu/*.cu); do
+        o=$(obj "$f")
+        case "$f" in
+        *.cu) o="$B/tune-$(basename "$f").o"
+              "$NVCC" -O3 -std=c++17 -arch="$ARCH" $INC $TUNE -c "$f" -o "$o" || exit 1 ;;
+        esac
+        TUNE_LIB="$TUNE_LIB $o"
+    done
+    "$NVCC" -arch="$ARCH" -o "$B/bench_tune" "$(obj bench/gpu/bench_gpu.c)" $TUNE_LIB -lm || exit 1
+fi
 echo "build: $(( $(date +%s) - t0 )) s"
 
 nvidia-smi > "$OUT/nvidia-smi.txt" 2>&1 && nvidia-smi topo -m >> "$OUT/nvidia-smi.txt" 2>&1
@@ -67,5 +79,9 @@ if [ "${1:-}" != "--no-bench" ]; then
     echo "== bench"
     "$B/bench_gpu" "$OUT/gpu-bench.json" 2>&1 | tee "$OUT/bench.log"
     [ "${PIPESTATUS[0]}" = 0 ] || status=1
+    if [ -n "${TUNE:-}" ]; then
+        echo "== bench with $TUNE"
+        "$B/bench_tune" "$OUT/gpu-bench-tune.json" 2>&1 | tee "$OUT/bench-tune.log"
+    fi
 fi
 exit $status

@@ -159,9 +159,10 @@ void kvr_gpu_ipc_close(const kvr_gpu_ipc_handle_t *h, void *ptr);
  * physical slots (block_table[req][g / V] * bs + local(g) % bs) of the
  * positions this rank owns, in candidate order, compacted: row t's slots are
  * out_slots[out_indptr[t] .. out_indptr[t + 1]), owned_counts[t] of them.
- * Faults (the row's entry is dropped): token_to_seq outside [0, num_reqs); a
- * position < -1 or at or past max_blocks * V; a negative block-table entry or
- * a slot past INT32_MAX under an owned position. */
+ * Faults: token_to_seq outside [0, num_reqs) (the row is left empty); a
+ * position < -1 or at or past max_blocks * V (dropped); a negative
+ * block-table entry or a slot past INT32_MAX under an owned position (on the
+ * GPU its slot is written as -1). The reference stops at the first fault. */
 typedef struct kvr_gpu_topk_args {
     const int32_t *token_indices; /* [num_rows, topk] */
     const int32_t *token_to_seq;  /* [num_rows] */

@@ -30,4 +30,24 @@ static inline kvr_status_t kvr__launch_status(const char *kernel,
 kvr_status_t kvr__grid_size(const void *kernel, int threads, uint64_t work,
                             unsigned *blocks, kvr_error_t *err);
 
+/* Division by a run-time constant as multiply and shift, for n and d below
+ * 2^31: the kernels divide per element by I, W, V or a chunk size. */
+struct kvr__div {
+    uint32_t d, mul, shift;
+};
+
+static inline kvr__div kvr__div_make(uint32_t d)
+{
+    uint32_t shift = 0;
+    while (shift < 31 && (1u << shift) < d)
+        shift++;
+    uint64_t mul = ((1ull << 32) * ((1ull << shift) - d)) / d + 1;
+    return kvr__div{d, (uint32_t)mul, shift};
+}
+
+__device__ __forceinline__ uint32_t kvr__div_by(const kvr__div &d, uint32_t n)
+{
+    return (__umulhi(n, d.mul) + n) >> d.shift;
+}
+
 #endif

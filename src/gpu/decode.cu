@@ -13,17 +13,16 @@ struct kvr_gpu_decode {
 
 namespace {
 
-/* Top-k scan state: rows are handed out by ticket in launch order, and each
- * row publishes its count, then its inclusive prefix, in flags[row], tagged
- * with the launch's epoch so that no launch has to clear them. The last
- * block to take a ticket and the last to finish reset the counters and bump
- * the epoch; all of it lives on the device, so launches can be captured in a
- * graph and replayed. */
+/* Top-k scan state: block b handles row b (blocks start in index order, as
+ * CUB's single-pass scans assume), and publishes its count, then its
+ * inclusive prefix, in flags[row], tagged with the launch's epoch so that no
+ * launch has to clear them. The last row's block bumps the epoch once its
+ * look-back is done: by then every row has published, so every block has
+ * read the epoch. All of it lives on the device, so launches can be
+ * captured in a graph and replayed; no atomic is shared by the rows. */
 struct State {
-    uint32_t ticket;
-    uint32_t done;
     uint32_t epoch;
-    uint32_t pad;
+    uint32_t pad[3];
     kvr__fault_t fault;
 };
 
@@ -45,40 +44,22 @@ __device__ void record(kvr__fault_t *f, kvr__fault_code_t code, int32_t row,
     }
 }
 
-/* Division by a run-time constant as multiply and shift, for n and d below
- * 2^31 (the top-k filter divides every candidate by I, W and V). */
-struct Div {
-    uint32_t d, mul, shift;
-};
-
-Div make_div(uint32_t d)
-{
-    uint32_t shift = 0;
-    while (shift < 31 && (1u << shift) < d)
-        shift++;
-    uint64_t mul = ((1ull << 32) * ((1ull << shift) - d)) / d + 1;
-    return Div{d, (uint32_t)mul, shift};
-}
-
-__device__ __forceinline__ uint32_t div(const Div &d, uint32_t n)
-{
-    return (__umulhi(n, d.mul) + n) >> d.shift;
-}
-
 struct TopkJob {
     kvr_gpu_topk_args_t a;
-    Div by_i, by_w, by_v, by_iw;
+    kvr__div by_i, by_w, by_v, by_iw;
     uint64_t limit; /* positions must be below max_blocks * V */
     uint32_t vec4;  /* rows can be read 16 bytes at a time */
 };
 
 constexpr int TK_THREADS = 128, TK_ITEMS = 16, TK_TILE = TK_THREADS * TK_ITEMS;
+#ifndef KVR_TOPK_MIN_BLOCKS
+#define KVR_TOPK_MIN_BLOCKS 10 /* 48 registers, no spills */
+#endif
 
-/* Slot of candidate g on this rank, or -1 (empty, another rank's, or a
- * fault). Same formulas as kvr__owner and kvr__dst_slot, with g % V /
- * (I*W) * I + g % I for local(g) % bs (V is a multiple of I*W). */
-__device__ int32_t classify(const TopkJob &j, const int32_t *table, int32_t v,
-                            uint32_t row, uint32_t col, kvr__fault_t *f)
+/* g if this rank owns candidate v (kvr__owner's formula, divisions by
+ * multiply and shift), else -1; bad positions are recorded and dropped. */
+__device__ int32_t owned(const TopkJob &j, int32_t v, uint32_t row,
+                         uint32_t col, kvr__fault_t *f)
 {
     if (v == -1)
         return -1;
@@ -86,30 +67,35 @@ __device__ int32_t classify(const TopkJob &j, const int32_t *table, int32_t v,
         record(f, KVR__FAULT_POS, row, col, v);
         return -1;
     }
-    uint32_t g = (uint32_t)v, chunk = div(j.by_i, g);
-    if (chunk - div(j.by_w, chunk) * j.by_w.d != j.a.rank)
-        return -1;
-    uint32_t vb = div(j.by_v, g);
+    uint32_t chunk = kvr__div_by(j.by_i, (uint32_t)v);
+    return chunk - kvr__div_by(j.by_w, chunk) * j.by_w.d == j.a.rank ? v : -1;
+}
+
+/* Slot of owned position g: kvr__dst_slot, with g % V / (I*W) * I + g % I
+ * for local(g) % bs (V is a multiple of I*W). -1, and a recorded fault, for
+ * a negative block-table entry or a slot past INT32_MAX. */
+__device__ int32_t slot_of(const TopkJob &j, const int32_t *table, int32_t v,
+                           uint32_t row, uint32_t col, kvr__fault_t *f)
+{
+    uint32_t g = (uint32_t)v, vb = kvr__div_by(j.by_v, g);
     int32_t entry = table[vb];
-    if (entry < 0) {
-        record(f, KVR__FAULT_BLOCK, row, col, entry);
-        return -1;
-    }
-    uint32_t local = div(j.by_iw, g - vb * j.by_v.d) * j.by_i.d +
-                     (g - chunk * j.by_i.d);
+    uint32_t local = kvr__div_by(j.by_iw, g - vb * j.by_v.d) * j.by_i.d +
+                     (g - kvr__div_by(j.by_i, g) * j.by_i.d);
     uint64_t slot = (uint64_t)entry * j.a.block_size + local;
-    if (slot > INT32_MAX) {
-        record(f, KVR__FAULT_SLOT, row, col, entry);
+    if (entry < 0 || slot > INT32_MAX) {
+        record(f, entry < 0 ? KVR__FAULT_BLOCK : KVR__FAULT_SLOT, row, col,
+               entry);
         return -1;
     }
     return (int32_t)slot;
 }
 
-/* Loads this thread's TK_ITEMS consecutive candidates of a tile and turns
- * them into slots (-1 where none); returns how many are slots. */
-__device__ int32_t load_tile(const TopkJob &j, const int32_t *table,
-                             uint32_t row, uint32_t tile, kvr__fault_t *f,
-                             int32_t (&v)[TK_ITEMS])
+/* Loads this thread's TK_ITEMS consecutive candidates of a tile and keeps
+ * the positions this rank owns (bit i of *own); returns how many. Needs no
+ * block table, so a row's count is known after one round trip. */
+__device__ int32_t load_owned(const TopkJob &j, uint32_t row, uint32_t tile,
+                              bool req_ok, kvr__fault_t *f,
+                              int32_t (&v)[TK_ITEMS], uint32_t *own)
 {
     const int32_t *cand = j.a.token_indices + (uint64_t)row * j.a.topk;
     uint32_t col0 = tile + threadIdx.x * TK_ITEMS;
@@ -128,13 +114,24 @@ __device__ int32_t load_tile(const TopkJob &j, const int32_t *table,
         for (int i = 0; i < TK_ITEMS; i++)
             v[i] = col0 + i < j.a.topk ? __ldg(cand + col0 + i) : -1;
     }
-    int32_t n = 0;
+    *own = 0;
 #pragma unroll
     for (int i = 0; i < TK_ITEMS; i++) {
-        v[i] = classify(j, table, v[i], row, col0 + i, f);
-        n += v[i] >= 0;
+        v[i] = req_ok ? owned(j, v[i], row, col0 + i, f) : -1;
+        *own |= (uint32_t)(v[i] >= 0) << i;
     }
-    return n;
+    return __popc(*own);
+}
+
+__device__ void to_slots(const TopkJob &j, const int32_t *table, uint32_t row,
+                         uint32_t tile, uint32_t own, kvr__fault_t *f,
+                         int32_t (&v)[TK_ITEMS])
+{
+    uint32_t col0 = tile + threadIdx.x * TK_ITEMS;
+#pragma unroll
+    for (int i = 0; i < TK_ITEMS; i++)
+        if (own >> i & 1)
+            v[i] = slot_of(j, table, v[i], row, col0 + i, f);
 }
 
 /* Exclusive prefix of x over the block; *total gets the sum. */
@@ -170,108 +167,157 @@ __device__ unsigned long long flag_word(uint32_t epoch, uint32_t state,
     return ((epoch & EPOCH_MASK) << 34) | ((uint64_t)state << 32) | value;
 }
 
-/* Decoupled look-back (one thread): publish this row's count, add up the
- * rows before it back to the nearest inclusive prefix, publish ours. */
+/* Flags each lane reads per look-back step: the window is 32 times this. */
+#ifndef KVR_TOPK_FLAGS_PER_LANE
+#define KVR_TOPK_FLAGS_PER_LANE 1
+#endif
+constexpr int FPL = KVR_TOPK_FLAGS_PER_LANE;
+
+/* One look-back window [end - 32*FPL, end), lane L holding FPL consecutive
+ * rows: waits until every row after the nearest inclusive one has
+ * published, then returns the sum from there; *found tells whether an
+ * inclusive flag (or the start) was inside. */
+__device__ uint32_t window_sum(unsigned long long *f, int64_t end,
+                               uint32_t epoch, bool *found)
+{
+    int lane = (int)(threadIdx.x & 31);
+    int64_t first = end - 32 * FPL + lane * FPL;
+    uint32_t state[FPL], value[FPL];
+    for (int spin = 0;; spin++) {
+        int incl_at = -1; /* this lane's last inclusive row */
+#pragma unroll
+        for (int k = 0; k < FPL; k++) {
+            state[k] = FLAG_INCLUSIVE; /* before row 0: an empty prefix */
+            value[k] = 0;
+            if (first + k >= 0) {
+                unsigned long long w =
+                    flag_ref(f[first + k]).load(cuda::memory_order_relaxed);
+                state[k] = (w >> 34) == (epoch & EPOCH_MASK)
+                               ? (uint32_t)(w >> 32) & 3 : 0;
+                value[k] = (uint32_t)w;
+            }
+            incl_at = state[k] == FLAG_INCLUSIVE ? k : incl_at;
+        }
+        uint32_t incl = __ballot_sync(~0u, incl_at >= 0);
+        int top = incl ? 31 - __clz(incl) : 0;
+        int from = lane > top ? 0 : lane == top ? (incl_at > 0 ? incl_at : 0) : FPL;
+        bool pending = false;
+        uint32_t sum = 0;
+#pragma unroll
+        for (int k = 0; k < FPL; k++) {
+            pending |= k >= from && state[k] == 0;
+            sum += k >= from ? value[k] : 0;
+        }
+        if (!__any_sync(~0u, pending)) {
+            for (int d = 16; d > 0; d /= 2)
+                sum += __shfl_xor_sync(~0u, sum, d);
+            *found = incl != 0;
+            return sum;
+        }
+        if (spin > 0) /* back off: spinning warps slow the rows they wait for */
+            __nanosleep(32u << (spin < 5 ? spin : 5));
+    }
+}
+
+/* Decoupled look-back by one warp: publish this row's count, add up the
+ * windows before it back to the nearest inclusive prefix, publish ours.
+ * Returns the sum of the rows before `row`. */
 __device__ uint32_t look_back(uint64_t *flags, uint32_t row, uint32_t epoch,
                               uint32_t count)
 {
     unsigned long long *f = (unsigned long long *)flags;
-    if (row == 0) {
-        flag_ref(f[0]).store(flag_word(epoch, FLAG_INCLUSIVE, count),
-                             cuda::memory_order_relaxed);
-        return 0;
-    }
-    flag_ref(f[row]).store(flag_word(epoch, FLAG_AGGREGATE, count),
-                           cuda::memory_order_relaxed);
+    uint32_t lane = threadIdx.x & 31;
+    if (lane == 0)
+        flag_ref(f[row]).store(flag_word(epoch, row ? FLAG_AGGREGATE
+                                                    : FLAG_INCLUSIVE, count),
+                               cuda::memory_order_relaxed);
     uint32_t prefix = 0;
-    for (uint32_t i = row - 1;;) {
-        unsigned long long w = flag_ref(f[i]).load(cuda::memory_order_relaxed);
-        uint32_t state = (uint32_t)(w >> 32) & 3;
-        if ((w >> 34) != (epoch & EPOCH_MASK) || state == 0)
-            continue;
-        prefix += (uint32_t)w;
-        if (state == FLAG_INCLUSIVE)
-            break;
-        i--;
-    }
-    flag_ref(f[row]).store(flag_word(epoch, FLAG_INCLUSIVE, prefix + count),
-                           cuda::memory_order_relaxed);
+    bool found = row == 0;
+    for (int64_t end = row; !found; end -= 32 * FPL)
+        prefix += window_sum(f, end, epoch, &found);
+    if (lane == 0 && row > 0)
+        flag_ref(f[row]).store(flag_word(epoch, FLAG_INCLUSIVE, prefix + count),
+                               cuda::memory_order_relaxed);
     return prefix;
 }
 
-/* Pass 2: writes the row's slots from `start`, tile by tile, in order. */
-__device__ void write_row(const TopkJob &j, const int32_t *table, uint32_t row,
-                          uint32_t start, kvr__fault_t *f,
-                          int32_t (&v)[TK_ITEMS])
+/* Compacts the tile's slots in shared memory, then writes them out
+ * contiguously from `start` (whole sectors instead of scattered words). */
+__device__ void write_tile(const TopkJob &j, int32_t *stage, uint32_t own,
+                           const int32_t (&v)[TK_ITEMS], int32_t offset,
+                           int32_t count, uint32_t start)
 {
+#pragma unroll
+    for (int i = 0; i < TK_ITEMS; i++)
+        if (own >> i & 1)
+            stage[offset++] = v[i];
+    __syncthreads();
+    for (int32_t i = threadIdx.x; i < count; i += TK_THREADS)
+        j.a.out_slots[start + i] = stage[i];
+    __syncthreads();
+}
+
+/* Rows wider than one tile: load, convert and write each tile again (the
+ * row's bytes are still in L1/L2 from the count). */
+__device__ void write_tiles(const TopkJob &j, const int32_t *table,
+                            uint32_t row, uint32_t start, int32_t *stage,
+                            kvr__fault_t *f)
+{
+    int32_t v[TK_ITEMS];
+    uint32_t own;
     for (uint32_t tile = 0; tile < j.a.topk; tile += TK_TILE) {
-        int32_t n = 0, tile_total = 0;
-        if (j.a.topk <= TK_TILE) {
-#pragma unroll
-            for (int i = 0; i < TK_ITEMS; i++)
-                n += v[i] >= 0;
-        } else {
-            n = load_tile(j, table, row, tile, f, v);
-        }
-        uint32_t pos = start + block_scan(n, &tile_total);
-#pragma unroll
-        for (int i = 0; i < TK_ITEMS; i++)
-            if (v[i] >= 0)
-                j.a.out_slots[pos++] = v[i];
-        start += tile_total;
+        int32_t n = load_owned(j, row, tile, true, f, v, &own), total = 0;
+        to_slots(j, table, row, tile, own, f, v);
+        int32_t offset = block_scan(n, &total);
+        write_tile(j, stage, own, v, offset, total, start);
+        start += total;
     }
 }
 
-__device__ uint32_t take_ticket(State *st, uint32_t *epoch)
-{
-    __shared__ uint32_t s_row, s_epoch;
-    if (threadIdx.x == 0) {
-        uint32_t t = atomicAdd(&st->ticket, 1);
-        if (t == gridDim.x - 1)
-            st->ticket = 0; /* every ticket of this launch is taken */
-        s_row = t;
-        s_epoch = *(volatile uint32_t *)&st->epoch;
-    }
-    __syncthreads();
-    *epoch = s_epoch;
-    return s_row;
-}
-
-__device__ void finish_block(State *st, uint32_t epoch)
-{
-    __syncthreads();
-    if (threadIdx.x == 0 && atomicAdd(&st->done, 1) == gridDim.x - 1) {
-        st->done = 0;
-        st->epoch = epoch + 1;
-    }
-}
-
-__global__ void __launch_bounds__(TK_THREADS)
+/* One row per block: count the owned candidates, publish the count, and
+ * while warp 0 looks back for the row's start, the other warps turn their
+ * positions into slots; then the compacted write. */
+__global__ void __launch_bounds__(TK_THREADS, KVR_TOPK_MIN_BLOCKS)
     topk_kernel(const TopkJob j, State *st, uint64_t *flags)
 {
+    __shared__ int32_t stage[TK_TILE];
     __shared__ uint32_t s_start;
-    uint32_t epoch, row = take_ticket(st, &epoch);
+    uint32_t row = blockIdx.x, epoch = *(volatile uint32_t *)&st->epoch;
     int32_t req = j.a.token_to_seq[row];
     bool req_ok = req >= 0 && (uint32_t)req < j.a.num_reqs;
+    bool single = j.a.topk <= TK_TILE;
     const int32_t *table =
         j.a.block_table + (uint64_t)(req_ok ? req : 0) * j.a.max_blocks;
     int32_t v[TK_ITEMS], n = 0, count = 0;
-    for (uint32_t tile = 0; req_ok && tile < j.a.topk; tile += TK_TILE)
-        n += load_tile(j, table, row, tile, &st->fault, v);
+    uint32_t own = 0;
+    for (uint32_t tile = 0; tile < j.a.topk; tile += TK_TILE)
+        n += load_owned(j, row, tile, req_ok, &st->fault, v, &own);
     if (!req_ok && threadIdx.x == 0)
         record(&st->fault, KVR__FAULT_SEQ, (int32_t)row, -1, req);
-    block_scan(n, &count);
-    if (threadIdx.x == 0) {
-        s_start = look_back(flags, row, epoch, (uint32_t)count);
-        j.a.out_indptr[row + 1] = (int32_t)(s_start + count);
-        j.a.owned_counts[row] = count;
-        if (row == 0)
-            j.a.out_indptr[0] = 0;
+    int32_t offset = block_scan(n, &count);
+    if (threadIdx.x >= 32 && single)
+        to_slots(j, table, row, 0, own, &st->fault, v);
+    if (threadIdx.x < 32) {
+        uint32_t start = look_back(flags, row, epoch, (uint32_t)count);
+        if (threadIdx.x == 0) {
+            s_start = start;
+            j.a.out_indptr[row + 1] = (int32_t)(start + count);
+            j.a.owned_counts[row] = count;
+            if (row == 0)
+                j.a.out_indptr[0] = 0;
+            if (row == gridDim.x - 1)
+                st->epoch = epoch + 1;
+        }
+        if (single)
+            to_slots(j, table, row, 0, own, &st->fault, v);
     }
     __syncthreads();
-    if (req_ok && count > 0)
-        write_row(j, table, row, s_start, &st->fault, v);
-    finish_block(st, epoch);
+    if (count == 0)
+        return;
+    if (single)
+        write_tile(j, stage, own, v, offset, count, s_start);
+    else
+        write_tiles(j, table, row, s_start, stage, &st->fault);
 }
 
 __global__ void rows_kernel(int32_t *out, uint32_t rows, uint32_t per_req)
@@ -363,10 +409,10 @@ TopkJob topk_job(const kvr_gpu_topk_args_t *a)
     TopkJob j;
     uint32_t V = a->block_size * a->dcp_size;
     j.a = *a;
-    j.by_i = make_div(a->interleave);
-    j.by_w = make_div(a->dcp_size);
-    j.by_v = make_div(V);
-    j.by_iw = make_div(a->interleave * a->dcp_size);
+    j.by_i = kvr__div_make(a->interleave);
+    j.by_w = kvr__div_make(a->dcp_size);
+    j.by_v = kvr__div_make(V);
+    j.by_iw = kvr__div_make(a->interleave * a->dcp_size);
     j.limit = (uint64_t)a->max_blocks * V;
     j.vec4 = a->topk % 4 == 0 && (uintptr_t)a->token_indices % 16 == 0;
     return j;

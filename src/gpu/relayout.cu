@@ -1,10 +1,12 @@
 /* Relayout kernels: direct scatter into peer pages, pack into and unpack
  * from consumer-ordered staging. One kernel moves the pieces of
- * relayout_map.h for all three: a warp takes 32 items (a piece, or a part of
- * a large one, of at most 64 vectors), each lane works out one item's
- * addresses with the layout math, then the warp copies the items one pair at
- * a time, every lane moving two vectors of each, so that index arithmetic
- * is paid once per item and every access is a full-warp contiguous one. */
+ * relayout_map.h for all three: a warp takes 32 items (a piece, or an even
+ * part of a large one, of at most 64 vectors), each lane works out one
+ * item's addresses with the layout math, then the warp copies the items a
+ * few at a time, every lane moving up to two vectors of each. Index
+ * arithmetic is paid once per item; stores are full-warp and contiguous
+ * (pieces are contiguous on the destination, so whole 128-byte lines go
+ * over NVLink), loads follow the source's chunks. */
 #include "cuda_util.cuh"
 
 namespace {
@@ -16,17 +18,19 @@ struct Job {
     const unsigned char *src;                  /* region, or staging */
     unsigned char *dst[KVR__GPU_MAX_RANKS];    /* SCATTER_ALL: per rank */
     uint64_t lo, hi;                           /* stream range, pack/unpack */
+    uint64_t stride;                           /* source chunk distance */
+    kvr__div chunk;                            /* source chunk bytes */
     uint32_t mode, rank;
     uint32_t item0, num_items;
-    uint32_t items_per_rank;                   /* SCATTER_ALL */
     uint32_t parts;                            /* items per piece */
     uint32_t part_bytes;
 };
 
+/* Bytes [x0, x0 + len) of a piece; src and dst are the addresses of the
+ * piece's byte 0 on each side (the source side in chunks). */
 struct Item {
-    const unsigned char *src;
-    unsigned char *dst;
-    uint32_t len;
+    uint64_t src, dst;
+    uint32_t x0, len;
 };
 
 /* Clips the part [a, b) of piece p to the job's stream range. */
@@ -43,11 +47,13 @@ __device__ bool clip(const Job &j, const kvr__rl_piece_t &p, uint64_t *a,
 
 __device__ Item describe(const Job &j, uint32_t item)
 {
-    Item it = {nullptr, nullptr, 0};
+    Item it = {0, 0, 0, 0};
     uint32_t rank = j.rank;
-    if (j.mode == SCATTER_ALL) {
-        rank = item / j.items_per_rank;
-        item -= rank * j.items_per_rank;
+    if (j.mode == SCATTER_ALL) { /* rank-minor: a replicated page's W
+                                    copies are read back to back */
+        uint32_t i = item / j.g.W;
+        rank = item - i * j.g.W;
+        item = i;
     }
     uint32_t piece = item / j.parts, part = item - piece * j.parts;
     kvr__rl_piece_t p = kvr__rl_piece_at(&j.g, rank, piece);
@@ -55,20 +61,23 @@ __device__ Item describe(const Job &j, uint32_t item)
     uint64_t b = min(p.len, a + j.part_bytes);
     if (!clip(j, p, &a, &b))
         return it;
+    uint64_t region = (uint64_t)j.src + p.src;
+    uint64_t staged = p.stream - j.lo;
+    it.x0 = (uint32_t)a;
     it.len = (uint32_t)(b - a);
     switch (j.mode) {
     case SCATTER_ALL:
     case SCATTER:
-        it.src = j.src + p.src + a;
-        it.dst = j.dst[j.mode == SCATTER_ALL ? rank : 0] + p.dst + a;
+        it.src = region;
+        it.dst = (uint64_t)j.dst[j.mode == SCATTER_ALL ? rank : 0] + p.dst;
         break;
     case PACK:
-        it.src = j.src + p.src + a;
-        it.dst = j.dst[0] + (p.stream + a - j.lo);
+        it.src = region;
+        it.dst = (uint64_t)j.dst[0] + staged;
         break;
     default:
-        it.src = j.src + (p.stream + a - j.lo);
-        it.dst = j.dst[0] + p.dst + a;
+        it.src = (uint64_t)j.src + staged;
+        it.dst = (uint64_t)j.dst[0] + p.dst;
     }
     return it;
 }
@@ -76,37 +85,51 @@ __device__ Item describe(const Job &j, uint32_t item)
 __device__ Item from_lane(const Item &it, int lane)
 {
     Item o;
-    o.src = (const unsigned char *)__shfl_sync(~0u, (uintptr_t)it.src, lane);
-    o.dst = (unsigned char *)__shfl_sync(~0u, (uintptr_t)it.dst, lane);
+    o.src = __shfl_sync(~0u, it.src, lane);
+    o.dst = __shfl_sync(~0u, it.dst, lane);
+    o.x0 = __shfl_sync(~0u, it.x0, lane);
     o.len = __shfl_sync(~0u, it.len, lane);
     return o;
 }
 
-/* Two items, up to 64 vectors each: four loads in flight per lane, then the
- * four stores. */
-template <typename V>
-__device__ void copy_pair(const Item &x, const Item &y, uint32_t lane)
+/* Source address of byte x of a piece. */
+__device__ __forceinline__ uint64_t source_at(const Job &j, uint64_t src,
+                                              uint32_t x)
 {
-    const V *xs = (const V *)x.src, *ys = (const V *)y.src;
-    V *xd = (V *)x.dst, *yd = (V *)y.dst;
-    uint32_t nx = x.len / sizeof(V), ny = y.len / sizeof(V);
-    V a0{}, a1{}, b0{}, b1{};
-    if (lane < nx)
-        a0 = __ldg(xs + lane);
-    if (lane + 32 < nx)
-        a1 = __ldg(xs + lane + 32);
-    if (lane < ny)
-        b0 = __ldg(ys + lane);
-    if (lane + 32 < ny)
-        b1 = __ldg(ys + lane + 32);
-    if (lane < nx)
-        xd[lane] = a0;
-    if (lane + 32 < nx)
-        xd[lane + 32] = a1;
-    if (lane < ny)
-        yd[lane] = b0;
-    if (lane + 32 < ny)
-        yd[lane + 32] = b1;
+    uint32_t c = kvr__div_by(j.chunk, x);
+    return src + c * j.stride + (x - c * j.chunk.d);
+}
+
+/* Items a warp copies together; each lane keeps 2 * KVR_RL_STEP vectors in
+ * flight (loads first, then the stores). */
+#ifndef KVR_RL_STEP
+#define KVR_RL_STEP 2
+#endif
+
+template <typename V>
+__device__ void copy_items(const Job &j, const Item (&it)[KVR_RL_STEP],
+                           uint32_t lane)
+{
+    V v[KVR_RL_STEP][2];
+#pragma unroll
+    for (int s = 0; s < KVR_RL_STEP; s++) {
+        uint32_t n = it[s].len / sizeof(V);
+        uint32_t x = it[s].x0 + lane * (uint32_t)sizeof(V);
+        if (lane < n)
+            v[s][0] = __ldg((const V *)source_at(j, it[s].src, x));
+        if (lane + 32 < n)
+            v[s][1] = __ldg((const V *)source_at(j, it[s].src,
+                                                 x + 32 * sizeof(V)));
+    }
+#pragma unroll
+    for (int s = 0; s < KVR_RL_STEP; s++) {
+        V *dst = (V *)(it[s].dst + it[s].x0);
+        uint32_t n = it[s].len / sizeof(V);
+        if (lane < n)
+            dst[lane] = v[s][0];
+        if (lane + 32 < n)
+            dst[lane + 32] = v[s][1];
+    }
 }
 
 constexpr int THREADS = 256;
@@ -118,11 +141,16 @@ __global__ void __launch_bounds__(THREADS) relayout_kernel(const Job j)
     uint32_t warp = (blockIdx.x * blockDim.x + threadIdx.x) >> 5;
     uint32_t warps = (gridDim.x * blockDim.x) >> 5;
     for (uint32_t base = warp * 32; base < j.num_items; base += warps * 32) {
-        Item mine = {nullptr, nullptr, 0};
+        Item mine = {0, 0, 0, 0};
         if (base + lane < j.num_items)
             mine = describe(j, j.item0 + base + lane);
-        for (int k = 0; k < 32; k += 2)
-            copy_pair<V>(from_lane(mine, k), from_lane(mine, k + 1), lane);
+        for (int k = 0; k < 32; k += KVR_RL_STEP) {
+            Item it[KVR_RL_STEP];
+#pragma unroll
+            for (int s = 0; s < KVR_RL_STEP; s++)
+                it[s] = from_lane(mine, k + s);
+            copy_items<V>(j, it, lane);
+        }
     }
 }
 
@@ -185,9 +213,17 @@ kvr_status_t launch(const kvr_gpu_relayout_t *rl, Job &j, uint64_t bits,
         return st;
     uint32_t vb = vector_bytes(bits | geometry_bits(&j.g));
     uint64_t ranks = j.mode == SCATTER_ALL ? j.g.W : 1;
-    j.part_bytes = 64 * vb;
-    j.parts = (uint32_t)((kvr__rl_max_piece(&j.g) + j.part_bytes - 1) /
-                         j.part_bytes);
+    /* Parts of at most 64 vectors (two per lane), of even size. */
+    uint64_t piece = kvr__rl_max_piece(&j.g);
+    if (piece > INT32_MAX)
+        return kvr_error_set(err, KVR_ERR_UNSUPPORTED,
+                             "relayout pieces of %llu bytes exceed 2^31",
+                             (unsigned long long)piece);
+    bool strided = j.g.kind == KVR__RL_MLA && j.mode != UNPACK;
+    j.chunk = kvr__div_make(strided ? j.g.I * (uint32_t)j.g.unit : INT32_MAX);
+    j.stride = strided ? (uint64_t)j.g.I * j.g.W * j.g.unit : 0;
+    j.parts = (uint32_t)((piece + 64 * vb - 1) / (64 * vb));
+    j.part_bytes = (uint32_t)((piece + j.parts * vb - 1) / (j.parts * vb) * vb);
     uint64_t items = (uint64_t)count * j.parts * ranks;
     if ((uint64_t)(first + count) * j.parts * ranks > INT32_MAX)
         return kvr_error_set(err, KVR_ERR_UNSUPPORTED,
@@ -196,7 +232,6 @@ kvr_status_t launch(const kvr_gpu_relayout_t *rl, Job &j, uint64_t bits,
                              j.part_bytes);
     j.item0 = first * j.parts;
     j.num_items = (uint32_t)items;
-    j.items_per_rank = count * j.parts;
     cudaStream_t s = (cudaStream_t)stream;
     if (vb == 16)
         return launch_as<uint4>(j, s, err);

@@ -2,12 +2,15 @@
  * Built on layout_math.h; static inline for host C (the reference executors)
  * and CUDA device code (the kernels), so both move the same pieces.
  *
- * A rank's share is cut into pieces, each one contiguous on the source, on
- * the destination and in the staging stream. Pieces are numbered in stream
+ * A rank's share is cut into pieces, each one contiguous on the destination
+ * and in the staging stream, and on the source made of chunks of `chunk`
+ * bytes `stride` bytes apart. Pieces are numbered in stream
  * order: the s-th destination block by ascending block id (table index
  * order[s]) holds pieces [s * P, (s + 1) * P):
- *  - MLA: P = bs / I, piece q = the rank's I-token chunk at local slot q * I
- *    of that block (empty past the rank's local length);
+ *  - MLA: the rank's I-token chunks of that block, R at a time, R = bs/(I*W)
+ *    when I*W divides bs (then P = W, one piece per source block: R chunks
+ *    contiguous on the destination, I*W tokens apart on the source), else
+ *    R = 1 (P = bs / I); empty past the rank's local length;
  *  - REPL: P = 2W, pieces 0..W-1 the key sub-planes, W..2W-1 the scale
  *    sub-planes of source pages b*W + q (empty past the last source page);
  *  - SEG: P = 1, the segment of source page b*W + rank (index sharded at
@@ -41,24 +44,40 @@ typedef struct kvr__rl_geom {
 } kvr__rl_geom_t;
 
 typedef struct kvr__rl_piece {
-    uint64_t src;    /* offset in the producer region */
+    uint64_t src;    /* offset in the producer region of the first chunk */
     uint64_t dst;    /* offset in the rank's consumer region */
     uint64_t stream; /* offset in the rank's staging stream */
     uint64_t len;    /* 0: empty piece */
+    uint64_t chunk;  /* source bytes contiguous from src, then... */
+    uint64_t stride; /* ...the next chunk starts this far on */
 } kvr__rl_piece_t;
+
+/* MLA chunks per piece. */
+KVR_HD uint32_t kvr__rl_run(const kvr__rl_geom_t *g)
+{
+    uint32_t IW = g->I * g->W;
+    return g->bs % IW == 0 ? g->bs / IW : 1;
+}
 
 KVR_HD uint32_t kvr__rl_pieces_per_block(const kvr__rl_geom_t *g)
 {
     if (g->kind == KVR__RL_MLA)
-        return g->bs / g->I;
+        return g->bs / g->I / kvr__rl_run(g);
     return g->kind == KVR__RL_REPL ? 2 * g->W : 1;
 }
 
 KVR_HD uint64_t kvr__rl_max_piece(const kvr__rl_geom_t *g)
 {
     if (g->kind == KVR__RL_MLA)
-        return (uint64_t)g->I * g->unit;
+        return (uint64_t)kvr__rl_run(g) * g->I * g->unit;
     return g->kind == KVR__RL_REPL ? (uint64_t)g->bs * g->unit : g->unit;
+}
+
+/* Source offset of byte x of piece p. */
+KVR_HD uint64_t kvr__rl_src_at(const kvr__rl_piece_t *p, uint64_t x)
+{
+    uint64_t c = x / p->chunk;
+    return p->src + c * p->stride + (x - c * p->chunk);
 }
 
 /* Stream bytes of one full destination block. */
@@ -112,17 +131,20 @@ KVR_HD kvr__rl_piece_t kvr__rl_mla_piece(const kvr__rl_geom_t *g,
                                          uint32_t rank, uint64_t b,
                                          uint32_t q, uint64_t base)
 {
-    kvr__rl_piece_t p = {0, 0, 0, 0};
+    kvr__rl_piece_t p = {0, 0, 0, 0, 1, 0};
     uint64_t len_r = kvr__local_len(g->num_tokens, rank, g->I, g->W);
-    uint64_t j = b * g->bs + (uint64_t)q * g->I;
+    uint64_t tokens = (uint64_t)kvr__rl_run(g) * g->I;
+    uint64_t j = b * g->bs + q * tokens;
     if (j >= len_r)
         return p;
-    uint64_t n = len_r - j < g->I ? len_r - j : g->I;
+    uint64_t n = len_r - j < tokens ? len_r - j : tokens;
     uint64_t pos = kvr__global(j, rank, g->I, g->W);
     p.src = kvr__src_slot(g->src_blocks, pos, g->bs) * g->unit;
     p.dst = kvr__dst_slot(g->dst_blocks, pos, g->bs, g->I, g->W) * g->unit;
-    p.stream = base + (uint64_t)q * g->I * g->unit;
+    p.stream = base + q * tokens * g->unit;
     p.len = n * g->unit;
+    p.chunk = (uint64_t)g->I * g->unit;
+    p.stride = (uint64_t)g->I * g->W * g->unit;
     return p;
 }
 
@@ -131,7 +153,7 @@ KVR_HD kvr__rl_piece_t kvr__rl_mla_piece(const kvr__rl_geom_t *g,
 KVR_HD kvr__rl_piece_t kvr__rl_repl_piece(const kvr__rl_geom_t *g, uint64_t b,
                                           uint32_t q, uint64_t base)
 {
-    kvr__rl_piece_t p = {0, 0, 0, 0};
+    kvr__rl_piece_t p = {0, 0, 0, 0, 1, 0};
     uint64_t bs = g->bs, W = g->W, D = g->unit, sub = q % W;
     uint64_t pages = kvr__rl_pages_in(g, b);
     if (sub >= pages)
@@ -149,6 +171,7 @@ KVR_HD kvr__rl_piece_t kvr__rl_repl_piece(const kvr__rl_geom_t *g, uint64_t b,
         p.stream = base + pages * bs * D + sub * bs * 4;
         p.len = bs * 4;
     }
+    p.chunk = p.len;
     return p;
 }
 
@@ -156,14 +179,14 @@ KVR_HD kvr__rl_piece_t kvr__rl_seg_piece(const kvr__rl_geom_t *g,
                                          uint32_t rank, uint64_t b,
                                          uint64_t base)
 {
-    kvr__rl_piece_t p = {0, 0, 0, 0};
+    kvr__rl_piece_t p = {0, 0, 0, 0, 1, 0};
     uint64_t j = b * g->W + rank;
     if (j >= g->end_src)
         return p;
     p.src = (uint64_t)g->src_blocks[j] * g->src_page;
     p.dst = (uint64_t)g->dst_blocks[b] * g->dst_page;
     p.stream = base;
-    p.len = g->unit;
+    p.len = p.chunk = g->unit;
     return p;
 }
 

@@ -14,13 +14,19 @@ static void copy_piece(ref_mode_t mode, const kvr__rl_piece_t *p,
     uint64_t b = p->stream + p->len < hi ? p->stream + p->len : hi;
     if (a >= b)
         return;
-    uint64_t skip = a - p->stream;
-    if (mode == REF_SCATTER)
-        memcpy(dst + p->dst + skip, src + p->src + skip, b - a);
-    else if (mode == REF_PACK)
-        memcpy(dst + (a - lo), src + p->src + skip, b - a);
-    else
-        memcpy(dst + p->dst + skip, src + (a - lo), b - a);
+    if (mode == REF_UNPACK) {
+        memcpy(dst + p->dst + (a - p->stream), src + (a - lo), b - a);
+        return;
+    }
+    /* The source side comes in chunks. */
+    for (uint64_t x = a - p->stream, end = b - p->stream; x < end;) {
+        uint64_t n = (x / p->chunk + 1) * p->chunk - x;
+        n = n < end - x ? n : end - x;
+        unsigned char *to = mode == REF_SCATTER ? dst + p->dst + x
+                                                : dst + (p->stream + x - lo);
+        memcpy(to, src + kvr__rl_src_at(p, x), n);
+        x += n;
+    }
 }
 
 static kvr_status_t ref_run(const kvr_gpu_relayout_t *rl, uint32_t rank,

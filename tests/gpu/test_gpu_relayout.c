@@ -30,6 +30,9 @@ static dbuf_t dbuf_make(int dev, const void *host, uint64_t bytes, uint32_t shif
     b.ptr = (unsigned char *)b.alloc + shift;
     if (host != NULL)
         CUDA_OK(cudaMemcpy(b.ptr, host, bytes, cudaMemcpyHostToDevice));
+    /* A copy from pageable memory may return before its DMA lands, and a
+     * kernel on another device is not ordered after it. */
+    CUDA_OK(cudaDeviceSynchronize());
     CUDA_OK(cudaSetDevice(0));
     return b;
 }
