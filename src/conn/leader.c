@@ -17,6 +17,7 @@ typedef struct {
 
 struct kvr__leader {
     uint32_t num_blocks;
+    uint32_t next; /* where the next free-block search starts */
     uint32_t max_reqs;
     uint32_t *refs;        /* per block: live requests using it */
     cache_entry_t *cached; /* per block: the prefix hash it holds, if any */
@@ -86,17 +87,22 @@ static uint64_t lookup_prefix(const kvr__leader_t *l, const kvr_block_hash_t *h,
     return k;
 }
 
-/* A free block: never referenced; uncached first, else evict a cached one. */
+/* A free block: unreferenced and uncached first, else evict a cached one.
+ * The search rotates, so a freed block is reused as late as possible (a
+ * request's pages stay inspectable after it finished). */
 static bool take_block(kvr__leader_t *l, uint32_t *out)
 {
     for (int pass = 0; pass < 2; pass++)
-        for (uint32_t b = 0; b < l->num_blocks; b++)
+        for (uint32_t i = 0; i < l->num_blocks; i++) {
+            uint32_t b = (l->next + i) % l->num_blocks;
             if (l->refs[b] == 0 && (pass == 1 || !l->cached[b].used)) {
                 l->cached[b].used = false;
                 l->refs[b] = 1;
+                l->next = (b + 1) % l->num_blocks;
                 *out = b;
                 return true;
             }
+        }
     return false;
 }
 

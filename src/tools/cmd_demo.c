@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -328,6 +329,96 @@ static void print_json(const demo_t *d, const totals_t *t)
     json_decref(root);
 }
 
+static json_t *u32_array(const uint32_t *v, size_t n)
+{
+    json_t *a = json_array();
+    for (size_t i = 0; i < n; i++)
+        json_array_append_new(a, json_integer(v[i]));
+    return a;
+}
+
+static json_t *manifest_regions(const demo_t *d)
+{
+    json_t *regions = json_array();
+    uint32_t n = kvr_demo_region(&d->cfg, 0, false, NULL);
+    for (uint32_t i = 0; i < n; i++) {
+        kvr_region_desc_t s, t;
+        char name[128];
+        kvr_demo_region(&d->cfg, i, false, &s);
+        kvr_demo_region(&d->cfg, i, true, &t);
+        json_t *files = json_array();
+        for (uint32_t r = 0; r < d->cfg.lay.dcp_size; r++) {
+            kvr_demo_image_name(name, sizeof(name), (int)r, &t);
+            json_array_append_new(files, json_string(name));
+        }
+        kvr_demo_image_name(name, sizeof(name), -1, &s);
+        json_t *e = json_pack("{s:s,s:I,s:{s:I,s:I},s:{s:I,s:I},s:s,s:o}", "role",
+                              kvr_role_name(s.role), "layer", (json_int_t)s.layer,
+                              "src", "num_blocks", (json_int_t)s.num_blocks,
+                              "page_bytes", (json_int_t)s.page_bytes, "dst",
+                              "num_blocks", (json_int_t)t.num_blocks, "page_bytes",
+                              (json_int_t)t.page_bytes, "src_file", name,
+                              "dst_files", files);
+        if (s.role == KVR_ROLE_INDEX) {
+            json_object_set_new(e, "index_dim", json_integer(s.index_dim));
+            json_object_set_new(e, "quant_block", json_integer(s.quant_block));
+        }
+        json_array_append_new(regions, e);
+    }
+    return regions;
+}
+
+/* Rank 0's loaded requests, completed with the tables every process derives
+ * from the seed. */
+static json_t *manifest_requests(const demo_t *d)
+{
+    char path[4096];
+    snprintf(path, sizeof(path), "%s/requests-r0.json", d->cfg.dump_dir);
+    json_t *reqs = json_load_file(path, 0, NULL), *q;
+    size_t i;
+    if (!json_is_array(reqs)) {
+        json_decref(reqs);
+        return json_array();
+    }
+    uint32_t *src = calloc(kvr_demo_src_pool(&d->cfg) + 1, sizeof(*src));
+    json_array_foreach(reqs, i, q) {
+        uint32_t r = 0;
+        const char *id = json_string_value(json_object_get(q, "id"));
+        if (src == NULL || id == NULL || !kvr_demo_parse_request_id(id, strlen(id), &r))
+            continue;
+        uint64_t N = kvr_demo_tokens(&d->cfg, r);
+        kvr_demo_src_blocks(&d->cfg, r, src);
+        json_object_set_new(q, "src_blocks",
+                            u32_array(src, (size_t)kvr_num_src_blocks(&d->cfg.lay, N)));
+        json_t *ids = json_array();
+        for (uint64_t g = 0; g < N; g++)
+            json_array_append_new(ids, json_integer(kvr_demo_token_id(&d->cfg, r, g)));
+        json_object_set_new(q, "token_ids", ids);
+    }
+    free(src);
+    return reqs;
+}
+
+static void write_manifest(const demo_t *d)
+{
+    const kvr_layout_t *l = &d->cfg.lay;
+    json_t *root = json_pack(
+        "{s:s,s:i,s:{s:I,s:I,s:I,s:I,s:i,s:b,s:b},s:I,s:o,s:o}", "format",
+        "kvrelay-dump", "version", 1, "layout", "block_size", (json_int_t)l->block_size,
+        "dcp", (json_int_t)l->dcp_size, "interleave", (json_int_t)l->interleave, "tp",
+        (json_int_t)l->dcp_size, "producer_tp", 1, "replicate_index", l->replicate_index,
+        "preshuffle", l->preshuffle, "seed", (json_int_t)d->cfg.seed, "regions",
+        manifest_regions(d), "requests", manifest_requests(d));
+    char path[4096];
+    snprintf(path, sizeof(path), "%s/manifest.json", d->cfg.dump_dir);
+    if (root == NULL || json_dump_file(root, path, JSON_COMPACT) != 0)
+        fprintf(stderr, "kvrelay demo: cannot write %s\n", path);
+    else
+        printf("dump written to %s (kvrelay inspect %s)\n", d->cfg.dump_dir,
+               d->cfg.dump_dir);
+    json_decref(root);
+}
+
 static int demo_run(demo_t *d)
 {
     printf("kvrelay demo: PP%u prefill (%u layers) -> W=%u I=%u decode, %s index, "
@@ -347,6 +438,8 @@ static int demo_run(demo_t *d)
     kill_all(d);
     for (uint32_t i = 0; i < d->num_kids; i++)
         close(d->kids[i].fd);
+    if (d->cfg.dump_dir != NULL)
+        write_manifest(d);
     totals_t t = summarize(d);
     for (uint32_t r = 0; r < d->cfg.requests; r++)
         if (d->reqs[r].failure[0])
@@ -368,6 +461,10 @@ int kvr_cmd_demo(int argc, char **argv)
     static const char *const flags[] = {"json", NULL};
     int rc = kvr_demo_parse(argc, argv, &d->cfg, "demo", demo_usage, flags,
                             demo_option, d);
+    if (rc < 0 && d->cfg.dump_dir != NULL && mkdir(d->cfg.dump_dir, 0755) != 0 &&
+        errno != EEXIST)
+        rc = kvr_tool_usage_error("demo", "--dump %s: %s", d->cfg.dump_dir,
+                                  strerror(errno));
     if (rc < 0) {
         signal(SIGPIPE, SIG_IGN);
         rc = demo_run(d);

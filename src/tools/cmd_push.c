@@ -64,27 +64,20 @@ typedef struct {
     kvr_conn_t *conn;
     uint32_t start, end;
     uint32_t sent, failed, offered, next;
+    kvr_region_desc_t descs[KVR_DEMO_MAX_LAYERS * 2];
+    void *bases[KVR_DEMO_MAX_LAYERS * 2];
+    uint32_t num_regions;
 } push_t;
 
 static kvr_status_t create_conn(push_t *s, const uint8_t *key, kvr_error_t *err)
 {
-    kvr_conn_params_t p = KVR_CONN_PARAMS_INIT;
     kvr_demo_stage_layers(&s->cfg, s->o.stage, &s->start, &s->end);
-    p.side = KVR_WIRE_PRODUCER;
-    p.layout = s->cfg.lay;
-    p.layout.tp = s->cfg.lay.dcp_size;
-    p.layout.producer_tp = 1;
-    p.topo = (kvr_wire_topo_t){.pp_rank = s->o.stage, .pp_size = s->cfg.pp,
-                               .tp_rank = 0, .tp_size = 1, .dp_rank = 0,
-                               .dp_size = 1, .layer_start = s->start,
-                               .layer_end = s->end, .dcp_rank = 0};
-    p.producer_stages = s->cfg.pp;
-    p.consumer_ranks = s->cfg.lay.dcp_size;
-    p.key = key;
-    p.insecure = s->cfg.insecure;
-    p.tl = s->cfg.tl;
-    p.deadline_ms = s->cfg.deadline_ms;
-    p.fault = kvr_demo_fault_for(&s->cfg, s->o.stage);
+    kvr_wire_topo_t topo = {.pp_rank = s->o.stage, .pp_size = s->cfg.pp,
+                            .tp_rank = 0, .tp_size = 1, .dp_rank = 0,
+                            .dp_size = 1, .layer_start = s->start,
+                            .layer_end = s->end, .dcp_rank = 0};
+    kvr_conn_params_t p = kvr_demo_conn_params(&s->cfg, KVR_WIRE_PRODUCER, &topo,
+                                               s->o.stage, key);
     return kvr_conn_create(&p, &s->conn, err);
 }
 
@@ -106,6 +99,8 @@ static kvr_status_t fill_regions(push_t *s, kvr_error_t *err)
             break;
         }
         memset(base, 0, kvr_region_bytes(&d));
+        s->descs[s->num_regions] = d;
+        s->bases[s->num_regions++] = base;
         for (uint32_t r = 0; st == KVR_OK && r < s->cfg.requests; r++) {
             uint64_t N = kvr_demo_tokens(&s->cfg, r);
             kvr_demo_src_blocks(&s->cfg, r, src);
@@ -205,6 +200,12 @@ static int push_loop(push_t *s)
     }
     for (int i = 0; i < 10; i++)
         kvr_conn_progress(s->conn, 5);
+    for (uint32_t i = 0; s->cfg.dump_dir != NULL && i < s->num_regions; i++) {
+        char name[128];
+        kvr_demo_image_name(name, sizeof(name), -1, &s->descs[i]);
+        kvr_demo_write_file(s->cfg.dump_dir, name, s->bases[i],
+                            kvr_region_bytes(&s->descs[i]));
+    }
     printf("summary stage=%u sent=%u failed=%u\n", s->o.stage, s->sent, s->failed);
     fflush(stdout);
     return s->sent == s->cfg.requests ? KVR_EXIT_OK : KVR_EXIT_FAILED;

@@ -6,6 +6,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <jansson.h>
+
 #include "commands.h"
 #include "demo.h"
 
@@ -83,6 +85,7 @@ typedef struct {
     uint32_t num_regions;
     uint32_t loaded, verified, failed, group_done;
     uint64_t bytes;
+    json_t *dumped; /* rank 0 with --dump: the requests it loaded */
 } serve_t;
 
 static kvr_status_t setup_regions(serve_t *s, kvr_error_t *err)
@@ -109,25 +112,47 @@ static kvr_status_t setup_regions(serve_t *s, kvr_error_t *err)
 
 static kvr_status_t create_conn(serve_t *s, const uint8_t *key, kvr_error_t *err)
 {
-    kvr_conn_params_t p = KVR_CONN_PARAMS_INIT;
-    p.side = KVR_WIRE_CONSUMER;
-    p.layout = s->cfg.lay;
-    p.layout.tp = s->cfg.lay.dcp_size;
-    p.layout.producer_tp = 1;
-    p.topo = (kvr_wire_topo_t){.pp_rank = 0, .pp_size = 1, .tp_rank = s->o.rank,
-                               .tp_size = s->cfg.lay.dcp_size, .dp_rank = 0,
-                               .dp_size = 1, .layer_start = 0,
-                               .layer_end = s->cfg.layers, .dcp_rank = s->o.rank};
-    p.producer_stages = s->cfg.pp;
-    p.consumer_ranks = s->cfg.lay.dcp_size;
-    p.key = key;
-    p.insecure = s->cfg.insecure;
-    p.tl = s->cfg.tl;
-    p.executor = s->cfg.exec;
-    p.deadline_ms = s->cfg.deadline_ms;
-    p.leader_blocks = kvr_demo_dst_pool(&s->cfg);
-    p.fault = kvr_demo_fault_for(&s->cfg, s->o.rank);
+    kvr_wire_topo_t topo = {.pp_rank = 0, .pp_size = 1, .tp_rank = s->o.rank,
+                            .tp_size = s->cfg.lay.dcp_size, .dp_rank = 0,
+                            .dp_size = 1, .layer_start = 0,
+                            .layer_end = s->cfg.layers, .dcp_rank = s->o.rank};
+    kvr_conn_params_t p = kvr_demo_conn_params(&s->cfg, KVR_WIRE_CONSUMER, &topo,
+                                               s->o.rank, key);
     return kvr_conn_create(&p, &s->conn, err);
+}
+
+/* Rank 0 records each loaded request's destination table for the dump. */
+static void note_dump(serve_t *s, const kvr_conn_event_t *e)
+{
+    if (s->cfg.dump_dir == NULL || s->o.rank != 0)
+        return;
+    if (s->dumped == NULL)
+        s->dumped = json_array();
+    json_t *dst = json_array();
+    for (size_t i = 0; i < e->num_dst_blocks; i++)
+        json_array_append_new(dst, json_integer(e->dst_blocks[i]));
+    json_array_append_new(s->dumped, json_pack(
+        "{s:s%,s:I,s:I,s:o}", "id", (const char *)e->request_id.bytes,
+        (size_t)e->request_id.len, "num_tokens", (json_int_t)e->num_tokens,
+        "num_computed_blocks", (json_int_t)e->num_computed_blocks,
+        "dst_blocks", dst));
+}
+
+static void write_dump(serve_t *s)
+{
+    for (uint32_t i = 0; i < s->num_regions; i++) {
+        char name[128];
+        kvr_demo_image_name(name, sizeof(name), (int)s->o.rank, &s->descs[i]);
+        kvr_demo_write_file(s->cfg.dump_dir, name, s->bases[i],
+                            kvr_region_bytes(&s->descs[i]));
+    }
+    if (s->dumped == NULL)
+        return;
+    char *text = json_dumps(s->dumped, JSON_COMPACT);
+    if (text != NULL)
+        kvr_demo_write_file(s->cfg.dump_dir, "requests-r0.json", text, strlen(text));
+    free(text);
+    json_decref(s->dumped);
 }
 
 static void on_event(serve_t *s, const kvr_conn_event_t *e)
@@ -142,6 +167,7 @@ static void on_event(serve_t *s, const kvr_conn_event_t *e)
         printf("loaded %.*s %llu %llu %llu\n", idl, id, (unsigned long long)e->bytes,
                (unsigned long long)e->num_computed_blocks,
                (unsigned long long)kvr_demo_now_ns());
+        note_dump(s, e);
         if (kvr_demo_verify(&s->cfg, s->o.rank, s->descs, s->bases, s->num_regions,
                             e, &err) == KVR_OK) {
             s->verified++;
@@ -187,6 +213,8 @@ static int serve_loop(serve_t *s)
     /* let RELEASEs and the last frames drain */
     for (int i = 0; i < 10; i++)
         kvr_conn_progress(s->conn, 5);
+    if (s->cfg.dump_dir != NULL)
+        write_dump(s);
     printf("summary rank=%u loaded=%u verified=%u failed=%u bytes=%llu%s\n",
            s->o.rank, s->loaded, s->verified, s->failed,
            (unsigned long long)s->bytes, finished(s) ? "" : " (incomplete)");

@@ -24,6 +24,7 @@ const char kvr_demo_options_help[] =
     "  --key-file PATH (32-byte hex pre-shared key)  --insecure\n"
     "  --fault KIND:REQUEST_ID[@WHO]  (die-mid, refuse, wrong-nonce, dup-done:\n"
     "       push stage WHO; bad-blocks, die-assign: serve rank WHO; all if no @)\n"
+    "  --dump DIR (region images + manifest.json for `kvrelay inspect`)\n"
     "  --verbose\n";
 
 void kvr_demo_cfg_init(kvr_demo_cfg_t *cfg)
@@ -161,6 +162,8 @@ int kvr_demo_option(kvr_demo_cfg_t *cfg, const char *cmd, const char *name,
         cfg->verbose = true;
     else if (strcmp(name, "key-file") == 0)
         cfg->key_file = value;
+    else if (strcmp(name, "dump") == 0)
+        cfg->dump_dir = value;
     else if (strcmp(name, "fault") == 0)
         return parse_fault(cfg, cmd, value);
     else if (strcmp(name, "timeout") == 0) {
@@ -236,6 +239,10 @@ int kvr_demo_cfg_args(const kvr_demo_cfg_t *cfg, char **argv, int max)
     if (cfg->key_file != NULL) {
         argv[n++] = "--key-file";
         argv[n++] = (char *)cfg->key_file;
+    }
+    if (cfg->dump_dir != NULL) {
+        argv[n++] = "--dump";
+        argv[n++] = (char *)cfg->dump_dir;
     }
     if (cfg->fault.kind != KVR_FAULT_NONE) {
         int len = snprintf(fault, sizeof(fault), "--fault=%s:%s",
@@ -366,6 +373,29 @@ uint32_t kvr_demo_region(const kvr_demo_cfg_t *cfg, uint32_t i, bool consumer,
     }
     *desc = d;
     return cfg->layers + nidx;
+}
+
+kvr_conn_params_t kvr_demo_conn_params(const kvr_demo_cfg_t *cfg,
+                                       kvr_wire_side_t side,
+                                       const kvr_wire_topo_t *topo,
+                                       uint32_t who, const uint8_t *key)
+{
+    kvr_conn_params_t p = KVR_CONN_PARAMS_INIT;
+    p.side = side;
+    p.layout = cfg->lay;
+    p.layout.tp = cfg->lay.dcp_size;
+    p.layout.producer_tp = 1;
+    p.topo = *topo;
+    p.producer_stages = cfg->pp;
+    p.consumer_ranks = cfg->lay.dcp_size;
+    p.key = key;
+    p.insecure = cfg->insecure;
+    p.tl = cfg->tl;
+    p.executor = cfg->exec;
+    p.deadline_ms = cfg->deadline_ms;
+    p.leader_blocks = kvr_demo_dst_pool(cfg);
+    p.fault = kvr_demo_fault_for(cfg, who);
+    return p;
 }
 
 kvr_status_t kvr_demo_load_key(const kvr_demo_cfg_t *cfg, uint8_t *key,
@@ -530,4 +560,28 @@ uint64_t kvr_demo_now_ns(void)
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+void kvr_demo_image_name(char *buf, size_t len, int rank,
+                         const kvr_region_desc_t *d)
+{
+    if (rank < 0)
+        snprintf(buf, len, "src-L%03u-%s.bin", d->layer, kvr_role_name(d->role));
+    else
+        snprintf(buf, len, "dst-r%d-L%03u-%s.bin", rank, d->layer,
+                 kvr_role_name(d->role));
+}
+
+bool kvr_demo_write_file(const char *dir, const char *name, const void *data,
+                         uint64_t len)
+{
+    char path[4096];
+    snprintf(path, sizeof(path), "%s/%s", dir, name);
+    FILE *f = fopen(path, "wb");
+    bool ok = f != NULL && fwrite(data, 1, len, f) == len;
+    if (f != NULL && fclose(f) != 0)
+        ok = false;
+    if (!ok)
+        fprintf(stderr, "kvrelay: cannot write %s\n", path);
+    return ok;
 }

@@ -34,6 +34,7 @@ typedef struct kvr_demo_cfg {
     kvr_conn_fault_t fault;
     int fault_target; /* rank (serve) or stage (push) it applies to; -1 all */
     bool verbose;
+    const char *dump_dir; /* --dump DIR: region images and a manifest */
 } kvr_demo_cfg_t;
 
 void kvr_demo_cfg_init(kvr_demo_cfg_t *cfg);
@@ -63,6 +64,11 @@ uint32_t kvr_demo_dst_pool(const kvr_demo_cfg_t *cfg);
  * the number of regions when desc is NULL. */
 uint32_t kvr_demo_region(const kvr_demo_cfg_t *cfg, uint32_t i, bool consumer,
                          kvr_region_desc_t *desc);
+/* Connector parameters every demo process derives from the configuration. */
+kvr_conn_params_t kvr_demo_conn_params(const kvr_demo_cfg_t *cfg,
+                                       kvr_wire_side_t side,
+                                       const kvr_wire_topo_t *topo,
+                                       uint32_t who, const uint8_t *key);
 kvr_status_t kvr_demo_load_key(const kvr_demo_cfg_t *cfg, uint8_t *key,
                                bool *have, kvr_error_t *err);
 /* Verifies a loaded request on one rank against the synthetic source: every
@@ -83,6 +89,13 @@ typedef int (*kvr_demo_own_fn)(void *ctx, const char *name, const char *value);
 int kvr_demo_parse(int argc, char **argv, kvr_demo_cfg_t *cfg, const char *cmd,
                    const char *usage, const char *const *own_flags,
                    kvr_demo_own_fn own, void *ctx);
+/* Dump files (docs/dump-format.md): "src-L003-mla.bin" (rank < 0) or
+ * "dst-r1-L003-mla.bin". */
+void kvr_demo_image_name(char *buf, size_t len, int rank,
+                         const kvr_region_desc_t *d);
+/* Writes len bytes to DIR/name; false with a message on stderr. */
+bool kvr_demo_write_file(const char *dir, const char *name, const void *data,
+                         uint64_t len);
 /* Monotonic nanoseconds (comparable across processes of one host). */
 uint64_t kvr_demo_now_ns(void);
 #endif

@@ -167,6 +167,41 @@ static void test_duplicate_write_done(void **state)
     expect_ok(SMALL " --fault dup-done:req-0@1");
 }
 
+/* demo --dump writes what inspect reads: clean as written, and one flipped
+ * byte in a received page is named by its token. */
+static void test_dump_inspect(void **state)
+{
+    (void)state;
+    int code;
+    double secs;
+    system("rm -rf dump_dir");
+    json_t *root = run_demo(SMALL " --dump dump_dir", &code, &secs);
+    assert_int_equal(code, 0);
+    json_decref(root);
+    char cmd[512];
+    snprintf(cmd, sizeof(cmd), "%s inspect dump_dir > inspect_out.txt 2>&1", kvr_bin);
+    int st = system(cmd);
+    assert_true(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+    FILE *f = fopen("dump_dir/dst-r1-L002-mla.bin", "r+b");
+    assert_non_null(f);
+    unsigned char b = 0;
+    assert_int_equal(fseek(f, 0, SEEK_SET), 0);
+    assert_int_equal(fread(&b, 1, 1, f), 1);
+    b ^= 0xff;
+    assert_int_equal(fseek(f, 0, SEEK_SET), 0);
+    assert_int_equal(fwrite(&b, 1, 1, f), 1);
+    fclose(f);
+    st = system(cmd);
+    assert_true(WIFEXITED(st) && WEXITSTATUS(st) == 1);
+    f = fopen("inspect_out.txt", "r");
+    char out[16384] = "";
+    size_t n = f ? fread(out, 1, sizeof(out) - 1, f) : 0;
+    out[n] = '\0';
+    if (f)
+        fclose(f);
+    assert_non_null(strstr(out, "wrong token"));
+}
+
 /* A lone decode rank (W = 1) in the background; returns its port. */
 static pid_t start_serve(const char *extra, int *port)
 {
@@ -256,6 +291,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_block_ids_out_of_range),
         cmocka_unit_test(test_wrong_nonce),
         cmocka_unit_test(test_duplicate_write_done),
+        cmocka_unit_test(test_dump_inspect),
         cmocka_unit_test(test_mismatched_layout),
         cmocka_unit_test(test_wrong_key),
     };
