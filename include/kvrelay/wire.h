@@ -126,6 +126,14 @@ typedef struct kvr_msg_bye {
     char text[KVR_WIRE_TEXT_MAX + 1];
 } kvr_msg_bye_t;
 
+/* Where a region's bytes live: host memory reached through the transport's
+ * rkey, or CUDA device memory reached through a CUDA IPC handle (the rkey
+ * bytes are then a kvr_gpu_ipc_handle_t). */
+typedef enum kvr_wire_memory {
+    KVR_WIRE_MEM_HOST = 0,
+    KVR_WIRE_MEM_CUDA = 1,
+} kvr_wire_memory_t;
+
 /* One consumer region. A STAGING region is the staging pool: num_blocks
  * slots of page_bytes each. */
 typedef struct kvr_wire_region {
@@ -133,6 +141,7 @@ typedef struct kvr_wire_region {
     uint64_t base;       /* remote address of the region's first byte */
     const uint8_t *rkey; /* packed remote key, transport-defined */
     uint32_t rkey_len;
+    kvr_wire_memory_t memory;
 } kvr_wire_region_t;
 
 /* The consumer's regions and the transport address producers connect

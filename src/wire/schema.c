@@ -94,6 +94,7 @@ static const kvr__field_t region_fields[] = {
     F_U64(R, desc.bytes),
     F_U64(R, base),
     F_ARRAY(KVR__F_BYTES, R, rkey, rkey_len, KVR_WIRE_RKEY_MAX, NULL),
+    F_INT(R, memory, 1, KVR_WIRE_MEM_HOST, KVR_WIRE_MEM_CUDA),
 };
 #undef R
 static const kvr__rec_t region_rec =

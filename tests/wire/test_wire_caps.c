@@ -277,7 +277,7 @@ static void test_regions_at_cap(void **state)
     free(r);
 }
 
-/* One region of REGIONS, up to its rkey. */
+/* One region of REGIONS, up to its rkey (then the rkey and memory u8). */
 static void region_prefix(tb_t *t, uint8_t role)
 {
     le(t, role, 1);
@@ -300,6 +300,7 @@ static void test_regions_decode_caps(void **state)
     le(t, 2, 4);
     region_prefix(t, KVR_ROLE_MLA);
     le(t, 0, 4);
+    le(t, KVR_WIRE_MEM_HOST, 1); /* memory */
     region_prefix(t, KVR_ROLE_INDEX);
     le(t, KVR_WIRE_RKEY_MAX + 1, 4);
     expect_decode(t, KVR_ERR_WIRE_LIMIT, "REGIONS.regions[1].rkey: count 4097 > cap 4096");
@@ -311,13 +312,21 @@ static void test_regions_decode_caps(void **state)
     le(t, 1, 4);
     region_prefix(t, KVR_ROLE_MLA);
     le(t, 0, 4);
+    le(t, KVR_WIRE_MEM_HOST, 1); /* memory */
     le(t, KVR_WIRE_ADDR_MAX + 1, 4);
     expect_decode(t, KVR_ERR_WIRE_LIMIT, "REGIONS.address: count 4097 > cap 4096");
     t = start(KVR_MSG_REGIONS); /* 1000 regions announced, 1 present */
     le(t, 1000, 4);
     region_prefix(t, KVR_ROLE_MLA);
     le(t, 0, 4);
+    le(t, KVR_WIRE_MEM_HOST, 1); /* memory */
     expect_decode(t, KVR_ERR_PROTO, "REGIONS.regions[1].desc.role: truncated");
+    t = start(KVR_MSG_REGIONS);
+    le(t, 1, 4);
+    region_prefix(t, KVR_ROLE_MLA);
+    le(t, 0, 4);
+    le(t, 2, 1); /* neither host nor CUDA memory */
+    expect_decode(t, KVR_ERR_PROTO, "REGIONS.regions[0].memory: value 2 outside [0, 1]");
 }
 
 static void hello_prefix(tb_t *t, uint8_t side, uint8_t flag)

@@ -21,11 +21,11 @@ static const uint8_t address[] = {0x01, 0x7f, 0x00, 0x00, 0x01, 0x27, 0x10};
 
 static const kvr_wire_region_t regions[] = {
     {{KVR_ROLE_MLA, 3, 1000, 64 * 576, 0, 0, 0}, 0x7f0000001000ull, rkey_a,
-     sizeof(rkey_a)},
+     sizeof(rkey_a), KVR_WIRE_MEM_HOST},
     {{KVR_ROLE_INDEX, 3, 1000, 64 * 4 * 144, 128, 0, 0}, 0x7f0000900000ull,
-     rkey_b, sizeof(rkey_b)},
+     rkey_b, sizeof(rkey_b), KVR_WIRE_MEM_CUDA},
     {{KVR_ROLE_STAGING, 0, 16, 1 << 20, 0, 0, 16 << 20}, 0x7f0010000000ull,
-     NULL, 0},
+     NULL, 0, KVR_WIRE_MEM_HOST},
 };
 
 void kvr_sample_hello(kvr_msg_hello_t *h)
