@@ -66,6 +66,8 @@ typedef struct kvr_conn_params {
                                    blocks (consumer) at deadline + grace */
     uint32_t max_requests;      /* live requests; beyond, ERR_NO_SPACE */
     uint32_t leader_blocks;     /* decode leader: destination pool size */
+    int cuda_device;            /* >= 0: KV regions live on this CUDA device
+                                   and move with the gpu-direct executor */
     kvr_conn_fault_t fault;
 } kvr_conn_params_t;
 
@@ -75,7 +77,7 @@ typedef struct kvr_conn_params {
      .consumer_ranks = 1, .key = NULL, .insecure = false,                      \
      .tl = KVR_CONN_TL_AUTO, .executor = KVR_CONN_EXEC_AUTO,                   \
      .deadline_ms = 30000, .release_grace_ms = 5000,                           \
-     .max_requests = 1024, .leader_blocks = 0,                                 \
+     .max_requests = 1024, .leader_blocks = 0, .cuda_device = -1,              \
      .fault = {KVR_FAULT_NONE, ""}}
 
 typedef struct kvr_conn kvr_conn_t;
@@ -88,13 +90,22 @@ void kvr_conn_destroy(kvr_conn_t *conn);
 const char *kvr_conn_last_error(const kvr_conn_t *conn);
 
 /* Regions, before any listen/connect. add registers engine memory (base,
- * num_blocks * page_bytes); alloc has kvrelay allocate it (true one-sided
- * puts on shared memory) and returns the base. */
+ * num_blocks * page_bytes; with cuda_device >= 0 a device pointer on that
+ * device, STAGING excepted); alloc has kvrelay allocate it (host: true
+ * one-sided puts on shared memory; device: cudaMalloc) and returns the base. */
 kvr_status_t kvr_conn_add_region(kvr_conn_t *conn,
                                  const kvr_region_desc_t *desc, void *base);
 kvr_status_t kvr_conn_alloc_region(kvr_conn_t *conn,
                                    const kvr_region_desc_t *desc,
                                    void **base);
+
+/* Copies between host memory and this side's region memory (host or, with
+ * cuda_device >= 0, device); synchronous. For filling and checking pages. */
+kvr_status_t kvr_conn_copy(kvr_conn_t *conn, void *dst, const void *src,
+                           size_t len);
+
+/* Usable CUDA devices (0 when kvrelay was built without CUDA). */
+int kvr_conn_cuda_devices(void);
 
 /* Consumer: accept producers (and on rank 0, the other decode ranks). */
 kvr_status_t kvr_conn_listen(kvr_conn_t *conn, const char *host,

@@ -134,6 +134,18 @@ kvr_status_t kvr_gpu_device_count(int *count, kvr_error_t *err);
  * KVR_ERR_UNSUPPORTED when the pair has no peer path. */
 kvr_status_t kvr_gpu_enable_peer(int device, int peer, kvr_error_t *err);
 
+/* Makes `device` current (checked against the device count). */
+kvr_status_t kvr_gpu_set_device(int device, kvr_error_t *err);
+/* cudaMalloc on `device` (which stays current); kvr_gpu_free accepts NULL. */
+kvr_status_t kvr_gpu_malloc(int device, size_t len, void **ptr,
+                            kvr_error_t *err);
+void kvr_gpu_free(void *ptr);
+/* Synchronous copy between any host and device pointers. */
+kvr_status_t kvr_gpu_memcpy(void *dst, const void *src, size_t len,
+                            kvr_error_t *err);
+/* Waits for everything queued on `stream` (NULL: the legacy stream). */
+kvr_status_t kvr_gpu_sync(void *stream, kvr_error_t *err);
+
 /* Names device memory for another process: the allocation's IPC handle plus
  * the pointer's offset inside it. Plain bytes; send it as is. */
 typedef struct kvr_gpu_ipc_handle {

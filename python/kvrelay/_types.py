@@ -167,6 +167,7 @@ class ConnParams(ctypes.Structure):
         ("release_grace_ms", _u32),
         ("max_requests", _u32),
         ("leader_blocks", _u32),
+        ("cuda_device", _int),
         ("fault", ConnFault),
     ]
 

@@ -148,11 +148,13 @@ class Connector:
                  insecure: bool = False, transport: Transport = Transport.AUTO,
                  executor: Executor = Executor.AUTO, deadline_ms: int = 30000,
                  release_grace_ms: int = 5000, max_requests: int = 1024,
-                 leader_blocks: int = 0) -> None:
+                 leader_blocks: int = 0, cuda_device: int = -1) -> None:
         """Consumer arguments: producer_stages (PP stages that must answer),
         leader_blocks (rank 0's destination pool). Producer: consumer_ranks
         (DCP ranks that must release). key: the 32-byte pre-shared key;
-        without one only loopback peers are accepted unless insecure."""
+        without one only loopback peers are accepted unless insecure.
+        cuda_device >= 0 puts the KV regions in that GPU's memory (moved by
+        the gpu-direct executor; needs a CUDA build)."""
         self._handle = 0
         self._keep: List[Any] = []  # memory registered with the C side
         if key is not None and len(key) != T.WIRE_KEY_BYTES:
@@ -166,7 +168,8 @@ class Connector:
             if self._key is not None else None,
             insecure=insecure, tl=int(transport), executor=int(executor),
             deadline_ms=deadline_ms, release_grace_ms=release_grace_ms,
-            max_requests=max_requests, leader_blocks=leader_blocks)
+            max_requests=max_requests, leader_blocks=leader_blocks,
+            cuda_device=cuda_device)
         out, err = ctypes.c_void_p(), new_error()
         check(LIB.kvr_conn_create(ctypes.byref(params), ctypes.byref(out),
                                   ctypes.byref(err)), err)

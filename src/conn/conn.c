@@ -48,6 +48,10 @@ static kvr_status_t check_params(const kvr_conn_params_t *p, kvr_error_t *err)
     if (p->max_requests < 1 || p->max_requests > 65536)
         return kvr_error_set(err, KVR_ERR_INVALID, "max requests %u",
                              p->max_requests);
+    if (p->cuda_device >= kvr__gpu_device_count())
+        return kvr_error_set(err, KVR_ERR_UNSUPPORTED,
+                             "CUDA device %d asked for, %d usable here",
+                             p->cuda_device, kvr__gpu_device_count());
     if (p->side == KVR_WIRE_CONSUMER && p->topo.dcp_rank >= p->layout.dcp_size)
         return kvr_error_set(err, KVR_ERR_RANK_RANGE,
                              "DCP rank %u out of range [0, %u)",
@@ -104,6 +108,9 @@ kvr_status_t kvr_conn_create(const kvr_conn_params_t *params,
 
 static void free_peer(kvr__peer_t *peer)
 {
+    for (uint32_t i = 0; peer->regions != NULL && i < peer->num_regions; i++)
+        kvr__gpu_close(peer->regions[i].rkey, peer->regions[i].rkey_len,
+                       peer->regions[i].dev_ptr);
     for (uint32_t i = 0; i < peer->backlog_len; i++)
         kvr_msg_free(&peer->backlog[i]);
     free(peer->backlog);
@@ -121,8 +128,11 @@ void kvr_conn_destroy(kvr_conn_t *c)
         free_peer(c->peers[i]);
     for (uint32_t i = 0; c->creqs && i < c->p.max_requests; i++)
         kvr__creq_free(&c->creqs[i]);
-    for (uint32_t i = 0; i < c->num_regions; i++)
+    for (uint32_t i = 0; i < c->num_regions; i++) {
         kvr__dmem_destroy(c->regions[i].mem);
+        if (c->regions[i].owned)
+            kvr__gpu_free(c->regions[i].base);
+    }
     if (c->listen_fd >= 0)
         close(c->listen_fd);
     kvr__leader_destroy(c->leader);
@@ -161,10 +171,15 @@ static kvr_status_t add_region(kvr_conn_t *c, const kvr_region_desc_t *desc,
                            (unsigned long long)desc->page_bytes);
     kvr__region_t *r = &c->regions[c->num_regions];
     uint64_t len = kvr_region_bytes(desc);
-    if (st == KVR_OK && alloc)
+    bool device = c->p.cuda_device >= 0 && desc->role != KVR_ROLE_STAGING;
+    if (st == KVR_OK && device && alloc)
+        st = kvr__gpu_alloc(c->p.cuda_device, len, &base, &err);
+    else if (st == KVR_OK && alloc)
         st = kvr__dmem_alloc(c->data, len, &base, &r->mem, &err);
-    else if (st == KVR_OK)
+    else if (st == KVR_OK && !device)
         st = kvr__dmem_register(c->data, base, len, &r->mem, &err);
+    r->device = device;
+    r->owned = device && alloc;
     if (st != KVR_OK) {
         kvr__conn_fail(c, st, "%s", err.msg);
         return st;
@@ -222,6 +237,27 @@ static kvr_status_t add_peer(kvr_conn_t *c, int fd, bool initiator,
     c->peers[c->num_peers++] = peer;
     *out = peer;
     return KVR_OK;
+}
+
+int kvr_conn_cuda_devices(void)
+{
+    return kvr__gpu_device_count();
+}
+
+kvr_status_t kvr_conn_copy(kvr_conn_t *conn, void *dst, const void *src,
+                           size_t len)
+{
+    kvr_error_t err = {0};
+    if (conn == NULL || (len && (dst == NULL || src == NULL)))
+        return KVR_ERR_INVALID;
+    if (conn->p.cuda_device < 0) {
+        memcpy(dst, src, len);
+        return KVR_OK;
+    }
+    kvr_status_t st = kvr__gpu_copy(dst, src, len, &err);
+    if (st != KVR_OK)
+        kvr__conn_fail(conn, st, "%s", err.msg);
+    return st;
 }
 
 kvr_status_t kvr_conn_listen(kvr_conn_t *conn, const char *host,

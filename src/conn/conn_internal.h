@@ -5,6 +5,7 @@
 #include "kvrelay/conn.h"
 
 #include "data.h"
+#include "gpu_path.h"
 #include "link.h"
 
 #define KVR_CONN_MAX_LINKS 256u
@@ -17,13 +18,18 @@
 typedef struct kvr__region {
     kvr_region_desc_t desc;
     void *base;
-    kvr__dmem_t *mem;
+    kvr__dmem_t *mem;    /* host memory registered with the transport */
+    bool device;         /* CUDA device memory (shared by IPC, no transport) */
+    bool owned;          /* device memory kvrelay allocated */
 } kvr__region_t;
 
 /* A peer's region as announced in REGIONS, mapped on our data peer. */
 typedef struct kvr__rregion {
     kvr_region_desc_t desc;
-    uint32_t mapping;
+    uint32_t mapping;      /* host: the transport mapping */
+    void *dev_ptr;         /* CUDA: the IPC mapping on our device */
+    uint8_t rkey[72];      /* CUDA: the IPC handle, to close the mapping */
+    uint32_t rkey_len;
 } kvr__rregion_t;
 
 /* Per-link state of the side that owns it. */

@@ -82,7 +82,8 @@ static kvr_status_t plan_stage(kvr_conn_t *c, kvr__creq_t *r, kvr__cstage_t *s,
 
 static uint32_t grant_slots(kvr_conn_t *c, kvr__cstage_t *s)
 {
-    if (c->staging_idx < 0 || c->p.executor == KVR_CONN_EXEC_DIRECT)
+    if (c->staging_idx < 0 || c->p.executor == KVR_CONN_EXEC_DIRECT ||
+        c->p.cuda_device >= 0)
         return 0;
     const kvr_region_desc_t *d = &c->regions[c->staging_idx].desc;
     uint64_t chunks = (s->expect_bytes + d->page_bytes - 1) / d->page_bytes;
@@ -104,7 +105,7 @@ static void free_slots(kvr_conn_t *c, kvr__cstage_t *s)
 
 static void send_write_request(kvr_conn_t *c, kvr__creq_t *r, kvr__cstage_t *s)
 {
-    bool staged = c->p.executor == KVR_CONN_EXEC_STAGED;
+    bool staged = c->p.executor == KVR_CONN_EXEC_STAGED && c->p.cuda_device < 0;
     if (s->expect_bytes > 0 && grant_slots(c, s) == 0 && staged)
         return; /* back-pressure: retried each tick until the deadline */
     kvr_msg_t m;
@@ -119,7 +120,8 @@ static void send_write_request(kvr_conn_t *c, kvr__creq_t *r, kvr__cstage_t *s)
     w->num_tokens = r->num_tokens;
     w->num_computed_blocks = r->num_computed;
     w->dcp_rank = c->p.topo.dcp_rank;
-    w->executor = (kvr_wire_exec_t)c->p.executor;
+    w->executor = c->p.cuda_device >= 0 ? KVR_WIRE_EXEC_GPU_DIRECT
+                                          : (kvr_wire_exec_t)c->p.executor;
     w->staging_slots = s->slots;
     w->num_staging_slots = s->num_slots;
     w->write_nonce = r->nonce;

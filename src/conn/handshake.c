@@ -165,10 +165,14 @@ static kvr_status_t send_regions(kvr_conn_t *c, kvr__peer_t *peer)
     kvr_status_t st = regs && keys ? KVR_OK : KVR_ERR_NO_MEMORY;
     for (uint32_t i = 0; st == KVR_OK && i < c->num_regions; i++) {
         uint8_t *k = keys + (size_t)i * KVR_DATA_RKEY_MAX;
+        kvr_error_t err = {0};
         regs[i].desc = c->regions[i].desc;
         regs[i].base = (uint64_t)(uintptr_t)c->regions[i].base;
         regs[i].rkey = k;
-        st = kvr__dmem_rkey(c->regions[i].mem, k, &regs[i].rkey_len);
+        regs[i].memory = c->regions[i].device ? KVR_WIRE_MEM_CUDA : KVR_WIRE_MEM_HOST;
+        st = c->regions[i].device
+                 ? kvr__gpu_export(c->regions[i].base, k, &regs[i].rkey_len, &err)
+                 : kvr__dmem_rkey(c->regions[i].mem, k, &regs[i].rkey_len);
     }
     kvr_msg_t m = {.type = KVR_MSG_REGIONS};
     const void *addr = NULL;
@@ -189,8 +193,29 @@ static kvr_status_t send_regions(kvr_conn_t *c, kvr__peer_t *peer)
     return st;
 }
 
-static kvr_status_t map_regions(kvr__peer_t *peer, const kvr_msg_regions_t *m,
-                                kvr_error_t *err)
+/* A KV region must live where ours do: host with host (transport puts),
+ * CUDA with CUDA (gpu-direct); staging is always host memory. */
+static kvr_status_t map_device(const kvr_conn_t *c, const kvr_wire_region_t *r,
+                               kvr__rregion_t *out, kvr_error_t *err)
+{
+    bool ours_cuda = c->p.cuda_device >= 0;
+    bool cuda = r->memory == KVR_WIRE_MEM_CUDA;
+    if (r->desc.role == KVR_ROLE_STAGING ? cuda : cuda != ours_cuda)
+        return kvr_error_set(err, KVR_ERR_UNSUPPORTED, "consumer %s region layer "
+                             "%u is in %s memory, this producer's KV is in %s "
+                             "memory", kvr_role_name(r->desc.role), r->desc.layer,
+                             cuda ? "CUDA" : "host", ours_cuda ? "CUDA" : "host");
+    if (!cuda)
+        return KVR_OK;
+    if (r->rkey_len > sizeof(out->rkey))
+        return kvr_error_set(err, KVR_ERR_PROTO, "CUDA key of %u bytes", r->rkey_len);
+    memcpy(out->rkey, r->rkey, r->rkey_len);
+    out->rkey_len = r->rkey_len;
+    return kvr__gpu_open(c->p.cuda_device, r->rkey, r->rkey_len, &out->dev_ptr, err);
+}
+
+static kvr_status_t map_regions(const kvr_conn_t *c, kvr__peer_t *peer,
+                                const kvr_msg_regions_t *m, kvr_error_t *err)
 {
     peer->regions = calloc(m->num_regions + 1, sizeof(*peer->regions));
     if (peer->regions == NULL)
@@ -198,9 +223,11 @@ static kvr_status_t map_regions(kvr__peer_t *peer, const kvr_msg_regions_t *m,
     for (uint32_t i = 0; i < m->num_regions; i++) {
         const kvr_wire_region_t *r = &m->regions[i];
         uint64_t len = kvr_region_bytes(&r->desc);
-        kvr_status_t st = kvr__dpeer_map(peer->data, r->base, len, r->rkey,
-                                         r->rkey_len,
-                                         &peer->regions[i].mapping, err);
+        kvr_status_t st = map_device(c, r, &peer->regions[i], err);
+        peer->num_regions = i + 1; /* a mapping made is closed with the peer */
+        if (st == KVR_OK && r->memory == KVR_WIRE_MEM_HOST)
+            st = kvr__dpeer_map(peer->data, r->base, len, r->rkey, r->rkey_len,
+                                &peer->regions[i].mapping, err);
         if (st != KVR_OK)
             return st;
         peer->regions[i].desc = r->desc;
@@ -214,7 +241,6 @@ static kvr_status_t map_regions(kvr__peer_t *peer, const kvr_msg_regions_t *m,
             if (st != KVR_OK)
                 return st;
         }
-        peer->num_regions = i + 1;
     }
     return KVR_OK;
 }
@@ -254,7 +280,7 @@ static void on_regions(kvr_conn_t *c, kvr__peer_t *peer, const kvr_msg_t *msg)
     kvr_status_t st = kvr__dpeer_open(c->data, m->address, m->address_len,
                                       &peer->data, &err);
     if (st == KVR_OK)
-        st = map_regions(peer, m, &err);
+        st = map_regions(c, peer, m, &err);
     if (st == KVR_OK)
         st = check_twins(c, peer, &err);
     if (st == KVR_OK && peer->staging >= 0 &&

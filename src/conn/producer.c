@@ -70,7 +70,8 @@ static void send_done(kvr_conn_t *c, kvr__peer_t *peer,
 /* Our regions paired with the consumer's twins by (role, layer). */
 static kvr_status_t pair_regions(kvr_conn_t *c, const kvr__peer_t *peer,
                                  kvr_region_pair_t *pairs, uint32_t *remote,
-                                 const void **bases, size_t *n, kvr_error_t *err)
+                                 void **dev, const void **bases, size_t *n,
+                                 kvr_error_t *err)
 {
     *n = 0;
     for (uint32_t i = 0; i < c->num_regions; i++) {
@@ -83,6 +84,7 @@ static kvr_status_t pair_regions(kvr_conn_t *c, const kvr__peer_t *peer,
                                  d->layer, peer->link->peer.topo.dcp_rank);
         pairs[*n] = (kvr_region_pair_t){*d, peer->regions[j].desc};
         remote[*n] = peer->regions[j].mapping;
+        dev[*n] = peer->regions[j].dev_ptr;
         bases[(*n)++] = c->regions[i].base;
     }
     return KVR_OK;
@@ -91,6 +93,8 @@ static kvr_status_t pair_regions(kvr_conn_t *c, const kvr__peer_t *peer,
 typedef struct {
     kvr_plan_set_t *plans;
     kvr__dseg_t segs[KVR_CONN_MAX_REGIONS];
+    kvr_region_pair_t *pairs;              /* gpu-direct needs the pairs */
+    void *dev[KVR_CONN_MAX_REGIONS];       /* and the consumer's mappings */
     size_t n;
 } job_t;
 
@@ -99,6 +103,7 @@ static kvr_status_t plan_job(kvr_conn_t *c, const kvr__peer_t *peer,
                              kvr_error_t *err)
 {
     kvr_region_pair_t *pairs = calloc(KVR_CONN_MAX_REGIONS, sizeof(*pairs));
+    job->pairs = pairs;
     uint32_t remote[KVR_CONN_MAX_REGIONS];
     const void *bases[KVR_CONN_MAX_REGIONS];
     if (pairs == NULL)
@@ -109,7 +114,7 @@ static kvr_status_t plan_job(kvr_conn_t *c, const kvr__peer_t *peer,
                            "%u, the link is rank %u", w->dcp_rank,
                            peer->link->peer.topo.dcp_rank);
     if (st == KVR_OK)
-        st = pair_regions(c, peer, pairs, remote, bases, &job->n, err);
+        st = pair_regions(c, peer, pairs, remote, job->dev, bases, &job->n, err);
     kvr_request_t req = {w->src_blocks, w->num_src_blocks, w->dst_blocks,
                          w->num_dst_blocks, w->num_tokens, w->num_computed_blocks};
     if (st == KVR_OK)
@@ -118,7 +123,6 @@ static kvr_status_t plan_job(kvr_conn_t *c, const kvr__peer_t *peer,
     for (size_t i = 0; st == KVR_OK && i < job->n; i++)
         job->segs[i] = (kvr__dseg_t){kvr_plan_set_plan_of(job->plans, i),
                                      bases[i], remote[i], NULL};
-    free(pairs);
     return st;
 }
 
@@ -251,6 +255,27 @@ static int pick_executor(kvr__peer_t *peer, const kvr_msg_write_request_t *w,
     return kvr__data_choose(peer->data, force, job->segs, job->n, slot);
 }
 
+/* gpu-direct: the scatter kernel writes every region's share straight into
+ * the consumer's device pages; the bytes must be the plan's. */
+static kvr_status_t send_gpu(kvr_conn_t *c, const kvr_msg_write_request_t *w,
+                             const job_t *job, uint64_t *bytes, kvr_error_t *err)
+{
+    const void *src[KVR_CONN_MAX_REGIONS];
+    for (size_t i = 0; i < job->n; i++)
+        src[i] = job->segs[i].src;
+    kvr_request_t req = {w->src_blocks, w->num_src_blocks, w->dst_blocks,
+                         w->num_dst_blocks, w->num_tokens, w->num_computed_blocks};
+    kvr_status_t st = kvr__gpu_send(c->p.cuda_device, &c->p.layout, w->dcp_rank,
+                                    job->pairs, src, (void *const *)job->dev, job->n,
+                                    &req, bytes, err);
+    uint64_t planned = kvr__dseg_bytes(job->segs, job->n);
+    if (st == KVR_OK && *bytes != planned)
+        st = kvr_error_set(err, KVR_ERR_VERIFY, "gpu-direct moved %llu bytes, the "
+                           "plan has %llu", (unsigned long long)*bytes,
+                           (unsigned long long)planned);
+    return st;
+}
+
 static kvr_status_t execute(kvr_conn_t *c, kvr__peer_t *peer,
                             const kvr_msg_write_request_t *w, uint64_t *bytes,
                             uint32_t *chunks, kvr_error_t *err)
@@ -267,6 +292,12 @@ static kvr_status_t execute(kvr_conn_t *c, kvr__peer_t *peer,
         st = kvr_error_set(err, KVR_ERR_NO_SPACE, "staged executor asked without "
                            "staging slots");
     *chunks = 0;
+    if (st == KVR_OK && c->p.cuda_device >= 0) {
+        st = send_gpu(c, w, &job, bytes, err);
+        kvr_plan_set_destroy(job.plans);
+        free(job.pairs);
+        return st;
+    }
     if (st == KVR_OK && kvr__fault_is(c, KVR_FAULT_DIE_MID, &w->request_id)) {
         kvr__data_send_direct(peer->data, job.segs, (job.n + 1) / 2, deadline,
                               NULL, err);
@@ -278,6 +309,7 @@ static kvr_status_t execute(kvr_conn_t *c, kvr__peer_t *peer,
         st = kvr__data_send_direct(peer->data, job.segs, job.n, deadline, NULL, err);
     *bytes = kvr__dseg_bytes(job.segs, job.n);
     kvr_plan_set_destroy(job.plans);
+    free(job.pairs);
     return st;
 }
 

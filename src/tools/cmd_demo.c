@@ -218,15 +218,25 @@ static bool pump(demo_t *d, uint64_t deadline, int want_port_of, int *port)
     return false;
 }
 
+/* --device cuda: producers on GPU 0, decode ranks on GPU 1 when there is one. */
+static int child_device(const demo_t *d, bool consumer)
+{
+    if (!d->cfg.use_cuda)
+        return -1;
+    return consumer && kvr_conn_cuda_devices() > 1 ? 1 : 0;
+}
+
 static int start_serve(demo_t *d, uint32_t rank, int leader_port, int *port)
 {
-    char extra[4][300], name[32];
+    char extra[5][300], name[32];
     char *args[MAX_ARGS];
-    snprintf(extra[0], sizeof(extra[0]), "--rank=%u", rank);
-    snprintf(extra[1], sizeof(extra[1]), "--listen=127.0.0.1:0");
-    snprintf(extra[2], sizeof(extra[2]), "--expect=%u", d->cfg.requests);
-    snprintf(extra[3], sizeof(extra[3]), "--leader=127.0.0.1:%d", leader_port);
-    build_args(d, args, "serve", extra, rank > 0 ? 4 : 3);
+    snprintf(extra[0], sizeof(extra[0]), "--cuda-device=%d", child_device(d, true));
+    snprintf(extra[1], sizeof(extra[1]), "--rank=%u", rank);
+    snprintf(extra[2], sizeof(extra[2]), "--listen=127.0.0.1:0");
+    snprintf(extra[3], sizeof(extra[3]), "--expect=%u", d->cfg.requests);
+    snprintf(extra[4], sizeof(extra[4]), "--leader=127.0.0.1:%d", leader_port);
+    int skip = d->cfg.use_cuda ? 0 : 1;
+    build_args(d, args, "serve", extra + skip, (rank > 0 ? 5 : 4) - skip);
     snprintf(name, sizeof(name), "rank %u", rank);
     int k = spawn(d, name, args);
     uint64_t deadline = kvr_demo_now_ns() + 30000000000ull;
@@ -237,11 +247,13 @@ static int start_serve(demo_t *d, uint32_t rank, int leader_port, int *port)
 
 static int start_push(demo_t *d, uint32_t stage, const char *targets)
 {
-    char extra[2][300], name[32];
+    char extra[3][300], name[32];
     char *args[MAX_ARGS];
-    snprintf(extra[0], sizeof(extra[0]), "--stage=%u", stage);
-    snprintf(extra[1], sizeof(extra[1]), "--connect=%s", targets);
-    build_args(d, args, "push", extra, 2);
+    snprintf(extra[0], sizeof(extra[0]), "--cuda-device=%d", child_device(d, false));
+    snprintf(extra[1], sizeof(extra[1]), "--stage=%u", stage);
+    snprintf(extra[2], sizeof(extra[2]), "--connect=%s", targets);
+    int skip = d->cfg.use_cuda ? 0 : 1;
+    build_args(d, args, "push", extra + skip, 3 - skip);
     snprintf(name, sizeof(name), "stage %u", stage);
     return spawn(d, name, args) < 0 ? -1 : 0;
 }
@@ -422,12 +434,13 @@ static void write_manifest(const demo_t *d)
 static int demo_run(demo_t *d)
 {
     printf("kvrelay demo: PP%u prefill (%u layers) -> W=%u I=%u decode, %s index, "
-           "%u requests of ~%llu tokens over %s\n", d->cfg.pp, d->cfg.layers,
+           "%u requests of ~%llu tokens over %s%s\n", d->cfg.pp, d->cfg.layers,
            d->cfg.lay.dcp_size, d->cfg.lay.interleave,
            d->cfg.lay.replicate_index ? "replicated" : "sharded", d->cfg.requests,
            (unsigned long long)d->cfg.tokens,
            d->cfg.tl == KVR_CONN_TL_TCP ? "UCX tcp" : d->cfg.tl == KVR_CONN_TL_SHM
-                                                          ? "UCX shm" : "UCX");
+                                                          ? "UCX shm" : "UCX",
+           d->cfg.use_cuda ? " control, CUDA gpu-direct data (KV in GPU memory)" : "");
     fflush(stdout);
     uint64_t deadline = kvr_demo_now_ns() +
                         ((uint64_t)d->cfg.run_timeout_ms + 20000ull) * 1000000ull;
@@ -465,6 +478,9 @@ int kvr_cmd_demo(int argc, char **argv)
         errno != EEXIST)
         rc = kvr_tool_usage_error("demo", "--dump %s: %s", d->cfg.dump_dir,
                                   strerror(errno));
+    if (rc < 0 && d->cfg.use_cuda && kvr_conn_cuda_devices() == 0)
+        rc = kvr_tool_usage_error("demo", "--device cuda: no usable CUDA device "
+                                  "(or kvrelay was built without CUDA)");
     if (rc < 0) {
         signal(SIGPIPE, SIG_IGN);
         rc = demo_run(d);

@@ -66,6 +66,7 @@ typedef struct {
     uint32_t sent, failed, offered, next;
     kvr_region_desc_t descs[KVR_DEMO_MAX_LAYERS * 2];
     void *bases[KVR_DEMO_MAX_LAYERS * 2];
+    void *mirrors[KVR_DEMO_MAX_LAYERS * 2]; /* host view (device: the fill) */
     uint32_t num_regions;
 } push_t;
 
@@ -98,8 +99,14 @@ static kvr_status_t fill_regions(push_t *s, kvr_error_t *err)
             st = kvr_error_set(err, KVR_ERR_NO_MEMORY, "%s", kvr_conn_last_error(s->conn));
             break;
         }
-        memset(base, 0, kvr_region_bytes(&d));
+        void *host = s->cfg.cuda_device >= 0 ? calloc(1, kvr_region_bytes(&d)) : base;
+        if (host == NULL) {
+            st = kvr_error_set(err, KVR_ERR_NO_MEMORY, "no host buffer");
+            break;
+        }
+        memset(host, 0, kvr_region_bytes(&d));
         s->descs[s->num_regions] = d;
+        s->mirrors[s->num_regions] = host;
         s->bases[s->num_regions++] = base;
         for (uint32_t r = 0; st == KVR_OK && r < s->cfg.requests; r++) {
             uint64_t N = kvr_demo_tokens(&s->cfg, r);
@@ -108,8 +115,11 @@ static kvr_status_t fill_regions(push_t *s, kvr_error_t *err)
                 ids[g] = kvr_demo_token_id(&s->cfg, r, g);
             st = kvr_synth_fill_source(&s->cfg.lay, &d, s->cfg.seed, src,
                                        kvr_num_src_blocks(&s->cfg.lay, N), ids, N,
-                                       base, err);
+                                       host, err);
         }
+        if (st == KVR_OK && host != base &&
+            kvr_conn_copy(s->conn, base, host, kvr_region_bytes(&d)) != KVR_OK)
+            st = kvr_error_set(err, KVR_ERR_CUDA, "%s", kvr_conn_last_error(s->conn));
     }
     free(src);
     free(ids);
@@ -203,7 +213,7 @@ static int push_loop(push_t *s)
     for (uint32_t i = 0; s->cfg.dump_dir != NULL && i < s->num_regions; i++) {
         char name[128];
         kvr_demo_image_name(name, sizeof(name), -1, &s->descs[i]);
-        kvr_demo_write_file(s->cfg.dump_dir, name, s->bases[i],
+        kvr_demo_write_file(s->cfg.dump_dir, name, s->mirrors[i],
                             kvr_region_bytes(&s->descs[i]));
     }
     printf("summary stage=%u sent=%u failed=%u\n", s->o.stage, s->sent, s->failed);
@@ -229,6 +239,8 @@ static int push_run(push_t *s)
     int rc = st == KVR_OK ? push_loop(s) : KVR_EXIT_FAILED;
     if (st != KVR_OK)
         fprintf(stderr, "kvrelay push: stage %u: %s\n", s->o.stage, err.msg);
+    for (uint32_t i = 0; s->cfg.cuda_device >= 0 && i < s->num_regions; i++)
+        free(s->mirrors[i]);
     kvr_conn_destroy(s->conn);
     return rc;
 }

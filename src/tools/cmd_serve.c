@@ -82,6 +82,7 @@ typedef struct {
     kvr_conn_t *conn;
     kvr_region_desc_t descs[KVR_DEMO_MAX_LAYERS * 2];
     void *bases[KVR_DEMO_MAX_LAYERS * 2];
+    void *mirrors[KVR_DEMO_MAX_LAYERS * 2]; /* host view (device: a copy) */
     uint32_t num_regions;
     uint32_t loaded, verified, failed, group_done;
     uint64_t bytes;
@@ -93,10 +94,17 @@ static kvr_status_t setup_regions(serve_t *s, kvr_error_t *err)
     s->num_regions = kvr_demo_region(&s->cfg, 0, true, NULL);
     for (uint32_t i = 0; i < s->num_regions; i++) {
         kvr_demo_region(&s->cfg, i, true, &s->descs[i]);
+        uint64_t len = kvr_region_bytes(&s->descs[i]);
         if (kvr_conn_alloc_region(s->conn, &s->descs[i], &s->bases[i]) != KVR_OK)
             return kvr_error_set(err, KVR_ERR_NO_MEMORY, "region %u: %s", i,
                                  kvr_conn_last_error(s->conn));
-        memset(s->bases[i], 0, kvr_region_bytes(&s->descs[i]));
+        s->mirrors[i] = s->cfg.cuda_device >= 0 ? calloc(1, len) : s->bases[i];
+        if (s->mirrors[i] == NULL)
+            return kvr_error_set(err, KVR_ERR_NO_MEMORY, "no host mirror");
+        memset(s->mirrors[i], 0, len);
+        if (s->cfg.cuda_device >= 0 &&
+            kvr_conn_copy(s->conn, s->bases[i], s->mirrors[i], len) != KVR_OK)
+            return kvr_error_set(err, KVR_ERR_CUDA, "%s", kvr_conn_last_error(s->conn));
     }
     if (s->cfg.staging_slots == 0)
         return KVR_OK;
@@ -121,6 +129,20 @@ static kvr_status_t create_conn(serve_t *s, const uint8_t *key, kvr_error_t *err
     return kvr_conn_create(&p, &s->conn, err);
 }
 
+/* Device pages are checked through a fresh host copy. */
+static void refresh_mirrors(serve_t *s)
+{
+    for (uint32_t i = 0; s->cfg.cuda_device >= 0 && i < s->num_regions; i++)
+        kvr_conn_copy(s->conn, s->mirrors[i], s->bases[i],
+                      kvr_region_bytes(&s->descs[i]));
+}
+
+static void free_mirrors(serve_t *s)
+{
+    for (uint32_t i = 0; s->cfg.cuda_device >= 0 && i < s->num_regions; i++)
+        free(s->mirrors[i]);
+}
+
 /* Rank 0 records each loaded request's destination table for the dump. */
 static void note_dump(serve_t *s, const kvr_conn_event_t *e)
 {
@@ -140,10 +162,11 @@ static void note_dump(serve_t *s, const kvr_conn_event_t *e)
 
 static void write_dump(serve_t *s)
 {
+    refresh_mirrors(s);
     for (uint32_t i = 0; i < s->num_regions; i++) {
         char name[128];
         kvr_demo_image_name(name, sizeof(name), (int)s->o.rank, &s->descs[i]);
-        kvr_demo_write_file(s->cfg.dump_dir, name, s->bases[i],
+        kvr_demo_write_file(s->cfg.dump_dir, name, s->mirrors[i],
                             kvr_region_bytes(&s->descs[i]));
     }
     if (s->dumped == NULL)
@@ -168,7 +191,8 @@ static void on_event(serve_t *s, const kvr_conn_event_t *e)
                (unsigned long long)e->num_computed_blocks,
                (unsigned long long)kvr_demo_now_ns());
         note_dump(s, e);
-        if (kvr_demo_verify(&s->cfg, s->o.rank, s->descs, s->bases, s->num_regions,
+        refresh_mirrors(s);
+        if (kvr_demo_verify(&s->cfg, s->o.rank, s->descs, s->mirrors, s->num_regions,
                             e, &err) == KVR_OK) {
             s->verified++;
             printf("verified %.*s\n", idl, id);
@@ -249,6 +273,7 @@ static int serve_run(serve_t *s)
     int rc = st == KVR_OK ? serve_loop(s) : KVR_EXIT_FAILED;
     if (st != KVR_OK)
         fprintf(stderr, "kvrelay serve: rank %u: %s\n", s->o.rank, err.msg);
+    free_mirrors(s);
     kvr_conn_destroy(s->conn);
     return rc;
 }

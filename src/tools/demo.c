@@ -25,6 +25,8 @@ const char kvr_demo_options_help[] =
     "  --fault KIND:REQUEST_ID[@WHO]  (die-mid, refuse, wrong-nonce, dup-done:\n"
     "       push stage WHO; bad-blocks, die-assign: serve rank WHO; all if no @)\n"
     "  --dump DIR (region images + manifest.json for `kvrelay inspect`)\n"
+    "  --device host|cuda (demo: KV in GPU memory, gpu-direct executor;\n"
+    "    serve/push take --cuda-device N)\n"
     "  --verbose\n";
 
 void kvr_demo_cfg_init(kvr_demo_cfg_t *cfg)
@@ -48,6 +50,7 @@ void kvr_demo_cfg_init(kvr_demo_cfg_t *cfg)
     cfg->staging_slots = 8;
     cfg->slot_bytes = 4u << 20;
     cfg->fault_target = -1;
+    cfg->cuda_device = -1;
 }
 
 kvr_conn_fault_t kvr_demo_fault_for(const kvr_demo_cfg_t *cfg, uint32_t who)
@@ -164,6 +167,18 @@ int kvr_demo_option(kvr_demo_cfg_t *cfg, const char *cmd, const char *name,
         cfg->key_file = value;
     else if (strcmp(name, "dump") == 0)
         cfg->dump_dir = value;
+    else if (strcmp(name, "device") == 0) {
+        static const char *const kinds[] = {"host", "cuda"};
+        rc = parse_enum(cmd, name, value, kinds, 2, &e);
+        cfg->use_cuda = e == 1;
+    } else if (strcmp(name, "cuda-device") == 0) {
+        uint64_t d;
+        if (!kvr_tool_parse_u64(value, 0, 63, &d)) {
+            kvr_tool_usage_error(cmd, "--cuda-device: '%s' is not in [0, 63]", value);
+            return -1;
+        }
+        cfg->cuda_device = (int)d;
+    }
     else if (strcmp(name, "fault") == 0)
         return parse_fault(cfg, cmd, value);
     else if (strcmp(name, "timeout") == 0) {
@@ -395,6 +410,7 @@ kvr_conn_params_t kvr_demo_conn_params(const kvr_demo_cfg_t *cfg,
     p.deadline_ms = cfg->deadline_ms;
     p.leader_blocks = kvr_demo_dst_pool(cfg);
     p.fault = kvr_demo_fault_for(cfg, who);
+    p.cuda_device = cfg->cuda_device;
     return p;
 }
 

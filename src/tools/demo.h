@@ -35,6 +35,8 @@ typedef struct kvr_demo_cfg {
     int fault_target; /* rank (serve) or stage (push) it applies to; -1 all */
     bool verbose;
     const char *dump_dir; /* --dump DIR: region images and a manifest */
+    bool use_cuda;        /* demo --device cuda */
+    int cuda_device;      /* serve/push --cuda-device N; -1 host memory */
 } kvr_demo_cfg_t;
 
 void kvr_demo_cfg_init(kvr_demo_cfg_t *cfg);

@@ -1,0 +1,39 @@
+/* The connector's GPU path: regions in CUDA device memory, shared with the
+ * producer through CUDA IPC, filled by the gpu layer's scatter kernel
+ * (DESIGN.md §5 gpu-direct). Two implementations: gpu_path_cuda.c when the
+ * gpu layer was built with CUDA, gpu_path_none.c (ERR_UNSUPPORTED) else. */
+#ifndef KVRELAY_CONN_GPU_PATH_H
+#define KVRELAY_CONN_GPU_PATH_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "kvrelay/plan.h"
+#include "kvrelay/status.h"
+
+/* Bytes of the IPC description of a region carried in REGIONS' rkey. */
+#define KVR_GPU_RKEY_BYTES 72u
+
+/* Usable CUDA devices; 0 without CUDA. */
+int kvr__gpu_device_count(void);
+kvr_status_t kvr__gpu_alloc(int device, uint64_t len, void **ptr,
+                            kvr_error_t *err);
+void kvr__gpu_free(void *ptr);
+/* cudaMemcpy of any direction (host and device pointers), synchronous. */
+kvr_status_t kvr__gpu_copy(void *dst, const void *src, uint64_t len,
+                           kvr_error_t *err);
+kvr_status_t kvr__gpu_export(const void *ptr, uint8_t *rkey, uint32_t *len,
+                             kvr_error_t *err);
+kvr_status_t kvr__gpu_open(int device, const uint8_t *rkey, uint32_t len,
+                           void **ptr, kvr_error_t *err);
+void kvr__gpu_close(const uint8_t *rkey, uint32_t len, void *ptr);
+/* Producer: rank's share of every region pair, device to device (dst are
+ * the consumer's regions as mapped here), then a stream synchronize. */
+kvr_status_t kvr__gpu_send(int device, const kvr_layout_t *lay, uint32_t rank,
+                           const kvr_region_pair_t *pairs,
+                           const void *const *src, void *const *dst, size_t n,
+                           const kvr_request_t *req, uint64_t *bytes,
+                           kvr_error_t *err);
+
+#endif

@@ -1,0 +1,108 @@
+/* The connector's GPU path over the gpu layer (see gpu_path.h). */
+#include "gpu_path.h"
+
+#include <string.h>
+
+#include "kvrelay/gpu.h"
+
+int kvr__gpu_device_count(void)
+{
+    int n = 0;
+    return kvr_gpu_device_count(&n, NULL) == KVR_OK ? n : 0;
+}
+
+kvr_status_t kvr__gpu_alloc(int device, uint64_t len, void **ptr,
+                            kvr_error_t *err)
+{
+    return kvr_gpu_malloc(device, len, ptr, err);
+}
+
+void kvr__gpu_free(void *ptr)
+{
+    kvr_gpu_free(ptr);
+}
+
+kvr_status_t kvr__gpu_copy(void *dst, const void *src, uint64_t len,
+                           kvr_error_t *err)
+{
+    return kvr_gpu_memcpy(dst, src, len, err);
+}
+
+kvr_status_t kvr__gpu_export(const void *ptr, uint8_t *rkey, uint32_t *len,
+                             kvr_error_t *err)
+{
+    kvr_gpu_ipc_handle_t h;
+    kvr_status_t st = kvr_gpu_ipc_export(ptr, &h, err);
+    if (st != KVR_OK)
+        return st;
+    memcpy(rkey, h.handle, sizeof(h.handle));
+    memcpy(rkey + sizeof(h.handle), &h.offset, sizeof(h.offset));
+    *len = KVR_GPU_RKEY_BYTES;
+    return KVR_OK;
+}
+
+static kvr_status_t handle_of(const uint8_t *rkey, uint32_t len,
+                              kvr_gpu_ipc_handle_t *h, kvr_error_t *err)
+{
+    if (len != KVR_GPU_RKEY_BYTES)
+        return kvr_error_set(err, KVR_ERR_PROTO, "CUDA region key of %u bytes, "
+                             "expected %u", len, KVR_GPU_RKEY_BYTES);
+    memcpy(h->handle, rkey, sizeof(h->handle));
+    memcpy(&h->offset, rkey + sizeof(h->handle), sizeof(h->offset));
+    return KVR_OK;
+}
+
+kvr_status_t kvr__gpu_open(int device, const uint8_t *rkey, uint32_t len,
+                           void **ptr, kvr_error_t *err)
+{
+    kvr_gpu_ipc_handle_t h;
+    kvr_status_t st = handle_of(rkey, len, &h, err);
+    if (st == KVR_OK)
+        st = kvr_gpu_set_device(device, err);
+    if (st == KVR_OK)
+        st = kvr_gpu_ipc_open(&h, ptr, err);
+    return st;
+}
+
+void kvr__gpu_close(const uint8_t *rkey, uint32_t len, void *ptr)
+{
+    kvr_gpu_ipc_handle_t h;
+    if (ptr != NULL && handle_of(rkey, len, &h, NULL) == KVR_OK)
+        kvr_gpu_ipc_close(&h, ptr);
+}
+
+static kvr_status_t send_pair(const kvr_layout_t *lay, uint32_t rank,
+                              const kvr_region_pair_t *pair, const void *src,
+                              void *dst, const kvr_request_t *req,
+                              uint64_t *bytes, kvr_error_t *err)
+{
+    kvr_gpu_request_t g = {req->src_blocks, req->num_src_blocks,
+                           req->dst_blocks, req->num_dst_blocks,
+                           req->num_tokens, req->num_computed_blocks};
+    kvr_gpu_relayout_t *rl = NULL;
+    kvr_status_t st = kvr_gpu_relayout_create(lay, &pair->src, &pair->dst, &g,
+                                              &rl, err);
+    if (st == KVR_OK)
+        st = kvr_gpu_relayout_upload(rl, err);
+    if (st == KVR_OK)
+        st = kvr_gpu_scatter_rank(rl, rank, src, dst, NULL, err);
+    if (st == KVR_OK)
+        *bytes += kvr_gpu_relayout_bytes(rl, rank);
+    kvr_gpu_relayout_destroy(rl);
+    return st;
+}
+
+kvr_status_t kvr__gpu_send(int device, const kvr_layout_t *lay, uint32_t rank,
+                           const kvr_region_pair_t *pairs,
+                           const void *const *src, void *const *dst, size_t n,
+                           const kvr_request_t *req, uint64_t *bytes,
+                           kvr_error_t *err)
+{
+    kvr_status_t st = kvr_gpu_set_device(device, err);
+    *bytes = 0;
+    for (size_t i = 0; i < n && st == KVR_OK; i++)
+        st = send_pair(lay, rank, &pairs[i], src[i], dst[i], req, bytes, err);
+    if (st == KVR_OK)
+        st = kvr_gpu_sync(NULL, err);
+    return st;
+}

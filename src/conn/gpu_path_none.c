@@ -1,0 +1,62 @@
+/* Built without CUDA: device memory is refused with a clear error. */
+#include "gpu_path.h"
+
+static kvr_status_t no_cuda(kvr_error_t *err)
+{
+    return kvr_error_set(err, KVR_ERR_UNSUPPORTED,
+                         "kvrelay was built without CUDA: no device memory");
+}
+
+int kvr__gpu_device_count(void)
+{
+    return 0;
+}
+
+kvr_status_t kvr__gpu_alloc(int device, uint64_t len, void **ptr,
+                            kvr_error_t *err)
+{
+    (void)device, (void)len, (void)ptr;
+    return no_cuda(err);
+}
+
+void kvr__gpu_free(void *ptr)
+{
+    (void)ptr;
+}
+
+kvr_status_t kvr__gpu_copy(void *dst, const void *src, uint64_t len,
+                           kvr_error_t *err)
+{
+    (void)dst, (void)src, (void)len;
+    return no_cuda(err);
+}
+
+kvr_status_t kvr__gpu_export(const void *ptr, uint8_t *rkey, uint32_t *len,
+                             kvr_error_t *err)
+{
+    (void)ptr, (void)rkey, (void)len;
+    return no_cuda(err);
+}
+
+kvr_status_t kvr__gpu_open(int device, const uint8_t *rkey, uint32_t len,
+                           void **ptr, kvr_error_t *err)
+{
+    (void)device, (void)rkey, (void)len, (void)ptr;
+    return no_cuda(err);
+}
+
+void kvr__gpu_close(const uint8_t *rkey, uint32_t len, void *ptr)
+{
+    (void)rkey, (void)len, (void)ptr;
+}
+
+kvr_status_t kvr__gpu_send(int device, const kvr_layout_t *lay, uint32_t rank,
+                           const kvr_region_pair_t *pairs,
+                           const void *const *src, void *const *dst, size_t n,
+                           const kvr_request_t *req, uint64_t *bytes,
+                           kvr_error_t *err)
+{
+    (void)device, (void)lay, (void)rank, (void)pairs, (void)src, (void)dst;
+    (void)n, (void)req, (void)bytes;
+    return no_cuda(err);
+}
