@@ -607,8 +607,9 @@ static void header(int devices)
 int main(int argc, char **argv)
 {
     int devices = 0, relayout_only = argc == 3 && !strcmp(argv[1], "--relayout-only");
-    if (argc != 2 && !relayout_only)
-        DIE("usage: bench_gpu [--relayout-only] OUT.json");
+    int topk_only = argc == 3 && !strcmp(argv[1], "--topk-only");
+    if (argc != 2 && !relayout_only && !topk_only)
+        DIE("usage: bench_gpu [--relayout-only | --topk-only] OUT.json");
     if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0)
         DIE("no CUDA device");
     js = fopen(argv[argc - 1], "w");
@@ -625,7 +626,7 @@ int main(int argc, char **argv)
         fprintf(js, "],\n");
     }
     fprintf(js, "  \"relayout\": [");
-    if (devices >= 2) {
+    if (devices >= 2 && !topk_only) {
         KVR_OK_OR_DIE(kvr_gpu_enable_peer(0, 1, &err));
         KVR_OK_OR_DIE(kvr_gpu_enable_peer(1, 0, &err));
         static const uint32_t IS[] = {1, 4, 16, 64}, TB[] = {576, 1152};

@@ -21,7 +21,7 @@ WARN="-Wall -Wextra -Wshadow -Werror"
 obj() { echo "$B/$(basename "$1").o"; }
 compile() { # source file
     case "$1" in
-    *.cu) "$NVCC" -O3 -std=c++17 -arch="$ARCH" $INC -Xcompiler "${WARN// /,}" \
+    *.cu) "$NVCC" -O3 -lineinfo -std=c++17 -arch="$ARCH" $INC -Xcompiler "${WARN// /,}" \
               -Werror all-warnings -c "$1" -o "$(obj "$1")" ;;
     *) "$CC" -O2 -std=c11 -D_GNU_SOURCE $WARN $INC -c "$1" -o "$(obj "$1")" ;;
     esac
@@ -63,6 +63,12 @@ echo "build: $(( $(date +%s) - t0 )) s"
 
 nvidia-smi > "$OUT/nvidia-smi.txt" 2>&1 && nvidia-smi topo -m >> "$OUT/nvidia-smi.txt" 2>&1
 
+if [ -n "${PROFILE:-}" ]; then # Nsight Compute on the top-k kernel
+    ncu --clock-control none --set full -k regex:topk_kernel -s 3 -c 1 \
+        "$B/bench_gpu" --topk-only "$OUT/topk-profiled.json" > "$OUT/ncu-topk.txt" 2>&1
+    tail -c 12000 "$OUT/ncu-topk.txt"
+    exit 0
+fi
 echo "== tests"
 status=0
 for t in test_gpu_relayout test_gpu_decode test_gpu_ipc; do

@@ -47,28 +47,35 @@ __device__ void record(kvr__fault_t *f, kvr__fault_code_t code, int32_t row,
 struct TopkJob {
     kvr_gpu_topk_args_t a;
     kvr__div by_i, by_w, by_v, by_iw;
-    uint64_t limit; /* positions must be below max_blocks * V */
-    uint32_t vec4;  /* rows can be read 16 bytes at a time */
+    uint32_t limit;   /* positions must be below min(max_blocks * V, 2^31) */
+    uint32_t vec4;    /* rows can be read 16 bytes at a time */
+    uint32_t shift_i; /* POW2 kernels: log2(I) */
 };
 
 constexpr int TK_THREADS = 128, TK_ITEMS = 16, TK_TILE = TK_THREADS * TK_ITEMS;
 #ifndef KVR_TOPK_MIN_BLOCKS
-#define KVR_TOPK_MIN_BLOCKS 10 /* 48 registers, no spills */
+#define KVR_TOPK_MIN_BLOCKS 16 /* all of an SM's threads */
 #endif
 
-/* g if this rank owns candidate v (kvr__owner's formula, divisions by
- * multiply and shift), else -1; bad positions are recorded and dropped. */
-__device__ int32_t owned(const TopkJob &j, int32_t v, uint32_t row,
-                         uint32_t col, kvr__fault_t *f)
+/* g if this rank owns candidate v (kvr__owner's formula: a shift and a mask
+ * when I and W are powers of two, multiply and shift otherwise), else -1;
+ * bad positions are recorded and dropped. */
+template <bool POW2>
+__device__ __forceinline__ int32_t owned(const TopkJob &j, int32_t v,
+                                         uint32_t row, uint32_t col,
+                                         kvr__fault_t *f)
 {
     if (v == -1)
         return -1;
-    if (v < -1 || (uint64_t)v >= j.limit) {
+    if ((uint32_t)v >= j.limit) { /* also every v < -1 */
         record(f, KVR__FAULT_POS, row, col, v);
         return -1;
     }
-    uint32_t chunk = kvr__div_by(j.by_i, (uint32_t)v);
-    return chunk - kvr__div_by(j.by_w, chunk) * j.by_w.d == j.a.rank ? v : -1;
+    uint32_t chunk = POW2 ? (uint32_t)v >> j.shift_i
+                          : kvr__div_by(j.by_i, (uint32_t)v);
+    uint32_t owner = POW2 ? chunk & (j.by_w.d - 1)
+                          : chunk - kvr__div_by(j.by_w, chunk) * j.by_w.d;
+    return owner == j.a.rank ? v : -1;
 }
 
 /* Slot of owned position g: kvr__dst_slot, with g % V / (I*W) * I + g % I
@@ -93,6 +100,7 @@ __device__ int32_t slot_of(const TopkJob &j, const int32_t *table, int32_t v,
 /* Loads this thread's TK_ITEMS consecutive candidates of a tile and keeps
  * the positions this rank owns (bit i of *own); returns how many. Needs no
  * block table, so a row's count is known after one round trip. */
+template <bool POW2>
 __device__ int32_t load_owned(const TopkJob &j, uint32_t row, uint32_t tile,
                               bool req_ok, kvr__fault_t *f,
                               int32_t (&v)[TK_ITEMS], uint32_t *own)
@@ -117,21 +125,10 @@ __device__ int32_t load_owned(const TopkJob &j, uint32_t row, uint32_t tile,
     *own = 0;
 #pragma unroll
     for (int i = 0; i < TK_ITEMS; i++) {
-        v[i] = req_ok ? owned(j, v[i], row, col0 + i, f) : -1;
+        v[i] = req_ok ? owned<POW2>(j, v[i], row, col0 + i, f) : -1;
         *own |= (uint32_t)(v[i] >= 0) << i;
     }
     return __popc(*own);
-}
-
-__device__ void to_slots(const TopkJob &j, const int32_t *table, uint32_t row,
-                         uint32_t tile, uint32_t own, kvr__fault_t *f,
-                         int32_t (&v)[TK_ITEMS])
-{
-    uint32_t col0 = tile + threadIdx.x * TK_ITEMS;
-#pragma unroll
-    for (int i = 0; i < TK_ITEMS; i++)
-        if (own >> i & 1)
-            v[i] = slot_of(j, table, v[i], row, col0 + i, f);
 }
 
 /* Exclusive prefix of x over the block; *total gets the sum. */
@@ -241,24 +238,37 @@ __device__ uint32_t look_back(uint64_t *flags, uint32_t row, uint32_t epoch,
     return prefix;
 }
 
-/* Compacts the tile's slots in shared memory, then writes them out
- * contiguously from `start` (whole sectors instead of scattered words). */
-__device__ void write_tile(const TopkJob &j, int32_t *stage, uint32_t own,
-                           const int32_t (&v)[TK_ITEMS], int32_t offset,
-                           int32_t count, uint32_t start)
+/* Compacts the columns of this thread's owned candidates in shared memory
+ * from `offset`. */
+__device__ void stage_columns(int32_t *stage, uint32_t tile, uint32_t own,
+                              int32_t offset)
 {
+    uint32_t col0 = tile + threadIdx.x * TK_ITEMS;
 #pragma unroll
     for (int i = 0; i < TK_ITEMS; i++)
         if (own >> i & 1)
-            stage[offset++] = v[i];
-    __syncthreads();
-    for (int32_t i = threadIdx.x; i < count; i += TK_THREADS)
-        j.a.out_slots[start + i] = stage[i];
-    __syncthreads();
+            stage[offset++] = (int32_t)(col0 + i);
 }
 
-/* Rows wider than one tile: load, convert and write each tile again (the
- * row's bytes are still in L1/L2 from the count). */
+/* Turns the `count` staged columns into slots and writes them contiguously
+ * from `start`: only owned candidates pay for the block table, and the
+ * stores are whole sectors. */
+__device__ void write_staged(const TopkJob &j, const int32_t *table,
+                             uint32_t row, const int32_t *stage, int32_t count,
+                             uint32_t start, kvr__fault_t *f)
+{
+    const int32_t *cand = j.a.token_indices + (uint64_t)row * j.a.topk;
+#pragma unroll 4
+    for (int32_t i = threadIdx.x; i < count; i += TK_THREADS) {
+        int32_t col = stage[i];
+        j.a.out_slots[start + i] = slot_of(j, table, __ldg(cand + col), row,
+                                           (uint32_t)col, f);
+    }
+}
+
+/* Rows wider than one tile: count again tile by tile (the row's bytes are
+ * still in L1/L2), stage and write each. */
+template <bool POW2>
 __device__ void write_tiles(const TopkJob &j, const int32_t *table,
                             uint32_t row, uint32_t start, int32_t *stage,
                             kvr__fault_t *f)
@@ -266,17 +276,21 @@ __device__ void write_tiles(const TopkJob &j, const int32_t *table,
     int32_t v[TK_ITEMS];
     uint32_t own;
     for (uint32_t tile = 0; tile < j.a.topk; tile += TK_TILE) {
-        int32_t n = load_owned(j, row, tile, true, f, v, &own), total = 0;
-        to_slots(j, table, row, tile, own, f, v);
-        int32_t offset = block_scan(n, &total);
-        write_tile(j, stage, own, v, offset, total, start);
+        int32_t total = 0;
+        int32_t offset = block_scan(
+            load_owned<POW2>(j, row, tile, true, f, v, &own), &total);
+        stage_columns(stage, tile, own, offset);
+        __syncthreads();
+        write_staged(j, table, row, stage, total, start, f);
+        __syncthreads();
         start += total;
     }
 }
 
-/* One row per block: count the owned candidates, publish the count, and
- * while warp 0 looks back for the row's start, the other warps turn their
- * positions into slots; then the compacted write. */
+/* One row per block: count the owned candidates (no block table needed),
+ * stage their columns while warp 0 looks back for the row's start, then
+ * convert and write. */
+template <bool POW2>
 __global__ void __launch_bounds__(TK_THREADS, KVR_TOPK_MIN_BLOCKS)
     topk_kernel(const TopkJob j, State *st, uint64_t *flags)
 {
@@ -291,12 +305,12 @@ __global__ void __launch_bounds__(TK_THREADS, KVR_TOPK_MIN_BLOCKS)
     int32_t v[TK_ITEMS], n = 0, count = 0;
     uint32_t own = 0;
     for (uint32_t tile = 0; tile < j.a.topk; tile += TK_TILE)
-        n += load_owned(j, row, tile, req_ok, &st->fault, v, &own);
+        n += load_owned<POW2>(j, row, tile, req_ok, &st->fault, v, &own);
     if (!req_ok && threadIdx.x == 0)
         record(&st->fault, KVR__FAULT_SEQ, (int32_t)row, -1, req);
     int32_t offset = block_scan(n, &count);
-    if (threadIdx.x >= 32 && single)
-        to_slots(j, table, row, 0, own, &st->fault, v);
+    if (single)
+        stage_columns(stage, 0, own, offset);
     if (threadIdx.x < 32) {
         uint32_t start = look_back(flags, row, epoch, (uint32_t)count);
         if (threadIdx.x == 0) {
@@ -308,16 +322,14 @@ __global__ void __launch_bounds__(TK_THREADS, KVR_TOPK_MIN_BLOCKS)
             if (row == gridDim.x - 1)
                 st->epoch = epoch + 1;
         }
-        if (single)
-            to_slots(j, table, row, 0, own, &st->fault, v);
     }
     __syncthreads();
     if (count == 0)
         return;
     if (single)
-        write_tile(j, stage, own, v, offset, count, s_start);
+        write_staged(j, table, row, stage, count, s_start, &st->fault);
     else
-        write_tiles(j, table, row, s_start, stage, &st->fault);
+        write_tiles<POW2>(j, table, row, s_start, stage, &st->fault);
 }
 
 __global__ void rows_kernel(int32_t *out, uint32_t rows, uint32_t per_req)
@@ -413,8 +425,12 @@ TopkJob topk_job(const kvr_gpu_topk_args_t *a)
     j.by_w = kvr__div_make(a->dcp_size);
     j.by_v = kvr__div_make(V);
     j.by_iw = kvr__div_make(a->interleave * a->dcp_size);
-    j.limit = (uint64_t)a->max_blocks * V;
+    uint64_t limit = (uint64_t)a->max_blocks * V;
+    j.limit = (uint32_t)(limit < (1ull << 31) ? limit : 1ull << 31);
     j.vec4 = a->topk % 4 == 0 && (uintptr_t)a->token_indices % 16 == 0;
+    j.shift_i = 0;
+    while ((1u << j.shift_i) < a->interleave)
+        j.shift_i++;
     return j;
 }
 
@@ -494,8 +510,15 @@ extern "C" kvr_status_t kvr_gpu_topk_filter(kvr_gpu_decode_t *dec,
         return KVR_OK;
     }
     TopkJob j = topk_job(a);
-    topk_kernel<<<a->num_rows, TK_THREADS, 0, s>>>(j, (State *)dec->mem,
-                                                   scan_flags(dec->mem));
+    bool pow2 = (a->interleave & (a->interleave - 1)) == 0 &&
+                (a->dcp_size & (a->dcp_size - 1)) == 0;
+    State *state = (State *)dec->mem;
+    if (pow2)
+        topk_kernel<true><<<a->num_rows, TK_THREADS, 0, s>>>(
+            j, state, scan_flags(dec->mem));
+    else
+        topk_kernel<false><<<a->num_rows, TK_THREADS, 0, s>>>(
+            j, state, scan_flags(dec->mem));
     return kvr__launch_status("topk_kernel", err);
 }
 

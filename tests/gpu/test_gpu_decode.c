@@ -136,7 +136,7 @@ static void check_topk_fault(kvr_gpu_decode_t *dec, uint64_t *rng)
 
 static void check_topk_all(void)
 {
-    static const uint32_t WS[] = {1, 2, 4, 8}, IS[] = {1, 4, 64};
+    static const uint32_t WS[] = {1, 2, 3, 4, 8}, IS[] = {1, 4, 64, 2};
     static const uint32_t KS[] = {2048, 100, 5000, 7, 2047};
     static const kvr_gpu_step_t STEPS[] = {KVR_GPU_STEP_DECODE,
                                            KVR_GPU_STEP_VERIFY,
@@ -147,8 +147,8 @@ static void check_topk_all(void)
     int n = 0;
     for (int i = 0; i < 240; i++, n++) {
         topk_shape_t s = {STEPS[i % 3], 1 + rng_below(&rng, 200), 1, 0,
-                          KS[rng_below(&rng, 5)], WS[rng_below(&rng, 4)],
-                          IS[rng_below(&rng, 3)], 64, 0, 20 * rng_below(&rng, 3)};
+                          KS[rng_below(&rng, 5)], WS[rng_below(&rng, 5)],
+                          IS[rng_below(&rng, 4)], 64, 0, 20 * rng_below(&rng, 3)};
         s.q_len = s.step == KVR_GPU_STEP_VERIFY ? 1 + rng_below(&rng, 4) : 1;
         s.padded_rows = s.num_reqs + rng_below(&rng, 9);
         s.rank = rng_below(&rng, s.W);
