@@ -259,6 +259,17 @@ kvr_status_t check_pointers(const void *a, const void *b, kvr_error_t *err)
     return KVR_OK;
 }
 
+/* A one-rank job from src into dst. */
+Job rank_job(Mode mode, uint32_t rank, const void *src, void *dst)
+{
+    Job j = {};
+    j.mode = mode;
+    j.rank = rank;
+    j.src = (const unsigned char *)src;
+    j.dst[0] = (unsigned char *)dst;
+    return j;
+}
+
 /* Pack or unpack rank's stream bytes [offset, offset + len). */
 kvr_status_t run_range(const kvr_gpu_relayout_t *rl, Mode mode, uint32_t rank,
                        const void *src, void *dst, uint64_t offset,
@@ -270,11 +281,7 @@ kvr_status_t run_range(const kvr_gpu_relayout_t *rl, Mode mode, uint32_t rank,
     st = check_pointers(src, dst, err);
     if (st != KVR_OK)
         return st;
-    Job j = {};
-    j.mode = mode;
-    j.rank = rank;
-    j.src = (const unsigned char *)src;
-    j.dst[0] = (unsigned char *)dst;
+    Job j = rank_job(mode, rank, src, dst);
     j.lo = offset;
     j.hi = offset + len;
     uint32_t s0, s1, per = kvr__rl_pieces_per_block(&rl->geom);
@@ -349,11 +356,7 @@ extern "C" kvr_status_t kvr_gpu_scatter_rank(const kvr_gpu_relayout_t *rl,
         st = check_pointers(src_base, dst_base, err);
     if (st != KVR_OK)
         return st;
-    Job j = {};
-    j.mode = SCATTER;
-    j.rank = rank;
-    j.src = (const unsigned char *)src_base;
-    j.dst[0] = (unsigned char *)dst_base;
+    Job j = rank_job(SCATTER, rank, src_base, dst_base);
     uint64_t bits = (uintptr_t)src_base | (uintptr_t)dst_base;
     return launch(rl, j, bits, 0, all_pieces(rl), stream, err);
 }
