@@ -168,6 +168,7 @@ static void ucx_close(kvr_transport_t *t)
         ucp_worker_release_address(tr->worker, tr->addr);
     if (tr->worker != NULL)
         ucp_worker_destroy(tr->worker);
+    kvr__ucx_free_graveyard(tr);
     if (tr->ctx != NULL)
         ucp_cleanup(tr->ctx);
     if (tr->wake_fd >= 0)

@@ -81,10 +81,23 @@ void kvr__ucx_ep_destroy(kvr_ep_t *ep)
     kvr_status_t st = kvr__wait(ep->t, ep_idle, &w, deadline);
     if (w.req != NULL)
         ucp_request_free(w.req);
-    if (st == KVR_OK)
+    if (st == KVR_OK) {
         free(uep);
-    /* else: a late callback may still name uep; leaking it is the safe
-     * choice, and the worker's destruction reclaims the UCX side. */
+        return;
+    }
+    /* A late callback may still name uep: keep it until the worker is
+     * destroyed (kvr__ucx_free_graveyard), which reclaims the UCX side. */
+    uep->next_dead = tr->graveyard;
+    tr->graveyard = uep;
+}
+
+void kvr__ucx_free_graveyard(ucx_tr_t *tr)
+{
+    while (tr->graveyard != NULL) {
+        ucx_ep_t *ep = tr->graveyard;
+        tr->graveyard = ep->next_dead;
+        free(ep);
+    }
 }
 
 kvr_status_t kvr__ucx_reg(kvr_transport_t *t, void *addr, size_t len,

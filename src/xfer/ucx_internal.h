@@ -27,6 +27,9 @@ typedef struct ucx_tr {
     _Atomic bool sleeping;       /* the progress thread sits in poll() */
     _Atomic uint64_t outstanding; /* posted requests not yet completed */
     uint64_t last_event_ns;       /* last time progress did something */
+    struct ucx_ep *graveyard;     /* endpoints whose close timed out: freed
+                                     once the worker is gone (no callback
+                                     can name them after that) */
 } ucx_tr_t;
 
 typedef struct ucx_ep {
@@ -36,6 +39,7 @@ typedef struct ucx_ep {
     _Atomic uint32_t msgs_pending; /* control messages not yet sent */
     _Atomic uint64_t flushes_done;
     uint64_t flushes_posted;
+    struct ucx_ep *next_dead; /* in the transport's graveyard */
 } ucx_ep_t;
 
 typedef struct ucx_mem {
@@ -47,6 +51,9 @@ typedef struct ucx_rmem {
     kvr_rmem_t base;
     ucp_rkey_h rkey;
 } ucx_rmem_t;
+
+/* Frees endpoints whose close timed out; call after ucp_worker_destroy. */
+void kvr__ucx_free_graveyard(ucx_tr_t *tr);
 
 static inline ucx_tr_t *kvr__ucx_tr(kvr_transport_t *t)
 {
