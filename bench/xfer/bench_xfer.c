@@ -23,6 +23,7 @@ typedef struct {
     uint32_t num_slots;
     const char *out;
     bool only_shm, only_tcp;
+    int probe_only; /* probes per cell, no rounds (model development) */
 } opts_t;
 
 typedef struct {
@@ -103,12 +104,54 @@ static int measure_cell(xh_session_t *s, const kvr_cost_model_t *model,
     return 0;
 }
 
-static json_t *model_json(const kvr_cost_model_t *m)
+/* --probe-only: the picks a fresh probe makes in this cell. */
+static void predict(xh_session_t *s, const kvr_cost_model_t *model,
+                    const char *tl, uint32_t I)
 {
-    return json_pack("{s:f,s:f,s:f,s:f,s:f,s:b}", "put_s", m->put_s, "put_Bps",
-                     m->put_Bps, "chunk_s", m->chunk_s, "stage_Bps",
-                     m->stage_Bps, "copy_Bps", m->copy_Bps, "mapped",
-                     m->mapped);
+    kvr_xfer_seg_t segs[2];
+    double td = 0, ts = 0;
+    for (uint32_t r = 0; r < s->cfg.W; r++) {
+        size_t n = xh_segs(s, r, KVR_EXEC_DIRECT, segs);
+        double d, st;
+        kvr_cost_choose(model, KVR_EXEC_AUTO, segs, n, s->cfg.slot_bytes, &d,
+                        &st);
+        td += d;
+        ts += st;
+    }
+    printf("  %s I=%u predicted direct %.2f ms staged %.2f ms: %s\n", tl, I,
+           td * 1e3, ts * 1e3, ts < td ? "staged" : "direct");
+}
+
+static json_t *model_json(const kvr_cost_model_t *m, double probe_s)
+{
+    json_t *pts = json_array();
+    for (uint32_t i = 0; i < m->points && i < KVR_COST_POINTS; i++)
+        json_array_append_new(pts, json_pack("{s:f,s:f,s:f,s:f,s:f}", "bytes",
+                                             m->point_bytes[i], "put_s",
+                                             m->put_at[i], "copy_s",
+                                             m->copy_at[i], "unpack_s",
+                                             m->unpack_at[i], "stage_s",
+                                             m->stage_at[i]));
+    return json_pack("{s:f,s:f,s:f,s:f,s:f,s:b,s:f,s:o,s:f}", "put_s",
+                     m->put_s, "put_Bps", m->put_Bps, "chunk_s", m->chunk_s,
+                     "stage_Bps", m->stage_Bps, "copy_Bps", m->copy_Bps,
+                     "mapped", m->mapped, "rtt_s", m->rtt_s, "points", pts,
+                     "probe_wall_s", probe_s);
+}
+
+static void print_model(const char *tl, const kvr_cost_model_t *m,
+                        double probe_s)
+{
+    printf("%s model (probe %.1f ms): rtt %.1f us, chunk %.2f us, put %.2f "
+           "GB/s, stage %.2f GB/s, mapped %d\n"
+           "  bytes/put/copy/unpack/stage us:",
+           tl, probe_s * 1e3, m->rtt_s * 1e6, m->chunk_s * 1e6,
+           m->put_Bps / 1e9, m->stage_Bps / 1e9, m->mapped);
+    for (uint32_t i = 0; i < m->points && i < KVR_COST_POINTS; i++)
+        printf(" %.0f/%.2f/%.2f/%.2f/%.1f", m->point_bytes[i],
+               m->put_at[i] * 1e6, m->copy_at[i] * 1e6, m->unpack_at[i] * 1e6,
+               m->stage_at[i] * 1e6);
+    printf("\n");
 }
 
 /* Ratios to the ceiling per repetition: t(ceiling) / t(kind). */
@@ -174,9 +217,24 @@ static int run_transport(kvr_xfer_tl_t tl, const opts_t *o, json_t *cells,
             xh_stop(&s);
             return 1;
         }
-        int rc = i == 0 ? xh_probe(&s, 0, &model) != KVR_OK : 0;
-        if (i == 0 && rc == 0)
-            json_object_set_new(models, name, model_json(&model));
+        /* one probe per transport, as a connection makes (the connector
+         * probes once at set-up) */
+        int rc = 0, probes = o->probe_only ? o->probe_only : i == 0;
+        for (int k = 0; rc == 0 && k < probes; k++) {
+            uint64_t t0 = kvr_xfer_now_ns();
+            rc = xh_probe(&s, 0, &model) != KVR_OK;
+            double probe_s = (double)(kvr_xfer_now_ns() - t0) * 1e-9;
+            if (rc == 0 && (o->probe_only || i == 0))
+                print_model(name, &model, probe_s);
+            if (rc == 0 && i == 0 && k == 0)
+                json_object_set_new(models, name, model_json(&model, probe_s));
+            if (rc == 0 && o->probe_only)
+                predict(&s, &model, name, Is[i]);
+        }
+        if (rc == 0 && o->probe_only) {
+            xh_stop(&s);
+            continue;
+        }
         if (rc == 0)
             rc = measure_cell(&s, &model, o, &cell);
         if (xh_stop(&s) != 0 || rc != 0) {
@@ -200,7 +258,7 @@ static json_t *params_json(const opts_t *o)
     uname(&u);
     return json_pack(
         "{s:i,s:i,s:I,s:i,s:I,s:i,s:I,s:i,s:i,s:[i,i,i,i],s:s,s:s,s:s,s:s,s:s,"
-        "s:i,s:s,s:s,s:s}",
+        "s:i,s:s,s:s,s:s,s:s}",
         "W", cfg.W, "bs", cfg.bs, "tokens", (json_int_t)cfg.tokens,
         "token_bytes", cfg.token_bytes, "slot_bytes_shm",
         (json_int_t)cfg.slot_bytes, "num_slots_shm", cfg.num_slots,
@@ -214,7 +272,11 @@ static json_t *params_json(const opts_t *o)
         "one warm-up round per kind first; consumers verify after timing",
         "ucx_version", ucp_get_version_string(), "cpus",
         (int)sysconf(_SC_NPROCESSORS_ONLN), "kernel", u.release, "build",
-        KVR_BUILD_TYPE, "ucx_tcp", "UCX_TLS=tcp TX_SEG_SIZE=256K RX_SEG_SIZE=1M");
+        KVR_BUILD_TYPE, "ucx_tcp", "UCX_TLS=tcp TX_SEG_SIZE=256K RX_SEG_SIZE=1M",
+        "cost_probe",
+        "kvr_cost_measure once per transport (in its I = 1 session, against "
+        "rank 0: 4 MiB registered scratch, the UCX-allocated staging); that "
+        "model picks for every I, as a connection's probe at set-up does");
 }
 
 static int parse(int argc, char **argv, opts_t *o)
@@ -231,13 +293,16 @@ static int parse(int argc, char **argv, opts_t *o)
             o->num_slots = (uint32_t)atoi(argv[++i]);
         else if (strcmp(argv[i], "--out") == 0 && i + 1 < argc)
             o->out = argv[++i];
+        else if (strcmp(argv[i], "--probe-only") == 0 && i + 1 < argc)
+            o->probe_only = atoi(argv[++i]);
         else if (strcmp(argv[i], "--shm-only") == 0)
             o->only_shm = true;
         else if (strcmp(argv[i], "--tcp-only") == 0)
             o->only_tcp = true;
         else {
             fprintf(stderr, "usage: %s [--reps N] [--tokens N] [--slot-kib K] "
-                            "[--slots N] [--out FILE] [--shm-only|--tcp-only]\n",
+                            "[--slots N] [--out FILE] [--shm-only|--tcp-only] "
+                            "[--probe-only N]\n",
                     argv[0]);
             return 2;
         }
@@ -269,6 +334,10 @@ int main(int argc, char **argv)
                             date, "params", params_json(&o), "cost_models",
                             models, "cells", cells, "wrong_picks", wrong);
     const char *out = o.out ? o.out : path;
+    if (o.probe_only) {
+        json_decref(doc);
+        return rc;
+    }
     if (rc == 0 && json_dump_file(doc, out, JSON_INDENT(2)) != 0)
         rc = 1;
     if (rc == 0)

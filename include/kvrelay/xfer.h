@@ -283,32 +283,73 @@ kvr_status_t kvr_exec_recv(kvr_ep_t *ep, kvr_exec_kind_t kind,
 
 /* ---- cost model ------------------------------------------------------ */
 
-/* t(direct) = runs * put_s + bytes / put_Bps
- * t(staged) = chunks * chunk_s + bytes / copy_Bps (pack)
- *             + bytes / stage_Bps (unless mapped) + slot / copy_Bps (unpack
- *             of the last chunk; earlier unpacks overlap the next chunk) */
+/* Up to this many measured sizes per curve. */
+#define KVR_COST_POINTS 16
+
+/* With measured curves (points != 0), per segment of `runs` runs and
+ * `bytes` bytes, evaluated at its mean run length L = bytes / runs:
+ *   t(direct) = sum runs * put(L) + rtt_s
+ *   pack      = sum runs * copy(L),  unpack = sum runs * unpack(L)
+ *   t(staged) = max(pack, unpack) (the producer packs chunk c + 1 while
+ *               the consumer unpacks chunk c) + chunks * chunk_s
+ *               + unpack * last / bytes (the last chunk's unpack, alone)
+ *               + sum over chunks of stage(chunk bytes) (none when mapped:
+ *               the pack is the copy into the target) + rtt_s
+ * put, copy, unpack and stage interpolate linearly between measured sizes
+ * (below the first: put flat, the others proportional; above the last:
+ * the last point's rate). Without curves (points == 0, e.g. a model filled
+ * in by hand) put(L) = put_s + L / put_Bps, copy(L) = unpack(L) =
+ * L / copy_Bps and stage(b) = b / stage_Bps; an all-zero unpack curve
+ * means unpack(L) = copy(L). */
 typedef struct kvr_cost_model {
     double put_s;     /* fixed cost of one put into destination memory */
-    double put_Bps;   /* per-byte rate of run-sized puts (fitted through a
-                         1- and a 16-token put; at most the large-put rate) */
-    double chunk_s;   /* per staged chunk: flush and control round trip */
-    double stage_Bps; /* large-put bandwidth into staging memory */
-    double copy_Bps;  /* host pack/unpack rate for small runs */
+    double put_Bps;   /* large-put rate into destination memory (at most
+                         what a copy of that size does) */
+    double chunk_s;   /* per staged chunk: its control message and ack,
+                         plus (unless mapped) its flush's round trip */
+    double stage_Bps; /* large-put rate into staging memory (unless mapped) */
+    double copy_Bps;  /* host copy rate of small pieces (first copy point) */
     bool mapped;      /* staging is reachable through kvr_rmem_ptr */
+    double rtt_s;     /* one small put and its flush (end of either kind) */
+    uint32_t points;  /* measured sizes in the curves below (0: none) */
+    double point_bytes[KVR_COST_POINTS]; /* ascending */
+    double put_at[KVR_COST_POINTS];  /* seconds per put of point_bytes[i] in
+                                        a stream of such puts */
+    double copy_at[KVR_COST_POINTS]; /* seconds per piece of that size
+                                        gathered from cold memory (pack)
+                                        into the mapped staging memory when
+                                        mapped, else a local buffer */
+    double unpack_at[KVR_COST_POINTS]; /* seconds per piece scattered from
+                                          staging into cold memory */
+    double stage_at[KVR_COST_POINTS]; /* one put of that size alone into
+                                         staging memory, less the flush's
+                                         round trip (unused when mapped) */
 } kvr_cost_model_t;
 
 typedef struct kvr_cost_probe {
     kvr_rmem_t *scratch;       /* memory like the destination, >= large_bytes,
                                   whose contents may be overwritten */
     kvr_rmem_t *stage_scratch; /* staging memory (NULL: scratch) */
-    uint64_t small_bytes;      /* e.g. one token, 576 */
-    uint32_t small_count;      /* e.g. 512 */
-    uint64_t large_bytes;      /* e.g. 4 MiB */
+    uint64_t small_bytes;      /* smallest size measured, e.g. one token */
+    uint32_t small_count;      /* most puts in one timed batch, e.g. 512 */
+    uint64_t large_bytes;      /* largest size measured, e.g. 4 MiB */
     uint64_t deadline_ns;
 } kvr_cost_probe_t;
 
-/* A short measurement over ep: small puts, one large put, flush round trips,
- * local memcpy of small pieces. */
+/* A short measurement over ep (~0.1-0.2 s; the target must progress).
+ * Sizes small_bytes * 2^k up to large_bytes, and large_bytes (coarser
+ * steps when that would be more than KVR_COST_POINTS); each is timed once
+ * per round and the model takes the median of 5 rounds. Per size:
+ * - put: a batch of puts into scratch plus one flush, less one round
+ *   trip, divided by the batch; each batch starts with the target awake
+ *   (an untimed small put and flush first);
+ * - stage (unless mapped): one put into staging memory and its flush,
+ *   less the round trip;
+ * - copy / unpack: pieces gathered through kvr_xfer_pack from a local
+ *   buffer twice the last-level cache (16-128 MiB, allocated for the
+ *   probe) into the mapped staging memory or a local pack buffer, and
+ *   scattered back through kvr_xfer_unpack.
+ * No put counts faster than a copy of its bytes. */
 kvr_status_t kvr_cost_measure(kvr_ep_t *ep, const kvr_cost_probe_t *probe,
                               kvr_cost_model_t *out, kvr_error_t *err);
 /* Picks the cheaper executor; force != AUTO wins. Predicted seconds go to

@@ -1,113 +1,280 @@
-/* Cost model: per-put cost and bandwidth of the transport, measured by a
- * short probe (or given), decide between direct and staged execution. */
+/* Cost model: what a put and a host copy of each size cost on this
+ * transport, measured by a short probe (or given by hand as linear terms),
+ * decides between direct and staged execution. */
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "exec_internal.h"
 
 typedef unsigned long long ull;
 
+/* Every timed quantity is the median of this many rounds; a round times
+ * each size once, so a burst of noise from another process spoils one
+ * sample of many sizes rather than every sample of one. */
+#define ROUNDS 5
+/* The local source is twice the last-level cache (16 to 128 MiB) and is
+ * walked forward, so that puts and copies read cold bytes, as a transfer
+ * out of a KV cache far larger than the caches does (a 4 MiB source reused
+ * flatters a put by 2x, and not a copy as much). */
+#define SRC_MIN_BYTES (16u << 20)
+#define SRC_MAX_BYTES (128u << 20)
+#define LLC_GUESS_BYTES (32u << 20)
+
 typedef struct {
     kvr_ep_t *ep;
     const kvr_cost_probe_t *p;
-    unsigned char *buf; /* large_bytes, pages touched */
+    kvr_rmem_t *stage;  /* staging memory to probe; == p->scratch if none */
+    unsigned char *src; /* local source, pages touched */
+    uint64_t src_len, src_pos;
+    unsigned char *copy_dst; /* copies land here: mapped staging or local */
+    unsigned char *own_dst;
+    uint64_t batch_bytes; /* bytes per timed batch (at least 2 pieces) */
+    bool mapped;          /* staging memory reachable through kvr_rmem_ptr */
+    uint32_t points;
+    uint64_t size[KVR_COST_POINTS];
+    uint32_t puts[KVR_COST_POINTS];       /* puts per timed batch */
+    kvr_plan_t *pieces[KVR_COST_POINTS]; /* copy batch: every other piece */
 } probe_t;
+
+typedef struct {
+    double rtt[ROUNDS];
+    double put[KVR_COST_POINTS][ROUNDS];
+    double copy[KVR_COST_POINTS][ROUNDS];
+    double unpack[KVR_COST_POINTS][ROUNDS];
+    double one[KVR_COST_POINTS][ROUNDS];
+} samples_t;
 
 static double seconds_since(uint64_t t0)
 {
     return (double)(kvr_xfer_now_ns() - t0) * 1e-9;
 }
 
-/* Puts count pieces of `bytes` back to back into dst, then flushes. */
-static kvr_status_t timed_puts(probe_t *pr, kvr_rmem_t *dst, uint64_t bytes,
-                               uint32_t count, double *secs)
+static int cmp_double(const void *a, const void *b)
 {
-    uint64_t room = kvr_rmem_len(dst) - bytes;
-    uint64_t t0 = kvr_xfer_now_ns();
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+static double median(const double *v)
+{
+    double t[ROUNDS];
+    memcpy(t, v, sizeof(t));
+    qsort(t, ROUNDS, sizeof(t[0]), cmp_double);
+    return t[ROUNDS / 2];
+}
+
+static uint64_t source_bytes(uint64_t large)
+{
+#ifdef _SC_LEVEL3_CACHE_SIZE
+    long llc = sysconf(_SC_LEVEL3_CACHE_SIZE); /* glibc; 0 when unknown */
+#else
+    long llc = 0;
+#endif
+    uint64_t want = 2 * (llc > 0 ? (uint64_t)llc : LLC_GUESS_BYTES);
+    want = want < SRC_MIN_BYTES ? SRC_MIN_BYTES
+                                : want > SRC_MAX_BYTES ? SRC_MAX_BYTES : want;
+    return want < 4 * large ? 4 * large : want;
+}
+
+/* Sizes small * step^k up to large, and large itself; step doubles until
+ * they fit in KVR_COST_POINTS. Each size's copy batch is a plan of every
+ * other piece of the source, packed as the staged executor packs. */
+static kvr_status_t ladder(probe_t *pr)
+{
+    uint64_t small = pr->p->small_bytes, large = pr->p->large_bytes;
+    for (uint64_t step = 2;; step *= 2) {
+        uint32_t n = 0;
+        for (uint64_t s = small; s <= large && n < KVR_COST_POINTS; s *= step)
+            pr->size[n++] = s;
+        if (pr->size[n - 1] < large && n < KVR_COST_POINTS)
+            pr->size[n++] = large;
+        if (pr->size[n - 1] == large) {
+            pr->points = n;
+            break;
+        }
+    }
+    for (uint32_t i = 0; i < pr->points; i++) {
+        uint64_t s = pr->size[i], n = pr->batch_bytes / s;
+        n = n < 2 ? 2 : n;
+        pr->puts[i] = (uint32_t)(n > pr->p->small_count ? pr->p->small_count : n);
+        if (pr->puts[i] < 2)
+            pr->puts[i] = 2;
+        kvr_run_t *runs = malloc(n * sizeof(*runs));
+        if (runs == NULL)
+            return KVR_ERR_NO_MEMORY;
+        for (uint64_t k = 0; k < n; k++)
+            runs[k] = (kvr_run_t){.src = 2 * k * s, .dst = k * s, .len = s};
+        kvr_status_t st = kvr_plan_from_runs(runs, n, &pr->pieces[i]);
+        free(runs);
+        if (st != KVR_OK)
+            return st;
+    }
+    return KVR_OK;
+}
+
+/* The base of the next `span` bytes of the source, wrapping around. */
+static const unsigned char *next_src(probe_t *pr, uint64_t span)
+{
+    if (pr->src_pos + span > pr->src_len)
+        pr->src_pos = 0;
+    const unsigned char *s = pr->src + pr->src_pos;
+    pr->src_pos += span;
+    return s;
+}
+
+/* count puts of `bytes` back to back into dst, then one flush; the
+ * sources are every other piece of the next stretch of the source. */
+static kvr_status_t put_batch(probe_t *pr, kvr_rmem_t *dst, uint64_t bytes,
+                              uint32_t count, double *secs)
+{
+    uint64_t room = kvr_rmem_len(dst) - bytes + 1;
+    const unsigned char *src = next_src(pr, 2 * (uint64_t)count * bytes);
     kvr_status_t st = KVR_OK;
+    uint64_t t0 = kvr_xfer_now_ns();
     for (uint32_t i = 0; i < count && st == KVR_OK; i++)
-        st = kvr_xfer_put(pr->ep, pr->buf, bytes, dst, (i * bytes) % (room + 1),
-                          pr->p->deadline_ns);
+        st = kvr_xfer_put(pr->ep, src + 2 * i * bytes, bytes, dst,
+                          (i * bytes) % room, pr->p->deadline_ns);
     if (st == KVR_OK)
         st = kvr_xfer_flush(pr->ep, pr->p->deadline_ns);
-    *secs = seconds_since(t0);
+    if (secs != NULL)
+        *secs = seconds_since(t0);
     return st;
 }
 
-/* Gathers small pieces at a stride from a buffer larger than the caches,
- * as packing a fragmented plan does (a cache-hot copy flatters by 2-3x). */
-#define COPY_PROBE_BYTES (48u << 20)
-
-static double copy_rate(const probe_t *pr)
+/* One small put and its flush, untimed: a target that went to sleep on
+ * its event fd (it does after ~2 ms idle) is awake for the batch after. */
+static kvr_status_t wake(probe_t *pr)
 {
-    uint64_t piece = pr->p->small_bytes, pieces = COPY_PROBE_BYTES / 3 / piece;
-    unsigned char *src = malloc(COPY_PROBE_BYTES);
-    if (src == NULL)
-        return 0; /* unknown: the model then counts no copy cost */
-    memset(src, 1, COPY_PROBE_BYTES);
-    unsigned char *dst = src + 2 * pieces * piece;
+    return put_batch(pr, pr->p->scratch, pr->p->small_bytes, 1, NULL);
+}
+
+/* Packs size i's plan through kvr_xfer_pack (cold pieces into the warm
+ * staging or pack buffer, a buffer's worth at a time, as chunks are
+ * packed), or unpacks it through kvr_xfer_unpack (from that buffer into
+ * cold pieces, as a consumer unpacks into a large KV cache). */
+static double copy_batch(probe_t *pr, uint32_t i, bool pack)
+{
+    const kvr_plan_t *plan = pr->pieces[i];
+    uint64_t total = kvr_plan_bytes(plan), room = pr->p->large_bytes;
+    unsigned char *cold = (unsigned char *)next_src(pr, 2 * total);
+    kvr_xfer_seg_t seg = {.plan = plan, .src = cold, .dst_local = cold};
+    kvr_xfer_cursor_t cur = {0};
     uint64_t t0 = kvr_xfer_now_ns();
-    for (uint64_t i = 0; i < pieces; i++)
-        memcpy(dst + i * piece, src + 2 * i * piece, piece);
-    double secs = seconds_since(t0);
-    free(src);
-    return secs > 0 ? (double)(pieces * piece) / secs : 0;
+    for (uint64_t pos = 0; pos < total; pos += room) {
+        uint64_t len = total - pos < room ? total - pos : room;
+        if (pack)
+            kvr_xfer_pack(&seg, 1, &cur, pos, pr->copy_dst, len);
+        else
+            kvr_xfer_unpack(&seg, 1, &cur, pos, pr->copy_dst, len);
+    }
+    return seconds_since(t0);
 }
 
-/* Bandwidth of one large put: the median of three (the best flatters:
- * a put can look complete early), after one that faults in the target's
- * pages (first touch is slow in VMs). */
-static kvr_status_t large_rate(probe_t *pr, kvr_rmem_t *dst, double *Bps)
+static kvr_status_t round_of(probe_t *pr, int r, samples_t *sm)
 {
-    double secs[4];
-    kvr_status_t st = KVR_OK;
-    for (int i = 0; i < 4 && st == KVR_OK; i++)
-        st = timed_puts(pr, dst, pr->p->large_bytes, 1, &secs[i]);
-    double a = secs[1], b = secs[2], c = secs[3];
-    double median = a > b ? (b > c ? b : (a > c ? c : a))
-                          : (a > c ? a : (b > c ? c : b));
-    *Bps = (double)pr->p->large_bytes / median;
+    const kvr_cost_probe_t *p = pr->p;
+    kvr_status_t st = wake(pr);
+    if (st == KVR_OK)
+        st = put_batch(pr, p->scratch, p->small_bytes, 1, &sm->rtt[r]);
+    for (uint32_t i = 0; i < pr->points && st == KVR_OK; i++) {
+        st = wake(pr);
+        if (st == KVR_OK)
+            st = put_batch(pr, p->scratch, pr->size[i], pr->puts[i],
+                           &sm->put[i][r]);
+    }
+    /* a staged chunk: one put into staging memory and its flush, alone */
+    for (uint32_t i = 0; i < pr->points && st == KVR_OK && !pr->mapped; i++) {
+        st = wake(pr);
+        if (st == KVR_OK)
+            st = put_batch(pr, pr->stage, pr->size[i], 1, &sm->one[i][r]);
+    }
+    /* local copies last: the target may fall asleep meanwhile */
+    for (uint32_t i = 0; i < pr->points && st == KVR_OK; i++)
+        sm->copy[i][r] = copy_batch(pr, i, true);
+    for (uint32_t i = 0; i < pr->points && st == KVR_OK; i++)
+        sm->unpack[i][r] = copy_batch(pr, i, false);
     return st;
+}
+
+/* Per put of a batch: less the flush's round trip, which a stream of puts
+ * pays once, but never below half the raw figure (a noisy round trip). */
+static double per_put(double batch, double rtt, uint32_t count)
+{
+    double t = (batch - rtt) / count;
+    return t < batch / count / 2 ? batch / count / 2 : t;
+}
+
+static void fit(const probe_t *pr, const samples_t *sm, kvr_cost_model_t *m)
+{
+    uint32_t n = pr->points;
+    m->points = n;
+    m->rtt_s = median(sm->rtt);
+    for (uint32_t i = 0; i < n; i++) {
+        double pieces = (double)kvr_plan_num_runs(pr->pieces[i]);
+        double copy = median(sm->copy[i]) / pieces;
+        double unpack = median(sm->unpack[i]) / pieces;
+        double put = per_put(median(sm->put[i]), m->rtt_s, pr->puts[i]);
+        /* no put outruns a copy of its bytes (the target copies them too) */
+        put = put < copy ? copy : put;
+        put = put < unpack ? unpack : put;
+        m->unpack_at[i] = unpack;
+        m->point_bytes[i] = (double)pr->size[i];
+        m->put_at[i] = put;
+        m->copy_at[i] = copy;
+    }
+    double large = m->point_bytes[n - 1];
+    double copy_large_Bps = large / m->copy_at[n - 1];
+    m->put_Bps = large / m->put_at[n - 1];
+    m->put_s = m->put_at[0] - m->point_bytes[0] / m->put_Bps;
+    if (m->put_s < m->put_at[0] / 2)
+        m->put_s = m->put_at[0] / 2;
+    m->copy_Bps = m->point_bytes[0] / m->copy_at[0];
+    if (m->mapped) { /* the pack is the copy into the target: no put */
+        m->stage_Bps = copy_large_Bps;
+        for (uint32_t i = 0; i < n; i++)
+            m->stage_at[i] = 0;
+    } else {
+        for (uint32_t i = 0; i < n; i++) {
+            double t = median(sm->one[i]) - m->rtt_s;
+            double copy = m->copy_at[i];
+            m->stage_at[i] = t < copy ? copy : t;
+        }
+        m->stage_Bps = large / m->stage_at[n - 1];
+    }
+    /* a chunk: its CHUNK message and the ACK (each about a small put),
+     * plus, unless mapped, the flush of its put */
+    m->chunk_s = 2 * m->put_at[0] + (m->mapped ? 0 : m->rtt_s);
 }
 
 static kvr_status_t measure(probe_t *pr, kvr_cost_model_t *m)
 {
     const kvr_cost_probe_t *p = pr->p;
-    double t_small, t_mid, t_rtt, large_Bps;
-    uint64_t s1 = p->small_bytes, s2 = 16 * p->small_bytes;
-    uint32_t n1 = p->small_count, n2 = p->small_count / 4 + 1;
-    kvr_status_t st = large_rate(pr, p->scratch, &large_Bps);
-    /* the round trip: the best of 8, as a sleeping target's wake-up is a
-     * once-per-transfer cost, not a per-chunk one */
-    for (int i = 0; i < 8 && st == KVR_OK; i++) {
-        double t;
-        st = timed_puts(pr, p->scratch, s1, 1, &t);
-        t_rtt = i == 0 || t < t_rtt ? t : t_rtt;
-    }
-    if (st == KVR_OK)
-        st = timed_puts(pr, p->scratch, s1, n1, &t_small);
-    if (st == KVR_OK && s2 <= p->large_bytes)
-        st = timed_puts(pr, p->scratch, s2, n2, &t_mid);
-    if (st != KVR_OK)
-        return st;
-    /* t(put of s bytes) = put_s + s / put_Bps, fitted through a token-sized
-     * and a 16-token put: run-sized puts move far slower than one large
-     * put, most of all over TCP. */
-    double per_byte = (t_mid / n2 - t_small / n1) / (double)(s2 - s1);
-    if (s2 > p->large_bytes || per_byte < 1.0 / large_Bps)
-        per_byte = 1.0 / large_Bps;
-    m->put_Bps = 1.0 / per_byte;
-    m->put_s = t_small / n1 - (double)s1 * per_byte;
-    if (m->put_s <= 0) /* a noisy fit: charge the token put whole */
-        m->put_s = t_small / n1;
-    m->chunk_s = 2 * t_rtt; /* the chunk's flush plus its message and ack */
-    m->copy_Bps = copy_rate(pr);
-    kvr_rmem_t *stage = p->stage_scratch ? p->stage_scratch : p->scratch;
     void *ptr;
-    m->mapped = kvr_rmem_ptr(stage, 0, p->large_bytes, &ptr) == KVR_OK;
-    m->stage_Bps = large_Bps;
-    if (!m->mapped && stage != p->scratch)
-        st = large_rate(pr, stage, &m->stage_Bps);
+    m->mapped = kvr_rmem_ptr(pr->stage, 0, p->large_bytes, &ptr) == KVR_OK;
+    if (m->mapped)
+        pr->copy_dst = ptr;
+    else {
+        pr->copy_dst = pr->own_dst = malloc(p->large_bytes);
+        if (pr->own_dst == NULL)
+            return KVR_ERR_NO_MEMORY;
+    }
+    memset(pr->copy_dst, 0, p->large_bytes); /* fault the pages in */
+    samples_t *sm = calloc(1, sizeof(*sm));
+    if (sm == NULL)
+        return KVR_ERR_NO_MEMORY;
+    /* warm-up: faults in the target's pages and the paths' buffers */
+    kvr_status_t st = put_batch(pr, p->scratch, p->large_bytes, 1, NULL);
+    pr->mapped = m->mapped;
+    if (m->mapped) /* no put into staging memory will be made */
+        pr->stage = p->scratch;
+    if (st == KVR_OK && pr->stage != p->scratch)
+        st = put_batch(pr, pr->stage, p->large_bytes, 1, NULL);
+    for (int r = 0; r < ROUNDS && st == KVR_OK; r++)
+        st = round_of(pr, r, sm);
+    if (st == KVR_OK)
+        fit(pr, sm, m);
+    free(sm);
     return st;
 }
 
@@ -124,13 +291,25 @@ kvr_status_t kvr_cost_measure(kvr_ep_t *ep, const kvr_cost_probe_t *probe,
         return kvr_error_set(err, KVR_ERR_INVALID,
                              "probe scratch smaller than %llu bytes",
                              (ull)probe->large_bytes);
-    probe_t pr = {.ep = ep, .p = probe, .buf = malloc(probe->large_bytes)};
-    if (pr.buf == NULL)
+    probe_t pr = {.ep = ep, .p = probe,
+                  .stage = probe->stage_scratch ? probe->stage_scratch
+                                                : probe->scratch,
+                  .batch_bytes = probe->large_bytes / 4,
+                  .src_len = source_bytes(probe->large_bytes)};
+    pr.src = malloc(pr.src_len);
+    if (pr.src == NULL)
         return kvr_error_set(err, KVR_ERR_NO_MEMORY, "probe buffer");
-    memset(pr.buf, 0x5a, probe->large_bytes);
+    memset(pr.src, 0x5a, pr.src_len);
     kvr_cost_model_t m = {0};
-    kvr_status_t st = measure(&pr, &m);
-    free(pr.buf);
+    kvr_status_t st = ladder(&pr);
+    if (st == KVR_OK)
+        st = measure(&pr, &m);
+    for (uint32_t i = 0; i < KVR_COST_POINTS; i++)
+        kvr_plan_destroy(pr.pieces[i]);
+    free(pr.src);
+    free(pr.own_dst);
+    if (st == KVR_ERR_NO_MEMORY)
+        return kvr_error_set(err, st, "cost probe: out of memory");
     if (st != KVR_OK)
         return kvr_error_set(err, st, "cost probe: %s",
                              kvr_xfer_last_error(ep->t));
@@ -143,24 +322,98 @@ static double per_byte(double rate)
     return rate > 0 ? 1.0 / rate : 0;
 }
 
+/* Linear between measured sizes; below the first, `flat` keeps its cost
+ * (a put's fixed cost dominates) or else scales it down (a copy); above
+ * the last, the extra bytes go at tail_Bps. */
+static double curve(const kvr_cost_model_t *m, const double *at, double s,
+                    bool flat, double tail_Bps)
+{
+    const double *x = m->point_bytes;
+    uint32_t n = m->points;
+    if (s <= x[0])
+        return flat ? at[0] : at[0] * s / x[0];
+    for (uint32_t i = 1; i < n; i++)
+        if (s <= x[i])
+            return at[i - 1] + (at[i] - at[i - 1]) * (s - x[i - 1]) /
+                                   (x[i] - x[i - 1]);
+    return at[n - 1] + (s - x[n - 1]) * per_byte(tail_Bps);
+}
+
+typedef struct {
+    double put, pack, unpack;
+} costs_t;
+
+/* Adds the seconds to put, pack and unpack `runs` runs of `bytes` in all. */
+static void run_costs(const kvr_cost_model_t *m, double runs, double bytes,
+                      costs_t *c)
+{
+    if (runs == 0)
+        return;
+    double mean = bytes / runs;
+    uint32_t n = m->points;
+    if (n == 0) {
+        c->put += runs * m->put_s + bytes * per_byte(m->put_Bps);
+        c->pack += bytes * per_byte(m->copy_Bps);
+        c->unpack += bytes * per_byte(m->copy_Bps);
+        return;
+    }
+    /* a hand-made model without an unpack curve: unpack as packing */
+    const double *un = m->unpack_at[0] > 0 ? m->unpack_at : m->copy_at;
+    c->put += runs * curve(m, m->put_at, mean, true, m->put_Bps);
+    c->pack += runs * curve(m, m->copy_at, mean, false,
+                            m->point_bytes[n - 1] / m->copy_at[n - 1]);
+    c->unpack += runs * curve(m, un, mean, false,
+                              m->point_bytes[n - 1] / un[n - 1]);
+}
+
+/* Seconds to put one chunk of `bytes` into staging memory (no flush). */
+static double stage_cost(const kvr_cost_model_t *m, double bytes)
+{
+    if (m->points == 0)
+        return bytes * per_byte(m->stage_Bps);
+    return curve(m, m->stage_at, bytes, false, m->stage_Bps);
+}
+
+static bool model_ok(const kvr_cost_model_t *m)
+{
+    if (m->points > KVR_COST_POINTS)
+        return false;
+    for (uint32_t i = 0; i < m->points; i++)
+        if (!(m->point_bytes[i] > (i ? m->point_bytes[i - 1] : 0)) ||
+            !(m->put_at[i] >= 0) || !(m->copy_at[i] > 0) ||
+            !(m->unpack_at[i] >= 0) || !(m->stage_at[i] >= 0))
+            return false;
+    return true;
+}
+
 kvr_exec_kind_t kvr_cost_choose(const kvr_cost_model_t *model,
                                 kvr_exec_kind_t force,
                                 const kvr_xfer_seg_t *segs, size_t n,
                                 uint64_t slot_bytes, double *t_direct,
                                 double *t_staged)
 {
-    uint64_t runs = 0, bytes = kvr_xfer_stream_bytes(segs, n);
-    for (size_t i = 0; i < n; i++)
-        runs += kvr_plan_num_runs(segs[i].plan);
+    bool usable = model != NULL && slot_bytes != 0 && model_ok(model);
     double td = 0, ts = 0;
-    if (model != NULL && slot_bytes != 0) {
-        double b = (double)bytes, chunks = (double)((bytes + slot_bytes - 1) /
-                                                    slot_bytes);
+    if (usable) {
+        uint64_t bytes = kvr_xfer_stream_bytes(segs, n);
+        costs_t c = {0};
+        for (size_t i = 0; i < n; i++)
+            run_costs(model, (double)kvr_plan_num_runs(segs[i].plan),
+                      (double)kvr_plan_bytes(segs[i].plan), &c);
+        double b = (double)bytes;
+        uint64_t full = bytes / slot_bytes, rest = bytes % slot_bytes;
+        double chunks = (double)(full + (rest != 0));
         double last = (double)(bytes < slot_bytes ? bytes : slot_bytes);
-        td = (double)runs * model->put_s + b * per_byte(model->put_Bps);
-        ts = chunks * model->chunk_s + b * per_byte(model->copy_Bps) +
-             (model->mapped ? 0 : b * per_byte(model->stage_Bps)) +
-             last * per_byte(model->copy_Bps);
+        double stage = 0;
+        if (!model->mapped)
+            stage = (double)full * stage_cost(model, (double)slot_bytes) +
+                    (rest ? stage_cost(model, (double)rest) : 0);
+        /* producer packs chunk c + 1 while the consumer unpacks chunk c:
+         * the slower of the two sets the pace; the last unpack is alone */
+        double stream = c.pack > c.unpack ? c.pack : c.unpack;
+        td = c.put + model->rtt_s;
+        ts = stream + chunks * model->chunk_s +
+             (b > 0 ? c.unpack * last / b : 0) + stage + model->rtt_s;
     }
     if (t_direct != NULL)
         *t_direct = td;
@@ -168,7 +421,7 @@ kvr_exec_kind_t kvr_cost_choose(const kvr_cost_model_t *model,
         *t_staged = ts;
     if (force == KVR_EXEC_DIRECT || force == KVR_EXEC_STAGED)
         return force;
-    if (model == NULL || slot_bytes == 0)
+    if (!usable)
         return KVR_EXEC_DIRECT;
     return ts < td ? KVR_EXEC_STAGED : KVR_EXEC_DIRECT;
 }

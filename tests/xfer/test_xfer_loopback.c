@@ -2,6 +2,7 @@
  * executors in one process (consumer on a thread), plus every fault the
  * loopback backend injects: each must end in a clean error status and no
  * leak (LeakSanitizer runs in the sanitizer build). */
+#include <math.h>
 #include <pthread.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -456,6 +457,116 @@ static void test_cost_choose(void **state)
     fix_fini(&f);
 }
 
+/* A plan of `n` runs of `len` bytes, every other piece of the source. */
+static kvr_plan_t *pieces_plan(uint64_t n, uint64_t len)
+{
+    kvr_run_t *runs = malloc(n * sizeof(*runs));
+    assert_non_null(runs);
+    for (uint64_t i = 0; i < n; i++)
+        runs[i] = (kvr_run_t){.src = 2 * i * len, .dst = i * len, .len = len};
+    kvr_plan_t *plan = NULL;
+    assert_int_equal(kvr_plan_from_runs(runs, n, &plan), KVR_OK);
+    free(runs);
+    return plan;
+}
+
+/* A measured-like model: put(s) = put_fixed + s / put_Bps, copy(s) =
+ * 20 ns + s / copy_Bps, stage(s) = s / stage_Bps, at 576 * 4^k bytes. */
+static kvr_cost_model_t curve_model(double put_fixed, double put_Bps,
+                                    double copy_Bps, double stage_Bps,
+                                    double chunk_s, bool mapped)
+{
+    kvr_cost_model_t m = {.put_s = put_fixed, .put_Bps = put_Bps,
+                          .chunk_s = chunk_s, .stage_Bps = stage_Bps,
+                          .copy_Bps = copy_Bps, .mapped = mapped,
+                          .rtt_s = 20e-6};
+    for (double s = 576; s <= (4u << 20); s *= 4) {
+        uint32_t i = m.points++;
+        m.point_bytes[i] = s;
+        m.put_at[i] = put_fixed + s / put_Bps;
+        m.copy_at[i] = 20e-9 + s / copy_Bps;
+        m.stage_at[i] = mapped ? 0 : s / stage_Bps;
+    }
+    return m;
+}
+
+static void test_cost_choose_curves(void **state)
+{
+    (void)state;
+    kvr_plan_t *tok = pieces_plan(16384, 576);   /* I = 1 */
+    kvr_plan_t *blk = pieces_plan(256, 36864);   /* I = 64, same bytes */
+    kvr_plan_t *mid = pieces_plan(4096, 1440);   /* between two points */
+    kvr_xfer_seg_t s_tok = {.plan = tok}, s_blk = {.plan = blk},
+                   s_mid = {.plan = mid};
+    double td, ts;
+
+    /* shared memory, staging mapped: staged costs a copy, not a put, so it
+     * wins even for block-sized runs (emulated puts copy twice) */
+    kvr_cost_model_t shm = curve_model(0.4e-6, 9e9, 20e9, 0, 0.8e-6, true);
+    assert_int_equal(kvr_cost_choose(&shm, KVR_EXEC_AUTO, &s_tok, 1, 256 << 10,
+                                     &td, &ts),
+                     KVR_EXEC_STAGED);
+    assert_int_equal(kvr_cost_choose(&shm, KVR_EXEC_AUTO, &s_blk, 1, 256 << 10,
+                                     &td, &ts),
+                     KVR_EXEC_STAGED);
+    /* exactly the curve at a measured size: 256 puts, plus the round trip */
+    assert_true(fabs(td - (256 * (0.4e-6 + 36864 / 9e9) + 20e-6)) < 1e-12);
+    /* mapped: the staging put curve is never charged */
+    kvr_cost_model_t shm_odd = shm;
+    for (uint32_t i = 0; i < shm_odd.points; i++)
+        shm_odd.stage_at[i] = 1.0;
+    double ts2;
+    kvr_cost_choose(&shm_odd, KVR_EXEC_AUTO, &s_blk, 1, 256 << 10, NULL, &ts2);
+    assert_true(fabs(ts2 - ts) < 1e-12);
+    /* mapped staged, exactly: pack (16384 copies of 576 B) paced by the
+     * pack, 37 chunks of 256 KiB, the last chunk's unpack, the round trip */
+    double pack = 16384 * (20e-9 + 576 / 20e9), b = 16384.0 * 576;
+    kvr_cost_choose(&shm, KVR_EXEC_AUTO, &s_tok, 1, 256 << 10, NULL, &ts);
+    assert_true(fabs(ts - (pack + 36 * 0.8e-6 + pack * (256 << 10) / b +
+                           20e-6)) < 1e-12);
+    /* a consumer that unpacks three times slower sets the pace instead */
+    kvr_cost_model_t slow = shm;
+    for (uint32_t i = 0; i < slow.points; i++)
+        slow.unpack_at[i] = 3 * slow.copy_at[i];
+    kvr_cost_choose(&slow, KVR_EXEC_AUTO, &s_tok, 1, 256 << 10, NULL, &ts);
+    assert_true(fabs(ts - (3 * pack + 36 * 0.8e-6 +
+                           3 * pack * (256 << 10) / b + 20e-6)) < 1e-12);
+    /* the same model unmapped pays a put per chunk: big runs go direct */
+    shm_odd.mapped = false;
+    assert_int_equal(kvr_cost_choose(&shm_odd, KVR_EXEC_AUTO, &s_blk, 1,
+                                     256 << 10, NULL, NULL),
+                     KVR_EXEC_DIRECT);
+
+    /* TCP: a put costs a syscall; staged wins on tokens, direct on blocks
+     * (the pack and the chunk round trips outweigh 256 put overheads) */
+    kvr_cost_model_t tcp = curve_model(1.5e-6, 3e9, 20e9, 3e9, 50e-6, false);
+    assert_int_equal(kvr_cost_choose(&tcp, KVR_EXEC_AUTO, &s_tok, 1, 1 << 20,
+                                     &td, &ts),
+                     KVR_EXEC_STAGED);
+    assert_true(ts < td);
+    assert_int_equal(kvr_cost_choose(&tcp, KVR_EXEC_AUTO, &s_blk, 1, 1 << 20,
+                                     &td, &ts),
+                     KVR_EXEC_DIRECT);
+    assert_true(td < ts);
+    /* between measured sizes (576 and 2304) the curve is linear */
+    kvr_cost_choose(&tcp, KVR_EXEC_AUTO, &s_mid, 1, 1 << 20, &td, NULL);
+    assert_true(fabs(td - (4096 * (1.5e-6 + 1440 / 3e9) + 20e-6)) < 1e-12);
+    /* force still wins */
+    assert_int_equal(kvr_cost_choose(&tcp, KVR_EXEC_STAGED, &s_blk, 1, 1 << 20,
+                                     NULL, NULL),
+                     KVR_EXEC_STAGED);
+    /* a malformed curve (sizes not ascending) is not used */
+    kvr_cost_model_t bad = tcp;
+    bad.point_bytes[1] = bad.point_bytes[0];
+    assert_int_equal(kvr_cost_choose(&bad, KVR_EXEC_AUTO, &s_tok, 1, 1 << 20,
+                                     &td, &ts),
+                     KVR_EXEC_DIRECT);
+    assert_true(td == 0 && ts == 0);
+    kvr_plan_destroy(tok);
+    kvr_plan_destroy(blk);
+    kvr_plan_destroy(mid);
+}
+
 static void test_cost_measure(void **state)
 {
     (void)state;
@@ -468,6 +579,12 @@ static void test_cost_measure(void **state)
     assert_int_equal(kvr_cost_measure(f.ep_pc, &probe, &m, NULL), KVR_OK);
     assert_true(m.put_Bps > 0 && m.copy_Bps > 0 && m.put_s >= 0);
     assert_true(m.mapped);
+    /* sizes 576 * 2^k up to 1 MiB, and 1 MiB itself */
+    assert_int_equal(m.points, 12);
+    assert_true(m.point_bytes[0] == 576 && m.point_bytes[11] == 1 << 20);
+    for (uint32_t i = 0; i < m.points; i++)
+        assert_true(m.put_at[i] >= m.copy_at[i] && m.copy_at[i] > 0 &&
+                    m.stage_at[i] == 0);
     probe.large_bytes = 64u << 20;
     assert_int_equal(kvr_cost_measure(f.ep_pc, &probe, &m, NULL), KVR_ERR_INVALID);
     fix_fini(&f);
@@ -490,6 +607,7 @@ int main(void)
         cmocka_unit_test(test_peer_gone),
         cmocka_unit_test(test_forged_chunk),
         cmocka_unit_test(test_cost_choose),
+        cmocka_unit_test(test_cost_choose_curves),
         cmocka_unit_test(test_cost_measure),
     };
     return cmocka_run_group_tests_name("xfer-loopback", tests, NULL, NULL);

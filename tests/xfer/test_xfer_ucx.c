@@ -124,6 +124,39 @@ static void test_dead_peer(void **state)
     xh_stop(&s); /* the killed child reports failure; that is the point */
 }
 
+/* The cost probe against a live consumer: a sane model in well under a
+ * second, and the session still works after it. Staging is 4 x 1 MiB
+ * (UCX-allocated): mapped on shared memory, probed with puts over TCP. */
+static void test_probe(void **state)
+{
+    (void)state;
+    xh_config_t cfg = base_config(1, 1);
+    cfg.slot_bytes = 1u << 20;
+    cfg.num_slots = 4;
+    xh_session_t s;
+    assert_int_equal(xh_start(&s, &cfg), 0);
+    kvr_cost_model_t m;
+    uint64_t t0 = kvr_xfer_now_ns();
+    kvr_status_t st = xh_probe(&s, 0, &m);
+    double secs = (double)(kvr_xfer_now_ns() - t0) * 1e-9;
+    if (st != KVR_OK)
+        fprintf(stderr, "probe: %s\n", s.error);
+    assert_int_equal(st, KVR_OK);
+    fprintf(stderr, "probe %.3f s: rtt %.1f us, put(576) %.2f us, copy(576) "
+                    "%.3f us, mapped %d\n", secs, m.rtt_s * 1e6,
+            m.put_at[0] * 1e6, m.copy_at[0] * 1e6, m.mapped);
+    assert_true(secs < 2.0); /* release builds: ~0.1-0.2 s */
+    assert_true(m.points >= 2 && m.points <= KVR_COST_POINTS);
+    assert_true(m.rtt_s > 0 && m.put_Bps > 0 && m.copy_Bps > 0);
+    assert_int_equal(m.mapped, g_tl == KVR_XFER_TL_SHM);
+    for (uint32_t i = 0; i < m.points; i++) {
+        assert_true(m.copy_at[i] > 0 && m.put_at[i] >= m.copy_at[i]);
+        assert_true(m.mapped ? m.stage_at[i] == 0 : m.stage_at[i] >= m.copy_at[i]);
+    }
+    assert_int_equal(xh_round(&s, KVR_EXEC_STAGED, NULL, NULL), KVR_OK);
+    assert_int_equal(xh_stop(&s), 0);
+}
+
 int main(int argc, char **argv)
 {
     if (argc > 1 && strcmp(argv[1], "tcp") == 0)
@@ -132,6 +165,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_interleave_1),
         cmocka_unit_test(test_interleave_bs),
         cmocka_unit_test(test_four_ranks),
+        cmocka_unit_test(test_probe),
         cmocka_unit_test(test_dead_peer),
     };
     return cmocka_run_group_tests_name(g_tl == KVR_XFER_TL_TCP ? "ucx-tcp"
