@@ -1,6 +1,7 @@
 /* The connector's GPU path over the gpu layer (see gpu_path.h). */
 #include "gpu_path.h"
 
+#include <stdlib.h>
 #include <string.h>
 
 #include "kvrelay/gpu.h"
@@ -71,23 +72,43 @@ void kvr__gpu_close(const uint8_t *rkey, uint32_t len, void *ptr)
         kvr_gpu_ipc_close(&h, ptr);
 }
 
-static kvr_status_t send_pair(const kvr_layout_t *lay, uint32_t rank,
-                              const kvr_region_pair_t *pair, const void *src,
-                              void *dst, const kvr_request_t *req,
-                              uint64_t *bytes, kvr_error_t *err)
+/* Pairs of one class (role and widths) share one relayout: its tables are
+ * checked and uploaded once, then each region is one kernel launch. */
+static bool same_class(const kvr_region_pair_t *a, const kvr_region_pair_t *b)
+{
+    return a->src.role == b->src.role && a->src.page_bytes == b->src.page_bytes &&
+           a->dst.page_bytes == b->dst.page_bytes &&
+           a->src.index_dim == b->src.index_dim &&
+           a->src.num_blocks == b->src.num_blocks &&
+           a->dst.num_blocks == b->dst.num_blocks &&
+           kvr_region_bytes(&a->src) == kvr_region_bytes(&b->src) &&
+           kvr_region_bytes(&a->dst) == kvr_region_bytes(&b->dst);
+}
+
+static kvr_status_t send_class(const kvr_layout_t *lay, uint32_t rank,
+                               const kvr_region_pair_t *pairs,
+                               const void *const *src, void *const *dst,
+                               size_t n, size_t first, bool *done,
+                               const kvr_request_t *req, uint64_t *bytes,
+                               kvr_error_t *err)
 {
     kvr_gpu_request_t g = {req->src_blocks, req->num_src_blocks,
                            req->dst_blocks, req->num_dst_blocks,
                            req->num_tokens, req->num_computed_blocks};
     kvr_gpu_relayout_t *rl = NULL;
-    kvr_status_t st = kvr_gpu_relayout_create(lay, &pair->src, &pair->dst, &g,
-                                              &rl, err);
+    kvr_status_t st = kvr_gpu_relayout_create(lay, &pairs[first].src,
+                                              &pairs[first].dst, &g, &rl, err);
     if (st == KVR_OK)
         st = kvr_gpu_relayout_upload(rl, err);
-    if (st == KVR_OK)
-        st = kvr_gpu_scatter_rank(rl, rank, src, dst, NULL, err);
-    if (st == KVR_OK)
+    for (size_t i = first; i < n && st == KVR_OK; i++) {
+        if (done[i] || !same_class(&pairs[first], &pairs[i]))
+            continue;
+        st = kvr_gpu_scatter_rank(rl, rank, src[i], dst[i], NULL, err);
         *bytes += kvr_gpu_relayout_bytes(rl, rank);
+        done[i] = true;
+    }
+    if (st == KVR_OK) /* the tables must outlive the launches using them */
+        st = kvr_gpu_sync(NULL, err);
     kvr_gpu_relayout_destroy(rl);
     return st;
 }
@@ -98,11 +119,13 @@ kvr_status_t kvr__gpu_send(int device, const kvr_layout_t *lay, uint32_t rank,
                            const kvr_request_t *req, uint64_t *bytes,
                            kvr_error_t *err)
 {
-    kvr_status_t st = kvr_gpu_set_device(device, err);
+    bool *done = calloc(n + 1, sizeof(*done));
+    kvr_status_t st = done ? kvr_gpu_set_device(device, err)
+                           : kvr_error_set(err, KVR_ERR_NO_MEMORY, "no memory");
     *bytes = 0;
     for (size_t i = 0; i < n && st == KVR_OK; i++)
-        st = send_pair(lay, rank, &pairs[i], src[i], dst[i], req, bytes, err);
-    if (st == KVR_OK)
-        st = kvr_gpu_sync(NULL, err);
+        if (!done[i])
+            st = send_class(lay, rank, pairs, src, dst, n, i, done, req, bytes, err);
+    free(done);
     return st;
 }

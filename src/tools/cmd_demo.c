@@ -218,19 +218,24 @@ static bool pump(demo_t *d, uint64_t deadline, int want_port_of, int *port)
     return false;
 }
 
-/* --device cuda: producers on GPU 0, decode ranks on GPU 1 when there is one. */
-static int child_device(const demo_t *d, bool consumer)
+/* --device cuda: one GPU per process when there are PP + W of them (stage p
+ * on GPU p, rank r on GPU PP + r); else producers on GPU 0 and decode ranks
+ * on GPU 1 when there is one. */
+static int child_device(const demo_t *d, bool consumer, uint32_t index)
 {
     if (!d->cfg.use_cuda)
         return -1;
-    return consumer && kvr_conn_cuda_devices() > 1 ? 1 : 0;
+    int n = kvr_conn_cuda_devices();
+    if (n >= (int)(d->cfg.pp + d->cfg.lay.dcp_size))
+        return (int)(consumer ? d->cfg.pp + index : index);
+    return consumer && n > 1 ? 1 : 0;
 }
 
 static int start_serve(demo_t *d, uint32_t rank, int leader_port, int *port)
 {
     char extra[5][300], name[32];
     char *args[MAX_ARGS];
-    snprintf(extra[0], sizeof(extra[0]), "--cuda-device=%d", child_device(d, true));
+    snprintf(extra[0], sizeof(extra[0]), "--cuda-device=%d", child_device(d, true, rank));
     snprintf(extra[1], sizeof(extra[1]), "--rank=%u", rank);
     snprintf(extra[2], sizeof(extra[2]), "--listen=127.0.0.1:0");
     snprintf(extra[3], sizeof(extra[3]), "--expect=%u", d->cfg.requests);
@@ -249,7 +254,7 @@ static int start_push(demo_t *d, uint32_t stage, const char *targets)
 {
     char extra[3][300], name[32];
     char *args[MAX_ARGS];
-    snprintf(extra[0], sizeof(extra[0]), "--cuda-device=%d", child_device(d, false));
+    snprintf(extra[0], sizeof(extra[0]), "--cuda-device=%d", child_device(d, false, stage));
     snprintf(extra[1], sizeof(extra[1]), "--stage=%u", stage);
     snprintf(extra[2], sizeof(extra[2]), "--connect=%s", targets);
     int skip = d->cfg.use_cuda ? 0 : 1;
