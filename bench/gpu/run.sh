@@ -5,6 +5,12 @@
 # gpu-bench.json, tests.log, bench.log, nvidia-smi.txt.
 #   bench/gpu/run.sh             build, test, bench
 #   bench/gpu/run.sh --no-bench  build and test only
+#   ONLY=topk bench/gpu/run.sh   only the decode test and the top-k benchmark
+#   TUNE="-DA=1;-DB=2"           also benchmark kernel variants, one per
+#                                ';'-separated flag set: gpu-bench-tuneN.json,
+#                                their logs appended to bench.log; the decode
+#                                test runs on each variant too (not counted
+#                                in the exit status)
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-bench/out}
@@ -47,31 +53,40 @@ link test_gpu_relayout "$(obj tests/gpu/test_gpu_relayout.c)" "$(obj tests/gpu/r
 link test_gpu_ipc "$(obj tests/gpu/test_gpu_ipc.c)" "$(obj tests/gpu/relayout_case.c)"
 link test_gpu_decode "$(obj tests/gpu/test_gpu_decode.c)" "$(obj tests/gpu/decode_case.c)"
 link bench_gpu "$(obj bench/gpu/bench_gpu.c)"
-if [ -n "${TUNE:-}" ]; then # kernel variants to compare, e.g. TUNE=-DKVR_RL_STEP=4
-    TUNE_LIB=""
+IFS=';' read -r -a TUNES <<< "${TUNE:-}" # kernel variants, e.g. TUNE=-DKVR_RL_STEP=4
+tune_build() { # index, flags
+    local lib="" o pids=()
     for f in src/layout/layout.c $(ls src/gpu/*.c src/gpu/*.cu); do
         o=$(obj "$f")
         case "$f" in
-        *.cu) o="$B/tune-$(basename "$f").o"
-              "$NVCC" -O3 -std=c++17 -arch="$ARCH" $INC $TUNE -c "$f" -o "$o" || exit 1 ;;
+        *.cu) o="$B/tune$1-$(basename "$f").o"
+              "$NVCC" -O3 -std=c++17 -arch="$ARCH" $INC $2 -c "$f" -o "$o" & pids+=($!) ;;
         esac
-        TUNE_LIB="$TUNE_LIB $o"
+        lib="$lib $o"
     done
-    "$NVCC" -arch="$ARCH" -o "$B/bench_tune" "$(obj bench/gpu/bench_gpu.c)" $TUNE_LIB -lm || exit 1
-fi
+    for p in "${pids[@]}"; do wait "$p" || return 1; done
+    "$NVCC" -arch="$ARCH" -o "$B/bench_tune$1" "$(obj bench/gpu/bench_gpu.c)" $lib -lm &&
+        "$NVCC" -arch="$ARCH" -o "$B/test_gpu_decode_tune$1" "$(obj tests/gpu/test_gpu_decode.c)" \
+            "$(obj tests/gpu/decode_case.c)" $lib -lm
+}
+tpids=()
+for i in "${!TUNES[@]}"; do tune_build "$((i + 1))" "${TUNES[$i]}" & tpids+=($!); done
+for p in "${tpids[@]}"; do wait "$p" || { echo "tune build failed"; exit 1; }; done
 echo "build: $(( $(date +%s) - t0 )) s"
 
 nvidia-smi > "$OUT/nvidia-smi.txt" 2>&1 && nvidia-smi topo -m >> "$OUT/nvidia-smi.txt" 2>&1
 
 if [ -n "${PROFILE:-}" ]; then # Nsight Compute on the top-k kernel
-    ncu --clock-control none --set full -k regex:topk_kernel -s 3 -c 1 \
+    ncu --clock-control none --set full -k regex:topk_ -s 3 -c 1 \
         "$B/bench_gpu" --topk-only "$OUT/topk-profiled.json" > "$OUT/ncu-topk.txt" 2>&1
     tail -c 12000 "$OUT/ncu-topk.txt"
     exit 0
 fi
 echo "== tests"
 status=0
-for t in test_gpu_relayout test_gpu_decode test_gpu_ipc; do
+TESTS="test_gpu_relayout test_gpu_decode test_gpu_ipc" BENCH_ARGS=""
+[ "${ONLY:-}" = topk ] && { TESTS=test_gpu_decode; BENCH_ARGS=--topk-only; }
+for t in $TESTS; do
     t1=$(date +%s)
     "$B/$t" >> "$OUT/tests.log" 2>&1
     rc=$?
@@ -80,14 +95,23 @@ for t in test_gpu_relayout test_gpu_decode test_gpu_ipc; do
     esac
     echo "$t: $r ($(( $(date +%s) - t1 )) s)" | tee -a "$OUT/tests.log"
 done
+for i in "${!TUNES[@]}"; do # the decode test on each variant too
+    "$B/test_gpu_decode_tune$((i + 1))" >> "$OUT/tests.log" 2>&1
+    rc=$?
+    case $rc in
+    0) r=PASS ;; 77) r=SKIP ;; *) r="FAIL ($rc)" ;;
+    esac
+    echo "test_gpu_decode tune$((i + 1)) (${TUNES[$i]}): $r" | tee -a "$OUT/tests.log"
+done
 
 if [ "${1:-}" != "--no-bench" ]; then
     echo "== bench"
-    "$B/bench_gpu" "$OUT/gpu-bench.json" 2>&1 | tee "$OUT/bench.log"
+    "$B/bench_gpu" $BENCH_ARGS "$OUT/gpu-bench.json" 2>&1 | tee "$OUT/bench.log"
     [ "${PIPESTATUS[0]}" = 0 ] || status=1
-    if [ -n "${TUNE:-}" ]; then
-        echo "== bench with $TUNE"
-        "$B/bench_tune" "$OUT/gpu-bench-tune.json" 2>&1 | tee "$OUT/bench-tune.log"
-    fi
+    for i in "${!TUNES[@]}"; do
+        echo "== bench tune$((i + 1)): ${TUNES[$i]}" | tee -a "$OUT/bench.log"
+        "$B/bench_tune$((i + 1))" $BENCH_ARGS "$OUT/gpu-bench-tune$((i + 1)).json" 2>&1 |
+            tee -a "$OUT/bench.log"
+    done
 fi
 exit $status

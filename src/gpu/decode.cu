@@ -13,13 +13,13 @@ struct kvr_gpu_decode {
 
 namespace {
 
-/* Top-k scan state: block b handles row b (blocks start in index order, as
- * CUB's single-pass scans assume), and publishes its count, then its
- * inclusive prefix, in flags[row], tagged with the launch's epoch so that no
- * launch has to clear them. The last row's block bumps the epoch once its
- * look-back is done: by then every row has published, so every block has
- * read the epoch. All of it lives on the device, so launches can be
- * captured in a graph and replayed; no atomic is shared by the rows. */
+/* Top-k scan state: block b handles row b, or tile b of rows (blocks start
+ * in index order, as CUB's single-pass scans assume), and publishes its
+ * count, then its inclusive prefix, in flags[b], tagged with the launch's
+ * epoch so that no launch has to clear them. The last block bumps the epoch
+ * once its look-back is done: by then every block has published, so every
+ * block has read the epoch. All of it lives on the device, so launches can
+ * be captured in a graph and replayed; no atomic is shared by the blocks. */
 struct State {
     uint32_t epoch;
     uint32_t pad[3];
@@ -50,6 +50,10 @@ struct TopkJob {
     uint32_t limit;   /* positions must be below min(max_blocks * V, 2^31) */
     uint32_t vec4;    /* rows can be read 16 bytes at a time */
     uint32_t shift_i; /* POW2 kernels: log2(I) */
+    /* Row-tile kernel with I, W and bs powers of two: g is owned when
+     * (g & own_mask) == own_bits; its slot is table[g >> shift_v] << shift_bs
+     * | (g & (V - 1)) >> shift_iw << shift_i | (g & (I - 1)). */
+    uint32_t own_mask, own_bits, shift_v, shift_iw, shift_bs;
 };
 
 constexpr int TK_THREADS = 128, TK_ITEMS = 16, TK_TILE = TK_THREADS * TK_ITEMS;
@@ -332,6 +336,297 @@ __global__ void __launch_bounds__(TK_THREADS, KVR_TOPK_MIN_BLOCKS)
         write_tiles<POW2>(j, table, row, s_start, stage, &st->fault);
 }
 
+/* ---- Row tiles: the path for rows that can be read 16 bytes at a time
+ * with K up to TR_KMAX. Block b takes rows [b * TR_ROWS, (b + 1) * TR_ROWS),
+ * one warp per row. A warp reads its row in striped int4 loads (lane L
+ * reads vector L, L + 32, ...: each load instruction covers 512 contiguous
+ * bytes), keeps the positions this rank owns and compacts them in candidate
+ * order into its slice of shared memory, with a ballot per vector element.
+ * Then warp 0 adds up the tile's counts and looks back over tiles, not rows
+ * (TR_ROWS times fewer flags and round trips), and each warp converts its
+ * staged positions to slots and writes them contiguously. With POW2 (I, W
+ * and bs powers of two) the owner test and the slot are masks and shifts.
+ *
+ * Knobs (bench/gpu/run.sh TUNE=...; docs/gpu.md has the measurements):
+ * KVR_TOPK_ROWS rows per tile (2 and 8 measured within a point of 4),
+ * KVR_TOPK_UNROLL int4 loads per lane in flight (4 measured slightly worse),
+ * KVR_TOPK_OVERLAP 1: warps 1.. convert the whole tile in shared memory
+ * while warp 0 looks back, then the block copies it out (measured 4-5 %
+ * slower), KVR_TOPK_TILE 0: the one-row-per-block kernel for every shape. */
+#ifndef KVR_TOPK_TILE
+#define KVR_TOPK_TILE 1 /* 0: every launch takes topk_kernel (for comparisons) */
+#endif
+#ifndef KVR_TOPK_ROWS
+#define KVR_TOPK_ROWS 4
+#endif
+#ifndef KVR_TOPK_UNROLL
+#define KVR_TOPK_UNROLL 8 /* int4 loads in flight per lane */
+#endif
+#ifndef KVR_TOPK_OVERLAP
+#define KVR_TOPK_OVERLAP 0
+#endif
+#ifndef KVR_TOPK_TILE_MIN_BLOCKS
+#define KVR_TOPK_TILE_MIN_BLOCKS (24 / KVR_TOPK_ROWS)
+#endif
+constexpr int TR_ROWS = KVR_TOPK_ROWS, TR_THREADS = 32 * TR_ROWS;
+constexpr int TR_UNROLL = KVR_TOPK_UNROLL;
+/* Dynamic shared memory a tile may take: TR_ROWS rows of K staged entries. */
+constexpr uint32_t TR_SMEM = 64 * 1024, TR_KMAX = TR_SMEM / (4 * TR_ROWS);
+static_assert(TR_ROWS >= 2 && TR_ROWS <= 32 && (TR_ROWS & (TR_ROWS - 1)) == 0,
+              "a tile is a power of two of warps, 2 to 32");
+
+/* Whether this rank owns candidate v (v inside the table; -1 and bad
+ * positions are not). */
+template <bool POW2>
+__device__ __forceinline__ bool tile_owned(const TopkJob &j, int32_t v)
+{
+    uint32_t g = (uint32_t)v;
+    bool in = g < j.limit;
+    if (POW2)
+        return in && (g & j.own_mask) == j.own_bits;
+    uint32_t chunk = kvr__div_by(j.by_i, g); /* wraps for g >= 2^31: unused */
+    return in && chunk - kvr__div_by(j.by_w, chunk) * j.by_w.d == j.a.rank;
+}
+
+/* Keeps the owned positions among one int4 of the row (columns col..col+3
+ * of this lane): appends them to my[count..] in column order, across the
+ * warp, and advances count by the warp's total. */
+template <bool POW2>
+__device__ __forceinline__ void tile_keep4(const TopkJob &j, int4 x,
+                                           uint32_t row, uint32_t col,
+                                           uint32_t lt, int32_t *my,
+                                           int32_t &count, kvr__fault_t *f)
+{
+    int32_t v[4] = {x.x, x.y, x.z, x.w};
+    bool o[4];
+    int32_t pre = 0, tot = 0;
+#pragma unroll
+    for (int k = 0; k < 4; k++) {
+        if ((uint32_t)v[k] >= j.limit && v[k] != -1)
+            record(f, KVR__FAULT_POS, (int32_t)row, (int32_t)(col + k), v[k]);
+        o[k] = tile_owned<POW2>(j, v[k]);
+        uint32_t b = __ballot_sync(~0u, o[k]);
+        pre += __popc(b & lt);
+        tot += __popc(b);
+    }
+    int32_t pos = count + pre;
+#pragma unroll
+    for (int k = 0; k < 4; k++)
+        if (o[k])
+            my[pos++] = v[k];
+    count += tot;
+}
+
+/* A negative block-table entry or a slot past INT32_MAX under the row's
+ * nth owned candidate: records it with that candidate's column, which the
+ * staging dropped, so the row is scanned again (only by the thread whose
+ * fault is recorded). */
+template <bool POW2>
+__device__ __forceinline__ void tile_slot_fault(const TopkJob &j, kvr__fault_t *f,
+                                             int32_t entry, uint32_t row,
+                                             int32_t nth)
+{
+    kvr__fault_code_t code = entry < 0 ? KVR__FAULT_BLOCK : KVR__FAULT_SLOT;
+    if (atomicCAS(&f->code, 0, (int32_t)code) != 0)
+        return;
+    const int32_t *cand = j.a.token_indices + (uint64_t)row * j.a.topk;
+    int32_t col = -1, n = 0;
+    for (uint32_t c = 0; c < j.a.topk && col < 0; c++)
+        if (tile_owned<POW2>(j, cand[c]) && n++ == nth)
+            col = (int32_t)c;
+    f->row = (int32_t)row;
+    f->col = col;
+    f->value = entry;
+}
+
+/* Slot of owned position g whose block-table entry is `entry`; -1 (and a
+ * recorded fault) for a negative entry or a slot past INT32_MAX. */
+template <bool POW2>
+__device__ __forceinline__ int32_t tile_slot(const TopkJob &j, uint32_t g,
+                                             int32_t entry, uint32_t row,
+                                             int32_t nth, kvr__fault_t *f)
+{
+    uint64_t slot;
+    if (POW2) {
+        uint32_t r = g & ((1u << j.shift_v) - 1);
+        slot = ((uint64_t)(uint32_t)entry << j.shift_bs) |
+               (r >> j.shift_iw << j.shift_i) | (g & ((1u << j.shift_i) - 1));
+    } else {
+        uint32_t vb = kvr__div_by(j.by_v, g);
+        uint32_t local = kvr__div_by(j.by_iw, g - vb * j.by_v.d) * j.by_i.d +
+                         (g - kvr__div_by(j.by_i, g) * j.by_i.d);
+        slot = (uint64_t)(uint32_t)entry * j.a.block_size + local;
+    }
+    if (entry < 0 || slot > INT32_MAX) {
+        tile_slot_fault<POW2>(j, f, entry, row, nth);
+        return -1;
+    }
+    return (int32_t)slot;
+}
+
+template <bool POW2>
+__device__ __forceinline__ uint32_t tile_block(const TopkJob &j, uint32_t g)
+{
+    return POW2 ? g >> j.shift_v : kvr__div_by(j.by_v, g);
+}
+
+/* TR_UNROLL int4 of the row per lane, striped from vector c0: -1 past the
+ * row's end. */
+__device__ __forceinline__ void tile_load(const int4 *p, uint32_t n4,
+                                          uint32_t c0, uint32_t lane,
+                                          int4 (&x)[TR_UNROLL])
+{
+#pragma unroll
+    for (int u = 0; u < TR_UNROLL; u++) {
+        uint32_t c = c0 + u * 32 + lane;
+        x[u] = c < n4 ? __ldg(p + c) : make_int4(-1, -1, -1, -1);
+    }
+}
+
+/* Tile entry i (the tile's staged positions, row after row, as they will
+ * lie in the output): its row r and its index in that row. */
+__device__ __forceinline__ uint32_t tile_entry(const int32_t (&excl)[TR_ROWS],
+                                               int32_t i, int32_t *nth)
+{
+    uint32_t r = 0;
+    int32_t base = 0;
+#pragma unroll
+    for (int w = 1; w < TR_ROWS; w++)
+        if (i >= excl[w]) {
+            r = w;
+            base = excl[w];
+        }
+    *nth = i - base;
+    return r;
+}
+
+template <bool POW2>
+__global__ void __launch_bounds__(TR_THREADS, KVR_TOPK_TILE_MIN_BLOCKS)
+    topk_tile_kernel(const TopkJob j, State *st, uint64_t *flags)
+{
+    extern __shared__ int32_t tr_stage[];
+    __shared__ int32_t s_count[TR_ROWS], s_req[TR_ROWS];
+    __shared__ uint32_t s_start;
+    uint32_t tile = blockIdx.x, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    uint32_t epoch = *(volatile uint32_t *)&st->epoch;
+    uint32_t row0 = tile * TR_ROWS, row = row0 + warp;
+    kvr__fault_t *f = &st->fault;
+    int32_t *my = tr_stage + warp * j.a.topk;
+    int32_t count = 0, req = -1;
+    if (row < j.a.num_rows) {
+        req = j.a.token_to_seq[row];
+        if (req < 0 || (uint32_t)req >= j.a.num_reqs) {
+            if (lane == 0)
+                record(f, KVR__FAULT_SEQ, (int32_t)row, -1, req);
+            req = -1;
+        } else {
+            const int4 *p =
+                (const int4 *)(j.a.token_indices + (uint64_t)row * j.a.topk);
+            uint32_t n4 = j.a.topk >> 2, lt = (1u << lane) - 1;
+            for (uint32_t c0 = 0; c0 < n4; c0 += 32 * TR_UNROLL) {
+                int4 x[TR_UNROLL];
+                tile_load(p, n4, c0, lane, x);
+#pragma unroll
+                for (int u = 0; u < TR_UNROLL; u++)
+                    tile_keep4<POW2>(j, x[u], row, 4 * (c0 + u * 32 + lane),
+                                     lt, my, count, f);
+            }
+        }
+    }
+    if (lane == 0) {
+        s_count[warp] = count;
+        s_req[warp] = req;
+    }
+    __syncthreads();
+    int32_t excl[TR_ROWS], total = 0, before = 0; /* before: rows < warp */
+#pragma unroll
+    for (int w = 0; w < TR_ROWS; w++) {
+        excl[w] = total;
+        before = (uint32_t)w == warp ? total : before;
+        total += s_count[w];
+    }
+    if (warp == 0) {
+        uint32_t start = look_back(flags, tile, epoch, (uint32_t)total);
+        if (lane == 0) {
+            s_start = start;
+            if (tile == 0)
+                j.a.out_indptr[0] = 0;
+            if (tile == gridDim.x - 1)
+                st->epoch = epoch + 1;
+        }
+    } else if (KVR_TOPK_OVERLAP) {
+        /* While warp 0 looks back, the others turn every staged position of
+         * the tile into its slot, in place. */
+        constexpr int STEP = TR_THREADS - 32;
+        for (int32_t i0 = (int32_t)threadIdx.x - 32; i0 < total; i0 += 4 * STEP) {
+            uint32_t g[4], r[4];
+            int32_t e[4], nth[4];
+#pragma unroll
+            for (int u = 0; u < 4; u++) {
+                int32_t i = i0 + u * STEP;
+                r[u] = tile_entry(excl, i < total ? i : 0, &nth[u]);
+                g[u] = i < total ? (uint32_t)tr_stage[r[u] * j.a.topk + nth[u]] : 0;
+            }
+#pragma unroll
+            for (int u = 0; u < 4; u++)
+                e[u] = i0 + u * STEP < total
+                           ? __ldg(j.a.block_table +
+                                   (uint64_t)s_req[r[u]] * j.a.max_blocks +
+                                   tile_block<POW2>(j, g[u]))
+                           : 0;
+#pragma unroll
+            for (int u = 0; u < 4; u++)
+                if (i0 + u * STEP < total)
+                    tr_stage[r[u] * j.a.topk + nth[u]] = tile_slot<POW2>(
+                        j, g[u], e[u], row0 + r[u], nth[u], f);
+        }
+    }
+    __syncthreads();
+    uint32_t start = s_start;
+    if (lane == 0 && row < j.a.num_rows) {
+        j.a.out_indptr[row + 1] = (int32_t)(start + before + count);
+        j.a.owned_counts[row] = count;
+    }
+    if (KVR_TOPK_OVERLAP) {
+        /* The tile's slots are one contiguous run of the output. */
+        int32_t *out = j.a.out_slots + start;
+        for (int32_t i0 = (int32_t)threadIdx.x; i0 < total; i0 += 4 * TR_THREADS) {
+#pragma unroll
+            for (int u = 0; u < 4; u++) {
+                int32_t i = i0 + u * TR_THREADS, nth;
+                if (i < total) {
+                    uint32_t r = tile_entry(excl, i, &nth);
+                    out[i] = tr_stage[r * j.a.topk + nth];
+                }
+            }
+        }
+        return;
+    }
+    if (count == 0)
+        return;
+    const int32_t *table = j.a.block_table + (uint64_t)req * j.a.max_blocks;
+    int32_t *out = j.a.out_slots + start + before;
+    for (int32_t i0 = 0; i0 < count; i0 += 32 * 4) {
+        uint32_t g[4];
+        int32_t e[4];
+#pragma unroll
+        for (int u = 0; u < 4; u++) {
+            int32_t i = i0 + u * 32 + (int32_t)lane;
+            g[u] = i < count ? (uint32_t)my[i] : 0;
+        }
+#pragma unroll
+        for (int u = 0; u < 4; u++)
+            e[u] = i0 + u * 32 + (int32_t)lane < count
+                       ? __ldg(table + tile_block<POW2>(j, g[u])) : 0;
+#pragma unroll
+        for (int u = 0; u < 4; u++) {
+            int32_t i = i0 + u * 32 + (int32_t)lane;
+            if (i < count)
+                out[i] = tile_slot<POW2>(j, g[u], e[u], row, i, f);
+        }
+    }
+}
+
 __global__ void rows_kernel(int32_t *out, uint32_t rows, uint32_t per_req)
 {
     uint32_t t = blockIdx.x * blockDim.x + threadIdx.x;
@@ -416,6 +711,20 @@ kvr_status_t check_device(const kvr_gpu_decode_t *dec, kvr_error_t *err)
     return KVR_OK;
 }
 
+/* log2 of a power of two; for others, of the next one up. */
+uint32_t log2_of(uint32_t x)
+{
+    uint32_t s = 0;
+    while ((1u << s) < x)
+        s++;
+    return s;
+}
+
+bool is_pow2(uint32_t x)
+{
+    return (x & (x - 1)) == 0;
+}
+
 TopkJob topk_job(const kvr_gpu_topk_args_t *a)
 {
     TopkJob j;
@@ -428,9 +737,12 @@ TopkJob topk_job(const kvr_gpu_topk_args_t *a)
     uint64_t limit = (uint64_t)a->max_blocks * V;
     j.limit = (uint32_t)(limit < (1ull << 31) ? limit : 1ull << 31);
     j.vec4 = a->topk % 4 == 0 && (uintptr_t)a->token_indices % 16 == 0;
-    j.shift_i = 0;
-    while ((1u << j.shift_i) < a->interleave)
-        j.shift_i++;
+    j.shift_i = log2_of(a->interleave);
+    j.shift_v = log2_of(V);
+    j.shift_iw = log2_of(a->interleave * a->dcp_size);
+    j.shift_bs = log2_of(a->block_size);
+    j.own_mask = (a->dcp_size - 1) << j.shift_i;
+    j.own_bits = a->rank << j.shift_i;
     return j;
 }
 
@@ -452,6 +764,24 @@ extern "C" kvr_status_t kvr_gpu_decode_create(uint32_t max_rows,
         e = cudaMalloc(&dec->mem, bytes);
     if (e == cudaSuccess)
         e = cudaMemset(dec->mem, 0, bytes);
+    /* The row-tile kernels may take TR_SMEM of shared memory; prefer the
+     * largest shared-memory carveout so that several tiles fit per SM. */
+    if (e == cudaSuccess)
+        e = cudaFuncSetAttribute(topk_tile_kernel<true>,
+                                 cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                 (int)TR_SMEM);
+    if (e == cudaSuccess)
+        e = cudaFuncSetAttribute(topk_tile_kernel<false>,
+                                 cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                 (int)TR_SMEM);
+    if (e == cudaSuccess)
+        e = cudaFuncSetAttribute(topk_tile_kernel<true>,
+                                 cudaFuncAttributePreferredSharedMemoryCarveout,
+                                 cudaSharedmemCarveoutMaxShared);
+    if (e == cudaSuccess)
+        e = cudaFuncSetAttribute(topk_tile_kernel<false>,
+                                 cudaFuncAttributePreferredSharedMemoryCarveout,
+                                 cudaSharedmemCarveoutMaxShared);
     if (e == cudaSuccess)
         e = cudaMallocHost((void **)&dec->host_fault, sizeof(kvr__fault_t));
     if (e != cudaSuccess) {
@@ -510,9 +840,19 @@ extern "C" kvr_status_t kvr_gpu_topk_filter(kvr_gpu_decode_t *dec,
         return KVR_OK;
     }
     TopkJob j = topk_job(a);
-    bool pow2 = (a->interleave & (a->interleave - 1)) == 0 &&
-                (a->dcp_size & (a->dcp_size - 1)) == 0;
+    bool pow2 = is_pow2(a->interleave) && is_pow2(a->dcp_size);
     State *state = (State *)dec->mem;
+    if (KVR_TOPK_TILE && j.vec4 && a->topk <= TR_KMAX) {
+        unsigned tiles = (a->num_rows + TR_ROWS - 1) / TR_ROWS;
+        size_t smem = (size_t)TR_ROWS * a->topk * sizeof(int32_t);
+        if (pow2 && is_pow2(a->block_size))
+            topk_tile_kernel<true><<<tiles, TR_THREADS, smem, s>>>(
+                j, state, scan_flags(dec->mem));
+        else
+            topk_tile_kernel<false><<<tiles, TR_THREADS, smem, s>>>(
+                j, state, scan_flags(dec->mem));
+        return kvr__launch_status("topk_tile_kernel", err);
+    }
     if (pow2)
         topk_kernel<true><<<a->num_rows, TK_THREADS, 0, s>>>(
             j, state, scan_flags(dec->mem));
