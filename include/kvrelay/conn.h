@@ -175,6 +175,8 @@ typedef struct kvr_conn_event {
     const uint32_t *dst_blocks;
     size_t num_dst_blocks;
     uint32_t peer_rank; /* PEER_LOST: the peer's pp (producer) or dcp rank */
+    uint64_t started_ns; /* LOADED: when the WRITE_REQUESTs went out
+                            (CLOCK_MONOTONIC), to time the transfer itself */
 } kvr_conn_event_t;
 
 /* true and *out filled when an event was queued. */

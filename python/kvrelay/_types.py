@@ -221,6 +221,7 @@ class ConnEvent(ctypes.Structure):
         ("dst_blocks", ctypes.POINTER(_u32)),
         ("num_dst_blocks", _size),
         ("peer_rank", _u32),
+        ("started_ns", _u64),
     ]
 
 

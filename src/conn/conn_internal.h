@@ -71,6 +71,7 @@ typedef struct kvr__creq {
     uint32_t *src, *dst;
     size_t nsrc, ndst;
     uint64_t deadline_ns, hard_deadline_ns;
+    uint64_t started_ns;
     uint32_t num_stages;
     kvr__cstage_t stages[KVR_CONN_MAX_STAGES];
     kvr_status_t status;

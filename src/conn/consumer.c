@@ -158,6 +158,7 @@ static void send_all(kvr_conn_t *c, kvr__creq_t *r)
     /* fault injection: planned right, asked wrong; producers must refuse */
     if (r->ndst > 0 && kvr__fault_is(c, KVR_FAULT_BAD_BLOCKS, &r->id))
         r->dst[r->ndst - 1] = 0x7fffffffu;
+    r->started_ns = kvr__now_ns();
     for (uint32_t s = 0; s < r->num_stages; s++)
         send_write_request(c, r, &r->stages[s]);
 }
@@ -335,6 +336,7 @@ static void complete_if_done(kvr_conn_t *c, kvr__creq_t *r)
     kvr_conn_event_t *e = kvr__event_push(c, KVR_EVENT_LOADED, &r->id,
                                           r->transfer_id, KVR_OK, "");
     e->bytes = bytes;
+    e->started_ns = r->started_ns;
     e->num_tokens = r->num_tokens;
     e->num_computed_blocks = r->num_computed;
     kvr__event_attach(e, r->src, r->nsrc, r->dst, r->ndst);

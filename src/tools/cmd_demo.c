@@ -50,7 +50,7 @@ typedef struct {
     child_t kids[MAX_CHILDREN];
     uint32_t num_kids;
     req_state_t reqs[KVR_DEMO_MAX_REQUESTS];
-    uint64_t first_offer_ns, last_load_ns;
+    uint64_t first_offer_ns, first_start_ns, last_load_ns;
 } demo_t;
 
 static int demo_option(void *ctx, const char *name, const char *value)
@@ -121,7 +121,7 @@ static void note_failure(req_state_t *q, const char *who, const char *rest)
 static void on_line(demo_t *d, child_t *k, char *line)
 {
     char verb[32] = "", id[64] = "";
-    unsigned long long a = 0, b = 0, c = 0;
+    unsigned long long a = 0, b = 0, c = 0, e = 0;
     int used = 0;
     sscanf(line, "%31s %63s %n", verb, id, &used);
     const char *rest = used > 0 ? line + used : "";
@@ -130,11 +130,13 @@ static void on_line(demo_t *d, child_t *k, char *line)
         if (d->first_offer_ns == 0 || b < d->first_offer_ns)
             d->first_offer_ns = b;
     } else if (strcmp(verb, "loaded") == 0 && q &&
-               sscanf(rest, "%llu %llu %llu", &a, &b, &c) == 3) {
+               sscanf(rest, "%llu %llu %llu %llu", &a, &b, &c, &e) == 4) {
         q->loaded_ranks++;
         q->bytes += a;
         q->computed_blocks = b;
         d->last_load_ns = c > d->last_load_ns ? c : d->last_load_ns;
+        if (d->first_start_ns == 0 || e < d->first_start_ns)
+            d->first_start_ns = e;
     } else if (strcmp(verb, "verified") == 0 && q) {
         q->verified_ranks++;
         printf("  %-8s %s verified byte-exact (%u/%u ranks)\n", k->name, id,
@@ -311,8 +313,11 @@ static totals_t summarize(const demo_t *d)
     }
     for (uint32_t i = 0; i < d->num_kids; i++)
         t.children_ok &= d->kids[i].exited && d->kids[i].status == 0;
-    if (d->last_load_ns > d->first_offer_ns && d->first_offer_ns > 0)
-        t.seconds = (double)(d->last_load_ns - d->first_offer_ns) / 1e9;
+    /* transfer time: first WRITE_REQUEST out to last request loaded, so
+     * start-up (filling sources, stages still connecting) is not counted */
+    uint64_t start = d->first_start_ns ? d->first_start_ns : d->first_offer_ns;
+    if (d->last_load_ns > start && start > 0)
+        t.seconds = (double)(d->last_load_ns - start) / 1e9;
     t.gbps = t.seconds > 0 ? (double)t.bytes / t.seconds / 1e9 : 0;
     return t;
 }

@@ -187,9 +187,11 @@ static void on_event(serve_t *s, const kvr_conn_event_t *e)
     case KVR_EVENT_LOADED:
         s->loaded++;
         s->bytes += e->bytes;
-        printf("loaded %.*s %llu %llu %llu\n", idl, id, (unsigned long long)e->bytes,
+        printf("loaded %.*s %llu %llu %llu %llu\n", idl, id,
+               (unsigned long long)e->bytes,
                (unsigned long long)e->num_computed_blocks,
-               (unsigned long long)kvr_demo_now_ns());
+               (unsigned long long)kvr_demo_now_ns(),
+               (unsigned long long)e->started_ns);
         note_dump(s, e);
         refresh_mirrors(s);
         if (kvr_demo_verify(&s->cfg, s->o.rank, s->descs, s->mirrors, s->num_regions,
