@@ -289,7 +289,13 @@ kvr_status_t kvr_conn_connect(kvr_conn_t *conn, const char *host,
     if (st != KVR_OK)
         return st;
     peer->pinned = true;
-    st = kvr__handshake_start(conn, peer);
+    /* rkeys are unpacked only from authenticated or loopback peers */
+    if (!conn->has_key && !conn->p.insecure && !peer->link->loopback_peer)
+        kvr__link_close(peer->link, KVR_ERR_AUTH,
+                        "refused to talk to a non-loopback peer without a key "
+                        "(use a key file, or --insecure)");
+    else
+        st = kvr__handshake_start(conn, peer);
     uint64_t deadline = kvr__now_ns() + (uint64_t)timeout_ms * 1000000ull;
     while (st == KVR_OK && !kvr__peer_ready(conn, peer) && !peer->link->closed) {
         if (kvr__now_ns() > deadline) {

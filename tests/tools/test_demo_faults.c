@@ -10,7 +10,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <arpa/inet.h>
+#include <ifaddrs.h>
+#include <netinet/in.h>
 #include <signal.h>
+#include <stdbool.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -203,6 +207,54 @@ static void test_dump_inspect(void **state)
 }
 
 /* A lone decode rank (W = 1) in the background; returns its port. */
+static pid_t start_serve(const char *extra, int *port);
+
+/* This host's first non-loopback IPv4 address, or false. */
+static bool external_address(char *buf, size_t len)
+{
+    struct ifaddrs *ifs = NULL, *i;
+    bool found = false;
+    if (getifaddrs(&ifs) != 0)
+        return false;
+    for (i = ifs; i != NULL && !found; i = i->ifa_next) {
+        if (i->ifa_addr == NULL || i->ifa_addr->sa_family != AF_INET)
+            continue;
+        struct sockaddr_in *in = (struct sockaddr_in *)(void *)i->ifa_addr;
+        if ((ntohl(in->sin_addr.s_addr) >> 24) == 127)
+            continue;
+        found = inet_ntop(AF_INET, &in->sin_addr, buf, (socklen_t)len) != NULL;
+    }
+    freeifaddrs(ifs);
+    return found;
+}
+
+/* Without a key, both sides refuse a peer that is not on loopback. */
+static void test_non_loopback_refused(void **state)
+{
+    (void)state;
+    char ip[64];
+    if (!external_address(ip, sizeof(ip)))
+        skip();
+    int port;
+    pid_t serve = start_serve("--listen 0.0.0.0:0", &port);
+    char cmd[1024];
+    snprintf(cmd, sizeof(cmd), "%s push --stage 0 --connect %s:%d --dcp 1 --pp 1 "
+             "--layers 4 --requests 1 --tokens 300 --timeout 20 > push_out.txt 2>&1",
+             kvr_bin, ip, port);
+    int st = system(cmd);
+    kill(serve, SIGTERM);
+    int sst;
+    waitpid(serve, &sst, 0);
+    assert_true(WIFEXITED(st) && WEXITSTATUS(st) == 1);
+    FILE *f = fopen("push_out.txt", "r");
+    char out[4096] = "";
+    size_t n = f ? fread(out, 1, sizeof(out) - 1, f) : 0;
+    out[n] = '\0';
+    if (f)
+        fclose(f);
+    assert_non_null(strstr(out, "non-loopback"));
+}
+
 static pid_t start_serve(const char *extra, int *port)
 {
     int p[2];
@@ -294,6 +346,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_dump_inspect),
         cmocka_unit_test(test_mismatched_layout),
         cmocka_unit_test(test_wrong_key),
+        cmocka_unit_test(test_non_loopback_refused),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
