@@ -16,6 +16,7 @@ int kvr_cmd_plan(int argc, char **argv);
 int kvr_cmd_serve(int argc, char **argv);
 int kvr_cmd_push(int argc, char **argv);
 int kvr_cmd_demo(int argc, char **argv);
+int kvr_cmd_bench(int argc, char **argv);
 int kvr_cmd_capacity(int argc, char **argv);
 int kvr_cmd_inspect(int argc, char **argv);
 

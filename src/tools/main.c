@@ -15,6 +15,7 @@ static const command_t commands[] = {
     {"demo", kvr_cmd_demo, "run the headline case on this machine, verified"},
     {"serve", kvr_cmd_serve, "one decode rank (consumer); rank 0 leads"},
     {"push", kvr_cmd_push, "one prefill stage (producer)"},
+    {"bench", kvr_cmd_bench, "the executors side by side through kvrelay demo"},
     {"capacity", kvr_cmd_capacity, "KV blocks and tokens a decode rank holds in a budget"},
     {"inspect", kvr_cmd_inspect, "diff dumped received pages against the source, per token"},
 };

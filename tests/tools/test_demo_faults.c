@@ -206,6 +206,24 @@ static void test_dump_inspect(void **state)
     assert_non_null(strstr(out, "wrong token"));
 }
 
+/* kvrelay bench: both executors verified, one JSON entry each. */
+static void test_bench(void **state)
+{
+    (void)state;
+    char cmd[1024];
+    snprintf(cmd, sizeof(cmd), "%s bench --reps 1 --out bench_out.json "
+             "--requests 2 --tokens 500 --layers 4 --pp 2 --dcp 2 > /dev/null", kvr_bin);
+    int st = system(cmd);
+    assert_true(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+    json_t *root = json_load_file("bench_out.json", 0, NULL);
+    assert_non_null(root);
+    assert_int_equal(json_array_size(json_object_get(root, "results")), 2);
+    json_decref(root);
+    snprintf(cmd, sizeof(cmd), "%s bench --reps 0 2> /dev/null", kvr_bin);
+    st = system(cmd);
+    assert_true(WIFEXITED(st) && WEXITSTATUS(st) == 2);
+}
+
 /* A lone decode rank (W = 1) in the background; returns its port. */
 static pid_t start_serve(const char *extra, int *port);
 
@@ -347,6 +365,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_mismatched_layout),
         cmocka_unit_test(test_wrong_key),
         cmocka_unit_test(test_non_loopback_refused),
+        cmocka_unit_test(test_bench),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
