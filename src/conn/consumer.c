@@ -87,7 +87,10 @@ static uint32_t grant_slots(kvr_conn_t *c, kvr__cstage_t *s)
         return 0;
     const kvr_region_desc_t *d = &c->regions[c->staging_idx].desc;
     uint64_t chunks = (s->expect_bytes + d->page_bytes - 1) / d->page_bytes;
-    for (uint32_t i = 0; i + 1 < d->num_blocks && s->num_slots < chunks &&
+    /* a fair share, so every stage can stage at once */
+    uint64_t share = (d->num_blocks - 1) / c->p.producer_stages;
+    uint64_t want = chunks < share ? chunks : share ? share : 1;
+    for (uint32_t i = 0; i + 1 < d->num_blocks && s->num_slots < want &&
                          s->num_slots < KVR_CONN_MAX_SLOTS_PER_WRITE; i++)
         if (!c->slot_busy[i]) {
             c->slot_busy[i] = 1;
