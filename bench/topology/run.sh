@@ -15,6 +15,7 @@ cd "$(dirname "$0")/../.."
 KVR=${1:-build/bin/kvrelay}
 shift || true
 SIZES=${*:-32768 131072}
+REQUESTS=${REQUESTS:-1} # >1: later requests show the warm (steady) rate
 OUT=${OUT:-bench/out}
 mkdir -p "$OUT"
 gpus=$(nvidia-smi -L 2>/dev/null | grep -c GPU || true)
@@ -40,7 +41,7 @@ runs=()
 for I in 1 64; do
   for N in $SIZES; do
     log="$OUT/topology-I$I-N$N.log"
-    timeout 900 "$KVR" demo --device "$device" --interleave "$I" --requests 1 \
+    timeout 900 "$KVR" demo --device "$device" --interleave "$I" --requests "$REQUESTS" \
       --tokens "$N" --no-reuse --json --deadline-ms 600000 --timeout 800 >"$log" 2>&1
     rc=$?
     tail -1 "$log"
@@ -49,7 +50,7 @@ for I in 1 64; do
   done
 done
 IFS=,
-printf '{"kind":"%s","gpus":%s,"date":"%s","ceiling":%s,"runs":[%s]}\n' \
-  "$kind" "$gpus" "$(date -u +%FT%TZ)" "$ceiling" "${runs[*]}" \
+printf '{"kind":"%s","gpus":%s,"date":"%s","requests_per_run":%s,"ceiling":%s,"runs":[%s]}\n' \
+  "$kind" "$gpus" "$(date -u +%FT%TZ)" "$REQUESTS" "$ceiling" "${runs[*]}" \
   > "$OUT/topology-$kind.json"
 echo "wrote $OUT/topology-$kind.json"

@@ -40,6 +40,7 @@ typedef struct {
 typedef struct {
     uint32_t verified_ranks, loaded_ranks;
     uint64_t bytes, computed_blocks;
+    uint64_t start_ns, end_ns; /* first WRITE_REQUEST out, last rank loaded */
     char failure[KVR_ERROR_MSG_MAX];
     bool sent;
 } req_state_t;
@@ -137,6 +138,8 @@ static void on_line(demo_t *d, child_t *k, char *line)
         d->last_load_ns = c > d->last_load_ns ? c : d->last_load_ns;
         if (d->first_start_ns == 0 || e < d->first_start_ns)
             d->first_start_ns = e;
+        q->end_ns = c > q->end_ns ? c : q->end_ns;
+        q->start_ns = q->start_ns == 0 || e < q->start_ns ? e : q->start_ns;
     } else if (strcmp(verb, "verified") == 0 && q) {
         q->verified_ranks++;
         printf("  %-8s %s verified byte-exact (%u/%u ranks)\n", k->name, id,
@@ -329,12 +332,15 @@ static void print_json(const demo_t *d, const totals_t *t)
         char id[32];
         kvr_demo_request_id(r, id, sizeof(id));
         const req_state_t *q = &d->reqs[r];
+        double secs = q->end_ns > q->start_ns && q->start_ns
+                          ? (double)(q->end_ns - q->start_ns) / 1e9 : 0;
         json_array_append_new(reqs, json_pack(
-            "{s:s,s:I,s:I,s:I,s:I,s:b,s:s}", "id", id, "tokens",
+            "{s:s,s:I,s:I,s:I,s:I,s:b,s:s,s:f,s:f}", "id", id, "tokens",
             (json_int_t)kvr_demo_tokens(&d->cfg, r), "computed_blocks",
             (json_int_t)q->computed_blocks, "verified_ranks",
             (json_int_t)q->verified_ranks, "bytes", (json_int_t)q->bytes, "sent",
-            q->sent, "failure", q->failure));
+            q->sent, "failure", q->failure, "seconds", secs, "gbps",
+            secs > 0 ? (double)q->bytes / secs / 1e9 : 0.0));
     }
     for (uint32_t i = 0; i < d->num_kids; i++)
         json_array_append_new(kids, json_pack("{s:s,s:i}", "name", d->kids[i].name,
