@@ -335,9 +335,10 @@ static void print_json(const demo_t *d, const totals_t *t)
         double secs = q->end_ns > q->start_ns && q->start_ns
                           ? (double)(q->end_ns - q->start_ns) / 1e9 : 0;
         json_array_append_new(reqs, json_pack(
-            "{s:s,s:I,s:I,s:I,s:I,s:b,s:s,s:f,s:f}", "id", id, "tokens",
+            "{s:s,s:I,s:I,s:I,s:I,s:I,s:b,s:s,s:f,s:f}", "id", id, "tokens",
             (json_int_t)kvr_demo_tokens(&d->cfg, r), "computed_blocks",
-            (json_int_t)q->computed_blocks, "verified_ranks",
+            (json_int_t)q->computed_blocks, "loaded_ranks",
+            (json_int_t)q->loaded_ranks, "verified_ranks",
             (json_int_t)q->verified_ranks, "bytes", (json_int_t)q->bytes, "sent",
             q->sent, "failure", q->failure, "seconds", secs, "gbps",
             secs > 0 ? (double)q->bytes / secs / 1e9 : 0.0));

@@ -87,6 +87,8 @@ typedef struct {
     uint32_t loaded, verified, failed, group_done;
     uint64_t bytes;
     json_t *dumped; /* rank 0 with --dump: the requests it loaded */
+    kvr_conn_event_t pending[KVR_DEMO_MAX_REQUESTS]; /* loaded, not yet verified */
+    uint32_t num_pending;
 } serve_t;
 
 static kvr_status_t setup_regions(serve_t *s, kvr_error_t *err)
@@ -178,11 +180,51 @@ static void write_dump(serve_t *s)
     json_decref(s->dumped);
 }
 
+/* Verification waits until the run's last expected request is in (or the
+ * run ends), so that checking gigabytes on the CPU never stalls the event
+ * loop while transfers are in flight, and the demo's rate is the transfer's.
+ * Blocks are not reused within a demo (the pool holds every request), so
+ * nothing is overwritten before it is checked. */
+static void keep_for_verify(serve_t *s, const kvr_conn_event_t *e)
+{
+    if (s->num_pending == KVR_DEMO_MAX_REQUESTS)
+        return;
+    kvr_conn_event_t *k = &s->pending[s->num_pending++];
+    *k = *e;
+    uint32_t *dst = malloc((e->num_dst_blocks + 1) * sizeof(*dst));
+    if (dst != NULL)
+        memcpy(dst, e->dst_blocks, e->num_dst_blocks * sizeof(*dst));
+    k->dst_blocks = dst;
+    k->num_dst_blocks = dst ? e->num_dst_blocks : 0;
+    k->src_blocks = NULL;
+    k->num_src_blocks = 0;
+}
+
+static void verify_pending(serve_t *s)
+{
+    kvr_error_t err = {0};
+    refresh_mirrors(s);
+    for (uint32_t i = 0; i < s->num_pending; i++) {
+        const kvr_conn_event_t *e = &s->pending[i];
+        int idl = (int)e->request_id.len;
+        const char *id = (const char *)e->request_id.bytes;
+        if (kvr_demo_verify(&s->cfg, s->o.rank, s->descs, s->mirrors,
+                            s->num_regions, e, &err) == KVR_OK) {
+            s->verified++;
+            printf("verified %.*s\n", idl, id);
+        } else {
+            printf("verify-failed %.*s %s\n", idl, id, err.msg);
+        }
+        free((void *)e->dst_blocks);
+    }
+    s->num_pending = 0;
+    fflush(stdout);
+}
+
 static void on_event(serve_t *s, const kvr_conn_event_t *e)
 {
     int idl = (int)e->request_id.len;
     const char *id = (const char *)e->request_id.bytes;
-    kvr_error_t err = {0};
     switch (e->kind) {
     case KVR_EVENT_LOADED:
         s->loaded++;
@@ -193,14 +235,7 @@ static void on_event(serve_t *s, const kvr_conn_event_t *e)
                (unsigned long long)kvr_demo_now_ns(),
                (unsigned long long)e->started_ns);
         note_dump(s, e);
-        refresh_mirrors(s);
-        if (kvr_demo_verify(&s->cfg, s->o.rank, s->descs, s->mirrors, s->num_regions,
-                            e, &err) == KVR_OK) {
-            s->verified++;
-            printf("verified %.*s\n", idl, id);
-        } else {
-            printf("verify-failed %.*s %s\n", idl, id, err.msg);
-        }
+        keep_for_verify(s, e);
         break;
     case KVR_EVENT_LOAD_FAILED:
         s->failed++;
@@ -239,6 +274,7 @@ static int serve_loop(serve_t *s)
     /* let RELEASEs and the last frames drain */
     for (int i = 0; i < 10; i++)
         kvr_conn_progress(s->conn, 5);
+    verify_pending(s);
     if (s->cfg.dump_dir != NULL)
         write_dump(s);
     printf("summary rank=%u loaded=%u verified=%u failed=%u bytes=%llu%s\n",
