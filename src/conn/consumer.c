@@ -152,7 +152,7 @@ static uint32_t producers_ready(const kvr_conn_t *c)
     uint32_t n = 0;
     for (uint32_t i = 0; i < c->num_peers; i++)
         n += c->peers[i]->link->ready && !c->peers[i]->link->closed &&
-             c->peers[i]->link->peer.side == KVR_WIRE_PRODUCER;
+             kvr__serves_us(c, c->peers[i]);
     return n;
 }
 
@@ -192,8 +192,7 @@ static kvr_status_t attach_stages(kvr_conn_t *c, kvr__creq_t *r, kvr_error_t *er
 {
     for (uint32_t i = 0; i < c->num_peers; i++) {
         kvr__peer_t *p = c->peers[i];
-        if (!p->link->ready || p->link->closed ||
-            p->link->peer.side != KVR_WIRE_PRODUCER)
+        if (!p->link->ready || p->link->closed || !kvr__serves_us(c, p))
             continue;
         if (r->num_stages == KVR_CONN_MAX_STAGES)
             break;

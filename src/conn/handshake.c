@@ -60,15 +60,25 @@ static kvr_wire_side_t expected_side(const kvr_conn_t *c, const kvr__peer_t *p)
 
 static kvr_status_t send_regions(kvr_conn_t *c, kvr__peer_t *peer);
 
-/* A stage's layer range must not overlap another stage's (DESIGN §7). */
+bool kvr__serves_us(const kvr_conn_t *c, const kvr__peer_t *peer)
+{
+    const kvr_wire_topo_t *t = &peer->link->peer.topo;
+    uint32_t size = t->tp_size ? t->tp_size : 1;
+    return peer->link->peer.side == KVR_WIRE_PRODUCER &&
+           t->tp_rank == c->p.topo.tp_rank % size;
+}
+
+/* A stage's layer range must not overlap another stage's (DESIGN §7);
+ * among the producer links that serve this rank, one per stage. */
 static bool stage_overlaps(kvr_conn_t *c, kvr__peer_t *peer, char *why, size_t n)
 {
     const kvr_wire_topo_t *t = &peer->link->peer.topo;
+    if (!kvr__serves_us(c, peer))
+        return false;
     for (uint32_t i = 0; i < c->num_peers; i++) {
         const kvr__peer_t *o = c->peers[i];
         const kvr_wire_topo_t *u = &o->link->peer.topo;
-        if (o == peer || !o->link->ready || o->link->closed ||
-            o->link->peer.side != KVR_WIRE_PRODUCER)
+        if (o == peer || !o->link->ready || o->link->closed || !kvr__serves_us(c, o))
             continue;
         if (u->pp_rank == t->pp_rank || (t->layer_start < u->layer_end &&
                                          u->layer_start < t->layer_end)) {

@@ -376,9 +376,8 @@ static void on_release(kvr_conn_t *c, const kvr_msg_release_t *m)
         snprintf(r->message, sizeof(r->message), "consumer rank %u failed the "
                  "request (%s)", m->consumer_rank, kvr_status_name(m->outcome));
     }
-    uint64_t all = c->p.consumer_ranks >= 64 ? ~0ull
-                 : (1ull << c->p.consumer_ranks) - 1;
-    if ((r->released & all) == all)
+    /* consumer_ranks: the ranks this producer tp rank serves */
+    if ((uint32_t)__builtin_popcountll(r->released) >= c->p.consumer_ranks)
         finish_preq(c, r, r->failed ? r->status : KVR_OK, r->message);
 }
 
@@ -420,9 +419,10 @@ void kvr__producer_tick(kvr_conn_t *c)
  * request counts as released with a failure. */
 void kvr__producer_peer_lost(kvr_conn_t *c, kvr__peer_t *peer)
 {
-    if (!peer->link->ready)
-        return;
     uint32_t rank = peer->link->peer.topo.tp_rank;
+    uint32_t size = c->p.topo.tp_size ? c->p.topo.tp_size : 1;
+    if (!peer->link->ready || rank % size != c->p.topo.tp_rank)
+        return; /* a rank another producer tp rank serves */
     for (uint32_t i = 0; i < c->p.max_requests; i++) {
         kvr__preq_t *r = &c->preqs[i];
         if (!r->used)

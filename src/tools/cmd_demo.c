@@ -255,16 +255,20 @@ static int start_serve(demo_t *d, uint32_t rank, int leader_port, int *port)
     return 0;
 }
 
-static int start_push(demo_t *d, uint32_t stage, const char *targets)
+static int start_push(demo_t *d, uint32_t stage, uint32_t tp, const char *targets)
 {
-    char extra[3][300], name[32];
+    char extra[4][300], name[32];
     char *args[MAX_ARGS];
     snprintf(extra[0], sizeof(extra[0]), "--cuda-device=%d", child_device(d, false, stage));
     snprintf(extra[1], sizeof(extra[1]), "--stage=%u", stage);
     snprintf(extra[2], sizeof(extra[2]), "--connect=%s", targets);
+    snprintf(extra[3], sizeof(extra[3]), "--tp-rank=%u", tp);
     int skip = d->cfg.use_cuda ? 0 : 1;
-    build_args(d, args, "push", extra + skip, 3 - skip);
-    snprintf(name, sizeof(name), "stage %u", stage);
+    build_args(d, args, "push", extra + skip, 4 - skip);
+    if (d->cfg.producer_tp > 1)
+        snprintf(name, sizeof(name), "stage %u.%u", stage, tp);
+    else
+        snprintf(name, sizeof(name), "stage %u", stage);
     return spawn(d, name, args) < 0 ? -1 : 0;
 }
 
@@ -284,10 +288,12 @@ static bool start_all(demo_t *d)
                  r ? "," : "", port);
     }
     for (uint32_t p = 0; p < d->cfg.pp; p++)
-        if (start_push(d, p, targets) != 0) {
-            fprintf(stderr, "kvrelay demo: prefill stage %u did not start\n", p);
-            return false;
-        }
+        for (uint32_t t = 0; t < d->cfg.producer_tp; t++)
+            if (start_push(d, p, t, targets) != 0) {
+                fprintf(stderr, "kvrelay demo: prefill stage %u tp %u did not "
+                        "start\n", p, t);
+                return false;
+            }
     return true;
 }
 
@@ -432,10 +438,11 @@ static void write_manifest(const demo_t *d)
 {
     const kvr_layout_t *l = &d->cfg.lay;
     json_t *root = json_pack(
-        "{s:s,s:i,s:{s:I,s:I,s:I,s:I,s:i,s:b,s:b},s:I,s:o,s:o}", "format",
+        "{s:s,s:i,s:{s:I,s:I,s:I,s:I,s:I,s:b,s:b},s:I,s:o,s:o}", "format",
         "kvrelay-dump", "version", 1, "layout", "block_size", (json_int_t)l->block_size,
         "dcp", (json_int_t)l->dcp_size, "interleave", (json_int_t)l->interleave, "tp",
-        (json_int_t)l->dcp_size, "producer_tp", 1, "replicate_index", l->replicate_index,
+        (json_int_t)l->dcp_size, "producer_tp", (json_int_t)d->cfg.producer_tp,
+        "replicate_index", l->replicate_index,
         "preshuffle", l->preshuffle, "seed", (json_int_t)d->cfg.seed, "regions",
         manifest_regions(d), "requests", manifest_requests(d));
     char path[4096];

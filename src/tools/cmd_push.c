@@ -19,6 +19,7 @@ static const char push_usage[] =
 typedef struct {
     uint32_t stage;
     bool have_stage;
+    uint32_t tp_rank; /* this process's producer tp rank */
     char hosts[MAX_RANKS][256];
     uint16_t ports[MAX_RANKS];
     uint32_t num_targets;
@@ -47,6 +48,14 @@ static int push_option(void *ctx, const char *name, const char *value)
     uint64_t v;
     if (strcmp(name, "connect") == 0)
         return parse_targets(o, value);
+    if (strcmp(name, "tp-rank") == 0) {
+        if (!kvr_tool_parse_u64(value, 0, 63, &v)) {
+            kvr_tool_usage_error("push", "--tp-rank: '%s' is not in [0, 63]", value);
+            return -1;
+        }
+        o->tp_rank = (uint32_t)v;
+        return 1;
+    }
     if (strcmp(name, "stage") != 0)
         return 0;
     if (!kvr_tool_parse_u64(value, 0, 63, &v)) {
@@ -74,11 +83,15 @@ static kvr_status_t create_conn(push_t *s, const uint8_t *key, kvr_error_t *err)
 {
     kvr_demo_stage_layers(&s->cfg, s->o.stage, &s->start, &s->end);
     kvr_wire_topo_t topo = {.pp_rank = s->o.stage, .pp_size = s->cfg.pp,
-                            .tp_rank = 0, .tp_size = 1, .dp_rank = 0,
-                            .dp_size = 1, .layer_start = s->start,
+                            .tp_rank = s->o.tp_rank, .tp_size = s->cfg.producer_tp,
+                            .dp_rank = 0, .dp_size = 1, .layer_start = s->start,
                             .layer_end = s->end, .dcp_rank = 0};
     kvr_conn_params_t p = kvr_demo_conn_params(&s->cfg, KVR_WIRE_PRODUCER, &topo,
                                                s->o.stage, key);
+    /* decode rank t is served by producer tp rank t % producer_tp */
+    p.consumer_ranks = 0;
+    for (uint32_t t = 0; t < s->cfg.lay.dcp_size; t++)
+        p.consumer_ranks += t % s->cfg.producer_tp == s->o.tp_rank;
     return kvr_conn_create(&p, &s->conn, err);
 }
 
@@ -161,7 +174,7 @@ static kvr_status_t offer(push_t *s, uint32_t r)
  * one waits until the others finished, so its prefix is cached. */
 static void offer_due(push_t *s)
 {
-    if (s->o.stage != 0)
+    if (s->o.stage != 0 || s->o.tp_rank != 0) /* the PP head offers */
         return;
     uint32_t last = s->cfg.requests - 1;
     bool hold = s->cfg.reuse && s->cfg.requests > 1;
@@ -258,6 +271,9 @@ int kvr_cmd_push(int argc, char **argv)
     if (rc < 0 && s->o.stage >= s->cfg.pp)
         rc = kvr_tool_usage_error("push", "--stage %u out of range [0, %u)",
                                   s->o.stage, s->cfg.pp);
+    if (rc < 0 && s->o.tp_rank >= s->cfg.producer_tp)
+        rc = kvr_tool_usage_error("push", "--tp-rank %u out of range [0, %u)",
+                                  s->o.tp_rank, s->cfg.producer_tp);
     if (rc < 0 && s->o.num_targets != s->cfg.lay.dcp_size)
         rc = kvr_tool_usage_error("push", "--connect lists %u decode ranks, "
                                   "--dcp is %u", s->o.num_targets, s->cfg.lay.dcp_size);

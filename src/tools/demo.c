@@ -15,7 +15,8 @@ const char kvr_demo_options_help[] =
     "layout and workload (the same on every process):\n"
     "  --block-size BS (64)  --dcp W (4)  --interleave I (1)\n"
     "  --replicate-index (default) | --sharded-index   --no-preshuffle\n"
-    "  --pp STAGES (4)  --layers L (78)  --index-every K (3)  --index-dim D (128)\n"
+    "  --pp STAGES (4)  --producer-tp T (1)  --layers L (78)  --index-every K (3)\n"
+    "  --index-dim D (128)\n"
     "  --token-bytes B (576)  --requests R (4)  --tokens N (3000)  --seed S (1)\n"
     "  --no-reuse (by default the last request reuses request 0's prefix)\n"
     "  --deadline-ms MS (30000)  --timeout SECONDS (120)\n"
@@ -37,6 +38,7 @@ void kvr_demo_cfg_init(kvr_demo_cfg_t *cfg)
     cfg->lay.tp = 4;
     cfg->lay.replicate_index = true;
     cfg->pp = 4;
+    cfg->producer_tp = 1;
     cfg->layers = 78;
     cfg->index_every = 3;
     cfg->index_dim = 128;
@@ -112,6 +114,7 @@ static const num_opt_t num_opts[] = {
     NUM("dcp", lay.dcp_size, 4, 1, 64),
     NUM("interleave", lay.interleave, 4, 1, 1024),
     NUM("pp", pp, 4, 1, 64),
+    NUM("producer-tp", producer_tp, 4, 1, 64),
     NUM("layers", layers, 4, 1, KVR_DEMO_MAX_LAYERS),
     NUM("index-every", index_every, 4, 0, KVR_DEMO_MAX_LAYERS),
     NUM("index-dim", index_dim, 4, 16, 1024),
@@ -210,6 +213,12 @@ bool kvr_demo_cfg_check(const kvr_demo_cfg_t *cfg, const char *cmd)
     }
     if (cfg->pp > cfg->layers) {
         kvr_tool_usage_error(cmd, "--pp %u exceeds --layers %u", cfg->pp, cfg->layers);
+        return false;
+    }
+    if (cfg->producer_tp > cfg->lay.dcp_size) {
+        kvr_tool_usage_error(cmd, "--producer-tp %u exceeds --dcp %u (a producer "
+                             "tp rank would serve no decode rank)",
+                             cfg->producer_tp, cfg->lay.dcp_size);
         return false;
     }
     if (cfg->exec == KVR_CONN_EXEC_STAGED && cfg->staging_slots == 0) {
@@ -399,7 +408,7 @@ kvr_conn_params_t kvr_demo_conn_params(const kvr_demo_cfg_t *cfg,
     p.side = side;
     p.layout = cfg->lay;
     p.layout.tp = cfg->lay.dcp_size;
-    p.layout.producer_tp = 1;
+    p.layout.producer_tp = cfg->producer_tp;
     p.topo = *topo;
     p.producer_stages = cfg->pp;
     p.consumer_ranks = cfg->lay.dcp_size;

@@ -15,6 +15,7 @@
 typedef struct kvr_demo_cfg {
     kvr_layout_t lay;
     uint32_t pp;           /* producer stages */
+    uint32_t producer_tp;  /* producer TP ranks per stage */
     uint32_t layers;       /* model layers, all with an MLA region */
     uint32_t index_every;  /* layers with layer % index_every == 0 have INDEX */
     uint32_t index_dim;

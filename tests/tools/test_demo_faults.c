@@ -103,7 +103,11 @@ static void expect_ok(const char *args)
         fail_msg("'%s' exited %d", args, code);
     for (int i = 0; i < 3; i++)
         assert_int_equal(verified_ranks(root, i), 2);
-    assert_int_equal(json_integer_value(json_object_get(req(root, 2), "computed_blocks")), 2);
+    /* the reusing request hits the prefix cache; with several producer tp
+     * ranks the PP head sees only its own ranks' releases, so its offer may
+     * come before the group cached the prefix (a miss moves everything) */
+    if (strstr(args, "--producer-tp") == NULL)
+        assert_int_equal(json_integer_value(json_object_get(req(root, 2), "computed_blocks")), 2);
     check_children(root, NULL);
     json_decref(root);
 }
@@ -117,6 +121,7 @@ static void test_matrix(void **state)
     expect_ok(SMALL " --transport tcp --executor staged --slot-bytes 262144");
     expect_ok(SMALL " --interleave 64 --sharded-index");
     expect_ok(SMALL " --interleave 16 --executor staged");
+    expect_ok(SMALL " --producer-tp 2"); /* rank t served by producer tp t % 2 */
 }
 
 /* The faulted request (req-2, offered last) fails with `status` within the
