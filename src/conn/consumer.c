@@ -433,6 +433,11 @@ static void on_chunk_done(kvr_conn_t *c, kvr__peer_t *peer,
                              m->write_nonce, m->pp_rank, &r);
     if (s == NULL || r->phase != CREQ_ACTIVE)
         return;
+    if (c->staging_idx < 0) {
+        fail_request(c, r, KVR_ERR_PROTO, "stage %u sent a chunk, but this rank "
+                     "has no staging region", s->pp_rank);
+        return;
+    }
     const kvr__region_t *st = &c->regions[c->staging_idx];
     if (!slot_granted(s, m->slot) || m->offset != s->unpacked ||
         m->bytes > st->desc.page_bytes || m->bytes > s->expect_bytes - s->unpacked) {

@@ -111,6 +111,17 @@ static kvr_status_t place(kvr_conn_t *c, kvr__lreq_t *r, const kvr_msg_offer_t *
 {
     kvr__leader_t *l = c->leader;
     uint64_t V = kvr_virtual_block(&c->p.layout);
+    /* a hostile count must not size an allocation */
+    if (o->num_tokens == 0 ||
+        kvr_num_src_blocks(&c->p.layout, o->num_tokens) > o->num_src_blocks)
+        return kvr_error_set(err, KVR_ERR_SRC_TABLE_SHORT, "offer of %llu tokens "
+                             "with %u source blocks of %u",
+                             (unsigned long long)o->num_tokens, o->num_src_blocks,
+                             c->p.layout.block_size);
+    if ((o->num_tokens + V - 1) / V > l->num_blocks)
+        return kvr_error_set(err, KVR_ERR_NO_SPACE, "offer of %llu tokens needs "
+                             "more than the %u-block decode pool",
+                             (unsigned long long)o->num_tokens, l->num_blocks);
     r->ndst = (size_t)((o->num_tokens + V - 1) / V);
     r->dst = calloc(r->ndst + 1, sizeof(*r->dst));
     kvr_block_hash_t *h = calloc(o->num_prompt / V + 1, sizeof(*h));
