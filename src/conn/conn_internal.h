@@ -41,7 +41,6 @@ typedef struct kvr__peer {
     int staging;                /* producer: index in regions, or -1 */
     uint32_t probe_mapping;
     bool regions_ready;
-    bool lost_reported;
     bool pinned;                /* kvr_conn_connect still looks at it */
     kvr_msg_t *backlog;         /* frames read while a transfer waited */
     uint32_t backlog_len;

@@ -162,11 +162,6 @@ void kvr__dpeer_close(kvr__dpeer_t *p)
     free(p);
 }
 
-kvr_status_t kvr__dpeer_status(const kvr__dpeer_t *p)
-{
-    return kvr_ep_status(p->ep);
-}
-
 kvr_status_t kvr__dpeer_map(kvr__dpeer_t *p, uint64_t base, uint64_t len,
                             const uint8_t *rkey, uint32_t rkey_len,
                             uint32_t *index, kvr_error_t *err)
@@ -215,9 +210,8 @@ static kvr_status_t put_error(kvr__dpeer_t *p, kvr_status_t st, kvr_error_t *err
 
 kvr_status_t kvr__data_send_direct(kvr__dpeer_t *p, const kvr__dseg_t *segs,
                                    size_t n, uint64_t deadline_ns,
-                                   uint64_t *puts, kvr_error_t *err)
+                                   kvr_error_t *err)
 {
-    uint64_t count = 0;
     kvr_status_t st = KVR_OK;
     for (size_t s = 0; s < n && st == KVR_OK; s++) {
         size_t nr = 0;
@@ -226,14 +220,12 @@ kvr_status_t kvr__data_send_direct(kvr__dpeer_t *p, const kvr__dseg_t *segs,
             return kvr_error_set(err, KVR_ERR_INVALID, "mapping %u", segs[s].remote);
         kvr_rmem_t *dst = p->maps[segs[s].remote];
         const uint8_t *src = segs[s].src;
-        for (size_t i = 0; i < nr && st == KVR_OK; i++, count++)
+        for (size_t i = 0; i < nr && st == KVR_OK; i++)
             st = kvr_xfer_put(p->ep, src + runs[i].src, runs[i].len, dst,
                               runs[i].dst, deadline_ns);
     }
     if (st == KVR_OK)
         st = kvr_xfer_flush(p->ep, deadline_ns);
-    if (puts != NULL)
-        *puts = count;
     return st == KVR_OK ? KVR_OK : put_error(p, st, err, "direct transfer");
 }
 

@@ -14,7 +14,6 @@ typedef struct kvr__data kvr__data_t;   /* one transport */
 typedef struct kvr__dmem kvr__dmem_t;   /* a local registered region */
 typedef struct kvr__dpeer kvr__dpeer_t; /* an endpoint and its remote regions */
 
-#define KVR_DATA_ADDR_MAX 4096u
 #define KVR_DATA_RKEY_MAX 1024u
 
 /* tl: 0 auto, 1 shm, 2 tcp. progress_thread for targets of emulated puts. */
@@ -36,7 +35,6 @@ kvr_status_t kvr__dmem_rkey(kvr__dmem_t *m, uint8_t *rkey, uint32_t *len);
 kvr_status_t kvr__dpeer_open(kvr__data_t *d, const void *addr, size_t len,
                              kvr__dpeer_t **out, kvr_error_t *err);
 void kvr__dpeer_close(kvr__dpeer_t *p);
-kvr_status_t kvr__dpeer_status(const kvr__dpeer_t *p);
 /* Opens [base, base+len) of a peer region (sub-ranges of one registration
  * share its rkey); returns its index for later puts. */
 kvr_status_t kvr__dpeer_map(kvr__dpeer_t *p, uint64_t base, uint64_t len,
@@ -56,7 +54,7 @@ uint64_t kvr__dseg_bytes(const kvr__dseg_t *segs, size_t n);
 /* Producer, direct: one put per run, then a flush. */
 kvr_status_t kvr__data_send_direct(kvr__dpeer_t *p, const kvr__dseg_t *segs,
                                    size_t n, uint64_t deadline_ns,
-                                   uint64_t *puts, kvr_error_t *err);
+                                   kvr_error_t *err);
 /* Producer, staged: pack stream bytes [off, off+len) into the peer's
  * mapping `staging` at staging_off, put and flush. */
 kvr_status_t kvr__data_send_chunk(kvr__dpeer_t *p, const kvr__dseg_t *segs,

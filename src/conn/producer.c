@@ -299,14 +299,13 @@ static kvr_status_t execute(kvr_conn_t *c, kvr__peer_t *peer,
         return st;
     }
     if (st == KVR_OK && kvr__fault_is(c, KVR_FAULT_DIE_MID, &w->request_id)) {
-        kvr__data_send_direct(peer->data, job.segs, (job.n + 1) / 2, deadline,
-                              NULL, err);
+        kvr__data_send_direct(peer->data, job.segs, (job.n + 1) / 2, deadline, err);
         _exit(9); /* a producer killed mid-transfer */
     }
     if (st == KVR_OK && pick_executor(peer, w, &job) == 2)
         st = run_staged(c, peer, w, &job, deadline, chunks, err);
     else if (st == KVR_OK)
-        st = kvr__data_send_direct(peer->data, job.segs, job.n, deadline, NULL, err);
+        st = kvr__data_send_direct(peer->data, job.segs, job.n, deadline, err);
     *bytes = kvr__dseg_bytes(job.segs, job.n);
     kvr_plan_set_destroy(job.plans);
     free(job.pairs);
