@@ -9,6 +9,11 @@ struct kvr_gpu_decode {
     uint32_t max_rows;
     void *mem;                 /* State, then max_rows scan flags */
     kvr__fault_t *host_fault;  /* pinned mirror for kvr_gpu_decode_check */
+    int sms;                   /* multiprocessors of the device */
+    struct {                   /* row-tile blocks resident per SM, by kernel */
+        size_t smem;           /* (POW2 or not), for the last smem size */
+        int blocks;
+    } tile_fit[2];
 };
 
 namespace {
@@ -168,16 +173,31 @@ __device__ unsigned long long flag_word(uint32_t epoch, uint32_t state,
     return ((epoch & EPOCH_MASK) << 34) | ((uint64_t)state << 32) | value;
 }
 
-/* Flags each lane reads per look-back step: the window is 32 times this. */
+/* Flags each lane reads per look-back step (the window is 32 times this):
+ * one for the row-per-block kernel, whose thousands of waiting blocks make
+ * wider windows cost more in spin traffic than they save; more for the
+ * row-tile kernel, whose few hundred resident tiles all publish at once, so
+ * that one round trip reaches back to the start. */
 #ifndef KVR_TOPK_FLAGS_PER_LANE
 #define KVR_TOPK_FLAGS_PER_LANE 1
 #endif
-constexpr int FPL = KVR_TOPK_FLAGS_PER_LANE;
+#ifndef KVR_TOPK_TILE_FLAGS_PER_LANE
+#define KVR_TOPK_TILE_FLAGS_PER_LANE 1
+#endif
+/* Flag slots between two tiles' flags (the row-tile kernel; up to
+ * TR_ROWS, so the flags still fit in max_rows slots). */
+#ifndef KVR_TOPK_FLAG_STRIDE
+#define KVR_TOPK_FLAG_STRIDE 1
+#endif
+#ifndef KVR_TOPK_SPIN_NS
+#define KVR_TOPK_SPIN_NS 32 /* first back-off of a look-back poll */
+#endif
 
 /* One look-back window [end - 32*FPL, end), lane L holding FPL consecutive
  * rows: waits until every row after the nearest inclusive one has
  * published, then returns the sum from there; *found tells whether an
  * inclusive flag (or the start) was inside. */
+template <int FPL, int STRIDE>
 __device__ uint32_t window_sum(unsigned long long *f, int64_t end,
                                uint32_t epoch, bool *found)
 {
@@ -192,7 +212,7 @@ __device__ uint32_t window_sum(unsigned long long *f, int64_t end,
             value[k] = 0;
             if (first + k >= 0) {
                 unsigned long long w =
-                    flag_ref(f[first + k]).load(cuda::memory_order_relaxed);
+                    flag_ref(f[(first + k) * STRIDE]).load(cuda::memory_order_relaxed);
                 state[k] = (w >> 34) == (epoch & EPOCH_MASK)
                                ? (uint32_t)(w >> 32) & 3 : 0;
                 value[k] = (uint32_t)w;
@@ -216,28 +236,29 @@ __device__ uint32_t window_sum(unsigned long long *f, int64_t end,
             return sum;
         }
         if (spin > 0) /* back off: spinning warps slow the rows they wait for */
-            __nanosleep(32u << (spin < 5 ? spin : 5));
+            __nanosleep((uint32_t)KVR_TOPK_SPIN_NS << (spin < 5 ? spin : 5));
     }
 }
 
 /* Decoupled look-back by one warp: publish this row's count, add up the
  * windows before it back to the nearest inclusive prefix, publish ours.
  * Returns the sum of the rows before `row`. */
+template <int FPL, int STRIDE>
 __device__ uint32_t look_back(uint64_t *flags, uint32_t row, uint32_t epoch,
                               uint32_t count)
 {
     unsigned long long *f = (unsigned long long *)flags;
     uint32_t lane = threadIdx.x & 31;
     if (lane == 0)
-        flag_ref(f[row]).store(flag_word(epoch, row ? FLAG_AGGREGATE
+        flag_ref(f[row * STRIDE]).store(flag_word(epoch, row ? FLAG_AGGREGATE
                                                     : FLAG_INCLUSIVE, count),
                                cuda::memory_order_relaxed);
     uint32_t prefix = 0;
     bool found = row == 0;
     for (int64_t end = row; !found; end -= 32 * FPL)
-        prefix += window_sum(f, end, epoch, &found);
+        prefix += window_sum<FPL, STRIDE>(f, end, epoch, &found);
     if (lane == 0 && row > 0)
-        flag_ref(f[row]).store(flag_word(epoch, FLAG_INCLUSIVE, prefix + count),
+        flag_ref(f[row * STRIDE]).store(flag_word(epoch, FLAG_INCLUSIVE, prefix + count),
                                cuda::memory_order_relaxed);
     return prefix;
 }
@@ -316,7 +337,8 @@ __global__ void __launch_bounds__(TK_THREADS, KVR_TOPK_MIN_BLOCKS)
     if (single)
         stage_columns(stage, 0, own, offset);
     if (threadIdx.x < 32) {
-        uint32_t start = look_back(flags, row, epoch, (uint32_t)count);
+        uint32_t start = look_back<KVR_TOPK_FLAGS_PER_LANE, 1>(flags, row, epoch,
+                                                          (uint32_t)count);
         if (threadIdx.x == 0) {
             s_start = start;
             j.a.out_indptr[row + 1] = (int32_t)(start + count);
@@ -336,44 +358,57 @@ __global__ void __launch_bounds__(TK_THREADS, KVR_TOPK_MIN_BLOCKS)
         write_tiles<POW2>(j, table, row, s_start, stage, &st->fault);
 }
 
-/* ---- Row tiles: the path for rows that can be read 16 bytes at a time
- * with K up to TR_KMAX. Block b takes rows [b * TR_ROWS, (b + 1) * TR_ROWS),
- * one warp per row. A warp reads its row in striped int4 loads (lane L
- * reads vector L, L + 32, ...: each load instruction covers 512 contiguous
- * bytes), keeps the positions this rank owns and compacts them in candidate
- * order into its slice of shared memory, with a ballot per vector element.
- * Then warp 0 adds up the tile's counts and looks back over tiles, not rows
- * (TR_ROWS times fewer flags and round trips), and each warp converts its
- * staged positions to slots and writes them contiguously. With POW2 (I, W
- * and bs powers of two) the owner test and the slot are masks and shifts.
+/* ---- Row tiles: the path for rows that can be read 16 bytes at a time.
+ * Tile t is rows [t * TR_ROWS, (t + 1) * TR_ROWS), one warp per row. The
+ * grid is persistent: as many blocks as fit on the device at once (a
+ * cooperative launch guarantees they are all resident), block b taking
+ * tiles b, b + grid, ... in order, so 4096 rows run as one wave and a tile
+ * waiting in its look-back never waits for a block that has not started.
+ * A warp reads its row in striped int4 loads (lane L reads vector L,
+ * L + 32, ...: each load instruction covers 512 contiguous bytes), keeps
+ * the positions this rank owns and compacts them in candidate order into
+ * its slice of shared memory, with a ballot per vector element. The slice
+ * holds `cap` positions, sized from K/W with headroom rather than K (3 KB
+ * instead of 8 KB at K = 2048, W = 4), so that registers, not shared
+ * memory, bound the rows resident: 32 per SM, 4224 on an H200. A row that
+ * owns more (a skewed row, or a slice cut to fit) writes the rest by
+ * reading the row again. Warp 0 adds up the tile's counts and looks back
+ * over tiles, 32 flags per round trip (wider windows measured slower: the
+ * polls of hundreds of waiting tiles crowd L2); each warp then converts
+ * its staged positions to slots and writes them contiguously. With POW2
+ * (I, W and bs powers of two) the owner test and the slot are masks and
+ * shifts.
  *
  * Knobs (bench/gpu/run.sh TUNE=...; docs/gpu.md has the measurements):
- * KVR_TOPK_ROWS rows per tile (2 and 8 measured within a point of 4),
- * KVR_TOPK_UNROLL int4 loads per lane in flight (4 measured slightly worse),
- * KVR_TOPK_OVERLAP 1: warps 1.. convert the whole tile in shared memory
- * while warp 0 looks back, then the block copies it out (measured 4-5 %
- * slower), KVR_TOPK_TILE 0: the one-row-per-block kernel for every shape. */
+ * KVR_TOPK_ROWS rows per tile, KVR_TOPK_UNROLL int4 loads per lane in
+ * flight, KVR_TOPK_CAP_PCT the slice as a percentage of K/W,
+ * KVR_TOPK_TILE_FLAGS_PER_LANE the look-back window / 32,
+ * KVR_TOPK_FLAG_STRIDE and KVR_TOPK_SPIN_NS the flags' spacing and first
+ * back-off, KVR_TOPK_DIAG_NO_LOOKBACK 1: no look-back at all (wrong output;
+ * it times the rest), KVR_TOPK_TILE 0: the one-row-per-block kernel for
+ * every shape. */
 #ifndef KVR_TOPK_TILE
 #define KVR_TOPK_TILE 1 /* 0: every launch takes topk_kernel (for comparisons) */
 #endif
 #ifndef KVR_TOPK_ROWS
-#define KVR_TOPK_ROWS 4
+#define KVR_TOPK_ROWS 8
 #endif
 #ifndef KVR_TOPK_UNROLL
 #define KVR_TOPK_UNROLL 8 /* int4 loads in flight per lane */
 #endif
-#ifndef KVR_TOPK_OVERLAP
-#define KVR_TOPK_OVERLAP 0
+#ifndef KVR_TOPK_CAP_PCT
+#define KVR_TOPK_CAP_PCT 150
 #endif
 #ifndef KVR_TOPK_TILE_MIN_BLOCKS
-#define KVR_TOPK_TILE_MIN_BLOCKS (24 / KVR_TOPK_ROWS)
+#define KVR_TOPK_TILE_MIN_BLOCKS (32 / KVR_TOPK_ROWS) /* 64 registers */
 #endif
 constexpr int TR_ROWS = KVR_TOPK_ROWS, TR_THREADS = 32 * TR_ROWS;
-constexpr int TR_UNROLL = KVR_TOPK_UNROLL;
-/* Dynamic shared memory a tile may take: TR_ROWS rows of K staged entries. */
-constexpr uint32_t TR_SMEM = 64 * 1024, TR_KMAX = TR_SMEM / (4 * TR_ROWS);
+/* Dynamic shared memory a tile may take, and the widest rows it serves. */
+constexpr uint32_t TR_SMEM = 96 * 1024, TR_KMAX = 16384;
 static_assert(TR_ROWS >= 2 && TR_ROWS <= 32 && (TR_ROWS & (TR_ROWS - 1)) == 0,
               "a tile is a power of two of warps, 2 to 32");
+static_assert(KVR_TOPK_FLAG_STRIDE >= 1 && KVR_TOPK_FLAG_STRIDE <= TR_ROWS,
+              "tile flags must fit in max_rows slots");
 
 /* Whether this rank owns candidate v (v inside the table; -1 and bad
  * positions are not). */
@@ -386,35 +421,6 @@ __device__ __forceinline__ bool tile_owned(const TopkJob &j, int32_t v)
         return in && (g & j.own_mask) == j.own_bits;
     uint32_t chunk = kvr__div_by(j.by_i, g); /* wraps for g >= 2^31: unused */
     return in && chunk - kvr__div_by(j.by_w, chunk) * j.by_w.d == j.a.rank;
-}
-
-/* Keeps the owned positions among one int4 of the row (columns col..col+3
- * of this lane): appends them to my[count..] in column order, across the
- * warp, and advances count by the warp's total. */
-template <bool POW2>
-__device__ __forceinline__ void tile_keep4(const TopkJob &j, int4 x,
-                                           uint32_t row, uint32_t col,
-                                           uint32_t lt, int32_t *my,
-                                           int32_t &count, kvr__fault_t *f)
-{
-    int32_t v[4] = {x.x, x.y, x.z, x.w};
-    bool o[4];
-    int32_t pre = 0, tot = 0;
-#pragma unroll
-    for (int k = 0; k < 4; k++) {
-        if ((uint32_t)v[k] >= j.limit && v[k] != -1)
-            record(f, KVR__FAULT_POS, (int32_t)row, (int32_t)(col + k), v[k]);
-        o[k] = tile_owned<POW2>(j, v[k]);
-        uint32_t b = __ballot_sync(~0u, o[k]);
-        pre += __popc(b & lt);
-        tot += __popc(b);
-    }
-    int32_t pos = count + pre;
-#pragma unroll
-    for (int k = 0; k < 4; k++)
-        if (o[k])
-            my[pos++] = v[k];
-    count += tot;
 }
 
 /* A negative block-table entry or a slot past INT32_MAX under the row's
@@ -470,161 +476,242 @@ __device__ __forceinline__ uint32_t tile_block(const TopkJob &j, uint32_t g)
     return POW2 ? g >> j.shift_v : kvr__div_by(j.by_v, g);
 }
 
-/* TR_UNROLL int4 of the row per lane, striped from vector c0: -1 past the
- * row's end. */
+/* N int4 of the row per lane, striped from vector c0: -1 past the row's
+ * end. */
+template <int N>
 __device__ __forceinline__ void tile_load(const int4 *p, uint32_t n4,
                                           uint32_t c0, uint32_t lane,
-                                          int4 (&x)[TR_UNROLL])
+                                          int4 (&x)[N])
 {
 #pragma unroll
-    for (int u = 0; u < TR_UNROLL; u++) {
+    for (int u = 0; u < N; u++) {
         uint32_t c = c0 + u * 32 + lane;
         x[u] = c < n4 ? __ldg(p + c) : make_int4(-1, -1, -1, -1);
     }
 }
 
-/* Tile entry i (the tile's staged positions, row after row, as they will
- * lie in the output): its row r and its index in that row. */
-__device__ __forceinline__ uint32_t tile_entry(const int32_t (&excl)[TR_ROWS],
-                                               int32_t i, int32_t *nth)
+/* Which of one int4 of the row (columns col..col+3 of this lane) this rank
+ * owns (o[k]), and each owned one's index among the warp's owned positions
+ * of this vector round (pos[k], from *count); advances *count by the warp's
+ * total. Bad positions are recorded in *f unless it is null. */
+template <bool POW2>
+__device__ __forceinline__ void tile_rank4(const TopkJob &j, const int32_t (&v)[4],
+                                           uint32_t row, uint32_t col,
+                                           uint32_t lt, bool (&o)[4],
+                                           int32_t (&pos)[4], int32_t *count,
+                                           kvr__fault_t *f)
 {
-    uint32_t r = 0;
-    int32_t base = 0;
+    int32_t pre = 0, tot = 0;
 #pragma unroll
-    for (int w = 1; w < TR_ROWS; w++)
-        if (i >= excl[w]) {
-            r = w;
-            base = excl[w];
-        }
-    *nth = i - base;
-    return r;
+    for (int k = 0; k < 4; k++) {
+        if (f != nullptr && (uint32_t)v[k] >= j.limit && v[k] != -1)
+            record(f, KVR__FAULT_POS, (int32_t)row, (int32_t)(col + k), v[k]);
+        o[k] = tile_owned<POW2>(j, v[k]);
+        uint32_t b = __ballot_sync(~0u, o[k]);
+        pre += __popc(b & lt);
+        tot += __popc(b);
+    }
+    int32_t p = *count + pre;
+#pragma unroll
+    for (int k = 0; k < 4; k++) {
+        pos[k] = p;
+        p += o[k];
+    }
+    *count += tot;
 }
 
-template <bool POW2>
-__global__ void __launch_bounds__(TR_THREADS, KVR_TOPK_TILE_MIN_BLOCKS)
-    topk_tile_kernel(const TopkJob j, State *st, uint64_t *flags)
+__device__ __forceinline__ void int4_parts(int4 x, int32_t (&v)[4])
 {
-    extern __shared__ int32_t tr_stage[];
-    __shared__ int32_t s_count[TR_ROWS], s_req[TR_ROWS];
-    __shared__ uint32_t s_start;
-    uint32_t tile = blockIdx.x, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    uint32_t epoch = *(volatile uint32_t *)&st->epoch;
-    uint32_t row0 = tile * TR_ROWS, row = row0 + warp;
-    kvr__fault_t *f = &st->fault;
-    int32_t *my = tr_stage + warp * j.a.topk;
-    int32_t count = 0, req = -1;
-    if (row < j.a.num_rows) {
-        req = j.a.token_to_seq[row];
-        if (req < 0 || (uint32_t)req >= j.a.num_reqs) {
-            if (lane == 0)
-                record(f, KVR__FAULT_SEQ, (int32_t)row, -1, req);
-            req = -1;
-        } else {
-            const int4 *p =
-                (const int4 *)(j.a.token_indices + (uint64_t)row * j.a.topk);
-            uint32_t n4 = j.a.topk >> 2, lt = (1u << lane) - 1;
-            for (uint32_t c0 = 0; c0 < n4; c0 += 32 * TR_UNROLL) {
-                int4 x[TR_UNROLL];
-                tile_load(p, n4, c0, lane, x);
+    v[0] = x.x;
+    v[1] = x.y;
+    v[2] = x.z;
+    v[3] = x.w;
+}
+
+/* Pass one over a row: stages the first `cap` owned positions in my[] in
+ * candidate order; returns how many the row owns in all. */
+template <bool POW2>
+__device__ int32_t tile_stage_row(const TopkJob &j, uint32_t row, int32_t *my,
+                                  int32_t cap, kvr__fault_t *f)
+{
+    const int4 *p = (const int4 *)(j.a.token_indices + (uint64_t)row * j.a.topk);
+    uint32_t n4 = j.a.topk >> 2, lane = threadIdx.x & 31, lt = (1u << lane) - 1;
+    int32_t count = 0;
+    for (uint32_t c0 = 0; c0 < n4; c0 += 32 * KVR_TOPK_UNROLL) {
+        int4 x[KVR_TOPK_UNROLL];
+        tile_load(p, n4, c0, lane, x);
 #pragma unroll
-                for (int u = 0; u < TR_UNROLL; u++)
-                    tile_keep4<POW2>(j, x[u], row, 4 * (c0 + u * 32 + lane),
-                                     lt, my, count, f);
-            }
+        for (int u = 0; u < KVR_TOPK_UNROLL; u++) {
+            int32_t v[4], pos[4];
+            bool o[4];
+            int4_parts(x[u], v);
+            tile_rank4<POW2>(j, v, row, 4 * (c0 + u * 32 + lane), lt, o, pos,
+                             &count, f);
+#pragma unroll
+            for (int k = 0; k < 4; k++)
+                if (o[k] && pos[k] < cap)
+                    my[pos[k]] = v[k];
         }
     }
-    if (lane == 0) {
-        s_count[warp] = count;
-        s_req[warp] = req;
-    }
-    __syncthreads();
-    int32_t excl[TR_ROWS], total = 0, before = 0; /* before: rows < warp */
-#pragma unroll
-    for (int w = 0; w < TR_ROWS; w++) {
-        excl[w] = total;
-        before = (uint32_t)w == warp ? total : before;
-        total += s_count[w];
-    }
-    if (warp == 0) {
-        uint32_t start = look_back(flags, tile, epoch, (uint32_t)total);
-        if (lane == 0) {
-            s_start = start;
-            if (tile == 0)
-                j.a.out_indptr[0] = 0;
-            if (tile == gridDim.x - 1)
-                st->epoch = epoch + 1;
-        }
-    } else if (KVR_TOPK_OVERLAP) {
-        /* While warp 0 looks back, the others turn every staged position of
-         * the tile into its slot, in place. */
-        constexpr int STEP = TR_THREADS - 32;
-        for (int32_t i0 = (int32_t)threadIdx.x - 32; i0 < total; i0 += 4 * STEP) {
-            uint32_t g[4], r[4];
-            int32_t e[4], nth[4];
-#pragma unroll
-            for (int u = 0; u < 4; u++) {
-                int32_t i = i0 + u * STEP;
-                r[u] = tile_entry(excl, i < total ? i : 0, &nth[u]);
-                g[u] = i < total ? (uint32_t)tr_stage[r[u] * j.a.topk + nth[u]] : 0;
-            }
-#pragma unroll
-            for (int u = 0; u < 4; u++)
-                e[u] = i0 + u * STEP < total
-                           ? __ldg(j.a.block_table +
-                                   (uint64_t)s_req[r[u]] * j.a.max_blocks +
-                                   tile_block<POW2>(j, g[u]))
-                           : 0;
-#pragma unroll
-            for (int u = 0; u < 4; u++)
-                if (i0 + u * STEP < total)
-                    tr_stage[r[u] * j.a.topk + nth[u]] = tile_slot<POW2>(
-                        j, g[u], e[u], row0 + r[u], nth[u], f);
-        }
-    }
-    __syncthreads();
-    uint32_t start = s_start;
-    if (lane == 0 && row < j.a.num_rows) {
-        j.a.out_indptr[row + 1] = (int32_t)(start + before + count);
-        j.a.owned_counts[row] = count;
-    }
-    if (KVR_TOPK_OVERLAP) {
-        /* The tile's slots are one contiguous run of the output. */
-        int32_t *out = j.a.out_slots + start;
-        for (int32_t i0 = (int32_t)threadIdx.x; i0 < total; i0 += 4 * TR_THREADS) {
-#pragma unroll
-            for (int u = 0; u < 4; u++) {
-                int32_t i = i0 + u * TR_THREADS, nth;
-                if (i < total) {
-                    uint32_t r = tile_entry(excl, i, &nth);
-                    out[i] = tr_stage[r * j.a.topk + nth];
-                }
-            }
-        }
-        return;
-    }
-    if (count == 0)
-        return;
-    const int32_t *table = j.a.block_table + (uint64_t)req * j.a.max_blocks;
-    int32_t *out = j.a.out_slots + start + before;
-    for (int32_t i0 = 0; i0 < count; i0 += 32 * 4) {
+    return count;
+}
+
+/* Converts the staged positions my[0, n) to slots into out[0, n). */
+template <bool POW2>
+__device__ void tile_write_staged(const TopkJob &j, const int32_t *table,
+                                  uint32_t row, const int32_t *my, int32_t n,
+                                  int32_t *out, kvr__fault_t *f)
+{
+    uint32_t lane = threadIdx.x & 31;
+    for (int32_t i0 = 0; i0 < n; i0 += 32 * 4) {
         uint32_t g[4];
         int32_t e[4];
 #pragma unroll
         for (int u = 0; u < 4; u++) {
             int32_t i = i0 + u * 32 + (int32_t)lane;
-            g[u] = i < count ? (uint32_t)my[i] : 0;
+            g[u] = i < n ? (uint32_t)my[i] : 0;
         }
 #pragma unroll
         for (int u = 0; u < 4; u++)
-            e[u] = i0 + u * 32 + (int32_t)lane < count
+            e[u] = i0 + u * 32 + (int32_t)lane < n
                        ? __ldg(table + tile_block<POW2>(j, g[u])) : 0;
 #pragma unroll
         for (int u = 0; u < 4; u++) {
             int32_t i = i0 + u * 32 + (int32_t)lane;
-            if (i < count)
+            if (i < n)
                 out[i] = tile_slot<POW2>(j, g[u], e[u], row, i, f);
         }
     }
+}
+
+/* A row that owns more than its slice holds: reads it again and writes
+ * the owned positions from index cap on (pass one recorded the position
+ * faults; slot faults are recorded here). */
+template <bool POW2>
+__device__ void tile_write_rest(const TopkJob &j, const int32_t *table,
+                                uint32_t row, int32_t cap, int32_t *out,
+                                kvr__fault_t *f)
+{
+    const int4 *p = (const int4 *)(j.a.token_indices + (uint64_t)row * j.a.topk);
+    uint32_t n4 = j.a.topk >> 2, lane = threadIdx.x & 31, lt = (1u << lane) - 1;
+    int32_t count = 0;
+    for (uint32_t c0 = 0; c0 < n4; c0 += 32) {
+        int4 x[1];
+        int32_t v[4], pos[4];
+        bool o[4];
+        uint32_t c = c0 + lane;
+        x[0] = c < n4 ? __ldg(p + c) : make_int4(-1, -1, -1, -1);
+        int4_parts(x[0], v);
+        tile_rank4<POW2>(j, v, row, 4 * c, lt, o, pos, &count, nullptr);
+#pragma unroll
+        for (int k = 0; k < 4; k++)
+            if (o[k] && pos[k] >= cap) {
+                uint32_t g = (uint32_t)v[k];
+                int32_t e = __ldg(table + tile_block<POW2>(j, g));
+                out[pos[k]] = tile_slot<POW2>(j, g, e, row, pos[k], f);
+            }
+    }
+}
+
+/* A tile's row as one warp sees it after the staging pass. */
+struct TileRow {
+    uint32_t row;
+    int32_t req, count;
+    int32_t before, total; /* the tile's owned positions before this row, all */
+};
+
+/* Pass one of a tile: each warp stages its row; the counts are then known
+ * to every thread. */
+template <bool POW2>
+__device__ TileRow tile_stage(const TopkJob &j, kvr__fault_t *f, uint32_t tile,
+                              int32_t *my, int32_t cap, int32_t *s_count)
+{
+    uint32_t warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    TileRow t = {tile * TR_ROWS + warp, -1, 0, 0, 0};
+    if (t.row < j.a.num_rows) {
+        t.req = j.a.token_to_seq[t.row];
+        if (t.req < 0 || (uint32_t)t.req >= j.a.num_reqs) {
+            if (lane == 0)
+                record(f, KVR__FAULT_SEQ, (int32_t)t.row, -1, t.req);
+            t.req = -1;
+        } else {
+            t.count = tile_stage_row<POW2>(j, t.row, my, cap, f);
+        }
+    }
+    if (lane == 0)
+        s_count[warp] = t.count;
+    __syncthreads();
+#pragma unroll
+    for (int w = 0; w < TR_ROWS; w++) {
+        t.before = (uint32_t)w == warp ? t.total : t.before;
+        t.total += s_count[w];
+    }
+    return t;
+}
+
+/* Pass two: the row's indptr entry and count, and its slots from `start`
+ * (the tile's first output index). */
+template <bool POW2>
+__device__ void tile_write(const TopkJob &j, kvr__fault_t *f, const TileRow &t,
+                           uint32_t start, const int32_t *my, int32_t cap)
+{
+    if ((threadIdx.x & 31) == 0 && t.row < j.a.num_rows) {
+        j.a.out_indptr[t.row + 1] = (int32_t)(start + t.before + t.count);
+        j.a.owned_counts[t.row] = t.count;
+    }
+    if (t.count == 0)
+        return;
+    const int32_t *table = j.a.block_table + (uint64_t)t.req * j.a.max_blocks;
+    int32_t *out = j.a.out_slots + start + t.before;
+    int32_t n = t.count < cap ? t.count : cap;
+    tile_write_staged<POW2>(j, table, t.row, my, n, out, f);
+    if (t.count > cap)
+        tile_write_rest<POW2>(j, table, t.row, cap, out, f);
+}
+
+/* One tile: stage, look back, write. The shared counts and start are
+ * rewritten only after the barriers that follow their last reads, so
+ * consecutive tiles need no extra barrier. */
+template <bool POW2>
+__device__ void tile_run(const TopkJob &j, State *st, uint64_t *flags,
+                         uint32_t tile, uint32_t tiles, uint32_t epoch,
+                         int32_t *my, int32_t cap, int32_t *s_count,
+                         uint32_t *s_start)
+{
+    TileRow t = tile_stage<POW2>(j, &st->fault, tile, my, cap, s_count);
+    if (threadIdx.x < 32) {
+#if KVR_TOPK_DIAG_NO_LOOKBACK /* timing only: wrong output */
+        uint32_t start = tile * (uint32_t)t.total;
+#else
+        uint32_t start =
+            look_back<KVR_TOPK_TILE_FLAGS_PER_LANE, KVR_TOPK_FLAG_STRIDE>(
+                flags, tile, epoch, (uint32_t)t.total);
+#endif
+        if (threadIdx.x == 0) {
+            *s_start = start;
+            if (tile == 0)
+                j.a.out_indptr[0] = 0;
+            if (tile == tiles - 1)
+                st->epoch = epoch + 1;
+        }
+    }
+    __syncthreads();
+    tile_write<POW2>(j, &st->fault, t, *s_start, my, cap);
+}
+
+template <bool POW2>
+__global__ void __launch_bounds__(TR_THREADS, KVR_TOPK_TILE_MIN_BLOCKS)
+    topk_tile_kernel(const TopkJob j, State *st, uint64_t *flags, int32_t cap)
+{
+    extern __shared__ int32_t tr_stage[];
+    __shared__ int32_t s_count[TR_ROWS];
+    __shared__ uint32_t s_start;
+    uint32_t tiles = (j.a.num_rows + TR_ROWS - 1) / TR_ROWS;
+    int32_t *my = tr_stage + (threadIdx.x >> 5) * cap;
+    uint32_t epoch = *(volatile uint32_t *)&st->epoch;
+    for (uint32_t tile = blockIdx.x; tile < tiles; tile += gridDim.x)
+        tile_run<POW2>(j, st, flags, tile, tiles, epoch, my, cap, s_count,
+                       &s_start);
 }
 
 __global__ void rows_kernel(int32_t *out, uint32_t rows, uint32_t per_req)
@@ -746,6 +833,56 @@ TopkJob topk_job(const kvr_gpu_topk_args_t *a)
     return j;
 }
 
+/* Staged positions per row: K/W with KVR_TOPK_CAP_PCT headroom, at most
+ * K and at most what TR_SMEM holds. */
+int32_t tile_cap(const kvr_gpu_topk_args_t *a)
+{
+    uint64_t cap = ((uint64_t)a->topk * KVR_TOPK_CAP_PCT / 100 + a->dcp_size - 1) /
+                   a->dcp_size;
+    cap = (cap + 31) / 32 * 32;
+    cap = cap < a->topk ? cap : a->topk;
+    uint64_t most = TR_SMEM / (sizeof(int32_t) * TR_ROWS);
+    return (int32_t)(cap < most ? cap : most);
+}
+
+/* The row-tile kernel on a persistent grid: one block per tile, at most as
+ * many as are resident at once, launched cooperatively so that they are. */
+kvr_status_t launch_tiles(kvr_gpu_decode_t *dec, const TopkJob &j, bool pow2,
+                          cudaStream_t s, kvr_error_t *err)
+{
+    int32_t cap = tile_cap(&j.a);
+    size_t smem = (size_t)TR_ROWS * cap * sizeof(int32_t);
+    void (*kernel)(const TopkJob, State *, uint64_t *, int32_t) =
+        pow2 ? topk_tile_kernel<true> : topk_tile_kernel<false>;
+    auto &fit = dec->tile_fit[pow2];
+    if (fit.blocks == 0 || fit.smem != smem) {
+        KVR__CUDA_TRY(cudaOccupancyMaxActiveBlocksPerMultiprocessor(
+                          &fit.blocks, kernel, TR_THREADS, smem), err);
+        fit.smem = smem;
+        if (fit.blocks == 0)
+            return kvr_error_set(err, KVR_ERR_CUDA,
+                                 "top-k tile kernel: no block of %d threads "
+                                 "and %zu bytes of shared memory fits",
+                                 TR_THREADS, smem);
+    }
+    uint64_t tiles = (j.a.num_rows + TR_ROWS - 1) / TR_ROWS;
+    uint64_t resident = (uint64_t)fit.blocks * dec->sms;
+    cudaLaunchConfig_t cfg = {};
+    cudaLaunchAttribute coop = {};
+    coop.id = cudaLaunchAttributeCooperative;
+    coop.val.cooperative = 1;
+    cfg.gridDim = dim3((unsigned)(tiles < resident ? tiles : resident));
+    cfg.blockDim = dim3(TR_THREADS);
+    cfg.dynamicSmemBytes = smem;
+    cfg.stream = s;
+    cfg.attrs = &coop;
+    cfg.numAttrs = 1;
+    State *state = (State *)dec->mem;
+    KVR__CUDA_TRY(cudaLaunchKernelEx(&cfg, kernel, j, state,
+                                     scan_flags(dec->mem), cap), err);
+    return kvr__launch_status("topk_tile_kernel", err);
+}
+
 } // namespace
 
 extern "C" kvr_status_t kvr_gpu_decode_create(uint32_t max_rows,
@@ -760,6 +897,9 @@ extern "C" kvr_status_t kvr_gpu_decode_create(uint32_t max_rows,
     size_t bytes = sizeof(State) + (size_t)max_rows * sizeof(uint64_t);
     dec->max_rows = max_rows;
     cudaError_t e = cudaGetDevice(&dec->device);
+    if (e == cudaSuccess)
+        e = cudaDeviceGetAttribute(&dec->sms, cudaDevAttrMultiProcessorCount,
+                                   dec->device);
     if (e == cudaSuccess)
         e = cudaMalloc(&dec->mem, bytes);
     if (e == cudaSuccess)
@@ -842,17 +982,8 @@ extern "C" kvr_status_t kvr_gpu_topk_filter(kvr_gpu_decode_t *dec,
     TopkJob j = topk_job(a);
     bool pow2 = is_pow2(a->interleave) && is_pow2(a->dcp_size);
     State *state = (State *)dec->mem;
-    if (KVR_TOPK_TILE && j.vec4 && a->topk <= TR_KMAX) {
-        unsigned tiles = (a->num_rows + TR_ROWS - 1) / TR_ROWS;
-        size_t smem = (size_t)TR_ROWS * a->topk * sizeof(int32_t);
-        if (pow2 && is_pow2(a->block_size))
-            topk_tile_kernel<true><<<tiles, TR_THREADS, smem, s>>>(
-                j, state, scan_flags(dec->mem));
-        else
-            topk_tile_kernel<false><<<tiles, TR_THREADS, smem, s>>>(
-                j, state, scan_flags(dec->mem));
-        return kvr__launch_status("topk_tile_kernel", err);
-    }
+    if (KVR_TOPK_TILE && j.vec4 && a->topk <= TR_KMAX)
+        return launch_tiles(dec, j, pow2 && is_pow2(a->block_size), s, err);
     if (pow2)
         topk_kernel<true><<<a->num_rows, TK_THREADS, 0, s>>>(
             j, state, scan_flags(dec->mem));

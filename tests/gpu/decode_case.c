@@ -27,6 +27,20 @@ static void fill_row(int32_t *row, uint32_t K, int32_t len, uint32_t empty_pct,
                      : (int32_t)rng_below(rng, (uint32_t)len);
 }
 
+/* Moves every position of a row into the rank's own chunk of its I*W
+ * group (-1 where that passes the length): a row that owns all it holds,
+ * more than the GPU kernel stages per row. */
+static void own_row(int32_t *row, const topk_shape_t *s, int32_t len)
+{
+    for (uint32_t c = 0; c < s->K; c++) {
+        if (row[c] < 0)
+            continue;
+        uint32_t p = (uint32_t)row[c], chunk = p / s->I;
+        uint32_t q = (chunk - chunk % s->W + s->rank) * s->I + p % s->I;
+        row[c] = q < (uint32_t)len ? (int32_t)q : -1;
+    }
+}
+
 void topk_case_make(topk_case_t *t, const topk_shape_t *s, uint64_t *rng)
 {
     memset(t, 0, sizeof(*t));
@@ -54,6 +68,9 @@ void topk_case_make(topk_case_t *t, const topk_shape_t *s, uint64_t *rng)
     for (uint32_t r = 0; r < rows; r++)
         fill_row(idx + (uint64_t)r * s->K, s->K, t->seq_lens[map[r]],
                  s->empty_pct, rng);
+    for (uint32_t r = 0; r < rows; r++)
+        if (rng_below(rng, 100) < s->own_pct)
+            own_row(idx + (uint64_t)r * s->K, s, t->seq_lens[map[r]]);
     a->token_indices = idx;
     a->token_to_seq = map;
     a->rank = s->rank;

@@ -16,6 +16,7 @@ typedef struct topk_shape {
     uint32_t num_reqs, q_len, padded_rows;
     uint32_t K, W, I, bs, rank;
     uint32_t empty_pct; /* share of -1 candidates */
+    uint32_t own_pct;   /* share of rows whose positions the rank all owns */
 } topk_shape_t;
 
 /* Rows from kvr_gpu_rows_ref for the step; per request a random length and

@@ -117,7 +117,7 @@ static void check_topk(kvr_gpu_decode_t *dec, const topk_shape_t *s,
  * reference reports; the next check is clean. */
 static void check_topk_fault(kvr_gpu_decode_t *dec, uint64_t *rng)
 {
-    topk_shape_t s = {KVR_GPU_STEP_VERIFY, 5, 2, 0, 300, 4, 2, 16, 1, 10};
+    topk_shape_t s = {KVR_GPU_STEP_VERIFY, 5, 2, 0, 300, 4, 2, 16, 1, 10, 0};
     topk_case_t t;
     topk_case_make(&t, &s, rng);
     int32_t *idx = (int32_t *)t.a.token_indices;
@@ -148,14 +148,26 @@ static void check_topk_all(void)
     for (int i = 0; i < 240; i++, n++) {
         topk_shape_t s = {STEPS[i % 3], 1 + rng_below(&rng, 200), 1, 0,
                           KS[rng_below(&rng, 5)], WS[rng_below(&rng, 5)],
-                          IS[rng_below(&rng, 4)], 64, 0, 20 * rng_below(&rng, 3)};
+                          IS[rng_below(&rng, 4)], 64, 0, 20 * rng_below(&rng, 3),
+                          10 * (i % 2)};
         s.q_len = s.step == KVR_GPU_STEP_VERIFY ? 1 + rng_below(&rng, 4) : 1;
         s.padded_rows = s.num_reqs + rng_below(&rng, 9);
         s.rank = rng_below(&rng, s.W);
         check_topk(dec, &s, &rng, i % 20 == 0);
     }
-    topk_shape_t big = {KVR_GPU_STEP_DECODE, 4096, 1, 0, 2048, 4, 1, 64, 3, 10};
+    topk_shape_t big = {KVR_GPU_STEP_DECODE, 4096, 1, 0, 2048, 4, 1, 64, 3, 10, 0};
     check_topk(dec, &big, &rng, 1);
+    /* Rows owning more than a slice of shared memory holds, at every W. */
+    for (uint32_t i = 0; i < 5; i++, n++) {
+        topk_shape_t own = {KVR_GPU_STEP_VERIFY, 300, 3, 0, KS[i], WS[i],
+                            IS[i % 4], 64, WS[i] - 1, 5, 30};
+        check_topk(dec, &own, &rng, i == 0);
+    }
+    /* More tiles than the device holds at once: the persistent grid's
+     * blocks take several tiles each. */
+    topk_shape_t many = {KVR_GPU_STEP_DECODE, 8192, 1, 0, 128, 8, 4, 16, 5, 10, 20};
+    check_topk(dec, &many, &rng, 1);
+    n++;
     check_topk_fault(dec, &rng);
     kvr_gpu_decode_destroy(dec);
     printf("top-k: %d cases\n", n + 2);

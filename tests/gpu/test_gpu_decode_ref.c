@@ -92,7 +92,7 @@ static void test_topk_brute_force(void **state)
     for (int i = 0; i < 200; i++) {
         topk_shape_t s = {STEPS[i % 3], 1 + rng_below(&rng, 6), 1, 0,
                           1 + rng_below(&rng, 70), WS[rng_below(&rng, 4)],
-                          IS[rng_below(&rng, 4)], 16, 0, 25};
+                          IS[rng_below(&rng, 4)], 16, 0, 25, 20 * (i % 2)};
         s.q_len = s.step == KVR_GPU_STEP_VERIFY ? 1 + rng_below(&rng, 4) : 1;
         s.padded_rows = s.num_reqs + rng_below(&rng, 3);
         s.rank = rng_below(&rng, s.W);
