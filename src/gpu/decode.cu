@@ -184,10 +184,12 @@ __device__ unsigned long long flag_word(uint32_t epoch, uint32_t state,
 #ifndef KVR_TOPK_TILE_FLAGS_PER_LANE
 #define KVR_TOPK_TILE_FLAGS_PER_LANE 1
 #endif
-/* Flag slots between two tiles' flags (the row-tile kernel; up to
- * TR_ROWS, so the flags still fit in max_rows slots). */
+/* Flag slots between two tiles' flags in the row-tile kernel: spread over
+ * more L2 lines, the flags that hundreds of waiting tiles poll contend less
+ * (a point faster at 16384 rows and more); at most TR_ROWS, so that they
+ * still fit in max_rows slots. */
 #ifndef KVR_TOPK_FLAG_STRIDE
-#define KVR_TOPK_FLAG_STRIDE 1
+#define KVR_TOPK_FLAG_STRIDE KVR_TOPK_ROWS /* 64 bytes apart at 8 rows */
 #endif
 #ifndef KVR_TOPK_SPIN_NS
 #define KVR_TOPK_SPIN_NS 32 /* first back-off of a look-back poll */
@@ -381,7 +383,8 @@ __global__ void __launch_bounds__(TK_THREADS, KVR_TOPK_MIN_BLOCKS)
  *
  * Knobs (bench/gpu/run.sh TUNE=...; docs/gpu.md has the measurements):
  * KVR_TOPK_ROWS rows per tile, KVR_TOPK_UNROLL int4 loads per lane in
- * flight, KVR_TOPK_CAP_PCT the slice as a percentage of K/W,
+ * flight, KVR_TOPK_WRITE_UNROLL block-table loads per lane in flight when
+ * writing, KVR_TOPK_CAP_PCT the slice as a percentage of K/W,
  * KVR_TOPK_TILE_FLAGS_PER_LANE the look-back window / 32,
  * KVR_TOPK_FLAG_STRIDE and KVR_TOPK_SPIN_NS the flags' spacing and first
  * back-off, KVR_TOPK_DIAG_NO_LOOKBACK 1: no look-back at all (wrong output;
@@ -395,6 +398,9 @@ __global__ void __launch_bounds__(TK_THREADS, KVR_TOPK_MIN_BLOCKS)
 #endif
 #ifndef KVR_TOPK_UNROLL
 #define KVR_TOPK_UNROLL 8 /* int4 loads in flight per lane */
+#endif
+#ifndef KVR_TOPK_WRITE_UNROLL
+#define KVR_TOPK_WRITE_UNROLL 4 /* block-table loads in flight per lane */
 #endif
 #ifndef KVR_TOPK_CAP_PCT
 #define KVR_TOPK_CAP_PCT 150
@@ -562,21 +568,22 @@ __device__ void tile_write_staged(const TopkJob &j, const int32_t *table,
                                   uint32_t row, const int32_t *my, int32_t n,
                                   int32_t *out, kvr__fault_t *f)
 {
+    constexpr int U = KVR_TOPK_WRITE_UNROLL;
     uint32_t lane = threadIdx.x & 31;
-    for (int32_t i0 = 0; i0 < n; i0 += 32 * 4) {
-        uint32_t g[4];
-        int32_t e[4];
+    for (int32_t i0 = 0; i0 < n; i0 += 32 * U) {
+        uint32_t g[U];
+        int32_t e[U];
 #pragma unroll
-        for (int u = 0; u < 4; u++) {
+        for (int u = 0; u < U; u++) {
             int32_t i = i0 + u * 32 + (int32_t)lane;
             g[u] = i < n ? (uint32_t)my[i] : 0;
         }
 #pragma unroll
-        for (int u = 0; u < 4; u++)
+        for (int u = 0; u < U; u++)
             e[u] = i0 + u * 32 + (int32_t)lane < n
                        ? __ldg(table + tile_block<POW2>(j, g[u])) : 0;
 #pragma unroll
-        for (int u = 0; u < 4; u++) {
+        for (int u = 0; u < U; u++) {
             int32_t i = i0 + u * 32 + (int32_t)lane;
             if (i < n)
                 out[i] = tile_slot<POW2>(j, g[u], e[u], row, i, f);
