@@ -410,7 +410,9 @@ __global__ void __launch_bounds__(TK_THREADS, KVR_TOPK_MIN_BLOCKS)
 #endif
 constexpr int TR_ROWS = KVR_TOPK_ROWS, TR_THREADS = 32 * TR_ROWS;
 /* Dynamic shared memory a tile may take, and the widest rows it serves. */
-constexpr uint32_t TR_SMEM = 96 * 1024, TR_KMAX = 16384;
+/* 64 KB is the most a block may take on sm_75, the oldest target; the
+ * slice at K = 2048 takes at most that (W = 1). */
+constexpr uint32_t TR_SMEM = 64 * 1024, TR_KMAX = 16384;
 static_assert(TR_ROWS >= 2 && TR_ROWS <= 32 && (TR_ROWS & (TR_ROWS - 1)) == 0,
               "a tile is a power of two of warps, 2 to 32");
 static_assert(KVR_TOPK_FLAG_STRIDE >= 1 && KVR_TOPK_FLAG_STRIDE <= TR_ROWS,
