@@ -25,10 +25,11 @@ static inline kvr_status_t kvr__launch_status(const char *kernel,
     return kvr__cuda_status(cudaGetLastError(), kernel, err);
 }
 
-/* Blocks for a grid-stride kernel: enough for `work` threads, at most what
- * fits on the current device at once. */
-kvr_status_t kvr__grid_size(const void *kernel, int threads, uint64_t work,
-                            unsigned *blocks, kvr_error_t *err);
+/* Blocks for a grid-stride kernel of `threads` threads and `smem` bytes
+ * of dynamic shared memory per block: enough for `work` threads, at most
+ * what fits on the current device at once. */
+kvr_status_t kvr__grid_size(const void *kernel, int threads, size_t smem,
+                            uint64_t work, unsigned *blocks, kvr_error_t *err);
 
 /* Division by a run-time constant as multiply and shift, for n and d below
  * 2^31: the kernels divide per element by I, W, V or a chunk size. */

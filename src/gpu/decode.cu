@@ -9,11 +9,6 @@ struct kvr_gpu_decode {
     uint32_t max_rows;
     void *mem;                 /* State, then max_rows scan flags */
     kvr__fault_t *host_fault;  /* pinned mirror for kvr_gpu_decode_check */
-    int sms;                   /* multiprocessors of the device */
-    struct {                   /* row-tile blocks resident per SM, by kernel */
-        size_t smem;           /* (POW2 or not), for the last smem size */
-        int blocks;
-    } tile_fit[2];
 };
 
 namespace {
@@ -213,8 +208,8 @@ __device__ uint32_t window_sum(unsigned long long *f, int64_t end,
             state[k] = FLAG_INCLUSIVE; /* before row 0: an empty prefix */
             value[k] = 0;
             if (first + k >= 0) {
-                unsigned long long w =
-                    flag_ref(f[(first + k) * STRIDE]).load(cuda::memory_order_relaxed);
+                unsigned long long w = flag_ref(f[(first + k) * STRIDE])
+                                           .load(cuda::memory_order_relaxed);
                 state[k] = (w >> 34) == (epoch & EPOCH_MASK)
                                ? (uint32_t)(w >> 32) & 3 : 0;
                 value[k] = (uint32_t)w;
@@ -252,16 +247,17 @@ __device__ uint32_t look_back(uint64_t *flags, uint32_t row, uint32_t epoch,
     unsigned long long *f = (unsigned long long *)flags;
     uint32_t lane = threadIdx.x & 31;
     if (lane == 0)
-        flag_ref(f[row * STRIDE]).store(flag_word(epoch, row ? FLAG_AGGREGATE
-                                                    : FLAG_INCLUSIVE, count),
-                               cuda::memory_order_relaxed);
+        flag_ref(f[row * STRIDE])
+            .store(flag_word(epoch, row ? FLAG_AGGREGATE : FLAG_INCLUSIVE, count),
+                   cuda::memory_order_relaxed);
     uint32_t prefix = 0;
     bool found = row == 0;
     for (int64_t end = row; !found; end -= 32 * FPL)
         prefix += window_sum<FPL, STRIDE>(f, end, epoch, &found);
     if (lane == 0 && row > 0)
-        flag_ref(f[row * STRIDE]).store(flag_word(epoch, FLAG_INCLUSIVE, prefix + count),
-                               cuda::memory_order_relaxed);
+        flag_ref(f[row * STRIDE])
+            .store(flag_word(epoch, FLAG_INCLUSIVE, prefix + count),
+                   cuda::memory_order_relaxed);
     return prefix;
 }
 
@@ -536,20 +532,22 @@ __device__ __forceinline__ void int4_parts(int4 x, int32_t (&v)[4])
     v[3] = x.w;
 }
 
-/* Pass one over a row: stages the first `cap` owned positions in my[] in
- * candidate order; returns how many the row owns in all. */
-template <bool POW2>
-__device__ int32_t tile_stage_row(const TopkJob &j, uint32_t row, int32_t *my,
-                                  int32_t cap, kvr__fault_t *f)
+/* Walks a row's owned positions in candidate order, N int4 per lane in
+ * flight, calling sink(v, pos) for each, pos its index among the row's
+ * owned ones; returns how many. Bad positions are recorded in *f unless it
+ * is null. */
+template <bool POW2, int N, typename Sink>
+__device__ __forceinline__ int32_t tile_scan_row(const TopkJob &j, uint32_t row,
+                                                 kvr__fault_t *f, Sink sink)
 {
     const int4 *p = (const int4 *)(j.a.token_indices + (uint64_t)row * j.a.topk);
     uint32_t n4 = j.a.topk >> 2, lane = threadIdx.x & 31, lt = (1u << lane) - 1;
     int32_t count = 0;
-    for (uint32_t c0 = 0; c0 < n4; c0 += 32 * KVR_TOPK_UNROLL) {
-        int4 x[KVR_TOPK_UNROLL];
+    for (uint32_t c0 = 0; c0 < n4; c0 += 32 * N) {
+        int4 x[N];
         tile_load(p, n4, c0, lane, x);
 #pragma unroll
-        for (int u = 0; u < KVR_TOPK_UNROLL; u++) {
+        for (int u = 0; u < N; u++) {
             int32_t v[4], pos[4];
             bool o[4];
             int4_parts(x[u], v);
@@ -557,11 +555,24 @@ __device__ int32_t tile_stage_row(const TopkJob &j, uint32_t row, int32_t *my,
                              &count, f);
 #pragma unroll
             for (int k = 0; k < 4; k++)
-                if (o[k] && pos[k] < cap)
-                    my[pos[k]] = v[k];
+                if (o[k])
+                    sink(v[k], pos[k]);
         }
     }
     return count;
+}
+
+/* Pass one over a row: stages the first `cap` owned positions in my[] in
+ * candidate order; returns how many the row owns in all. */
+template <bool POW2>
+__device__ int32_t tile_stage_row(const TopkJob &j, uint32_t row, int32_t *my,
+                                  int32_t cap, kvr__fault_t *f)
+{
+    return tile_scan_row<POW2, KVR_TOPK_UNROLL>(j, row, f, [=](int32_t v,
+                                                              int32_t pos) {
+        if (pos < cap)
+            my[pos] = v;
+    });
 }
 
 /* Converts the staged positions my[0, n) to slots into out[0, n). */
@@ -601,25 +612,14 @@ __device__ void tile_write_rest(const TopkJob &j, const int32_t *table,
                                 uint32_t row, int32_t cap, int32_t *out,
                                 kvr__fault_t *f)
 {
-    const int4 *p = (const int4 *)(j.a.token_indices + (uint64_t)row * j.a.topk);
-    uint32_t n4 = j.a.topk >> 2, lane = threadIdx.x & 31, lt = (1u << lane) - 1;
-    int32_t count = 0;
-    for (uint32_t c0 = 0; c0 < n4; c0 += 32) {
-        int4 x[1];
-        int32_t v[4], pos[4];
-        bool o[4];
-        uint32_t c = c0 + lane;
-        x[0] = c < n4 ? __ldg(p + c) : make_int4(-1, -1, -1, -1);
-        int4_parts(x[0], v);
-        tile_rank4<POW2>(j, v, row, 4 * c, lt, o, pos, &count, nullptr);
-#pragma unroll
-        for (int k = 0; k < 4; k++)
-            if (o[k] && pos[k] >= cap) {
-                uint32_t g = (uint32_t)v[k];
-                int32_t e = __ldg(table + tile_block<POW2>(j, g));
-                out[pos[k]] = tile_slot<POW2>(j, g, e, row, pos[k], f);
-            }
-    }
+    /* One int4 per lane in flight: this rare pass must not take the
+     * registers that pass one's loads hold. */
+    tile_scan_row<POW2, 1>(j, row, nullptr, [=](int32_t v, int32_t pos) {
+        if (pos >= cap) {
+            int32_t e = __ldg(table + tile_block<POW2>(j, (uint32_t)v));
+            out[pos] = tile_slot<POW2>(j, (uint32_t)v, e, row, pos, f);
+        }
+    });
 }
 
 /* A tile's row as one warp sees it after the staging pass. */
@@ -863,33 +863,25 @@ kvr_status_t launch_tiles(kvr_gpu_decode_t *dec, const TopkJob &j, bool pow2,
     size_t smem = (size_t)TR_ROWS * cap * sizeof(int32_t);
     void (*kernel)(const TopkJob, State *, uint64_t *, int32_t) =
         pow2 ? topk_tile_kernel<true> : topk_tile_kernel<false>;
-    auto &fit = dec->tile_fit[pow2];
-    if (fit.blocks == 0 || fit.smem != smem) {
-        KVR__CUDA_TRY(cudaOccupancyMaxActiveBlocksPerMultiprocessor(
-                          &fit.blocks, kernel, TR_THREADS, smem), err);
-        fit.smem = smem;
-        if (fit.blocks == 0)
-            return kvr_error_set(err, KVR_ERR_CUDA,
-                                 "top-k tile kernel: no block of %d threads "
-                                 "and %zu bytes of shared memory fits",
-                                 TR_THREADS, smem);
-    }
-    uint64_t tiles = (j.a.num_rows + TR_ROWS - 1) / TR_ROWS;
-    uint64_t resident = (uint64_t)fit.blocks * dec->sms;
+    uint64_t threads = (uint64_t)j.a.num_rows * 32; /* a warp per row */
+    unsigned blocks = 0;
+    kvr_status_t st = kvr__grid_size((const void *)kernel, TR_THREADS, smem,
+                                     threads, &blocks, err);
+    if (st != KVR_OK)
+        return st;
     cudaLaunchConfig_t cfg = {};
     cudaLaunchAttribute coop = {};
     coop.id = cudaLaunchAttributeCooperative;
     coop.val.cooperative = 1;
-    cfg.gridDim = dim3((unsigned)(tiles < resident ? tiles : resident));
+    cfg.gridDim = dim3(blocks);
     cfg.blockDim = dim3(TR_THREADS);
     cfg.dynamicSmemBytes = smem;
     cfg.stream = s;
     cfg.attrs = &coop;
     cfg.numAttrs = 1;
-    State *state = (State *)dec->mem;
-    KVR__CUDA_TRY(cudaLaunchKernelEx(&cfg, kernel, j, state,
-                                     scan_flags(dec->mem), cap), err);
-    return kvr__launch_status("topk_tile_kernel", err);
+    cudaError_t e = cudaLaunchKernelEx(&cfg, kernel, j, (State *)dec->mem,
+                                       scan_flags(dec->mem), cap);
+    return kvr__cuda_status(e, "topk_tile_kernel", err);
 }
 
 } // namespace
@@ -906,9 +898,6 @@ extern "C" kvr_status_t kvr_gpu_decode_create(uint32_t max_rows,
     size_t bytes = sizeof(State) + (size_t)max_rows * sizeof(uint64_t);
     dec->max_rows = max_rows;
     cudaError_t e = cudaGetDevice(&dec->device);
-    if (e == cudaSuccess)
-        e = cudaDeviceGetAttribute(&dec->sms, cudaDevAttrMultiProcessorCount,
-                                   dec->device);
     if (e == cudaSuccess)
         e = cudaMalloc(&dec->mem, bytes);
     if (e == cudaSuccess)

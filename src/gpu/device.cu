@@ -13,15 +13,15 @@ kvr_status_t kvr__cuda_status(cudaError_t e, const char *what,
                          cudaGetErrorString(e), cudaGetErrorName(e));
 }
 
-kvr_status_t kvr__grid_size(const void *kernel, int threads, uint64_t work,
-                            unsigned *blocks, kvr_error_t *err)
+kvr_status_t kvr__grid_size(const void *kernel, int threads, size_t smem,
+                            uint64_t work, unsigned *blocks, kvr_error_t *err)
 {
     int dev = 0, sms = 0, per_sm = 0;
     KVR__CUDA_TRY(cudaGetDevice(&dev), err);
     KVR__CUDA_TRY(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount,
                                          dev), err);
     KVR__CUDA_TRY(cudaOccupancyMaxActiveBlocksPerMultiprocessor(
-                      &per_sm, kernel, threads, 0), err);
+                      &per_sm, kernel, threads, smem), err);
     uint64_t need = (work + threads - 1) / threads;
     uint64_t fit = (uint64_t)sms * (per_sm > 0 ? per_sm : 1);
     *blocks = (unsigned)(need < fit ? (need ? need : 1) : fit);

@@ -179,7 +179,7 @@ kvr_status_t launch_as(Job &j, cudaStream_t stream, kvr_error_t *err)
 {
     unsigned blocks = 0;
     kvr_status_t st = kvr__grid_size((const void *)relayout_kernel<V>,
-                                     THREADS, j.num_items, &blocks, err);
+                                     THREADS, 0, j.num_items, &blocks, err);
     if (st != KVR_OK)
         return st;
     relayout_kernel<V><<<blocks, THREADS, 0, stream>>>(j);
