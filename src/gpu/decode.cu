@@ -9,6 +9,8 @@ struct kvr_gpu_decode {
     uint32_t max_rows;
     void *mem;                 /* State, then max_rows scan flags */
     kvr__fault_t *host_fault;  /* pinned mirror for kvr_gpu_decode_check */
+    uint32_t smem_block;       /* dynamic shared memory a row tile may take */
+    uint32_t smem_sm;          /* shared memory per SM */
 };
 
 namespace {
@@ -54,6 +56,7 @@ struct TopkJob {
      * (g & own_mask) == own_bits; its slot is table[g >> shift_v] << shift_bs
      * | (g & (V - 1)) >> shift_iw << shift_i | (g & (I - 1)). */
     uint32_t own_mask, own_bits, shift_v, shift_iw, shift_bs;
+    uint32_t entry_lim; /* POW2: entries from here on overflow INT32_MAX */
 };
 
 constexpr int TK_THREADS = 128, TK_ITEMS = 16, TK_TILE = TK_THREADS * TK_ITEMS;
@@ -186,8 +189,16 @@ __device__ unsigned long long flag_word(uint32_t epoch, uint32_t state,
 #ifndef KVR_TOPK_FLAG_STRIDE
 #define KVR_TOPK_FLAG_STRIDE KVR_TOPK_ROWS /* 64 bytes apart at 8 rows */
 #endif
+/* Flags each lane reads per look-back step after the first (row-tile
+ * kernel). */
+#ifndef KVR_TOPK_FAR_FLAGS_PER_LANE
+#define KVR_TOPK_FAR_FLAGS_PER_LANE 1
+#endif
 #ifndef KVR_TOPK_SPIN_NS
 #define KVR_TOPK_SPIN_NS 32 /* first back-off of a look-back poll */
+#endif
+#ifndef KVR_TOPK_SPIN_STEPS
+#define KVR_TOPK_SPIN_STEPS 2 /* the back-off doubles this many times */
 #endif
 
 /* One look-back window [end - 32*FPL, end), lane L holding FPL consecutive
@@ -233,32 +244,55 @@ __device__ uint32_t window_sum(unsigned long long *f, int64_t end,
             return sum;
         }
         if (spin > 0) /* back off: spinning warps slow the rows they wait for */
-            __nanosleep((uint32_t)KVR_TOPK_SPIN_NS << (spin < 5 ? spin : 5));
+            __nanosleep((uint32_t)KVR_TOPK_SPIN_NS
+                        << (spin < KVR_TOPK_SPIN_STEPS ? spin : KVR_TOPK_SPIN_STEPS));
     }
 }
 
 /* Decoupled look-back by one warp: publish this row's count, add up the
  * windows before it back to the nearest inclusive prefix, publish ours.
- * Returns the sum of the rows before `row`. */
-template <int FPL, int STRIDE>
-__device__ uint32_t look_back(uint64_t *flags, uint32_t row, uint32_t epoch,
+ * Returns the sum of the rows before `row`. The first window is FPL * 32
+ * flags; the ones after it FAR * 32: once the nearest rows have published,
+ * the older ones almost always have, so reading them wide costs one round
+ * trip where 32-flag steps cost one per step (at 4096 rows in 8-row tiles,
+ * 16 steps for the last tile), and a wide window is rarely polled twice. */
+template <int STRIDE>
+__device__ void publish_count(uint64_t *flags, uint32_t row, uint32_t epoch,
                               uint32_t count)
 {
     unsigned long long *f = (unsigned long long *)flags;
-    uint32_t lane = threadIdx.x & 31;
-    if (lane == 0)
+    if ((threadIdx.x & 31) == 0)
         flag_ref(f[row * STRIDE])
             .store(flag_word(epoch, row ? FLAG_AGGREGATE : FLAG_INCLUSIVE, count),
                    cuda::memory_order_relaxed);
+}
+
+/* The look-back proper, once publish_count has published `count`. */
+template <int FPL, int STRIDE, int FAR = FPL>
+__device__ uint32_t resolve_prefix(uint64_t *flags, uint32_t row,
+                                   uint32_t epoch, uint32_t count)
+{
+    unsigned long long *f = (unsigned long long *)flags;
+    uint32_t lane = threadIdx.x & 31;
     uint32_t prefix = 0;
     bool found = row == 0;
-    for (int64_t end = row; !found; end -= 32 * FPL)
-        prefix += window_sum<FPL, STRIDE>(f, end, epoch, &found);
+    if (!found)
+        prefix = window_sum<FPL, STRIDE>(f, row, epoch, &found);
+    for (int64_t end = (int64_t)row - 32 * FPL; !found; end -= 32 * FAR)
+        prefix += window_sum<FAR, STRIDE>(f, end, epoch, &found);
     if (lane == 0 && row > 0)
         flag_ref(f[row * STRIDE])
             .store(flag_word(epoch, FLAG_INCLUSIVE, prefix + count),
                    cuda::memory_order_relaxed);
     return prefix;
+}
+
+template <int FPL, int STRIDE, int FAR = FPL>
+__device__ uint32_t look_back(uint64_t *flags, uint32_t row, uint32_t epoch,
+                              uint32_t count)
+{
+    publish_count<STRIDE>(flags, row, epoch, count);
+    return resolve_prefix<FPL, STRIDE, FAR>(flags, row, epoch, count);
 }
 
 /* Compacts the columns of this thread's owned candidates in shared memory
@@ -390,13 +424,22 @@ __global__ void __launch_bounds__(TK_THREADS, KVR_TOPK_MIN_BLOCKS)
 #define KVR_TOPK_TILE 1 /* 0: every launch takes topk_kernel (for comparisons) */
 #endif
 #ifndef KVR_TOPK_ROWS
-#define KVR_TOPK_ROWS 8
+#define KVR_TOPK_ROWS 16
 #endif
 #ifndef KVR_TOPK_UNROLL
-#define KVR_TOPK_UNROLL 8 /* int4 loads in flight per lane */
+#define KVR_TOPK_UNROLL 4 /* int4 loads in flight per lane */
 #endif
 #ifndef KVR_TOPK_WRITE_UNROLL
 #define KVR_TOPK_WRITE_UNROLL 4 /* block-table loads in flight per lane */
+#endif
+#ifndef KVR_TOPK_NOALLOC
+#define KVR_TOPK_NOALLOC 0
+#endif
+#ifndef KVR_TOPK_TABLE_PREFETCH
+#define KVR_TOPK_TABLE_PREFETCH 0
+#endif
+#ifndef KVR_TOPK_CARVEOUT
+#define KVR_TOPK_CARVEOUT cudaSharedmemCarveoutMaxShared
 #endif
 #ifndef KVR_TOPK_CAP_PCT
 #define KVR_TOPK_CAP_PCT 150
@@ -404,11 +447,12 @@ __global__ void __launch_bounds__(TK_THREADS, KVR_TOPK_MIN_BLOCKS)
 #ifndef KVR_TOPK_TILE_MIN_BLOCKS
 #define KVR_TOPK_TILE_MIN_BLOCKS (32 / KVR_TOPK_ROWS) /* 64 registers */
 #endif
+#ifndef KVR_TOPK_DEFER
+#define KVR_TOPK_DEFER 1 /* look back for a tile after staging the next */
+#endif
 constexpr int TR_ROWS = KVR_TOPK_ROWS, TR_THREADS = 32 * TR_ROWS;
-/* Dynamic shared memory a tile may take, and the widest rows it serves. */
-/* 64 KB is the most a block may take on sm_75, the oldest target; the
- * slice at K = 2048 takes at most that (W = 1). */
-constexpr uint32_t TR_SMEM = 64 * 1024, TR_KMAX = 16384;
+/* The widest rows the row tiles serve. */
+constexpr uint32_t TR_KMAX = 16384;
 static_assert(TR_ROWS >= 2 && TR_ROWS <= 32 && (TR_ROWS & (TR_ROWS - 1)) == 0,
               "a tile is a power of two of warps, 2 to 32");
 static_assert(KVR_TOPK_FLAG_STRIDE >= 1 && KVR_TOPK_FLAG_STRIDE <= TR_ROWS,
@@ -427,14 +471,43 @@ __device__ __forceinline__ bool tile_owned(const TopkJob &j, int32_t v)
     return in && chunk - kvr__div_by(j.by_w, chunk) * j.by_w.d == j.a.rank;
 }
 
+/* The row-tile kernel's staging slices: warp w's row stages in
+ * tr_stage[w * cap, (w + 1) * cap). */
+extern __shared__ int32_t tr_stage[];
+
+/* A store to shared address `at`: written as a plain store through a
+ * generic pointer, nvcc rebuilt the shared window's base before each
+ * one, six instructions per staged candidate. */
+__device__ __forceinline__ void st_shared(uint32_t at, int32_t v)
+{
+    asm volatile("st.shared.b32 [%0], %1;" ::"r"(at), "r"(v) : "memory");
+}
+
+/* Whether v is neither -1 nor inside the table (every v < -1 included). */
+__device__ __forceinline__ bool tile_bad(const TopkJob &j, int32_t v)
+{
+    return (uint32_t)v + 1u > j.limit;
+}
+
+/* The rare path after a scan saw a bad position: records the row's first
+ * one with its column. */
+__device__ void tile_pos_fault(const TopkJob &j, uint32_t row, kvr__fault_t *f)
+{
+    const int32_t *cand = j.a.token_indices + (uint64_t)row * j.a.topk;
+    for (uint32_t c = 0; c < j.a.topk; c++)
+        if (tile_bad(j, cand[c])) {
+            record(f, KVR__FAULT_POS, (int32_t)row, (int32_t)c, cand[c]);
+            return;
+        }
+}
+
 /* A negative block-table entry or a slot past INT32_MAX under the row's
  * nth owned candidate: records it with that candidate's column, which the
  * staging dropped, so the row is scanned again (only by the thread whose
  * fault is recorded). */
 template <bool POW2>
-__device__ __forceinline__ void tile_slot_fault(const TopkJob &j, kvr__fault_t *f,
-                                             int32_t entry, uint32_t row,
-                                             int32_t nth)
+__device__ void tile_slot_fault(const TopkJob &j, kvr__fault_t *f, int32_t entry,
+                                uint32_t row, int32_t nth)
 {
     kvr__fault_code_t code = entry < 0 ? KVR__FAULT_BLOCK : KVR__FAULT_SLOT;
     if (atomicCAS(&f->code, 0, (int32_t)code) != 0)
@@ -449,28 +522,25 @@ __device__ __forceinline__ void tile_slot_fault(const TopkJob &j, kvr__fault_t *
     f->value = entry;
 }
 
-/* Slot of owned position g whose block-table entry is `entry`; -1 (and a
- * recorded fault) for a negative entry or a slot past INT32_MAX. */
+/* Slot of owned position g whose block-table entry is `entry`; *bad tells
+ * a negative entry or a slot past INT32_MAX (the caller writes -1 and
+ * records it once, outside its loop). */
 template <bool POW2>
 __device__ __forceinline__ int32_t tile_slot(const TopkJob &j, uint32_t g,
-                                             int32_t entry, uint32_t row,
-                                             int32_t nth, kvr__fault_t *f)
+                                             int32_t entry, bool *bad)
 {
-    uint64_t slot;
     if (POW2) {
         uint32_t r = g & ((1u << j.shift_v) - 1);
-        slot = ((uint64_t)(uint32_t)entry << j.shift_bs) |
-               (r >> j.shift_iw << j.shift_i) | (g & ((1u << j.shift_i) - 1));
-    } else {
-        uint32_t vb = kvr__div_by(j.by_v, g);
-        uint32_t local = kvr__div_by(j.by_iw, g - vb * j.by_v.d) * j.by_i.d +
-                         (g - kvr__div_by(j.by_i, g) * j.by_i.d);
-        slot = (uint64_t)(uint32_t)entry * j.a.block_size + local;
+        *bad = (uint32_t)entry >= j.entry_lim;
+        return (int32_t)(((uint32_t)entry << j.shift_bs) |
+                         (r >> j.shift_iw << j.shift_i) |
+                         (g & ((1u << j.shift_i) - 1)));
     }
-    if (entry < 0 || slot > INT32_MAX) {
-        tile_slot_fault<POW2>(j, f, entry, row, nth);
-        return -1;
-    }
+    uint32_t vb = kvr__div_by(j.by_v, g);
+    uint32_t local = kvr__div_by(j.by_iw, g - vb * j.by_v.d) * j.by_i.d +
+                     (g - kvr__div_by(j.by_i, g) * j.by_i.d);
+    uint64_t slot = (uint64_t)(uint32_t)entry * j.a.block_size + local;
+    *bad = entry < 0 || slot > INT32_MAX;
     return (int32_t)slot;
 }
 
@@ -490,38 +560,16 @@ __device__ __forceinline__ void tile_load(const int4 *p, uint32_t n4,
 #pragma unroll
     for (int u = 0; u < N; u++) {
         uint32_t c = c0 + u * 32 + lane;
+#if KVR_TOPK_NOALLOC
+        x[u] = make_int4(-1, -1, -1, -1);
+        if (c < n4)
+            asm("ld.global.nc.L1::no_allocate.v4.s32 {%0, %1, %2, %3}, [%4];"
+                : "=r"(x[u].x), "=r"(x[u].y), "=r"(x[u].z), "=r"(x[u].w)
+                : "l"(p + c));
+#else
         x[u] = c < n4 ? __ldg(p + c) : make_int4(-1, -1, -1, -1);
+#endif
     }
-}
-
-/* Which of one int4 of the row (columns col..col+3 of this lane) this rank
- * owns (o[k]), and each owned one's index among the warp's owned positions
- * of this vector round (pos[k], from *count); advances *count by the warp's
- * total. Bad positions are recorded in *f unless it is null. */
-template <bool POW2>
-__device__ __forceinline__ void tile_rank4(const TopkJob &j, const int32_t (&v)[4],
-                                           uint32_t row, uint32_t col,
-                                           uint32_t lt, bool (&o)[4],
-                                           int32_t (&pos)[4], int32_t *count,
-                                           kvr__fault_t *f)
-{
-    int32_t pre = 0, tot = 0;
-#pragma unroll
-    for (int k = 0; k < 4; k++) {
-        if (f != nullptr && (uint32_t)v[k] >= j.limit && v[k] != -1)
-            record(f, KVR__FAULT_POS, (int32_t)row, (int32_t)(col + k), v[k]);
-        o[k] = tile_owned<POW2>(j, v[k]);
-        uint32_t b = __ballot_sync(~0u, o[k]);
-        pre += __popc(b & lt);
-        tot += __popc(b);
-    }
-    int32_t p = *count + pre;
-#pragma unroll
-    for (int k = 0; k < 4; k++) {
-        pos[k] = p;
-        p += o[k];
-    }
-    *count += tot;
 }
 
 __device__ __forceinline__ void int4_parts(int4 x, int32_t (&v)[4])
@@ -533,75 +581,102 @@ __device__ __forceinline__ void int4_parts(int4 x, int32_t (&v)[4])
 }
 
 /* Walks a row's owned positions in candidate order, N int4 per lane in
- * flight, calling sink(v, pos) for each, pos its index among the row's
- * owned ones; returns how many. Bad positions are recorded in *f unless it
- * is null. */
+ * flight, calling sink(v, pos, owned) for each candidate, pos the index
+ * among the row's owned ones that v has if owned; returns how many. The loop has no branch but the sink's:
+ * bad positions only set this lane's *bad, and the caller records them
+ * after the row (a fault branch per candidate made the loop three times
+ * longer, and the kernel issue-bound). */
 template <bool POW2, int N, typename Sink>
 __device__ __forceinline__ int32_t tile_scan_row(const TopkJob &j, uint32_t row,
-                                                 kvr__fault_t *f, Sink sink)
+                                                 bool *bad, Sink sink)
 {
     const int4 *p = (const int4 *)(j.a.token_indices + (uint64_t)row * j.a.topk);
     uint32_t n4 = j.a.topk >> 2, lane = threadIdx.x & 31, lt = (1u << lane) - 1;
     int32_t count = 0;
+    bool seen = false;
     for (uint32_t c0 = 0; c0 < n4; c0 += 32 * N) {
         int4 x[N];
         tile_load(p, n4, c0, lane, x);
 #pragma unroll
         for (int u = 0; u < N; u++) {
-            int32_t v[4], pos[4];
-            bool o[4];
+            int32_t v[4], pre = 0, tot = 0;
+            uint32_t m[4];
             int4_parts(x[u], v);
-            tile_rank4<POW2>(j, v, row, 4 * (c0 + u * 32 + lane), lt, o, pos,
-                             &count, f);
 #pragma unroll
-            for (int k = 0; k < 4; k++)
-                if (o[k])
-                    sink(v[k], pos[k]);
+            for (int k = 0; k < 4; k++) {
+                seen |= tile_bad(j, v[k]);
+                m[k] = __ballot_sync(~0u, tile_owned<POW2>(j, v[k]));
+                pre += __popc(m[k] & lt);
+                tot += __popc(m[k]);
+            }
+            int32_t pos = count + pre;
+#pragma unroll
+            for (int k = 0; k < 4; k++) {
+                bool o = m[k] >> lane & 1;
+                sink(v[k], pos, o);
+                pos += o;
+            }
+            count += tot;
         }
     }
+    *bad = seen;
     return count;
 }
 
-/* Pass one over a row: stages the first `cap` owned positions in my[] in
- * candidate order; returns how many the row owns in all. */
+/* Pass one over a row: stages the first `cap` owned positions in
+ * tr_stage[base, base + cap) in candidate order; returns how many the row
+ * owns in all. */
 template <bool POW2>
-__device__ int32_t tile_stage_row(const TopkJob &j, uint32_t row, int32_t *my,
+__device__ int32_t tile_stage_row(const TopkJob &j, uint32_t row, int32_t base,
                                   int32_t cap, kvr__fault_t *f)
 {
-    return tile_scan_row<POW2, KVR_TOPK_UNROLL>(j, row, f, [=](int32_t v,
-                                                              int32_t pos) {
-        if (pos < cap)
-            my[pos] = v;
-    });
+    bool bad;
+    uint32_t my = (uint32_t)__cvta_generic_to_shared(tr_stage + base);
+    int32_t n = tile_scan_row<POW2, KVR_TOPK_UNROLL>(
+        j, row, &bad, [=](int32_t v, int32_t pos, bool owned) {
+            if (owned && pos < cap)
+                st_shared(my + 4 * (uint32_t)pos, v);
+        });
+    if (__any_sync(~0u, bad) && (threadIdx.x & 31) == 0)
+        tile_pos_fault(j, row, f);
+    return n;
 }
 
-/* Converts the staged positions my[0, n) to slots into out[0, n). */
+/* Converts the staged positions tr_stage[base, base + n) to slots into
+ * out[0, n). */
 template <bool POW2>
 __device__ void tile_write_staged(const TopkJob &j, const int32_t *table,
-                                  uint32_t row, const int32_t *my, int32_t n,
+                                  uint32_t row, int32_t base, int32_t n,
                                   int32_t *out, kvr__fault_t *f)
 {
     constexpr int U = KVR_TOPK_WRITE_UNROLL;
-    uint32_t lane = threadIdx.x & 31;
+    int32_t lane = (int32_t)(threadIdx.x & 31), first = -1, first_entry = 0;
     for (int32_t i0 = 0; i0 < n; i0 += 32 * U) {
         uint32_t g[U];
         int32_t e[U];
 #pragma unroll
         for (int u = 0; u < U; u++) {
-            int32_t i = i0 + u * 32 + (int32_t)lane;
-            g[u] = i < n ? (uint32_t)my[i] : 0;
+            int32_t i = i0 + u * 32 + lane;
+            g[u] = i < n ? (uint32_t)tr_stage[base + i] : 0;
         }
 #pragma unroll
         for (int u = 0; u < U; u++)
-            e[u] = i0 + u * 32 + (int32_t)lane < n
+            e[u] = i0 + u * 32 + lane < n
                        ? __ldg(table + tile_block<POW2>(j, g[u])) : 0;
 #pragma unroll
         for (int u = 0; u < U; u++) {
-            int32_t i = i0 + u * 32 + (int32_t)lane;
+            int32_t i = i0 + u * 32 + lane;
+            bool bad;
+            int32_t slot = tile_slot<POW2>(j, g[u], e[u], &bad);
             if (i < n)
-                out[i] = tile_slot<POW2>(j, g[u], e[u], row, i, f);
+                out[i] = bad ? -1 : slot;
+            bool note = bad && i < n && first < 0;
+            first = note ? i : first;
+            first_entry = note ? e[u] : first_entry;
         }
     }
+    if (first >= 0)
+        tile_slot_fault<POW2>(j, f, first_entry, row, first);
 }
 
 /* A row that owns more than its slice holds: reads it again and writes
@@ -612,14 +687,24 @@ __device__ void tile_write_rest(const TopkJob &j, const int32_t *table,
                                 uint32_t row, int32_t cap, int32_t *out,
                                 kvr__fault_t *f)
 {
+    int32_t first = -1, first_entry = 0;
+    bool bad_pos;
     /* One int4 per lane in flight: this rare pass must not take the
      * registers that pass one's loads hold. */
-    tile_scan_row<POW2, 1>(j, row, nullptr, [=](int32_t v, int32_t pos) {
-        if (pos >= cap) {
+    tile_scan_row<POW2, 1>(j, row, &bad_pos, [&](int32_t v, int32_t pos,
+                                                 bool owned) {
+        if (owned && pos >= cap) {
             int32_t e = __ldg(table + tile_block<POW2>(j, (uint32_t)v));
-            out[pos] = tile_slot<POW2>(j, (uint32_t)v, e, row, pos, f);
+            bool bad;
+            int32_t slot = tile_slot<POW2>(j, (uint32_t)v, e, &bad);
+            out[pos] = bad ? -1 : slot;
+            bool note = bad && first < 0;
+            first = note ? pos : first;
+            first_entry = note ? e : first_entry;
         }
     });
+    if (first >= 0)
+        tile_slot_fault<POW2>(j, f, first_entry, row, first);
 }
 
 /* A tile's row as one warp sees it after the staging pass. */
@@ -633,7 +718,7 @@ struct TileRow {
  * to every thread. */
 template <bool POW2>
 __device__ TileRow tile_stage(const TopkJob &j, kvr__fault_t *f, uint32_t tile,
-                              int32_t *my, int32_t cap, int32_t *s_count)
+                              int32_t base, int32_t cap, int32_t *s_count)
 {
     uint32_t warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     TileRow t = {tile * TR_ROWS + warp, -1, 0, 0, 0};
@@ -644,7 +729,14 @@ __device__ TileRow tile_stage(const TopkJob &j, kvr__fault_t *f, uint32_t tile,
                 record(f, KVR__FAULT_SEQ, (int32_t)t.row, -1, t.req);
             t.req = -1;
         } else {
-            t.count = tile_stage_row<POW2>(j, t.row, my, cap, f);
+#if KVR_TOPK_TABLE_PREFETCH
+            const int32_t *tb = j.a.block_table + (uint64_t)t.req * j.a.max_blocks;
+            if (lane * 32 < j.a.max_blocks + 31) {
+                uint32_t at = lane * 32 < j.a.max_blocks ? lane * 32 : j.a.max_blocks - 1;
+                asm volatile("prefetch.global.L1 [%0];" ::"l"(tb + at));
+            }
+#endif
+            t.count = tile_stage_row<POW2>(j, t.row, base, cap, f);
         }
     }
     if (lane == 0)
@@ -662,7 +754,7 @@ __device__ TileRow tile_stage(const TopkJob &j, kvr__fault_t *f, uint32_t tile,
  * (the tile's first output index). */
 template <bool POW2>
 __device__ void tile_write(const TopkJob &j, kvr__fault_t *f, const TileRow &t,
-                           uint32_t start, const int32_t *my, int32_t cap)
+                           uint32_t start, int32_t base, int32_t cap)
 {
     if ((threadIdx.x & 31) == 0 && t.row < j.a.num_rows) {
         j.a.out_indptr[t.row + 1] = (int32_t)(start + t.before + t.count);
@@ -673,28 +765,27 @@ __device__ void tile_write(const TopkJob &j, kvr__fault_t *f, const TileRow &t,
     const int32_t *table = j.a.block_table + (uint64_t)t.req * j.a.max_blocks;
     int32_t *out = j.a.out_slots + start + t.before;
     int32_t n = t.count < cap ? t.count : cap;
-    tile_write_staged<POW2>(j, table, t.row, my, n, out, f);
+    tile_write_staged<POW2>(j, table, t.row, base, n, out, f);
     if (t.count > cap)
         tile_write_rest<POW2>(j, table, t.row, cap, out, f);
 }
 
-/* One tile: stage, look back, write. The shared counts and start are
- * rewritten only after the barriers that follow their last reads, so
- * consecutive tiles need no extra barrier. */
+/* The end of a staged tile: warp 0 looks back from the count it
+ * published, then every warp writes its row. */
 template <bool POW2>
-__device__ void tile_run(const TopkJob &j, State *st, uint64_t *flags,
-                         uint32_t tile, uint32_t tiles, uint32_t epoch,
-                         int32_t *my, int32_t cap, int32_t *s_count,
-                         uint32_t *s_start)
+__device__ void tile_finish(const TopkJob &j, State *st, uint64_t *flags,
+                            uint32_t tile, uint32_t tiles, uint32_t epoch,
+                            const TileRow &t, int32_t base, int32_t cap,
+                            uint32_t *s_start)
 {
-    TileRow t = tile_stage<POW2>(j, &st->fault, tile, my, cap, s_count);
     if (threadIdx.x < 32) {
 #if KVR_TOPK_DIAG_NO_LOOKBACK /* timing only: wrong output */
         uint32_t start = tile * (uint32_t)t.total;
 #else
         uint32_t start =
-            look_back<KVR_TOPK_TILE_FLAGS_PER_LANE, KVR_TOPK_FLAG_STRIDE>(
-                flags, tile, epoch, (uint32_t)t.total);
+            resolve_prefix<KVR_TOPK_TILE_FLAGS_PER_LANE, KVR_TOPK_FLAG_STRIDE,
+                           KVR_TOPK_FAR_FLAGS_PER_LANE>(flags, tile, epoch,
+                                                        (uint32_t)t.total);
 #endif
         if (threadIdx.x == 0) {
             *s_start = start;
@@ -705,22 +796,55 @@ __device__ void tile_run(const TopkJob &j, State *st, uint64_t *flags,
         }
     }
     __syncthreads();
-    tile_write<POW2>(j, &st->fault, t, *s_start, my, cap);
+    tile_write<POW2>(j, &st->fault, t, *s_start, base, cap);
 }
 
+/* Block b stages tiles b, b + grid, ... and publishes each tile's count as
+ * soon as it is staged, but looks back for a tile only after staging the
+ * next one (KVR_TOPK_DEFER, when two slice sets fit: bufs == 2), from
+ * the other set of its double-buffered slices: by then the tiles before it have published, so the look-back
+ * rarely waits, and the block's loads are not held up by it. Shared
+ * counts are double-buffered too: a tile's are rewritten two tiles later,
+ * after a barrier of tile_finish. s_start is written by warp 0 only after
+ * the barrier of the next staging, which every warp reaches after its
+ * last read. Deadlock-free because the grid is resident (a cooperative
+ * launch) and every tile publishes before its block waits on anything
+ * later than the tile before it. */
 template <bool POW2>
 __global__ void __launch_bounds__(TR_THREADS, KVR_TOPK_TILE_MIN_BLOCKS)
-    topk_tile_kernel(const TopkJob j, State *st, uint64_t *flags, int32_t cap)
+    topk_tile_kernel(const TopkJob j, State *st, uint64_t *flags, int32_t cap,
+                     uint32_t bufs)
 {
-    extern __shared__ int32_t tr_stage[];
-    __shared__ int32_t s_count[TR_ROWS];
+    __shared__ int32_t s_count[2][TR_ROWS];
     __shared__ uint32_t s_start;
     uint32_t tiles = (j.a.num_rows + TR_ROWS - 1) / TR_ROWS;
-    int32_t *my = tr_stage + (threadIdx.x >> 5) * cap;
     uint32_t epoch = *(volatile uint32_t *)&st->epoch;
-    for (uint32_t tile = blockIdx.x; tile < tiles; tile += gridDim.x)
-        tile_run<POW2>(j, st, flags, tile, tiles, epoch, my, cap, s_count,
-                       &s_start);
+    int32_t warp_base = (int32_t)(threadIdx.x >> 5) * cap;
+    TileRow prev = {};
+    uint32_t prev_tile = UINT32_MAX, k = 0;
+    int32_t prev_base = 0;
+    for (uint32_t tile = blockIdx.x; tile < tiles; tile += gridDim.x, k++) {
+        int32_t base = warp_base + (int32_t)(k % bufs) * TR_ROWS * cap;
+        TileRow t = tile_stage<POW2>(j, &st->fault, tile, base, cap,
+                                     s_count[k & 1]);
+        if (threadIdx.x < 32)
+            publish_count<KVR_TOPK_FLAG_STRIDE>(flags, tile, epoch,
+                                                (uint32_t)t.total);
+        if (bufs == 1) {
+            tile_finish<POW2>(j, st, flags, tile, tiles, epoch, t, base, cap,
+                              &s_start);
+            continue;
+        }
+        if (prev_tile != UINT32_MAX)
+            tile_finish<POW2>(j, st, flags, prev_tile, tiles, epoch, prev,
+                              prev_base, cap, &s_start);
+        prev = t;
+        prev_tile = tile;
+        prev_base = base;
+    }
+    if (prev_tile != UINT32_MAX)
+        tile_finish<POW2>(j, st, flags, prev_tile, tiles, epoch, prev,
+                          prev_base, cap, &s_start);
 }
 
 __global__ void rows_kernel(int32_t *out, uint32_t rows, uint32_t per_req)
@@ -837,20 +961,29 @@ TopkJob topk_job(const kvr_gpu_topk_args_t *a)
     j.shift_v = log2_of(V);
     j.shift_iw = log2_of(a->interleave * a->dcp_size);
     j.shift_bs = log2_of(a->block_size);
+    j.entry_lim = j.shift_bs < 31 ? 1u << (31 - j.shift_bs) : 1u;
     j.own_mask = (a->dcp_size - 1) << j.shift_i;
     j.own_bits = a->rank << j.shift_i;
     return j;
 }
 
-/* Staged positions per row: K/W with KVR_TOPK_CAP_PCT headroom, at most
- * K and at most what TR_SMEM holds. */
-int32_t tile_cap(const kvr_gpu_topk_args_t *a)
+/* Staged positions per row, K/W with KVR_TOPK_CAP_PCT headroom and at
+ * most K, and how many slice sets a block keeps: two (deferred
+ * look-backs) when they fit with KVR_TOPK_TILE_MIN_BLOCKS blocks per SM,
+ * else one, the slice cut to what a block may take (rows owning more take
+ * the second read). */
+int32_t tile_cap(const kvr_gpu_decode_t *dec, const kvr_gpu_topk_args_t *a,
+                 uint32_t *bufs)
 {
     uint64_t cap = ((uint64_t)a->topk * KVR_TOPK_CAP_PCT / 100 + a->dcp_size - 1) /
                    a->dcp_size;
     cap = (cap + 31) / 32 * 32;
     cap = cap < a->topk ? cap : a->topk;
-    uint64_t most = TR_SMEM / (sizeof(int32_t) * TR_ROWS);
+    uint64_t row = sizeof(int32_t) * TR_ROWS;
+    uint64_t shared = dec->smem_sm / KVR_TOPK_TILE_MIN_BLOCKS;
+    shared = shared > 2048 ? shared - 2048 : 0; /* static and reserved */
+    *bufs = KVR_TOPK_DEFER && 2 * cap * row <= shared ? 2 : 1;
+    uint64_t most = dec->smem_block / row;
     return (int32_t)(cap < most ? cap : most);
 }
 
@@ -859,9 +992,10 @@ int32_t tile_cap(const kvr_gpu_topk_args_t *a)
 kvr_status_t launch_tiles(kvr_gpu_decode_t *dec, const TopkJob &j, bool pow2,
                           cudaStream_t s, kvr_error_t *err)
 {
-    int32_t cap = tile_cap(&j.a);
-    size_t smem = (size_t)TR_ROWS * cap * sizeof(int32_t);
-    void (*kernel)(const TopkJob, State *, uint64_t *, int32_t) =
+    uint32_t bufs = 1;
+    int32_t cap = tile_cap(dec, &j.a, &bufs);
+    size_t smem = (size_t)bufs * TR_ROWS * cap * sizeof(int32_t);
+    void (*kernel)(const TopkJob, State *, uint64_t *, int32_t, uint32_t) =
         pow2 ? topk_tile_kernel<true> : topk_tile_kernel<false>;
     uint64_t threads = (uint64_t)j.a.num_rows * 32; /* a warp per row */
     unsigned blocks = 0;
@@ -869,6 +1003,9 @@ kvr_status_t launch_tiles(kvr_gpu_decode_t *dec, const TopkJob &j, bool pow2,
                                      threads, &blocks, err);
     if (st != KVR_OK)
         return st;
+#ifdef KVR_TOPK_GRID_PCT
+    blocks = blocks * KVR_TOPK_GRID_PCT / 100 ? blocks * KVR_TOPK_GRID_PCT / 100 : 1;
+#endif
     cudaLaunchConfig_t cfg = {};
     cudaLaunchAttribute coop = {};
     coop.id = cudaLaunchAttributeCooperative;
@@ -880,7 +1017,7 @@ kvr_status_t launch_tiles(kvr_gpu_decode_t *dec, const TopkJob &j, bool pow2,
     cfg.attrs = &coop;
     cfg.numAttrs = 1;
     cudaError_t e = cudaLaunchKernelEx(&cfg, kernel, j, (State *)dec->mem,
-                                       scan_flags(dec->mem), cap);
+                                       scan_flags(dec->mem), cap, bufs);
     return kvr__cuda_status(e, "topk_tile_kernel", err);
 }
 
@@ -902,24 +1039,35 @@ extern "C" kvr_status_t kvr_gpu_decode_create(uint32_t max_rows,
         e = cudaMalloc(&dec->mem, bytes);
     if (e == cudaSuccess)
         e = cudaMemset(dec->mem, 0, bytes);
-    /* The row-tile kernels may take TR_SMEM of shared memory; prefer the
-     * largest shared-memory carveout so that several tiles fit per SM. */
+    /* The row-tile kernels may take all the shared memory a block may
+     * (less their static part); prefer the largest shared-memory carveout
+     * so that several tiles fit per SM. */
+    int optin = 0, per_sm = 0;
+    if (e == cudaSuccess)
+        e = cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin,
+                                   dec->device);
+    if (e == cudaSuccess)
+        e = cudaDeviceGetAttribute(&per_sm,
+                                   cudaDevAttrMaxSharedMemoryPerMultiprocessor,
+                                   dec->device);
+    dec->smem_block = optin > 1024 ? (uint32_t)optin - 1024 : 0;
+    dec->smem_sm = (uint32_t)per_sm;
     if (e == cudaSuccess)
         e = cudaFuncSetAttribute(topk_tile_kernel<true>,
                                  cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                 (int)TR_SMEM);
+                                 (int)dec->smem_block);
     if (e == cudaSuccess)
         e = cudaFuncSetAttribute(topk_tile_kernel<false>,
                                  cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                 (int)TR_SMEM);
+                                 (int)dec->smem_block);
     if (e == cudaSuccess)
         e = cudaFuncSetAttribute(topk_tile_kernel<true>,
                                  cudaFuncAttributePreferredSharedMemoryCarveout,
-                                 cudaSharedmemCarveoutMaxShared);
+                                 KVR_TOPK_CARVEOUT);
     if (e == cudaSuccess)
         e = cudaFuncSetAttribute(topk_tile_kernel<false>,
                                  cudaFuncAttributePreferredSharedMemoryCarveout,
-                                 cudaSharedmemCarveoutMaxShared);
+                                 KVR_TOPK_CARVEOUT);
     if (e == cudaSuccess)
         e = cudaMallocHost((void **)&dec->host_fault, sizeof(kvr__fault_t));
     if (e != cudaSuccess) {

@@ -134,6 +134,49 @@ static void check_topk_fault(kvr_gpu_decode_t *dec, uint64_t *rng)
     topk_case_free(&t);
 }
 
+/* A poisoned block-table entry under an owned candidate: `bad` negative
+ * (a block fault) or so large that the slot passes INT32_MAX (a slot
+ * fault). Several candidates may sit on the entry, so the GPU may report
+ * another one than the reference: the check is that the reported row and
+ * column hold an owned candidate on that entry. */
+static void check_topk_table_fault(kvr_gpu_decode_t *dec, uint64_t *rng,
+                                   uint32_t W, int32_t bad)
+{
+    topk_shape_t s = {KVR_GPU_STEP_VERIFY, 5, 2, 0, 300, W, 2, 16, 1, 10, 0};
+    topk_case_t t;
+    topk_case_make(&t, &s, rng);
+    const int32_t *idx = t.a.token_indices;
+    int32_t *table = (int32_t *)t.a.block_table;
+    uint64_t V = (uint64_t)s.bs * W, at = UINT64_MAX;
+    for (uint64_t c = 0; c < t.cells && at == UINT64_MAX; c++)
+        if (idx[c] >= 0 && (uint32_t)idx[c] / s.I % W == s.rank)
+            at = (uint64_t)t.a.token_to_seq[c / s.K] * t.a.max_blocks +
+                 (uint64_t)idx[c] / V;
+    CHECK(at != UINT64_MAX, "no owned candidate in the fault case");
+    table[at] = bad;
+    kvr_error_t want = {0}, got = {0};
+    CHECK(kvr_gpu_topk_filter_ref(&t.a, &want) == KVR_ERR_INVALID, "ref ok?");
+    kvr_gpu_topk_args_t d = topk_device(&t);
+    CHECK_KVR(kvr_gpu_topk_filter(dec, &d, NULL, &err));
+    CHECK(kvr_gpu_decode_check(dec, NULL, &got) == KVR_ERR_INVALID,
+          "no fault for entry %d", bad);
+    int row = -1, col = -1, value = 0;
+    int n = bad < 0 ? sscanf(got.msg, "row %d column %d: block-table entry %d",
+                             &row, &col, &value)
+                    : sscanf(got.msg, "top-k row %d column %d: the slot in block %d",
+                             &row, &col, &value);
+    CHECK(n == 3 && value == bad && row >= 0 && (uint32_t)row < t.a.num_rows &&
+              col >= 0 && (uint32_t)col < s.K,
+          "GPU fault \"%s\", reference \"%s\"", got.msg, want.msg);
+    int32_t g = idx[(uint64_t)row * s.K + (uint32_t)col];
+    CHECK(g >= 0 && (uint32_t)g / s.I % W == s.rank &&
+              (uint64_t)t.a.token_to_seq[row] * t.a.max_blocks + (uint32_t)g / V == at,
+          "GPU fault \"%s\" names a candidate off the poisoned entry", got.msg);
+    CHECK_KVR(kvr_gpu_decode_check(dec, NULL, &err));
+    free_topk(&d);
+    topk_case_free(&t);
+}
+
 static void check_topk_all(void)
 {
     static const uint32_t WS[] = {1, 2, 3, 4, 8}, IS[] = {1, 4, 64, 2};
@@ -169,8 +212,12 @@ static void check_topk_all(void)
     check_topk(dec, &many, &rng, 1);
     n++;
     check_topk_fault(dec, &rng);
+    for (uint32_t W = 3; W <= 4; W++) { /* the general and the POW2 kernel */
+        check_topk_table_fault(dec, &rng, W, -7);
+        check_topk_table_fault(dec, &rng, W, INT32_MAX / 16 + 1);
+    }
     kvr_gpu_decode_destroy(dec);
-    printf("top-k: %d cases\n", n + 2);
+    printf("top-k: %d cases\n", n + 6);
 }
 
 static void check_rows(void)
