@@ -187,12 +187,7 @@ __device__ unsigned long long flag_word(uint32_t epoch, uint32_t state,
  * (a point faster at 16384 rows and more); at most TR_ROWS, so that they
  * still fit in max_rows slots. */
 #ifndef KVR_TOPK_FLAG_STRIDE
-#define KVR_TOPK_FLAG_STRIDE KVR_TOPK_ROWS /* 64 bytes apart at 8 rows */
-#endif
-/* Flags each lane reads per look-back step after the first (row-tile
- * kernel). */
-#ifndef KVR_TOPK_FAR_FLAGS_PER_LANE
-#define KVR_TOPK_FAR_FLAGS_PER_LANE 1
+#define KVR_TOPK_FLAG_STRIDE KVR_TOPK_ROWS /* 128 bytes apart at 16 rows */
 #endif
 #ifndef KVR_TOPK_SPIN_NS
 #define KVR_TOPK_SPIN_NS 32 /* first back-off of a look-back poll */
@@ -251,11 +246,7 @@ __device__ uint32_t window_sum(unsigned long long *f, int64_t end,
 
 /* Decoupled look-back by one warp: publish this row's count, add up the
  * windows before it back to the nearest inclusive prefix, publish ours.
- * Returns the sum of the rows before `row`. The first window is FPL * 32
- * flags; the ones after it FAR * 32: once the nearest rows have published,
- * the older ones almost always have, so reading them wide costs one round
- * trip where 32-flag steps cost one per step (at 4096 rows in 8-row tiles,
- * 16 steps for the last tile), and a wide window is rarely polled twice. */
+ * Returns the sum of the rows before `row`. */
 template <int STRIDE>
 __device__ void publish_count(uint64_t *flags, uint32_t row, uint32_t epoch,
                               uint32_t count)
@@ -268,7 +259,7 @@ __device__ void publish_count(uint64_t *flags, uint32_t row, uint32_t epoch,
 }
 
 /* The look-back proper, once publish_count has published `count`. */
-template <int FPL, int STRIDE, int FAR = FPL>
+template <int FPL, int STRIDE>
 __device__ uint32_t resolve_prefix(uint64_t *flags, uint32_t row,
                                    uint32_t epoch, uint32_t count)
 {
@@ -276,10 +267,8 @@ __device__ uint32_t resolve_prefix(uint64_t *flags, uint32_t row,
     uint32_t lane = threadIdx.x & 31;
     uint32_t prefix = 0;
     bool found = row == 0;
-    if (!found)
-        prefix = window_sum<FPL, STRIDE>(f, row, epoch, &found);
-    for (int64_t end = (int64_t)row - 32 * FPL; !found; end -= 32 * FAR)
-        prefix += window_sum<FAR, STRIDE>(f, end, epoch, &found);
+    for (int64_t end = row; !found; end -= 32 * FPL)
+        prefix += window_sum<FPL, STRIDE>(f, end, epoch, &found);
     if (lane == 0 && row > 0)
         flag_ref(f[row * STRIDE])
             .store(flag_word(epoch, FLAG_INCLUSIVE, prefix + count),
@@ -287,12 +276,12 @@ __device__ uint32_t resolve_prefix(uint64_t *flags, uint32_t row,
     return prefix;
 }
 
-template <int FPL, int STRIDE, int FAR = FPL>
+template <int FPL, int STRIDE>
 __device__ uint32_t look_back(uint64_t *flags, uint32_t row, uint32_t epoch,
                               uint32_t count)
 {
     publish_count<STRIDE>(flags, row, epoch, count);
-    return resolve_prefix<FPL, STRIDE, FAR>(flags, row, epoch, count);
+    return resolve_prefix<FPL, STRIDE>(flags, row, epoch, count);
 }
 
 /* Compacts the columns of this thread's owned candidates in shared memory
@@ -399,27 +388,29 @@ __global__ void __launch_bounds__(TK_THREADS, KVR_TOPK_MIN_BLOCKS)
  * A warp reads its row in striped int4 loads (lane L reads vector L,
  * L + 32, ...: each load instruction covers 512 contiguous bytes), keeps
  * the positions this rank owns and compacts them in candidate order into
- * its slice of shared memory, with a ballot per vector element. The slice
- * holds `cap` positions, sized from K/W with headroom rather than K (3 KB
- * instead of 8 KB at K = 2048, W = 4), so that registers, not shared
- * memory, bound the rows resident: 32 per SM, 4224 on an H200. A row that
- * owns more (a skewed row, or a slice cut to fit) writes the rest by
- * reading the row again. Warp 0 adds up the tile's counts and looks back
- * over tiles, 32 flags per round trip (wider windows measured slower: the
- * polls of hundreds of waiting tiles crowd L2); each warp then converts
- * its staged positions to slots and writes them contiguously. With POW2
- * (I, W and bs powers of two) the owner test and the slot are masks and
- * shifts.
+ * its slice of shared memory, with a ballot per vector element and no
+ * branch but the store's. The slice holds `cap` positions, sized from K/W
+ * with headroom rather than K (3 KB instead of 8 KB at K = 2048, W = 4),
+ * so that registers, not shared memory, bound the rows resident: 32 per
+ * SM, 4224 on an H200. A row that owns more (a skewed row, or a slice cut
+ * to fit) writes the rest by reading the row again. Warp 0 publishes the
+ * tile's count and, after the block has staged its next tile (the slices
+ * are double-buffered when they fit), looks back over tiles, 32 flags per
+ * round trip (wider windows measured slower: the polls of hundreds of
+ * waiting tiles crowd L2); each warp then converts its staged positions
+ * to slots and writes them contiguously. With POW2 (I, W and bs powers of
+ * two) the owner test and the slot are masks and shifts.
  *
  * Knobs (bench/gpu/run.sh TUNE=...; docs/gpu.md has the measurements):
  * KVR_TOPK_ROWS rows per tile, KVR_TOPK_UNROLL int4 loads per lane in
  * flight, KVR_TOPK_WRITE_UNROLL block-table loads per lane in flight when
  * writing, KVR_TOPK_CAP_PCT the slice as a percentage of K/W,
  * KVR_TOPK_TILE_FLAGS_PER_LANE the look-back window / 32,
- * KVR_TOPK_FLAG_STRIDE and KVR_TOPK_SPIN_NS the flags' spacing and first
- * back-off, KVR_TOPK_DIAG_NO_LOOKBACK 1: no look-back at all (wrong output;
- * it times the rest), KVR_TOPK_TILE 0: the one-row-per-block kernel for
- * every shape. */
+ * KVR_TOPK_FLAG_STRIDE, KVR_TOPK_SPIN_NS and KVR_TOPK_SPIN_STEPS the
+ * flags' spacing, first back-off and its doublings, KVR_TOPK_DEFER 0: look
+ * back right after staging, KVR_TOPK_DIAG_NO_LOOKBACK 1: no look-back at
+ * all (wrong output; it times the rest), KVR_TOPK_TILE 0: the
+ * one-row-per-block kernel for every shape. */
 #ifndef KVR_TOPK_TILE
 #define KVR_TOPK_TILE 1 /* 0: every launch takes topk_kernel (for comparisons) */
 #endif
@@ -431,15 +422,6 @@ __global__ void __launch_bounds__(TK_THREADS, KVR_TOPK_MIN_BLOCKS)
 #endif
 #ifndef KVR_TOPK_WRITE_UNROLL
 #define KVR_TOPK_WRITE_UNROLL 4 /* block-table loads in flight per lane */
-#endif
-#ifndef KVR_TOPK_NOALLOC
-#define KVR_TOPK_NOALLOC 0
-#endif
-#ifndef KVR_TOPK_TABLE_PREFETCH
-#define KVR_TOPK_TABLE_PREFETCH 0
-#endif
-#ifndef KVR_TOPK_CARVEOUT
-#define KVR_TOPK_CARVEOUT cudaSharedmemCarveoutMaxShared
 #endif
 #ifndef KVR_TOPK_CAP_PCT
 #define KVR_TOPK_CAP_PCT 150
@@ -560,15 +542,7 @@ __device__ __forceinline__ void tile_load(const int4 *p, uint32_t n4,
 #pragma unroll
     for (int u = 0; u < N; u++) {
         uint32_t c = c0 + u * 32 + lane;
-#if KVR_TOPK_NOALLOC
-        x[u] = make_int4(-1, -1, -1, -1);
-        if (c < n4)
-            asm("ld.global.nc.L1::no_allocate.v4.s32 {%0, %1, %2, %3}, [%4];"
-                : "=r"(x[u].x), "=r"(x[u].y), "=r"(x[u].z), "=r"(x[u].w)
-                : "l"(p + c));
-#else
         x[u] = c < n4 ? __ldg(p + c) : make_int4(-1, -1, -1, -1);
-#endif
     }
 }
 
@@ -729,13 +703,6 @@ __device__ TileRow tile_stage(const TopkJob &j, kvr__fault_t *f, uint32_t tile,
                 record(f, KVR__FAULT_SEQ, (int32_t)t.row, -1, t.req);
             t.req = -1;
         } else {
-#if KVR_TOPK_TABLE_PREFETCH
-            const int32_t *tb = j.a.block_table + (uint64_t)t.req * j.a.max_blocks;
-            if (lane * 32 < j.a.max_blocks + 31) {
-                uint32_t at = lane * 32 < j.a.max_blocks ? lane * 32 : j.a.max_blocks - 1;
-                asm volatile("prefetch.global.L1 [%0];" ::"l"(tb + at));
-            }
-#endif
             t.count = tile_stage_row<POW2>(j, t.row, base, cap, f);
         }
     }
@@ -783,9 +750,8 @@ __device__ void tile_finish(const TopkJob &j, State *st, uint64_t *flags,
         uint32_t start = tile * (uint32_t)t.total;
 #else
         uint32_t start =
-            resolve_prefix<KVR_TOPK_TILE_FLAGS_PER_LANE, KVR_TOPK_FLAG_STRIDE,
-                           KVR_TOPK_FAR_FLAGS_PER_LANE>(flags, tile, epoch,
-                                                        (uint32_t)t.total);
+            resolve_prefix<KVR_TOPK_TILE_FLAGS_PER_LANE, KVR_TOPK_FLAG_STRIDE>(
+                flags, tile, epoch, (uint32_t)t.total);
 #endif
         if (threadIdx.x == 0) {
             *s_start = start;
@@ -799,17 +765,17 @@ __device__ void tile_finish(const TopkJob &j, State *st, uint64_t *flags,
     tile_write<POW2>(j, &st->fault, t, *s_start, base, cap);
 }
 
-/* Block b stages tiles b, b + grid, ... and publishes each tile's count as
- * soon as it is staged, but looks back for a tile only after staging the
- * next one (KVR_TOPK_DEFER, when two slice sets fit: bufs == 2), from
- * the other set of its double-buffered slices: by then the tiles before it have published, so the look-back
- * rarely waits, and the block's loads are not held up by it. Shared
- * counts are double-buffered too: a tile's are rewritten two tiles later,
- * after a barrier of tile_finish. s_start is written by warp 0 only after
- * the barrier of the next staging, which every warp reaches after its
- * last read. Deadlock-free because the grid is resident (a cooperative
- * launch) and every tile publishes before its block waits on anything
- * later than the tile before it. */
+/* Block b stages tiles b, b + grid, ... in turn and publishes each
+ * tile's count as soon as it is staged, but looks back for a tile only
+ * after staging the next one (KVR_TOPK_DEFER, when two slice sets fit: bufs == 2), from the
+ * other set of its double-buffered slices: by then the tiles before it
+ * have published, so the look-back rarely waits, and the block's loads
+ * are not held up by it. Shared counts are double-buffered too: a tile's
+ * are rewritten two tiles later, after a barrier of tile_finish. s_start
+ * is written by warp 0 only after the barrier of the next staging, which
+ * every warp reaches after its last read. Deadlock-free because the grid
+ * is resident (a cooperative launch) and every tile publishes before its
+ * block waits on anything. */
 template <bool POW2>
 __global__ void __launch_bounds__(TR_THREADS, KVR_TOPK_TILE_MIN_BLOCKS)
     topk_tile_kernel(const TopkJob j, State *st, uint64_t *flags, int32_t cap,
@@ -1003,9 +969,6 @@ kvr_status_t launch_tiles(kvr_gpu_decode_t *dec, const TopkJob &j, bool pow2,
                                      threads, &blocks, err);
     if (st != KVR_OK)
         return st;
-#ifdef KVR_TOPK_GRID_PCT
-    blocks = blocks * KVR_TOPK_GRID_PCT / 100 ? blocks * KVR_TOPK_GRID_PCT / 100 : 1;
-#endif
     cudaLaunchConfig_t cfg = {};
     cudaLaunchAttribute coop = {};
     coop.id = cudaLaunchAttributeCooperative;
@@ -1063,11 +1026,11 @@ extern "C" kvr_status_t kvr_gpu_decode_create(uint32_t max_rows,
     if (e == cudaSuccess)
         e = cudaFuncSetAttribute(topk_tile_kernel<true>,
                                  cudaFuncAttributePreferredSharedMemoryCarveout,
-                                 KVR_TOPK_CARVEOUT);
+                                 cudaSharedmemCarveoutMaxShared);
     if (e == cudaSuccess)
         e = cudaFuncSetAttribute(topk_tile_kernel<false>,
                                  cudaFuncAttributePreferredSharedMemoryCarveout,
-                                 KVR_TOPK_CARVEOUT);
+                                 cudaSharedmemCarveoutMaxShared);
     if (e == cudaSuccess)
         e = cudaMallocHost((void **)&dec->host_fault, sizeof(kvr__fault_t));
     if (e != cudaSuccess) {
