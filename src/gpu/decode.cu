@@ -526,6 +526,25 @@ __device__ __forceinline__ int32_t tile_slot(const TopkJob &j, uint32_t g,
     return (int32_t)slot;
 }
 
+/* If `live`, writes owned position g's slot to out[i] (-1 for a bad
+ * block-table entry e), keeping the lane's first bad one in *first and
+ * *first_entry for tile_slot_fault after the loop. (`live` rather than a
+ * branch around the call keeps the unrolled write loop predicated.) */
+template <bool POW2>
+__device__ __forceinline__ void tile_put_slot(const TopkJob &j, uint32_t g,
+                                              int32_t e, bool live, int32_t *out,
+                                              int32_t i, int32_t *first,
+                                              int32_t *first_entry)
+{
+    bool bad;
+    int32_t slot = tile_slot<POW2>(j, g, e, &bad);
+    if (live)
+        out[i] = bad ? -1 : slot;
+    bool note = live && bad && *first < 0;
+    *first = note ? i : *first;
+    *first_entry = note ? e : *first_entry;
+}
+
 template <bool POW2>
 __device__ __forceinline__ uint32_t tile_block(const TopkJob &j, uint32_t g)
 {
@@ -556,10 +575,11 @@ __device__ __forceinline__ void int4_parts(int4 x, int32_t (&v)[4])
 
 /* Walks a row's owned positions in candidate order, N int4 per lane in
  * flight, calling sink(v, pos, owned) for each candidate, pos the index
- * among the row's owned ones that v has if owned; returns how many. The loop has no branch but the sink's:
- * bad positions only set this lane's *bad, and the caller records them
- * after the row (a fault branch per candidate made the loop three times
- * longer, and the kernel issue-bound). */
+ * among the row's owned ones that v has if owned; returns how many. The
+ * loop has no branch but the sink's: bad positions only set this lane's
+ * *bad, and the caller records them after the row (a fault branch per
+ * candidate made the loop three times longer, and the kernel
+ * issue-bound). */
 template <bool POW2, int N, typename Sink>
 __device__ __forceinline__ int32_t tile_scan_row(const TopkJob &j, uint32_t row,
                                                  bool *bad, Sink sink)
@@ -640,13 +660,8 @@ __device__ void tile_write_staged(const TopkJob &j, const int32_t *table,
 #pragma unroll
         for (int u = 0; u < U; u++) {
             int32_t i = i0 + u * 32 + lane;
-            bool bad;
-            int32_t slot = tile_slot<POW2>(j, g[u], e[u], &bad);
-            if (i < n)
-                out[i] = bad ? -1 : slot;
-            bool note = bad && i < n && first < 0;
-            first = note ? i : first;
-            first_entry = note ? e[u] : first_entry;
+            tile_put_slot<POW2>(j, g[u], e[u], i < n, out, i, &first,
+                                &first_entry);
         }
     }
     if (first >= 0)
@@ -667,15 +682,10 @@ __device__ void tile_write_rest(const TopkJob &j, const int32_t *table,
      * registers that pass one's loads hold. */
     tile_scan_row<POW2, 1>(j, row, &bad_pos, [&](int32_t v, int32_t pos,
                                                  bool owned) {
-        if (owned && pos >= cap) {
-            int32_t e = __ldg(table + tile_block<POW2>(j, (uint32_t)v));
-            bool bad;
-            int32_t slot = tile_slot<POW2>(j, (uint32_t)v, e, &bad);
-            out[pos] = bad ? -1 : slot;
-            bool note = bad && first < 0;
-            first = note ? pos : first;
-            first_entry = note ? e : first_entry;
-        }
+        if (owned && pos >= cap)
+            tile_put_slot<POW2>(j, (uint32_t)v,
+                                __ldg(table + tile_block<POW2>(j, (uint32_t)v)),
+                                true, out, pos, &first, &first_entry);
     });
     if (first >= 0)
         tile_slot_fault<POW2>(j, f, first_entry, row, first);
@@ -767,15 +777,15 @@ __device__ void tile_finish(const TopkJob &j, State *st, uint64_t *flags,
 
 /* Block b stages tiles b, b + grid, ... in turn and publishes each
  * tile's count as soon as it is staged, but looks back for a tile only
- * after staging the next one (KVR_TOPK_DEFER, when two slice sets fit: bufs == 2), from the
- * other set of its double-buffered slices: by then the tiles before it
- * have published, so the look-back rarely waits, and the block's loads
- * are not held up by it. Shared counts are double-buffered too: a tile's
- * are rewritten two tiles later, after a barrier of tile_finish. s_start
- * is written by warp 0 only after the barrier of the next staging, which
- * every warp reaches after its last read. Deadlock-free because the grid
- * is resident (a cooperative launch) and every tile publishes before its
- * block waits on anything. */
+ * after staging the next one (KVR_TOPK_DEFER, when two slice sets fit:
+ * bufs == 2), from the other set of its double-buffered slices: by
+ * then the tiles before it have published, so the look-back rarely
+ * waits, and the block's loads are not held up by it. Shared counts are
+ * double-buffered too: a tile's are rewritten two tiles later, after a
+ * barrier of tile_finish. s_start is written by warp 0 only after the
+ * barrier of the next staging, which every warp reaches after its last
+ * read. Deadlock-free because the grid is resident (a cooperative launch)
+ * and every tile publishes before its block waits on anything. */
 template <bool POW2>
 __global__ void __launch_bounds__(TR_THREADS, KVR_TOPK_TILE_MIN_BLOCKS)
     topk_tile_kernel(const TopkJob j, State *st, uint64_t *flags, int32_t cap,
