@@ -619,8 +619,8 @@ int main(int argc, char **argv)
     if (!relayout_only) {
         double copy_gbps = copy_ceiling();
         fprintf(js, "  \"topk\": [");
-        static const uint32_t ROWS[] = {4096, 16384, 65536};
-        for (int i = 0; i < 3; i++)
+        static const uint32_t ROWS[] = {4096, 16384, 32768, 65536};
+        for (int i = 0; i < 4; i++)
             bench_topk(ROWS[i], 1, copy_gbps, i == 0);
         bench_topk(4096, 64, copy_gbps, 0);
         fprintf(js, "],\n");

@@ -408,8 +408,10 @@ __global__ void __launch_bounds__(TK_THREADS, KVR_TOPK_MIN_BLOCKS)
  * KVR_TOPK_TILE_FLAGS_PER_LANE the look-back window / 32,
  * KVR_TOPK_FLAG_STRIDE, KVR_TOPK_SPIN_NS and KVR_TOPK_SPIN_STEPS the
  * flags' spacing, first back-off and its doublings, KVR_TOPK_DEFER 0: look
- * back right after staging, KVR_TOPK_DIAG_NO_LOOKBACK 1: no look-back at
- * all (wrong output; it times the rest), KVR_TOPK_TILE 0: the
+ * back right after staging, KVR_TOPK_PERSIST_WAVES the most waves of tiles
+ * that take a persistent grid, KVR_TOPK_COOP_ALWAYS 1: cooperative
+ * launches for one-tile grids too, KVR_TOPK_DIAG_NO_LOOKBACK 1: no
+ * look-back at all (wrong output; it times the rest), KVR_TOPK_TILE 0: the
  * one-row-per-block kernel for every shape. */
 #ifndef KVR_TOPK_TILE
 #define KVR_TOPK_TILE 1 /* 0: every launch takes topk_kernel (for comparisons) */
@@ -431,6 +433,12 @@ __global__ void __launch_bounds__(TK_THREADS, KVR_TOPK_MIN_BLOCKS)
 #endif
 #ifndef KVR_TOPK_DEFER
 #define KVR_TOPK_DEFER 1 /* look back for a tile after staging the next */
+#endif
+#ifndef KVR_TOPK_PERSIST_WAVES
+#define KVR_TOPK_PERSIST_WAVES 6 /* see launch_tiles */
+#endif
+#ifndef KVR_TOPK_COOP_ALWAYS
+#define KVR_TOPK_COOP_ALWAYS 0 /* 1: cooperative launches for one-tile grids too */
 #endif
 constexpr int TR_ROWS = KVR_TOPK_ROWS, TR_THREADS = 32 * TR_ROWS;
 /* The widest rows the row tiles serve. */
@@ -784,8 +792,10 @@ __device__ void tile_finish(const TopkJob &j, State *st, uint64_t *flags,
  * double-buffered too: a tile's are rewritten two tiles later, after a
  * barrier of tile_finish. s_start is written by warp 0 only after the
  * barrier of the next staging, which every warp reaches after its last
- * read. Deadlock-free because the grid is resident (a cooperative launch)
- * and every tile publishes before its block waits on anything. */
+ * read. Deadlock-free because every tile publishes before its block waits
+ * on anything, and the tiles a block waits for are resident or done: a
+ * persistent grid is resident (a cooperative launch), and a grid of one
+ * tile per block waits only for blocks of lower index (launch_tiles). */
 template <bool POW2>
 __global__ void __launch_bounds__(TR_THREADS, KVR_TOPK_TILE_MIN_BLOCKS)
     topk_tile_kernel(const TopkJob j, State *st, uint64_t *flags, int32_t cap,
@@ -963,8 +973,19 @@ int32_t tile_cap(const kvr_gpu_decode_t *dec, const kvr_gpu_topk_args_t *a,
     return (int32_t)(cap < most ? cap : most);
 }
 
-/* The row-tile kernel on a persistent grid: one block per tile, at most as
- * many as are resident at once, launched cooperatively so that they are. */
+/* The row-tile kernel: a persistent grid of as many blocks as fit while
+ * the tiles take 2 to KVR_TOPK_PERSIST_WAVES waves of them, else one block
+ * per tile. On an H200 at K = 2048 the persistent grid's deferred
+ * look-backs win at 3.9 waves (16384 rows, 63.7 against 62.4 % of the
+ * copy ceiling) and lose at 7.8 (67.4 against 68.8 %) and 15.5 (69.5
+ * against 73.1 %), where blocks that retire and start overlap better.
+ * A block waits only for earlier tiles. While every block takes one tile,
+ * those are blocks of lower index, started before it (blocks start in
+ * index order, as CUB's single-pass scans assume), so an ordinary launch
+ * is safe; a persistent grid, whose blocks also wait for tiles that blocks
+ * of higher index took, is launched cooperatively, so that all its blocks
+ * are resident. (A cooperative launch costs about 0.9 us on an H200, a
+ * twentieth of the kernel at 4096 rows.) */
 kvr_status_t launch_tiles(kvr_gpu_decode_t *dec, const TopkJob &j, bool pow2,
                           cudaStream_t s, kvr_error_t *err)
 {
@@ -974,11 +995,19 @@ kvr_status_t launch_tiles(kvr_gpu_decode_t *dec, const TopkJob &j, bool pow2,
     void (*kernel)(const TopkJob, State *, uint64_t *, int32_t, uint32_t) =
         pow2 ? topk_tile_kernel<true> : topk_tile_kernel<false>;
     uint64_t threads = (uint64_t)j.a.num_rows * 32; /* a warp per row */
+    uint32_t tiles = (j.a.num_rows + TR_ROWS - 1) / TR_ROWS;
     unsigned blocks = 0;
     kvr_status_t st = kvr__grid_size((const void *)kernel, TR_THREADS, smem,
                                      threads, &blocks, err);
     if (st != KVR_OK)
         return st;
+    bool persist = blocks < tiles &&
+                   tiles <= (uint64_t)KVR_TOPK_PERSIST_WAVES * blocks;
+    if (!persist) { /* a tile per block: nothing to defer */
+        blocks = tiles;
+        bufs = 1;
+        smem = (size_t)TR_ROWS * cap * sizeof(int32_t);
+    }
     cudaLaunchConfig_t cfg = {};
     cudaLaunchAttribute coop = {};
     coop.id = cudaLaunchAttributeCooperative;
@@ -988,7 +1017,7 @@ kvr_status_t launch_tiles(kvr_gpu_decode_t *dec, const TopkJob &j, bool pow2,
     cfg.dynamicSmemBytes = smem;
     cfg.stream = s;
     cfg.attrs = &coop;
-    cfg.numAttrs = 1;
+    cfg.numAttrs = persist || KVR_TOPK_COOP_ALWAYS ? 1 : 0;
     cudaError_t e = cudaLaunchKernelEx(&cfg, kernel, j, (State *)dec->mem,
                                        scan_flags(dec->mem), cap, bufs);
     return kvr__cuda_status(e, "topk_tile_kernel", err);

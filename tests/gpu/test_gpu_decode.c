@@ -186,7 +186,7 @@ static void check_topk_all(void)
                                            KVR_GPU_STEP_DRAFT};
     uint64_t rng = 0x746f706bull;
     kvr_gpu_decode_t *dec = NULL;
-    CHECK_KVR(kvr_gpu_decode_create(8192, &dec, &err));
+    CHECK_KVR(kvr_gpu_decode_create(40000, &dec, &err));
     int n = 0;
     for (int i = 0; i < 240; i++, n++) {
         topk_shape_t s = {STEPS[i % 3], 1 + rng_below(&rng, 200), 1, 0,
@@ -210,7 +210,11 @@ static void check_topk_all(void)
      * blocks take several tiles each. */
     topk_shape_t many = {KVR_GPU_STEP_DECODE, 8192, 1, 0, 128, 8, 4, 16, 5, 10, 20};
     check_topk(dec, &many, &rng, 1);
-    n++;
+    /* More than KVR_TOPK_PERSIST_WAVES waves of tiles on an H200: one
+     * block per tile again. */
+    topk_shape_t waves = {KVR_GPU_STEP_DECODE, 40000, 1, 0, 16, 2, 1, 16, 1, 10, 20};
+    check_topk(dec, &waves, &rng, 1);
+    n += 2;
     check_topk_fault(dec, &rng);
     for (uint32_t W = 3; W <= 4; W++) { /* the general and the POW2 kernel */
         check_topk_table_fault(dec, &rng, W, -7);
