@@ -462,9 +462,9 @@ static void op_copy(void *ctx)
 
 /* rows decode rows, one request each, K candidates below seq_len, 5% -1. */
 static void topk_inputs(kvr_gpu_topk_args_t *h, uint32_t rows, uint32_t K,
-                        uint32_t I)
+                        uint32_t I, uint32_t dcp)
 {
-    uint32_t max_blocks = 64, seq = max_blocks * BS * W;
+    uint32_t max_blocks = 64, seq = max_blocks * BS * dcp;
     int32_t *idx = xmalloc((size_t)rows * K * 4), *map = xmalloc(rows * 4);
     int32_t *table = xmalloc((size_t)rows * max_blocks * 4);
     for (size_t i = 0; i < (size_t)rows * K; i++) {
@@ -476,7 +476,7 @@ static void topk_inputs(kvr_gpu_topk_args_t *h, uint32_t rows, uint32_t K,
     for (size_t i = 0; i < (size_t)rows * max_blocks; i++)
         table[i] = (int32_t)(rng_next() % (1u << 20));
     *h = (kvr_gpu_topk_args_t){idx, map, table, rows, K, rows, max_blocks, 0,
-                               W, BS, I, xmalloc((size_t)rows * K * 4),
+                               dcp, BS, I, xmalloc((size_t)rows * K * 4),
                                (uint64_t)rows * K, xmalloc((rows + 1) * 4),
                                xmalloc(rows * 4)};
 }
@@ -504,12 +504,13 @@ static int topk_verify(const kvr_gpu_topk_args_t *h, const kvr_gpu_topk_args_t *
     return ok;
 }
 
-static void bench_topk(uint32_t rows, uint32_t I, double copy_gbps, int first)
+static void bench_topk(uint32_t rows, uint32_t I, uint32_t dcp,
+                       double copy_gbps, int first)
 {
     const uint32_t K = 2048;
     topk_bench_t t = {0};
     kvr_gpu_topk_args_t h;
-    topk_inputs(&h, rows, K, I);
+    topk_inputs(&h, rows, K, I, dcp);
     CUDA_OK(cudaSetDevice(0));
     CUDA_OK(cudaStreamCreateWithFlags(&t.s, cudaStreamNonBlocking));
     KVR_OK_OR_DIE(kvr_gpu_decode_create(rows, &t.dec, &err));
@@ -532,17 +533,17 @@ static void bench_topk(uint32_t rows, uint32_t I, double copy_gbps, int first)
     t.copy_dst = upload(NULL, t.copy_bytes);
     stat_t same = time_op(0, t.s, op_copy, &t, 200);
     double gbps = bytes / (st.med * 1e6);
-    fprintf(js, "%s\n    {\"rows\": %u, \"topk\": %u, \"dcp_size\": %d, "
+    fprintf(js, "%s\n    {\"rows\": %u, \"topk\": %u, \"dcp_size\": %u, "
             "\"interleave\": %u, \"block_size\": %d, \"owned\": %llu, "
             "\"bytes_read_written\": %.0f, \"median_ms\": %.5f, \"min_ms\": %.5f, "
             "\"max_ms\": %.5f, \"runs\": %d, \"GBps\": %.1f, \"correct\": %s, "
             "\"same_bytes_copy_ms\": %.5f, \"same_bytes_copy_GBps\": %.1f, "
             "\"vs_copy_ceiling\": %.4f, \"vs_same_bytes_copy\": %.4f}",
-            first ? "" : ",", rows, K, W, I, BS, (unsigned long long)owned, bytes,
+            first ? "" : ",", rows, K, dcp, I, BS, (unsigned long long)owned, bytes,
             st.med, st.min, st.max, st.runs, gbps, ok ? "true" : "false", same.med,
             bytes / (same.med * 1e6), gbps / copy_gbps, same.med / st.med);
-    printf("  top-k rows %6u I %2u: %.4f ms %7.1f GB/s = %5.1f%% of copy ceiling "
-           "(same-bytes copy %.4f ms)%s\n", rows, I, st.med, gbps,
+    printf("  top-k rows %6u I %2u W %u: %.4f ms %7.1f GB/s = %5.1f%% of copy "
+           "ceiling (same-bytes copy %.4f ms)%s\n", rows, I, dcp, st.med, gbps,
            100 * gbps / copy_gbps, same.med, ok ? "" : "  WRONG");
     cudaFree((void *)t.d.token_indices);
     cudaFree((void *)t.d.token_to_seq);
@@ -621,8 +622,13 @@ int main(int argc, char **argv)
         fprintf(js, "  \"topk\": [");
         static const uint32_t ROWS[] = {4096, 16384, 32768, 65536};
         for (int i = 0; i < 4; i++)
-            bench_topk(ROWS[i], 1, copy_gbps, i == 0);
-        bench_topk(4096, 64, copy_gbps, 0);
+            bench_topk(ROWS[i], 1, W, copy_gbps, i == 0);
+        bench_topk(4096, 64, W, copy_gbps, 0);
+        static const uint32_t DCP[] = {1, 2, 8}; /* other widths */
+        for (int i = 0; i < 3; i++) {
+            bench_topk(4096, 1, DCP[i], copy_gbps, 0);
+            bench_topk(65536, 1, DCP[i], copy_gbps, 0);
+        }
         fprintf(js, "],\n");
     }
     fprintf(js, "  \"relayout\": [");

@@ -10,7 +10,6 @@ struct kvr_gpu_decode {
     void *mem;                 /* State, then max_rows scan flags */
     kvr__fault_t *host_fault;  /* pinned mirror for kvr_gpu_decode_check */
     uint32_t smem_block;       /* dynamic shared memory a row tile may take */
-    uint32_t smem_sm;          /* shared memory per SM */
 };
 
 namespace {
@@ -380,12 +379,8 @@ __global__ void __launch_bounds__(TK_THREADS, KVR_TOPK_MIN_BLOCKS)
 }
 
 /* ---- Row tiles: the path for rows that can be read 16 bytes at a time.
- * Tile t is rows [t * TR_ROWS, (t + 1) * TR_ROWS), one warp per row. The
- * grid is persistent: as many blocks as fit on the device at once (a
- * cooperative launch guarantees they are all resident), block b taking
- * tiles b, b + grid, ... in order, so 4096 rows run as one wave and a tile
- * waiting in its look-back never waits for a block that has not started.
- * A warp reads its row in striped int4 loads (lane L reads vector L,
+ * Block t takes tile t, rows [t * TR_ROWS, (t + 1) * TR_ROWS), one warp
+ * per row. A warp reads its row in striped int4 loads (lane L reads vector L,
  * L + 32, ...: each load instruction covers 512 contiguous bytes), keeps
  * the positions this rank owns and compacts them in candidate order into
  * its slice of shared memory, with a ballot per vector element and no
@@ -394,10 +389,9 @@ __global__ void __launch_bounds__(TK_THREADS, KVR_TOPK_MIN_BLOCKS)
  * so that registers, not shared memory, bound the rows resident: 32 per
  * SM, 4224 on an H200. A row that owns more (a skewed row, or a slice cut
  * to fit) writes the rest by reading the row again. Warp 0 publishes the
- * tile's count and, after the block has staged its next tile (the slices
- * are double-buffered when they fit), looks back over tiles, 32 flags per
- * round trip (wider windows measured slower: the polls of hundreds of
- * waiting tiles crowd L2); each warp then converts its staged positions
+ * tile's count and looks back over tiles, 32 flags per round trip (wider
+ * windows measured slower: the polls of hundreds of waiting tiles crowd
+ * L2); each warp then converts its staged positions
  * to slots and writes them contiguously. With POW2 (I, W and bs powers of
  * two) the owner test and the slot are masks and shifts.
  *
@@ -407,17 +401,15 @@ __global__ void __launch_bounds__(TK_THREADS, KVR_TOPK_MIN_BLOCKS)
  * writing, KVR_TOPK_CAP_PCT the slice as a percentage of K/W,
  * KVR_TOPK_TILE_FLAGS_PER_LANE the look-back window / 32,
  * KVR_TOPK_FLAG_STRIDE, KVR_TOPK_SPIN_NS and KVR_TOPK_SPIN_STEPS the
- * flags' spacing, first back-off and its doublings, KVR_TOPK_DEFER 0: look
- * back right after staging, KVR_TOPK_PERSIST_WAVES the most waves of tiles
- * that take a persistent grid, KVR_TOPK_COOP_ALWAYS 1: cooperative
- * launches for one-tile grids too, KVR_TOPK_DIAG_NO_LOOKBACK 1: no
- * look-back at all (wrong output; it times the rest), KVR_TOPK_TILE 0: the
- * one-row-per-block kernel for every shape. */
+ * flags' spacing, first back-off and its doublings,
+ * KVR_TOPK_DIAG_NO_LOOKBACK 1: no look-back at all (wrong output; it
+ * times the rest), KVR_TOPK_TILE 0: the one-row-per-block kernel for every
+ * shape. */
 #ifndef KVR_TOPK_TILE
 #define KVR_TOPK_TILE 1 /* 0: every launch takes topk_kernel (for comparisons) */
 #endif
 #ifndef KVR_TOPK_ROWS
-#define KVR_TOPK_ROWS 16
+#define KVR_TOPK_ROWS 8
 #endif
 #ifndef KVR_TOPK_UNROLL
 #define KVR_TOPK_UNROLL 4 /* int4 loads in flight per lane */
@@ -430,15 +422,6 @@ __global__ void __launch_bounds__(TK_THREADS, KVR_TOPK_MIN_BLOCKS)
 #endif
 #ifndef KVR_TOPK_TILE_MIN_BLOCKS
 #define KVR_TOPK_TILE_MIN_BLOCKS (32 / KVR_TOPK_ROWS) /* 64 registers */
-#endif
-#ifndef KVR_TOPK_DEFER
-#define KVR_TOPK_DEFER 1 /* look back for a tile after staging the next */
-#endif
-#ifndef KVR_TOPK_PERSIST_WAVES
-#define KVR_TOPK_PERSIST_WAVES 6 /* see launch_tiles */
-#endif
-#ifndef KVR_TOPK_COOP_ALWAYS
-#define KVR_TOPK_COOP_ALWAYS 0 /* 1: cooperative launches for one-tile grids too */
 #endif
 constexpr int TR_ROWS = KVR_TOPK_ROWS, TR_THREADS = 32 * TR_ROWS;
 /* The widest rows the row tiles serve. */
@@ -755,15 +738,27 @@ __device__ void tile_write(const TopkJob &j, kvr__fault_t *f, const TileRow &t,
         tile_write_rest<POW2>(j, table, t.row, cap, out, f);
 }
 
-/* The end of a staged tile: warp 0 looks back from the count it
- * published, then every warp writes its row. */
+/* Block b stages tile b (a warp per row), publishes its count, looks back
+ * for the tiles before it (warp 0), then every warp writes its row.
+ * Deadlock-free without a cooperative launch: a block waits only for
+ * blocks of lower index, which start before it (as CUB's single-pass
+ * scans assume), and publishes before it waits. (A persistent grid that
+ * deferred each look-back until the block had staged its next tile was
+ * slower at 8-row tiles and needed a cooperative launch, which alone cost
+ * 0.9 us: docs/gpu.md.) */
 template <bool POW2>
-__device__ void tile_finish(const TopkJob &j, State *st, uint64_t *flags,
-                            uint32_t tile, uint32_t tiles, uint32_t epoch,
-                            const TileRow &t, int32_t base, int32_t cap,
-                            uint32_t *s_start)
+__global__ void __launch_bounds__(TR_THREADS, KVR_TOPK_TILE_MIN_BLOCKS)
+    topk_tile_kernel(const TopkJob j, State *st, uint64_t *flags, int32_t cap)
 {
+    __shared__ int32_t s_count[TR_ROWS];
+    __shared__ uint32_t s_start;
+    uint32_t tile = blockIdx.x, tiles = gridDim.x;
+    uint32_t epoch = *(volatile uint32_t *)&st->epoch;
+    int32_t base = (int32_t)(threadIdx.x >> 5) * cap;
+    TileRow t = tile_stage<POW2>(j, &st->fault, tile, base, cap, s_count);
     if (threadIdx.x < 32) {
+        publish_count<KVR_TOPK_FLAG_STRIDE>(flags, tile, epoch,
+                                            (uint32_t)t.total);
 #if KVR_TOPK_DIAG_NO_LOOKBACK /* timing only: wrong output */
         uint32_t start = tile * (uint32_t)t.total;
 #else
@@ -772,7 +767,7 @@ __device__ void tile_finish(const TopkJob &j, State *st, uint64_t *flags,
                 flags, tile, epoch, (uint32_t)t.total);
 #endif
         if (threadIdx.x == 0) {
-            *s_start = start;
+            s_start = start;
             if (tile == 0)
                 j.a.out_indptr[0] = 0;
             if (tile == tiles - 1)
@@ -780,57 +775,7 @@ __device__ void tile_finish(const TopkJob &j, State *st, uint64_t *flags,
         }
     }
     __syncthreads();
-    tile_write<POW2>(j, &st->fault, t, *s_start, base, cap);
-}
-
-/* Block b stages tiles b, b + grid, ... in turn and publishes each
- * tile's count as soon as it is staged, but looks back for a tile only
- * after staging the next one (KVR_TOPK_DEFER, when two slice sets fit:
- * bufs == 2), from the other set of its double-buffered slices: by
- * then the tiles before it have published, so the look-back rarely
- * waits, and the block's loads are not held up by it. Shared counts are
- * double-buffered too: a tile's are rewritten two tiles later, after a
- * barrier of tile_finish. s_start is written by warp 0 only after the
- * barrier of the next staging, which every warp reaches after its last
- * read. Deadlock-free because every tile publishes before its block waits
- * on anything, and the tiles a block waits for are resident or done: a
- * persistent grid is resident (a cooperative launch), and a grid of one
- * tile per block waits only for blocks of lower index (launch_tiles). */
-template <bool POW2>
-__global__ void __launch_bounds__(TR_THREADS, KVR_TOPK_TILE_MIN_BLOCKS)
-    topk_tile_kernel(const TopkJob j, State *st, uint64_t *flags, int32_t cap,
-                     uint32_t bufs)
-{
-    __shared__ int32_t s_count[2][TR_ROWS];
-    __shared__ uint32_t s_start;
-    uint32_t tiles = (j.a.num_rows + TR_ROWS - 1) / TR_ROWS;
-    uint32_t epoch = *(volatile uint32_t *)&st->epoch;
-    int32_t warp_base = (int32_t)(threadIdx.x >> 5) * cap;
-    TileRow prev = {};
-    uint32_t prev_tile = UINT32_MAX, k = 0;
-    int32_t prev_base = 0;
-    for (uint32_t tile = blockIdx.x; tile < tiles; tile += gridDim.x, k++) {
-        int32_t base = warp_base + (int32_t)(k % bufs) * TR_ROWS * cap;
-        TileRow t = tile_stage<POW2>(j, &st->fault, tile, base, cap,
-                                     s_count[k & 1]);
-        if (threadIdx.x < 32)
-            publish_count<KVR_TOPK_FLAG_STRIDE>(flags, tile, epoch,
-                                                (uint32_t)t.total);
-        if (bufs == 1) {
-            tile_finish<POW2>(j, st, flags, tile, tiles, epoch, t, base, cap,
-                              &s_start);
-            continue;
-        }
-        if (prev_tile != UINT32_MAX)
-            tile_finish<POW2>(j, st, flags, prev_tile, tiles, epoch, prev,
-                              prev_base, cap, &s_start);
-        prev = t;
-        prev_tile = tile;
-        prev_base = base;
-    }
-    if (prev_tile != UINT32_MAX)
-        tile_finish<POW2>(j, st, flags, prev_tile, tiles, epoch, prev,
-                          prev_base, cap, &s_start);
+    tile_write<POW2>(j, &st->fault, t, s_start, base, cap);
 }
 
 __global__ void rows_kernel(int32_t *out, uint32_t rows, uint32_t per_req)
@@ -953,74 +898,33 @@ TopkJob topk_job(const kvr_gpu_topk_args_t *a)
     return j;
 }
 
-/* Staged positions per row, K/W with KVR_TOPK_CAP_PCT headroom and at
- * most K, and how many slice sets a block keeps: two (deferred
- * look-backs) when they fit with KVR_TOPK_TILE_MIN_BLOCKS blocks per SM,
- * else one, the slice cut to what a block may take (rows owning more take
- * the second read). */
-int32_t tile_cap(const kvr_gpu_decode_t *dec, const kvr_gpu_topk_args_t *a,
-                 uint32_t *bufs)
+/* Staged positions per row: K/W with KVR_TOPK_CAP_PCT headroom, whole
+ * warps of them, at most K, and at most what a block may take (rows owning
+ * more take the second read). */
+int32_t tile_cap(const kvr_gpu_decode_t *dec, const kvr_gpu_topk_args_t *a)
 {
     uint64_t cap = ((uint64_t)a->topk * KVR_TOPK_CAP_PCT / 100 + a->dcp_size - 1) /
                    a->dcp_size;
     cap = (cap + 31) / 32 * 32;
     cap = cap < a->topk ? cap : a->topk;
-    uint64_t row = sizeof(int32_t) * TR_ROWS;
-    uint64_t shared = dec->smem_sm / KVR_TOPK_TILE_MIN_BLOCKS;
-    shared = shared > 2048 ? shared - 2048 : 0; /* static and reserved */
-    *bufs = KVR_TOPK_DEFER && 2 * cap * row <= shared ? 2 : 1;
-    uint64_t most = dec->smem_block / row;
+    uint64_t most = dec->smem_block / (sizeof(int32_t) * TR_ROWS);
     return (int32_t)(cap < most ? cap : most);
 }
 
-/* The row-tile kernel: a persistent grid of as many blocks as fit while
- * the tiles take 2 to KVR_TOPK_PERSIST_WAVES waves of them, else one block
- * per tile. On an H200 at K = 2048 the persistent grid's deferred
- * look-backs win at 3.9 waves (16384 rows, 63.7 against 62.4 % of the
- * copy ceiling) and lose at 7.8 (67.4 against 68.8 %) and 15.5 (69.5
- * against 73.1 %), where blocks that retire and start overlap better.
- * A block waits only for earlier tiles. While every block takes one tile,
- * those are blocks of lower index, started before it (blocks start in
- * index order, as CUB's single-pass scans assume), so an ordinary launch
- * is safe; a persistent grid, whose blocks also wait for tiles that blocks
- * of higher index took, is launched cooperatively, so that all its blocks
- * are resident. (A cooperative launch costs about 0.9 us on an H200, a
- * twentieth of the kernel at 4096 rows.) */
+/* The row-tile kernel: a block per tile, an ordinary launch. */
 kvr_status_t launch_tiles(kvr_gpu_decode_t *dec, const TopkJob &j, bool pow2,
                           cudaStream_t s, kvr_error_t *err)
 {
-    uint32_t bufs = 1;
-    int32_t cap = tile_cap(dec, &j.a, &bufs);
-    size_t smem = (size_t)bufs * TR_ROWS * cap * sizeof(int32_t);
-    void (*kernel)(const TopkJob, State *, uint64_t *, int32_t, uint32_t) =
-        pow2 ? topk_tile_kernel<true> : topk_tile_kernel<false>;
-    uint64_t threads = (uint64_t)j.a.num_rows * 32; /* a warp per row */
+    int32_t cap = tile_cap(dec, &j.a);
+    size_t smem = (size_t)TR_ROWS * cap * sizeof(int32_t);
     uint32_t tiles = (j.a.num_rows + TR_ROWS - 1) / TR_ROWS;
-    unsigned blocks = 0;
-    kvr_status_t st = kvr__grid_size((const void *)kernel, TR_THREADS, smem,
-                                     threads, &blocks, err);
-    if (st != KVR_OK)
-        return st;
-    bool persist = blocks < tiles &&
-                   tiles <= (uint64_t)KVR_TOPK_PERSIST_WAVES * blocks;
-    if (!persist) { /* a tile per block: nothing to defer */
-        blocks = tiles;
-        bufs = 1;
-        smem = (size_t)TR_ROWS * cap * sizeof(int32_t);
-    }
-    cudaLaunchConfig_t cfg = {};
-    cudaLaunchAttribute coop = {};
-    coop.id = cudaLaunchAttributeCooperative;
-    coop.val.cooperative = 1;
-    cfg.gridDim = dim3(blocks);
-    cfg.blockDim = dim3(TR_THREADS);
-    cfg.dynamicSmemBytes = smem;
-    cfg.stream = s;
-    cfg.attrs = &coop;
-    cfg.numAttrs = persist || KVR_TOPK_COOP_ALWAYS ? 1 : 0;
-    cudaError_t e = cudaLaunchKernelEx(&cfg, kernel, j, (State *)dec->mem,
-                                       scan_flags(dec->mem), cap, bufs);
-    return kvr__cuda_status(e, "topk_tile_kernel", err);
+    if (pow2)
+        topk_tile_kernel<true><<<tiles, TR_THREADS, smem, s>>>(
+            j, (State *)dec->mem, scan_flags(dec->mem), cap);
+    else
+        topk_tile_kernel<false><<<tiles, TR_THREADS, smem, s>>>(
+            j, (State *)dec->mem, scan_flags(dec->mem), cap);
+    return kvr__launch_status("topk_tile_kernel", err);
 }
 
 } // namespace
@@ -1044,16 +948,11 @@ extern "C" kvr_status_t kvr_gpu_decode_create(uint32_t max_rows,
     /* The row-tile kernels may take all the shared memory a block may
      * (less their static part); prefer the largest shared-memory carveout
      * so that several tiles fit per SM. */
-    int optin = 0, per_sm = 0;
+    int optin = 0;
     if (e == cudaSuccess)
         e = cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin,
                                    dec->device);
-    if (e == cudaSuccess)
-        e = cudaDeviceGetAttribute(&per_sm,
-                                   cudaDevAttrMaxSharedMemoryPerMultiprocessor,
-                                   dec->device);
     dec->smem_block = optin > 1024 ? (uint32_t)optin - 1024 : 0;
-    dec->smem_sm = (uint32_t)per_sm;
     if (e == cudaSuccess)
         e = cudaFuncSetAttribute(topk_tile_kernel<true>,
                                  cudaFuncAttributeMaxDynamicSharedMemorySize,

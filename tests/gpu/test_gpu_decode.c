@@ -206,12 +206,10 @@ static void check_topk_all(void)
                             IS[i % 4], 64, WS[i] - 1, 5, 30};
         check_topk(dec, &own, &rng, i == 0);
     }
-    /* More tiles than the device holds at once: the persistent grid's
-     * blocks take several tiles each. */
+    /* More tiles than the device holds at once: blocks look back over
+     * tiles whose blocks have finished. */
     topk_shape_t many = {KVR_GPU_STEP_DECODE, 8192, 1, 0, 128, 8, 4, 16, 5, 10, 20};
     check_topk(dec, &many, &rng, 1);
-    /* More than KVR_TOPK_PERSIST_WAVES waves of tiles on an H200: one
-     * block per tile again. */
     topk_shape_t waves = {KVR_GPU_STEP_DECODE, 40000, 1, 0, 16, 2, 1, 16, 1, 10, 20};
     check_topk(dec, &waves, &rng, 1);
     n += 2;
