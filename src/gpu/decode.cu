@@ -246,24 +246,16 @@ __device__ uint32_t window_sum(unsigned long long *f, int64_t end,
 /* Decoupled look-back by one warp: publish this row's count, add up the
  * windows before it back to the nearest inclusive prefix, publish ours.
  * Returns the sum of the rows before `row`. */
-template <int STRIDE>
-__device__ void publish_count(uint64_t *flags, uint32_t row, uint32_t epoch,
+template <int FPL, int STRIDE>
+__device__ uint32_t look_back(uint64_t *flags, uint32_t row, uint32_t epoch,
                               uint32_t count)
 {
     unsigned long long *f = (unsigned long long *)flags;
-    if ((threadIdx.x & 31) == 0)
+    uint32_t lane = threadIdx.x & 31;
+    if (lane == 0)
         flag_ref(f[row * STRIDE])
             .store(flag_word(epoch, row ? FLAG_AGGREGATE : FLAG_INCLUSIVE, count),
                    cuda::memory_order_relaxed);
-}
-
-/* The look-back proper, once publish_count has published `count`. */
-template <int FPL, int STRIDE>
-__device__ uint32_t resolve_prefix(uint64_t *flags, uint32_t row,
-                                   uint32_t epoch, uint32_t count)
-{
-    unsigned long long *f = (unsigned long long *)flags;
-    uint32_t lane = threadIdx.x & 31;
     uint32_t prefix = 0;
     bool found = row == 0;
     for (int64_t end = row; !found; end -= 32 * FPL)
@@ -275,12 +267,16 @@ __device__ uint32_t resolve_prefix(uint64_t *flags, uint32_t row,
     return prefix;
 }
 
-template <int FPL, int STRIDE>
-__device__ uint32_t look_back(uint64_t *flags, uint32_t row, uint32_t epoch,
-                              uint32_t count)
+/* Thread 0 of block `index`, its look-back done: the first block writes
+ * indptr[0], the last bumps the epoch (every block has read it by then:
+ * see State). */
+__device__ void scan_done(const TopkJob &j, State *st, uint32_t index,
+                          uint32_t epoch)
 {
-    publish_count<STRIDE>(flags, row, epoch, count);
-    return resolve_prefix<FPL, STRIDE>(flags, row, epoch, count);
+    if (index == 0)
+        j.a.out_indptr[0] = 0;
+    if (index == gridDim.x - 1)
+        st->epoch = epoch + 1;
 }
 
 /* Compacts the columns of this thread's owned candidates in shared memory
@@ -363,10 +359,7 @@ __global__ void __launch_bounds__(TK_THREADS, KVR_TOPK_MIN_BLOCKS)
             s_start = start;
             j.a.out_indptr[row + 1] = (int32_t)(start + count);
             j.a.owned_counts[row] = count;
-            if (row == 0)
-                j.a.out_indptr[0] = 0;
-            if (row == gridDim.x - 1)
-                st->epoch = epoch + 1;
+            scan_done(j, st, row, epoch);
         }
     }
     __syncthreads();
@@ -752,26 +745,21 @@ __global__ void __launch_bounds__(TR_THREADS, KVR_TOPK_TILE_MIN_BLOCKS)
 {
     __shared__ int32_t s_count[TR_ROWS];
     __shared__ uint32_t s_start;
-    uint32_t tile = blockIdx.x, tiles = gridDim.x;
+    uint32_t tile = blockIdx.x;
     uint32_t epoch = *(volatile uint32_t *)&st->epoch;
     int32_t base = (int32_t)(threadIdx.x >> 5) * cap;
     TileRow t = tile_stage<POW2>(j, &st->fault, tile, base, cap, s_count);
     if (threadIdx.x < 32) {
-        publish_count<KVR_TOPK_FLAG_STRIDE>(flags, tile, epoch,
-                                            (uint32_t)t.total);
 #if KVR_TOPK_DIAG_NO_LOOKBACK /* timing only: wrong output */
         uint32_t start = tile * (uint32_t)t.total;
 #else
         uint32_t start =
-            resolve_prefix<KVR_TOPK_TILE_FLAGS_PER_LANE, KVR_TOPK_FLAG_STRIDE>(
+            look_back<KVR_TOPK_TILE_FLAGS_PER_LANE, KVR_TOPK_FLAG_STRIDE>(
                 flags, tile, epoch, (uint32_t)t.total);
 #endif
         if (threadIdx.x == 0) {
             s_start = start;
-            if (tile == 0)
-                j.a.out_indptr[0] = 0;
-            if (tile == tiles - 1)
-                st->epoch = epoch + 1;
+            scan_done(j, st, tile, epoch);
         }
     }
     __syncthreads();

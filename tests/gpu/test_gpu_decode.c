@@ -210,6 +210,7 @@ static void check_topk_all(void)
      * tiles whose blocks have finished. */
     topk_shape_t many = {KVR_GPU_STEP_DECODE, 8192, 1, 0, 128, 8, 4, 16, 5, 10, 20};
     check_topk(dec, &many, &rng, 1);
+    /* 40000 short rows: 5000 tiles, many waves of blocks. */
     topk_shape_t waves = {KVR_GPU_STEP_DECODE, 40000, 1, 0, 16, 2, 1, 16, 1, 10, 20};
     check_topk(dec, &waves, &rng, 1);
     n += 2;
