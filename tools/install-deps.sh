@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Installs the Debian packages kvrelay needs, only those missing.
-# CUDA is never installed here (DESIGN.md §13): the build uses nvcc if present.
+# CUDA is never installed here (docs/design.md §13): the build uses nvcc if present.
 set -euo pipefail
 
 packages=(cmake ninja-build make gcc clang libclang-rt-14-dev pkg-config

@@ -1,5 +1,5 @@
 /* kvrelay conn layer: the producer (one PP stage) and consumer (one DCP
- * rank) state machines of DESIGN.md §7-8, over a TCP control channel that
+ * rank) state machines of docs/design.md §7-8, over a TCP control channel that
  * carries wire frames and a transport (UCX) for the bytes.
  *
  * One kvr_conn_t is one side. It is driven by kvr_conn_progress() from one

@@ -1,4 +1,4 @@
-/* kvrelay wire layer: the binary protocol of DESIGN.md §7 (framing, messages,
+/* kvrelay wire layer: the binary protocol of docs/design.md §7 (framing, messages,
  * strict decoding), the HELLO layout comparison and the optional pre-shared
  * key authentication. No transport: bytes in, bytes out. See docs/PROTOCOL.md
  * for the byte layout and the caps. */

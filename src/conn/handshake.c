@@ -1,5 +1,5 @@
 /* HELLO / HELLO_ACK / AUTH / BYE / REGIONS: what happens before any request
- * (DESIGN.md §7 handshake). Rkeys are unpacked only after authentication. */
+ * (docs/design.md §7 handshake). Rkeys are unpacked only after authentication. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -68,7 +68,7 @@ bool kvr__serves_us(const kvr_conn_t *c, const kvr__peer_t *peer)
            t->tp_rank == c->p.topo.tp_rank % size;
 }
 
-/* A stage's layer range must not overlap another stage's (DESIGN §7);
+/* A stage's layer range must not overlap another stage's (docs/design.md §7);
  * among the producer links that serve this rank, one per stage. */
 static bool stage_overlaps(kvr_conn_t *c, kvr__peer_t *peer, char *why, size_t n)
 {

@@ -1,4 +1,4 @@
-/* The single source of truth for DCP layout math (DESIGN.md §2-3).
+/* The single source of truth for DCP layout math (docs/design.md §2-3).
  * static inline, usable from host C and CUDA device code. Callers guarantee
  * the layout was validated (I >= 1, W >= 1, bs % I == 0). */
 #ifndef KVRELAY_LAYOUT_MATH_H

@@ -1,4 +1,4 @@
-/* Planner input validation (DESIGN.md §4): every check its own status code,
+/* Planner input validation (docs/design.md §4): every check its own status code,
  * every message naming the values. */
 #include <stdlib.h>
 #include <string.h>

@@ -1,4 +1,4 @@
-/* Run generation, ordering and coalescing (DESIGN.md §4). */
+/* Run generation, ordering and coalescing (docs/design.md §4). */
 #include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>

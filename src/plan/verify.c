@@ -1,4 +1,4 @@
-/* Expected placement of every byte (DESIGN.md §2-3), the byte verifier and
+/* Expected placement of every byte (docs/design.md §2-3), the byte verifier and
  * the coverage proof built on it. */
 #include <stdio.h>
 #include <stdlib.h>

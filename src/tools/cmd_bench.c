@@ -1,4 +1,4 @@
-/* `kvrelay bench`: the executors side by side in one run (DESIGN.md §11).
+/* `kvrelay bench`: the executors side by side in one run (docs/design.md §11).
  * Runs `kvrelay demo` with each executor, --reps times, interleaved so noise
  * hits both alike, and reports min/median/max GB/s and the ratio to the best
  * median; writes JSON with --out. */

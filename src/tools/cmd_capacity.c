@@ -1,5 +1,5 @@
 /* `kvrelay capacity`: KV blocks and tokens a decode rank holds in a memory
- * budget, and what replicating the index cache costs (DESIGN.md §11):
+ * budget, and what replicating the index cache costs (docs/design.md §11):
  * blocks = floor(budget / (L_mla*bs*token_bytes + L_idx*P*C)), P = bs*W
  * when the index is replicated, bs otherwise, C = ceil16(D + 4). */
 #include <getopt.h>

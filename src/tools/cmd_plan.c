@@ -1,4 +1,4 @@
-/* `kvrelay plan`: print one DCP rank's plan summary (DESIGN.md §11). */
+/* `kvrelay plan`: print one DCP rank's plan summary (docs/design.md §11). */
 #include <getopt.h>
 #include <jansson.h>
 #include <stdio.h>

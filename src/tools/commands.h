@@ -7,7 +7,7 @@
 
 #include "kvrelay/plan.h"
 
-/* Exit codes (DESIGN.md §11). */
+/* Exit codes (docs/design.md §11). */
 #define KVR_EXIT_OK 0
 #define KVR_EXIT_FAILED 1
 #define KVR_EXIT_USAGE 2

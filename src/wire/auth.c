@@ -1,5 +1,5 @@
 /* Pre-shared key authentication and the gate that keeps everything but the
- * handshake out until the peer is authenticated (DESIGN.md §7 Handshake).
+ * handshake out until the peer is authenticated (docs/design.md §7 Handshake).
  *
  * AUTH = HMAC-SHA256(key, label || sender role || sender is initiator ||
  *                    u32 len || HELLO frame || u32 len || HELLO_ACK frame).

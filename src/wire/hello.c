@@ -1,5 +1,5 @@
 /* HELLO: this side's layout and topology, and the comparison that names the
- * first raw layout field two sides disagree on (DESIGN.md §7 Handshake). */
+ * first raw layout field two sides disagree on (docs/design.md §7 Handshake). */
 #include <inttypes.h>
 #include <sodium.h>
 #include <stdlib.h>

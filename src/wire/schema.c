@@ -1,4 +1,4 @@
-/* Field tables of every message (DESIGN.md §7, docs/PROTOCOL.md). The order
+/* Field tables of every message (docs/design.md §7, docs/PROTOCOL.md). The order
  * of a table is the order on the wire; appending a field is a minor version
  * bump only when old decoders may reject it (they do: trailing bytes). */
 #include <stddef.h>
