@@ -129,5 +129,5 @@ def test_pip_wheel_installs_elsewhere(tmp_path):
     # a second venv, with nothing of the build left to find
     target = tmp_path / "target"
     python = make_venv(target)
-    pip(python, "install", "--no-index", str(wheels[0]))
+    pip(python, "install", str(wheels[0]))
     assert_from_venv(check_installed(python, tmp_path), target)
