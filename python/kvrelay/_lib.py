@@ -2,7 +2,7 @@
 
 Search order: the ``KVRELAY_LIB`` environment variable when set (a path to
 the library; an error if it does not exist), then the ``libkvrelay.so``
-that ``pip install`` put next to this file, then ``build/lib/libkvrelay.so``
+that ``pip install`` put in the package (``pip install -e`` too), then ``build/lib/libkvrelay.so``
 of the repository checkout this package sits in (``python/kvrelay`` ->
 repository root), for use straight from a source tree.
 """
@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import ctypes
 import os
+import sys
 from pathlib import Path
-from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from . import _types as T
 
@@ -22,12 +23,16 @@ _NAME = "libkvrelay.so"
 _RUNTIME_PACKAGES = "libsodium23 libjansson4 libucx0"
 
 
-def _candidates() -> Iterator[Path]:
+def _candidates() -> List[Path]:
     here = Path(__file__).resolve().parent
-    yield here / _NAME
-    root = here.parent.parent
-    if (root / "CMakeLists.txt").is_file():
-        yield root / "build" / "lib" / _NAME
+    # every folder of the package: an editable install (pip install -e)
+    # has the library in site-packages and the sources in the checkout
+    package = getattr(sys.modules.get(__package__ or ""), "__path__", [])
+    folders = [Path(f).resolve() for f in package] + [here]
+    found = [f / _NAME for i, f in enumerate(folders) if f not in folders[:i]]
+    if (here.parent.parent / "CMakeLists.txt").is_file():
+        found.append(here.parent.parent / "build" / "lib" / _NAME)
+    return found
 
 
 def _find() -> Path:

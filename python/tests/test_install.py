@@ -131,3 +131,15 @@ def test_pip_wheel_installs_elsewhere(tmp_path):
     python = make_venv(target)
     pip(python, "install", str(wheels[0]))
     assert_from_venv(check_installed(python, tmp_path), target)
+
+
+def test_unloadable_library_names_runtime_packages(tmp_path):
+    bad = tmp_path / "libkvrelay.so"
+    bad.write_text("not an ELF file")
+    env = clean_env()
+    env.update(PYTHONPATH=str(ROOT / "python"), KVRELAY_LIB=str(bad))
+    out = subprocess.run([sys.executable, "-c", "import kvrelay"], cwd=tmp_path,
+                         env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode != 0
+    assert f"kvrelay: cannot load {bad}" in out.stderr, out.stderr
+    assert "libsodium23 libjansson4 libucx0" in out.stderr, out.stderr
