@@ -17,7 +17,7 @@ extern "C" {
 #endif
 
 /* Protocol version: frames of another major version are refused. */
-#define KVR_WIRE_VERSION_MAJOR 1u
+#define KVR_WIRE_VERSION_MAJOR 2u
 #define KVR_WIRE_VERSION_MINOR 0u
 
 /* Frame header: magic "KVRW", major u8, minor u8, type u16, payload length
@@ -39,6 +39,8 @@ extern "C" {
 #define KVR_WIRE_DEADLINE_DEFAULT_MS 30000u
 #define KVR_WIRE_DEADLINE_MAX_MS 3600000u /* deadlines are 1..max ms */
 #define KVR_WIRE_HELLO_FRAME_MAX 1024u    /* a whole HELLO frame, bytes */
+#define KVR_WIRE_INSTANCE_MAX 64u         /* instance id bytes (0: none) */
+#define KVR_WIRE_MAX_STAGES 1024u         /* stages per STAGES */
 
 #define KVR_WIRE_NONCE_BYTES 32u /* HELLO auth nonce */
 #define KVR_WIRE_MAC_BYTES 32u   /* HMAC-SHA256 */
@@ -57,6 +59,8 @@ typedef enum kvr_msg_type {
     KVR_MSG_WRITE_FAILED = 21,
     KVR_MSG_RELEASE = 22,
     KVR_MSG_CHUNK_DONE = 23,
+    KVR_MSG_JOIN = 24,
+    KVR_MSG_STAGES = 25,
 } kvr_msg_type_t;
 
 /* "HELLO", "WRITE_REQUEST", ...; NULL for an unknown type. */
@@ -114,6 +118,8 @@ typedef struct kvr_msg_hello {
     kvr_wire_class_t classes[KVR_WIRE_MAX_CLASSES]; /* sorted, distinct */
     uint64_t digest;
     uint8_t nonce[KVR_WIRE_NONCE_BYTES];
+    kvr_wire_id_t instance; /* the sender's instance id, 0..64 bytes */
+    uint64_t incarnation;   /* random per process life; 0: none given */
 } kvr_msg_hello_t;
 
 typedef struct kvr_msg_auth {
@@ -227,6 +233,26 @@ typedef struct kvr_msg_chunk_done {
     uint64_t bytes;   /* bytes in the chunk */
 } kvr_msg_chunk_done_t;
 
+/* A non-head producer stage announces itself to its instance's PP head
+ * (pp 0, tp 0) over a link it dialled; ranks come from its HELLO. */
+typedef struct kvr_msg_join {
+    char address[KVR_WIRE_TEXT_MAX + 1]; /* "host:port" consumers dial */
+} kvr_msg_join_t;
+
+typedef struct kvr_wire_stage {
+    uint32_t pp_rank, tp_rank;
+    uint64_t incarnation;
+    char address[KVR_WIRE_TEXT_MAX + 1];
+} kvr_wire_stage_t;
+
+/* PP head -> consumer: the instance's stages known so far (itself
+ * included); sent when the link is ready and again whenever it changes. */
+typedef struct kvr_msg_stages {
+    uint32_t pp_size, tp_size;
+    const kvr_wire_stage_t *stages;
+    uint32_t num_stages;
+} kvr_msg_stages_t;
+
 /* A message. Built by the caller (arrays are the caller's, priv_arena NULL)
  * or by kvr_wire_decode (arrays live in priv_arena; kvr_msg_free releases
  * them). kvr_msg_free on a caller-built message only zeroes it. */
@@ -244,6 +270,8 @@ typedef struct kvr_msg {
         kvr_msg_write_failed_t write_failed;
         kvr_msg_release_t release;
         kvr_msg_chunk_done_t chunk_done;
+        kvr_msg_join_t join;
+        kvr_msg_stages_t stages;
     } u;
     void *priv_arena;
 } kvr_msg_t;

@@ -68,6 +68,9 @@ static const kvr__field_t hello_fields[] = {
             &class_rec),
     F_U64(H, digest),
     F_FIXED(H, nonce),
+    {"instance", KVR__F_ID, 0, 0, offsetof(H, instance), 0, 0,
+     KVR_WIRE_INSTANCE_MAX, NULL},
+    F_U64(H, incarnation),
 };
 #undef H
 static const kvr__rec_t hello_rec = REC("HELLO", kvr_msg_hello_t, hello_fields);
@@ -180,6 +183,26 @@ static const kvr__field_t chunk_done_fields[] = {
 static const kvr__rec_t chunk_done_rec =
     REC("CHUNK_DONE", kvr_msg_chunk_done_t, chunk_done_fields);
 
+static const kvr__field_t join_fields[] = {F_TEXT(kvr_msg_join_t, address)};
+static const kvr__rec_t join_rec = REC("JOIN", kvr_msg_join_t, join_fields);
+
+#define S kvr_wire_stage_t
+static const kvr__field_t stage_fields[] = {
+    F_U32(S, pp_rank), F_U32(S, tp_rank), F_U64(S, incarnation),
+    F_TEXT(S, address),
+};
+#undef S
+static const kvr__rec_t stage_rec = REC("stage", kvr_wire_stage_t, stage_fields);
+
+static const kvr__field_t stages_fields[] = {
+    F_INT(kvr_msg_stages_t, pp_size, 4, 1, UINT32_MAX),
+    F_INT(kvr_msg_stages_t, tp_size, 4, 1, UINT32_MAX),
+    F_ARRAY(KVR__F_RECS, kvr_msg_stages_t, stages, num_stages,
+            KVR_WIRE_MAX_STAGES, &stage_rec),
+};
+static const kvr__rec_t stages_rec =
+    REC("STAGES", kvr_msg_stages_t, stages_fields);
+
 static const kvr__rec_t *const schemas[] = {
     [KVR_MSG_HELLO] = &hello_rec,
     [KVR_MSG_HELLO_ACK] = &hello_ack_rec,
@@ -193,6 +216,8 @@ static const kvr__rec_t *const schemas[] = {
     [KVR_MSG_WRITE_FAILED] = &write_failed_rec,
     [KVR_MSG_RELEASE] = &release_rec,
     [KVR_MSG_CHUNK_DONE] = &chunk_done_rec,
+    [KVR_MSG_JOIN] = &join_rec,
+    [KVR_MSG_STAGES] = &stages_rec,
 };
 
 const kvr__rec_t *kvr__schema(uint16_t type)

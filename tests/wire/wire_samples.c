@@ -7,6 +7,7 @@ const kvr_msg_type_t kvr_sample_types[] = {
     KVR_MSG_BYE,           KVR_MSG_REGIONS,    KVR_MSG_OFFER,
     KVR_MSG_ASSIGN,        KVR_MSG_WRITE_REQUEST, KVR_MSG_WRITE_DONE,
     KVR_MSG_WRITE_FAILED,  KVR_MSG_RELEASE,    KVR_MSG_CHUNK_DONE,
+    KVR_MSG_JOIN,          KVR_MSG_STAGES,
 };
 const size_t kvr_num_sample_types =
     sizeof(kvr_sample_types) / sizeof(kvr_sample_types[0]);
@@ -18,6 +19,11 @@ static const uint32_t slots[] = {0, 5, 6};
 static const uint8_t rkey_a[] = {0xde, 0xad, 0xbe, 0xef, 0x00, 0x01};
 static const uint8_t rkey_b[] = {0x55};
 static const uint8_t address[] = {0x01, 0x7f, 0x00, 0x00, 0x01, 0x27, 0x10};
+
+static const kvr_wire_stage_t stages[] = {
+    {0, 0, 0x1111222233334444ull, "10.0.0.1:7001"},
+    {1, 0, 0x5555666677778888ull, "10.0.0.2:7001"},
+};
 
 static const kvr_wire_region_t regions[] = {
     {{KVR_ROLE_MLA, 3, 1000, 64 * 576, 0, 0, 0}, 0x7f0000001000ull, rkey_a,
@@ -42,6 +48,8 @@ void kvr_sample_hello(kvr_msg_hello_t *h)
                               regions[2].desc};
     r[1].page_bytes = 256 * 144; /* replicated: P = bs * W */
     kvr_wire_hello_init(h, KVR_WIRE_CONSUMER, &topo, &lay, r, 3, NULL);
+    kvr_wire_id_set(&h->instance, "decode-0", 8, NULL);
+    h->incarnation = 0x0badc0ffee0ddf00ull;
 }
 
 static void sample_head(kvr_wire_id_t *id, uint64_t *transfer_id)
@@ -136,6 +144,15 @@ void kvr_sample_msg(kvr_msg_type_t type, kvr_msg_t *m)
         m->u.regions.num_regions = 3;
         m->u.regions.address = address;
         m->u.regions.address_len = sizeof(address);
+        break;
+    case KVR_MSG_JOIN:
+        strcpy(m->u.join.address, "10.0.0.2:7001");
+        break;
+    case KVR_MSG_STAGES:
+        m->u.stages.pp_size = 2;
+        m->u.stages.tp_size = 1;
+        m->u.stages.stages = stages;
+        m->u.stages.num_stages = 2;
         break;
     case KVR_MSG_OFFER:
     case KVR_MSG_ASSIGN:
