@@ -50,6 +50,22 @@ kvr_status_t kvr__data_create(int tl, bool progress_thread, kvr__data_t **out,
     return KVR_OK;
 }
 
+kvr_status_t kvr__data_create_loopback(struct kvr_transport *hub,
+                                       const struct kvr_loopback_params *p,
+                                       kvr__data_t **out, kvr_error_t *err)
+{
+    kvr__data_t *d = calloc(1, sizeof(*d));
+    if (d == NULL)
+        return kvr_error_set(err, KVR_ERR_NO_MEMORY, "no memory");
+    kvr_status_t st = kvr_transport_loopback_create(hub, p, &d->t, err);
+    if (st != KVR_OK) {
+        free(d);
+        return st;
+    }
+    *out = d;
+    return KVR_OK;
+}
+
 void kvr__data_destroy(kvr__data_t *d)
 {
     if (d == NULL)
@@ -228,6 +244,41 @@ kvr_status_t kvr__data_send_direct(kvr__dpeer_t *p, const kvr__dseg_t *segs,
     if (st == KVR_OK)
         st = kvr_xfer_flush(p->ep, deadline_ns);
     return st == KVR_OK ? KVR_OK : put_error(p, st, err, "direct transfer");
+}
+
+kvr_status_t kvr__data_put_some(kvr__dpeer_t *p, const kvr__dseg_t *segs,
+                                size_t n, kvr__dcursor_t *cur,
+                                uint64_t max_bytes, uint64_t deadline_ns,
+                                bool *done, kvr_error_t *err)
+{
+    uint64_t posted = 0;
+    kvr_status_t st = KVR_OK;
+    while (cur->seg < n && posted < max_bytes && st == KVR_OK) {
+        size_t nr = 0;
+        const kvr_run_t *runs = kvr_plan_runs(segs[cur->seg].plan, &nr);
+        if (cur->run >= nr) {
+            cur->seg++;
+            cur->run = 0;
+            continue;
+        }
+        if (segs[cur->seg].remote >= p->num_maps)
+            return kvr_error_set(err, KVR_ERR_INVALID, "mapping %u",
+                                 segs[cur->seg].remote);
+        const kvr_run_t *r = &runs[cur->run++];
+        st = kvr_xfer_put(p->ep, (const uint8_t *)segs[cur->seg].src + r->src,
+                          r->len, p->maps[segs[cur->seg].remote], r->dst,
+                          deadline_ns);
+        posted += r->len;
+    }
+    *done = cur->seg >= n;
+    return st == KVR_OK ? KVR_OK : put_error(p, st, err, "direct transfer");
+}
+
+kvr_status_t kvr__data_flush(kvr__dpeer_t *p, uint64_t deadline_ns,
+                             kvr_error_t *err)
+{
+    kvr_status_t st = kvr_xfer_flush(p->ep, deadline_ns);
+    return st == KVR_OK ? KVR_OK : put_error(p, st, err, "flush");
 }
 
 static kvr_status_t pack_buffer(kvr__dpeer_t *p, uint64_t len, void **buf)

@@ -74,4 +74,26 @@ kvr_status_t kvr__data_probe(kvr__dpeer_t *p, uint32_t scratch,
 
 uint64_t kvr__now_ns(void);
 
+/* The agent's additions: an in-process loopback data plane for tests, and
+ * direct sends in bounded slices (the caller keeps the cursor). */
+struct kvr_transport;
+struct kvr_loopback_params;
+kvr_status_t kvr__data_create_loopback(struct kvr_transport *hub,
+                                       const struct kvr_loopback_params *p,
+                                       kvr__data_t **out, kvr_error_t *err);
+
+typedef struct kvr__dcursor {
+    size_t seg, run;
+} kvr__dcursor_t;
+
+/* Posts puts from the cursor on until about max_bytes were posted or every
+ * run was; *done says the latter. Nothing is flushed. */
+kvr_status_t kvr__data_put_some(kvr__dpeer_t *p, const kvr__dseg_t *segs,
+                                size_t n, kvr__dcursor_t *cur,
+                                uint64_t max_bytes, uint64_t deadline_ns,
+                                bool *done, kvr_error_t *err);
+/* Waits (up to the deadline) until every put posted on p completed. */
+kvr_status_t kvr__data_flush(kvr__dpeer_t *p, uint64_t deadline_ns,
+                             kvr_error_t *err);
+
 #endif

@@ -1,0 +1,828 @@
+/* The agent's call side: creation, regions, the public calls (validate, copy,
+ * queue a command), the event queue, the status snapshot and the progress
+ * thread. Everything here that touches shared state holds `lock`; the
+ * request state lives in the loop (agent_loop.c). */
+#include <errno.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
+
+#include <sodium.h>
+
+#include "agent_internal.h"
+
+static _Thread_local char tls_error[KVR_ERROR_MSG_MAX];
+
+static kvr_status_t fail(kvr_status_t st, const char *fmt, ...)
+#if defined(__GNUC__)
+    __attribute__((format(printf, 2, 3)))
+#endif
+    ;
+
+static kvr_status_t fail(kvr_status_t st, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(tls_error, sizeof(tls_error), fmt, ap);
+    va_end(ap);
+    return st;
+}
+
+const char *kvr_agent_last_error(const kvr_agent_t *agent)
+{
+    (void)agent;
+    return tls_error;
+}
+
+void kvr__agent_log(kvr_agent_t *a, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(a->log, sizeof(a->log), fmt, ap);
+    va_end(ap);
+    if (getenv("KVR_AGENT_DEBUG") != NULL)
+        fprintf(stderr, "kvr agent %.*s: %s\n", (int)a->instance.len,
+                a->instance.bytes, a->log);
+}
+
+/* ---- creation ---- */
+
+static kvr_status_t copy_spec(char *dst, const char *src, const char *what,
+                              kvr_error_t *err)
+{
+    dst[0] = '\0';
+    if (src == NULL)
+        return KVR_OK;
+    size_t n = strlen(src);
+    if (n == 0 || n >= KVR_AGENT_ADDR_MAX || strrchr(src, ':') == NULL)
+        return kvr_error_set(err, KVR_ERR_INVALID,
+                             "%s address '%s' is not host:port", what, src);
+    memcpy(dst, src, n + 1);
+    return KVR_OK;
+}
+
+static kvr_status_t check_ms(uint32_t v, uint32_t lo, const char *what,
+                             kvr_error_t *err)
+{
+    if (v < lo || v > KVR_WIRE_DEADLINE_MAX_MS)
+        return kvr_error_set(err, KVR_ERR_INVALID, "%s %u ms not in [%u, %u]",
+                             what, v, lo, KVR_WIRE_DEADLINE_MAX_MS);
+    return KVR_OK;
+}
+
+static kvr_status_t check_times(const kvr_agent_params_t *p, kvr_error_t *err)
+{
+    kvr_status_t st = check_ms(p->deadline_ms, 1, "deadline", err);
+    if (st == KVR_OK)
+        st = check_ms(p->grace_ms, 0, "grace", err);
+    if (st == KVR_OK)
+        st = check_ms(p->lease_ms, 1, "lease", err);
+    if (st == KVR_OK)
+        st = check_ms(p->unknown_wait_ms, 0, "unknown-request wait", err);
+    if (st == KVR_OK)
+        st = check_ms(p->idle_close_ms, 1, "idle link close", err);
+    if (st == KVR_OK)
+        st = check_ms(p->connect_timeout_ms, 1, "connect timeout", err);
+    return st;
+}
+
+static kvr_status_t check_topo(const kvr_agent_params_t *p, kvr_error_t *err)
+{
+    const kvr_wire_topo_t *t = &p->topo;
+    if (t->pp_rank >= t->pp_size || t->tp_rank >= t->tp_size ||
+        t->dp_rank >= t->dp_size)
+        return kvr_error_set(err, KVR_ERR_RANK_RANGE,
+                             "topo ranks pp %u/%u tp %u/%u dp %u/%u out of "
+                             "range", t->pp_rank, t->pp_size, t->tp_rank,
+                             t->tp_size, t->dp_rank, t->dp_size);
+    if (t->layer_start >= t->layer_end)
+        return kvr_error_set(err, KVR_ERR_INVALID,
+                             "layer range [%u, %u) is empty", t->layer_start,
+                             t->layer_end);
+    if (t->pp_size > KVR_AGENT_MAX_STAGES)
+        return kvr_error_set(err, KVR_ERR_INVALID, "pp size %u > %u",
+                             t->pp_size, KVR_AGENT_MAX_STAGES);
+    bool consumer = p->role & KVR_AGENT_CONSUMER;
+    if (consumer && t->dcp_rank >= p->layout.dcp_size)
+        return kvr_error_set(err, KVR_ERR_RANK_RANGE,
+                             "DCP rank %u out of range [0, %u)", t->dcp_rank,
+                             p->layout.dcp_size);
+    if (consumer && t->tp_size != p->layout.tp)
+        return kvr_error_set(err, KVR_ERR_INVALID,
+                             "consumer tp size %u, the layout says %u",
+                             t->tp_size, p->layout.tp);
+    if ((p->role & KVR_AGENT_PRODUCER) && t->tp_size != p->layout.producer_tp)
+        return kvr_error_set(err, KVR_ERR_INVALID,
+                             "producer tp size %u, the layout says %u",
+                             t->tp_size, p->layout.producer_tp);
+    return KVR_OK;
+}
+
+static kvr_status_t check_params(const kvr_agent_params_t *p, kvr_error_t *err)
+{
+    if (p->instance_id == NULL || p->instance_id_len == 0 ||
+        p->instance_id_len > KVR_AGENT_INSTANCE_MAX)
+        return kvr_error_set(err, KVR_ERR_INVALID,
+                             "instance id of %zu bytes (1..%u)",
+                             p->instance_id ? p->instance_id_len : 0,
+                             KVR_AGENT_INSTANCE_MAX);
+    if (p->role < KVR_AGENT_PRODUCER || p->role > KVR_AGENT_BOTH)
+        return kvr_error_set(err, KVR_ERR_INVALID, "role %d", (int)p->role);
+    kvr_status_t st = kvr_layout_check(&p->layout, err);
+    if (st == KVR_OK)
+        st = check_topo(p, err);
+    if (st == KVR_OK)
+        st = check_times(p, err);
+    if (st != KVR_OK)
+        return st;
+    if ((p->role & KVR_AGENT_PRODUCER) && p->listen == NULL)
+        return kvr_error_set(err, KVR_ERR_INVALID,
+                             "a producer must listen (params.listen)");
+    bool head = p->topo.pp_rank == 0 && p->topo.tp_rank == 0;
+    if ((p->role & KVR_AGENT_PRODUCER) && !head && p->bootstrap == NULL)
+        return kvr_error_set(err, KVR_ERR_INVALID,
+                             "producer stage pp %u tp %u needs the bootstrap "
+                             "address of its PP head", p->topo.pp_rank,
+                             p->topo.tp_rank);
+    if (p->max_requests < 1 || p->max_requests > 65536)
+        return kvr_error_set(err, KVR_ERR_INVALID, "max requests %u",
+                             p->max_requests);
+    if (p->cuda_device >= 0)
+        return kvr_error_set(err, KVR_ERR_UNSUPPORTED,
+                             "CUDA device %d: the agent moves host memory only "
+                             "so far", p->cuda_device);
+    if (p->executor == KVR_AGENT_EXEC_STAGED)
+        return kvr_error_set(err, KVR_ERR_UNSUPPORTED,
+                             "the staged executor is not in the agent yet");
+    if (p->executor != KVR_AGENT_EXEC_AUTO &&
+        p->executor != KVR_AGENT_EXEC_DIRECT)
+        return kvr_error_set(err, KVR_ERR_INVALID, "executor %d",
+                             (int)p->executor);
+    return KVR_OK;
+}
+
+static kvr_status_t init_shared(kvr_agent_t *a, kvr_error_t *err)
+{
+    if (pthread_mutex_init(&a->lock, NULL) != 0 ||
+        pthread_mutex_init(&a->turn_lock, NULL) != 0)
+        return kvr_error_set(err, KVR_ERR_NO_MEMORY, "mutex init failed");
+    a->wake_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+    a->event_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+    if (a->wake_fd < 0 || a->event_fd < 0)
+        return kvr_error_set(err, KVR_ERR_IO, "eventfd: %s", strerror(errno));
+    size_t buckets = (size_t)a->p.max_requests * 2;
+    if (kvr__map_init(&a->snap, buckets) != KVR_OK ||
+        kvr__map_init(&a->preq_map, buckets) != KVR_OK ||
+        kvr__map_init(&a->creq_map, buckets) != KVR_OK)
+        return kvr_error_set(err, KVR_ERR_NO_MEMORY, "no memory for tables");
+    return KVR_OK;
+}
+
+static kvr_status_t make_data(kvr_agent_t *a, kvr_error_t *err)
+{
+    if (a->p.loopback_hub != NULL)
+        return kvr__data_create_loopback(a->p.loopback_hub, &a->p.loopback,
+                                         &a->data, err);
+    /* a consumer's engine-registered memory is the target of emulated puts,
+     * which need its own progress */
+    return kvr__data_create((int)a->p.tl, (a->p.role & KVR_AGENT_CONSUMER) != 0,
+                            &a->data, err);
+}
+
+kvr_status_t kvr_agent_create(const kvr_agent_params_t *params,
+                              kvr_agent_t **out, kvr_error_t *err)
+{
+    if (params == NULL || out == NULL)
+        return kvr_error_set(err, KVR_ERR_INVALID, "params or out is NULL");
+    if (sodium_init() < 0)
+        return kvr_error_set(err, KVR_ERR_INVALID, "libsodium init failed");
+    kvr_status_t st = check_params(params, err);
+    if (st != KVR_OK)
+        return st;
+    kvr_agent_t *a = calloc(1, sizeof(*a));
+    if (a == NULL)
+        return kvr_error_set(err, KVR_ERR_NO_MEMORY, "no memory");
+    a->p = *params;
+    a->wake_fd = a->event_fd = a->epoll_fd = a->timer_fd = a->listen_fd = -1;
+    kvr_wire_id_set(&a->instance, params->instance_id, params->instance_id_len,
+                    NULL);
+    a->incarnation = kvr_wire_random_nonce();
+    if (params->key != NULL) {
+        memcpy(a->key, params->key, sizeof(a->key));
+        a->has_key = true;
+    }
+    a->p.key = NULL;
+    a->p.instance_id = NULL;
+    st = copy_spec(a->listen_spec, params->listen, "listen", err);
+    if (st == KVR_OK)
+        st = copy_spec(a->advertise_spec, params->advertise, "advertise", err);
+    if (st == KVR_OK)
+        st = copy_spec(a->bootstrap_spec, params->bootstrap, "bootstrap", err);
+    a->p.listen = a->p.advertise = a->p.bootstrap = NULL;
+    if (st == KVR_OK)
+        st = init_shared(a, err);
+    if (st == KVR_OK)
+        st = make_data(a, err);
+    if (st == KVR_OK)
+        st = kvr__loop_init(a, err);
+    if (st != KVR_OK) {
+        kvr_agent_destroy(a);
+        return st;
+    }
+    *out = a;
+    return KVR_OK;
+}
+
+static void free_snap(void *v)
+{
+    free(v);
+}
+
+void kvr_agent_destroy(kvr_agent_t *a)
+{
+    if (a == NULL)
+        return;
+    if (a->thread_running) {
+        a->stop = 1;
+        kvr__agent_wake(a);
+        pthread_join(a->thread, NULL);
+    }
+    kvr__send_free_all(a);
+    kvr__recv_free_all(a);
+    kvr__alink_free_all(a);
+    kvr__pdir_free_all(a);
+    kvr__loop_fini(a);
+    for (uint32_t i = 0; i < a->num_regions; i++)
+        kvr__dmem_destroy(a->regions[i].mem);
+    kvr__data_destroy(a->data);
+    for (kvr__cmd_t *c = a->inbox_head, *n; c != NULL; c = n) {
+        n = c->next;
+        kvr__cmd_free(c);
+    }
+    for (kvr__event_node_t *e = a->ev_head, *n; e != NULL; e = n) {
+        n = e->next;
+        free(e);
+    }
+    kvr__map_free(&a->snap, free_snap);
+    kvr__map_free(&a->preq_map, NULL);
+    kvr__map_free(&a->creq_map, NULL);
+    if (a->wake_fd >= 0)
+        close(a->wake_fd);
+    if (a->event_fd >= 0)
+        close(a->event_fd);
+    pthread_mutex_destroy(&a->lock);
+    pthread_mutex_destroy(&a->turn_lock);
+    sodium_memzero(a->key, sizeof(a->key));
+    free(a);
+}
+
+uint64_t kvr_agent_incarnation(const kvr_agent_t *agent)
+{
+    return agent ? agent->incarnation : 0;
+}
+
+const char *kvr_agent_address(const kvr_agent_t *agent)
+{
+    return agent && agent->started ? agent->address : "";
+}
+
+/* ---- regions ---- */
+
+static kvr_status_t check_region(const kvr_agent_t *a,
+                                 const kvr_region_desc_t *d, uint32_t flags)
+{
+    kvr_error_t err = {0};
+    if (a->started)
+        return fail(KVR_ERR_INVALID, "regions are fixed once the agent started");
+    if (a->num_regions == KVR_AGENT_MAX_REGIONS)
+        return fail(KVR_ERR_NO_SPACE, "more than %u regions",
+                    KVR_AGENT_MAX_REGIONS);
+    if (flags & ~KVR_AGENT_REGION_CONSUMER_ONLY)
+        return fail(KVR_ERR_INVALID, "region flags 0x%x unknown", flags);
+    bool consumer = a->p.role == KVR_AGENT_CONSUMER;
+    if ((flags & KVR_AGENT_REGION_CONSUMER_ONLY) && !consumer)
+        return fail(KVR_ERR_INVALID, "a consumer-only region on a %s agent",
+                    a->p.role == KVR_AGENT_PRODUCER ? "producer" : "dual-role");
+    if (d->role == KVR_ROLE_STAGING)
+        return fail(KVR_ERR_UNSUPPORTED,
+                    "STAGING regions: the staged executor is not in the agent");
+    kvr_status_t st = kvr_region_check(&a->p.layout, d, consumer, &err);
+    if (st != KVR_OK)
+        return fail(st, "region %s layer %u: %s", kvr_role_name(d->role),
+                    d->layer, err.msg);
+    if (d->num_blocks == 0 || d->page_bytes > UINT64_MAX / d->num_blocks)
+        return fail(KVR_ERR_INVALID, "region layer %u: %llu blocks of %llu "
+                    "bytes", d->layer, (unsigned long long)d->num_blocks,
+                    (unsigned long long)d->page_bytes);
+    for (uint32_t i = 0; i < a->num_regions; i++)
+        if (a->regions[i].desc.role == d->role &&
+            a->regions[i].desc.layer == d->layer)
+            return fail(KVR_ERR_EXISTS, "region %s layer %u registered twice",
+                        kvr_role_name(d->role), d->layer);
+    return KVR_OK;
+}
+
+static kvr_status_t add_region(kvr_agent_t *a, const kvr_region_desc_t *desc,
+                               void *base, uint32_t flags, void **base_out)
+{
+    kvr_error_t err = {0};
+    if (a == NULL || desc == NULL || (base == NULL && base_out == NULL))
+        return fail(KVR_ERR_INVALID, "NULL argument");
+    pthread_mutex_lock(&a->turn_lock);
+    kvr_status_t st = check_region(a, desc, flags);
+    kvr__aregion_t *r = &a->regions[a->num_regions];
+    uint64_t len = kvr_region_bytes(desc);
+    if (st == KVR_OK && base_out != NULL)
+        st = kvr__dmem_alloc(a->data, len, &base, &r->mem, &err);
+    else if (st == KVR_OK)
+        st = kvr__dmem_register(a->data, base, len, &r->mem, &err);
+    if (st == KVR_OK) {
+        r->desc = *desc;
+        r->base = base;
+        r->consumer_only = flags & KVR_AGENT_REGION_CONSUMER_ONLY;
+        a->num_regions++;
+        if (base_out != NULL)
+            *base_out = base;
+    } else if (err.msg[0]) {
+        fail(st, "%s", err.msg);
+    }
+    pthread_mutex_unlock(&a->turn_lock);
+    return st;
+}
+
+kvr_status_t kvr_agent_add_region(kvr_agent_t *agent,
+                                  const kvr_region_desc_t *desc, void *base,
+                                  uint32_t flags)
+{
+    return add_region(agent, desc, base, flags, NULL);
+}
+
+kvr_status_t kvr_agent_alloc_region(kvr_agent_t *agent,
+                                    const kvr_region_desc_t *desc,
+                                    uint32_t flags, void **base)
+{
+    if (base == NULL)
+        return fail(KVR_ERR_INVALID, "base is NULL");
+    return add_region(agent, desc, NULL, flags, base);
+}
+
+/* ---- start and the thread ---- */
+
+static void *thread_main(void *arg)
+{
+    kvr_agent_t *a = arg;
+    while (!__atomic_load_n(&a->stop, __ATOMIC_ACQUIRE)) {
+        pthread_mutex_lock(&a->turn_lock);
+        kvr__loop_turn(a, 100);
+        pthread_mutex_unlock(&a->turn_lock);
+    }
+    return NULL;
+}
+
+kvr_status_t kvr__loop_start(kvr_agent_t *a, kvr_error_t *err);
+
+kvr_status_t kvr_agent_start(kvr_agent_t *a)
+{
+    kvr_error_t err = {0};
+    if (a == NULL)
+        return fail(KVR_ERR_INVALID, "agent is NULL");
+    pthread_mutex_lock(&a->turn_lock);
+    kvr_status_t st = a->started ? kvr_error_set(&err, KVR_ERR_INVALID,
+                                                 "already started")
+                                 : kvr__loop_start(a, &err);
+    if (st == KVR_OK)
+        a->started = true;
+    pthread_mutex_unlock(&a->turn_lock);
+    if (st == KVR_OK && a->p.progress_thread) {
+        if (pthread_create(&a->thread, NULL, thread_main, a) != 0)
+            st = kvr_error_set(&err, KVR_ERR_NO_MEMORY,
+                               "cannot start the progress thread");
+        else
+            a->thread_running = true;
+    }
+    return st == KVR_OK ? KVR_OK : fail(st, "%s", err.msg);
+}
+
+kvr_status_t kvr_agent_progress(kvr_agent_t *a, uint32_t timeout_ms)
+{
+    if (a == NULL || a->p.progress_thread || !a->started)
+        return fail(KVR_ERR_INVALID, "progress needs a started agent created "
+                    "with progress_thread = false");
+    if (pthread_mutex_trylock(&a->turn_lock) != 0)
+        return fail(KVR_ERR_INVALID, "another thread is in kvr_agent_progress");
+    kvr__loop_turn(a, timeout_ms);
+    pthread_mutex_unlock(&a->turn_lock);
+    return KVR_OK;
+}
+
+int kvr_agent_fd(const kvr_agent_t *agent)
+{
+    return agent ? agent->epoll_fd : -1;
+}
+
+int kvr_agent_event_fd(const kvr_agent_t *agent)
+{
+    return agent ? agent->event_fd : -1;
+}
+
+void kvr__agent_wake(kvr_agent_t *a)
+{
+    uint64_t one = 1;
+    ssize_t n = write(a->wake_fd, &one, sizeof(one));
+    (void)n; /* EAGAIN: the counter is already non-zero, it is awake */
+}
+
+/* ---- commands ---- */
+
+void kvr__cmd_free(kvr__cmd_t *c)
+{
+    if (c != NULL)
+        free(c->blocks);
+    free(c);
+}
+
+kvr__cmd_t *kvr__agent_take_commands(kvr_agent_t *a)
+{
+    pthread_mutex_lock(&a->lock);
+    kvr__cmd_t *c = a->inbox_head;
+    a->inbox_head = a->inbox_tail = NULL;
+    pthread_mutex_unlock(&a->lock);
+    return c;
+}
+
+static kvr_status_t ids_of(kvr__cmd_t *c, const void *prod, size_t plen,
+                           const void *req, size_t rlen)
+{
+    kvr_error_t err = {0};
+    if (prod != NULL && (plen == 0 || plen > KVR_AGENT_INSTANCE_MAX))
+        return fail(KVR_ERR_INVALID, "producer id of %zu bytes (1..%u)", plen,
+                    KVR_AGENT_INSTANCE_MAX);
+    if (prod != NULL)
+        kvr_wire_id_set(&c->producer, prod, plen, NULL);
+    kvr_status_t st = kvr_wire_id_set(&c->request, req, rlen, &err);
+    return st == KVR_OK ? KVR_OK : fail(st, "request id: %s", err.msg);
+}
+
+static kvr_status_t copy_blocks(kvr__cmd_t *c, const uint32_t *b, size_t n)
+{
+    if (n > KVR_WIRE_MAX_BLOCKS)
+        return fail(KVR_ERR_WIRE_LIMIT, "%zu blocks > %u", n,
+                    KVR_WIRE_MAX_BLOCKS);
+    if (n && b == NULL)
+        return fail(KVR_ERR_INVALID, "block table NULL with %zu blocks", n);
+    c->blocks = malloc((n + 1) * sizeof(*b));
+    if (c->blocks == NULL)
+        return fail(KVR_ERR_NO_MEMORY, "no memory for %zu blocks", n);
+    if (n)
+        memcpy(c->blocks, b, n * sizeof(*b));
+    c->num_blocks = n;
+    return KVR_OK;
+}
+
+static kvr__snap_t *snap_find(kvr_agent_t *a, const kvr__key_t *k)
+{
+    return kvr__map_get(&a->snap, k->b, k->len);
+}
+
+/* Queues c. Opening commands (new = true) claim the key in the snapshot,
+ * so that a second open of a live key fails here; others need the key. */
+static kvr_status_t enqueue(kvr_agent_t *a, kvr__cmd_t *c, uint8_t side,
+                            bool open, int queued_state)
+{
+    kvr__key_t k;
+    kvr__key_make(&k, side, side == KVR__SIDE_SEND ? &a->instance : &c->producer,
+                  &c->request);
+    kvr_status_t st = KVR_OK;
+    pthread_mutex_lock(&a->lock);
+    kvr__snap_t *s = snap_find(a, &k);
+    if (open && s != NULL)
+        st = fail(KVR_ERR_EXISTS, "request '%.*s' is live (its last event "
+                  "not yet polled)", (int)c->request.len, c->request.bytes);
+    else if (!open && s == NULL)
+        st = fail(KVR_ERR_NOT_FOUND, "no request '%.*s'", (int)c->request.len,
+                  c->request.bytes);
+    else if (open && a->live[side] >= a->p.max_requests)
+        st = fail(KVR_ERR_NO_SPACE, "%u requests live", a->live[side]);
+    if (st == KVR_OK && open) {
+        s = calloc(1, sizeof(*s));
+        st = s ? kvr__map_put(&a->snap, k.b, k.len, s) : KVR_ERR_NO_MEMORY;
+        if (st == KVR_OK) {
+            s->state = queued_state;
+            a->live[side]++;
+        } else {
+            free(s);
+            fail(st, "no memory");
+        }
+    }
+    if (st == KVR_OK) {
+        if (a->inbox_tail)
+            a->inbox_tail->next = c;
+        else
+            a->inbox_head = c;
+        a->inbox_tail = c;
+    }
+    pthread_mutex_unlock(&a->lock);
+    if (st != KVR_OK) {
+        kvr__cmd_free(c);
+        return st;
+    }
+    kvr__agent_wake(a);
+    return KVR_OK;
+}
+
+static kvr_status_t new_cmd(kvr_agent_t *a, kvr_agent_role_t role,
+                            kvr__cmd_kind_t kind, kvr__cmd_t **out)
+{
+    if (a == NULL)
+        return fail(KVR_ERR_INVALID, "agent is NULL");
+    if (!(a->p.role & role))
+        return fail(KVR_ERR_INVALID, "a %s call on an agent that is not a %s",
+                    role == KVR_AGENT_PRODUCER ? "producer" : "consumer",
+                    role == KVR_AGENT_PRODUCER ? "producer" : "consumer");
+    if (!a->started)
+        return fail(KVR_ERR_INVALID, "the agent is not started");
+    *out = calloc(1, sizeof(**out));
+    if (*out == NULL)
+        return fail(KVR_ERR_NO_MEMORY, "no memory");
+    (*out)->kind = kind;
+    return KVR_OK;
+}
+
+kvr_status_t kvr_agent_send_open(kvr_agent_t *a, const kvr_agent_send_t *s)
+{
+    kvr__cmd_t *c = NULL;
+    if (s == NULL)
+        return fail(KVR_ERR_INVALID, "send is NULL");
+    kvr_status_t st = new_cmd(a, KVR_AGENT_PRODUCER, KVR__CMD_SEND_OPEN, &c);
+    if (st != KVR_OK)
+        return st;
+    st = ids_of(c, NULL, 0, s->request_id, s->request_id_len);
+    if (st == KVR_OK)
+        st = copy_blocks(c, s->src_blocks, s->num_src_blocks);
+    if (st == KVR_OK && s->groups > KVR_AGENT_MAX_GROUPS)
+        st = fail(KVR_ERR_INVALID, "groups %u > %u", s->groups,
+                  KVR_AGENT_MAX_GROUPS);
+    if (st == KVR_OK && s->lease_ms > KVR_WIRE_DEADLINE_MAX_MS)
+        st = fail(KVR_ERR_INVALID, "lease %u ms > %u", s->lease_ms,
+                  KVR_WIRE_DEADLINE_MAX_MS);
+    if (st != KVR_OK) {
+        kvr__cmd_free(c);
+        return st;
+    }
+    c->num_tokens = s->num_tokens;
+    c->ms = s->lease_ms ? s->lease_ms : a->p.lease_ms;
+    c->groups = s->groups ? s->groups : 1;
+    return enqueue(a, c, KVR__SIDE_SEND, true, KVR_SEND_QUEUED);
+}
+
+static kvr_status_t send_cmd(kvr_agent_t *a, kvr__cmd_kind_t kind,
+                             const void *req, size_t rlen, kvr__cmd_t **out)
+{
+    kvr_status_t st = new_cmd(a, KVR_AGENT_PRODUCER, kind, out);
+    if (st == KVR_OK && (st = ids_of(*out, NULL, 0, req, rlen)) != KVR_OK)
+        kvr__cmd_free(*out);
+    return st;
+}
+
+kvr_status_t kvr_agent_send_ready(kvr_agent_t *a, const void *req, size_t rlen,
+                                  uint32_t layer_begin, uint32_t layer_end,
+                                  void *cuda_event)
+{
+    if (cuda_event != NULL)
+        return fail(KVR_ERR_UNSUPPORTED, "CUDA events: the agent moves host "
+                    "memory only so far");
+    if (layer_begin >= layer_end)
+        return fail(KVR_ERR_INVALID, "layer range [%u, %u) is empty",
+                    layer_begin, layer_end);
+    kvr__cmd_t *c = NULL;
+    kvr_status_t st = send_cmd(a, KVR__CMD_SEND_READY, req, rlen, &c);
+    if (st != KVR_OK)
+        return st;
+    c->layer_begin = layer_begin;
+    c->layer_end = layer_end;
+    return enqueue(a, c, KVR__SIDE_SEND, false, 0);
+}
+
+kvr_status_t kvr_agent_send_abort(kvr_agent_t *a, const void *req, size_t rlen)
+{
+    kvr__cmd_t *c = NULL;
+    kvr_status_t st = send_cmd(a, KVR__CMD_SEND_ABORT, req, rlen, &c);
+    return st == KVR_OK ? enqueue(a, c, KVR__SIDE_SEND, false, 0) : st;
+}
+
+kvr_status_t kvr_agent_recv(kvr_agent_t *a, const kvr_agent_recv_t *r)
+{
+    kvr__cmd_t *c = NULL;
+    kvr_error_t err = {0};
+    if (r == NULL || r->producer_id == NULL)
+        return fail(KVR_ERR_INVALID, "recv or its producer id is NULL");
+    kvr_status_t st = new_cmd(a, KVR_AGENT_CONSUMER, KVR__CMD_RECV, &c);
+    if (st != KVR_OK)
+        return st;
+    st = ids_of(c, r->producer_id, r->producer_id_len, r->request_id,
+                r->request_id_len);
+    if (st == KVR_OK)
+        st = copy_spec(c->address, r->producer_address, "producer", &err);
+    if (st == KVR_OK && c->address[0] == '\0')
+        st = kvr_error_set(&err, KVR_ERR_INVALID, "producer address is NULL");
+    if (st != KVR_OK && err.msg[0])
+        fail(st, "%s", err.msg);
+    if (st == KVR_OK)
+        st = copy_blocks(c, r->dst_blocks, r->num_dst_blocks);
+    if (st == KVR_OK && r->deadline_ms > KVR_WIRE_DEADLINE_MAX_MS)
+        st = fail(KVR_ERR_INVALID, "deadline %u ms > %u", r->deadline_ms,
+                  KVR_WIRE_DEADLINE_MAX_MS);
+    if (st != KVR_OK) {
+        kvr__cmd_free(c);
+        return st;
+    }
+    c->num_tokens = r->num_tokens;
+    c->num_computed = r->num_computed_blocks;
+    c->ms = r->deadline_ms ? r->deadline_ms : a->p.deadline_ms;
+    return enqueue(a, c, KVR__SIDE_RECV, true, KVR_RECV_QUEUED);
+}
+
+kvr_status_t kvr_agent_recv_abort(kvr_agent_t *a, const void *prod,
+                                  size_t plen, const void *req, size_t rlen)
+{
+    kvr__cmd_t *c = NULL;
+    if (prod == NULL)
+        return fail(KVR_ERR_INVALID, "producer id is NULL");
+    kvr_status_t st = new_cmd(a, KVR_AGENT_CONSUMER, KVR__CMD_RECV_ABORT, &c);
+    if (st == KVR_OK && (st = ids_of(c, prod, plen, req, rlen)) != KVR_OK)
+        kvr__cmd_free(c);
+    return st == KVR_OK ? enqueue(a, c, KVR__SIDE_RECV, false, 0) : st;
+}
+
+/* ---- events and the snapshot (the loop's side) ---- */
+
+static bool is_final(kvr_agent_event_kind_t k)
+{
+    return k == KVR_AGENT_SENT || k == KVR_AGENT_SEND_EXPIRED ||
+           k == KVR_AGENT_SEND_FAILED || k == KVR_AGENT_RELEASED;
+}
+
+static uint8_t side_of(kvr_agent_event_kind_t k)
+{
+    return k <= KVR_AGENT_SEND_FAILED ? KVR__SIDE_SEND : KVR__SIDE_RECV;
+}
+
+void kvr__agent_event(kvr_agent_t *a, kvr_agent_event_kind_t kind,
+                      const kvr_wire_id_t *producer,
+                      const kvr_wire_id_t *request, kvr_status_t st,
+                      const char *msg, uint64_t bytes)
+{
+    kvr__event_node_t *e = calloc(1, sizeof(*e));
+    if (e == NULL)
+        abort(); /* an outcome that cannot be reported breaks the contract */
+    e->ev.kind = kind;
+    e->ev.producer = *producer;
+    e->ev.request = *request;
+    e->ev.status = st;
+    e->ev.bytes = bytes;
+    snprintf(e->ev.message, sizeof(e->ev.message), "%s", msg ? msg : "");
+    e->final = is_final(kind);
+    kvr__key_make(&e->key, side_of(kind), producer, request);
+    pthread_mutex_lock(&a->lock);
+    kvr__snap_t *s = snap_find(a, &e->key);
+    if (s != NULL && e->final)
+        s->final_queued = true;
+    bool was_empty = a->ev_head == NULL;
+    if (a->ev_tail)
+        a->ev_tail->next = e;
+    else
+        a->ev_head = e;
+    a->ev_tail = e;
+    if (was_empty) {
+        uint64_t one = 1;
+        ssize_t n = write(a->event_fd, &one, sizeof(one));
+        (void)n;
+    }
+    pthread_mutex_unlock(&a->lock);
+}
+
+void kvr__agent_snap(kvr_agent_t *a, uint8_t side,
+                     const kvr_wire_id_t *producer,
+                     const kvr_wire_id_t *request, int state,
+                     kvr_status_t st, const char *msg)
+{
+    kvr__key_t k;
+    kvr__key_make(&k, side, producer, request);
+    pthread_mutex_lock(&a->lock);
+    kvr__snap_t *s = snap_find(a, &k);
+    if (s != NULL) {
+        s->state = state;
+        s->status = st;
+        snprintf(s->message, sizeof(s->message), "%s", msg ? msg : "");
+    }
+    pthread_mutex_unlock(&a->lock);
+}
+
+bool kvr_agent_poll(kvr_agent_t *a, kvr_agent_event_t *out)
+{
+    if (a == NULL || out == NULL)
+        return false;
+    pthread_mutex_lock(&a->lock);
+    kvr__event_node_t *e = a->ev_head;
+    if (e != NULL) {
+        a->ev_head = e->next;
+        if (a->ev_head == NULL) {
+            a->ev_tail = NULL;
+            uint64_t v;
+            ssize_t n = read(a->event_fd, &v, sizeof(v));
+            (void)n;
+        }
+        /* the last event of a request frees its key */
+        if (e->final && kvr__map_get(&a->snap, e->key.b, e->key.len)) {
+            free(kvr__map_del(&a->snap, e->key.b, e->key.len));
+            a->live[e->key.b[0]]--;
+        }
+    }
+    pthread_mutex_unlock(&a->lock);
+    if (e == NULL)
+        return false;
+    *out = e->ev;
+    free(e);
+    return true;
+}
+
+kvr_status_t kvr_agent_status(kvr_agent_t *a, const void *prod, size_t plen,
+                              const void *req, size_t rlen,
+                              kvr_agent_req_status_t *out)
+{
+    kvr__cmd_t c;
+    memset(&c, 0, sizeof(c));
+    if (a == NULL || out == NULL || prod == NULL)
+        return fail(KVR_ERR_INVALID, "NULL argument");
+    kvr_status_t st = ids_of(&c, prod, plen, req, rlen);
+    if (st != KVR_OK)
+        return st;
+    kvr_agent_req_status_t r;
+    memset(&r, 0, sizeof(r));
+    kvr__key_t ks, kr;
+    kvr__key_make(&ks, KVR__SIDE_SEND, &c.producer, &c.request);
+    kvr__key_make(&kr, KVR__SIDE_RECV, &c.producer, &c.request);
+    bool mine = kvr_wire_id_equal(&c.producer, &a->instance);
+    pthread_mutex_lock(&a->lock);
+    const kvr__snap_t *s = mine ? snap_find(a, &ks) : NULL;
+    const kvr__snap_t *q = snap_find(a, &kr);
+    if (s != NULL)
+        r.send = (kvr_agent_send_state_t)s->state;
+    if (q != NULL)
+        r.recv = (kvr_agent_recv_state_t)q->state;
+    const kvr__snap_t *w = q ? q : s;
+    if (w != NULL) {
+        r.status = w->status;
+        memcpy(r.message, w->message, sizeof(r.message));
+    }
+    pthread_mutex_unlock(&a->lock);
+    if (w == NULL)
+        return fail(KVR_ERR_NOT_FOUND, "no request '%.*s' of '%.*s'",
+                    (int)c.request.len, c.request.bytes, (int)c.producer.len,
+                    c.producer.bytes);
+    *out = r;
+    return KVR_OK;
+}
+
+/* ---- names ---- */
+
+const char *kvr_agent_event_name(kvr_agent_event_kind_t kind)
+{
+    static const char *const names[] = {
+        [KVR_AGENT_SENT] = "SENT",
+        [KVR_AGENT_SEND_EXPIRED] = "SEND_EXPIRED",
+        [KVR_AGENT_SEND_FAILED] = "SEND_FAILED",
+        [KVR_AGENT_LOADED] = "LOADED",
+        [KVR_AGENT_LOAD_FAILED] = "LOAD_FAILED",
+        [KVR_AGENT_RELEASED] = "RELEASED",
+        [KVR_AGENT_LAYERS_LOADED] = "LAYERS_LOADED",
+    };
+    unsigned k = (unsigned)kind;
+    return k < sizeof(names) / sizeof(names[0]) && names[k] ? names[k] : "?";
+}
+
+const char *kvr_agent_send_state_name(kvr_agent_send_state_t state)
+{
+    static const char *const names[] = {"NONE", "QUEUED", "OPEN", "READY",
+                                        "SENT", "EXPIRED", "FAILED"};
+    unsigned s = (unsigned)state;
+    return s < sizeof(names) / sizeof(names[0]) ? names[s] : "?";
+}
+
+const char *kvr_agent_recv_state_name(kvr_agent_recv_state_t state)
+{
+    static const char *const names[] = {"NONE",    "QUEUED",     "DIALING",
+                                        "PULLING", "QUARANTINE", "LOADED",
+                                        "FAILED"};
+    unsigned s = (unsigned)state;
+    return s < sizeof(names) / sizeof(names[0]) ? names[s] : "?";
+}
+
+void kvr__agent_set_frame_fault(kvr_agent_t *a, kvr_msg_type_t type,
+                                uint32_t nth, bool duplicate)
+{
+    a->fault = (kvr__frame_fault_t){type, nth, duplicate, 0};
+}

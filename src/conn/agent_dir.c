@@ -1,0 +1,415 @@
+/* What links are for once they are up: a consumer's directory of producer
+ * instances (bootstrap link, STAGES, one serving link per PP stage), the PP
+ * head's stage table (JOIN in, STAGES out), a non-head stage joining its
+ * head, and REGIONS (consumer announces, producer maps). */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "agent_internal.h"
+
+uint32_t kvr__ranks_served(const kvr_agent_t *a)
+{
+    uint32_t n = 0, ptp = a->p.topo.tp_size;
+    for (uint32_t c = 0; c < a->p.layout.tp; c++)
+        n += c % ptp == a->p.topo.tp_rank;
+    return n;
+}
+
+/* ---- consumer: the directory ---- */
+
+kvr__pdir_t *kvr__pdir_get(kvr_agent_t *a, const kvr_wire_id_t *instance,
+                           const char *bootstrap)
+{
+    kvr__pdir_t *d = a->dirs;
+    while (d != NULL && !kvr_wire_id_equal(&d->instance, instance))
+        d = d->next;
+    if (d == NULL) {
+        d = calloc(1, sizeof(*d));
+        if (d == NULL)
+            return NULL;
+        d->instance = *instance;
+        d->next = a->dirs;
+        a->dirs = d;
+    }
+    /* a new bootstrap address (a restarted head on another port) wins for
+     * the next dial; live links stay until they fail */
+    snprintf(d->bootstrap, sizeof(d->bootstrap), "%s", bootstrap);
+    return d;
+}
+
+void kvr__pdir_free_all(kvr_agent_t *a)
+{
+    for (kvr__pdir_t *d = a->dirs, *n; d != NULL; d = n) {
+        n = d->next;
+        free(d->stages);
+        free(d);
+    }
+    a->dirs = NULL;
+}
+
+static void dir_error(kvr__pdir_t *d, kvr_status_t st, const char *msg)
+{
+    d->error = st;
+    d->error_ns = kvr__now_ns();
+    snprintf(d->error_msg, sizeof(d->error_msg), "%s", msg);
+}
+
+static kvr__alink_t *dial(kvr_agent_t *a, kvr__pdir_t *d, const char *address)
+{
+    kvr_error_t err = {0};
+    kvr__alink_t *l = NULL;
+    if (kvr__alink_dial(a, address, KVR__LINK_STAGE, &l, &err) != KVR_OK) {
+        dir_error(d, err.code, err.msg);
+        return NULL;
+    }
+    l->dir = d;
+    return l;
+}
+
+static const kvr_wire_stage_t *stage_entry(const kvr__pdir_t *d, uint32_t pp,
+                                           uint32_t tp)
+{
+    for (uint32_t i = 0; i < d->num_stages; i++)
+        if (d->stages[i].pp_rank == pp && d->stages[i].tp_rank == tp &&
+            d->stages[i].address[0])
+            return &d->stages[i];
+    return NULL;
+}
+
+static kvr__alink_t *link_to(kvr_agent_t *a, const kvr__pdir_t *d,
+                             const char *address)
+{
+    for (kvr__alink_t *l = a->links; l != NULL; l = l->next)
+        if (l->dir == d && l->state != KVR__LINK_CLOSED &&
+            strcmp(l->address, address) == 0)
+            return l;
+    return NULL;
+}
+
+static bool serves_me(const kvr_agent_t *a, const kvr__pdir_t *d, uint32_t tp)
+{
+    return tp == a->p.topo.tp_rank % d->tp_size;
+}
+
+/* Dials what the instance's waiting requests still need: the bootstrap
+ * address until STAGES came, then each serving stage. */
+void kvr__pdir_kick(kvr_agent_t *a, kvr__pdir_t *d)
+{
+    if (d->head == NULL && (!d->have_stages || link_to(a, d, d->bootstrap)))
+        d->head = link_to(a, d, d->bootstrap);
+    if (d->head == NULL && !d->have_stages)
+        d->head = dial(a, d, d->bootstrap);
+    if (!d->have_stages)
+        return;
+    uint32_t tp = a->p.topo.tp_rank % d->tp_size;
+    for (uint32_t pp = 0; pp < d->pp_size; pp++) {
+        const kvr_wire_stage_t *s = stage_entry(d, pp, tp);
+        if (d->serving[pp] != NULL || s == NULL)
+            continue;
+        kvr__alink_t *l = link_to(a, d, s->address);
+        d->serving[pp] = l ? l : dial(a, d, s->address);
+    }
+}
+
+bool kvr__pdir_ready(const kvr_agent_t *a, const kvr__pdir_t *d)
+{
+    (void)a;
+    if (!d->have_stages)
+        return false;
+    for (uint32_t pp = 0; pp < d->pp_size; pp++)
+        if (d->serving[pp] == NULL || d->serving[pp]->state != KVR__LINK_READY ||
+            !d->serving[pp]->regions_sent)
+            return false;
+    return true;
+}
+
+/* REGIONS: our regions that move, with their keys and our data address. */
+static kvr_status_t send_regions(kvr_agent_t *a, kvr__alink_t *l)
+{
+    kvr_wire_region_t *regs = calloc(a->num_regions + 1, sizeof(*regs));
+    uint8_t *keys = calloc(a->num_regions + 1, KVR_DATA_RKEY_MAX);
+    kvr_status_t st = regs && keys ? KVR_OK : KVR_ERR_NO_MEMORY;
+    uint32_t n = 0;
+    for (uint32_t i = 0; st == KVR_OK && i < a->num_regions; i++) {
+        if (a->regions[i].consumer_only)
+            continue;
+        kvr_wire_region_t *r = &regs[n];
+        r->desc = a->regions[i].desc;
+        r->base = (uint64_t)(uintptr_t)a->regions[i].base;
+        r->rkey = keys + (size_t)n * KVR_DATA_RKEY_MAX;
+        r->memory = KVR_WIRE_MEM_HOST;
+        st = kvr__dmem_rkey(a->regions[i].mem, keys + (size_t)n * KVR_DATA_RKEY_MAX,
+                            &r->rkey_len);
+        n++;
+    }
+    const void *addr = NULL;
+    size_t alen = 0;
+    if (st == KVR_OK)
+        st = kvr__data_address(a->data, &addr, &alen);
+    kvr_msg_t m = {.type = KVR_MSG_REGIONS};
+    m.u.regions = (kvr_msg_regions_t){regs, n, addr, (uint32_t)alen};
+    if (st == KVR_OK)
+        st = kvr__alink_send(a, l, &m);
+    free(regs);
+    free(keys);
+    if (st != KVR_OK)
+        kvr__alink_close(a, l, st, "sending REGIONS failed (%s)",
+                         kvr_status_name(st));
+    return st;
+}
+
+/* Is l the link to stage (pp, tp) we expected, of the instance we asked? */
+static kvr_status_t check_stage(const kvr__alink_t *l, kvr_error_t *err)
+{
+    const kvr__pdir_t *d = l->dir;
+    const kvr_wire_topo_t *t = &l->link->peer.topo;
+    if (!kvr_wire_id_equal(&l->peer_instance, &d->instance))
+        return kvr_error_set(err, KVR_ERR_PEER_ROLE,
+                             "%s is instance '%.*s', not '%.*s'", l->address,
+                             (int)l->peer_instance.len, l->peer_instance.bytes,
+                             (int)d->instance.len, d->instance.bytes);
+    if (t->pp_size > KVR_AGENT_MAX_STAGES)
+        return kvr_error_set(err, KVR_ERR_UNSUPPORTED,
+                             "%s: producer PP size %u > %u", l->address,
+                             t->pp_size, KVR_AGENT_MAX_STAGES);
+    if (d->head == l && (t->pp_rank != 0 || t->tp_rank != 0))
+        return kvr_error_set(err, KVR_ERR_PEER_ROLE,
+                             "bootstrap %s is stage (pp %u, tp %u) of '%.*s', "
+                             "not its PP head", l->address, t->pp_rank,
+                             t->tp_rank, (int)d->instance.len,
+                             d->instance.bytes);
+    return KVR_OK;
+}
+
+void kvr__link_ready_stage(kvr_agent_t *a, kvr__alink_t *l)
+{
+    kvr_error_t err = {0};
+    kvr__pdir_t *d = l->dir;
+    if (d == NULL || check_stage(l, &err) != KVR_OK) {
+        kvr__alink_close(a, l, err.code ? err.code : KVR_ERR_PROTO, "%s",
+                         err.msg[0] ? err.msg : "a link with no directory");
+        return;
+    }
+    const kvr_wire_topo_t *t = &l->link->peer.topo;
+    bool serving = t->tp_rank == a->p.topo.tp_rank % t->tp_size;
+    if (serving && d->have_stages && d->serving[t->pp_rank] == NULL)
+        d->serving[t->pp_rank] = l;
+    if (serving && send_regions(a, l) != KVR_OK)
+        return;
+    l->regions_sent = serving;
+    d->error = KVR_OK;
+    kvr__recv_dir_changed(a, d);
+}
+
+/* The head's STAGES: every stage's address, the serving links follow. */
+void kvr__link_on_stages(kvr_agent_t *a, kvr__alink_t *l,
+                         const kvr_msg_stages_t *m)
+{
+    kvr__pdir_t *d = l->dir;
+    const kvr_wire_topo_t *t = &l->link->peer.topo;
+    if (d == NULL || t->pp_rank != 0 || t->tp_rank != 0 ||
+        m->pp_size != t->pp_size || m->tp_size != t->tp_size) {
+        kvr__alink_close(a, l, KVR_ERR_PROTO, "STAGES from %s: not a PP head, "
+                         "or PP %u x TP %u against its HELLO's %u x %u",
+                         l->address, m->pp_size, m->tp_size, t->pp_size,
+                         t->tp_size);
+        return;
+    }
+    kvr_wire_stage_t *copy = calloc(m->num_stages + 1, sizeof(*copy));
+    if (copy == NULL)
+        return;
+    memcpy(copy, m->stages, m->num_stages * sizeof(*copy));
+    free(d->stages);
+    d->stages = copy;
+    d->num_stages = m->num_stages;
+    d->pp_size = m->pp_size;
+    d->tp_size = m->tp_size;
+    d->have_stages = true;
+    d->head = l;
+    if (serves_me(a, d, 0) && d->serving[0] == NULL)
+        d->serving[0] = l;
+    /* a serving link whose stage now has another incarnation is stale */
+    for (uint32_t pp = 0; pp < d->pp_size; pp++) {
+        kvr__alink_t *s = d->serving[pp];
+        const kvr_wire_stage_t *e = stage_entry(d, pp, a->p.topo.tp_rank % d->tp_size);
+        if (s != NULL && e != NULL && s->ever_ready &&
+            s->peer_incarnation != e->incarnation)
+            kvr__alink_close(a, s, KVR_ERR_PEER_DEAD, "producer stage %u "
+                             "restarted (incarnation %016llx is now %016llx)",
+                             pp, (unsigned long long)s->peer_incarnation,
+                             (unsigned long long)e->incarnation);
+    }
+    kvr__pdir_kick(a, d);
+    kvr__recv_dir_changed(a, d);
+}
+
+/* A closed link leaves the directory; a refusal, or a failure before the
+ * link was ever up, is what the waiting requests fail with. */
+void kvr__link_lost_dir(kvr_agent_t *a, kvr__alink_t *l)
+{
+    kvr__pdir_t *d = l->dir;
+    if (d == NULL)
+        return;
+    if (d->head == l)
+        d->head = NULL;
+    for (uint32_t pp = 0; pp < KVR_AGENT_MAX_STAGES; pp++)
+        if (d->serving[pp] == l)
+            d->serving[pp] = NULL;
+    if (l->refused || !l->ever_ready)
+        dir_error(d, l->close_status, l->close_why);
+    kvr__recv_dir_changed(a, d);
+}
+
+/* ---- producer: the PP head's stage table, JOIN, STAGES ---- */
+
+void kvr__stages_send(kvr_agent_t *a, kvr__alink_t *only)
+{
+    const kvr_wire_topo_t *t = &a->p.topo;
+    uint32_t total = t->pp_size * t->tp_size, n = 0;
+    kvr_wire_stage_t *list = calloc(total + 1, sizeof(*list));
+    if (list == NULL || a->stage_table == NULL) {
+        free(list);
+        return;
+    }
+    for (uint32_t i = 0; i < total; i++)
+        if (a->stage_table[i].address[0]) {
+            list[n] = a->stage_table[i];
+            list[n].pp_rank = i / t->tp_size;
+            list[n++].tp_rank = i % t->tp_size;
+        }
+    kvr_msg_t m = {.type = KVR_MSG_STAGES};
+    m.u.stages = (kvr_msg_stages_t){t->pp_size, t->tp_size, list, n};
+    for (kvr__alink_t *l = a->links; l != NULL; l = l->next)
+        if ((only == NULL || only == l) && l->state == KVR__LINK_READY &&
+            l->kind == KVR__LINK_ACCEPT &&
+            l->link->peer.side == KVR_WIRE_CONSUMER)
+            kvr__alink_send(a, l, &m);
+    free(list);
+}
+
+void kvr__link_ready_accept(kvr_agent_t *a, kvr__alink_t *l)
+{
+    if (l->link->peer.side == KVR_WIRE_CONSUMER)
+        kvr__stages_send(a, l);
+}
+
+void kvr__link_on_join(kvr_agent_t *a, kvr__alink_t *l, const kvr_msg_join_t *m)
+{
+    const kvr_wire_topo_t *t = &l->link->peer.topo;
+    if (a->stage_table == NULL || m->address[0] == '\0') {
+        kvr__alink_close(a, l, KVR_ERR_PROTO, "JOIN without an address, or "
+                         "to a stage that is not a PP head");
+        return;
+    }
+    kvr_wire_stage_t *e = &a->stage_table[t->pp_rank * a->p.topo.tp_size +
+                                          t->tp_rank];
+    e->incarnation = l->peer_incarnation;
+    snprintf(e->address, sizeof(e->address), "%s", m->address);
+    kvr__agent_log(a, "stage (pp %u, tp %u) joined from %s", t->pp_rank,
+                   t->tp_rank, m->address);
+    kvr__stages_send(a, NULL);
+}
+
+void kvr__link_ready_join(kvr_agent_t *a, kvr__alink_t *l)
+{
+    kvr_msg_t m = {.type = KVR_MSG_JOIN};
+    snprintf(m.u.join.address, sizeof(m.u.join.address), "%s", a->address);
+    kvr__alink_send(a, l, &m);
+}
+
+void kvr__join_tick(kvr_agent_t *a, uint64_t now, uint64_t *next)
+{
+    kvr_error_t err = {0};
+    bool head = a->p.topo.pp_rank == 0 && a->p.topo.tp_rank == 0;
+    if (!(a->p.role & KVR_AGENT_PRODUCER) || head || !a->started ||
+        a->join_link != NULL)
+        return;
+    if (now < a->join_retry_ns) {
+        if (a->join_retry_ns < *next)
+            *next = a->join_retry_ns;
+        return;
+    }
+    if (kvr__alink_dial(a, a->bootstrap_spec, KVR__LINK_JOIN, &a->join_link,
+                        &err) != KVR_OK) {
+        kvr__agent_log(a, "joining the PP head: %s", err.msg);
+        a->join_link = NULL;
+        a->join_retry_ns = now + 200 * 1000000ull;
+        if (a->join_retry_ns < *next)
+            *next = a->join_retry_ns;
+    }
+}
+
+/* ---- producer: a consumer's REGIONS ---- */
+
+static int twin_of(const kvr__alink_t *l, const kvr_region_desc_t *d)
+{
+    for (uint32_t j = 0; j < l->num_maps; j++)
+        if (l->maps[j].desc.role == d->role && l->maps[j].desc.layer == d->layer)
+            return (int)j;
+    return -1;
+}
+
+static kvr_status_t map_regions(kvr_agent_t *a, kvr__alink_t *l,
+                                const kvr_msg_regions_t *m, kvr_error_t *err)
+{
+    l->maps = calloc(m->num_regions + 1, sizeof(*l->maps));
+    if (l->maps == NULL)
+        return kvr_error_set(err, KVR_ERR_NO_MEMORY, "no memory");
+    for (uint32_t i = 0; i < m->num_regions; i++) {
+        const kvr_wire_region_t *r = &m->regions[i];
+        if (r->memory != KVR_WIRE_MEM_HOST || r->desc.role == KVR_ROLE_STAGING)
+            return kvr_error_set(err, KVR_ERR_UNSUPPORTED,
+                                 "consumer %s region layer %u: the agent maps "
+                                 "host KV regions only",
+                                 kvr_role_name(r->desc.role), r->desc.layer);
+        kvr_status_t st = kvr_region_check(&a->p.layout, &r->desc, true, err);
+        if (st == KVR_OK)
+            st = kvr__dpeer_map(l->data, r->base, kvr_region_bytes(&r->desc),
+                                r->rkey, r->rkey_len, &l->maps[i].mapping, err);
+        if (st != KVR_OK)
+            return st;
+        l->maps[i].desc = r->desc;
+        l->num_maps = i + 1;
+    }
+    for (uint32_t i = 0; i < a->num_regions; i++)
+        if (twin_of(l, &a->regions[i].desc) < 0)
+            return kvr_error_set(err, KVR_ERR_LAYOUT_MISMATCH,
+                                 "producer %s region layer %u has no twin on "
+                                 "consumer '%.*s' tp %u",
+                                 kvr_role_name(a->regions[i].desc.role),
+                                 a->regions[i].desc.layer,
+                                 (int)l->peer_instance.len,
+                                 l->peer_instance.bytes,
+                                 l->link->peer.topo.tp_rank);
+    return KVR_OK;
+}
+
+void kvr__link_on_regions(kvr_agent_t *a, kvr__alink_t *l,
+                          const kvr_msg_regions_t *m)
+{
+    kvr_error_t err = {0};
+    if (l->data != NULL) {
+        kvr__alink_close(a, l, KVR_ERR_PROTO, "a second REGIONS");
+        return;
+    }
+    kvr_status_t st = kvr__dpeer_open(a->data, m->address, m->address_len,
+                                      &l->data, &err);
+    if (st == KVR_OK)
+        st = map_regions(a, l, m, &err);
+    if (st != KVR_OK) {
+        kvr_msg_t bye;
+        kvr_msg_init(&bye, KVR_MSG_BYE);
+        bye.u.bye.status = st;
+        snprintf(bye.u.bye.text, sizeof(bye.u.bye.text), "%s", err.msg);
+        kvr__alink_send(a, l, &bye);
+        kvr__alink_close(a, l, st, "REGIONS: %s", err.msg);
+        return;
+    }
+    l->regions_ready = true;
+}
+
+int kvr__twin_index(const kvr__alink_t *l, const kvr_region_desc_t *d)
+{
+    return twin_of(l, d);
+}

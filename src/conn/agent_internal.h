@@ -1,0 +1,422 @@
+/* Internals of the agent (include/kvrelay/agent.h, docs/agent.md).
+ *
+ * Two halves that share one struct:
+ * - the call side (agent.c): validates, copies, queues commands under
+ *   `lock`, reads events and the status snapshot under `lock`;
+ * - the loop side (agent_loop.c, agent_link.c, agent_send.c, agent_recv.c):
+ *   everything else, touched only by the thread that holds `turn_lock`
+ *   (the progress thread, or a caller of kvr_agent_progress). */
+#ifndef KVRELAY_AGENT_INTERNAL_H
+#define KVRELAY_AGENT_INTERNAL_H
+
+#include <pthread.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "kvrelay/agent.h"
+
+#include "data.h"
+#include "link.h"
+
+#define KVR_AGENT_MAX_REGIONS 1024u
+#define KVR_AGENT_MAX_LINKS 1024u
+#define KVR_AGENT_MAX_STAGES 64u     /* pp stages of one producer instance */
+#define KVR_AGENT_MAX_GROUPS 64u     /* consumer groups per producer request */
+#define KVR_AGENT_ADDR_MAX 256u
+#define KVR_AGENT_SLICE_BYTES (1u << 20) /* puts posted per pull per slice */
+#define KVR_AGENT_TURN_WORK_NS 2000000ull /* slices per turn, at most */
+
+/* ---- small byte-keyed hash map (agent_table.c) ---- */
+
+typedef struct kvr__mapent {
+    struct kvr__mapent *next;
+    uint64_t hash;
+    void *val;
+    uint16_t klen;
+    uint8_t key[];
+} kvr__mapent_t;
+
+typedef struct kvr__map {
+    kvr__mapent_t **buckets;
+    size_t nbuckets, count;
+} kvr__map_t;
+
+kvr_status_t kvr__map_init(kvr__map_t *m, size_t nbuckets);
+void kvr__map_free(kvr__map_t *m, void (*free_val)(void *));
+void *kvr__map_get(const kvr__map_t *m, const void *key, size_t klen);
+kvr_status_t kvr__map_put(kvr__map_t *m, const void *key, size_t klen,
+                          void *val);
+void *kvr__map_del(kvr__map_t *m, const void *key, size_t klen);
+
+/* A request key: side, producer instance id, request id, flattened. */
+#define KVR__SIDE_SEND 1u
+#define KVR__SIDE_RECV 2u
+typedef struct kvr__key {
+    uint16_t len;
+    uint8_t b[4 + KVR_WIRE_INSTANCE_MAX + KVR_WIRE_REQ_ID_MAX];
+} kvr__key_t;
+
+void kvr__key_make(kvr__key_t *k, uint8_t side, const kvr_wire_id_t *producer,
+                   const kvr_wire_id_t *request);
+
+/* ---- regions ---- */
+
+typedef struct kvr__aregion {
+    kvr_region_desc_t desc;
+    void *base;
+    kvr__dmem_t *mem;
+    bool consumer_only;
+} kvr__aregion_t;
+
+/* A consumer's region as mapped on a producer's data peer. */
+typedef struct kvr__amap {
+    kvr_region_desc_t desc;
+    uint32_t mapping;
+} kvr__amap_t;
+
+/* ---- links ---- */
+
+typedef enum kvr__alink_kind {
+    KVR__LINK_STAGE = 1,  /* consumer -> a producer stage (or its head) */
+    KVR__LINK_JOIN = 2,   /* non-head stage -> its PP head */
+    KVR__LINK_ACCEPT = 3, /* accepted by this producer */
+} kvr__alink_kind_t;
+
+typedef enum kvr__alink_state {
+    KVR__LINK_CONNECTING = 1,
+    KVR__LINK_HANDSHAKE = 2,
+    KVR__LINK_READY = 3,
+    KVR__LINK_CLOSED = 4,
+} kvr__alink_state_t;
+
+struct kvr__pdir;
+
+typedef struct kvr__alink {
+    struct kvr__alink *next, *prev;
+    uint32_t serial;             /* for logs */
+    kvr__alink_kind_t kind;
+    kvr__alink_state_t state;
+    int fd;                      /* while connecting; then link->fd */
+    kvr__link_t *link;           /* framing and auth, once connected */
+    char address[KVR_AGENT_ADDR_MAX]; /* dialled address, or the peer's */
+    uint64_t deadline_ns;        /* connect plus handshake */
+    uint64_t last_used_ns;
+    uint32_t users;              /* requests and pulls holding it */
+    bool epoll_out;              /* EPOLLOUT registered */
+    bool refused;                /* closed by a refusal (not a loss) */
+    bool ever_ready;
+    bool regions_sent;           /* consumer: REGIONS went out on it */
+    kvr_status_t close_status;
+    char close_why[KVR_ERROR_MSG_MAX];
+    /* the peer, from its HELLO */
+    kvr_wire_id_t peer_instance;
+    uint64_t peer_incarnation;
+    /* producer side of a consumer link: its regions on our data peer */
+    kvr__dpeer_t *data;
+    kvr__amap_t *maps;
+    uint32_t num_maps;
+    bool regions_ready;
+    /* consumer side: the producer instance it belongs to */
+    struct kvr__pdir *dir;
+} kvr__alink_t;
+
+/* Consumer: what we know of one producer instance. */
+typedef struct kvr__pdir {
+    struct kvr__pdir *next;
+    kvr_wire_id_t instance;
+    char bootstrap[KVR_AGENT_ADDR_MAX];
+    kvr__alink_t *head;
+    bool have_stages;
+    uint32_t pp_size, tp_size;
+    kvr_wire_stage_t *stages;    /* from the last STAGES */
+    uint32_t num_stages;
+    kvr__alink_t *serving[KVR_AGENT_MAX_STAGES]; /* per pp rank */
+    kvr_status_t error;          /* the last dial failure or refusal */
+    uint64_t error_ns;           /* when: requests older than it fail */
+    char error_msg[KVR_ERROR_MSG_MAX];
+} kvr__pdir_t;
+
+/* ---- commands (call side -> loop) ---- */
+
+typedef enum kvr__cmd_kind {
+    KVR__CMD_SEND_OPEN = 1,
+    KVR__CMD_SEND_READY,
+    KVR__CMD_SEND_ABORT,
+    KVR__CMD_RECV,
+    KVR__CMD_RECV_ABORT,
+} kvr__cmd_kind_t;
+
+typedef struct kvr__cmd {
+    struct kvr__cmd *next;
+    kvr__cmd_kind_t kind;
+    kvr_wire_id_t producer, request;
+    uint32_t *blocks;
+    size_t num_blocks;
+    uint64_t num_tokens, num_computed;
+    uint32_t ms; /* lease or deadline */
+    uint32_t groups;
+    uint32_t layer_begin, layer_end;
+    char address[KVR_AGENT_ADDR_MAX];
+} kvr__cmd_t;
+
+/* ---- producer requests (agent_send.c) ---- */
+
+typedef enum kvr__pull_state {
+    KVR__PULL_HELD = 1,   /* request unknown or its layers not ready */
+    KVR__PULL_MOVING,     /* puts going out in slices */
+    KVR__PULL_ANSWERED,   /* WRITE_DONE or WRITE_FAILED sent */
+    KVR__PULL_RELEASED,   /* the consumer released it (or was lost) */
+} kvr__pull_state_t;
+
+typedef struct kvr__pull {
+    struct kvr__pull *next;      /* in its request, or the orphan list */
+    struct kvr__pull *work_next; /* in the active list while MOVING */
+    kvr__pull_state_t state;
+    kvr__alink_t *link;
+    kvr_wire_id_t request;
+    uint64_t nonce;
+    uint32_t consumer_tp, dcp_rank;
+    uint32_t group;              /* index into the request's groups */
+    uint32_t *dst;
+    size_t ndst;
+    uint64_t num_tokens, num_computed;
+    uint64_t arrived_ns, deadline_ns, release_by_ns;
+    kvr_plan_set_t *plans;
+    kvr__dseg_t *segs;
+    size_t nsegs;
+    kvr__dcursor_t cur;
+    uint64_t bytes;
+    bool ok;                     /* answered WRITE_DONE */
+} kvr__pull_t;
+
+typedef struct kvr__group {
+    kvr_wire_id_t instance;
+    uint64_t released;           /* consumer tp ranks that released */
+    bool done, failed;
+} kvr__group_t;
+
+typedef struct kvr__preq {
+    struct kvr__preq *next, *prev;
+    kvr_agent_send_state_t state;
+    kvr_wire_id_t id;
+    uint32_t *src;
+    size_t nsrc;
+    uint64_t num_tokens;
+    uint64_t lease_end_ns;
+    bool lease_seen;             /* a tick saw the lease over */
+    uint32_t groups_expected;
+    kvr__group_t groups[KVR_AGENT_MAX_GROUPS];
+    uint32_t num_groups;
+    uint8_t *layer_ready;        /* per layer of this stage's range */
+    uint32_t layers_missing;
+    kvr__pull_t *pulls;
+    uint64_t bytes;
+    kvr_status_t status;
+    char message[KVR_ERROR_MSG_MAX];
+} kvr__preq_t;
+
+/* Inputs of the producer request state machine. */
+typedef enum kvr__send_in {
+    KVR__SIN_OPEN = 1,   /* send_open processed */
+    KVR__SIN_READY,      /* send_ready covered more layers */
+    KVR__SIN_PULL,       /* a pull attached (WRITE_REQUEST) */
+    KVR__SIN_ANSWERED,   /* a pull was answered (done or failed) */
+    KVR__SIN_RELEASE,    /* a pull was released (RELEASE, loss, timeout) */
+    KVR__SIN_ABORT,      /* send_abort */
+    KVR__SIN_TICK,       /* timers: lease, pull deadlines */
+} kvr__send_in_t;
+
+/* ---- consumer requests (agent_recv.c) ---- */
+
+typedef struct kvr__cstage {
+    kvr__alink_t *link;
+    uint32_t pp_rank;
+    bool sent, answered, done, released;
+    uint64_t expect_bytes;
+} kvr__cstage_t;
+
+typedef struct kvr__creq {
+    struct kvr__creq *next, *prev;
+    kvr_agent_recv_state_t state;
+    kvr_wire_id_t producer, id;
+    kvr__pdir_t *dir;
+    uint32_t *dst;
+    size_t ndst;
+    uint64_t num_tokens, num_computed;
+    uint64_t nonce;
+    uint64_t started_ns, deadline_ns, hard_ns;
+    bool cut_done;               /* silent stages were cut at hard_ns */
+    kvr__cstage_t stages[KVR_AGENT_MAX_STAGES];
+    uint32_t num_stages;
+    uint64_t bytes;
+    kvr_status_t status;
+    char message[KVR_ERROR_MSG_MAX];
+} kvr__creq_t;
+
+typedef enum kvr__recv_in {
+    KVR__RIN_START = 1,  /* recv processed */
+    KVR__RIN_DIR,        /* the producer's links or directory changed */
+    KVR__RIN_DONE,       /* a stage's WRITE_DONE (with its bytes) */
+    KVR__RIN_FAILED,     /* a stage's WRITE_FAILED */
+    KVR__RIN_LOST,       /* a stage's link closed */
+    KVR__RIN_ABORT,      /* recv_abort */
+    KVR__RIN_TICK,       /* deadline, deadline plus grace */
+} kvr__recv_in_t;
+
+typedef struct kvr__recv_input {
+    kvr__recv_in_t kind;
+    kvr__cstage_t *stage;        /* DONE, FAILED, LOST */
+    uint64_t bytes;              /* DONE */
+    kvr_status_t status;         /* FAILED, LOST */
+    const char *text;            /* FAILED, LOST */
+} kvr__recv_input_t;
+
+/* ---- the agent ---- */
+
+/* Status snapshot entry (call side reads, loop writes; under lock). */
+typedef struct kvr__snap {
+    int state;
+    bool final_queued;
+    kvr_status_t status;
+    char message[KVR_ERROR_MSG_MAX];
+} kvr__snap_t;
+
+typedef struct kvr__event_node {
+    struct kvr__event_node *next;
+    kvr_agent_event_t ev;
+    bool final;
+    kvr__key_t key;
+} kvr__event_node_t;
+
+/* Control-frame fault injection for tests: the nth frame of `type` this
+ * agent sends is dropped or sent twice (0: off). */
+typedef struct kvr__frame_fault {
+    kvr_msg_type_t type;
+    uint32_t nth;
+    bool duplicate;
+    uint32_t seen;
+} kvr__frame_fault_t;
+
+struct kvr_agent {
+    kvr_agent_params_t p;
+    kvr_wire_id_t instance;
+    uint64_t incarnation;
+    uint8_t key[KVR_WIRE_KEY_BYTES];
+    bool has_key, started;
+    char listen_spec[KVR_AGENT_ADDR_MAX];
+    char advertise_spec[KVR_AGENT_ADDR_MAX];
+    char bootstrap_spec[KVR_AGENT_ADDR_MAX];
+    char address[KVR_AGENT_ADDR_MAX];
+
+    /* call side, under lock */
+    pthread_mutex_t lock;
+    kvr__cmd_t *inbox_head, *inbox_tail;
+    kvr__event_node_t *ev_head, *ev_tail;
+    kvr__map_t snap;
+    uint32_t live[3];            /* by side: snapshot entries */
+    int wake_fd;                 /* eventfd: commands or work pending */
+    int event_fd;                /* eventfd: readable while events queued */
+
+    /* the loop */
+    pthread_mutex_t turn_lock;
+    pthread_t thread;
+    bool thread_running;
+    volatile int stop;
+    int epoll_fd, timer_fd, listen_fd;
+    kvr__data_t *data;
+    kvr__aregion_t regions[KVR_AGENT_MAX_REGIONS];
+    uint32_t num_regions;
+    kvr__alink_t *links;
+    uint32_t num_links, next_serial;
+    kvr__pdir_t *dirs;
+    kvr__map_t preq_map, creq_map;
+    kvr__preq_t *preqs;
+    kvr__creq_t *creqs;
+    kvr__pull_t *orphans;
+    kvr__pull_t *active;          /* MOVING pulls, round robin */
+    kvr_wire_stage_t *stage_table; /* head: pp_size * tp_size entries */
+    uint64_t join_retry_ns;       /* non-head stage: next dial of the head */
+    kvr__alink_t *join_link;
+    kvr__frame_fault_t fault;
+    char log[KVR_ERROR_MSG_MAX];  /* the loop's last notable failure */
+};
+
+/* agent.c: the loop's side of the shared state */
+void kvr__agent_event(kvr_agent_t *a, kvr_agent_event_kind_t kind,
+                      const kvr_wire_id_t *producer,
+                      const kvr_wire_id_t *request, kvr_status_t st,
+                      const char *msg, uint64_t bytes);
+void kvr__agent_snap(kvr_agent_t *a, uint8_t side,
+                     const kvr_wire_id_t *producer,
+                     const kvr_wire_id_t *request, int state,
+                     kvr_status_t st, const char *msg);
+void kvr__agent_wake(kvr_agent_t *a);
+kvr__cmd_t *kvr__agent_take_commands(kvr_agent_t *a);
+void kvr__cmd_free(kvr__cmd_t *c);
+void kvr__agent_log(kvr_agent_t *a, const char *fmt, ...)
+#if defined(__GNUC__)
+    __attribute__((format(printf, 2, 3)))
+#endif
+    ;
+
+/* agent_loop.c */
+kvr_status_t kvr__loop_init(kvr_agent_t *a, kvr_error_t *err);
+void kvr__loop_fini(kvr_agent_t *a);
+void kvr__loop_turn(kvr_agent_t *a, uint32_t timeout_ms);
+kvr_status_t kvr__loop_watch(kvr_agent_t *a, int fd, void *tag, bool out);
+void kvr__loop_unwatch(kvr_agent_t *a, int fd);
+
+/* agent_link.c */
+kvr_status_t kvr__alink_dial(kvr_agent_t *a, const char *address,
+                             kvr__alink_kind_t kind, kvr__alink_t **out,
+                             kvr_error_t *err);
+void kvr__alink_accept(kvr_agent_t *a);
+void kvr__alink_on_io(kvr_agent_t *a, kvr__alink_t *l, uint32_t events);
+void kvr__alink_close(kvr_agent_t *a, kvr__alink_t *l, kvr_status_t why,
+                      const char *fmt, ...)
+#if defined(__GNUC__)
+    __attribute__((format(printf, 4, 5)))
+#endif
+    ;
+kvr_status_t kvr__alink_send(kvr_agent_t *a, kvr__alink_t *l,
+                             const kvr_msg_t *msg);
+void kvr__alink_tick(kvr_agent_t *a, uint64_t now, uint64_t *next);
+void kvr__alink_reap(kvr_agent_t *a);
+void kvr__alink_free_all(kvr_agent_t *a);
+/* Consumer: the directory entry of a producer instance (made on demand),
+ * and asking it to dial whatever the waiting requests still need. */
+kvr__pdir_t *kvr__pdir_get(kvr_agent_t *a, const kvr_wire_id_t *instance,
+                           const char *bootstrap);
+void kvr__pdir_kick(kvr_agent_t *a, kvr__pdir_t *d);
+bool kvr__pdir_ready(const kvr_agent_t *a, const kvr__pdir_t *d);
+void kvr__pdir_free_all(kvr_agent_t *a);
+/* Head: our stage table changed or a consumer link became ready. */
+void kvr__stages_send(kvr_agent_t *a, kvr__alink_t *only);
+void kvr__join_tick(kvr_agent_t *a, uint64_t now, uint64_t *next);
+/* Index of l's consumer region twinned with d (role, layer), or -1. */
+int kvr__twin_index(const kvr__alink_t *l, const kvr_region_desc_t *d);
+/* Producer tp ranks serve consumer tp ranks c with c % producer_tp == t. */
+uint32_t kvr__ranks_served(const kvr_agent_t *a);
+
+/* agent_send.c */
+void kvr__send_command(kvr_agent_t *a, const kvr__cmd_t *c);
+void kvr__send_msg(kvr_agent_t *a, kvr__alink_t *l, const kvr_msg_t *m);
+void kvr__send_link_lost(kvr_agent_t *a, kvr__alink_t *l);
+void kvr__send_tick(kvr_agent_t *a, uint64_t now, uint64_t *next);
+/* Moves one slice of every MOVING pull, round robin, until end_ns. */
+void kvr__send_work(kvr_agent_t *a, uint64_t end_ns);
+void kvr__send_free_all(kvr_agent_t *a);
+
+/* agent_recv.c */
+void kvr__recv_command(kvr_agent_t *a, kvr__cmd_t *c);
+void kvr__recv_msg(kvr_agent_t *a, kvr__alink_t *l, const kvr_msg_t *m);
+void kvr__recv_link_lost(kvr_agent_t *a, kvr__alink_t *l);
+void kvr__recv_dir_changed(kvr_agent_t *a, kvr__pdir_t *d);
+void kvr__recv_tick(kvr_agent_t *a, uint64_t now, uint64_t *next);
+void kvr__recv_free_all(kvr_agent_t *a);
+
+/* Tests: control-frame faults (see kvr__frame_fault_t). */
+void kvr__agent_set_frame_fault(kvr_agent_t *a, kvr_msg_type_t type,
+                                uint32_t nth, bool duplicate);
+
+#endif

@@ -1,0 +1,627 @@
+/* The agent's control links: non-blocking dial and accept, the handshake
+ * (HELLO with instance id and incarnation, AUTH), frame dispatch, closing
+ * and reaping, connect/handshake deadlines and idle close. */
+#include <arpa/inet.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/epoll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include "agent_internal.h"
+
+static uint64_t ms_ns(uint32_t ms)
+{
+    return (uint64_t)ms * 1000000ull;
+}
+
+static kvr__alink_t *link_new(kvr_agent_t *a, kvr__alink_kind_t kind,
+                              const char *address)
+{
+    if (a->num_links >= KVR_AGENT_MAX_LINKS)
+        return NULL;
+    kvr__alink_t *l = calloc(1, sizeof(*l));
+    if (l == NULL)
+        return NULL;
+    l->kind = kind;
+    l->fd = -1;
+    l->serial = ++a->next_serial;
+    snprintf(l->address, sizeof(l->address), "%s", address);
+    l->deadline_ns = kvr__now_ns() + ms_ns(a->p.connect_timeout_ms);
+    l->last_used_ns = kvr__now_ns();
+    l->next = a->links;
+    if (a->links)
+        a->links->prev = l;
+    a->links = l;
+    a->num_links++;
+    return l;
+}
+
+static kvr_status_t resolve(const char *address, struct addrinfo **res,
+                            kvr_error_t *err)
+{
+    char host[KVR_AGENT_ADDR_MAX], service[8];
+    const char *colon = strrchr(address, ':');
+    size_t n = colon ? (size_t)(colon - address) : 0;
+    if (colon == NULL || n == 0 || n >= sizeof(host) || strlen(colon + 1) == 0 ||
+        strlen(colon + 1) >= sizeof(service))
+        return kvr_error_set(err, KVR_ERR_INVALID,
+                             "address '%s' is not host:port", address);
+    memcpy(host, address, n);
+    host[n] = '\0';
+    snprintf(service, sizeof(service), "%s", colon + 1);
+    struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM,
+                             .ai_flags = AI_NUMERICSERV};
+    int rc = getaddrinfo(host, service, &hints, res);
+    if (rc != 0)
+        return kvr_error_set(err, KVR_ERR_INVALID, "address '%s': %s", address,
+                             gai_strerror(rc));
+    return KVR_OK;
+}
+
+kvr_status_t kvr__alink_dial(kvr_agent_t *a, const char *address,
+                             kvr__alink_kind_t kind, kvr__alink_t **out,
+                             kvr_error_t *err)
+{
+    struct addrinfo *res = NULL;
+    kvr_status_t st = resolve(address, &res, err);
+    if (st != KVR_OK)
+        return st;
+    int fd = socket(res->ai_family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK,
+                    0);
+    if (fd < 0 || (connect(fd, res->ai_addr, res->ai_addrlen) != 0 &&
+                   errno != EINPROGRESS))
+        st = kvr_error_set(err, errno == ECONNREFUSED ? KVR_ERR_PEER_DEAD
+                                                      : KVR_ERR_IO,
+                           "connect %s: %s", address, strerror(errno));
+    freeaddrinfo(res);
+    kvr__alink_t *l = st == KVR_OK ? link_new(a, kind, address) : NULL;
+    if (st == KVR_OK && l == NULL)
+        st = kvr_error_set(err, KVR_ERR_NO_SPACE, "dialling %s: %u links open",
+                           address, a->num_links);
+    if (st == KVR_OK && kvr__loop_watch(a, fd, l, true) != KVR_OK)
+        st = kvr_error_set(err, KVR_ERR_IO, "epoll: %s", strerror(errno));
+    if (st != KVR_OK) {
+        if (fd >= 0)
+            close(fd);
+        if (l != NULL) {
+            l->state = KVR__LINK_CLOSED; /* reaped like any other */
+            l->refused = true;
+        }
+        return st;
+    }
+    l->fd = fd;
+    l->state = KVR__LINK_CONNECTING;
+    l->epoll_out = true;
+    kvr__agent_log(a, "link %u: dialling %s", l->serial, address);
+    *out = l;
+    return KVR_OK;
+}
+
+static kvr_status_t attach_socket(kvr_agent_t *a, kvr__alink_t *l, int fd,
+                                  bool initiator)
+{
+    kvr_error_t err = {0};
+    kvr_status_t st = kvr__link_create(fd, initiator,
+                                       a->has_key ? a->key : NULL, &l->link,
+                                       &err);
+    l->fd = -1;
+    if (st != KVR_OK) {
+        close(fd);
+        kvr__alink_close(a, l, st, "link: %s", err.msg);
+        return st;
+    }
+    l->state = KVR__LINK_HANDSHAKE;
+    if (!a->has_key && !a->p.insecure && !l->link->loopback_peer) {
+        kvr__alink_close(a, l, KVR_ERR_AUTH, "refused a non-loopback peer "
+                         "without a key (configure a key, or insecure)");
+        return KVR_ERR_AUTH;
+    }
+    return KVR_OK;
+}
+
+void kvr__alink_accept(kvr_agent_t *a)
+{
+    for (;;) {
+        struct sockaddr_storage ss;
+        socklen_t len = sizeof(ss);
+        int fd = accept4(a->listen_fd, (struct sockaddr *)&ss, &len,
+                         SOCK_CLOEXEC | SOCK_NONBLOCK);
+        if (fd < 0)
+            return;
+        char peer[KVR_AGENT_ADDR_MAX] = "?";
+        char host[INET6_ADDRSTRLEN] = "?";
+        if (ss.ss_family == AF_INET)
+            inet_ntop(AF_INET, &((struct sockaddr_in *)&ss)->sin_addr, host,
+                      sizeof(host));
+        snprintf(peer, sizeof(peer), "%s:%u", host,
+                 ss.ss_family == AF_INET
+                     ? ntohs(((struct sockaddr_in *)&ss)->sin_port) : 0u);
+        kvr__alink_t *l = link_new(a, KVR__LINK_ACCEPT, peer);
+        if (l == NULL) {
+            close(fd);
+            kvr__agent_log(a, "refused %s: %u links open", peer, a->num_links);
+            continue;
+        }
+        if (kvr__loop_watch(a, fd, l, false) != KVR_OK) {
+            close(fd);
+            l->state = KVR__LINK_CLOSED;
+            continue;
+        }
+        attach_socket(a, l, fd, false);
+    }
+}
+
+void kvr__alink_close(kvr_agent_t *a, kvr__alink_t *l, kvr_status_t why,
+                      const char *fmt, ...)
+{
+    if (l->state == KVR__LINK_CLOSED)
+        return;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(l->close_why, sizeof(l->close_why), fmt, ap);
+    va_end(ap);
+    l->close_status = why == KVR_OK ? KVR_ERR_PEER_DEAD : why;
+    /* a refusal (layout, auth, role) is final for the waiting requests; a
+     * loss (EOF, reset, idle close) is redialled by later ones */
+    l->refused = why != KVR_OK && why != KVR_ERR_PEER_DEAD &&
+                 why != KVR_ERR_IO;
+    bool was_ready = l->state == KVR__LINK_READY;
+    l->state = KVR__LINK_CLOSED;
+    if (l->link != NULL) {
+        kvr__link_flush(l->link);
+        kvr__link_close(l->link, l->close_status, "%s", l->close_why);
+    }
+    kvr__agent_log(a, "link %u (%s) closed%s: %s", l->serial, l->address,
+                   was_ready ? "" : " before it was ready", l->close_why);
+}
+
+/* ---- sending ---- */
+
+/* Tests: drop or double the nth frame of one type (control-frame faults). */
+static int fault_copies(kvr_agent_t *a, kvr_msg_type_t type)
+{
+    kvr__frame_fault_t *f = &a->fault;
+    if (f->nth == 0 || f->type != type || ++f->seen != f->nth)
+        return 1;
+    kvr__agent_log(a, "fault injection: %s #%u %s", kvr_msg_type_name(type),
+                   f->nth, f->duplicate ? "sent twice" : "dropped");
+    return f->duplicate ? 2 : 0;
+}
+
+kvr_status_t kvr__alink_send(kvr_agent_t *a, kvr__alink_t *l,
+                             const kvr_msg_t *msg)
+{
+    if (l == NULL || l->link == NULL || l->state == KVR__LINK_CLOSED)
+        return KVR_ERR_PEER_DEAD;
+    l->last_used_ns = kvr__now_ns();
+    kvr_status_t st = KVR_OK;
+    for (int i = fault_copies(a, msg->type); i > 0 && st == KVR_OK; i--)
+        st = kvr__link_send(l->link, msg);
+    if (st != KVR_OK)
+        kvr__alink_close(a, l, st, "sending %s failed (%s)",
+                         kvr_msg_type_name(msg->type), kvr_status_name(st));
+    return st;
+}
+
+static void refuse(kvr_agent_t *a, kvr__alink_t *l, kvr_status_t st,
+                   const char *why)
+{
+    kvr_msg_t bye;
+    kvr_msg_init(&bye, KVR_MSG_BYE);
+    bye.u.bye.status = st;
+    snprintf(bye.u.bye.text, sizeof(bye.u.bye.text), "%s", why);
+    if (l->link != NULL && l->state != KVR__LINK_CLOSED)
+        kvr__link_send(l->link, &bye);
+    kvr__alink_close(a, l, st, "refused: %s", why);
+}
+
+/* ---- handshake ---- */
+
+static kvr_wire_side_t our_side(const kvr__alink_t *l)
+{
+    return l->kind == KVR__LINK_STAGE ? KVR_WIRE_CONSUMER : KVR_WIRE_PRODUCER;
+}
+
+/* Our HELLO: the regions that move (consumer-only ones excluded). */
+static kvr_status_t build_hello(kvr_agent_t *a, kvr__alink_t *l,
+                                kvr_error_t *err)
+{
+    kvr_region_desc_t *descs = calloc(a->num_regions + 1, sizeof(*descs));
+    if (descs == NULL)
+        return kvr_error_set(err, KVR_ERR_NO_MEMORY, "no memory");
+    size_t n = 0;
+    for (uint32_t i = 0; i < a->num_regions; i++)
+        if (!a->regions[i].consumer_only)
+            descs[n++] = a->regions[i].desc;
+    kvr_msg_hello_t *h = &l->link->ours;
+    kvr_status_t st = kvr_wire_hello_init(h, our_side(l), &a->p.topo,
+                                          &a->p.layout, descs, n, err);
+    free(descs);
+    h->has_key = a->has_key;
+    h->instance = a->instance;
+    h->incarnation = a->incarnation;
+    return st;
+}
+
+static void start_handshake(kvr_agent_t *a, kvr__alink_t *l)
+{
+    kvr_error_t err = {0};
+    kvr_status_t st = build_hello(a, l, &err);
+    if (st != KVR_OK) {
+        kvr__alink_close(a, l, st, "HELLO: %s", err.msg);
+        return;
+    }
+    kvr_msg_t m = {.type = KVR_MSG_HELLO};
+    m.u.hello = l->link->ours;
+    l->link->hello_sent = kvr__alink_send(a, l, &m) == KVR_OK;
+}
+
+static void on_connected(kvr_agent_t *a, kvr__alink_t *l)
+{
+    int soerr = 0;
+    socklen_t len = sizeof(soerr);
+    getsockopt(l->fd, SOL_SOCKET, SO_ERROR, &soerr, &len);
+    if (soerr == EINPROGRESS || soerr == EALREADY)
+        return;
+    if (soerr != 0) {
+        close(l->fd);
+        l->fd = -1;
+        kvr__alink_close(a, l, soerr == ECONNREFUSED ? KVR_ERR_PEER_DEAD
+                                                     : KVR_ERR_IO,
+                         "connect %s: %s", l->address, strerror(soerr));
+        return;
+    }
+    if (attach_socket(a, l, l->fd, true) == KVR_OK)
+        start_handshake(a, l);
+}
+
+/* Which peers each kind of link accepts, beyond kvr_wire_hello_check. */
+static kvr_status_t check_peer(const kvr_agent_t *a, const kvr__alink_t *l,
+                               const kvr_msg_hello_t *p, kvr_error_t *err)
+{
+    bool same = kvr_wire_id_equal(&p->instance, &a->instance);
+    bool peer_head = p->topo.pp_rank == 0 && p->topo.tp_rank == 0;
+    bool head = a->p.topo.pp_rank == 0 && a->p.topo.tp_rank == 0;
+    if (p->instance.len == 0 || p->incarnation == 0)
+        return kvr_error_set(err, KVR_ERR_PEER_ROLE,
+                             "peer sent no instance id or incarnation (not an "
+                             "agent)");
+    if (l->kind == KVR__LINK_JOIN && (!same || !peer_head))
+        return kvr_error_set(err, KVR_ERR_PEER_ROLE,
+                             "%s is stage (pp %u, tp %u) of instance '%.*s', "
+                             "not the PP head of '%.*s'", l->address,
+                             p->topo.pp_rank, p->topo.tp_rank,
+                             (int)p->instance.len, p->instance.bytes,
+                             (int)a->instance.len, a->instance.bytes);
+    if (l->kind != KVR__LINK_ACCEPT || p->side != KVR_WIRE_PRODUCER)
+        return KVR_OK;
+    if (!same || !head || peer_head)
+        return kvr_error_set(err, KVR_ERR_PEER_ROLE,
+                             "a producer stage of '%.*s' joined stage (pp %u, "
+                             "tp %u) of '%.*s', which is not its PP head",
+                             (int)p->instance.len, p->instance.bytes,
+                             a->p.topo.pp_rank, a->p.topo.tp_rank,
+                             (int)a->instance.len, a->instance.bytes);
+    if (p->topo.pp_size != a->p.topo.pp_size ||
+        p->topo.tp_size != a->p.topo.tp_size)
+        return kvr_error_set(err, KVR_ERR_LAYOUT_MISMATCH,
+                             "stage says PP %u x TP %u, the head PP %u x TP %u",
+                             p->topo.pp_size, p->topo.tp_size,
+                             a->p.topo.pp_size, a->p.topo.tp_size);
+    return KVR_OK;
+}
+
+static void on_ready(kvr_agent_t *a, kvr__alink_t *l);
+
+static void maybe_auth(kvr_agent_t *a, kvr__alink_t *l)
+{
+    kvr__link_t *k = l->link;
+    kvr_error_t err = {0};
+    if (!k->hello_sent || !k->hello_recv || l->state != KVR__LINK_HANDSHAKE)
+        return;
+    if (a->has_key && !k->auth_sent) {
+        kvr_msg_t m = {.type = KVR_MSG_AUTH};
+        kvr_status_t st = kvr_wire_auth_sign(k->auth, &m.u.auth, &err);
+        if (st != KVR_OK) {
+            kvr__alink_close(a, l, st, "AUTH: %s", err.msg);
+            return;
+        }
+        kvr__alink_send(a, l, &m);
+        k->auth_sent = true;
+    }
+    if (l->state == KVR__LINK_HANDSHAKE && kvr_wire_auth_ready(k->auth))
+        on_ready(a, l);
+}
+
+static void on_hello(kvr_agent_t *a, kvr__alink_t *l, const kvr_msg_t *msg)
+{
+    kvr__link_t *k = l->link;
+    kvr_error_t err = {0};
+    if (k->hello_recv || (msg->type == KVR_MSG_HELLO) == k->initiator) {
+        refuse(a, l, KVR_ERR_PROTO, "unexpected HELLO");
+        return;
+    }
+    k->peer = msg->u.hello;
+    k->hello_recv = true;
+    kvr_wire_side_t want = l->kind == KVR__LINK_ACCEPT ? k->peer.side
+                                                       : KVR_WIRE_PRODUCER;
+    kvr_status_t st = kvr__link_note_peer_hello(k, &err);
+    if (st == KVR_OK && !k->initiator)
+        st = build_hello(a, l, &err);
+    if (st == KVR_OK)
+        st = kvr_wire_hello_check(&k->ours, &k->peer, want, &err);
+    if (st == KVR_OK)
+        st = check_peer(a, l, &k->peer, &err);
+    if (st != KVR_OK) {
+        refuse(a, l, st, err.msg);
+        return;
+    }
+    l->peer_instance = k->peer.instance;
+    l->peer_incarnation = k->peer.incarnation;
+    if (!k->initiator) {
+        kvr_msg_t ack = {.type = KVR_MSG_HELLO_ACK};
+        ack.u.hello = k->ours;
+        k->hello_sent = kvr__alink_send(a, l, &ack) == KVR_OK;
+    }
+    maybe_auth(a, l);
+}
+
+static void on_auth(kvr_agent_t *a, kvr__alink_t *l, const kvr_msg_t *msg)
+{
+    kvr_error_t err = {0};
+    kvr_status_t st = kvr_wire_auth_verify(l->link->auth, &msg->u.auth, &err);
+    if (st != KVR_OK) {
+        refuse(a, l, st, err.msg);
+        return;
+    }
+    maybe_auth(a, l);
+}
+
+/* Same peer process seat, another incarnation: the old process is gone. */
+static bool same_seat(const kvr__alink_t *x, const kvr__alink_t *y)
+{
+    const kvr_wire_topo_t *s = &x->link->peer.topo, *t = &y->link->peer.topo;
+    return x->kind == y->kind && x->link->peer.side == y->link->peer.side &&
+           kvr_wire_id_equal(&x->peer_instance, &y->peer_instance) &&
+           s->pp_rank == t->pp_rank && s->tp_rank == t->tp_rank &&
+           s->dcp_rank == t->dcp_rank && s->dp_rank == t->dp_rank;
+}
+
+static void close_old_incarnations(kvr_agent_t *a, kvr__alink_t *l)
+{
+    for (kvr__alink_t *o = a->links; o != NULL; o = o->next)
+        if (o != l && o->state == KVR__LINK_READY && same_seat(o, l) &&
+            o->peer_incarnation != l->peer_incarnation)
+            kvr__alink_close(a, o, KVR_ERR_PEER_DEAD,
+                             "peer '%.*s' (pp %u, tp %u, dcp %u) restarted: "
+                             "incarnation %016llx is now %016llx",
+                             (int)l->peer_instance.len, l->peer_instance.bytes,
+                             l->link->peer.topo.pp_rank,
+                             l->link->peer.topo.tp_rank,
+                             l->link->peer.topo.dcp_rank,
+                             (unsigned long long)o->peer_incarnation,
+                             (unsigned long long)l->peer_incarnation);
+}
+
+void kvr__link_ready_stage(kvr_agent_t *a, kvr__alink_t *l);
+void kvr__link_ready_accept(kvr_agent_t *a, kvr__alink_t *l);
+void kvr__link_ready_join(kvr_agent_t *a, kvr__alink_t *l);
+
+static void on_ready(kvr_agent_t *a, kvr__alink_t *l)
+{
+    l->state = KVR__LINK_READY;
+    l->ever_ready = true;
+    l->last_used_ns = kvr__now_ns();
+    kvr__agent_log(a, "link %u (%s) ready: peer '%.*s' pp %u tp %u dcp %u",
+                   l->serial, l->address, (int)l->peer_instance.len,
+                   l->peer_instance.bytes, l->link->peer.topo.pp_rank,
+                   l->link->peer.topo.tp_rank, l->link->peer.topo.dcp_rank);
+    close_old_incarnations(a, l);
+    switch (l->kind) {
+    case KVR__LINK_STAGE: kvr__link_ready_stage(a, l); break;
+    case KVR__LINK_JOIN: kvr__link_ready_join(a, l); break;
+    case KVR__LINK_ACCEPT: kvr__link_ready_accept(a, l); break;
+    }
+}
+
+/* ---- frames ---- */
+
+void kvr__link_on_regions(kvr_agent_t *a, kvr__alink_t *l,
+                          const kvr_msg_regions_t *m);
+void kvr__link_on_join(kvr_agent_t *a, kvr__alink_t *l, const kvr_msg_join_t *m);
+void kvr__link_on_stages(kvr_agent_t *a, kvr__alink_t *l,
+                         const kvr_msg_stages_t *m);
+
+/* After the handshake: what each kind of link may carry. */
+static bool on_request_frame(kvr_agent_t *a, kvr__alink_t *l,
+                             const kvr_msg_t *m)
+{
+    bool accepted = l->kind == KVR__LINK_ACCEPT;
+    bool from_consumer = accepted && l->link->peer.side == KVR_WIRE_CONSUMER;
+    bool stage_link = l->kind == KVR__LINK_STAGE;
+    switch (m->type) {
+    case KVR_MSG_REGIONS:
+        if (from_consumer)
+            kvr__link_on_regions(a, l, &m->u.regions);
+        return from_consumer;
+    case KVR_MSG_WRITE_REQUEST:
+    case KVR_MSG_RELEASE:
+    case KVR_MSG_CHUNK_DONE:
+        if (from_consumer)
+            kvr__send_msg(a, l, m);
+        return from_consumer;
+    case KVR_MSG_JOIN:
+        if (accepted && !from_consumer)
+            kvr__link_on_join(a, l, &m->u.join);
+        return accepted && !from_consumer;
+    case KVR_MSG_STAGES:
+        if (stage_link)
+            kvr__link_on_stages(a, l, &m->u.stages);
+        return stage_link;
+    case KVR_MSG_WRITE_DONE:
+    case KVR_MSG_WRITE_FAILED:
+        if (stage_link)
+            kvr__recv_msg(a, l, m);
+        return stage_link;
+    default:
+        return false;
+    }
+}
+
+static void on_frame(kvr_agent_t *a, kvr__alink_t *l, const kvr_msg_t *m)
+{
+    kvr_error_t err = {0};
+    l->last_used_ns = kvr__now_ns();
+    if (m->type == KVR_MSG_BYE) {
+        kvr__alink_close(a, l, m->u.bye.status ? m->u.bye.status
+                                               : KVR_ERR_PEER_DEAD,
+                         "%s said: %s", l->address,
+                         m->u.bye.text[0] ? m->u.bye.text : "goodbye");
+        return;
+    }
+    kvr_status_t st = kvr_wire_gate(l->link->auth, m->type, &err);
+    if (st != KVR_OK) {
+        refuse(a, l, st, err.msg);
+        return;
+    }
+    if (m->type == KVR_MSG_HELLO || m->type == KVR_MSG_HELLO_ACK)
+        on_hello(a, l, m);
+    else if (m->type == KVR_MSG_AUTH)
+        on_auth(a, l, m);
+    else if (l->state != KVR__LINK_READY)
+        refuse(a, l, KVR_ERR_PROTO, "request message before the handshake");
+    else if (!on_request_frame(a, l, m))
+        refuse(a, l, KVR_ERR_PROTO, "unexpected message on this link");
+}
+
+static void read_frames(kvr_agent_t *a, kvr__alink_t *l)
+{
+    kvr__link_read(l->link);
+    while (l->state != KVR__LINK_CLOSED) {
+        kvr_msg_t msg;
+        bool have = false;
+        kvr_error_t err = {0};
+        kvr_status_t st = kvr__link_next(l->link, &msg, &have, &err);
+        if (st != KVR_OK) {
+            kvr__alink_close(a, l, st, "bad frame from %s: %s", l->address,
+                             err.msg);
+            break;
+        }
+        if (!have)
+            break;
+        on_frame(a, l, &msg);
+        kvr_msg_free(&msg);
+    }
+    if (l->link->eof)
+        kvr__alink_close(a, l, KVR_ERR_PEER_DEAD, "%s: %s", l->address,
+                         l->link->eof_why);
+}
+
+void kvr__alink_on_io(kvr_agent_t *a, kvr__alink_t *l, uint32_t events)
+{
+    if (l->state == KVR__LINK_CLOSED)
+        return;
+    if (l->state == KVR__LINK_CONNECTING) {
+        on_connected(a, l);
+        return;
+    }
+    if ((events & EPOLLOUT) && !kvr__link_flush(l->link))
+        kvr__alink_close(a, l, KVR_ERR_PEER_DEAD, "%s: %s", l->address,
+                         l->link->close_why);
+    if (events & (EPOLLIN | EPOLLHUP | EPOLLERR))
+        read_frames(a, l);
+}
+
+/* ---- timers, reaping ---- */
+
+static void tick_one(kvr_agent_t *a, kvr__alink_t *l, uint64_t now,
+                     uint64_t *next)
+{
+    uint64_t at = UINT64_MAX;
+    if (l->state == KVR__LINK_CONNECTING || l->state == KVR__LINK_HANDSHAKE) {
+        if (now >= l->deadline_ns)
+            kvr__alink_close(a, l, KVR_ERR_TIMEOUT, "%s %s: no answer within "
+                             "%u ms", l->state == KVR__LINK_CONNECTING
+                                          ? "connect" : "handshake with",
+                             l->address, a->p.connect_timeout_ms);
+        at = l->deadline_ns;
+    } else if (l->state == KVR__LINK_READY && l->kind == KVR__LINK_STAGE &&
+               l->users == 0) {
+        at = l->last_used_ns + ms_ns(a->p.idle_close_ms);
+        if (now >= at) {
+            kvr_msg_t bye;
+            kvr_msg_init(&bye, KVR_MSG_BYE);
+            snprintf(bye.u.bye.text, sizeof(bye.u.bye.text), "idle");
+            kvr__link_send(l->link, &bye);
+            kvr__alink_close(a, l, KVR_OK, "idle for %u ms",
+                             a->p.idle_close_ms);
+        }
+    }
+    if (l->state != KVR__LINK_CLOSED && at < *next)
+        *next = at;
+}
+
+void kvr__alink_tick(kvr_agent_t *a, uint64_t now, uint64_t *next)
+{
+    for (kvr__alink_t *l = a->links; l != NULL; l = l->next)
+        tick_one(a, l, now, next);
+}
+
+void kvr__link_lost_dir(kvr_agent_t *a, kvr__alink_t *l);
+
+static void link_free(kvr_agent_t *a, kvr__alink_t *l)
+{
+    int fd = l->link ? l->link->fd : l->fd;
+    kvr__loop_unwatch(a, fd);
+    if (l->link == NULL && l->fd >= 0)
+        close(l->fd);
+    kvr__dpeer_close(l->data);
+    free(l->maps);
+    kvr__link_destroy(l->link);
+    if (l->prev)
+        l->prev->next = l->next;
+    else
+        a->links = l->next;
+    if (l->next)
+        l->next->prev = l->prev;
+    a->num_links--;
+    free(l);
+}
+
+/* Closed links: the requests and pulls on them learn it, then they go.
+ * Handlers may close more links, hence the loop. */
+void kvr__alink_reap(kvr_agent_t *a)
+{
+    for (bool again = true; again;) {
+        again = false;
+        for (kvr__alink_t *l = a->links, *n; l != NULL; l = n) {
+            n = l->next;
+            if (l->state != KVR__LINK_CLOSED)
+                continue;
+            kvr__send_link_lost(a, l);
+            kvr__recv_link_lost(a, l);
+            kvr__link_lost_dir(a, l);
+            if (a->join_link == l) {
+                a->join_link = NULL;
+                a->join_retry_ns = kvr__now_ns() + 200 * 1000000ull;
+            }
+            link_free(a, l);
+            again = true;
+            break; /* handlers may have freed or closed others */
+        }
+    }
+}
+
+void kvr__alink_free_all(kvr_agent_t *a)
+{
+    while (a->links != NULL)
+        link_free(a, a->links);
+    a->join_link = NULL;
+}

@@ -1,0 +1,218 @@
+/* The agent's progress loop: one epoll set (wake eventfd, timerfd, the
+ * listening socket, every link) whose fd is kvr_agent_fd; one turn handles
+ * commands, socket input, timers and a bounded amount of data movement. */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/epoll.h>
+#include <sys/timerfd.h>
+#include <unistd.h>
+
+#include "agent_internal.h"
+
+/* epoll tags for the fixed fds; links are tagged by their kvr__alink_t. */
+static char tag_wake, tag_timer, tag_listen;
+
+kvr_status_t kvr__loop_watch(kvr_agent_t *a, int fd, void *tag, bool out)
+{
+    struct epoll_event ev = {.events = EPOLLIN | (out ? EPOLLOUT : 0u),
+                             .data.ptr = tag};
+    if (epoll_ctl(a->epoll_fd, EPOLL_CTL_ADD, fd, &ev) == 0)
+        return KVR_OK;
+    if (errno == EEXIST && epoll_ctl(a->epoll_fd, EPOLL_CTL_MOD, fd, &ev) == 0)
+        return KVR_OK;
+    return KVR_ERR_IO;
+}
+
+void kvr__loop_unwatch(kvr_agent_t *a, int fd)
+{
+    if (fd >= 0)
+        epoll_ctl(a->epoll_fd, EPOLL_CTL_DEL, fd, NULL);
+}
+
+kvr_status_t kvr__loop_init(kvr_agent_t *a, kvr_error_t *err)
+{
+    a->epoll_fd = epoll_create1(EPOLL_CLOEXEC);
+    a->timer_fd = timerfd_create(CLOCK_MONOTONIC, TFD_NONBLOCK | TFD_CLOEXEC);
+    if (a->epoll_fd < 0 || a->timer_fd < 0)
+        return kvr_error_set(err, KVR_ERR_IO, "epoll/timerfd: %s",
+                             strerror(errno));
+    if (kvr__loop_watch(a, a->wake_fd, &tag_wake, false) != KVR_OK ||
+        kvr__loop_watch(a, a->timer_fd, &tag_timer, false) != KVR_OK)
+        return kvr_error_set(err, KVR_ERR_IO, "epoll_ctl: %s", strerror(errno));
+    return KVR_OK;
+}
+
+void kvr__loop_fini(kvr_agent_t *a)
+{
+    if (a->listen_fd >= 0)
+        close(a->listen_fd);
+    if (a->timer_fd >= 0)
+        close(a->timer_fd);
+    if (a->epoll_fd >= 0)
+        close(a->epoll_fd);
+    free(a->stage_table);
+}
+
+/* "host:port" -> host, port. */
+static kvr_status_t split(const char *spec, char *host, size_t cap,
+                          uint16_t *port, kvr_error_t *err)
+{
+    const char *colon = strrchr(spec, ':');
+    char *end = NULL;
+    unsigned long p = colon ? strtoul(colon + 1, &end, 10) : 0;
+    size_t n = colon ? (size_t)(colon - spec) : 0;
+    if (colon == NULL || end == colon + 1 || *end != '\0' || p > 65535 ||
+        n == 0 || n >= cap)
+        return kvr_error_set(err, KVR_ERR_INVALID, "address '%s' is not "
+                             "host:port", spec);
+    memcpy(host, spec, n);
+    host[n] = '\0';
+    *port = (uint16_t)p;
+    return KVR_OK;
+}
+
+static kvr_status_t start_listen(kvr_agent_t *a, kvr_error_t *err)
+{
+    char host[KVR_AGENT_ADDR_MAX - 8];
+    uint16_t port = 0, bound = 0;
+    kvr_status_t st = split(a->listen_spec, host, sizeof(host), &port, err);
+    if (st == KVR_OK)
+        st = kvr__tcp_listen(host, port, &a->listen_fd, &bound, err);
+    if (st == KVR_OK && kvr__loop_watch(a, a->listen_fd, &tag_listen, false))
+        st = kvr_error_set(err, KVR_ERR_IO, "epoll_ctl: %s", strerror(errno));
+    if (st != KVR_OK)
+        return st;
+    if (a->advertise_spec[0])
+        snprintf(a->address, sizeof(a->address), "%s", a->advertise_spec);
+    else
+        snprintf(a->address, sizeof(a->address), "%s:%u", host, bound);
+    return KVR_OK;
+}
+
+/* The PP head's table of its instance's stages: itself first. */
+static kvr_status_t init_stage_table(kvr_agent_t *a, kvr_error_t *err)
+{
+    const kvr_wire_topo_t *t = &a->p.topo;
+    a->stage_table = calloc((size_t)t->pp_size * t->tp_size,
+                            sizeof(*a->stage_table));
+    if (a->stage_table == NULL)
+        return kvr_error_set(err, KVR_ERR_NO_MEMORY, "no memory");
+    kvr_wire_stage_t *me = &a->stage_table[0];
+    me->incarnation = a->incarnation;
+    snprintf(me->address, sizeof(me->address), "%s", a->address);
+    return KVR_OK;
+}
+
+kvr_status_t kvr__loop_start(kvr_agent_t *a, kvr_error_t *err);
+
+kvr_status_t kvr__loop_start(kvr_agent_t *a, kvr_error_t *err)
+{
+    kvr_status_t st = KVR_OK;
+    if (a->listen_spec[0])
+        st = start_listen(a, err);
+    bool producer = a->p.role & KVR_AGENT_PRODUCER;
+    bool head = a->p.topo.pp_rank == 0 && a->p.topo.tp_rank == 0;
+    if (st == KVR_OK && producer && head)
+        st = init_stage_table(a, err);
+    a->join_retry_ns = kvr__now_ns();
+    return st;
+}
+
+static void drain_fd(int fd)
+{
+    uint64_t v;
+    while (read(fd, &v, sizeof(v)) > 0)
+        ;
+}
+
+static void run_commands(kvr_agent_t *a)
+{
+    kvr__cmd_t *c = kvr__agent_take_commands(a);
+    while (c != NULL) {
+        kvr__cmd_t *n = c->next;
+        if (c->kind <= KVR__CMD_SEND_ABORT)
+            kvr__send_command(a, c);
+        else
+            kvr__recv_command(a, c);
+        kvr__cmd_free(c);
+        c = n;
+    }
+}
+
+static void arm_timer(kvr_agent_t *a, uint64_t at_ns)
+{
+    struct itimerspec its;
+    memset(&its, 0, sizeof(its));
+    if (at_ns != UINT64_MAX) {
+        if (at_ns == 0)
+            at_ns = 1;
+        its.it_value.tv_sec = (time_t)(at_ns / 1000000000u);
+        its.it_value.tv_nsec = (long)(at_ns % 1000000000u);
+    }
+    timerfd_settime(a->timer_fd, TFD_TIMER_ABSTIME, &its, NULL);
+}
+
+/* EPOLLOUT only while a link has bytes queued (or is connecting). */
+static void update_interest(kvr_agent_t *a)
+{
+    for (kvr__alink_t *l = a->links; l != NULL; l = l->next) {
+        if (l->state == KVR__LINK_CLOSED)
+            continue;
+        bool want = l->state == KVR__LINK_CONNECTING ||
+                    (l->link != NULL && kvr__link_wants_write(l->link));
+        if (want != l->epoll_out) {
+            int fd = l->link ? l->link->fd : l->fd;
+            if (kvr__loop_watch(a, fd, l, want) == KVR_OK)
+                l->epoll_out = want;
+        }
+    }
+}
+
+static void handle_ready(kvr_agent_t *a, const struct epoll_event *ev, int n)
+{
+    for (int i = 0; i < n; i++) {
+        void *tag = ev[i].data.ptr;
+        if (tag == &tag_wake)
+            drain_fd(a->wake_fd);
+        else if (tag == &tag_timer)
+            drain_fd(a->timer_fd);
+        else if (tag == &tag_listen)
+            kvr__alink_accept(a);
+        else
+            kvr__alink_on_io(a, tag, ev[i].events);
+    }
+}
+
+static uint64_t run_timers(kvr_agent_t *a)
+{
+    uint64_t now = kvr__now_ns(), next = UINT64_MAX;
+    kvr__alink_tick(a, now, &next);
+    kvr__join_tick(a, now, &next);
+    kvr__send_tick(a, now, &next);
+    kvr__recv_tick(a, now, &next);
+    return next;
+}
+
+void kvr__loop_turn(kvr_agent_t *a, uint32_t timeout_ms)
+{
+    struct epoll_event ev[64];
+    int wait = a->active != NULL ? 0 : (int)timeout_ms;
+    int n = epoll_wait(a->epoll_fd, ev, 64, wait);
+    uint64_t start = kvr__now_ns();
+    run_commands(a);
+    if (n > 0)
+        handle_ready(a, ev, n);
+    run_commands(a);
+    uint64_t budget = (uint64_t)timeout_ms * 1000000ull;
+    if (budget > KVR_AGENT_TURN_WORK_NS || budget == 0)
+        budget = KVR_AGENT_TURN_WORK_NS;
+    kvr__send_work(a, start + budget);
+    uint64_t next = run_timers(a);
+    kvr__alink_reap(a);
+    update_interest(a);
+    arm_timer(a, next);
+    if (a->active != NULL)
+        kvr__agent_wake(a); /* more slices: the fd stays readable */
+}

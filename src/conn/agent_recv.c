@@ -1,0 +1,539 @@
+/* The consumer side of the agent: a recv waits for links to the producer
+ * instance's serving stages (DIALING), asks each for its layers with one
+ * WRITE_REQUEST (PULLING), and ends LOADED when every stage's WRITE_DONE
+ * carried the planned bytes. Any failure quarantines the destination
+ * blocks until every stage asked answered that nonce or its link closed
+ * (bounded by deadline plus grace, when silent links are cut), then
+ * RELEASED. creq_step is the one transition function; docs/agent.md has
+ * the table. */
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "agent_internal.h"
+
+static uint64_t ms_ns(uint64_t ms)
+{
+    return ms * 1000000ull;
+}
+
+static void creq_key(kvr__key_t *k, const kvr__creq_t *r)
+{
+    kvr__key_make(k, KVR__SIDE_RECV, &r->producer, &r->id);
+}
+
+static kvr__creq_t *creq_find(kvr_agent_t *a, const kvr_wire_id_t *producer,
+                              const kvr_wire_id_t *id)
+{
+    kvr__key_t k;
+    kvr__key_make(&k, KVR__SIDE_RECV, producer, id);
+    return kvr__map_get(&a->creq_map, k.b, k.len);
+}
+
+static void publish(kvr_agent_t *a, const kvr__creq_t *r)
+{
+    kvr__agent_snap(a, KVR__SIDE_RECV, &r->producer, &r->id, (int)r->state,
+                    r->status, r->message);
+}
+
+static void creq_free(kvr_agent_t *a, kvr__creq_t *r)
+{
+    kvr__key_t k;
+    creq_key(&k, r);
+    kvr__map_del(&a->creq_map, k.b, k.len);
+    if (r->prev)
+        r->prev->next = r->next;
+    else
+        a->creqs = r->next;
+    if (r->next)
+        r->next->prev = r->prev;
+    for (uint32_t s = 0; s < r->num_stages; s++)
+        if (r->stages[s].link != NULL)
+            r->stages[s].link->users--;
+    free(r->dst);
+    free(r);
+}
+
+static void event(kvr_agent_t *a, const kvr__creq_t *r,
+                  kvr_agent_event_kind_t kind)
+{
+    kvr__agent_event(a, kind, &r->producer, &r->id, r->status, r->message,
+                     kind == KVR_AGENT_LOADED ? r->bytes : 0);
+}
+
+static void send_release(kvr_agent_t *a, kvr__creq_t *r, kvr__cstage_t *s)
+{
+    if (!s->sent || s->released || s->link == NULL)
+        return;
+    s->released = true;
+    kvr_msg_t m;
+    kvr_msg_init(&m, KVR_MSG_RELEASE);
+    m.u.release.request_id = r->id;
+    m.u.release.consumer_rank = a->p.topo.tp_rank;
+    m.u.release.write_nonce = r->nonce;
+    m.u.release.outcome = r->status;
+    kvr__alink_send(a, s->link, &m);
+}
+
+static bool all_answered(const kvr__creq_t *r)
+{
+    for (uint32_t s = 0; s < r->num_stages; s++)
+        if (r->stages[s].sent && !r->stages[s].answered)
+            return false;
+    return true;
+}
+
+/* The terminal transitions. RELEASED is the request's last event. */
+static void end(kvr_agent_t *a, kvr__creq_t *r, kvr_agent_recv_state_t to)
+{
+    r->state = to;
+    publish(a, r);
+    kvr__agent_log(a, "recv '%.*s' from '%.*s': %s %s", (int)r->id.len,
+                   r->id.bytes, (int)r->producer.len, r->producer.bytes,
+                   kvr_agent_recv_state_name(to), r->message);
+    if (to == KVR_RECV_LOADED)
+        event(a, r, KVR_AGENT_LOADED);
+    event(a, r, KVR_AGENT_RELEASED);
+    creq_free(a, r);
+}
+
+static void quarantine(kvr_agent_t *a, kvr__creq_t *r, kvr_status_t st,
+                       const char *fmt, ...)
+#if defined(__GNUC__)
+    __attribute__((format(printf, 4, 5)))
+#endif
+    ;
+
+/* A failure: LOAD_FAILED now, RELEASE (with the failure, which stops a
+ * stage still writing) to every stage asked, RELEASED once all answered. */
+static void quarantine(kvr_agent_t *a, kvr__creq_t *r, kvr_status_t st,
+                       const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(r->message, sizeof(r->message), fmt, ap);
+    va_end(ap);
+    r->status = st;
+    r->state = KVR_RECV_QUARANTINE;
+    event(a, r, KVR_AGENT_LOAD_FAILED);
+    for (uint32_t s = 0; s < r->num_stages; s++)
+        send_release(a, r, &r->stages[s]);
+    if (all_answered(r))
+        end(a, r, KVR_RECV_FAILED);
+    else
+        publish(a, r);
+}
+
+/* ---- planning what each stage owes us ---- */
+
+/* The producer-side twin of our region: same class, bs-token pages. */
+static kvr_region_desc_t twin_source(const kvr_agent_t *a,
+                                     const kvr_region_desc_t *d, uint64_t nsrc)
+{
+    kvr_region_desc_t s = *d;
+    s.bytes = 0;
+    if (d->role == KVR_ROLE_INDEX)
+        s.page_bytes = a->p.layout.block_size * kvr_index_stride(d->index_dim);
+    s.num_blocks = nsrc ? nsrc : 1;
+    return s;
+}
+
+/* Bytes stage (layers [lo, hi)) writes into our regions: the plan the
+ * producer makes, from a stand-in source table (bytes and destination
+ * runs do not depend on where the source blocks are). */
+static kvr_status_t expect_bytes(kvr_agent_t *a, const kvr__creq_t *r,
+                                 uint32_t lo, uint32_t hi, uint64_t *bytes,
+                                 kvr_error_t *err)
+{
+    uint64_t nsrc = kvr_num_src_blocks(&a->p.layout, r->num_tokens);
+    uint32_t *src = calloc(nsrc + 1, sizeof(*src));
+    kvr_region_pair_t *pairs = calloc(a->num_regions + 1, sizeof(*pairs));
+    kvr_status_t st = src && pairs ? KVR_OK : KVR_ERR_NO_MEMORY;
+    size_t n = 0;
+    for (uint64_t i = 0; src && i < nsrc; i++)
+        src[i] = (uint32_t)i;
+    for (uint32_t i = 0; st == KVR_OK && i < a->num_regions; i++) {
+        const kvr__aregion_t *g = &a->regions[i];
+        if (!g->consumer_only && g->desc.layer >= lo && g->desc.layer < hi)
+            pairs[n++] = (kvr_region_pair_t){twin_source(a, &g->desc, nsrc),
+                                             g->desc};
+    }
+    kvr_plan_set_t *set = NULL;
+    kvr_request_t req = {src, nsrc, r->dst, r->ndst, r->num_tokens,
+                         r->num_computed};
+    if (st == KVR_OK)
+        st = kvr_plan_set_create(&a->p.layout, a->p.topo.dcp_rank, pairs, n,
+                                 &req, &set, err);
+    else
+        kvr_error_set(err, st, "no memory");
+    *bytes = st == KVR_OK ? kvr_plan_set_total_bytes(set) : 0;
+    kvr_plan_set_destroy(set);
+    free(src);
+    free(pairs);
+    return st;
+}
+
+/* Every region that moves is covered by exactly one stage. */
+static kvr_status_t check_cover(const kvr_agent_t *a, const kvr__creq_t *r,
+                                kvr_error_t *err)
+{
+    for (uint32_t i = 0; i < a->num_regions; i++) {
+        const kvr_region_desc_t *d = &a->regions[i].desc;
+        uint32_t hits = 0;
+        for (uint32_t s = 0; s < r->num_stages; s++) {
+            const kvr_wire_topo_t *t = &r->stages[s].link->link->peer.topo;
+            hits += d->layer >= t->layer_start && d->layer < t->layer_end;
+        }
+        if (a->regions[i].consumer_only || hits == 1)
+            continue;
+        return kvr_error_set(err, KVR_ERR_LAYOUT_MISMATCH,
+                             "%s layer %u is served by %u of the %u stages of "
+                             "'%.*s' (a consumer-only layer must be declared "
+                             "so)", kvr_role_name(d->role), d->layer, hits,
+                             r->num_stages, (int)r->producer.len,
+                             r->producer.bytes);
+    }
+    return KVR_OK;
+}
+
+static kvr_status_t check_request(const kvr_agent_t *a, const kvr__creq_t *r,
+                                  kvr_error_t *err)
+{
+    uint64_t v = kvr_virtual_block(&a->p.layout), cap;
+    if (__builtin_mul_overflow((uint64_t)r->ndst, v, &cap) ||
+        r->num_tokens > cap || r->num_computed > r->ndst)
+        return kvr_error_set(err, KVR_ERR_DST_TABLE_SHORT,
+                             "%zu destination blocks of %llu tokens cannot "
+                             "hold %llu tokens (%llu computed blocks)",
+                             r->ndst, (unsigned long long)v,
+                             (unsigned long long)r->num_tokens,
+                             (unsigned long long)r->num_computed);
+    return KVR_OK;
+}
+
+static kvr_status_t attach_stages(kvr_agent_t *a, kvr__creq_t *r,
+                                  kvr_error_t *err)
+{
+    const kvr__pdir_t *d = r->dir;
+    kvr_status_t st = check_request(a, r, err);
+    for (uint32_t pp = 0; st == KVR_OK && pp < d->pp_size; pp++) {
+        kvr__cstage_t *s = &r->stages[r->num_stages++];
+        s->link = d->serving[pp];
+        s->link->users++;
+        s->pp_rank = pp;
+    }
+    if (st == KVR_OK)
+        st = check_cover(a, r, err);
+    for (uint32_t i = 0; st == KVR_OK && i < r->num_stages; i++) {
+        const kvr_wire_topo_t *t = &r->stages[i].link->link->peer.topo;
+        st = expect_bytes(a, r, t->layer_start, t->layer_end,
+                          &r->stages[i].expect_bytes, err);
+    }
+    return st;
+}
+
+static void send_pull(kvr_agent_t *a, kvr__creq_t *r, kvr__cstage_t *s)
+{
+    kvr_msg_t m;
+    kvr_msg_init(&m, KVR_MSG_WRITE_REQUEST);
+    kvr_msg_write_request_t *w = &m.u.write_request;
+    w->request_id = r->id;
+    w->dst_blocks = r->dst;
+    w->num_dst_blocks = (uint32_t)r->ndst;
+    w->num_tokens = r->num_tokens;
+    w->num_computed_blocks = r->num_computed;
+    w->dcp_rank = a->p.topo.dcp_rank;
+    w->executor = KVR_WIRE_EXEC_DIRECT;
+    w->write_nonce = r->nonce;
+    uint64_t now = kvr__now_ns();
+    w->deadline_ms = r->deadline_ns > now
+                         ? (uint32_t)((r->deadline_ns - now) / 1000000u) + 1 : 1;
+    s->sent = true; /* even if the send fails: the link loss answers it */
+    kvr__alink_send(a, s->link, &m);
+}
+
+/* ---- the state machine ---- */
+
+static void dialing(kvr_agent_t *a, kvr__creq_t *r)
+{
+    kvr_error_t err = {0};
+    kvr__pdir_t *d = r->dir;
+    if (d->error != KVR_OK && d->error_ns >= r->started_ns) {
+        quarantine(a, r, d->error, "producer '%.*s' at %s: %s",
+                   (int)r->producer.len, r->producer.bytes, d->bootstrap,
+                   d->error_msg);
+        return;
+    }
+    if (!kvr__pdir_ready(a, d)) {
+        kvr__pdir_kick(a, d);
+        publish(a, r);
+        return;
+    }
+    if (attach_stages(a, r, &err) != KVR_OK) {
+        for (uint32_t s = 0; s < r->num_stages; s++)
+            r->stages[s].sent = false; /* nothing was asked */
+        quarantine(a, r, err.code, "%s", err.msg);
+        return;
+    }
+    r->state = KVR_RECV_PULLING;
+    for (uint32_t s = 0; s < r->num_stages; s++)
+        send_pull(a, r, &r->stages[s]);
+    publish(a, r);
+}
+
+static bool all_done(kvr__creq_t *r)
+{
+    uint64_t bytes = 0;
+    for (uint32_t s = 0; s < r->num_stages; s++) {
+        if (!r->stages[s].done)
+            return false;
+        bytes += r->stages[s].expect_bytes;
+    }
+    r->bytes = bytes;
+    return true;
+}
+
+static void pulling(kvr_agent_t *a, kvr__creq_t *r, const kvr__recv_input_t *in)
+{
+    kvr__cstage_t *s = in->stage;
+    switch (in->kind) {
+    case KVR__RIN_DONE:
+        s->answered = true;
+        if (in->bytes != s->expect_bytes) {
+            quarantine(a, r, KVR_ERR_VERIFY, "stage %u reported %llu bytes, "
+                       "the plan has %llu", s->pp_rank,
+                       (unsigned long long)in->bytes,
+                       (unsigned long long)s->expect_bytes);
+            return;
+        }
+        s->done = true;
+        if (!all_done(r))
+            return;
+        r->status = KVR_OK;
+        r->message[0] = '\0';
+        for (uint32_t i = 0; i < r->num_stages; i++)
+            send_release(a, r, &r->stages[i]);
+        end(a, r, KVR_RECV_LOADED);
+        return;
+    case KVR__RIN_FAILED:
+    case KVR__RIN_LOST:
+        s->answered = true;
+        quarantine(a, r, in->status, "stage %u %s: %s", s->pp_rank,
+                   in->kind == KVR__RIN_LOST ? "lost" : "refused", in->text);
+        return;
+    case KVR__RIN_ABORT:
+        quarantine(a, r, KVR_ERR_CANCELED, "aborted by the consumer");
+        return;
+    case KVR__RIN_TICK:
+        if (kvr__now_ns() >= r->deadline_ns)
+            quarantine(a, r, KVR_ERR_TIMEOUT, "deadline passed with %u of %u "
+                       "stages done", r->num_stages - !all_done(r),
+                       r->num_stages);
+        return;
+    default:
+        return;
+    }
+}
+
+/* Past deadline plus grace, a silent stage is cut off: closing its link is
+ * what guarantees that it no longer writes into these blocks. */
+static void quarantined(kvr_agent_t *a, kvr__creq_t *r,
+                        const kvr__recv_input_t *in)
+{
+    if (in->stage != NULL)
+        in->stage->answered = true;
+    if (in->kind == KVR__RIN_TICK && kvr__now_ns() >= r->hard_ns)
+        for (uint32_t s = 0; s < r->num_stages; s++) {
+            kvr__cstage_t *st = &r->stages[s];
+            if (st->sent && !st->answered && st->link != NULL)
+                kvr__alink_close(a, st->link, KVR_ERR_TIMEOUT,
+                                 "stage %u silent past deadline plus grace",
+                                 st->pp_rank);
+        }
+    if (all_answered(r))
+        end(a, r, KVR_RECV_FAILED);
+}
+
+/* The one transition function of a consumer request. */
+static void creq_step(kvr_agent_t *a, kvr__creq_t *r,
+                      const kvr__recv_input_t *in)
+{
+    switch (r->state) {
+    case KVR_RECV_QUEUED:
+        r->state = KVR_RECV_DIALING;
+        dialing(a, r);
+        return;
+    case KVR_RECV_DIALING:
+        if (in->kind == KVR__RIN_ABORT)
+            quarantine(a, r, KVR_ERR_CANCELED, "aborted by the consumer");
+        else if (in->kind == KVR__RIN_TICK && kvr__now_ns() >= r->deadline_ns)
+            quarantine(a, r, KVR_ERR_TIMEOUT, "producer '%.*s' at %s: its "
+                       "stages were not all reachable within the deadline%s%s",
+                       (int)r->producer.len, r->producer.bytes,
+                       r->dir->bootstrap, r->dir->error_msg[0] ? ": " : "",
+                       r->dir->error_msg);
+        else if (in->kind == KVR__RIN_DIR || in->kind == KVR__RIN_START)
+            dialing(a, r);
+        return;
+    case KVR_RECV_PULLING:
+        pulling(a, r, in);
+        return;
+    case KVR_RECV_QUARANTINE:
+        quarantined(a, r, in);
+        return;
+    default:
+        return; /* LOADED and FAILED are terminal; such a request is gone */
+    }
+}
+
+/* ---- commands, messages, links, timers ---- */
+
+static void start(kvr_agent_t *a, kvr__cmd_t *c)
+{
+    kvr__creq_t *r = calloc(1, sizeof(*r));
+    kvr__key_t k;
+    kvr__key_make(&k, KVR__SIDE_RECV, &c->producer, &c->request);
+    if (r == NULL || kvr__map_put(&a->creq_map, k.b, k.len, r) != KVR_OK) {
+        free(r);
+        kvr__agent_event(a, KVR_AGENT_LOAD_FAILED, &c->producer, &c->request,
+                         KVR_ERR_NO_MEMORY, "no memory", 0);
+        kvr__agent_event(a, KVR_AGENT_RELEASED, &c->producer, &c->request,
+                         KVR_ERR_NO_MEMORY, "no memory", 0);
+        return;
+    }
+    r->state = KVR_RECV_QUEUED;
+    r->producer = c->producer;
+    r->id = c->request;
+    r->dst = c->blocks;
+    r->ndst = c->num_blocks;
+    c->blocks = NULL; /* the request owns the table now */
+    r->num_tokens = c->num_tokens;
+    r->num_computed = c->num_computed;
+    r->nonce = kvr_wire_random_nonce();
+    r->started_ns = kvr__now_ns();
+    r->deadline_ns = r->started_ns + ms_ns(c->ms);
+    r->hard_ns = r->deadline_ns + ms_ns(a->p.grace_ms);
+    r->dir = kvr__pdir_get(a, &c->producer, c->address);
+    r->next = a->creqs;
+    if (a->creqs)
+        a->creqs->prev = r;
+    a->creqs = r;
+    kvr__recv_input_t in = {.kind = KVR__RIN_START};
+    if (r->dir == NULL) {
+        r->state = KVR_RECV_DIALING;
+        quarantine(a, r, KVR_ERR_NO_MEMORY, "no memory");
+        return;
+    }
+    creq_step(a, r, &in);
+}
+
+void kvr__recv_command(kvr_agent_t *a, kvr__cmd_t *c)
+{
+    if (c->kind == KVR__CMD_RECV) {
+        start(a, c);
+        return;
+    }
+    kvr__creq_t *r = creq_find(a, &c->producer, &c->request);
+    kvr__recv_input_t in = {.kind = KVR__RIN_ABORT};
+    if (r != NULL)
+        creq_step(a, r, &in);
+}
+
+static kvr__cstage_t *stage_of(kvr__creq_t *r, const kvr__alink_t *l)
+{
+    for (uint32_t s = 0; s < r->num_stages; s++)
+        if (r->stages[s].link == l)
+            return &r->stages[s];
+    return NULL;
+}
+
+/* WRITE_DONE / WRITE_FAILED: ours only if request, nonce and stage match
+ * and the stage has not answered; anything else (late, duplicate, foreign)
+ * is ignored. */
+void kvr__recv_msg(kvr_agent_t *a, kvr__alink_t *l, const kvr_msg_t *m)
+{
+    bool done = m->type == KVR_MSG_WRITE_DONE;
+    const kvr_wire_id_t *id = done ? &m->u.write_done.request_id
+                                   : &m->u.write_failed.request_id;
+    uint64_t nonce = done ? m->u.write_done.write_nonce
+                          : m->u.write_failed.write_nonce;
+    uint32_t pp = done ? m->u.write_done.pp_rank : m->u.write_failed.pp_rank;
+    kvr__creq_t *r = l->dir ? creq_find(a, &l->dir->instance, id) : NULL;
+    kvr__cstage_t *s = r ? stage_of(r, l) : NULL;
+    if (s == NULL || r->nonce != nonce || s->pp_rank != pp || s->answered ||
+        !s->sent) {
+        kvr__agent_log(a, "ignored %s for '%.*s' from %s (unknown, foreign "
+                       "nonce or duplicate)", kvr_msg_type_name(m->type),
+                       (int)id->len, id->bytes, l->address);
+        return;
+    }
+    kvr__recv_input_t in = {.kind = done ? KVR__RIN_DONE : KVR__RIN_FAILED,
+                            .stage = s};
+    if (done)
+        in.bytes = m->u.write_done.bytes;
+    else {
+        in.status = m->u.write_failed.status;
+        in.text = m->u.write_failed.text;
+    }
+    creq_step(a, r, &in);
+}
+
+void kvr__recv_link_lost(kvr_agent_t *a, kvr__alink_t *l)
+{
+    for (kvr__creq_t *r = a->creqs, *n; r != NULL; r = n) {
+        n = r->next;
+        kvr__cstage_t *s = stage_of(r, l);
+        if (s == NULL)
+            continue;
+        l->users--;
+        s->link = NULL;
+        if (!s->sent || s->answered)
+            continue;
+        kvr__recv_input_t in = {.kind = KVR__RIN_LOST, .stage = s,
+                                .status = l->close_status,
+                                .text = l->close_why};
+        creq_step(a, r, &in);
+    }
+}
+
+void kvr__recv_dir_changed(kvr_agent_t *a, kvr__pdir_t *d)
+{
+    for (kvr__creq_t *r = a->creqs, *n; r != NULL; r = n) {
+        n = r->next;
+        if (r->dir == d && r->state == KVR_RECV_DIALING) {
+            kvr__recv_input_t in = {.kind = KVR__RIN_DIR};
+            creq_step(a, r, &in);
+        }
+    }
+}
+
+static uint64_t next_timer(const kvr__creq_t *r)
+{
+    if (r->state != KVR_RECV_QUARANTINE)
+        return r->deadline_ns;
+    return r->cut_done ? UINT64_MAX : r->hard_ns;
+}
+
+void kvr__recv_tick(kvr_agent_t *a, uint64_t now, uint64_t *next)
+{
+    for (kvr__creq_t *r = a->creqs, *n; r != NULL; r = n) {
+        n = r->next;
+        if (now < next_timer(r))
+            continue;
+        if (r->state == KVR_RECV_QUARANTINE)
+            r->cut_done = true;
+        kvr__recv_input_t in = {.kind = KVR__RIN_TICK};
+        creq_step(a, r, &in);
+    }
+    for (kvr__creq_t *r = a->creqs; r != NULL; r = r->next) {
+        uint64_t at = next_timer(r);
+        *next = at < *next ? at : *next;
+    }
+}
+
+void kvr__recv_free_all(kvr_agent_t *a)
+{
+    while (a->creqs != NULL)
+        creq_free(a, a->creqs);
+}

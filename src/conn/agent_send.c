@@ -1,0 +1,697 @@
+/* The producer side of the agent: a request opened by send_open is pulled
+ * by consumer ranks (one WRITE_REQUEST each, a "pull"), served from this
+ * stage's own source table in bounded slices once its layers are ready,
+ * and ends when every group released it (SENT), its lease ran out
+ * (SEND_EXPIRED) or it was aborted or a group failed (SEND_FAILED).
+ *
+ * preq_step is the one transition function; docs/agent.md has the table. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "agent_internal.h"
+
+static uint64_t ms_ns(uint64_t ms)
+{
+    return ms * 1000000ull;
+}
+
+/* ---- answers to the consumer ---- */
+
+static void answer(kvr_agent_t *a, kvr__pull_t *p, kvr_status_t st,
+                   const char *text)
+{
+    kvr_msg_t m;
+    kvr_msg_init(&m, st == KVR_OK ? KVR_MSG_WRITE_DONE : KVR_MSG_WRITE_FAILED);
+    if (st == KVR_OK) {
+        kvr_msg_write_done_t *d = &m.u.write_done;
+        d->request_id = p->request;
+        d->pp_rank = a->p.topo.pp_rank;
+        d->tp_rank = a->p.topo.tp_rank;
+        d->write_nonce = p->nonce;
+        d->bytes = p->bytes;
+    } else {
+        kvr_msg_write_failed_t *f = &m.u.write_failed;
+        f->request_id = p->request;
+        f->pp_rank = a->p.topo.pp_rank;
+        f->tp_rank = a->p.topo.tp_rank;
+        f->write_nonce = p->nonce;
+        f->status = st;
+        snprintf(f->text, sizeof(f->text), "%s", text);
+        kvr__agent_log(a, "pull of '%.*s' from %s refused: %s",
+                       (int)p->request.len, p->request.bytes,
+                       p->link ? p->link->address : "?", text);
+    }
+    p->state = KVR__PULL_ANSWERED;
+    p->ok = st == KVR_OK;
+    p->release_by_ns = p->deadline_ns + ms_ns(a->p.grace_ms);
+    if (p->link != NULL)
+        kvr__alink_send(a, p->link, &m);
+}
+
+static void unlist_active(kvr_agent_t *a, kvr__pull_t *p)
+{
+    for (kvr__pull_t **pp = &a->active; *pp != NULL; pp = &(*pp)->work_next)
+        if (*pp == p) {
+            *pp = p->work_next;
+            break;
+        }
+    p->work_next = NULL;
+}
+
+/* Stops a pull that may have puts posted: after the flush no byte of it
+ * can land, so its WRITE_FAILED tells the consumer the truth. */
+static void cut(kvr_agent_t *a, kvr__pull_t *p, kvr_status_t st,
+                const char *text)
+{
+    if (p->state == KVR__PULL_MOVING) {
+        unlist_active(a, p);
+        kvr_error_t err = {0};
+        uint64_t by = kvr__now_ns() + ms_ns(a->p.grace_ms);
+        if (p->link && p->link->data &&
+            kvr__data_flush(p->link->data, by < p->deadline_ns ? p->deadline_ns
+                                                               : by,
+                            &err) != KVR_OK) {
+            kvr__alink_close(a, p->link, KVR_ERR_TRANSPORT, "cut off: %s",
+                             err.msg);
+        }
+    }
+    if (p->state == KVR__PULL_HELD || p->state == KVR__PULL_MOVING)
+        answer(a, p, st, text);
+}
+
+static void pull_free(kvr__pull_t *p)
+{
+    if (p->link != NULL)
+        p->link->users--;
+    kvr_plan_set_destroy(p->plans);
+    free(p->segs);
+    free(p->dst);
+    free(p);
+}
+
+/* ---- planning a pull from our own tables ---- */
+
+static kvr_status_t check_counts(const kvr_agent_t *a, const kvr__preq_t *r,
+                                 const kvr__pull_t *p, kvr_error_t *err)
+{
+    uint64_t v = kvr_virtual_block(&a->p.layout), cap;
+    if (p->num_tokens > r->num_tokens)
+        return kvr_error_set(err, KVR_ERR_INVALID, "pull of %llu tokens, the "
+                             "request was opened with %llu",
+                             (unsigned long long)p->num_tokens,
+                             (unsigned long long)r->num_tokens);
+    if (__builtin_mul_overflow((uint64_t)p->ndst, v, &cap) ||
+        p->num_tokens > cap || p->num_computed > p->ndst)
+        return kvr_error_set(err, KVR_ERR_DST_TABLE_SHORT,
+                             "%zu destination blocks of %llu tokens cannot "
+                             "hold %llu tokens (%llu computed blocks)",
+                             p->ndst, (unsigned long long)v,
+                             (unsigned long long)p->num_tokens,
+                             (unsigned long long)p->num_computed);
+    if (p->dcp_rank != p->link->link->peer.topo.dcp_rank)
+        return kvr_error_set(err, KVR_ERR_INVALID, "WRITE_REQUEST names DCP "
+                             "rank %u, the link is rank %u", p->dcp_rank,
+                             p->link->link->peer.topo.dcp_rank);
+    return KVR_OK;
+}
+
+static kvr_status_t plan_pull(kvr_agent_t *a, const kvr__preq_t *r,
+                              kvr__pull_t *p, kvr_error_t *err)
+{
+    uint32_t n = a->num_regions;
+    kvr_region_pair_t *pairs = calloc(n + 1, sizeof(*pairs));
+    p->segs = calloc(n + 1, sizeof(*p->segs));
+    if (pairs == NULL || p->segs == NULL) {
+        free(pairs);
+        return kvr_error_set(err, KVR_ERR_NO_MEMORY, "no memory");
+    }
+    kvr_status_t st = check_counts(a, r, p, err);
+    for (uint32_t i = 0; st == KVR_OK && i < n; i++) {
+        int j = kvr__twin_index(p->link, &a->regions[i].desc);
+        if (j < 0) /* REGIONS checked every twin; defensive */
+            st = kvr_error_set(err, KVR_ERR_NOT_FOUND, "layer %u has no twin",
+                               a->regions[i].desc.layer);
+        else
+            pairs[i] = (kvr_region_pair_t){a->regions[i].desc,
+                                           p->link->maps[j].desc};
+    }
+    kvr_request_t req = {r->src, r->nsrc, p->dst, p->ndst, p->num_tokens,
+                         p->num_computed};
+    if (st == KVR_OK)
+        st = kvr_plan_set_create(&a->p.layout, p->dcp_rank, pairs, n, &req,
+                                 &p->plans, err);
+    for (uint32_t i = 0; st == KVR_OK && i < n; i++) {
+        int j = kvr__twin_index(p->link, &a->regions[i].desc);
+        p->segs[i] = (kvr__dseg_t){kvr_plan_set_plan_of(p->plans, i),
+                                   a->regions[i].base,
+                                   p->link->maps[j].mapping, NULL};
+    }
+    p->nsegs = n;
+    free(pairs);
+    return st;
+}
+
+static void start_pull(kvr_agent_t *a, const kvr__preq_t *r, kvr__pull_t *p)
+{
+    kvr_error_t err = {0};
+    if (plan_pull(a, r, p, &err) != KVR_OK) {
+        answer(a, p, err.code, err.msg);
+        return;
+    }
+    p->bytes = kvr__dseg_bytes(p->segs, p->nsegs);
+    p->state = KVR__PULL_MOVING;
+    kvr__pull_t **tail = &a->active;
+    while (*tail != NULL)
+        tail = &(*tail)->work_next;
+    *tail = p;
+}
+
+/* ---- the request ---- */
+
+static kvr__preq_t *preq_find(kvr_agent_t *a, const kvr_wire_id_t *id)
+{
+    kvr__key_t k;
+    kvr__key_make(&k, KVR__SIDE_SEND, &a->instance, id);
+    return kvr__map_get(&a->preq_map, k.b, k.len);
+}
+
+static void publish(kvr_agent_t *a, const kvr__preq_t *r)
+{
+    kvr__agent_snap(a, KVR__SIDE_SEND, &a->instance, &r->id, (int)r->state,
+                    r->status, r->message);
+}
+
+static void preq_free(kvr_agent_t *a, kvr__preq_t *r)
+{
+    kvr__key_t k;
+    kvr__key_make(&k, KVR__SIDE_SEND, &a->instance, &r->id);
+    kvr__map_del(&a->preq_map, k.b, k.len);
+    if (r->prev)
+        r->prev->next = r->next;
+    else
+        a->preqs = r->next;
+    if (r->next)
+        r->next->prev = r->prev;
+    for (kvr__pull_t *p = r->pulls, *n; p != NULL; p = n) {
+        n = p->next;
+        if (p->state == KVR__PULL_MOVING)
+            unlist_active(a, p);
+        pull_free(p);
+    }
+    free(r->src);
+    free(r->layer_ready);
+    free(r);
+}
+
+/* The terminal transition: exactly one outcome event, then the request
+ * leaves (pulls still holding bytes were cut before). */
+static void finish(kvr_agent_t *a, kvr__preq_t *r, kvr_agent_send_state_t to,
+                   kvr_status_t st, const char *msg)
+{
+    static const kvr_agent_event_kind_t ev[] = {
+        [KVR_SEND_SENT] = KVR_AGENT_SENT,
+        [KVR_SEND_EXPIRED] = KVR_AGENT_SEND_EXPIRED,
+        [KVR_SEND_FAILED] = KVR_AGENT_SEND_FAILED,
+    };
+    r->state = to;
+    r->status = st;
+    snprintf(r->message, sizeof(r->message), "%s", msg);
+    publish(a, r);
+    kvr__agent_log(a, "send '%.*s': %s %s", (int)r->id.len, r->id.bytes,
+                   kvr_agent_send_state_name(to), msg);
+    kvr__agent_event(a, ev[to], &a->instance, &r->id, st, msg, r->bytes);
+    preq_free(a, r);
+}
+
+static bool pulls_busy(const kvr__preq_t *r)
+{
+    for (const kvr__pull_t *p = r->pulls; p != NULL; p = p->next)
+        if (p->state != KVR__PULL_RELEASED)
+            return true;
+    return false;
+}
+
+static kvr__group_t *group_of(kvr__preq_t *r, const kvr_wire_id_t *instance)
+{
+    for (uint32_t g = 0; g < r->num_groups; g++)
+        if (kvr_wire_id_equal(&r->groups[g].instance, instance))
+            return &r->groups[g];
+    return NULL;
+}
+
+/* A pull joins its consumer group (the consumer's instance). */
+static kvr_status_t join_group(kvr_agent_t *a, kvr__preq_t *r, kvr__pull_t *p,
+                               char *why, size_t cap)
+{
+    kvr__group_t *g = group_of(r, &p->link->peer_instance);
+    if (g == NULL && r->num_groups >= r->groups_expected) {
+        snprintf(why, cap, "request already pulled by %u group(s), opened "
+                 "for %u", r->num_groups, r->groups_expected);
+        return KVR_ERR_REFUSED;
+    }
+    if (g == NULL) {
+        g = &r->groups[r->num_groups++];
+        g->instance = p->link->peer_instance;
+    }
+    if (g->done || (g->released >> p->consumer_tp & 1)) {
+        snprintf(why, cap, "consumer tp %u of '%.*s' already released it",
+                 p->consumer_tp, (int)g->instance.len, g->instance.bytes);
+        return KVR_ERR_EXISTS;
+    }
+    p->group = (uint32_t)(g - r->groups);
+    (void)a;
+    return KVR_OK;
+}
+
+/* A group is done once every consumer rank we serve released. */
+static void count_release(kvr_agent_t *a, kvr__preq_t *r, kvr__pull_t *p,
+                          kvr_status_t outcome)
+{
+    kvr__group_t *g = &r->groups[p->group];
+    p->state = KVR__PULL_RELEASED;
+    if (p->consumer_tp < 64)
+        g->released |= 1ull << p->consumer_tp;
+    if (outcome != KVR_OK && !g->failed) {
+        g->failed = true;
+        snprintf(r->message, sizeof(r->message), "consumer '%.*s' tp %u: %s",
+                 (int)g->instance.len, g->instance.bytes, p->consumer_tp,
+                 kvr_status_name(outcome));
+        r->status = outcome;
+    }
+    g->done = (uint32_t)__builtin_popcountll(g->released) >=
+              kvr__ranks_served(a);
+}
+
+static uint32_t groups_done(const kvr__preq_t *r, bool *failed)
+{
+    uint32_t n = 0;
+    for (uint32_t g = 0; g < r->num_groups; g++) {
+        n += r->groups[g].done;
+        *failed = *failed || (r->groups[g].done && r->groups[g].failed);
+    }
+    return n;
+}
+
+static void mark_ready(kvr_agent_t *a, kvr__preq_t *r, uint32_t lo, uint32_t hi)
+{
+    uint32_t s = a->p.topo.layer_start, e = a->p.topo.layer_end;
+    for (uint32_t l = lo > s ? lo : s; l < hi && l < e; l++)
+        if (!r->layer_ready[l - s]) {
+            r->layer_ready[l - s] = 1;
+            r->layers_missing--;
+        }
+}
+
+static void serve_held(kvr_agent_t *a, kvr__preq_t *r)
+{
+    for (kvr__pull_t *p = r->pulls; p != NULL; p = p->next)
+        if (p->state == KVR__PULL_HELD)
+            start_pull(a, r, p);
+}
+
+/* Timers of a live request: held and moving pulls past their deadline,
+ * answered ones never released, the lease. */
+static void tick_pulls(kvr_agent_t *a, kvr__preq_t *r, uint64_t now)
+{
+    bool lease_over = now >= r->lease_end_ns;
+    for (kvr__pull_t *p = r->pulls; p != NULL; p = p->next) {
+        if ((p->state == KVR__PULL_HELD && (now >= p->deadline_ns || lease_over)) ||
+            (p->state == KVR__PULL_MOVING && now >= p->deadline_ns))
+            cut(a, p, KVR_ERR_TIMEOUT, p->state == KVR__PULL_HELD && lease_over
+                    ? "the lease ended before the stage's layers were ready"
+                    : "deadline passed on the producer");
+        if (p->state == KVR__PULL_ANSWERED && now >= p->release_by_ns)
+            count_release(a, r, p, p->ok ? KVR_OK : KVR_ERR_TIMEOUT);
+    }
+}
+
+/* The one transition function of a producer request. */
+static void preq_step(kvr_agent_t *a, kvr__preq_t *r, kvr__send_in_t in,
+                      kvr__pull_t *p, kvr_status_t st)
+{
+    char why[KVR_ERROR_MSG_MAX];
+    switch (in) {
+    case KVR__SIN_OPEN:
+        r->state = r->layers_missing ? KVR_SEND_OPEN : KVR_SEND_READY;
+        break;
+    case KVR__SIN_READY:
+        if (r->state == KVR_SEND_OPEN && r->layers_missing == 0) {
+            r->state = KVR_SEND_READY;
+            serve_held(a, r);
+        }
+        break;
+    case KVR__SIN_PULL:
+        st = join_group(a, r, p, why, sizeof(why));
+        if (st != KVR_OK)
+            answer(a, p, st, why);
+        else if (kvr__now_ns() >= r->lease_end_ns)
+            answer(a, p, KVR_ERR_TIMEOUT, "the lease ended");
+        else if (r->state == KVR_SEND_READY)
+            start_pull(a, r, p);
+        if (st != KVR_OK) /* not in any group: nothing to release */
+            p->state = KVR__PULL_RELEASED;
+        break;
+    case KVR__SIN_ANSWERED:
+        break;
+    case KVR__SIN_RELEASE:
+        cut(a, p, KVR_ERR_CANCELED, "released by the consumer");
+        count_release(a, r, p, st);
+        break;
+    case KVR__SIN_ABORT:
+        for (kvr__pull_t *q = r->pulls; q != NULL; q = q->next)
+            cut(a, q, KVR_ERR_CANCELED, "aborted by the producer");
+        finish(a, r, KVR_SEND_FAILED, KVR_ERR_CANCELED, "aborted");
+        return;
+    case KVR__SIN_TICK:
+        r->lease_seen = kvr__now_ns() >= r->lease_end_ns;
+        tick_pulls(a, r, kvr__now_ns());
+        break;
+    }
+    bool failed = false;
+    uint32_t done = groups_done(r, &failed);
+    if (done >= r->groups_expected && !pulls_busy(r)) {
+        if (failed)
+            finish(a, r, KVR_SEND_FAILED, r->status, r->message);
+        else
+            finish(a, r, KVR_SEND_SENT, KVR_OK, "");
+        return;
+    }
+    if (kvr__now_ns() >= r->lease_end_ns && !pulls_busy(r)) {
+        snprintf(why, sizeof(why), "lease of the sources ended with %u of %u "
+                 "group(s) done", done, r->groups_expected);
+        finish(a, r, KVR_SEND_EXPIRED, KVR_ERR_TIMEOUT, why);
+        return;
+    }
+    publish(a, r);
+}
+
+/* ---- commands ---- */
+
+static void adopt_orphans(kvr_agent_t *a, kvr__preq_t *r)
+{
+    for (kvr__pull_t **pp = &a->orphans; *pp != NULL;) {
+        kvr__pull_t *p = *pp;
+        if (!kvr_wire_id_equal(&p->request, &r->id)) {
+            pp = &p->next;
+            continue;
+        }
+        *pp = p->next;
+        p->next = r->pulls;
+        r->pulls = p;
+        preq_step(a, r, KVR__SIN_PULL, p, KVR_OK);
+        if (preq_find(a, &r->id) != r)
+            return; /* the request ended */
+    }
+}
+
+static void open_request(kvr_agent_t *a, const kvr__cmd_t *c)
+{
+    kvr__preq_t *r = calloc(1, sizeof(*r));
+    uint32_t layers = a->p.topo.layer_end - a->p.topo.layer_start;
+    kvr__key_t k;
+    kvr__key_make(&k, KVR__SIDE_SEND, &a->instance, &c->request);
+    if (r != NULL) {
+        r->layer_ready = calloc(layers, 1);
+        r->src = malloc((c->num_blocks + 1) * sizeof(*r->src));
+    }
+    if (r == NULL || r->layer_ready == NULL || r->src == NULL ||
+        kvr__map_put(&a->preq_map, k.b, k.len, r) != KVR_OK) {
+        kvr__agent_event(a, KVR_AGENT_SEND_FAILED, &a->instance, &c->request,
+                         KVR_ERR_NO_MEMORY, "no memory", 0);
+        if (r)
+            free(r->layer_ready), free(r->src);
+        free(r);
+        return;
+    }
+    r->id = c->request;
+    memcpy(r->src, c->blocks, c->num_blocks * sizeof(*r->src));
+    r->nsrc = c->num_blocks;
+    r->num_tokens = c->num_tokens;
+    r->lease_end_ns = kvr__now_ns() + ms_ns(c->ms);
+    r->groups_expected = c->groups;
+    r->layers_missing = layers;
+    r->next = a->preqs;
+    if (a->preqs)
+        a->preqs->prev = r;
+    a->preqs = r;
+    preq_step(a, r, KVR__SIN_OPEN, NULL, KVR_OK);
+    adopt_orphans(a, r);
+}
+
+void kvr__send_command(kvr_agent_t *a, const kvr__cmd_t *c)
+{
+    if (c->kind == KVR__CMD_SEND_OPEN) {
+        open_request(a, c);
+        return;
+    }
+    kvr__preq_t *r = preq_find(a, &c->request);
+    if (r == NULL)
+        return; /* already ended: its outcome is queued */
+    if (c->kind == KVR__CMD_SEND_READY) {
+        mark_ready(a, r, c->layer_begin, c->layer_end);
+        preq_step(a, r, KVR__SIN_READY, NULL, KVR_OK);
+    } else {
+        preq_step(a, r, KVR__SIN_ABORT, NULL, KVR_OK);
+    }
+}
+
+/* ---- messages from consumers ---- */
+
+static kvr__pull_t *pull_of(kvr__pull_t *list, const kvr__alink_t *l,
+                            uint64_t nonce)
+{
+    for (kvr__pull_t *p = list; p != NULL; p = p->next)
+        if (p->link == l && p->nonce == nonce)
+            return p;
+    return NULL;
+}
+
+static kvr__pull_t *new_pull(kvr_agent_t *a, kvr__alink_t *l,
+                             const kvr_msg_write_request_t *w)
+{
+    kvr__pull_t *p = calloc(1, sizeof(*p));
+    if (p == NULL)
+        return NULL;
+    p->dst = malloc(((size_t)w->num_dst_blocks + 1) * sizeof(*p->dst));
+    if (p->dst == NULL) {
+        free(p);
+        return NULL;
+    }
+    memcpy(p->dst, w->dst_blocks, (size_t)w->num_dst_blocks * sizeof(*p->dst));
+    p->ndst = w->num_dst_blocks;
+    p->state = KVR__PULL_HELD;
+    p->link = l;
+    l->users++;
+    p->request = w->request_id;
+    p->nonce = w->write_nonce;
+    p->consumer_tp = l->link->peer.topo.tp_rank;
+    p->dcp_rank = w->dcp_rank;
+    p->num_tokens = w->num_tokens;
+    p->num_computed = w->num_computed_blocks;
+    p->arrived_ns = kvr__now_ns();
+    p->deadline_ns = p->arrived_ns + ms_ns(w->deadline_ms);
+    (void)a;
+    return p;
+}
+
+static void on_write_request(kvr_agent_t *a, kvr__alink_t *l,
+                             const kvr_msg_write_request_t *w)
+{
+    kvr__preq_t *r = preq_find(a, &w->request_id);
+    kvr__pull_t *dup = pull_of(r ? r->pulls : a->orphans, l, w->write_nonce);
+    if (dup != NULL) { /* idempotent: a done pull is confirmed again */
+        if (dup->state == KVR__PULL_ANSWERED && dup->ok)
+            answer(a, dup, KVR_OK, "");
+        return;
+    }
+    kvr__pull_t *p = new_pull(a, l, w);
+    if (p == NULL) {
+        kvr__pull_t tmp = {.link = l, .request = w->request_id,
+                           .nonce = w->write_nonce};
+        answer(a, &tmp, KVR_ERR_NO_MEMORY, "no memory on the producer");
+        return;
+    }
+    uint32_t ptp = a->p.topo.tp_size;
+    if (!l->regions_ready || p->consumer_tp % ptp != a->p.topo.tp_rank) {
+        answer(a, p, KVR_ERR_PROTO, !l->regions_ready
+                   ? "WRITE_REQUEST before REGIONS"
+                   : "this producer tp rank does not serve that consumer tp rank");
+        pull_free(p);
+        return;
+    }
+    if (r == NULL) { /* not opened (yet): held for the unknown-request wait */
+        p->next = a->orphans;
+        a->orphans = p;
+        return;
+    }
+    p->next = r->pulls;
+    r->pulls = p;
+    preq_step(a, r, KVR__SIN_PULL, p, KVR_OK);
+}
+
+static void on_release(kvr_agent_t *a, kvr__alink_t *l,
+                       const kvr_msg_release_t *m)
+{
+    kvr__preq_t *r = preq_find(a, &m->request_id);
+    kvr__pull_t *p = r ? pull_of(r->pulls, l, m->write_nonce) : NULL;
+    if (p != NULL && p->state != KVR__PULL_RELEASED) {
+        preq_step(a, r, KVR__SIN_RELEASE, p, m->outcome);
+        return;
+    }
+    /* a pull still waiting for its request: answer, forget */
+    for (kvr__pull_t **pp = &a->orphans; *pp != NULL; pp = &(*pp)->next)
+        if ((*pp)->link == l && (*pp)->nonce == m->write_nonce) {
+            kvr__pull_t *o = *pp;
+            *pp = o->next;
+            answer(a, o, KVR_ERR_CANCELED, "released by the consumer");
+            pull_free(o);
+            return;
+        }
+}
+
+void kvr__send_msg(kvr_agent_t *a, kvr__alink_t *l, const kvr_msg_t *m)
+{
+    if (m->type == KVR_MSG_WRITE_REQUEST)
+        on_write_request(a, l, &m->u.write_request);
+    else if (m->type == KVR_MSG_RELEASE)
+        on_release(a, l, &m->u.release);
+    /* CHUNK_DONE: no staged executor here yet; a late ack is harmless */
+}
+
+/* A consumer link is gone: its pulls end as failed releases; pulls waiting
+ * for their request are dropped. */
+void kvr__send_link_lost(kvr_agent_t *a, kvr__alink_t *l)
+{
+    for (kvr__pull_t **pp = &a->orphans; *pp != NULL;) {
+        kvr__pull_t *o = *pp;
+        if (o->link != l) {
+            pp = &o->next;
+            continue;
+        }
+        *pp = o->next;
+        pull_free(o);
+    }
+    for (kvr__preq_t *r = a->preqs, *n; r != NULL; r = n) {
+        n = r->next;
+        for (kvr__pull_t *p = r->pulls; p != NULL; p = p->next) {
+            if (p->link != l)
+                continue;
+            l->users--;
+            p->link = NULL;
+            if (p->state == KVR__PULL_MOVING)
+                unlist_active(a, p);
+            if (p->state != KVR__PULL_RELEASED)
+                count_release(a, r, p, KVR_ERR_PEER_DEAD);
+        }
+        preq_step(a, r, KVR__SIN_ANSWERED, NULL, KVR_OK);
+    }
+}
+
+static void tick_orphans(kvr_agent_t *a, uint64_t now, uint64_t *next)
+{
+    uint64_t wait = ms_ns(a->p.unknown_wait_ms);
+    for (kvr__pull_t **pp = &a->orphans; *pp != NULL;) {
+        kvr__pull_t *o = *pp;
+        uint64_t at = o->arrived_ns + wait;
+        at = at < o->deadline_ns ? at : o->deadline_ns;
+        if (now < at) {
+            *next = at < *next ? at : *next;
+            pp = &o->next;
+            continue;
+        }
+        *pp = o->next;
+        char text[KVR_ERROR_MSG_MAX];
+        snprintf(text, sizeof(text), "request '%.*s' was never opened on "
+                 "producer '%.*s' stage (pp %u, tp %u)", (int)o->request.len,
+                 o->request.bytes, (int)a->instance.len, a->instance.bytes,
+                 a->p.topo.pp_rank, a->p.topo.tp_rank);
+        answer(a, o, KVR_ERR_NOT_FOUND, text);
+        pull_free(o);
+    }
+}
+
+/* The lease counts until it passed once; afterwards the request ends with
+ * its last release (each step checks it). */
+static uint64_t next_timer(const kvr__preq_t *r, uint64_t now)
+{
+    uint64_t at = now < r->lease_end_ns ? r->lease_end_ns : UINT64_MAX;
+    for (const kvr__pull_t *p = r->pulls; p != NULL; p = p->next) {
+        uint64_t t = p->state == KVR__PULL_ANSWERED ? p->release_by_ns
+                   : p->state != KVR__PULL_RELEASED ? p->deadline_ns
+                                                    : UINT64_MAX;
+        at = t < at ? t : at;
+    }
+    return at;
+}
+
+void kvr__send_tick(kvr_agent_t *a, uint64_t now, uint64_t *next)
+{
+    tick_orphans(a, now, next);
+    for (kvr__preq_t *r = a->preqs, *n; r != NULL; r = n) {
+        n = r->next;
+        if (now >= next_timer(r, now) || (now >= r->lease_end_ns && !r->lease_seen))
+            preq_step(a, r, KVR__SIN_TICK, NULL, KVR_OK);
+    }
+    for (kvr__preq_t *r = a->preqs; r != NULL; r = r->next) {
+        uint64_t at = next_timer(r, now);
+        *next = at < *next ? at : *next;
+    }
+}
+
+/* ---- moving bytes ---- */
+
+static kvr__preq_t *owner_of(kvr_agent_t *a, const kvr__pull_t *p)
+{
+    return preq_find(a, &p->request);
+}
+
+/* One slice of one pull; true when the pull left the active list. */
+static bool slice(kvr_agent_t *a, kvr__pull_t *p)
+{
+    kvr_error_t err = {0};
+    bool done = false;
+    kvr_status_t st = kvr__data_put_some(p->link->data, p->segs, p->nsegs,
+                                         &p->cur, KVR_AGENT_SLICE_BYTES,
+                                         p->deadline_ns, &done, &err);
+    if (st == KVR_OK && !done)
+        return false;
+    if (st == KVR_OK)
+        st = kvr__data_flush(p->link->data, p->deadline_ns, &err);
+    unlist_active(a, p);
+    answer(a, p, st, err.msg);
+    kvr__preq_t *r = owner_of(a, p);
+    if (r != NULL)
+        preq_step(a, r, KVR__SIN_ANSWERED, p, st);
+    return true;
+}
+
+void kvr__send_work(kvr_agent_t *a, uint64_t end_ns)
+{
+    bool first = true;
+    while (a->active != NULL && (first || kvr__now_ns() < end_ns)) {
+        first = false;
+        kvr__pull_t *p = a->active;
+        if (!slice(a, p) && a->active == p && p->work_next != NULL) {
+            /* round robin: p goes to the back */
+            a->active = p->work_next;
+            kvr__pull_t *t = a->active;
+            while (t->work_next != NULL)
+                t = t->work_next;
+            t->work_next = p;
+            p->work_next = NULL;
+        }
+    }
+}
+
+void kvr__send_free_all(kvr_agent_t *a)
+{
+    while (a->preqs != NULL)
+        preq_free(a, a->preqs);
+    for (kvr__pull_t *o = a->orphans, *n; o != NULL; o = n) {
+        n = o->next;
+        pull_free(o);
+    }
+    a->orphans = NULL;
+    a->active = NULL;
+}
