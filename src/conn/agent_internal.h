@@ -25,6 +25,7 @@
 #define KVR_AGENT_ADDR_MAX 256u
 #define KVR_AGENT_SLICE_BYTES (1u << 20) /* puts posted per pull per slice */
 #define KVR_AGENT_TURN_WORK_NS 2000000ull /* slices per turn, at most */
+#define KVR_AGENT_TURN_BYTES (8ull << 20) /* and at most these bytes */
 
 /* ---- small byte-keyed hash map (agent_table.c) ---- */
 
@@ -187,6 +188,8 @@ typedef struct kvr__pull {
     kvr__dcursor_t cur;
     uint64_t bytes;
     bool ok;                     /* answered WRITE_DONE */
+    kvr_status_t status;         /* the answer, to repeat it */
+    char text[KVR_WIRE_TEXT_MAX + 1];
 } kvr__pull_t;
 
 typedef struct kvr__group {

@@ -44,6 +44,9 @@ static void answer(kvr_agent_t *a, kvr__pull_t *p, kvr_status_t st,
     }
     p->state = KVR__PULL_ANSWERED;
     p->ok = st == KVR_OK;
+    p->status = st;
+    if (text != p->text)
+        snprintf(p->text, sizeof(p->text), "%s", text);
     p->release_by_ns = p->deadline_ns + ms_ns(a->p.grace_ms);
     if (p->link != NULL)
         kvr__alink_send(a, p->link, &m);
@@ -355,6 +358,10 @@ static void preq_step(kvr_agent_t *a, kvr__preq_t *r, kvr__send_in_t in,
     case KVR__SIN_ANSWERED:
         break;
     case KVR__SIN_RELEASE:
+        /* a failed consumer may have missed our answer: repeat it, so its
+         * quarantine ends now rather than at deadline plus grace */
+        if (p->state == KVR__PULL_ANSWERED && st != KVR_OK)
+            answer(a, p, p->ok ? KVR_OK : p->status, p->ok ? "" : p->text);
         cut(a, p, KVR_ERR_CANCELED, "released by the consumer");
         count_release(a, r, p, st);
         break;
@@ -668,9 +675,11 @@ static bool slice(kvr_agent_t *a, kvr__pull_t *p)
 
 void kvr__send_work(kvr_agent_t *a, uint64_t end_ns)
 {
-    bool first = true;
-    while (a->active != NULL && (first || kvr__now_ns() < end_ns)) {
-        first = false;
+    uint64_t slices = 0;
+    while (a->active != NULL &&
+           (slices == 0 || (kvr__now_ns() < end_ns &&
+                            slices * KVR_AGENT_SLICE_BYTES < KVR_AGENT_TURN_BYTES))) {
+        slices++;
         kvr__pull_t *p = a->active;
         if (!slice(a, p) && a->active == p && p->work_next != NULL) {
             /* round robin: p goes to the back */

@@ -1,0 +1,293 @@
+#include "agent_harness.h"
+
+#include <poll.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include <cmocka.h>
+
+#include "kvrelay/synth.h"
+
+uint64_t ah_now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
+}
+
+ah_model_t ah_model(void)
+{
+    ah_model_t m = {.lay = KVR_LAYOUT_INIT, .layers = 4, .index_dim = 64,
+                    .token_bytes = 96, .src_pool = 256, .dst_pool = 160};
+    m.lay.block_size = 16;
+    m.lay.dcp_size = 2;
+    m.lay.interleave = 1;
+    m.lay.tp = 2;
+    m.lay.producer_tp = 1;
+    m.lay.replicate_index = true;
+    m.lay.preshuffle = true;
+    return m;
+}
+
+kvr_transport_t *ah_hub(void)
+{
+    kvr_transport_t *t = NULL;
+    kvr_loopback_params_t p = KVR_LOOPBACK_PARAMS_INIT;
+    assert_int_equal(kvr_transport_loopback_create(NULL, &p, &t, NULL), KVR_OK);
+    return t;
+}
+
+static kvr_agent_params_t base_params(const ah_model_t *m, kvr_transport_t *hub,
+                                      const char *instance)
+{
+    kvr_agent_params_t p = KVR_AGENT_PARAMS_INIT;
+    p.instance_id = instance;
+    p.instance_id_len = strlen(instance);
+    p.layout = m->lay;
+    p.loopback_hub = hub;
+    p.deadline_ms = 20000;
+    p.grace_ms = 2000;
+    return p;
+}
+
+kvr_agent_params_t ah_producer_params(const ah_model_t *m, kvr_transport_t *hub,
+                                      const char *instance, uint32_t pp,
+                                      uint32_t pp_size)
+{
+    kvr_agent_params_t p = base_params(m, hub, instance);
+    p.role = KVR_AGENT_PRODUCER;
+    p.listen = "127.0.0.1:0";
+    p.topo = (kvr_wire_topo_t){.pp_rank = pp, .pp_size = pp_size,
+                               .tp_rank = 0, .tp_size = m->lay.producer_tp,
+                               .dp_rank = 0, .dp_size = 1,
+                               .layer_start = pp * m->layers / pp_size,
+                               .layer_end = (pp + 1) * m->layers / pp_size};
+    return p;
+}
+
+kvr_agent_params_t ah_consumer_params(const ah_model_t *m, kvr_transport_t *hub,
+                                      const char *instance, uint32_t rank)
+{
+    kvr_agent_params_t p = base_params(m, hub, instance);
+    p.role = KVR_AGENT_CONSUMER;
+    p.topo = (kvr_wire_topo_t){.pp_rank = 0, .pp_size = 1, .tp_rank = rank,
+                               .tp_size = m->lay.tp, .dp_rank = 0,
+                               .dp_size = 1, .layer_start = 0,
+                               .layer_end = m->layers, .dcp_rank = rank};
+    return p;
+}
+
+static kvr_region_desc_t region(const ah_model_t *m, kvr_role_t role,
+                                uint32_t layer, bool consumer)
+{
+    kvr_region_desc_t d = {.role = role, .layer = layer,
+                           .num_blocks = consumer ? m->dst_pool : m->src_pool};
+    if (role == KVR_ROLE_MLA) {
+        d.page_bytes = (uint64_t)m->lay.block_size * m->token_bytes;
+    } else {
+        d.index_dim = d.quant_block = m->index_dim;
+        d.page_bytes = kvr_index_page_tokens(&m->lay, consumer) *
+                       kvr_index_stride(m->index_dim);
+    }
+    return d;
+}
+
+static void add(ah_agent_t *x, const kvr_region_desc_t *d, bool only)
+{
+    assert_true(x->n < AH_MAX_REGIONS);
+    x->desc[x->n] = *d;
+    x->consumer_only[x->n] = only;
+    assert_int_equal(kvr_agent_alloc_region(x->agent, d,
+                                            only ? KVR_AGENT_REGION_CONSUMER_ONLY : 0,
+                                            &x->base[x->n]),
+                     KVR_OK);
+    memset(x->base[x->n], 0, kvr_region_bytes(d));
+    x->n++;
+}
+
+void ah_start(const ah_model_t *m, const kvr_agent_params_t *p, uint32_t extra,
+              bool flag_extra, ah_agent_t *out)
+{
+    kvr_error_t err = {0};
+    memset(out, 0, sizeof(*out));
+    out->log = calloc(AH_MAX_EVENTS, sizeof(*out->log));
+    out->consumer = p->role == KVR_AGENT_CONSUMER;
+    out->rank = out->consumer ? p->topo.dcp_rank : p->topo.pp_rank;
+    kvr_status_t st = kvr_agent_create(p, &out->agent, &err);
+    if (st != KVR_OK)
+        fail_msg("kvr_agent_create: %s", err.msg);
+    for (uint32_t l = p->topo.layer_start; l < p->topo.layer_end; l++) {
+        kvr_region_desc_t d = region(m, KVR_ROLE_MLA, l, out->consumer);
+        add(out, &d, false);
+        if (l % 2 == 0) {
+            d = region(m, KVR_ROLE_INDEX, l, out->consumer);
+            add(out, &d, false);
+        }
+    }
+    for (uint32_t e = 0; e < extra; e++) {
+        kvr_region_desc_t d = region(m, KVR_ROLE_MLA, m->layers + e, true);
+        add(out, &d, flag_extra);
+    }
+    if (kvr_agent_start(out->agent) != KVR_OK)
+        fail_msg("kvr_agent_start: %s", kvr_agent_last_error(out->agent));
+}
+
+void ah_stop(ah_agent_t *x)
+{
+    kvr_agent_destroy(x->agent);
+    free(x->log);
+    memset(x, 0, sizeof(*x));
+}
+
+void ah_req(const ah_model_t *m, uint32_t i, uint64_t tokens, ah_req_t *r)
+{
+    memset(r, 0, sizeof(*r));
+    snprintf(r->id, sizeof(r->id), "req-%u", i);
+    r->seq = i;
+    r->tokens = tokens;
+    r->nsrc = (uint32_t)kvr_num_src_blocks(&m->lay, tokens);
+    r->ndst = (uint32_t)kvr_num_dst_blocks(&m->lay, tokens);
+    assert_true(r->nsrc <= AH_MAX_BLOCKS && r->ndst <= AH_MAX_BLOCKS);
+    /* disjoint per request modulo the pools; reversed to defeat coalescing */
+    uint32_t s0 = (i * r->nsrc) % (m->src_pool - r->nsrc + 1);
+    uint32_t d0 = (i * r->ndst) % (m->dst_pool - r->ndst + 1);
+    for (uint32_t k = 0; k < r->nsrc; k++)
+        r->src[k] = s0 + r->nsrc - 1 - k;
+    for (uint32_t k = 0; k < r->ndst; k++)
+        r->dst[k] = d0 + (k * 7) % r->ndst;
+}
+
+void ah_fill(const ah_model_t *m, ah_agent_t *prod, const ah_req_t *r)
+{
+    uint32_t *ids = malloc((r->tokens + 1) * sizeof(*ids));
+    for (uint64_t g = 0; g < r->tokens; g++)
+        ids[g] = r->seq * 100000u + (uint32_t)g;
+    for (uint32_t i = 0; i < prod->n; i++) {
+        kvr_error_t err = {0};
+        kvr_status_t st = kvr_synth_fill_source(&m->lay, &prod->desc[i],
+                                                1234 + r->seq, r->src, r->nsrc,
+                                                ids, r->tokens, prod->base[i],
+                                                &err);
+        if (st != KVR_OK)
+            fail_msg("fill: %s", err.msg);
+    }
+    free(ids);
+}
+
+void ah_open(ah_agent_t *prod, const ah_req_t *r, uint32_t lease_ms,
+             uint32_t groups, bool ready)
+{
+    kvr_agent_send_t s = {r->id, strlen(r->id), r->src, r->nsrc, r->tokens,
+                          lease_ms, groups};
+    assert_int_equal(kvr_agent_send_open(prod->agent, &s), KVR_OK);
+    if (ready)
+        assert_int_equal(kvr_agent_send_ready(prod->agent, r->id, strlen(r->id),
+                                              0, 1u << 30, NULL),
+                         KVR_OK);
+}
+
+void ah_recv(ah_agent_t *cons, const char *producer, const char *address,
+             const ah_req_t *r, uint32_t deadline_ms)
+{
+    kvr_agent_recv_t q = {producer, strlen(producer), address, r->id,
+                          strlen(r->id), r->dst, r->ndst, r->tokens,
+                          r->computed, deadline_ms};
+    kvr_status_t st = kvr_agent_recv(cons->agent, &q);
+    if (st != KVR_OK)
+        fail_msg("recv: %s", kvr_agent_last_error(cons->agent));
+}
+
+void ah_collect(ah_agent_t *x)
+{
+    kvr_agent_event_t ev;
+    while (kvr_agent_poll(x->agent, &ev)) {
+        assert_true(x->nlog < AH_MAX_EVENTS);
+        x->log[x->nlog++] = ev;
+    }
+}
+
+static bool is(const kvr_agent_event_t *e, const char *id,
+               kvr_agent_event_kind_t kind)
+{
+    return e->kind == kind && e->request.len == strlen(id) &&
+           memcmp(e->request.bytes, id, e->request.len) == 0;
+}
+
+uint32_t ah_count(const ah_agent_t *x, const char *id,
+                  kvr_agent_event_kind_t kind)
+{
+    uint32_t n = 0;
+    for (uint32_t i = 0; i < x->nlog; i++)
+        n += is(&x->log[i], id, kind);
+    return n;
+}
+
+const kvr_agent_event_t *ah_wait(ah_agent_t *x, const char *id,
+                                 kvr_agent_event_kind_t kind, uint32_t ms)
+{
+    uint64_t end = ah_now_ms() + ms;
+    for (;;) {
+        ah_collect(x);
+        for (uint32_t i = 0; i < x->nlog; i++)
+            if (is(&x->log[i], id, kind))
+                return &x->log[i];
+        if (ah_now_ms() > end)
+            break;
+        struct pollfd p = {.fd = kvr_agent_event_fd(x->agent), .events = POLLIN};
+        poll(&p, 1, 20);
+    }
+    for (uint32_t i = 0; i < x->nlog; i++)
+        print_message("  had %s '%.*s' %s: %s\n",
+                      kvr_agent_event_name(x->log[i].kind),
+                      (int)x->log[i].request.len, x->log[i].request.bytes,
+                      kvr_status_name(x->log[i].status), x->log[i].message);
+    fail_msg("no %s for '%s' within %u ms", kvr_agent_event_name(kind), id, ms);
+    return NULL;
+}
+
+void ah_settle(ah_agent_t *const *xs, uint32_t n, uint32_t ms)
+{
+    uint64_t end = ah_now_ms() + ms;
+    while (ah_now_ms() < end) {
+        for (uint32_t i = 0; i < n; i++)
+            ah_collect(xs[i]);
+        struct timespec ts = {0, 10 * 1000000};
+        nanosleep(&ts, NULL);
+    }
+    for (uint32_t i = 0; i < n; i++)
+        ah_collect(xs[i]);
+}
+
+void ah_verify(const ah_model_t *m, ah_agent_t *const *stages,
+               uint32_t num_stages, const ah_agent_t *cons, const ah_req_t *r)
+{
+    kvr_request_t req = {r->src, r->nsrc, r->dst, r->ndst, r->tokens,
+                         r->computed};
+    uint32_t checked = 0;
+    for (uint32_t i = 0; i < cons->n; i++) {
+        if (cons->consumer_only[i])
+            continue;
+        const kvr_region_desc_t *d = &cons->desc[i];
+        for (uint32_t s = 0; s < num_stages; s++)
+            for (uint32_t j = 0; j < stages[s]->n; j++) {
+                const kvr_region_desc_t *e = &stages[s]->desc[j];
+                if (e->role != d->role || e->layer != d->layer)
+                    continue;
+                kvr_region_pair_t pair = {*e, *d};
+                kvr_error_t err = {0};
+                kvr_status_t st = kvr_verify_region(&m->lay, cons->rank, &pair,
+                                                    &req, stages[s]->base[j],
+                                                    cons->base[i], &err);
+                if (st != KVR_OK)
+                    fail_msg("'%s' rank %u %s layer %u: %s", r->id, cons->rank,
+                             kvr_role_name(d->role), d->layer, err.msg);
+                checked++;
+            }
+    }
+    assert_true(checked > 0);
+}

@@ -1,0 +1,92 @@
+/* Several agents in one process over the loopback data transport (control
+ * links on 127.0.0.1): a model with MLA and index regions, producer stages,
+ * consumer ranks, requests with disjoint block tables, event logs and the
+ * byte verifier. */
+#ifndef KVR_TEST_AGENT_HARNESS_H
+#define KVR_TEST_AGENT_HARNESS_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "kvrelay/agent.h"
+
+#define AH_MAX_REGIONS 32
+#define AH_MAX_EVENTS 4096
+#define AH_MAX_BLOCKS 512
+
+typedef struct ah_model {
+    kvr_layout_t lay;
+    uint32_t layers;      /* MLA on every layer, INDEX on even ones */
+    uint32_t index_dim;
+    uint32_t token_bytes;
+    uint32_t src_pool;    /* blocks per producer region */
+    uint32_t dst_pool;    /* blocks per consumer region */
+} ah_model_t;
+
+typedef struct ah_agent {
+    kvr_agent_t *agent;
+    bool consumer;
+    uint32_t rank;        /* consumer: dcp rank; producer: pp rank */
+    kvr_region_desc_t desc[AH_MAX_REGIONS];
+    void *base[AH_MAX_REGIONS];
+    bool consumer_only[AH_MAX_REGIONS];
+    uint32_t n;
+    kvr_agent_event_t *log;
+    uint32_t nlog;
+} ah_agent_t;
+
+typedef struct ah_req {
+    char id[48];
+    uint32_t src[AH_MAX_BLOCKS];
+    uint32_t nsrc;
+    uint32_t dst[AH_MAX_BLOCKS];
+    uint32_t ndst;
+    uint64_t tokens, computed;
+    uint32_t seq;
+} ah_req_t;
+
+/* bs 16, W 2, I 1, consumer tp 2, producer tp 1, replicated preshuffled
+ * index of D 64, 4 layers, 96-byte latents. */
+ah_model_t ah_model(void);
+/* A loopback transport whose hub the agents join. */
+kvr_transport_t *ah_hub(void);
+
+/* Parameters for a producer stage (pp of pp_size, layers split evenly) or
+ * a consumer rank (dcp rank = tp rank = rank). */
+kvr_agent_params_t ah_producer_params(const ah_model_t *m, kvr_transport_t *hub,
+                                      const char *instance, uint32_t pp,
+                                      uint32_t pp_size);
+kvr_agent_params_t ah_consumer_params(const ah_model_t *m, kvr_transport_t *hub,
+                                      const char *instance, uint32_t rank);
+/* Creates, registers regions (consumer: plus `extra` consumer-only MLA
+ * layers after the model's, flagged when flag_extra) and starts. */
+void ah_start(const ah_model_t *m, const kvr_agent_params_t *p, uint32_t extra,
+              bool flag_extra, ah_agent_t *out);
+void ah_stop(ah_agent_t *x);
+
+/* Request i: disjoint source and destination blocks, tokens given. */
+void ah_req(const ah_model_t *m, uint32_t i, uint64_t tokens, ah_req_t *r);
+/* Fills the producer's regions with request r's synthetic KV. */
+void ah_fill(const ah_model_t *m, ah_agent_t *prod, const ah_req_t *r);
+void ah_open(ah_agent_t *prod, const ah_req_t *r, uint32_t lease_ms,
+             uint32_t groups, bool ready);
+void ah_recv(ah_agent_t *cons, const char *producer, const char *address,
+             const ah_req_t *r, uint32_t deadline_ms);
+
+/* Moves queued events into the log. */
+void ah_collect(ah_agent_t *x);
+/* Waits until the log holds kind for request id (any producer); returns
+ * it or fails the test at the deadline. */
+const kvr_agent_event_t *ah_wait(ah_agent_t *x, const char *id,
+                                 kvr_agent_event_kind_t kind, uint32_t ms);
+uint32_t ah_count(const ah_agent_t *x, const char *id,
+                  kvr_agent_event_kind_t kind);
+/* Lets ms pass, collecting events. */
+void ah_settle(ah_agent_t *const *xs, uint32_t n, uint32_t ms);
+
+/* Every byte the consumer rank should hold, from the stages' sources. */
+void ah_verify(const ah_model_t *m, ah_agent_t *const *stages,
+               uint32_t num_stages, const ah_agent_t *cons, const ah_req_t *r);
+uint64_t ah_now_ms(void);
+
+#endif
