@@ -153,13 +153,15 @@ void ah_req(const ah_model_t *m, uint32_t i, uint64_t tokens, ah_req_t *r)
     r->nsrc = (uint32_t)kvr_num_src_blocks(&m->lay, tokens);
     r->ndst = (uint32_t)kvr_num_dst_blocks(&m->lay, tokens);
     assert_true(r->nsrc <= AH_MAX_BLOCKS && r->ndst <= AH_MAX_BLOCKS);
-    /* disjoint per request modulo the pools; reversed to defeat coalescing */
-    uint32_t s0 = (i * r->nsrc) % (m->src_pool - r->nsrc + 1);
-    uint32_t d0 = (i * r->ndst) % (m->dst_pool - r->ndst + 1);
+    /* requests i and j (i != j mod slots) use disjoint blocks; tables are
+     * permuted to defeat coalescing */
+    uint32_t sslot = m->src_pool / 8, dslot = m->dst_pool / 10;
+    assert_true(r->nsrc <= sslot && r->ndst <= dslot);
+    uint32_t s0 = (i % 8) * sslot, d0 = (i % 10) * dslot;
     for (uint32_t k = 0; k < r->nsrc; k++)
         r->src[k] = s0 + r->nsrc - 1 - k;
     for (uint32_t k = 0; k < r->ndst; k++)
-        r->dst[k] = d0 + (k * 7) % r->ndst;
+        r->dst[k] = d0 + (k % 2 ? r->ndst - 1 - k / 2 : k / 2);
 }
 
 void ah_fill(const ah_model_t *m, ah_agent_t *prod, const ah_req_t *r)

@@ -64,7 +64,8 @@ void ah_start(const ah_model_t *m, const kvr_agent_params_t *p, uint32_t extra,
               bool flag_extra, ah_agent_t *out);
 void ah_stop(ah_agent_t *x);
 
-/* Request i: disjoint source and destination blocks, tokens given. */
+/* Request i: source and destination blocks disjoint from those of other
+ * requests (i mod 8 differs); at most 512 tokens with ah_model(). */
 void ah_req(const ah_model_t *m, uint32_t i, uint64_t tokens, ah_req_t *r);
 /* Fills the producer's regions with request r's synthetic KV. */
 void ah_fill(const ah_model_t *m, ah_agent_t *prod, const ah_req_t *r);
