@@ -293,3 +293,134 @@ void ah_verify(const ah_model_t *m, ah_agent_t *const *stages,
     }
     assert_true(checked > 0);
 }
+
+/* ---- worlds ---- */
+
+
+void start_instance(world_t *w, uint32_t k, const char *name,
+                           uint32_t pp, ah_tweak_t tweak)
+{
+    w->pp[k] = pp;
+    for (uint32_t s = 0; s < pp; s++) {
+        kvr_agent_params_t p = ah_producer_params(&w->m, w->hub, name, s, pp);
+        if (s > 0)
+            p.bootstrap = kvr_agent_address(w->prod[k][0].agent);
+        if (tweak)
+            tweak(&p);
+        ah_start(&w->m, &p, 0, false, &w->prod[k][s]);
+    }
+}
+
+void start_group_tweaked(world_t *w, uint32_t extra, bool flag,
+                         ah_tweak_t tweak)
+{
+    for (uint32_t r = 0; r < 2; r++) {
+        kvr_agent_params_t p = ah_consumer_params(&w->m, w->hub, "decode", r);
+        if (tweak)
+            tweak(&p);
+        ah_start(&w->m, &p, extra, flag, &w->cons[r]);
+    }
+}
+
+void start_group(world_t *w, uint32_t extra, bool flag)
+{
+    start_group_tweaked(w, extra, flag, NULL);
+}
+
+world_t *world_new(void)
+{
+    world_t *w = calloc(1, sizeof(*w));
+    w->m = ah_model();
+    w->hub = ah_hub();
+    return w;
+}
+
+void world_free(world_t *w)
+{
+    for (uint32_t r = 0; r < 2; r++)
+        if (w->cons[r].agent)
+            ah_stop(&w->cons[r]);
+    for (uint32_t k = 0; k < 2; k++)
+        for (uint32_t s = 0; s < w->pp[k]; s++)
+            ah_stop(&w->prod[k][s]);
+    kvr_transport_destroy(w->hub);
+    free(w);
+}
+
+const char *head_addr(world_t *w, uint32_t k)
+{
+    return kvr_agent_address(w->prod[k][0].agent);
+}
+
+ah_agent_t *const *stages_of(world_t *w, uint32_t k)
+{
+    static _Thread_local ah_agent_t *s[4];
+    for (uint32_t i = 0; i < w->pp[k]; i++)
+        s[i] = &w->prod[k][i];
+    return s;
+}
+
+/* Both ranks LOADED then RELEASED exactly once; the bytes verified. */
+void expect_loaded(world_t *w, uint32_t k, const ah_req_t *r)
+{
+    for (uint32_t c = 0; c < 2; c++) {
+        const kvr_agent_event_t *e = ah_wait(&w->cons[c], r->id,
+                                             KVR_AGENT_RELEASED, AH_WAIT_MS);
+        assert_int_equal(e->status, KVR_OK);
+        assert_int_equal(ah_count(&w->cons[c], r->id, KVR_AGENT_LOADED), 1);
+        assert_int_equal(ah_count(&w->cons[c], r->id, KVR_AGENT_LOAD_FAILED), 0);
+        ah_verify(&w->m, stages_of(w, k), w->pp[k], &w->cons[c], r);
+    }
+    for (uint32_t s = 0; s < w->pp[k]; s++)
+        assert_int_equal(ah_wait(&w->prod[k][s], r->id, KVR_AGENT_SENT,
+                                 AH_WAIT_MS)->status, KVR_OK);
+}
+
+/* A consumer request that ended: exactly one LOAD_FAILED with st, then
+ * exactly one RELEASED, and no LOADED. */
+const kvr_agent_event_t *expect_failed(ah_agent_t *c, const char *id,
+                                              kvr_status_t st)
+{
+    const kvr_agent_event_t *e = ah_wait(c, id, KVR_AGENT_LOAD_FAILED, AH_WAIT_MS);
+    if (e->status != st)
+        fail_msg("'%s': %s (%s), expected %s", id, kvr_status_name(e->status),
+                 e->message, kvr_status_name(st));
+    ah_wait(c, id, KVR_AGENT_RELEASED, AH_WAIT_MS);
+    assert_int_equal(ah_count(c, id, KVR_AGENT_LOAD_FAILED), 1);
+    assert_int_equal(ah_count(c, id, KVR_AGENT_RELEASED), 1);
+    assert_int_equal(ah_count(c, id, KVR_AGENT_LOADED), 0);
+    /* RELEASED comes after LOAD_FAILED */
+    uint32_t failed_at = 0, released_at = 0;
+    for (uint32_t i = 0; i < c->nlog; i++) {
+        if (strlen(id) != c->log[i].request.len ||
+            memcmp(id, c->log[i].request.bytes, c->log[i].request.len))
+            continue;
+        if (c->log[i].kind == KVR_AGENT_LOAD_FAILED)
+            failed_at = i + 1;
+        if (c->log[i].kind == KVR_AGENT_RELEASED)
+            released_at = i + 1;
+    }
+    assert_true(failed_at < released_at);
+    return e;
+}
+
+void fill_all(world_t *w, uint32_t k, const ah_req_t *r)
+{
+    for (uint32_t s = 0; s < w->pp[k]; s++)
+        ah_fill(&w->m, &w->prod[k][s], r);
+}
+
+void open_all(world_t *w, uint32_t k, const ah_req_t *r,
+                     uint32_t lease_ms, bool ready)
+{
+    for (uint32_t s = 0; s < w->pp[k]; s++)
+        ah_open(&w->prod[k][s], r, lease_ms, 1, ready);
+}
+
+void recv_all(world_t *w, uint32_t k, const char *name,
+                     const ah_req_t *r, uint32_t deadline_ms)
+{
+    for (uint32_t c = 0; c < 2; c++)
+        ah_recv(&w->cons[c], name, head_addr(w, k), r, deadline_ms);
+}
+

@@ -90,4 +90,36 @@ void ah_verify(const ah_model_t *m, ah_agent_t *const *stages,
                uint32_t num_stages, const ah_agent_t *cons, const ah_req_t *r);
 uint64_t ah_now_ms(void);
 
+/* ---- worlds: up to two producer instances and one decode group ---- */
+
+#define AH_WAIT_MS 20000
+
+typedef void (*ah_tweak_t)(kvr_agent_params_t *p);
+
+typedef struct world {
+    ah_model_t m;
+    kvr_transport_t *hub;
+    ah_agent_t prod[2][4]; /* [instance][pp stage] */
+    uint32_t pp[2];
+    ah_agent_t cons[2];    /* one decode group, dcp ranks 0 and 1 */
+} world_t;
+
+world_t *world_new(void);
+void world_free(world_t *w);
+void start_instance(world_t *w, uint32_t k, const char *name, uint32_t pp,
+                    ah_tweak_t tweak);
+void start_group(world_t *w, uint32_t extra, bool flag);
+void start_group_tweaked(world_t *w, uint32_t extra, bool flag,
+                         ah_tweak_t tweak);
+const char *head_addr(world_t *w, uint32_t k);
+ah_agent_t *const *stages_of(world_t *w, uint32_t k);
+void expect_loaded(world_t *w, uint32_t k, const ah_req_t *r);
+const kvr_agent_event_t *expect_failed(ah_agent_t *c, const char *id,
+                                       kvr_status_t st);
+void fill_all(world_t *w, uint32_t k, const ah_req_t *r);
+void open_all(world_t *w, uint32_t k, const ah_req_t *r, uint32_t lease_ms,
+              bool ready);
+void recv_all(world_t *w, uint32_t k, const char *name, const ah_req_t *r,
+              uint32_t deadline_ms);
+
 #endif

@@ -1,0 +1,347 @@
+/* The agent under faults: aborts in every state, lost and duplicated
+ * control frames, failing and slow puts, lost peers and restarted peers.
+ * Every request ends in exactly one terminal event; on the consumer
+ * RELEASED follows only once no source can still write. */
+#include <netinet/in.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#include "agent_harness.h"
+#include "agent_internal.h"
+
+static const char *A = "prefill-a";
+
+static void one_stage_world(world_t **out, ah_tweak_t ptweak,
+                            ah_tweak_t ctweak, uint32_t pp)
+{
+    world_t *w = world_new();
+    start_instance(w, 0, A, pp, ptweak);
+    start_group_tweaked(w, 0, false, ctweak);
+    *out = w;
+}
+
+static uint32_t terminal_sends(const ah_agent_t *p, const char *id)
+{
+    return ah_count(p, id, KVR_AGENT_SENT) +
+           ah_count(p, id, KVR_AGENT_SEND_EXPIRED) +
+           ah_count(p, id, KVR_AGENT_SEND_FAILED);
+}
+
+/* A listener that never accepts: the handshake never starts. */
+static int silent_listener(char *addr, size_t cap)
+{
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in in = {.sin_family = AF_INET,
+                             .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    socklen_t len = sizeof(in);
+    assert_int_equal(bind(fd, (struct sockaddr *)&in, sizeof(in)), 0);
+    assert_int_equal(listen(fd, 4), 0);
+    getsockname(fd, (struct sockaddr *)&in, &len);
+    snprintf(addr, cap, "127.0.0.1:%u", ntohs(in.sin_port));
+    return fd;
+}
+
+/* Abort while dialling (the producer never answers) and while queued. */
+static void test_abort_dialing_and_queued(void **state)
+{
+    (void)state;
+    world_t *w = world_new();
+    start_group(w, 0, false);
+    char addr[64];
+    int fd = silent_listener(addr, sizeof(addr));
+    ah_req_t r;
+    ah_req(&w->m, 1, 64, &r);
+    ah_recv(&w->cons[0], A, addr, &r, 0);
+    ah_agent_t *all[] = {&w->cons[0]};
+    ah_settle(all, 1, 200);
+    kvr_agent_req_status_t st;
+    assert_int_equal(kvr_agent_status(w->cons[0].agent, A, strlen(A), r.id,
+                                      strlen(r.id), &st), KVR_OK);
+    assert_int_equal(st.recv, KVR_RECV_DIALING);
+    assert_int_equal(kvr_agent_recv_abort(w->cons[0].agent, A, strlen(A), r.id,
+                                          strlen(r.id)), KVR_OK);
+    expect_failed(&w->cons[0], r.id, KVR_ERR_CANCELED);
+    /* queued: recv and abort back to back */
+    ah_req(&w->m, 2, 64, &r);
+    ah_recv(&w->cons[1], A, addr, &r, 0);
+    assert_int_equal(kvr_agent_recv_abort(w->cons[1].agent, A, strlen(A), r.id,
+                                          strlen(r.id)), KVR_OK);
+    expect_failed(&w->cons[1], r.id, KVR_ERR_CANCELED);
+    /* after its outcome, an abort is a no-op; an unknown key is refused */
+    assert_int_equal(kvr_agent_recv_abort(w->cons[1].agent, A, strlen(A), r.id,
+                                          strlen(r.id)), KVR_ERR_NOT_FOUND);
+    close(fd);
+    world_free(w);
+}
+
+/* The consumer aborts while its pulls are held (layers not ready): the
+ * stages answer WRITE_FAILED (canceled), the consumer's RELEASED follows,
+ * the producer's request fails (a group failed). */
+static void test_abort_pulling(void **state)
+{
+    (void)state;
+    world_t *w;
+    one_stage_world(&w, NULL, NULL, 2);
+    ah_req_t r;
+    ah_req(&w->m, 3, 200, &r);
+    fill_all(w, 0, &r);
+    open_all(w, 0, &r, 0, false);
+    recv_all(w, 0, A, &r, 0);
+    ah_agent_t *all[] = {&w->cons[0], &w->cons[1]};
+    ah_settle(all, 2, 300);
+    for (uint32_t c = 0; c < 2; c++)
+        assert_int_equal(kvr_agent_recv_abort(w->cons[c].agent, A, strlen(A),
+                                              r.id, strlen(r.id)), KVR_OK);
+    for (uint32_t c = 0; c < 2; c++)
+        expect_failed(&w->cons[c], r.id, KVR_ERR_CANCELED);
+    for (uint32_t s = 0; s < 2; s++) {
+        const kvr_agent_event_t *e = ah_wait(&w->prod[0][s], r.id,
+                                             KVR_AGENT_SEND_FAILED, AH_WAIT_MS);
+        assert_int_equal(e->status, KVR_ERR_CANCELED);
+        assert_int_equal(terminal_sends(&w->prod[0][s], r.id), 1);
+    }
+    world_free(w);
+}
+
+/* The producer aborts with pulls held, and before any pull came. */
+static void test_producer_abort(void **state)
+{
+    (void)state;
+    world_t *w;
+    one_stage_world(&w, NULL, NULL, 1);
+    ah_req_t r;
+    ah_req(&w->m, 4, 120, &r);
+    fill_all(w, 0, &r);
+    open_all(w, 0, &r, 0, false);
+    recv_all(w, 0, A, &r, 0);
+    ah_agent_t *all[] = {&w->cons[0], &w->cons[1]};
+    ah_settle(all, 2, 300);
+    kvr_agent_send_abort(w->prod[0][0].agent, r.id, strlen(r.id));
+    for (uint32_t c = 0; c < 2; c++)
+        expect_failed(&w->cons[c], r.id, KVR_ERR_CANCELED);
+    assert_int_equal(ah_wait(&w->prod[0][0], r.id, KVR_AGENT_SEND_FAILED,
+                             AH_WAIT_MS)->status, KVR_ERR_CANCELED);
+    /* open, abort at once: SEND_FAILED, once */
+    ah_req(&w->m, 5, 120, &r);
+    open_all(w, 0, &r, 0, true);
+    kvr_agent_send_abort(w->prod[0][0].agent, r.id, strlen(r.id));
+    ah_wait(&w->prod[0][0], r.id, KVR_AGENT_SEND_FAILED, AH_WAIT_MS);
+    ah_agent_t *p[] = {&w->prod[0][0]};
+    ah_settle(p, 1, 200);
+    assert_int_equal(terminal_sends(&w->prod[0][0], r.id), 1);
+    world_free(w);
+}
+
+static void dup_done(kvr_agent_params_t *p)
+{
+    (void)p;
+}
+
+/* A WRITE_DONE sent twice is ignored: one LOADED, one RELEASED. */
+static void test_duplicate_write_done(void **state)
+{
+    (void)state;
+    world_t *w;
+    one_stage_world(&w, dup_done, NULL, 2);
+    for (uint32_t s = 0; s < 2; s++) /* before traffic: set once */
+        kvr__agent_set_frame_fault(w->prod[0][s].agent, KVR_MSG_WRITE_DONE, 1,
+                                   true);
+    ah_req_t r;
+    ah_req(&w->m, 6, 256, &r);
+    fill_all(w, 0, &r);
+    open_all(w, 0, &r, 0, true);
+    recv_all(w, 0, A, &r, 0);
+    expect_loaded(w, 0, &r);
+    ah_agent_t *all[] = {&w->cons[0], &w->cons[1]};
+    ah_settle(all, 2, 200);
+    for (uint32_t c = 0; c < 2; c++) {
+        assert_int_equal(ah_count(&w->cons[c], r.id, KVR_AGENT_LOADED), 1);
+        assert_int_equal(ah_count(&w->cons[c], r.id, KVR_AGENT_RELEASED), 1);
+    }
+    world_free(w);
+}
+
+static void short_deadline(kvr_agent_params_t *p)
+{
+    p->deadline_ms = 1500;
+    p->grace_ms = 1500;
+}
+
+/* A lost WRITE_DONE: that rank fails at its deadline; its RELEASE makes
+ * the stage repeat the answer, so RELEASED comes before deadline + grace
+ * would force it. The other rank loads. */
+static void test_lost_write_done(void **state)
+{
+    (void)state;
+    world_t *w;
+    one_stage_world(&w, short_deadline, short_deadline, 2);
+    kvr__agent_set_frame_fault(w->prod[0][1].agent, KVR_MSG_WRITE_DONE, 1,
+                               false);
+    ah_req_t r;
+    ah_req(&w->m, 7, 256, &r);
+    fill_all(w, 0, &r);
+    open_all(w, 0, &r, 0, true);
+    recv_all(w, 0, A, &r, 0);
+    uint32_t loaded = 0, failed = 0;
+    for (uint32_t c = 0; c < 2; c++) {
+        ah_wait(&w->cons[c], r.id, KVR_AGENT_RELEASED, AH_WAIT_MS);
+        loaded += ah_count(&w->cons[c], r.id, KVR_AGENT_LOADED);
+        failed += ah_count(&w->cons[c], r.id, KVR_AGENT_LOAD_FAILED);
+    }
+    assert_int_equal(loaded, 1);
+    assert_int_equal(failed, 1);
+    for (uint32_t c = 0; c < 2; c++)
+        if (ah_count(&w->cons[c], r.id, KVR_AGENT_LOAD_FAILED))
+            expect_failed(&w->cons[c], r.id, KVR_ERR_TIMEOUT);
+    for (uint32_t s = 0; s < 2; s++) {
+        ah_agent_t *p[] = {&w->prod[0][s]};
+        ah_settle(p, 1, 100);
+        ah_wait(&w->prod[0][s], r.id, KVR_AGENT_SEND_FAILED, AH_WAIT_MS);
+        assert_int_equal(terminal_sends(&w->prod[0][s], r.id), 1);
+    }
+    world_free(w);
+}
+
+static void fail_third_put(kvr_agent_params_t *p)
+{
+    p->loopback.fail_put_at = 3;
+}
+
+/* A put fails: WRITE_FAILED (transport), the load fails, the blocks are
+ * released; the stage's request fails. */
+static void test_put_failure(void **state)
+{
+    (void)state;
+    world_t *w;
+    one_stage_world(&w, fail_third_put, NULL, 1);
+    ah_req_t r;
+    ah_req(&w->m, 0, 400, &r);
+    fill_all(w, 0, &r);
+    open_all(w, 0, &r, 0, true);
+    ah_recv(&w->cons[0], A, head_addr(w, 0), &r, 0);
+    expect_failed(&w->cons[0], r.id, KVR_ERR_TRANSPORT);
+    kvr_agent_send_abort(w->prod[0][0].agent, r.id, strlen(r.id));
+    ah_wait(&w->prod[0][0], r.id, KVR_AGENT_SEND_FAILED, AH_WAIT_MS);
+    world_free(w);
+}
+
+static void slow_puts(kvr_agent_params_t *p)
+{
+    p->loopback.delay_ms = 30;
+}
+
+static void test_slow_puts(void **state)
+{
+    (void)state;
+    world_t *w;
+    one_stage_world(&w, slow_puts, NULL, 2);
+    ah_req_t r;
+    ah_req(&w->m, 1, 500, &r);
+    fill_all(w, 0, &r);
+    open_all(w, 0, &r, 0, true);
+    recv_all(w, 0, A, &r, 0);
+    expect_loaded(w, 0, &r);
+    world_free(w);
+}
+
+/* A lost RELEASE: the stage counts the release at deadline plus grace. */
+static void test_lost_release(void **state)
+{
+    (void)state;
+    world_t *w;
+    one_stage_world(&w, short_deadline, short_deadline, 1);
+    kvr__agent_set_frame_fault(w->cons[0].agent, KVR_MSG_RELEASE, 1, false);
+    ah_req_t r;
+    ah_req(&w->m, 2, 100, &r);
+    fill_all(w, 0, &r);
+    open_all(w, 0, &r, 0, true);
+    recv_all(w, 0, A, &r, 0);
+    expect_loaded(w, 0, &r);
+    assert_int_equal(terminal_sends(&w->prod[0][0], r.id), 1);
+    world_free(w);
+}
+
+/* A stage dies with pulls held: the loads fail at once (peer dead), well
+ * before their deadline, and are released. */
+static void test_stage_lost(void **state)
+{
+    (void)state;
+    world_t *w;
+    one_stage_world(&w, NULL, NULL, 2);
+    ah_req_t r;
+    ah_req(&w->m, 3, 100, &r);
+    open_all(w, 0, &r, 0, false);
+    recv_all(w, 0, A, &r, 0);
+    ah_agent_t *all[] = {&w->cons[0], &w->cons[1]};
+    ah_settle(all, 2, 300);
+    uint64_t t0 = ah_now_ms();
+    ah_stop(&w->prod[0][1]);
+    kvr_agent_params_t p = ah_producer_params(&w->m, w->hub, A, 1, 2);
+    p.bootstrap = head_addr(w, 0);
+    ah_start(&w->m, &p, 0, false, &w->prod[0][1]); /* for world_free */
+    for (uint32_t c = 0; c < 2; c++) {
+        const kvr_agent_event_t *e = expect_failed(&w->cons[c], r.id,
+                                                   KVR_ERR_PEER_DEAD);
+        assert_non_null(strstr(e->message, "stage 1"));
+    }
+    assert_true(ah_now_ms() - t0 < 10000);
+    kvr_agent_send_abort(w->prod[0][0].agent, r.id, strlen(r.id));
+    world_free(w);
+}
+
+/* A consumer rank restarts (same instance and rank, new incarnation)
+ * while its old process still holds a link: the stage drops the old link
+ * and the old process's request fails at once (peer dead). */
+static void test_consumer_restart(void **state)
+{
+    (void)state;
+    world_t *w;
+    one_stage_world(&w, NULL, NULL, 1);
+    ah_req_t r, q;
+    ah_req(&w->m, 4, 100, &r);
+    ah_recv(&w->cons[0], A, head_addr(w, 0), &r, 0); /* never opened */
+    ah_agent_t *all[] = {&w->cons[0]};
+    ah_settle(all, 1, 200);
+    ah_agent_t again;
+    kvr_agent_params_t p = ah_consumer_params(&w->m, w->hub, "decode", 0);
+    ah_start(&w->m, &p, 0, false, &again);
+    ah_req(&w->m, 5, 100, &q);
+    fill_all(w, 0, &q);
+    open_all(w, 0, &q, 0, true);
+    uint64_t t0 = ah_now_ms();
+    ah_recv(&again, A, head_addr(w, 0), &q, 0);
+    const kvr_agent_event_t *e = expect_failed(&w->cons[0], r.id,
+                                               KVR_ERR_PEER_DEAD);
+    assert_true(ah_now_ms() - t0 < 5000);
+    (void)e;
+    ah_wait(&again, q.id, KVR_AGENT_LOADED, AH_WAIT_MS);
+    ah_verify(&w->m, stages_of(w, 0), 1, &again, &q);
+    ah_stop(&again);
+    world_free(w);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_abort_dialing_and_queued),
+        cmocka_unit_test(test_abort_pulling),
+        cmocka_unit_test(test_producer_abort),
+        cmocka_unit_test(test_duplicate_write_done),
+        cmocka_unit_test(test_lost_write_done),
+        cmocka_unit_test(test_put_failure),
+        cmocka_unit_test(test_slow_puts),
+        cmocka_unit_test(test_lost_release),
+        cmocka_unit_test(test_stage_lost),
+        cmocka_unit_test(test_consumer_restart),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
