@@ -341,6 +341,8 @@ struct kvr_agent {
     uint64_t join_retry_ns;       /* non-head stage: next dial of the head */
     kvr__alink_t *join_link;
     kvr__frame_fault_t fault;
+    uint64_t moved_turn_max;      /* tests: most bytes put in one turn */
+    uint64_t moving_turns;        /* tests: turns that put bytes */
     char log[KVR_ERROR_MSG_MAX];  /* the loop's last notable failure */
 };
 

@@ -654,13 +654,13 @@ static kvr__preq_t *owner_of(kvr_agent_t *a, const kvr__pull_t *p)
 }
 
 /* One slice of one pull; true when the pull left the active list. */
-static bool slice(kvr_agent_t *a, kvr__pull_t *p)
+static bool slice(kvr_agent_t *a, kvr__pull_t *p, uint64_t *moved)
 {
     kvr_error_t err = {0};
     bool done = false;
     kvr_status_t st = kvr__data_put_some(p->link->data, p->segs, p->nsegs,
                                          &p->cur, KVR_AGENT_SLICE_BYTES,
-                                         p->deadline_ns, &done, &err);
+                                         p->deadline_ns, &done, moved, &err);
     if (st == KVR_OK && !done)
         return false;
     if (st == KVR_OK)
@@ -675,13 +675,13 @@ static bool slice(kvr_agent_t *a, kvr__pull_t *p)
 
 void kvr__send_work(kvr_agent_t *a, uint64_t end_ns)
 {
-    uint64_t slices = 0;
+    uint64_t moved = 0;
+    bool first = true;
     while (a->active != NULL &&
-           (slices == 0 || (kvr__now_ns() < end_ns &&
-                            slices * KVR_AGENT_SLICE_BYTES < KVR_AGENT_TURN_BYTES))) {
-        slices++;
+           (first || (kvr__now_ns() < end_ns && moved < KVR_AGENT_TURN_BYTES))) {
+        first = false;
         kvr__pull_t *p = a->active;
-        if (!slice(a, p) && a->active == p && p->work_next != NULL) {
+        if (!slice(a, p, &moved) && a->active == p && p->work_next != NULL) {
             /* round robin: p goes to the back */
             a->active = p->work_next;
             kvr__pull_t *t = a->active;
@@ -691,6 +691,10 @@ void kvr__send_work(kvr_agent_t *a, uint64_t end_ns)
             p->work_next = NULL;
         }
     }
+    if (moved > 0)
+        a->moving_turns++;
+    if (moved > a->moved_turn_max)
+        a->moved_turn_max = moved;
 }
 
 void kvr__send_free_all(kvr_agent_t *a)

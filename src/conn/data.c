@@ -249,7 +249,7 @@ kvr_status_t kvr__data_send_direct(kvr__dpeer_t *p, const kvr__dseg_t *segs,
 kvr_status_t kvr__data_put_some(kvr__dpeer_t *p, const kvr__dseg_t *segs,
                                 size_t n, kvr__dcursor_t *cur,
                                 uint64_t max_bytes, uint64_t deadline_ns,
-                                bool *done, kvr_error_t *err)
+                                bool *done, uint64_t *moved, kvr_error_t *err)
 {
     uint64_t posted = 0;
     kvr_status_t st = KVR_OK;
@@ -270,6 +270,7 @@ kvr_status_t kvr__data_put_some(kvr__dpeer_t *p, const kvr__dseg_t *segs,
                           deadline_ns);
         posted += r->len;
     }
+    *moved += posted;
     *done = cur->seg >= n;
     return st == KVR_OK ? KVR_OK : put_error(p, st, err, "direct transfer");
 }

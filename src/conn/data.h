@@ -87,11 +87,12 @@ typedef struct kvr__dcursor {
 } kvr__dcursor_t;
 
 /* Posts puts from the cursor on until about max_bytes were posted or every
- * run was; *done says the latter. Nothing is flushed. */
+ * run was; *done says the latter, *moved grows by the bytes posted.
+ * Nothing is flushed. */
 kvr_status_t kvr__data_put_some(kvr__dpeer_t *p, const kvr__dseg_t *segs,
                                 size_t n, kvr__dcursor_t *cur,
                                 uint64_t max_bytes, uint64_t deadline_ns,
-                                bool *done, kvr_error_t *err);
+                                bool *done, uint64_t *moved, kvr_error_t *err);
 /* Waits (up to the deadline) until every put posted on p completed. */
 kvr_status_t kvr__data_flush(kvr__dpeer_t *p, uint64_t deadline_ns,
                              kvr_error_t *err);

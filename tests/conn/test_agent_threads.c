@@ -1,0 +1,251 @@
+/* The agent's threading rules: several engine threads call send_open,
+ * recv, abort, status and poll at once on shared agents; and agents
+ * without a progress thread, driven by kvr_agent_progress from one loop,
+ * move a large transfer in bounded turns. Part of the ThreadSanitizer run
+ * (make test-tsan). */
+#include <poll.h>
+#include <pthread.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "agent_harness.h"
+#include "agent_internal.h"
+
+#define THREADS 4
+#define PER_THREAD 6
+
+static const char *A = "prefill-a";
+
+/* ---- many engine threads ---- */
+
+typedef struct shared {
+    world_t *w;
+    pthread_mutex_t lock;
+    kvr_agent_event_t *log; /* every event polled by any thread */
+    uint32_t nlog;
+    uint32_t aborted, loaded;
+} shared_t;
+
+typedef struct worker {
+    shared_t *sh;
+    uint32_t t;
+} worker_t;
+
+static ah_agent_t *agent_at(world_t *w, uint32_t i)
+{
+    return i < 2 ? &w->prod[0][i] : &w->cons[i - 2];
+}
+
+/* Any thread polls every agent; events go to the shared log tagged by the
+ * agent that produced them (in the event's layer_begin, unused here). */
+static void poll_all(shared_t *sh)
+{
+    kvr_agent_event_t ev;
+    for (uint32_t i = 0; i < 4; i++)
+        while (kvr_agent_poll(agent_at(sh->w, i)->agent, &ev)) {
+            ev.layer_begin = i;
+            pthread_mutex_lock(&sh->lock);
+            assert_true(sh->nlog < AH_MAX_EVENTS);
+            sh->log[sh->nlog++] = ev;
+            pthread_mutex_unlock(&sh->lock);
+        }
+}
+
+static uint32_t count(shared_t *sh, uint32_t agent, const char *id,
+                      kvr_agent_event_kind_t kind)
+{
+    uint32_t n = 0;
+    pthread_mutex_lock(&sh->lock);
+    for (uint32_t i = 0; i < sh->nlog; i++) {
+        const kvr_agent_event_t *e = &sh->log[i];
+        n += e->layer_begin == agent && e->kind == kind &&
+             e->request.len == strlen(id) &&
+             memcmp(e->request.bytes, id, e->request.len) == 0;
+    }
+    pthread_mutex_unlock(&sh->lock);
+    return n;
+}
+
+static uint32_t finals(shared_t *sh, const char *id)
+{
+    return count(sh, 0, id, KVR_AGENT_SENT) +
+           count(sh, 0, id, KVR_AGENT_SEND_FAILED) +
+           count(sh, 0, id, KVR_AGENT_SEND_EXPIRED) +
+           count(sh, 1, id, KVR_AGENT_SENT) +
+           count(sh, 1, id, KVR_AGENT_SEND_FAILED) +
+           count(sh, 1, id, KVR_AGENT_SEND_EXPIRED) +
+           count(sh, 2, id, KVR_AGENT_RELEASED) +
+           count(sh, 3, id, KVR_AGENT_RELEASED);
+}
+
+static void run_one(shared_t *sh, uint32_t t, uint32_t k, unsigned *seed)
+{
+    world_t *w = sh->w;
+    ah_req_t r;
+    ah_req(&w->m, t, 64 + (uint64_t)(rand_r(seed) % 400), &r);
+    snprintf(r.id, sizeof(r.id), "t%u-r%u", t, k);
+    fill_all(w, 0, &r);
+    bool abort_it = rand_r(seed) % 3 == 0;
+    bool consumer_first = rand_r(seed) % 2;
+    if (!consumer_first)
+        open_all(w, 0, &r, 0, true);
+    recv_all(w, 0, A, &r, 0);
+    if (consumer_first)
+        open_all(w, 0, &r, 0, true);
+    /* abort once the pulls are out: a rank that never pulled leaves the
+     * producer to its lease */
+    kvr_agent_req_status_t now;
+    while (abort_it &&
+           kvr_agent_status(w->cons[0].agent, A, strlen(A), r.id,
+                            strlen(r.id), &now) == KVR_OK &&
+           now.recv < KVR_RECV_PULLING) {
+        poll_all(sh);
+        poll(NULL, 0, 1);
+    }
+    if (abort_it)
+        kvr_agent_recv_abort(w->cons[0].agent, A, strlen(A), r.id,
+                             strlen(r.id));
+    kvr_agent_req_status_t st;
+    kvr_agent_status(w->cons[1].agent, A, strlen(A), r.id, strlen(r.id), &st);
+    uint64_t end = ah_now_ms() + AH_WAIT_MS;
+    while (finals(sh, r.id) < 4 && ah_now_ms() < end) {
+        poll_all(sh);
+        struct pollfd p = {.fd = kvr_agent_event_fd(w->cons[t % 2].agent),
+                           .events = POLLIN};
+        poll(&p, 1, 5);
+    }
+    assert_int_equal(finals(sh, r.id), 4);
+    for (uint32_t c = 0; c < 2; c++) {
+        uint32_t ok = count(sh, 2 + c, r.id, KVR_AGENT_LOADED);
+        uint32_t bad = count(sh, 2 + c, r.id, KVR_AGENT_LOAD_FAILED);
+        assert_int_equal(ok + bad, 1);
+        assert_int_equal(count(sh, 2 + c, r.id, KVR_AGENT_RELEASED), 1);
+        if (ok)
+            ah_verify(&w->m, stages_of(w, 0), 2, &w->cons[c], &r);
+        if (c == 1) /* rank 1 was never aborted */
+            assert_int_equal(ok, 1);
+    }
+    pthread_mutex_lock(&sh->lock);
+    sh->aborted += abort_it;
+    sh->loaded++;
+    pthread_mutex_unlock(&sh->lock);
+}
+
+static void *worker_main(void *arg)
+{
+    worker_t *wk = arg;
+    unsigned seed = 77u + wk->t;
+    for (uint32_t k = 0; k < PER_THREAD; k++)
+        run_one(wk->sh, wk->t, k, &seed);
+    return NULL;
+}
+
+static void test_engine_threads(void **state)
+{
+    (void)state;
+    shared_t sh = {.w = world_new()};
+    pthread_mutex_init(&sh.lock, NULL);
+    sh.log = calloc(AH_MAX_EVENTS, sizeof(*sh.log));
+    start_instance(sh.w, 0, A, 2, NULL);
+    start_group(sh.w, 0, false);
+    pthread_t th[THREADS];
+    worker_t wk[THREADS];
+    for (uint32_t t = 0; t < THREADS; t++) {
+        wk[t] = (worker_t){&sh, t};
+        assert_int_equal(pthread_create(&th[t], NULL, worker_main, &wk[t]), 0);
+    }
+    for (uint32_t t = 0; t < THREADS; t++)
+        pthread_join(th[t], NULL);
+    assert_int_equal(sh.loaded, THREADS * PER_THREAD);
+    print_message("  %u requests, %u aborted on rank 0\n", sh.loaded,
+                  sh.aborted);
+    world_free(sh.w);
+    free(sh.log);
+    pthread_mutex_destroy(&sh.lock);
+}
+
+/* ---- no progress thread ---- */
+
+static void no_thread(kvr_agent_params_t *p)
+{
+    p->progress_thread = false;
+}
+
+static bool drive(world_t *w, ah_agent_t *const *xs, uint32_t n,
+                  const char *id, uint32_t ms)
+{
+    uint64_t end = ah_now_ms() + ms;
+    while (ah_now_ms() < end) {
+        struct pollfd p[8];
+        for (uint32_t i = 0; i < n; i++)
+            p[i] = (struct pollfd){.fd = kvr_agent_fd(xs[i]->agent),
+                                   .events = POLLIN};
+        poll(p, n, 50);
+        for (uint32_t i = 0; i < n; i++) {
+            assert_int_equal(kvr_agent_progress(xs[i]->agent, 0), KVR_OK);
+            ah_collect(xs[i]);
+        }
+        if (ah_count(&w->cons[0], id, KVR_AGENT_RELEASED) &&
+            ah_count(&w->cons[1], id, KVR_AGENT_RELEASED) &&
+            ah_count(&w->prod[0][0], id, KVR_AGENT_SENT))
+            return true;
+    }
+    return false;
+}
+
+/* Large latents (64 KiB per token and layer): 8 MiB per rank, more than
+ * one turn may put, so the transfer spans several progress calls. */
+static void test_no_thread_bounded_turns(void **state)
+{
+    (void)state;
+    world_t *w = world_new();
+    w->m.layers = 2;
+    w->m.token_bytes = 65536;
+    w->m.src_pool = 8;
+    w->m.dst_pool = 4;
+    start_instance(w, 0, A, 1, no_thread);
+    start_group_tweaked(w, 0, false, no_thread);
+    /* a second thread may not drive the loop meanwhile; with a progress
+     * thread there is no progress() */
+    ah_req_t r = {.id = "big", .nsrc = 8, .ndst = 4, .tokens = 128};
+    for (uint32_t i = 0; i < 8; i++)
+        r.src[i] = 7 - i;
+    for (uint32_t i = 0; i < 4; i++)
+        r.dst[i] = (i + 1) % 4;
+    fill_all(w, 0, &r);
+    open_all(w, 0, &r, 0, true);
+    recv_all(w, 0, A, &r, 0);
+    ah_agent_t *xs[] = {&w->prod[0][0], &w->cons[0], &w->cons[1]};
+    assert_true(drive(w, xs, 3, r.id, AH_WAIT_MS));
+    expect_loaded(w, 0, &r);
+    kvr_agent_t *p = w->prod[0][0].agent;
+    assert_true(p->moved_turn_max <= KVR_AGENT_TURN_BYTES + KVR_AGENT_SLICE_BYTES);
+    assert_true(p->moving_turns >= 2);
+    world_free(w);
+}
+
+static void test_progress_refused_with_thread(void **state)
+{
+    (void)state;
+    world_t *w = world_new();
+    start_group(w, 0, false);
+    assert_int_equal(kvr_agent_progress(w->cons[0].agent, 0), KVR_ERR_INVALID);
+    world_free(w);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_engine_threads),
+        cmocka_unit_test(test_no_thread_bounded_turns),
+        cmocka_unit_test(test_progress_refused_with_thread),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
