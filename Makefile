@@ -1,10 +1,13 @@
 # kvrelay: `make demo` and `make test` work on a fresh Debian 12 machine.
 BUILD      ?= build
 ASAN_BUILD ?= build-asan
+TSAN_BUILD ?= build-tsan
+# The threaded tests ThreadSanitizer runs (agents, loopback transport).
+TSAN_TESTS ?= test_agent|test_xfer_loopback
 JOBS       ?= $(shell nproc)
 KVR        := $(BUILD)/bin/kvrelay
 
-.PHONY: all deps build asan test test-release test-asan demo clean
+.PHONY: all deps build asan tsan test test-release test-asan test-tsan demo clean
 
 all: build
 
@@ -21,16 +24,26 @@ asan: deps
 	  -DKVR_SANITIZE=ON -DKVR_FUZZ=ON -DKVR_CUDA=OFF -DCMAKE_C_COMPILER=clang
 	cmake --build $(ASAN_BUILD) -j $(JOBS)
 
+# ThreadSanitizer build: clang, only what the threaded tests need.
+tsan: deps
+	cmake -S . -B $(TSAN_BUILD) -G Ninja -DCMAKE_BUILD_TYPE=Debug \
+	  -DKVR_TSAN=ON -DKVR_FUZZ=OFF -DKVR_CUDA=OFF -DCMAKE_C_COMPILER=clang
+	cmake --build $(TSAN_BUILD) -j $(JOBS) --target test_agent \
+	  test_agent_faults test_agent_threads test_xfer_loopback
+
 test-release: build
 	cd $(BUILD) && ctest --output-on-failure -j $(JOBS)
 
 test-asan: asan
 	cd $(ASAN_BUILD) && ctest --output-on-failure -j $(JOBS)
 
-test: test-release test-asan
+test-tsan: tsan
+	cd $(TSAN_BUILD) && ctest --output-on-failure -j $(JOBS) -R '$(TSAN_TESTS)'
+
+test: test-release test-asan test-tsan
 
 demo: build
 	@tools/demo.sh $(KVR)
 
 clean:
-	rm -rf $(BUILD) $(ASAN_BUILD)
+	rm -rf $(BUILD) $(ASAN_BUILD) $(TSAN_BUILD)

@@ -246,7 +246,7 @@ void kvr_agent_destroy(kvr_agent_t *a)
     if (a == NULL)
         return;
     if (a->thread_running) {
-        a->stop = 1;
+        __atomic_store_n(&a->stop, 1, __ATOMIC_RELEASE);
         kvr__agent_wake(a);
         pthread_join(a->thread, NULL);
     }
@@ -824,5 +824,7 @@ const char *kvr_agent_recv_state_name(kvr_agent_recv_state_t state)
 void kvr__agent_set_frame_fault(kvr_agent_t *a, kvr_msg_type_t type,
                                 uint32_t nth, bool duplicate)
 {
+    pthread_mutex_lock(&a->turn_lock); /* the loop reads it in its turns */
     a->fault = (kvr__frame_fault_t){type, nth, duplicate, 0};
+    pthread_mutex_unlock(&a->turn_lock);
 }
