@@ -366,6 +366,42 @@ static void test_hello_caps(void **state)
     assert_true(len <= KVR_WIRE_HELLO_FRAME_MAX);
 }
 
+/* The agent's messages: STAGES' count and sizes, the instance id's cap. */
+static void test_agent_caps(void **state)
+{
+    (void)state;
+    tb_t *t = start(KVR_MSG_STAGES);
+    le(t, 2, 4);
+    le(t, 1, 4);
+    le(t, KVR_WIRE_MAX_STAGES + 1, 4);
+    expect_decode(t, KVR_ERR_WIRE_LIMIT, "STAGES.stages: count 1025 > cap 1024");
+    t = start(KVR_MSG_STAGES);
+    le(t, 0, 4);
+    expect_decode(t, KVR_ERR_PROTO, "STAGES.pp_size: value 0 outside");
+    t = start(KVR_MSG_STAGES); /* one stage, its address truncated */
+    le(t, 1, 4);
+    le(t, 1, 4);
+    le(t, 1, 4);
+    le(t, 0, 4);
+    le(t, 0, 4);
+    le(t, 7, 8);
+    le(t, 9, 2);
+    expect_decode(t, KVR_ERR_PROTO, "STAGES.stages[0].address: truncated");
+    t = start(KVR_MSG_JOIN);
+    le(t, 300, 2);
+    expect_decode(t, KVR_ERR_WIRE_LIMIT, "JOIN.address: length 300 > cap 255");
+    kvr_msg_t m;
+    kvr_sample_msg(KVR_MSG_HELLO, &m);
+    m.u.hello.instance.len = KVR_WIRE_INSTANCE_MAX + 1;
+    expect_encode(&m, KVR_ERR_WIRE_LIMIT, "HELLO.instance: length 65 > cap 64");
+    m.u.hello.instance.len = KVR_WIRE_INSTANCE_MAX;
+    size_t len = 0;
+    assert_int_equal(kvr_wire_encoded_size(&m, &len, NULL), KVR_OK);
+    kvr_sample_msg(KVR_MSG_STAGES, &m);
+    m.u.stages.num_stages = KVR_WIRE_MAX_STAGES + 1;
+    expect_encode(&m, KVR_ERR_WIRE_LIMIT, "STAGES.stages: count 1025 > cap 1024");
+}
+
 /* WRITE_FAILED up to its status: head, pp rank, tp rank, nonce 1. */
 static void failed_prefix(tb_t *t)
 {
@@ -452,6 +488,7 @@ int main(void)
         cmocka_unit_test(test_regions_at_cap),
         cmocka_unit_test(test_regions_decode_caps),
         cmocka_unit_test(test_hello_caps),
+        cmocka_unit_test(test_agent_caps),
         cmocka_unit_test(test_text_caps),
         cmocka_unit_test(test_byte_layout),
     };
