@@ -382,8 +382,6 @@ static void *thread_main(void *arg)
     return NULL;
 }
 
-kvr_status_t kvr__loop_start(kvr_agent_t *a, kvr_error_t *err);
-
 kvr_status_t kvr_agent_start(kvr_agent_t *a)
 {
     kvr_error_t err = {0};

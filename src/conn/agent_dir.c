@@ -96,6 +96,8 @@ static bool serves_me(const kvr_agent_t *a, const kvr__pdir_t *d, uint32_t tp)
  * address until STAGES came, then each serving stage. */
 void kvr__pdir_kick(kvr_agent_t *a, kvr__pdir_t *d)
 {
+    if (kvr__now_ns() < d->next_dial_ns)
+        return;
     if (d->head == NULL && (!d->have_stages || link_to(a, d, d->bootstrap)))
         d->head = link_to(a, d, d->bootstrap);
     if (d->head == NULL && !d->have_stages)
@@ -256,9 +258,35 @@ void kvr__link_lost_dir(kvr_agent_t *a, kvr__alink_t *l)
     for (uint32_t pp = 0; pp < KVR_AGENT_MAX_STAGES; pp++)
         if (d->serving[pp] == l)
             d->serving[pp] = NULL;
-    if (l->refused || !l->ever_ready)
+    bool head = l->link != NULL && l->ever_ready &&
+                l->link->peer.topo.pp_rank == 0 && l->link->peer.topo.tp_rank == 0;
+    if (l->refused || (!l->ever_ready && (d->head == NULL || !d->have_stages))) {
+        /* the head is unreachable, or a link was refused: final */
         dir_error(d, l->close_status, l->close_why);
+    } else if (!l->ever_ready || head) {
+        /* a stage moved or is restarting: retry soon; the head announces a
+         * new address with STAGES, or is asked again if it is gone too */
+        snprintf(d->error_msg, sizeof(d->error_msg), "%s", l->close_why);
+        d->next_dial_ns = kvr__now_ns() + 200 * 1000000ull;
+        if (d->head == NULL)
+            d->have_stages = false;
+    }
     kvr__recv_dir_changed(a, d);
+}
+
+/* Head: a stage's JOIN link closed; it is no longer announced. */
+void kvr__link_lost_stage(kvr_agent_t *a, kvr__alink_t *l)
+{
+    if (a->stage_table == NULL || l->kind != KVR__LINK_ACCEPT ||
+        !l->ever_ready || l->link->peer.side != KVR_WIRE_PRODUCER)
+        return;
+    const kvr_wire_topo_t *t = &l->link->peer.topo;
+    kvr_wire_stage_t *e = &a->stage_table[t->pp_rank * a->p.topo.tp_size +
+                                          t->tp_rank];
+    if (e->incarnation != l->peer_incarnation)
+        return; /* already replaced by a newer incarnation */
+    memset(e, 0, sizeof(*e));
+    kvr__stages_send(a, NULL);
 }
 
 /* ---- producer: the PP head's stage table, JOIN, STAGES ---- */

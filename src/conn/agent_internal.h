@@ -132,8 +132,10 @@ typedef struct kvr__pdir {
     kvr_wire_stage_t *stages;    /* from the last STAGES */
     uint32_t num_stages;
     kvr__alink_t *serving[KVR_AGENT_MAX_STAGES]; /* per pp rank */
-    kvr_status_t error;          /* the last dial failure or refusal */
+    kvr_status_t error;          /* the last fatal failure: the head
+                                    unreachable, or a refusal */
     uint64_t error_ns;           /* when: requests older than it fail */
+    uint64_t next_dial_ns;       /* a stage dial failed: retry after */
     char error_msg[KVR_ERROR_MSG_MAX];
 } kvr__pdir_t;
 
@@ -366,6 +368,8 @@ void kvr__agent_log(kvr_agent_t *a, const char *fmt, ...)
 
 /* agent_loop.c */
 kvr_status_t kvr__loop_init(kvr_agent_t *a, kvr_error_t *err);
+/* Binds the listener; the head's stage table. */
+kvr_status_t kvr__loop_start(kvr_agent_t *a, kvr_error_t *err);
 void kvr__loop_fini(kvr_agent_t *a);
 void kvr__loop_turn(kvr_agent_t *a, uint32_t timeout_ms);
 kvr_status_t kvr__loop_watch(kvr_agent_t *a, int fd, void *tag, bool out);
@@ -398,6 +402,17 @@ void kvr__pdir_free_all(kvr_agent_t *a);
 /* Head: our stage table changed or a consumer link became ready. */
 void kvr__stages_send(kvr_agent_t *a, kvr__alink_t *only);
 void kvr__join_tick(kvr_agent_t *a, uint64_t now, uint64_t *next);
+/* agent_dir.c: what a link does once it is up, and when it is gone */
+void kvr__link_ready_stage(kvr_agent_t *a, kvr__alink_t *l);
+void kvr__link_ready_accept(kvr_agent_t *a, kvr__alink_t *l);
+void kvr__link_ready_join(kvr_agent_t *a, kvr__alink_t *l);
+void kvr__link_on_regions(kvr_agent_t *a, kvr__alink_t *l,
+                          const kvr_msg_regions_t *m);
+void kvr__link_on_join(kvr_agent_t *a, kvr__alink_t *l, const kvr_msg_join_t *m);
+void kvr__link_on_stages(kvr_agent_t *a, kvr__alink_t *l,
+                         const kvr_msg_stages_t *m);
+void kvr__link_lost_dir(kvr_agent_t *a, kvr__alink_t *l);
+void kvr__link_lost_stage(kvr_agent_t *a, kvr__alink_t *l);
 /* Index of l's consumer region twinned with d (role, layer), or -1. */
 int kvr__twin_index(const kvr__alink_t *l, const kvr_region_desc_t *d);
 /* Producer tp ranks serve consumer tp ranks c with c % producer_tp == t. */

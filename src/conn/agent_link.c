@@ -410,9 +410,6 @@ static void close_old_incarnations(kvr_agent_t *a, kvr__alink_t *l)
                              (unsigned long long)l->peer_incarnation);
 }
 
-void kvr__link_ready_stage(kvr_agent_t *a, kvr__alink_t *l);
-void kvr__link_ready_accept(kvr_agent_t *a, kvr__alink_t *l);
-void kvr__link_ready_join(kvr_agent_t *a, kvr__alink_t *l);
 
 static void on_ready(kvr_agent_t *a, kvr__alink_t *l)
 {
@@ -433,11 +430,6 @@ static void on_ready(kvr_agent_t *a, kvr__alink_t *l)
 
 /* ---- frames ---- */
 
-void kvr__link_on_regions(kvr_agent_t *a, kvr__alink_t *l,
-                          const kvr_msg_regions_t *m);
-void kvr__link_on_join(kvr_agent_t *a, kvr__alink_t *l, const kvr_msg_join_t *m);
-void kvr__link_on_stages(kvr_agent_t *a, kvr__alink_t *l,
-                         const kvr_msg_stages_t *m);
 
 /* After the handshake: what each kind of link may carry. */
 static bool on_request_frame(kvr_agent_t *a, kvr__alink_t *l,
@@ -574,7 +566,6 @@ void kvr__alink_tick(kvr_agent_t *a, uint64_t now, uint64_t *next)
         tick_one(a, l, now, next);
 }
 
-void kvr__link_lost_dir(kvr_agent_t *a, kvr__alink_t *l);
 
 static void link_free(kvr_agent_t *a, kvr__alink_t *l)
 {
@@ -608,6 +599,7 @@ void kvr__alink_reap(kvr_agent_t *a)
             kvr__send_link_lost(a, l);
             kvr__recv_link_lost(a, l);
             kvr__link_lost_dir(a, l);
+            kvr__link_lost_stage(a, l);
             if (a->join_link == l) {
                 a->join_link = NULL;
                 a->join_retry_ns = kvr__now_ns() + 200 * 1000000ull;

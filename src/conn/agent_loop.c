@@ -105,8 +105,6 @@ static kvr_status_t init_stage_table(kvr_agent_t *a, kvr_error_t *err)
     return KVR_OK;
 }
 
-kvr_status_t kvr__loop_start(kvr_agent_t *a, kvr_error_t *err);
-
 kvr_status_t kvr__loop_start(kvr_agent_t *a, kvr_error_t *err)
 {
     kvr_status_t st = KVR_OK;

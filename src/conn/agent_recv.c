@@ -373,8 +373,8 @@ static void creq_step(kvr_agent_t *a, kvr__creq_t *r,
                        (int)r->producer.len, r->producer.bytes,
                        r->dir->bootstrap, r->dir->error_msg[0] ? ": " : "",
                        r->dir->error_msg);
-        else if (in->kind == KVR__RIN_DIR || in->kind == KVR__RIN_START)
-            dialing(a, r);
+        else
+            dialing(a, r); /* links changed, or time to dial again */
         return;
     case KVR_RECV_PULLING:
         pulling(a, r, in);
@@ -508,8 +508,11 @@ void kvr__recv_dir_changed(kvr_agent_t *a, kvr__pdir_t *d)
     }
 }
 
-static uint64_t next_timer(const kvr__creq_t *r)
+static uint64_t next_timer(const kvr__creq_t *r, uint64_t now)
 {
+    if (r->state == KVR_RECV_DIALING && r->dir->next_dial_ns > now &&
+        r->dir->next_dial_ns < r->deadline_ns)
+        return r->dir->next_dial_ns;
     if (r->state != KVR_RECV_QUARANTINE)
         return r->deadline_ns;
     return r->cut_done ? UINT64_MAX : r->hard_ns;
@@ -519,7 +522,7 @@ void kvr__recv_tick(kvr_agent_t *a, uint64_t now, uint64_t *next)
 {
     for (kvr__creq_t *r = a->creqs, *n; r != NULL; r = n) {
         n = r->next;
-        if (now < next_timer(r))
+        if (now < next_timer(r, now))
             continue;
         if (r->state == KVR_RECV_QUARANTINE)
             r->cut_done = true;
@@ -527,7 +530,7 @@ void kvr__recv_tick(kvr_agent_t *a, uint64_t now, uint64_t *next)
         creq_step(a, r, &in);
     }
     for (kvr__creq_t *r = a->creqs; r != NULL; r = r->next) {
-        uint64_t at = next_timer(r);
+        uint64_t at = next_timer(r, now);
         *next = at < *next ? at : *next;
     }
 }

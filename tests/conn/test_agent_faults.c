@@ -295,6 +295,17 @@ static void test_stage_lost(void **state)
     }
     assert_true(ah_now_ms() - t0 < 10000);
     kvr_agent_send_abort(w->prod[0][0].agent, r.id, strlen(r.id));
+    /* the restarted stage rejoined (new address, new incarnation): the
+     * consumers find it through the head and the next load works */
+    ah_req_t q;
+    ah_req(&w->m, 4, 300, &q);
+    fill_all(w, 0, &q);
+    open_all(w, 0, &q, 0, true);
+    recv_all(w, 0, A, &q, 0);
+    for (uint32_t c = 0; c < 2; c++)
+        if (ah_count(&w->cons[c], q.id, KVR_AGENT_LOAD_FAILED) == 0)
+            ah_wait(&w->cons[c], q.id, KVR_AGENT_RELEASED, AH_WAIT_MS);
+    expect_loaded(w, 0, &q);
     world_free(w);
 }
 
