@@ -391,6 +391,17 @@ static kvr_status_t map_regions(kvr_agent_t *a, kvr__alink_t *l,
                                  "consumer %s region layer %u: the agent maps "
                                  "host KV regions only",
                                  kvr_role_name(r->desc.role), r->desc.layer);
+        uint64_t span;
+        if (__builtin_mul_overflow(r->desc.num_blocks, r->desc.page_bytes,
+                                   &span) || span == 0 ||
+            (r->desc.bytes != 0 && r->desc.bytes < span))
+            return kvr_error_set(err, KVR_ERR_PROTO,
+                                 "consumer region layer %u: %llu blocks of "
+                                 "%llu bytes in %llu registered bytes",
+                                 r->desc.layer,
+                                 (unsigned long long)r->desc.num_blocks,
+                                 (unsigned long long)r->desc.page_bytes,
+                                 (unsigned long long)r->desc.bytes);
         kvr_status_t st = kvr_region_check(&a->p.layout, &r->desc, true, err);
         if (st == KVR_OK)
             st = kvr__dpeer_map(l->data, r->base, kvr_region_bytes(&r->desc),
