@@ -364,6 +364,21 @@ static void test_wrong_key(void **state)
     write_key("key_b.hex", "ff0102030405060708090a0b0c0d0e0f101112131415161718191a1b1c1d1e1f");
     expect_refused("--key-file key_a.hex", "--key-file key_b.hex", "AUTH");
     expect_refused("--key-file key_a.hex", "", "key");
+    /* same key: the layout is compared after AUTH, and the reason arrives */
+    expect_refused("--key-file key_a.hex --interleave 1",
+                   "--key-file key_a.hex --interleave 4", "interleave");
+}
+
+/* With a key every control frame after AUTH carries a MAC: transfers of
+ * every executor verify as without one. */
+static void test_keyed_matrix(void **state)
+{
+    (void)state;
+    write_key("key_a.hex", "000102030405060708090a0b0c0d0e0f101112131415161718191a1b1c1d1e1f");
+    expect_ok(SMALL " --key-file key_a.hex");
+    expect_ok(SMALL " --key-file key_a.hex --executor staged --staging-slots 2 "
+              "--slot-bytes 65536");
+    expect_ok(SMALL " --key-file key_a.hex --producer-tp 2");
 }
 
 int main(int argc, char **argv)
@@ -380,6 +395,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_dump_inspect),
         cmocka_unit_test(test_mismatched_layout),
         cmocka_unit_test(test_wrong_key),
+        cmocka_unit_test(test_keyed_matrix),
         cmocka_unit_test(test_non_loopback_refused),
         cmocka_unit_test(test_bench),
     };
