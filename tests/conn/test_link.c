@@ -19,6 +19,7 @@
 #include <cmocka.h>
 
 #include "link.h"
+#include "wire_ends.h"
 #include "wire_samples.h"
 
 #define RELAY_MAX (1u << 20)
@@ -29,11 +30,11 @@ typedef struct {
     int relay;
     kvr_msg_t got[8]; /* messages past the handshake */
     int num_got;
-} end_t;
+} side_t;
 
-static const uint8_t test_key[KVR_WIRE_KEY_BYTES] = {1, 2, 3, 4, 5, 6, 7, 8};
+static const uint8_t link_key[KVR_WIRE_KEY_BYTES] = {1, 2, 3, 4, 5, 6, 7, 8};
 
-static void end_open(end_t *e, bool initiator, const uint8_t *key,
+static void end_open(side_t *e, bool initiator, const uint8_t *key,
                      kvr_wire_side_t side)
 {
     int sv[2];
@@ -47,7 +48,7 @@ static void end_open(end_t *e, bool initiator, const uint8_t *key,
     e->l->ours.has_key = key != NULL;
 }
 
-static void end_close(end_t *e)
+static void end_close(side_t *e)
 {
     for (int i = 0; i < e->num_got; i++)
         kvr_msg_free(&e->got[i]);
@@ -56,7 +57,7 @@ static void end_close(end_t *e)
 }
 
 /* Everything the link wrote so far, as the relay sees it. */
-static size_t drain(end_t *e, uint8_t *buf, size_t cap)
+static size_t drain(side_t *e, uint8_t *buf, size_t cap)
 {
     size_t n = 0;
     for (;;) {
@@ -67,13 +68,13 @@ static size_t drain(end_t *e, uint8_t *buf, size_t cap)
     }
 }
 
-static void inject(end_t *e, const uint8_t *buf, size_t n)
+static void inject(side_t *e, const uint8_t *buf, size_t n)
 {
     assert_int_equal(send(e->relay, buf, n, MSG_NOSIGNAL), (ssize_t)n);
 }
 
 /* The connector's part of the handshake, reduced to the checks. */
-static kvr_status_t handshake_msg(end_t *e, const kvr_msg_t *m, kvr_error_t *err)
+static kvr_status_t handshake_msg(side_t *e, const kvr_msg_t *m, kvr_error_t *err)
 {
     kvr__link_t *l = e->l;
     kvr_wire_side_t want = l->ours.side == KVR_WIRE_PRODUCER ? KVR_WIRE_CONSUMER
@@ -104,7 +105,7 @@ static kvr_status_t handshake_msg(end_t *e, const kvr_msg_t *m, kvr_error_t *err
 }
 
 /* Reads and handles what arrived; returns the first error. */
-static kvr_status_t service(end_t *e, kvr_error_t *err)
+static kvr_status_t service(side_t *e, kvr_error_t *err)
 {
     kvr__link_read(e->l);
     while (!e->l->closed) {
@@ -129,7 +130,7 @@ static kvr_status_t service(end_t *e, kvr_error_t *err)
 }
 
 /* Moves bytes from one end's socket to the other's, untouched. */
-static void relay(end_t *from, end_t *to)
+static void relay(side_t *from, side_t *to)
 {
     static uint8_t buf[RELAY_MAX];
     size_t n = drain(from, buf, sizeof(buf));
@@ -137,7 +138,7 @@ static void relay(end_t *from, end_t *to)
         inject(to, buf, n);
 }
 
-static void connect_pair(end_t *a, end_t *b, const uint8_t *key)
+static void connect_pair(side_t *a, side_t *b, const uint8_t *key)
 {
     end_open(a, true, key, KVR_WIRE_PRODUCER);
     end_open(b, false, key, KVR_WIRE_CONSUMER);
@@ -152,7 +153,7 @@ static void connect_pair(end_t *a, end_t *b, const uint8_t *key)
     assert_false(a->l->closed || b->l->closed);
 }
 
-static void send_sample(end_t *e, kvr_msg_type_t type)
+static void send_sample(side_t *e, kvr_msg_type_t type)
 {
     kvr_msg_t m;
     kvr_sample_msg(type, &m);
@@ -162,8 +163,8 @@ static void send_sample(end_t *e, kvr_msg_type_t type)
 static void test_keyed_round_trip(void **state)
 {
     (void)state;
-    end_t a, b;
-    connect_pair(&a, &b, test_key);
+    side_t a, b;
+    connect_pair(&a, &b, link_key);
     assert_true(a.l->layout_sent && b.l->layout_sent);
     send_sample(&a, KVR_MSG_WRITE_DONE);
     send_sample(&a, KVR_MSG_CHUNK_DONE);
@@ -185,7 +186,7 @@ static void test_keyed_round_trip(void **state)
 
 /* b refused what the relay delivered: closed with ERR_AUTH naming the
  * frame, and its BYE, sealed, reaches a with the same reason. */
-static void expect_auth_refusal(end_t *a, end_t *b, const char *needle)
+static void expect_auth_refusal(side_t *a, side_t *b, const char *needle)
 {
     kvr_error_t err = {0};
     assert_int_equal(service(b, &err), KVR_ERR_AUTH);
@@ -205,8 +206,8 @@ static void expect_auth_refusal(end_t *a, end_t *b, const char *needle)
 static void test_tampered_frame_closes(void **state)
 {
     (void)state;
-    end_t a, b;
-    connect_pair(&a, &b, test_key);
+    side_t a, b;
+    connect_pair(&a, &b, link_key);
     send_sample(&a, KVR_MSG_WRITE_REQUEST);
     static uint8_t buf[RELAY_MAX];
     size_t n = drain(&a, buf, sizeof(buf));
@@ -222,8 +223,8 @@ static void test_reordered_and_replayed_frames_close(void **state)
 {
     (void)state;
     static uint8_t buf[RELAY_MAX], one[RELAY_MAX];
-    end_t a, b;
-    connect_pair(&a, &b, test_key);
+    side_t a, b;
+    connect_pair(&a, &b, link_key);
     send_sample(&a, KVR_MSG_WRITE_DONE);
     size_t n1 = drain(&a, one, sizeof(one));
     send_sample(&a, KVR_MSG_RELEASE);
@@ -234,7 +235,7 @@ static void test_reordered_and_replayed_frames_close(void **state)
     end_close(&a);
     end_close(&b);
 
-    connect_pair(&a, &b, test_key);
+    connect_pair(&a, &b, link_key);
     send_sample(&a, KVR_MSG_WRITE_DONE);
     n1 = drain(&a, one, sizeof(one));
     inject(&b, one, n1);
@@ -251,7 +252,7 @@ static void test_reordered_and_replayed_frames_close(void **state)
 static void test_keyless_frames_unchanged(void **state)
 {
     (void)state;
-    end_t a, b;
+    side_t a, b;
     connect_pair(&a, &b, NULL);
     send_sample(&a, KVR_MSG_WRITE_DONE);
     static uint8_t buf[RELAY_MAX];
@@ -273,20 +274,13 @@ static void test_keyless_frames_unchanged(void **state)
 
 /* b answered with one BYE of status code whose text holds needle, then
  * closed. */
-static void expect_bye(end_t *b, kvr_status_t code, const char *needle)
+static void expect_bye(side_t *b, kvr_status_t code, const char *needle)
 {
     static uint8_t buf[RELAY_MAX];
     kvr_error_t err = {0};
     assert_int_equal(service(b, &err), code);
     assert_true(b->l->closed);
-    size_t n = drain(b, buf, sizeof(buf));
-    kvr_msg_t m;
-    assert_int_equal(kvr_wire_decode(buf, n, &m, NULL), KVR_OK);
-    assert_int_equal(m.type, KVR_MSG_BYE);
-    assert_int_equal(m.u.bye.status, code);
-    if (strstr(m.u.bye.text, needle) == NULL)
-        fail_msg("BYE \"%s\" lacks \"%s\"", m.u.bye.text, needle);
-    kvr_msg_free(&m);
+    expect_bye_frame(buf, drain(b, buf, sizeof(buf)), code, needle);
 }
 
 /* An unauthenticated peer announcing a frame of 8 MiB - 1: refused at the
@@ -295,9 +289,9 @@ static void test_preauth_large_frame(void **state)
 {
     (void)state;
     static uint8_t junk[256 << 10];
-    const uint8_t *keys[] = {test_key, NULL};
+    const uint8_t *keys[] = {link_key, NULL};
     for (int k = 0; k < 2; k++) {
-        end_t b;
+        side_t b;
         end_open(&b, false, keys[k], KVR_WIRE_CONSUMER);
         memset(junk, 0, sizeof(junk));
         memcpy(junk, "KVRW", 4);
@@ -335,8 +329,8 @@ static void test_malformed_and_version_get_bye(void **state)
         {14, 3, KVR_ERR_PROTO, "HELLO.side: value 3"},
     };
     for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
-        end_t b;
-        end_open(&b, false, test_key, KVR_WIRE_CONSUMER);
+        side_t b;
+        end_open(&b, false, link_key, KVR_WIRE_CONSUMER);
         uint8_t bad[sizeof(frame)];
         memcpy(bad, frame, len);
         bad[cases[i].at] = cases[i].value;

@@ -22,6 +22,8 @@
 #include <cmocka.h>
 #include <jansson.h>
 
+#include "serve_proc.h"
+
 static const char *kvr_bin;
 
 #define SMALL "--requests 3 --tokens 700 --layers 6 --pp 2 --dcp 2 " \
@@ -291,28 +293,11 @@ static void test_non_loopback_refused(void **state)
 
 static pid_t start_serve(const char *extra, int *port)
 {
-    int p[2];
-    assert_int_equal(pipe(p), 0);
-    pid_t pid = fork();
-    if (pid == 0) {
-        char cmd[1024];
-        dup2(p[1], STDOUT_FILENO);
-        close(p[0]);
-        snprintf(cmd, sizeof(cmd), "exec %s serve --rank 0 --dcp 1 --pp 1 "
-                 "--layers 4 --requests 1 --tokens 300 --expect 1 --timeout 20 %s",
-                 kvr_bin, extra);
-        execl("/bin/sh", "sh", "-c", cmd, (char *)NULL);
-        _exit(127);
-    }
-    close(p[1]);
-    FILE *f = fdopen(p[0], "r");
-    char line[256] = "";
-    *port = 0;
-    while (fgets(line, sizeof(line), f) != NULL && sscanf(line, "listening %d", port) != 1)
-        ;
-    fclose(f);
-    assert_true(*port > 0);
-    return pid;
+    char cmd[1024];
+    snprintf(cmd, sizeof(cmd), "exec %s serve --rank 0 --dcp 1 --pp 1 "
+             "--layers 4 --requests 1 --tokens 300 --expect 1 --timeout 20 %s",
+             kvr_bin, extra);
+    return start_listening(cmd, port);
 }
 
 static void expect_refused(const char *serve_extra, const char *push_extra,

@@ -26,6 +26,8 @@
 #include <cmocka.h>
 
 #include "kvrelay/wire.h"
+#include "serve_proc.h"
+#include "wire_ends.h"
 #include "wire_samples.h"
 
 #define KEY_HEX "000102030405060708090a0b0c0d0e0f101112131415161718191a1b1c1d1e1f"
@@ -54,27 +56,10 @@ static void write_key(void)
 /* `kvrelay serve` with a key and interleave 4; *port is where it listens. */
 static pid_t start_serve(int *port)
 {
-    int p[2];
-    assert_int_equal(pipe(p), 0);
-    pid_t pid = fork();
-    if (pid == 0) {
-        char cmd[1024];
-        dup2(p[1], STDOUT_FILENO);
-        close(p[0]);
-        snprintf(cmd, sizeof(cmd), "exec %s serve --rank 0 --expect 1 --interleave 4 "
-                 "--listen 127.0.0.1:0 " COMMON, kvr_bin);
-        execl("/bin/sh", "sh", "-c", cmd, (char *)NULL);
-        _exit(127);
-    }
-    close(p[1]);
-    FILE *f = fdopen(p[0], "r");
-    char line[256] = "";
-    *port = 0;
-    while (fgets(line, sizeof(line), f) != NULL && sscanf(line, "listening %d", port) != 1)
-        ;
-    fclose(f);
-    assert_true(*port > 0);
-    return pid;
+    char cmd[1024];
+    snprintf(cmd, sizeof(cmd), "exec %s serve --rank 0 --expect 1 --interleave 4 "
+             "--listen 127.0.0.1:0 " COMMON, kvr_bin);
+    return start_listening(cmd, port);
 }
 
 static void stop(pid_t pid)
@@ -241,13 +226,7 @@ static void expect_bye(int port, const uint8_t *frame, size_t len,
     static uint8_t buf[4096];
     int fd = dial(port);
     assert_int_equal(send(fd, frame, len, MSG_NOSIGNAL), (ssize_t)len);
-    size_t n = read_all(fd, buf, sizeof(buf));
-    kvr_msg_t m;
-    assert_int_equal(kvr_wire_decode(buf, n, &m, NULL), KVR_OK);
-    assert_int_equal(m.type, KVR_MSG_BYE);
-    assert_int_equal(m.u.bye.status, code);
-    if (strstr(m.u.bye.text, needle) == NULL)
-        fail_msg("BYE \"%s\" lacks \"%s\"", m.u.bye.text, needle);
+    expect_bye_frame(buf, read_all(fd, buf, sizeof(buf)), code, needle);
     close(fd);
 }
 

@@ -74,3 +74,15 @@ void expect(kvr_status_t s, const kvr_error_t *err, kvr_status_t code,
         fail_msg("got %s \"%s\", want %s \"%s\"", kvr_status_name(s), err->msg,
                  kvr_status_name(code), needle);
 }
+
+void expect_bye_frame(const uint8_t *buf, size_t n, kvr_status_t code,
+                      const char *needle)
+{
+    kvr_msg_t m;
+    assert_int_equal(kvr_wire_decode(buf, n, &m, NULL), KVR_OK);
+    assert_int_equal(m.type, KVR_MSG_BYE);
+    assert_int_equal(m.u.bye.status, code);
+    if (strstr(m.u.bye.text, needle) == NULL)
+        fail_msg("BYE \"%s\" lacks \"%s\"", m.u.bye.text, needle);
+    kvr_msg_free(&m);
+}

@@ -35,4 +35,9 @@ void session(end_t *a, end_t *b, const uint8_t *key);
 void expect(kvr_status_t s, const kvr_error_t *err, kvr_status_t code,
             const char *needle);
 
+/* buf[0, n) is exactly one BYE frame of status code whose text holds
+ * needle. */
+void expect_bye_frame(const uint8_t *buf, size_t n, kvr_status_t code,
+                      const char *needle);
+
 #endif
