@@ -820,9 +820,20 @@ const char *kvr_agent_recv_state_name(kvr_agent_recv_state_t state)
 }
 
 void kvr__agent_set_frame_fault(kvr_agent_t *a, kvr_msg_type_t type,
-                                uint32_t nth, bool duplicate)
+                                uint32_t nth, kvr__fault_mode_t mode)
 {
     pthread_mutex_lock(&a->turn_lock); /* the loop reads it in its turns */
-    a->fault = (kvr__frame_fault_t){type, nth, duplicate, 0};
+    a->fault = (kvr__frame_fault_t){type, nth, mode, 0};
     pthread_mutex_unlock(&a->turn_lock);
+}
+
+uint32_t kvr__agent_refusals(kvr_agent_t *a, kvr_status_t *status, char *why,
+                             size_t cap)
+{
+    pthread_mutex_lock(&a->turn_lock); /* the loop writes them */
+    uint32_t n = a->refusals;
+    *status = a->refusal_status;
+    snprintf(why, cap, "%s", a->refusal_why);
+    pthread_mutex_unlock(&a->turn_lock);
+    return n;
 }

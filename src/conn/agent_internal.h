@@ -294,11 +294,18 @@ typedef struct kvr__event_node {
 } kvr__event_node_t;
 
 /* Control-frame fault injection for tests: the nth frame of `type` this
- * agent sends is dropped or sent twice (0: off). */
+ * agent sends is dropped, sent twice or altered after its tag was made
+ * (0: off). */
+typedef enum kvr__fault_mode {
+    KVR__FAULT_DROP = 0,
+    KVR__FAULT_DUPLICATE = 1,
+    KVR__FAULT_TAMPER = 2,
+} kvr__fault_mode_t;
+
 typedef struct kvr__frame_fault {
     kvr_msg_type_t type;
     uint32_t nth;
-    bool duplicate;
+    kvr__fault_mode_t mode;
     uint32_t seen;
 } kvr__frame_fault_t;
 
@@ -346,6 +353,9 @@ struct kvr_agent {
     uint64_t moved_turn_max;      /* tests: most bytes put in one turn */
     uint64_t moving_turns;        /* tests: turns that put bytes */
     char log[KVR_ERROR_MSG_MAX];  /* the loop's last notable failure */
+    uint32_t refusals;            /* tests: links closed by a refusal */
+    kvr_status_t refusal_status;  /* the last one's status and reason */
+    char refusal_why[KVR_ERROR_MSG_MAX];
 };
 
 /* agent.c: the loop's side of the shared state */
@@ -437,6 +447,10 @@ void kvr__recv_free_all(kvr_agent_t *a);
 
 /* Tests: control-frame faults (see kvr__frame_fault_t). */
 void kvr__agent_set_frame_fault(kvr_agent_t *a, kvr_msg_type_t type,
-                                uint32_t nth, bool duplicate);
+                                uint32_t nth, kvr__fault_mode_t mode);
+/* Tests: how many links this agent closed by a refusal (its own or the
+ * peer's BYE), with the last one's status and reason. */
+uint32_t kvr__agent_refusals(kvr_agent_t *a, kvr_status_t *status,
+                             char *why, size_t cap);
 
 #endif

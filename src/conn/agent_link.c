@@ -1,5 +1,6 @@
 /* The agent's control links: non-blocking dial and accept, the handshake
- * (HELLO with instance id and incarnation, AUTH), frame dispatch, closing
+ * (HELLO with instance id and incarnation; with a key blank HELLOs, AUTH,
+ * then LAYOUT: docs/PROTOCOL.md), frame dispatch, closing
  * and reaping, connect/handshake deadlines and idle close. */
 #include <arpa/inet.h>
 #include <errno.h>
@@ -174,6 +175,11 @@ void kvr__alink_close(kvr_agent_t *a, kvr__alink_t *l, kvr_status_t why,
                  why != KVR_ERR_IO;
     bool was_ready = l->state == KVR__LINK_READY;
     l->state = KVR__LINK_CLOSED;
+    if (l->refused) {
+        a->refusals++;
+        a->refusal_status = l->close_status;
+        snprintf(a->refusal_why, sizeof(a->refusal_why), "%s", l->close_why);
+    }
     if (l->link != NULL) {
         kvr__link_flush(l->link);
         kvr__link_close(l->link, l->close_status, "%s", l->close_why);
@@ -184,15 +190,19 @@ void kvr__alink_close(kvr_agent_t *a, kvr__alink_t *l, kvr_status_t why,
 
 /* ---- sending ---- */
 
-/* Tests: drop or double the nth frame of one type (control-frame faults). */
-static int fault_copies(kvr_agent_t *a, kvr_msg_type_t type)
+/* Tests: drop, double or alter the nth frame of one type (control-frame
+ * faults). Returns how many copies to send. */
+static int fault_copies(kvr_agent_t *a, kvr__link_t *k, kvr_msg_type_t type)
 {
+    static const char *const what[] = {"dropped", "sent twice", "tampered"};
     kvr__frame_fault_t *f = &a->fault;
     if (f->nth == 0 || f->type != type || ++f->seen != f->nth)
         return 1;
     kvr__agent_log(a, "fault injection: %s #%u %s", kvr_msg_type_name(type),
-                   f->nth, f->duplicate ? "sent twice" : "dropped");
-    return f->duplicate ? 2 : 0;
+                   f->nth, what[f->mode]);
+    k->tamper_next = f->mode == KVR__FAULT_TAMPER;
+    return f->mode == KVR__FAULT_DROP ? 0
+         : f->mode == KVR__FAULT_DUPLICATE ? 2 : 1;
 }
 
 kvr_status_t kvr__alink_send(kvr_agent_t *a, kvr__alink_t *l,
@@ -202,7 +212,8 @@ kvr_status_t kvr__alink_send(kvr_agent_t *a, kvr__alink_t *l,
         return KVR_ERR_PEER_DEAD;
     l->last_used_ns = kvr__now_ns();
     kvr_status_t st = KVR_OK;
-    for (int i = fault_copies(a, msg->type); i > 0 && st == KVR_OK; i--)
+    for (int i = fault_copies(a, l->link, msg->type); i > 0 && st == KVR_OK;
+         i--)
         st = kvr__link_send(l->link, msg);
     if (st != KVR_OK)
         kvr__alink_close(a, l, st, "sending %s failed (%s)",
@@ -213,12 +224,8 @@ kvr_status_t kvr__alink_send(kvr_agent_t *a, kvr__alink_t *l,
 static void refuse(kvr_agent_t *a, kvr__alink_t *l, kvr_status_t st,
                    const char *why)
 {
-    kvr_msg_t bye;
-    kvr_msg_init(&bye, KVR_MSG_BYE);
-    bye.u.bye.status = st;
-    snprintf(bye.u.bye.text, sizeof(bye.u.bye.text), "%s", why);
     if (l->link != NULL && l->state != KVR__LINK_CLOSED)
-        kvr__link_send(l->link, &bye);
+        kvr__link_refuse(l->link, st, why); /* BYE with the reason */
     kvr__alink_close(a, l, st, "refused: %s", why);
 }
 
@@ -254,13 +261,11 @@ static void start_handshake(kvr_agent_t *a, kvr__alink_t *l)
 {
     kvr_error_t err = {0};
     kvr_status_t st = build_hello(a, l, &err);
-    if (st != KVR_OK) {
-        kvr__alink_close(a, l, st, "HELLO: %s", err.msg);
-        return;
-    }
-    kvr_msg_t m = {.type = KVR_MSG_HELLO};
-    m.u.hello = l->link->ours;
-    l->link->hello_sent = kvr__alink_send(a, l, &m) == KVR_OK;
+    if (st == KVR_OK)
+        st = kvr__link_send_hello(l->link, KVR_MSG_HELLO);
+    if (st != KVR_OK)
+        kvr__alink_close(a, l, st, "HELLO: %s",
+                         err.msg[0] ? err.msg : kvr_status_name(st));
 }
 
 static void on_connected(kvr_agent_t *a, kvr__alink_t *l)
@@ -320,26 +325,48 @@ static kvr_status_t check_peer(const kvr_agent_t *a, const kvr__alink_t *l,
 
 static void on_ready(kvr_agent_t *a, kvr__alink_t *l);
 
-static void maybe_auth(kvr_agent_t *a, kvr__alink_t *l)
+/* What the handshake owes the peer now (AUTH, LAYOUT: the link helpers);
+ * the link is up once both layouts were compared. */
+static void handshake_step(kvr_agent_t *a, kvr__alink_t *l)
 {
     kvr__link_t *k = l->link;
-    kvr_error_t err = {0};
-    if (!k->hello_sent || !k->hello_recv || l->state != KVR__LINK_HANDSHAKE)
+    if (l->state != KVR__LINK_HANDSHAKE)
         return;
-    if (a->has_key && !k->auth_sent) {
-        kvr_msg_t m = {.type = KVR_MSG_AUTH};
-        kvr_status_t st = kvr_wire_auth_sign(k->auth, &m.u.auth, &err);
-        if (st != KVR_OK) {
-            kvr__alink_close(a, l, st, "AUTH: %s", err.msg);
-            return;
-        }
-        kvr__alink_send(a, l, &m);
-        k->auth_sent = true;
-    }
-    if (l->state == KVR__LINK_HANDSHAKE && kvr_wire_auth_ready(k->auth))
+    if (kvr__link_handshake_step(k))
         on_ready(a, l);
+    else if (k->closed)
+        kvr__alink_close(a, l, k->close_status, "%s", k->close_why);
 }
 
+static kvr_wire_side_t peer_side_wanted(const kvr__alink_t *l)
+{
+    return l->kind == KVR__LINK_ACCEPT ? l->link->peer.side : KVR_WIRE_PRODUCER;
+}
+
+/* The peer's full HELLO (keyless: the HELLO itself; keyed: its LAYOUT,
+ * after AUTH): the layout comparison, the agent's own checks, and the
+ * peer's instance id and incarnation. */
+static kvr_status_t take_full_hello(kvr_agent_t *a, kvr__alink_t *l,
+                                    const kvr_msg_hello_t *full,
+                                    kvr_error_t *err)
+{
+    kvr__link_t *k = l->link;
+    kvr_status_t st = kvr_wire_hello_check(&k->ours, full, peer_side_wanted(l),
+                                           err);
+    if (st == KVR_OK && a->has_key)
+        st = kvr_wire_auth_note_layout(k->auth, full, err);
+    if (st == KVR_OK)
+        st = check_peer(a, l, full, err);
+    if (st != KVR_OK)
+        return st;
+    k->peer = *full;
+    l->peer_instance = full->instance;
+    l->peer_incarnation = full->incarnation;
+    return KVR_OK;
+}
+
+/* With a key the peer's HELLO is blank: only version, side and key are
+ * checked now; the rest waits for its LAYOUT (docs/PROTOCOL.md). */
 static void on_hello(kvr_agent_t *a, kvr__alink_t *l, const kvr_msg_t *msg)
 {
     kvr__link_t *k = l->link;
@@ -350,27 +377,23 @@ static void on_hello(kvr_agent_t *a, kvr__alink_t *l, const kvr_msg_t *msg)
     }
     k->peer = msg->u.hello;
     k->hello_recv = true;
-    kvr_wire_side_t want = l->kind == KVR__LINK_ACCEPT ? k->peer.side
-                                                       : KVR_WIRE_PRODUCER;
     kvr_status_t st = kvr__link_note_peer_hello(k, &err);
     if (st == KVR_OK && !k->initiator)
         st = build_hello(a, l, &err);
-    if (st == KVR_OK)
-        st = kvr_wire_hello_check(&k->ours, &k->peer, want, &err);
-    if (st == KVR_OK)
-        st = check_peer(a, l, &k->peer, &err);
+    if (st == KVR_OK && a->has_key)
+        st = kvr_wire_hello_check_intro(&k->ours, &k->peer,
+                                        peer_side_wanted(l), &err);
+    else if (st == KVR_OK)
+        st = take_full_hello(a, l, &msg->u.hello, &err);
     if (st != KVR_OK) {
         refuse(a, l, st, err.msg);
         return;
     }
-    l->peer_instance = k->peer.instance;
-    l->peer_incarnation = k->peer.incarnation;
-    if (!k->initiator) {
-        kvr_msg_t ack = {.type = KVR_MSG_HELLO_ACK};
-        ack.u.hello = k->ours;
-        k->hello_sent = kvr__alink_send(a, l, &ack) == KVR_OK;
+    if (!k->initiator && kvr__link_send_hello(k, KVR_MSG_HELLO_ACK) != KVR_OK) {
+        kvr__alink_close(a, l, KVR_ERR_PEER_DEAD, "sending HELLO_ACK failed");
+        return;
     }
-    maybe_auth(a, l);
+    handshake_step(a, l);
 }
 
 static void on_auth(kvr_agent_t *a, kvr__alink_t *l, const kvr_msg_t *msg)
@@ -381,7 +404,18 @@ static void on_auth(kvr_agent_t *a, kvr__alink_t *l, const kvr_msg_t *msg)
         refuse(a, l, st, err.msg);
         return;
     }
-    maybe_auth(a, l);
+    handshake_step(a, l);
+}
+
+static void on_layout(kvr_agent_t *a, kvr__alink_t *l, const kvr_msg_t *msg)
+{
+    kvr_error_t err = {0};
+    kvr_status_t st = take_full_hello(a, l, &msg->u.hello, &err);
+    if (st != KVR_OK) {
+        refuse(a, l, st, err.msg);
+        return;
+    }
+    handshake_step(a, l);
 }
 
 /* Same peer process seat, another incarnation: the old process is gone. */
@@ -487,6 +521,8 @@ static void on_frame(kvr_agent_t *a, kvr__alink_t *l, const kvr_msg_t *m)
         on_hello(a, l, m);
     else if (m->type == KVR_MSG_AUTH)
         on_auth(a, l, m);
+    else if (m->type == KVR_MSG_LAYOUT)
+        on_layout(a, l, m);
     else if (l->state != KVR__LINK_READY)
         refuse(a, l, KVR_ERR_PROTO, "request message before the handshake");
     else if (!on_request_frame(a, l, m))

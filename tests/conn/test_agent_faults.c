@@ -154,7 +154,7 @@ static void test_duplicate_write_done(void **state)
     one_stage_world(&w, dup_done, NULL, 2);
     for (uint32_t s = 0; s < 2; s++) /* before traffic: set once */
         kvr__agent_set_frame_fault(w->prod[0][s].agent, KVR_MSG_WRITE_DONE, 1,
-                                   true);
+                                   KVR__FAULT_DUPLICATE);
     ah_req_t r;
     ah_req(&w->m, 6, 256, &r);
     fill_all(w, 0, &r);
@@ -185,7 +185,7 @@ static void test_lost_write_done(void **state)
     world_t *w;
     one_stage_world(&w, short_deadline, short_deadline, 2);
     kvr__agent_set_frame_fault(w->prod[0][1].agent, KVR_MSG_WRITE_DONE, 1,
-                               false);
+                               KVR__FAULT_DROP);
     ah_req_t r;
     ah_req(&w->m, 7, 256, &r);
     fill_all(w, 0, &r);
@@ -259,7 +259,8 @@ static void test_lost_release(void **state)
     (void)state;
     world_t *w;
     one_stage_world(&w, short_deadline, short_deadline, 1);
-    kvr__agent_set_frame_fault(w->cons[0].agent, KVR_MSG_RELEASE, 1, false);
+    kvr__agent_set_frame_fault(w->cons[0].agent, KVR_MSG_RELEASE, 1,
+                               KVR__FAULT_DROP);
     ah_req_t r;
     ah_req(&w->m, 2, 100, &r);
     fill_all(w, 0, &r);

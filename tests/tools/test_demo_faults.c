@@ -22,6 +22,8 @@
 #include <cmocka.h>
 #include <jansson.h>
 
+#include "serve_proc.h"
+
 static const char *kvr_bin;
 
 #define SMALL "--requests 3 --tokens 700 --layers 6 --pp 2 --dcp 2 " \
@@ -291,28 +293,11 @@ static void test_non_loopback_refused(void **state)
 
 static pid_t start_serve(const char *extra, int *port)
 {
-    int p[2];
-    assert_int_equal(pipe(p), 0);
-    pid_t pid = fork();
-    if (pid == 0) {
-        char cmd[1024];
-        dup2(p[1], STDOUT_FILENO);
-        close(p[0]);
-        snprintf(cmd, sizeof(cmd), "exec %s serve --rank 0 --dcp 1 --pp 1 "
-                 "--layers 4 --requests 1 --tokens 300 --expect 1 --timeout 20 %s",
-                 kvr_bin, extra);
-        execl("/bin/sh", "sh", "-c", cmd, (char *)NULL);
-        _exit(127);
-    }
-    close(p[1]);
-    FILE *f = fdopen(p[0], "r");
-    char line[256] = "";
-    *port = 0;
-    while (fgets(line, sizeof(line), f) != NULL && sscanf(line, "listening %d", port) != 1)
-        ;
-    fclose(f);
-    assert_true(*port > 0);
-    return pid;
+    char cmd[1024];
+    snprintf(cmd, sizeof(cmd), "exec %s serve --rank 0 --dcp 1 --pp 1 "
+             "--layers 4 --requests 1 --tokens 300 --expect 1 --timeout 20 %s",
+             kvr_bin, extra);
+    return start_listening(cmd, port);
 }
 
 static void expect_refused(const char *serve_extra, const char *push_extra,
@@ -364,6 +349,21 @@ static void test_wrong_key(void **state)
     write_key("key_b.hex", "ff0102030405060708090a0b0c0d0e0f101112131415161718191a1b1c1d1e1f");
     expect_refused("--key-file key_a.hex", "--key-file key_b.hex", "AUTH");
     expect_refused("--key-file key_a.hex", "", "key");
+    /* same key: the layout is compared after AUTH, and the reason arrives */
+    expect_refused("--key-file key_a.hex --interleave 1",
+                   "--key-file key_a.hex --interleave 4", "interleave");
+}
+
+/* With a key every control frame after AUTH carries a MAC: transfers of
+ * every executor verify as without one. */
+static void test_keyed_matrix(void **state)
+{
+    (void)state;
+    write_key("key_a.hex", "000102030405060708090a0b0c0d0e0f101112131415161718191a1b1c1d1e1f");
+    expect_ok(SMALL " --key-file key_a.hex");
+    expect_ok(SMALL " --key-file key_a.hex --executor staged --staging-slots 2 "
+              "--slot-bytes 65536");
+    expect_ok(SMALL " --key-file key_a.hex --producer-tp 2");
 }
 
 int main(int argc, char **argv)
@@ -380,6 +380,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_dump_inspect),
         cmocka_unit_test(test_mismatched_layout),
         cmocka_unit_test(test_wrong_key),
+        cmocka_unit_test(test_keyed_matrix),
         cmocka_unit_test(test_non_loopback_refused),
         cmocka_unit_test(test_bench),
     };
