@@ -80,7 +80,8 @@ typedef struct kvr_agent_params {
     kvr_wire_topo_t topo;     /* this worker: pp/tp/dcp ranks and sizes,
                                  half-open model layer range */
     const char *listen;       /* "host:port" ("127.0.0.1:0" picks a port);
-                                 producers must listen, consumers need not */
+                                 producers must listen, consumers may (to
+                                 receive notifications) */
     const char *advertise;    /* "host:port" peers should dial; NULL: the
                                  bound address */
     const char *bootstrap;    /* non-head producer stages: the address of
@@ -220,6 +221,8 @@ typedef enum kvr_agent_event_kind {
     KVR_AGENT_LOAD_FAILED = 5,   /* consumer: status and message say why */
     KVR_AGENT_RELEASED = 6,      /* consumer: destination blocks reusable */
     KVR_AGENT_LAYERS_LOADED = 7, /* consumer, streaming: reserved */
+    KVR_AGENT_NOTIFY_FAILED = 8, /* a kvr_agent_notify could not be sent:
+                                    peer and message say to whom and why */
 } kvr_agent_event_kind_t;
 
 /* A copy: nothing points into the agent. */
@@ -230,16 +233,59 @@ typedef struct kvr_agent_event {
     kvr_status_t status;      /* KVR_OK for SENT, LOADED, RELEASED after
                                  LOADED; else why */
     char message[KVR_ERROR_MSG_MAX];
-    uint64_t bytes;           /* LOADED: bytes received; SENT: bytes sent */
+    uint64_t bytes;           /* LOADED: bytes received; SENT: bytes sent;
+                                 NOTIFY_FAILED: the payload's length */
     uint32_t layer_begin, layer_end; /* LAYERS_LOADED */
+    kvr_wire_id_t peer;       /* NOTIFY_FAILED: the instance notified */
 } kvr_agent_event_t;
 
 const char *kvr_agent_event_name(kvr_agent_event_kind_t kind);
 
 /* Non-blocking: true with *out filled when an event was queued. */
 bool kvr_agent_poll(kvr_agent_t *agent, kvr_agent_event_t *out);
-/* Readable while events are queued; never read or close it. */
+/* Readable while events or notifications are queued; never read or close
+ * it. */
 int kvr_agent_event_fd(const kvr_agent_t *agent);
+
+/* ---- notifications: small messages between agents (routers) ---- */
+
+/* Largest notification payload, bytes. */
+#define KVR_AGENT_NOTIFY_MAX 16384u
+
+/* Sends payload (0..KVR_AGENT_NOTIFY_MAX bytes, copied) to the agent of
+ * instance peer_id at peer_address ("host:port", its listener), or with
+ * peer_address NULL over a link this agent already has to that instance
+ * (dialled or accepted: e.g. to answer a notification; with several agents
+ * of that instance linked, one of them). Queued like every call: the link
+ * is dialled and authenticated if needed, and frames on one link keep
+ * their order. KVR_AGENT_NOTIFY_FAILED follows when it cannot be sent: no
+ * link to the instance (NULL address), the address unreachable, refused or
+ * silent past connect_timeout_ms, or another instance there. Once written
+ * to a link, delivery is that of the link (no receipt). */
+kvr_status_t kvr_agent_notify(kvr_agent_t *agent, const void *peer_id,
+                              size_t peer_id_len, const char *peer_address,
+                              const void *payload, size_t len);
+
+/* A notification received: who sent it (the link's authenticated
+ * identity) and a copy of its payload. */
+typedef struct kvr_agent_notify {
+    kvr_wire_id_t sender;         /* the sender's instance id */
+    kvr_wire_topo_t sender_topo;  /* its pp/tp/dcp ranks and sizes */
+    kvr_wire_side_t sender_side;  /* producer or consumer, as it said */
+    uint64_t sender_incarnation;
+    char sender_address[256];     /* the sender's listener, "" if none:
+                                     kvr_agent_notify answers it there */
+    uint32_t dropped;             /* notifications dropped before this one
+                                     because the queue was full */
+    size_t len;
+    uint8_t payload[KVR_AGENT_NOTIFY_MAX];
+} kvr_agent_notify_t;
+
+/* Non-blocking: true with *out filled when a notification was queued.
+ * Notifications keep their order per sending agent. The queue holds at
+ * most 4096 notifications (or 64 MiB); beyond, new ones are dropped and
+ * counted in the next one's `dropped`. */
+bool kvr_agent_poll_notify(kvr_agent_t *agent, kvr_agent_notify_t *out);
 
 /* ---- status ---- */
 

@@ -43,6 +43,7 @@ extern "C" {
 #define KVR_WIRE_HELLO_FRAME_MAX 1024u    /* a whole HELLO frame, bytes */
 #define KVR_WIRE_INSTANCE_MAX 64u         /* instance id bytes (0: none) */
 #define KVR_WIRE_MAX_STAGES 1024u         /* stages per STAGES */
+#define KVR_WIRE_NOTIFY_MAX 16384u        /* NOTIFY payload bytes */
 
 #define KVR_WIRE_NONCE_BYTES 32u /* HELLO auth nonce */
 #define KVR_WIRE_MAC_BYTES 32u   /* HMAC-SHA256 */
@@ -65,6 +66,7 @@ typedef enum kvr_msg_type {
     KVR_MSG_CHUNK_DONE = 23,
     KVR_MSG_JOIN = 24,
     KVR_MSG_STAGES = 25,
+    KVR_MSG_NOTIFY = 26,
 } kvr_msg_type_t;
 
 /* "HELLO", "WRITE_REQUEST", ...; NULL for an unknown type. */
@@ -257,6 +259,16 @@ typedef struct kvr_msg_stages {
     uint32_t num_stages;
 } kvr_msg_stages_t;
 
+/* Any agent -> any agent: an application's message (routers built on the
+ * agent). Who sent it is the link's authenticated identity (HELLO or
+ * LAYOUT), never a field of the message. */
+typedef struct kvr_msg_notify {
+    char address[KVR_WIRE_TEXT_MAX + 1]; /* the sender's own listening
+                                            "host:port", or "" */
+    const uint8_t *payload;
+    uint32_t len;                        /* 0..KVR_WIRE_NOTIFY_MAX */
+} kvr_msg_notify_t;
+
 /* A message. Built by the caller (arrays are the caller's, priv_arena NULL)
  * or by kvr_wire_decode (arrays live in priv_arena; kvr_msg_free releases
  * them). kvr_msg_free on a caller-built message only zeroes it. */
@@ -276,6 +288,7 @@ typedef struct kvr_msg {
         kvr_msg_chunk_done_t chunk_done;
         kvr_msg_join_t join;
         kvr_msg_stages_t stages;
+        kvr_msg_notify_t notify;
     } u;
     void *priv_arena;
 } kvr_msg_t;

@@ -266,6 +266,10 @@ void kvr_agent_destroy(kvr_agent_t *a)
         n = e->next;
         free(e);
     }
+    for (kvr__notify_node_t *e = a->nt_head, *n; e != NULL; e = n) {
+        n = e->next;
+        free(e);
+    }
     kvr__map_free(&a->snap, free_snap);
     kvr__map_free(&a->preq_map, NULL);
     kvr__map_free(&a->creq_map, NULL);
@@ -437,8 +441,10 @@ void kvr__agent_wake(kvr_agent_t *a)
 
 void kvr__cmd_free(kvr__cmd_t *c)
 {
-    if (c != NULL)
+    if (c != NULL) {
         free(c->blocks);
+        free(c->payload);
+    }
     free(c);
 }
 
@@ -536,7 +542,7 @@ static kvr_status_t new_cmd(kvr_agent_t *a, kvr_agent_role_t role,
 {
     if (a == NULL)
         return fail(KVR_ERR_INVALID, "agent is NULL");
-    if (!(a->p.role & role))
+    if (role != KVR_AGENT_BOTH && !(a->p.role & role))
         return fail(KVR_ERR_INVALID, "a %s call on an agent that is not a %s",
                     role == KVR_AGENT_PRODUCER ? "producer" : "consumer",
                     role == KVR_AGENT_PRODUCER ? "producer" : "consumer");
@@ -655,6 +661,53 @@ kvr_status_t kvr_agent_recv_abort(kvr_agent_t *a, const void *prod,
     return st == KVR_OK ? enqueue(a, c, KVR__SIDE_RECV, false, 0) : st;
 }
 
+/* Queued like a request command, but no key is claimed: notifications
+ * are not requests. */
+static void enqueue_plain(kvr_agent_t *a, kvr__cmd_t *c)
+{
+    pthread_mutex_lock(&a->lock);
+    if (a->inbox_tail)
+        a->inbox_tail->next = c;
+    else
+        a->inbox_head = c;
+    a->inbox_tail = c;
+    pthread_mutex_unlock(&a->lock);
+    kvr__agent_wake(a);
+}
+
+kvr_status_t kvr_agent_notify(kvr_agent_t *a, const void *peer, size_t plen,
+                              const char *address, const void *payload,
+                              size_t len)
+{
+    kvr__cmd_t *c = NULL;
+    kvr_error_t err = {0};
+    if (peer == NULL || plen == 0 || plen > KVR_AGENT_INSTANCE_MAX)
+        return fail(KVR_ERR_INVALID, "peer instance id of %zu bytes (1..%u)",
+                    peer ? plen : 0, KVR_AGENT_INSTANCE_MAX);
+    if (len > KVR_AGENT_NOTIFY_MAX || (payload == NULL && len > 0))
+        return fail(KVR_ERR_INVALID, "notification payload of %zu bytes%s "
+                    "(0..%u)", len, payload ? "" : " at NULL",
+                    KVR_AGENT_NOTIFY_MAX);
+    kvr_status_t st = new_cmd(a, KVR_AGENT_BOTH, KVR__CMD_NOTIFY, &c);
+    if (st != KVR_OK)
+        return st;
+    st = copy_spec(c->address, address, "peer", &err);
+    c->payload = st == KVR_OK ? malloc(len + 1) : NULL;
+    if (st == KVR_OK && c->payload == NULL)
+        st = kvr_error_set(&err, KVR_ERR_NO_MEMORY, "no memory for %zu bytes",
+                           len);
+    if (st != KVR_OK) {
+        kvr__cmd_free(c);
+        return fail(st, "%s", err.msg);
+    }
+    kvr_wire_id_set(&c->producer, peer, plen, NULL);
+    if (len)
+        memcpy(c->payload, payload, len);
+    c->payload_len = len;
+    enqueue_plain(a, c);
+    return KVR_OK;
+}
+
 /* ---- events and the snapshot (the loop's side) ---- */
 
 static bool is_final(kvr_agent_event_kind_t k)
@@ -666,6 +719,37 @@ static bool is_final(kvr_agent_event_kind_t k)
 static uint8_t side_of(kvr_agent_event_kind_t k)
 {
     return k <= KVR_AGENT_SEND_FAILED ? KVR__SIDE_SEND : KVR__SIDE_RECV;
+}
+
+/* event_fd is readable while either queue holds something: it is written
+ * when the first entry arrives and drained when the last one leaves. Both
+ * under lock. */
+static void was_idle_signal(kvr_agent_t *a)
+{
+    if (a->ev_head == NULL && a->nt_head == NULL) {
+        uint64_t one = 1;
+        ssize_t n = write(a->event_fd, &one, sizeof(one));
+        (void)n;
+    }
+}
+
+static void drain_if_idle(kvr_agent_t *a)
+{
+    if (a->ev_head == NULL && a->nt_head == NULL) {
+        uint64_t v;
+        ssize_t n = read(a->event_fd, &v, sizeof(v));
+        (void)n;
+    }
+}
+
+static void push_event(kvr_agent_t *a, kvr__event_node_t *e)
+{
+    was_idle_signal(a);
+    if (a->ev_tail)
+        a->ev_tail->next = e;
+    else
+        a->ev_head = e;
+    a->ev_tail = e;
 }
 
 void kvr__agent_event(kvr_agent_t *a, kvr_agent_event_kind_t kind,
@@ -688,18 +772,48 @@ void kvr__agent_event(kvr_agent_t *a, kvr_agent_event_kind_t kind,
     kvr__snap_t *s = snap_find(a, &e->key);
     if (s != NULL && e->final)
         s->final_queued = true;
-    bool was_empty = a->ev_head == NULL;
-    if (a->ev_tail)
-        a->ev_tail->next = e;
-    else
-        a->ev_head = e;
-    a->ev_tail = e;
-    if (was_empty) {
-        uint64_t one = 1;
-        ssize_t n = write(a->event_fd, &one, sizeof(one));
-        (void)n;
+    push_event(a, e);
+    pthread_mutex_unlock(&a->lock);
+}
+
+void kvr__agent_notify_failed(kvr_agent_t *a, const kvr_wire_id_t *peer,
+                              kvr_status_t st, const char *msg, size_t len)
+{
+    kvr__event_node_t *e = calloc(1, sizeof(*e));
+    if (e == NULL)
+        abort(); /* as kvr__agent_event */
+    e->ev.kind = KVR_AGENT_NOTIFY_FAILED;
+    e->ev.peer = *peer;
+    e->ev.status = st;
+    e->ev.bytes = len;
+    snprintf(e->ev.message, sizeof(e->ev.message), "%s", msg);
+    pthread_mutex_lock(&a->lock);
+    push_event(a, e);
+    pthread_mutex_unlock(&a->lock);
+}
+
+void kvr__agent_notify_in(kvr_agent_t *a, kvr__notify_node_t *n)
+{
+    pthread_mutex_lock(&a->lock);
+    bool full = a->nt_count >= KVR_AGENT_NOTIFY_QUEUE ||
+                a->nt_bytes + n->len > KVR_AGENT_NOTIFY_QUEUE_BYTES;
+    if (full) {
+        a->nt_dropped++;
+    } else {
+        was_idle_signal(a);
+        n->dropped = a->nt_dropped;
+        a->nt_dropped = 0;
+        a->nt_count++;
+        a->nt_bytes += n->len;
+        if (a->nt_tail)
+            a->nt_tail->next = n;
+        else
+            a->nt_head = n;
+        a->nt_tail = n;
     }
     pthread_mutex_unlock(&a->lock);
+    if (full)
+        free(n);
 }
 
 void kvr__agent_snap(kvr_agent_t *a, uint8_t side,
@@ -727,12 +841,9 @@ bool kvr_agent_poll(kvr_agent_t *a, kvr_agent_event_t *out)
     kvr__event_node_t *e = a->ev_head;
     if (e != NULL) {
         a->ev_head = e->next;
-        if (a->ev_head == NULL) {
+        if (a->ev_head == NULL)
             a->ev_tail = NULL;
-            uint64_t v;
-            ssize_t n = read(a->event_fd, &v, sizeof(v));
-            (void)n;
-        }
+        drain_if_idle(a);
         /* the last event of a request frees its key */
         if (e->final && kvr__map_get(&a->snap, e->key.b, e->key.len)) {
             free(kvr__map_del(&a->snap, e->key.b, e->key.len));
@@ -744,6 +855,36 @@ bool kvr_agent_poll(kvr_agent_t *a, kvr_agent_event_t *out)
         return false;
     *out = e->ev;
     free(e);
+    return true;
+}
+
+bool kvr_agent_poll_notify(kvr_agent_t *a, kvr_agent_notify_t *out)
+{
+    if (a == NULL || out == NULL)
+        return false;
+    pthread_mutex_lock(&a->lock);
+    kvr__notify_node_t *n = a->nt_head;
+    if (n != NULL) {
+        a->nt_head = n->next;
+        if (a->nt_head == NULL)
+            a->nt_tail = NULL;
+        a->nt_count--;
+        a->nt_bytes -= n->len;
+        drain_if_idle(a);
+    }
+    pthread_mutex_unlock(&a->lock);
+    if (n == NULL)
+        return false;
+    out->sender = n->sender;
+    out->sender_topo = n->topo;
+    out->sender_side = n->side;
+    out->sender_incarnation = n->incarnation;
+    snprintf(out->sender_address, sizeof(out->sender_address), "%s",
+             n->address);
+    out->dropped = n->dropped;
+    out->len = n->len;
+    memcpy(out->payload, n->payload, n->len);
+    free(n);
     return true;
 }
 
@@ -797,6 +938,7 @@ const char *kvr_agent_event_name(kvr_agent_event_kind_t kind)
         [KVR_AGENT_LOAD_FAILED] = "LOAD_FAILED",
         [KVR_AGENT_RELEASED] = "RELEASED",
         [KVR_AGENT_LAYERS_LOADED] = "LAYERS_LOADED",
+        [KVR_AGENT_NOTIFY_FAILED] = "NOTIFY_FAILED",
     };
     unsigned k = (unsigned)kind;
     return k < sizeof(names) / sizeof(names[0]) && names[k] ? names[k] : "?";

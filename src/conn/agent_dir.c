@@ -171,6 +171,11 @@ static kvr_status_t check_stage(const kvr__alink_t *l, kvr_error_t *err)
                              "%s is instance '%.*s', not '%.*s'", l->address,
                              (int)l->peer_instance.len, l->peer_instance.bytes,
                              (int)d->instance.len, d->instance.bytes);
+    if (!l->kv)
+        return kvr_error_set(err, KVR_ERR_LAYOUT_MISMATCH,
+                             "%s: '%.*s' or this agent has no KV regions",
+                             l->address, (int)d->instance.len,
+                             d->instance.bytes);
     if (t->pp_size > KVR_AGENT_MAX_STAGES)
         return kvr_error_set(err, KVR_ERR_UNSUPPORTED,
                              "%s: producer PP size %u > %u", l->address,
@@ -277,8 +282,7 @@ void kvr__link_lost_dir(kvr_agent_t *a, kvr__alink_t *l)
 /* Head: a stage's JOIN link closed; it is no longer announced. */
 void kvr__link_lost_stage(kvr_agent_t *a, kvr__alink_t *l)
 {
-    if (a->stage_table == NULL || l->kind != KVR__LINK_ACCEPT ||
-        !l->ever_ready || l->link->peer.side != KVR_WIRE_PRODUCER)
+    if (a->stage_table == NULL || !l->joined)
         return;
     const kvr_wire_topo_t *t = &l->link->peer.topo;
     kvr_wire_stage_t *e = &a->stage_table[t->pp_rank * a->p.topo.tp_size +
@@ -322,14 +326,40 @@ void kvr__link_ready_accept(kvr_agent_t *a, kvr__alink_t *l)
         kvr__stages_send(a, l);
 }
 
+/* May the peer on l join us: a non-head stage of our instance, of our
+ * shape, and we its head? */
+static kvr_status_t check_join(const kvr_agent_t *a, const kvr__alink_t *l,
+                               const kvr_msg_join_t *m, kvr_error_t *err)
+{
+    const kvr_wire_topo_t *t = &l->link->peer.topo, *me = &a->p.topo;
+    bool peer_head = t->pp_rank == 0 && t->tp_rank == 0;
+    if (a->stage_table == NULL || m->address[0] == '\0' || l->joined)
+        return kvr_error_set(err, KVR_ERR_PROTO, "JOIN without an address, "
+                             "twice, or to a stage that is not a PP head");
+    if (!kvr_wire_id_equal(&l->peer_instance, &a->instance) || peer_head)
+        return kvr_error_set(err, KVR_ERR_PEER_ROLE,
+                             "a producer stage of '%.*s' (pp %u, tp %u) joined "
+                             "stage (pp %u, tp %u) of '%.*s', which is not its "
+                             "PP head", (int)l->peer_instance.len,
+                             l->peer_instance.bytes, t->pp_rank, t->tp_rank,
+                             me->pp_rank, me->tp_rank, (int)a->instance.len,
+                             a->instance.bytes);
+    if (t->pp_size != me->pp_size || t->tp_size != me->tp_size)
+        return kvr_error_set(err, KVR_ERR_LAYOUT_MISMATCH,
+                             "stage says PP %u x TP %u, the head PP %u x TP %u",
+                             t->pp_size, t->tp_size, me->pp_size, me->tp_size);
+    return KVR_OK;
+}
+
 void kvr__link_on_join(kvr_agent_t *a, kvr__alink_t *l, const kvr_msg_join_t *m)
 {
     const kvr_wire_topo_t *t = &l->link->peer.topo;
-    if (a->stage_table == NULL || m->address[0] == '\0') {
-        kvr__alink_close(a, l, KVR_ERR_PROTO, "JOIN without an address, or "
-                         "to a stage that is not a PP head");
+    kvr_error_t err = {0};
+    if (check_join(a, l, m, &err) != KVR_OK) {
+        kvr__alink_close(a, l, err.code, "%s", err.msg);
         return;
     }
+    l->joined = true;
     kvr_wire_stage_t *e = &a->stage_table[t->pp_rank * a->p.topo.tp_size +
                                           t->tp_rank];
     e->incarnation = l->peer_incarnation;
@@ -428,8 +458,11 @@ void kvr__link_on_regions(kvr_agent_t *a, kvr__alink_t *l,
                           const kvr_msg_regions_t *m)
 {
     kvr_error_t err = {0};
-    if (l->data != NULL) {
-        kvr__alink_close(a, l, KVR_ERR_PROTO, "a second REGIONS");
+    if (l->data != NULL || !l->kv) {
+        kvr__alink_close(a, l, l->kv ? KVR_ERR_PROTO : KVR_ERR_LAYOUT_MISMATCH,
+                         l->kv ? "a second REGIONS"
+                               : "REGIONS on a link where one side has no KV "
+                                 "regions");
         return;
     }
     kvr_status_t st = kvr__dpeer_open(a->data, m->address, m->address_len,

@@ -80,7 +80,8 @@ typedef struct kvr__amap {
 typedef enum kvr__alink_kind {
     KVR__LINK_STAGE = 1,  /* consumer -> a producer stage (or its head) */
     KVR__LINK_JOIN = 2,   /* non-head stage -> its PP head */
-    KVR__LINK_ACCEPT = 3, /* accepted by this producer */
+    KVR__LINK_ACCEPT = 3, /* accepted by our listener */
+    KVR__LINK_NOTIFY = 4, /* dialled to send notifications */
 } kvr__alink_kind_t;
 
 typedef enum kvr__alink_state {
@@ -91,6 +92,14 @@ typedef enum kvr__alink_state {
 } kvr__alink_state_t;
 
 struct kvr__pdir;
+
+/* A notification waiting for its link to be ready (agent_notify.c). */
+typedef struct kvr__pnotify {
+    struct kvr__pnotify *next;
+    kvr_wire_id_t peer;
+    size_t len;
+    uint8_t payload[];
+} kvr__pnotify_t;
 
 typedef struct kvr__alink {
     struct kvr__alink *next, *prev;
@@ -109,9 +118,17 @@ typedef struct kvr__alink {
     bool regions_sent;           /* consumer: REGIONS went out on it */
     kvr_status_t close_status;
     char close_why[KVR_ERROR_MSG_MAX];
-    /* the peer, from its HELLO */
+    /* the peer, from its HELLO (its LAYOUT, with a key) */
     kvr_wire_id_t peer_instance;
     uint64_t peer_incarnation;
+    bool kv;                     /* both sides have KV regions: layouts
+                                    compared, KV messages allowed */
+    bool joined;                 /* head: a stage's JOIN came on it */
+    char peer_address[KVR_AGENT_ADDR_MAX]; /* its listener, from NOTIFY */
+    /* notifications: the instance a NOTIFY link was dialled for, and
+     * those waiting for the link to be ready */
+    kvr_wire_id_t want;
+    kvr__pnotify_t *pending, *pending_tail;
     /* producer side of a consumer link: its regions on our data peer */
     kvr__dpeer_t *data;
     kvr__amap_t *maps;
@@ -147,6 +164,7 @@ typedef enum kvr__cmd_kind {
     KVR__CMD_SEND_ABORT,
     KVR__CMD_RECV,
     KVR__CMD_RECV_ABORT,
+    KVR__CMD_NOTIFY,
 } kvr__cmd_kind_t;
 
 typedef struct kvr__cmd {
@@ -160,6 +178,8 @@ typedef struct kvr__cmd {
     uint32_t groups;
     uint32_t layer_begin, layer_end;
     char address[KVR_AGENT_ADDR_MAX];
+    uint8_t *payload;            /* NOTIFY */
+    size_t payload_len;
 } kvr__cmd_t;
 
 /* ---- producer requests (agent_send.c) ---- */
@@ -286,6 +306,22 @@ typedef struct kvr__snap {
     char message[KVR_ERROR_MSG_MAX];
 } kvr__snap_t;
 
+/* A received notification, queued for kvr_agent_poll_notify. */
+typedef struct kvr__notify_node {
+    struct kvr__notify_node *next;
+    kvr_wire_id_t sender;
+    kvr_wire_topo_t topo;
+    kvr_wire_side_t side;
+    uint64_t incarnation;
+    char address[KVR_AGENT_ADDR_MAX];
+    uint32_t dropped;            /* dropped (queue full) before this one */
+    size_t len;
+    uint8_t payload[];
+} kvr__notify_node_t;
+
+#define KVR_AGENT_NOTIFY_QUEUE 4096u          /* notifications queued */
+#define KVR_AGENT_NOTIFY_QUEUE_BYTES (64u << 20) /* and their bytes */
+
 typedef struct kvr__event_node {
     struct kvr__event_node *next;
     kvr_agent_event_t ev;
@@ -324,6 +360,9 @@ struct kvr_agent {
     pthread_mutex_t lock;
     kvr__cmd_t *inbox_head, *inbox_tail;
     kvr__event_node_t *ev_head, *ev_tail;
+    kvr__notify_node_t *nt_head, *nt_tail;
+    uint32_t nt_count, nt_dropped;
+    size_t nt_bytes;
     kvr__map_t snap;
     uint32_t live[3];            /* by side: snapshot entries */
     int wake_fd;                 /* eventfd: commands or work pending */
@@ -363,6 +402,11 @@ void kvr__agent_event(kvr_agent_t *a, kvr_agent_event_kind_t kind,
                       const kvr_wire_id_t *producer,
                       const kvr_wire_id_t *request, kvr_status_t st,
                       const char *msg, uint64_t bytes);
+void kvr__agent_notify_failed(kvr_agent_t *a, const kvr_wire_id_t *peer,
+                              kvr_status_t st, const char *msg, size_t len);
+/* Queues a received notification (node allocated by the caller, handed
+ * over; dropped and counted when the queue is full). */
+void kvr__agent_notify_in(kvr_agent_t *a, kvr__notify_node_t *n);
 void kvr__agent_snap(kvr_agent_t *a, uint8_t side,
                      const kvr_wire_id_t *producer,
                      const kvr_wire_id_t *request, int state,
@@ -444,6 +488,20 @@ void kvr__recv_link_lost(kvr_agent_t *a, kvr__alink_t *l);
 void kvr__recv_dir_changed(kvr_agent_t *a, kvr__pdir_t *d);
 void kvr__recv_tick(kvr_agent_t *a, uint64_t now, uint64_t *next);
 void kvr__recv_free_all(kvr_agent_t *a);
+
+/* agent_notify.c */
+void kvr__notify_command(kvr_agent_t *a, kvr__cmd_t *c);
+void kvr__notify_msg(kvr_agent_t *a, kvr__alink_t *l,
+                     const kvr_msg_notify_t *m);
+/* A link became ready: a NOTIFY link checks its peer, then every link
+ * sends what waited for it. */
+void kvr__notify_link_ready(kvr_agent_t *a, kvr__alink_t *l);
+/* A link closed: what still waited on it fails (NOTIFY_FAILED). */
+void kvr__notify_link_lost(kvr_agent_t *a, kvr__alink_t *l);
+/* Whom a link is expected to reach before its handshake says (the
+ * directory's instance, a NOTIFY link's), or NULL. */
+const kvr_wire_id_t *kvr__alink_expected(const kvr_agent_t *a,
+                                         const kvr__alink_t *l);
 
 /* Tests: control-frame faults (see kvr__frame_fault_t). */
 void kvr__agent_set_frame_fault(kvr_agent_t *a, kvr_msg_type_t type,

@@ -231,9 +231,15 @@ static void refuse(kvr_agent_t *a, kvr__alink_t *l, kvr_status_t st,
 
 /* ---- handshake ---- */
 
-static kvr_wire_side_t our_side(const kvr__alink_t *l)
+/* Stage links pull (consumer), JOIN links join (producer); elsewhere we
+ * are what our role says (a dual-role agent: producer). */
+static kvr_wire_side_t our_side(const kvr_agent_t *a, const kvr__alink_t *l)
 {
-    return l->kind == KVR__LINK_STAGE ? KVR_WIRE_CONSUMER : KVR_WIRE_PRODUCER;
+    if (l->kind == KVR__LINK_STAGE)
+        return KVR_WIRE_CONSUMER;
+    if (l->kind == KVR__LINK_JOIN || (a->p.role & KVR_AGENT_PRODUCER))
+        return KVR_WIRE_PRODUCER;
+    return KVR_WIRE_CONSUMER;
 }
 
 /* Our HELLO: the regions that move (consumer-only ones excluded). */
@@ -248,7 +254,7 @@ static kvr_status_t build_hello(kvr_agent_t *a, kvr__alink_t *l,
         if (!a->regions[i].consumer_only)
             descs[n++] = a->regions[i].desc;
     kvr_msg_hello_t *h = &l->link->ours;
-    kvr_status_t st = kvr_wire_hello_init(h, our_side(l), &a->p.topo,
+    kvr_status_t st = kvr_wire_hello_init(h, our_side(a, l), &a->p.topo,
                                           &a->p.layout, descs, n, err);
     free(descs);
     h->has_key = a->has_key;
@@ -287,17 +293,21 @@ static void on_connected(kvr_agent_t *a, kvr__alink_t *l)
         start_handshake(a, l);
 }
 
-/* Which peers each kind of link accepts, beyond kvr_wire_hello_check. */
+/* Which peers each kind of link accepts, beyond kvr_wire_hello_check
+ * (whether a stage may JOIN is checked at its JOIN). */
 static kvr_status_t check_peer(const kvr_agent_t *a, const kvr__alink_t *l,
                                const kvr_msg_hello_t *p, kvr_error_t *err)
 {
     bool same = kvr_wire_id_equal(&p->instance, &a->instance);
     bool peer_head = p->topo.pp_rank == 0 && p->topo.tp_rank == 0;
-    bool head = a->p.topo.pp_rank == 0 && a->p.topo.tp_rank == 0;
     if (p->instance.len == 0 || p->incarnation == 0)
         return kvr_error_set(err, KVR_ERR_PEER_ROLE,
                              "peer sent no instance id or incarnation (not an "
                              "agent)");
+    if (p->topo.pp_rank >= p->topo.pp_size || p->topo.tp_rank >= p->topo.tp_size)
+        return kvr_error_set(err, KVR_ERR_PROTO, "peer ranks pp %u/%u tp %u/%u "
+                             "out of range", p->topo.pp_rank, p->topo.pp_size,
+                             p->topo.tp_rank, p->topo.tp_size);
     if (l->kind == KVR__LINK_JOIN && (!same || !peer_head))
         return kvr_error_set(err, KVR_ERR_PEER_ROLE,
                              "%s is stage (pp %u, tp %u) of instance '%.*s', "
@@ -305,21 +315,6 @@ static kvr_status_t check_peer(const kvr_agent_t *a, const kvr__alink_t *l,
                              p->topo.pp_rank, p->topo.tp_rank,
                              (int)p->instance.len, p->instance.bytes,
                              (int)a->instance.len, a->instance.bytes);
-    if (l->kind != KVR__LINK_ACCEPT || p->side != KVR_WIRE_PRODUCER)
-        return KVR_OK;
-    if (!same || !head || peer_head)
-        return kvr_error_set(err, KVR_ERR_PEER_ROLE,
-                             "a producer stage of '%.*s' joined stage (pp %u, "
-                             "tp %u) of '%.*s', which is not its PP head",
-                             (int)p->instance.len, p->instance.bytes,
-                             a->p.topo.pp_rank, a->p.topo.tp_rank,
-                             (int)a->instance.len, a->instance.bytes);
-    if (p->topo.pp_size != a->p.topo.pp_size ||
-        p->topo.tp_size != a->p.topo.tp_size)
-        return kvr_error_set(err, KVR_ERR_LAYOUT_MISMATCH,
-                             "stage says PP %u x TP %u, the head PP %u x TP %u",
-                             p->topo.pp_size, p->topo.tp_size,
-                             a->p.topo.pp_size, a->p.topo.tp_size);
     return KVR_OK;
 }
 
@@ -338,20 +333,29 @@ static void handshake_step(kvr_agent_t *a, kvr__alink_t *l)
         kvr__alink_close(a, l, k->close_status, "%s", k->close_why);
 }
 
+/* Stage and JOIN links reach producers; any side may accept or be
+ * notified. */
 static kvr_wire_side_t peer_side_wanted(const kvr__alink_t *l)
 {
-    return l->kind == KVR__LINK_ACCEPT ? l->link->peer.side : KVR_WIRE_PRODUCER;
+    if (l->kind == KVR__LINK_STAGE || l->kind == KVR__LINK_JOIN)
+        return KVR_WIRE_PRODUCER;
+    return l->link->peer.side;
 }
 
 /* The peer's full HELLO (keyless: the HELLO itself; keyed: its LAYOUT,
  * after AUTH): the layout comparison, the agent's own checks, and the
- * peer's instance id and incarnation. */
+ * peer's instance id and incarnation. Layouts are compared where KV can
+ * move, i.e. both sides have regions; an agent without any (a router)
+ * talks notifications only. */
 static kvr_status_t take_full_hello(kvr_agent_t *a, kvr__alink_t *l,
                                     const kvr_msg_hello_t *full,
                                     kvr_error_t *err)
 {
     kvr__link_t *k = l->link;
-    kvr_status_t st = kvr_wire_hello_check(&k->ours, full, peer_side_wanted(l),
+    l->kv = full->num_classes > 0 && k->ours.num_classes > 0;
+    kvr_status_t st =
+        l->kv ? kvr_wire_hello_check(&k->ours, full, peer_side_wanted(l), err)
+              : kvr_wire_hello_check_intro(&k->ours, full, peer_side_wanted(l),
                                            err);
     if (st == KVR_OK && a->has_key)
         st = kvr_wire_auth_note_layout(k->auth, full, err);
@@ -459,20 +463,30 @@ static void on_ready(kvr_agent_t *a, kvr__alink_t *l)
     case KVR__LINK_STAGE: kvr__link_ready_stage(a, l); break;
     case KVR__LINK_JOIN: kvr__link_ready_join(a, l); break;
     case KVR__LINK_ACCEPT: kvr__link_ready_accept(a, l); break;
+    case KVR__LINK_NOTIFY: break;
     }
+    if (l->state == KVR__LINK_READY)
+        kvr__notify_link_ready(a, l);
 }
 
 /* ---- frames ---- */
 
 
-/* After the handshake: what each kind of link may carry. */
+/* After the handshake: what each kind of link may carry. KV messages
+ * reach a producer from the consumers it accepted; any link carries
+ * notifications. */
 static bool on_request_frame(kvr_agent_t *a, kvr__alink_t *l,
                              const kvr_msg_t *m)
 {
     bool accepted = l->kind == KVR__LINK_ACCEPT;
-    bool from_consumer = accepted && l->link->peer.side == KVR_WIRE_CONSUMER;
+    bool peer_consumer = l->link->peer.side == KVR_WIRE_CONSUMER;
+    bool from_consumer = accepted && peer_consumer &&
+                         (a->p.role & KVR_AGENT_PRODUCER);
     bool stage_link = l->kind == KVR__LINK_STAGE;
     switch (m->type) {
+    case KVR_MSG_NOTIFY:
+        kvr__notify_msg(a, l, &m->u.notify);
+        return true;
     case KVR_MSG_REGIONS:
         if (from_consumer)
             kvr__link_on_regions(a, l, &m->u.regions);
@@ -484,13 +498,13 @@ static bool on_request_frame(kvr_agent_t *a, kvr__alink_t *l,
             kvr__send_msg(a, l, m);
         return from_consumer;
     case KVR_MSG_JOIN:
-        if (accepted && !from_consumer)
+        if (accepted && !peer_consumer)
             kvr__link_on_join(a, l, &m->u.join);
-        return accepted && !from_consumer;
-    case KVR_MSG_STAGES:
+        return accepted && !peer_consumer;
+    case KVR_MSG_STAGES: /* a head greets every consumer link with one */
         if (stage_link)
             kvr__link_on_stages(a, l, &m->u.stages);
-        return stage_link;
+        return stage_link || l->kind == KVR__LINK_NOTIFY;
     case KVR_MSG_WRITE_DONE:
     case KVR_MSG_WRITE_FAILED:
         if (stage_link)
@@ -580,8 +594,9 @@ static void tick_one(kvr_agent_t *a, kvr__alink_t *l, uint64_t now,
                                           ? "connect" : "handshake with",
                              l->address, a->p.connect_timeout_ms);
         at = l->deadline_ns;
-    } else if (l->state == KVR__LINK_READY && l->kind == KVR__LINK_STAGE &&
-               l->users == 0) {
+    } else if (l->state == KVR__LINK_READY && l->users == 0 &&
+               l->pending == NULL && (l->kind == KVR__LINK_STAGE ||
+                                      l->kind == KVR__LINK_NOTIFY)) {
         at = l->last_used_ns + ms_ns(a->p.idle_close_ms);
         if (now >= at) {
             kvr_msg_t bye;
@@ -611,6 +626,10 @@ static void link_free(kvr_agent_t *a, kvr__alink_t *l)
         close(l->fd);
     kvr__dpeer_close(l->data);
     free(l->maps);
+    for (kvr__pnotify_t *p = l->pending, *n; p != NULL; p = n) {
+        n = p->next;
+        free(p);
+    }
     kvr__link_destroy(l->link);
     if (l->prev)
         l->prev->next = l->next;
@@ -636,6 +655,7 @@ void kvr__alink_reap(kvr_agent_t *a)
             kvr__recv_link_lost(a, l);
             kvr__link_lost_dir(a, l);
             kvr__link_lost_stage(a, l);
+            kvr__notify_link_lost(a, l);
             if (a->join_link == l) {
                 a->join_link = NULL;
                 a->join_retry_ns = kvr__now_ns() + 200 * 1000000ull;

@@ -132,6 +132,8 @@ static void run_commands(kvr_agent_t *a)
         kvr__cmd_t *n = c->next;
         if (c->kind <= KVR__CMD_SEND_ABORT)
             kvr__send_command(a, c);
+        else if (c->kind == KVR__CMD_NOTIFY)
+            kvr__notify_command(a, c);
         else
             kvr__recv_command(a, c);
         kvr__cmd_free(c);

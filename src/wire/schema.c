@@ -204,6 +204,14 @@ static const kvr__field_t stages_fields[] = {
 static const kvr__rec_t stages_rec =
     REC("STAGES", kvr_msg_stages_t, stages_fields);
 
+static const kvr__field_t notify_fields[] = {
+    F_TEXT(kvr_msg_notify_t, address),
+    F_ARRAY(KVR__F_BYTES, kvr_msg_notify_t, payload, len, KVR_WIRE_NOTIFY_MAX,
+            NULL),
+};
+static const kvr__rec_t notify_rec =
+    REC("NOTIFY", kvr_msg_notify_t, notify_fields);
+
 static const kvr__rec_t *const schemas[] = {
     [KVR_MSG_HELLO] = &hello_rec,
     [KVR_MSG_HELLO_ACK] = &hello_ack_rec,
@@ -220,6 +228,7 @@ static const kvr__rec_t *const schemas[] = {
     [KVR_MSG_CHUNK_DONE] = &chunk_done_rec,
     [KVR_MSG_JOIN] = &join_rec,
     [KVR_MSG_STAGES] = &stages_rec,
+    [KVR_MSG_NOTIFY] = &notify_rec,
 };
 
 const kvr__rec_t *kvr__schema(uint16_t type)

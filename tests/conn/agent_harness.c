@@ -1,5 +1,6 @@
 #include "agent_harness.h"
 
+#include <netinet/in.h>
 #include <poll.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -7,6 +8,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <time.h>
 
 #include <cmocka.h>
@@ -18,6 +20,19 @@ uint64_t ah_now_ms(void)
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
+}
+
+int ah_silent_listener(char *addr, size_t cap)
+{
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in in = {.sin_family = AF_INET,
+                             .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    socklen_t len = sizeof(in);
+    assert_int_equal(bind(fd, (struct sockaddr *)&in, sizeof(in)), 0);
+    assert_int_equal(listen(fd, 4), 0);
+    getsockname(fd, (struct sockaddr *)&in, &len);
+    snprintf(addr, cap, "127.0.0.1:%u", ntohs(in.sin_port));
+    return fd;
 }
 
 ah_model_t ah_model(void)

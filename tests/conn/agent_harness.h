@@ -6,6 +6,7 @@
 #define KVR_TEST_AGENT_HARNESS_H
 
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
 
 #include "kvrelay/agent.h"
@@ -89,6 +90,9 @@ void ah_settle(ah_agent_t *const *xs, uint32_t n, uint32_t ms);
 void ah_verify(const ah_model_t *m, ah_agent_t *const *stages,
                uint32_t num_stages, const ah_agent_t *cons, const ah_req_t *r);
 uint64_t ah_now_ms(void);
+/* A listener on 127.0.0.1 that never accepts (connections complete, no
+ * HELLO is ever answered); its address in addr. Returns its fd. */
+int ah_silent_listener(char *addr, size_t cap);
 
 /* ---- worlds: up to two producer instances and one decode group ---- */
 

@@ -2,7 +2,6 @@
  * control frames, failing and slow puts, lost peers and restarted peers.
  * Every request ends in exactly one terminal event; on the consumer
  * RELEASED follows only once no source can still write. */
-#include <netinet/in.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -10,7 +9,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/socket.h>
 #include <unistd.h>
 
 #include <cmocka.h>
@@ -36,20 +34,6 @@ static uint32_t terminal_sends(const ah_agent_t *p, const char *id)
            ah_count(p, id, KVR_AGENT_SEND_FAILED);
 }
 
-/* A listener that never accepts: the handshake never starts. */
-static int silent_listener(char *addr, size_t cap)
-{
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
-    struct sockaddr_in in = {.sin_family = AF_INET,
-                             .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-    socklen_t len = sizeof(in);
-    assert_int_equal(bind(fd, (struct sockaddr *)&in, sizeof(in)), 0);
-    assert_int_equal(listen(fd, 4), 0);
-    getsockname(fd, (struct sockaddr *)&in, &len);
-    snprintf(addr, cap, "127.0.0.1:%u", ntohs(in.sin_port));
-    return fd;
-}
-
 /* Abort while dialling (the producer never answers) and while queued. */
 static void test_abort_dialing_and_queued(void **state)
 {
@@ -57,7 +41,7 @@ static void test_abort_dialing_and_queued(void **state)
     world_t *w = world_new();
     start_group(w, 0, false);
     char addr[64];
-    int fd = silent_listener(addr, sizeof(addr));
+    int fd = ah_silent_listener(addr, sizeof(addr));
     ah_req_t r;
     ah_req(&w->m, 1, 64, &r);
     ah_recv(&w->cons[0], A, addr, &r, 0);

@@ -187,7 +187,7 @@ static void test_gate_before_auth(void **state)
 
     end_t b, c;
     handshake(&b, &c, key, key);
-    for (int t = KVR_MSG_REGIONS; t <= KVR_MSG_STAGES; t++) {
+    for (int t = KVR_MSG_REGIONS; t <= KVR_MSG_NOTIFY; t++) {
         expect(kvr_wire_gate(b.auth, (kvr_msg_type_t)t, &err), &err,
                KVR_ERR_AUTH, "before authentication");
         assert_non_null(strstr(err.msg, kvr_msg_type_name((kvr_msg_type_t)t)));

@@ -400,6 +400,17 @@ static void test_agent_caps(void **state)
     kvr_sample_msg(KVR_MSG_STAGES, &m);
     m.u.stages.num_stages = KVR_WIRE_MAX_STAGES + 1;
     expect_encode(&m, KVR_ERR_WIRE_LIMIT, "STAGES.stages: count 1025 > cap 1024");
+    t = start(KVR_MSG_NOTIFY); /* no address, a payload over the cap */
+    le(t, 0, 2);
+    le(t, KVR_WIRE_NOTIFY_MAX + 1, 4);
+    expect_decode(t, KVR_ERR_WIRE_LIMIT, "NOTIFY.payload: count 16385 > cap 16384");
+    static uint8_t big[KVR_WIRE_NOTIFY_MAX + 1];
+    kvr_sample_msg(KVR_MSG_NOTIFY, &m);
+    m.u.notify.payload = big;
+    m.u.notify.len = KVR_WIRE_NOTIFY_MAX;
+    assert_int_equal(kvr_wire_encoded_size(&m, &len, NULL), KVR_OK);
+    m.u.notify.len = KVR_WIRE_NOTIFY_MAX + 1;
+    expect_encode(&m, KVR_ERR_WIRE_LIMIT, "NOTIFY.payload: count 16385 > cap 16384");
 }
 
 /* WRITE_FAILED up to its status: head, pp rank, tp rank, nonce 1. */

@@ -8,6 +8,7 @@ const kvr_msg_type_t kvr_sample_types[] = {
     KVR_MSG_OFFER,        KVR_MSG_ASSIGN,        KVR_MSG_WRITE_REQUEST,
     KVR_MSG_WRITE_DONE,   KVR_MSG_WRITE_FAILED,  KVR_MSG_RELEASE,
     KVR_MSG_CHUNK_DONE,   KVR_MSG_JOIN,          KVR_MSG_STAGES,
+    KVR_MSG_NOTIFY,
 };
 const size_t kvr_num_sample_types =
     sizeof(kvr_sample_types) / sizeof(kvr_sample_types[0]);
@@ -154,6 +155,11 @@ void kvr_sample_msg(kvr_msg_type_t type, kvr_msg_t *m)
         m->u.stages.tp_size = 1;
         m->u.stages.stages = stages;
         m->u.stages.num_stages = 2;
+        break;
+    case KVR_MSG_NOTIFY:
+        strcpy(m->u.notify.address, "10.0.0.9:7100");
+        m->u.notify.payload = address;
+        m->u.notify.len = sizeof(address);
         break;
     case KVR_MSG_OFFER:
     case KVR_MSG_ASSIGN:
