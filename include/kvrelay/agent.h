@@ -64,10 +64,15 @@ typedef enum kvr_agent_tl {
     KVR_AGENT_TL_TCP = 2,
 } kvr_agent_tl_t;
 
+/* How a pull's bytes move (docs/agent.md Executors). A consumer asks for
+ * one in each WRITE_REQUEST (AUTO: the producer decides); a producer's
+ * setting decides what a consumer left to it. */
 typedef enum kvr_agent_exec {
-    KVR_AGENT_EXEC_AUTO = 0,   /* direct puts (staged once supported) */
+    KVR_AGENT_EXEC_AUTO = 0,   /* the cost model picks per pull (staged
+                                  needs the consumer's STAGING region) */
     KVR_AGENT_EXEC_DIRECT = 1, /* one put per coalesced run */
-    KVR_AGENT_EXEC_STAGED = 2, /* not yet: KVR_ERR_UNSUPPORTED at create */
+    KVR_AGENT_EXEC_STAGED = 2, /* packed chunks through the consumer's
+                                  STAGING slots (a consumer needs one) */
 } kvr_agent_exec_t;
 
 /* Creation parameters. Append-only: new fields go at the end, and

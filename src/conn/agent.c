@@ -154,12 +154,10 @@ static kvr_status_t check_params(const kvr_agent_params_t *p, kvr_error_t *err)
         return kvr_error_set(err, KVR_ERR_UNSUPPORTED,
                              "CUDA device %d: the agent moves host memory only "
                              "so far", p->cuda_device);
-    if (p->executor == KVR_AGENT_EXEC_STAGED)
-        return kvr_error_set(err, KVR_ERR_UNSUPPORTED,
-                             "the staged executor is not in the agent yet");
     if (p->executor != KVR_AGENT_EXEC_AUTO &&
-        p->executor != KVR_AGENT_EXEC_DIRECT)
-        return kvr_error_set(err, KVR_ERR_INVALID, "executor %d",
+        p->executor != KVR_AGENT_EXEC_DIRECT &&
+        p->executor != KVR_AGENT_EXEC_STAGED)
+        return kvr_error_set(err, KVR_ERR_INVALID, "executor %d unknown",
                              (int)p->executor);
     return KVR_OK;
 }
@@ -207,6 +205,7 @@ kvr_status_t kvr_agent_create(const kvr_agent_params_t *params,
         return kvr_error_set(err, KVR_ERR_NO_MEMORY, "no memory");
     a->p = *params;
     a->wake_fd = a->event_fd = a->epoll_fd = a->timer_fd = a->listen_fd = -1;
+    a->staging = -1;
     kvr_wire_id_set(&a->instance, params->instance_id, params->instance_id_len,
                     NULL);
     a->incarnation = kvr_wire_random_nonce();
@@ -270,6 +269,7 @@ void kvr_agent_destroy(kvr_agent_t *a)
         n = e->next;
         free(e);
     }
+    free(a->slot_busy);
     kvr__map_free(&a->snap, free_snap);
     kvr__map_free(&a->preq_map, NULL);
     kvr__map_free(&a->creq_map, NULL);
@@ -310,10 +310,19 @@ static kvr_status_t check_region(const kvr_agent_t *a,
     if ((flags & KVR_AGENT_REGION_CONSUMER_ONLY) && !consumer)
         return fail(KVR_ERR_INVALID, "a consumer-only region on a %s agent",
                     a->p.role == KVR_AGENT_PRODUCER ? "producer" : "dual-role");
-    if (d->role == KVR_ROLE_STAGING)
-        return fail(KVR_ERR_UNSUPPORTED,
-                    "STAGING regions: the staged executor is not in the agent");
-    kvr_status_t st = kvr_region_check(&a->p.layout, d, consumer, &err);
+    bool staging = d->role == KVR_ROLE_STAGING;
+    if (staging && (!(a->p.role & KVR_AGENT_CONSUMER) || flags))
+        return fail(KVR_ERR_INVALID, "a STAGING region belongs to a consumer "
+                    "agent, unflagged (staged chunks land in the consumer's "
+                    "slots)");
+    if (staging && a->staging >= 0)
+        return fail(KVR_ERR_EXISTS, "a second STAGING region");
+    if (staging && d->num_blocks < 2)
+        return fail(KVR_ERR_INVALID, "STAGING region of %llu slot(s): one "
+                    "usable slot and the cost probe's scratch need 2",
+                    (unsigned long long)d->num_blocks);
+    kvr_status_t st = staging ? KVR_OK
+                              : kvr_region_check(&a->p.layout, d, consumer, &err);
     if (st != KVR_OK)
         return fail(st, "region %s layer %u: %s", kvr_role_name(d->role),
                     d->layer, err.msg);
@@ -343,6 +352,14 @@ static kvr_status_t add_region(kvr_agent_t *a, const kvr_region_desc_t *desc,
         st = kvr__dmem_alloc(a->data, len, &base, &r->mem, &err);
     else if (st == KVR_OK)
         st = kvr__dmem_register(a->data, base, len, &r->mem, &err);
+    if (st == KVR_OK && desc->role == KVR_ROLE_STAGING) {
+        a->slot_busy = calloc(desc->num_blocks, 1);
+        st = a->slot_busy ? KVR_OK : fail(KVR_ERR_NO_MEMORY, "no memory");
+        if (st == KVR_OK)
+            a->staging = (int)a->num_regions;
+        else
+            kvr__dmem_destroy(r->mem);
+    }
     if (st == KVR_OK) {
         r->desc = *desc;
         r->base = base;
@@ -373,6 +390,33 @@ kvr_status_t kvr_agent_alloc_region(kvr_agent_t *agent,
     return add_region(agent, desc, NULL, flags, base);
 }
 
+bool kvr__region_moves(const kvr__aregion_t *r)
+{
+    return !r->consumer_only && r->desc.role != KVR_ROLE_STAGING;
+}
+
+static int by_layer_role(const void *x, const void *y, void *regions)
+{
+    const kvr__aregion_t *g = regions;
+    const kvr_region_desc_t *p = &g[*(const uint32_t *)x].desc;
+    const kvr_region_desc_t *q = &g[*(const uint32_t *)y].desc;
+    if (p->layer != q->layer)
+        return p->layer < q->layer ? -1 : 1;
+    return (p->role > q->role) - (p->role < q->role);
+}
+
+/* The regions that move, by (layer, role): producer and consumer plan and
+ * stream in this order whatever order they were registered in. */
+static void order_regions(kvr_agent_t *a)
+{
+    a->num_order = 0;
+    for (uint32_t i = 0; i < a->num_regions; i++)
+        if (kvr__region_moves(&a->regions[i]))
+            a->order[a->num_order++] = i;
+    qsort_r(a->order, a->num_order, sizeof(a->order[0]), by_layer_role,
+            a->regions);
+}
+
 /* ---- start and the thread ---- */
 
 static void *thread_main(void *arg)
@@ -392,9 +436,17 @@ kvr_status_t kvr_agent_start(kvr_agent_t *a)
     if (a == NULL)
         return fail(KVR_ERR_INVALID, "agent is NULL");
     pthread_mutex_lock(&a->turn_lock);
-    kvr_status_t st = a->started ? kvr_error_set(&err, KVR_ERR_INVALID,
-                                                 "already started")
-                                 : kvr__loop_start(a, &err);
+    bool staged_consumer = (a->p.role & KVR_AGENT_CONSUMER) &&
+                           a->p.executor == KVR_AGENT_EXEC_STAGED;
+    kvr_status_t st = KVR_OK;
+    if (a->started)
+        st = kvr_error_set(&err, KVR_ERR_INVALID, "already started");
+    else if (staged_consumer && a->staging < 0)
+        st = kvr_error_set(&err, KVR_ERR_INVALID, "executor STAGED: the "
+                           "consumer registered no STAGING region");
+    order_regions(a);
+    if (st == KVR_OK)
+        st = kvr__loop_start(a, &err);
     if (st == KVR_OK)
         a->started = true;
     pthread_mutex_unlock(&a->turn_lock);
@@ -967,6 +1019,14 @@ void kvr__agent_set_frame_fault(kvr_agent_t *a, kvr_msg_type_t type,
     pthread_mutex_lock(&a->turn_lock); /* the loop reads it in its turns */
     a->fault = (kvr__frame_fault_t){type, nth, mode, 0};
     pthread_mutex_unlock(&a->turn_lock);
+}
+
+uint64_t kvr__agent_chunks(kvr_agent_t *a)
+{
+    pthread_mutex_lock(&a->turn_lock); /* the loop writes it */
+    uint64_t n = a->chunks_moved;
+    pthread_mutex_unlock(&a->turn_lock);
+    return n;
 }
 
 uint32_t kvr__agent_refusals(kvr_agent_t *a, kvr_status_t *status, char *why,

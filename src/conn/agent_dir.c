@@ -135,7 +135,7 @@ static kvr_status_t send_regions(kvr_agent_t *a, kvr__alink_t *l)
     uint32_t n = 0;
     for (uint32_t i = 0; st == KVR_OK && i < a->num_regions; i++) {
         if (a->regions[i].consumer_only)
-            continue;
+            continue; /* staging goes: the producer writes chunks there */
         kvr_wire_region_t *r = &regs[n];
         r->desc = a->regions[i].desc;
         r->base = (uint64_t)(uintptr_t)a->regions[i].base;
@@ -416,11 +416,16 @@ static kvr_status_t map_regions(kvr_agent_t *a, kvr__alink_t *l,
         return kvr_error_set(err, KVR_ERR_NO_MEMORY, "no memory");
     for (uint32_t i = 0; i < m->num_regions; i++) {
         const kvr_wire_region_t *r = &m->regions[i];
-        if (r->memory != KVR_WIRE_MEM_HOST || r->desc.role == KVR_ROLE_STAGING)
+        bool staging = r->desc.role == KVR_ROLE_STAGING;
+        if (r->memory != KVR_WIRE_MEM_HOST)
             return kvr_error_set(err, KVR_ERR_UNSUPPORTED,
                                  "consumer %s region layer %u: the agent maps "
                                  "host KV regions only",
                                  kvr_role_name(r->desc.role), r->desc.layer);
+        if (staging && (l->staging >= 0 || r->desc.num_blocks < 2))
+            return kvr_error_set(err, KVR_ERR_PROTO, "a second STAGING region, "
+                                 "or one of %llu slot(s)",
+                                 (unsigned long long)r->desc.num_blocks);
         uint64_t span;
         if (__builtin_mul_overflow(r->desc.num_blocks, r->desc.page_bytes,
                                    &span) || span == 0 ||
@@ -432,17 +437,23 @@ static kvr_status_t map_regions(kvr_agent_t *a, kvr__alink_t *l,
                                  (unsigned long long)r->desc.num_blocks,
                                  (unsigned long long)r->desc.page_bytes,
                                  (unsigned long long)r->desc.bytes);
-        kvr_status_t st = kvr_region_check(&a->p.layout, &r->desc, true, err);
+        kvr_status_t st = staging ? KVR_OK
+                        : kvr_region_check(&a->p.layout, &r->desc, true, err);
         if (st == KVR_OK)
             st = kvr__dpeer_map(l->data, r->base, kvr_region_bytes(&r->desc),
                                 r->rkey, r->rkey_len, &l->maps[i].mapping, err);
+        if (st == KVR_OK && staging)
+            st = kvr__staged_link(a, l, r, err);
         if (st != KVR_OK)
             return st;
         l->maps[i].desc = r->desc;
         l->num_maps = i + 1;
+        if (staging)
+            l->staging = (int)i;
     }
     for (uint32_t i = 0; i < a->num_regions; i++)
-        if (twin_of(l, &a->regions[i].desc) < 0)
+        if (kvr__region_moves(&a->regions[i]) &&
+            twin_of(l, &a->regions[i].desc) < 0)
             return kvr_error_set(err, KVR_ERR_LAYOUT_MISMATCH,
                                  "producer %s region layer %u has no twin on "
                                  "consumer '%.*s' tp %u",

@@ -26,6 +26,7 @@
 #define KVR_AGENT_SLICE_BYTES (1u << 20) /* puts posted per pull per slice */
 #define KVR_AGENT_TURN_WORK_NS 2000000ull /* slices per turn, at most */
 #define KVR_AGENT_TURN_BYTES (8ull << 20) /* and at most these bytes */
+#define KVR_AGENT_MAX_SLOTS 16u      /* staging slots granted per stage */
 
 /* ---- small byte-keyed hash map (agent_table.c) ---- */
 
@@ -133,6 +134,8 @@ typedef struct kvr__alink {
     kvr__dpeer_t *data;
     kvr__amap_t *maps;
     uint32_t num_maps;
+    int staging;                 /* index in maps of its STAGING region,
+                                    or -1 */
     bool regions_ready;
     /* consumer side: the producer instance it belongs to */
     struct kvr__pdir *dir;
@@ -209,6 +212,14 @@ typedef struct kvr__pull {
     size_t nsegs;
     kvr__dcursor_t cur;
     uint64_t bytes;
+    /* staged executor (agent_staged.c) */
+    kvr_wire_exec_t executor;    /* what the consumer asked */
+    uint32_t *slots;             /* granted staging slots */
+    uint32_t nslots;
+    bool staged;                 /* chosen: chunks through the slots */
+    bool waiting_ack;            /* every slot holds an unacked chunk */
+    uint64_t sent_off;           /* stream bytes sent as chunks */
+    uint32_t chunks, acked;      /* chunks sent; acked in order */
     bool ok;                     /* answered WRITE_DONE */
     kvr_status_t status;         /* the answer, to repeat it */
     char text[KVR_WIRE_TEXT_MAX + 1];
@@ -258,6 +269,15 @@ typedef struct kvr__cstage {
     uint32_t pp_rank;
     bool sent, answered, done, released;
     uint64_t expect_bytes;
+    /* this stage's part of our regions, planned as the producer plans it:
+     * byte counts, and the stream order staged chunks unpack in */
+    kvr_plan_set_t *plans;
+    kvr__dseg_t *segs;
+    size_t nsegs;
+    uint64_t unpacked;           /* staged stream bytes unpacked */
+    uint32_t slots[KVR_AGENT_MAX_SLOTS]; /* staging slots granted */
+    uint32_t nslots;
+    bool waiting_slots;          /* STAGED: not sent until slots free up */
 } kvr__cstage_t;
 
 typedef struct kvr__creq {
@@ -286,14 +306,18 @@ typedef enum kvr__recv_in {
     KVR__RIN_LOST,       /* a stage's link closed */
     KVR__RIN_ABORT,      /* recv_abort */
     KVR__RIN_TICK,       /* deadline, deadline plus grace */
+    KVR__RIN_CHUNK,      /* a stage's CHUNK_DONE (staged executor) */
+    KVR__RIN_SLOTS,      /* staging slots were freed */
 } kvr__recv_in_t;
 
 typedef struct kvr__recv_input {
     kvr__recv_in_t kind;
-    kvr__cstage_t *stage;        /* DONE, FAILED, LOST */
+    kvr__cstage_t *stage;        /* DONE, FAILED, LOST, CHUNK */
     uint64_t bytes;              /* DONE */
+    uint32_t chunks;             /* DONE */
     kvr_status_t status;         /* FAILED, LOST */
     const char *text;            /* FAILED, LOST */
+    const kvr_msg_chunk_done_t *chunk; /* CHUNK */
 } kvr__recv_input_t;
 
 /* ---- the agent ---- */
@@ -377,6 +401,13 @@ struct kvr_agent {
     kvr__data_t *data;
     kvr__aregion_t regions[KVR_AGENT_MAX_REGIONS];
     uint32_t num_regions;
+    /* the regions that move, by (layer, role): the order both sides plan
+     * and stream in; set at start */
+    uint32_t order[KVR_AGENT_MAX_REGIONS];
+    uint32_t num_order;
+    int staging;                  /* consumer: its STAGING region, or -1 */
+    uint8_t *slot_busy;           /* its slots granted to a stage */
+    bool slots_freed;             /* waiting stages may be sent now */
     kvr__alink_t *links;
     uint32_t num_links, next_serial;
     kvr__pdir_t *dirs;
@@ -391,6 +422,8 @@ struct kvr_agent {
     kvr__frame_fault_t fault;
     uint64_t moved_turn_max;      /* tests: most bytes put in one turn */
     uint64_t moving_turns;        /* tests: turns that put bytes */
+    uint64_t chunks_moved;        /* tests: staged chunks sent (producer)
+                                     or unpacked (consumer) */
     char log[KVR_ERROR_MSG_MAX];  /* the loop's last notable failure */
     uint32_t refusals;            /* tests: links closed by a refusal */
     kvr_status_t refusal_status;  /* the last one's status and reason */
@@ -503,9 +536,35 @@ void kvr__notify_link_lost(kvr_agent_t *a, kvr__alink_t *l);
 const kvr_wire_id_t *kvr__alink_expected(const kvr_agent_t *a,
                                          const kvr__alink_t *l);
 
+/* agent_staged.c: the staged executor (docs/agent.md Executors) */
+/* Consumer: grants slots to stage s of r (up to its share), or none. */
+void kvr__staged_grant(kvr_agent_t *a, const kvr__creq_t *r, kvr__cstage_t *s);
+void kvr__staged_free(kvr_agent_t *a, kvr__cstage_t *s);
+/* Consumer: checks a CHUNK_DONE against stage s, unpacks it from the slot
+ * into our pages and acks it; an error names what was wrong. */
+kvr_status_t kvr__staged_unpack(kvr_agent_t *a, kvr__cstage_t *s,
+                                const kvr_msg_chunk_done_t *m,
+                                kvr_error_t *err);
+/* Producer: a consumer's REGIONS named a STAGING region: map its probe
+ * slot and, with the AUTO executor, measure the cost model. */
+kvr_status_t kvr__staged_link(kvr_agent_t *a, kvr__alink_t *l,
+                              const kvr_wire_region_t *staging,
+                              kvr_error_t *err);
+/* Producer: direct or staged for pull p (its plan made). */
+kvr_status_t kvr__staged_choose(kvr_agent_t *a, kvr__pull_t *p,
+                                kvr_error_t *err);
+/* Producer: chunks of a staged pull while its window allows; *done once
+ * the last chunk went out. */
+kvr_status_t kvr__staged_slice(kvr_agent_t *a, kvr__pull_t *p,
+                               uint64_t *moved, bool *done, kvr_error_t *err);
+/* Is the region one that moves (neither STAGING nor consumer-only)? */
+bool kvr__region_moves(const kvr__aregion_t *r);
+
 /* Tests: control-frame faults (see kvr__frame_fault_t). */
 void kvr__agent_set_frame_fault(kvr_agent_t *a, kvr_msg_type_t type,
                                 uint32_t nth, kvr__fault_mode_t mode);
+/* Tests: staged chunks this agent sent or unpacked so far. */
+uint64_t kvr__agent_chunks(kvr_agent_t *a);
 /* Tests: how many links this agent closed by a refusal (its own or the
  * peer's BYE), with the last one's status and reason. */
 uint32_t kvr__agent_refusals(kvr_agent_t *a, kvr_status_t *status,

@@ -32,6 +32,7 @@ static kvr__alink_t *link_new(kvr_agent_t *a, kvr__alink_kind_t kind,
         return NULL;
     l->kind = kind;
     l->fd = -1;
+    l->staging = -1;
     l->serial = ++a->next_serial;
     snprintf(l->address, sizeof(l->address), "%s", address);
     l->deadline_ns = kvr__now_ns() + ms_ns(a->p.connect_timeout_ms);
@@ -242,7 +243,8 @@ static kvr_wire_side_t our_side(const kvr_agent_t *a, const kvr__alink_t *l)
     return KVR_WIRE_CONSUMER;
 }
 
-/* Our HELLO: the regions that move (consumer-only ones excluded). */
+/* Our HELLO: the regions that move (consumer-only ones and staging
+ * excluded). */
 static kvr_status_t build_hello(kvr_agent_t *a, kvr__alink_t *l,
                                 kvr_error_t *err)
 {
@@ -251,7 +253,7 @@ static kvr_status_t build_hello(kvr_agent_t *a, kvr__alink_t *l,
         return kvr_error_set(err, KVR_ERR_NO_MEMORY, "no memory");
     size_t n = 0;
     for (uint32_t i = 0; i < a->num_regions; i++)
-        if (!a->regions[i].consumer_only)
+        if (kvr__region_moves(&a->regions[i]))
             descs[n++] = a->regions[i].desc;
     kvr_msg_hello_t *h = &l->link->ours;
     kvr_status_t st = kvr_wire_hello_init(h, our_side(a, l), &a->p.topo,
@@ -493,10 +495,15 @@ static bool on_request_frame(kvr_agent_t *a, kvr__alink_t *l,
         return from_consumer;
     case KVR_MSG_WRITE_REQUEST:
     case KVR_MSG_RELEASE:
-    case KVR_MSG_CHUNK_DONE:
         if (from_consumer)
             kvr__send_msg(a, l, m);
         return from_consumer;
+    case KVR_MSG_CHUNK_DONE: /* a chunk (to us) or its ack (from us) */
+        if (from_consumer)
+            kvr__send_msg(a, l, m);
+        else if (stage_link)
+            kvr__recv_msg(a, l, m);
+        return from_consumer || stage_link;
     case KVR_MSG_JOIN:
         if (accepted && !peer_consumer)
             kvr__link_on_join(a, l, &m->u.join);

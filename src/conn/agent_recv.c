@@ -48,9 +48,14 @@ static void creq_free(kvr_agent_t *a, kvr__creq_t *r)
         a->creqs = r->next;
     if (r->next)
         r->next->prev = r->prev;
-    for (uint32_t s = 0; s < r->num_stages; s++)
-        if (r->stages[s].link != NULL)
-            r->stages[s].link->users--;
+    for (uint32_t s = 0; s < r->num_stages; s++) {
+        kvr__cstage_t *st = &r->stages[s];
+        if (st->link != NULL)
+            st->link->users--;
+        kvr__staged_free(a, st);
+        kvr_plan_set_destroy(st->plans);
+        free(st->segs);
+    }
     free(r->dst);
     free(r);
 }
@@ -139,36 +144,40 @@ static kvr_region_desc_t twin_source(const kvr_agent_t *a,
     return s;
 }
 
-/* Bytes stage (layers [lo, hi)) writes into our regions: the plan the
- * producer makes, from a stand-in source table (bytes and destination
- * runs do not depend on where the source blocks are). */
-static kvr_status_t expect_bytes(kvr_agent_t *a, const kvr__creq_t *r,
-                                 uint32_t lo, uint32_t hi, uint64_t *bytes,
-                                 kvr_error_t *err)
+/* What stage s (layers [lo, hi)) writes into our regions, planned as the
+ * producer plans it, from a stand-in source table (bytes, destination runs
+ * and the staged stream's order do not depend on where the source blocks
+ * are: plans are in destination order). Kept for unpacking. */
+static kvr_status_t plan_stage(kvr_agent_t *a, const kvr__creq_t *r,
+                               kvr__cstage_t *s, uint32_t lo, uint32_t hi,
+                               kvr_error_t *err)
 {
     uint64_t nsrc = kvr_num_src_blocks(&a->p.layout, r->num_tokens);
     uint32_t *src = calloc(nsrc + 1, sizeof(*src));
-    kvr_region_pair_t *pairs = calloc(a->num_regions + 1, sizeof(*pairs));
-    kvr_status_t st = src && pairs ? KVR_OK : KVR_ERR_NO_MEMORY;
+    kvr_region_pair_t *pairs = calloc(a->num_order + 1, sizeof(*pairs));
+    s->segs = calloc(a->num_order + 1, sizeof(*s->segs));
+    kvr_status_t st = src && pairs && s->segs ? KVR_OK : KVR_ERR_NO_MEMORY;
     size_t n = 0;
     for (uint64_t i = 0; src && i < nsrc; i++)
         src[i] = (uint32_t)i;
-    for (uint32_t i = 0; st == KVR_OK && i < a->num_regions; i++) {
-        const kvr__aregion_t *g = &a->regions[i];
-        if (!g->consumer_only && g->desc.layer >= lo && g->desc.layer < hi)
-            pairs[n++] = (kvr_region_pair_t){twin_source(a, &g->desc, nsrc),
-                                             g->desc};
+    for (uint32_t i = 0; st == KVR_OK && i < a->num_order; i++) {
+        const kvr__aregion_t *g = &a->regions[a->order[i]];
+        if (g->desc.layer < lo || g->desc.layer >= hi)
+            continue;
+        pairs[n] = (kvr_region_pair_t){twin_source(a, &g->desc, nsrc), g->desc};
+        s->segs[n++] = (kvr__dseg_t){NULL, NULL, 0, g->base};
     }
-    kvr_plan_set_t *set = NULL;
     kvr_request_t req = {src, nsrc, r->dst, r->ndst, r->num_tokens,
                          r->num_computed};
     if (st == KVR_OK)
         st = kvr_plan_set_create(&a->p.layout, a->p.topo.dcp_rank, pairs, n,
-                                 &req, &set, err);
+                                 &req, &s->plans, err);
     else
         kvr_error_set(err, st, "no memory");
-    *bytes = st == KVR_OK ? kvr_plan_set_total_bytes(set) : 0;
-    kvr_plan_set_destroy(set);
+    for (size_t i = 0; st == KVR_OK && i < n; i++)
+        s->segs[i].plan = kvr_plan_set_plan_of(s->plans, i);
+    s->nsegs = st == KVR_OK ? n : 0;
+    s->expect_bytes = st == KVR_OK ? kvr_plan_set_total_bytes(s->plans) : 0;
     free(src);
     free(pairs);
     return st;
@@ -185,7 +194,7 @@ static kvr_status_t check_cover(const kvr_agent_t *a, const kvr__creq_t *r,
             const kvr_wire_topo_t *t = &r->stages[s].link->link->peer.topo;
             hits += d->layer >= t->layer_start && d->layer < t->layer_end;
         }
-        if (a->regions[i].consumer_only || hits == 1)
+        if (!kvr__region_moves(&a->regions[i]) || hits == 1)
             continue;
         return kvr_error_set(err, KVR_ERR_LAYOUT_MISMATCH,
                              "%s layer %u is served by %u of the %u stages of "
@@ -227,14 +236,31 @@ static kvr_status_t attach_stages(kvr_agent_t *a, kvr__creq_t *r,
         st = check_cover(a, r, err);
     for (uint32_t i = 0; st == KVR_OK && i < r->num_stages; i++) {
         const kvr_wire_topo_t *t = &r->stages[i].link->link->peer.topo;
-        st = expect_bytes(a, r, t->layer_start, t->layer_end,
-                          &r->stages[i].expect_bytes, err);
+        st = plan_stage(a, r, &r->stages[i], t->layer_start, t->layer_end,
+                        err);
     }
     return st;
 }
 
+/* The executor we ask for: ours; nothing to move needs none. */
+static kvr_wire_exec_t executor_of(const kvr_agent_t *a, const kvr__cstage_t *s)
+{
+    if (s->expect_bytes == 0 || a->p.executor == KVR_AGENT_EXEC_DIRECT)
+        return KVR_WIRE_EXEC_DIRECT;
+    return a->p.executor == KVR_AGENT_EXEC_STAGED ? KVR_WIRE_EXEC_STAGED
+                                                  : KVR_WIRE_EXEC_AUTO;
+}
+
+/* WRITE_REQUEST to stage s, with staging slots unless we ask for direct
+ * puts. STAGED with every slot taken waits (RIN_SLOTS, or the deadline). */
 static void send_pull(kvr_agent_t *a, kvr__creq_t *r, kvr__cstage_t *s)
 {
+    kvr_wire_exec_t ex = executor_of(a, s);
+    if (ex != KVR_WIRE_EXEC_DIRECT && s->nslots == 0)
+        kvr__staged_grant(a, r, s);
+    s->waiting_slots = ex == KVR_WIRE_EXEC_STAGED && s->nslots == 0;
+    if (s->waiting_slots)
+        return;
     kvr_msg_t m;
     kvr_msg_init(&m, KVR_MSG_WRITE_REQUEST);
     kvr_msg_write_request_t *w = &m.u.write_request;
@@ -244,7 +270,9 @@ static void send_pull(kvr_agent_t *a, kvr__creq_t *r, kvr__cstage_t *s)
     w->num_tokens = r->num_tokens;
     w->num_computed_blocks = r->num_computed;
     w->dcp_rank = a->p.topo.dcp_rank;
-    w->executor = KVR_WIRE_EXEC_DIRECT;
+    w->executor = ex;
+    w->staging_slots = s->slots;
+    w->num_staging_slots = s->nslots;
     w->write_nonce = r->nonce;
     uint64_t now = kvr__now_ns();
     w->deadline_ms = r->deadline_ns > now
@@ -282,6 +310,14 @@ static void dialing(kvr_agent_t *a, kvr__creq_t *r)
     publish(a, r);
 }
 
+/* Staging slots were freed: stages still waiting for some go now. */
+static void send_waiting(kvr_agent_t *a, kvr__creq_t *r)
+{
+    for (uint32_t s = 0; s < r->num_stages; s++)
+        if (r->stages[s].waiting_slots && r->stages[s].link != NULL)
+            send_pull(a, r, &r->stages[s]);
+}
+
 static bool all_done(kvr__creq_t *r)
 {
     uint64_t bytes = 0;
@@ -300,10 +336,13 @@ static void pulling(kvr_agent_t *a, kvr__creq_t *r, const kvr__recv_input_t *in)
     switch (in->kind) {
     case KVR__RIN_DONE:
         s->answered = true;
-        if (in->bytes != s->expect_bytes) {
-            quarantine(a, r, KVR_ERR_VERIFY, "stage %u reported %llu bytes, "
-                       "the plan has %llu", s->pp_rank,
-                       (unsigned long long)in->bytes,
+        /* staged: LOADED only once every chunk was unpacked */
+        if (in->bytes != s->expect_bytes ||
+            s->unpacked != (in->chunks ? in->bytes : 0)) {
+            quarantine(a, r, KVR_ERR_VERIFY, "stage %u reported %llu bytes in "
+                       "%u chunks (%llu unpacked), the plan has %llu",
+                       s->pp_rank, (unsigned long long)in->bytes, in->chunks,
+                       (unsigned long long)s->unpacked,
                        (unsigned long long)s->expect_bytes);
             return;
         }
@@ -321,6 +360,15 @@ static void pulling(kvr_agent_t *a, kvr__creq_t *r, const kvr__recv_input_t *in)
         s->answered = true;
         quarantine(a, r, in->status, "stage %u %s: %s", s->pp_rank,
                    in->kind == KVR__RIN_LOST ? "lost" : "refused", in->text);
+        return;
+    case KVR__RIN_CHUNK: {
+        kvr_error_t err = {0};
+        if (kvr__staged_unpack(a, s, in->chunk, &err) != KVR_OK)
+            quarantine(a, r, err.code, "stage %u: %s", s->pp_rank, err.msg);
+        return;
+    }
+    case KVR__RIN_SLOTS:
+        send_waiting(a, r);
         return;
     case KVR__RIN_ABORT:
         quarantine(a, r, KVR_ERR_CANCELED, "aborted by the consumer");
@@ -341,6 +389,8 @@ static void pulling(kvr_agent_t *a, kvr__creq_t *r, const kvr__recv_input_t *in)
 static void quarantined(kvr_agent_t *a, kvr__creq_t *r,
                         const kvr__recv_input_t *in)
 {
+    if (in->kind == KVR__RIN_CHUNK)
+        return; /* not unpacked, not acked: the RELEASE stops that stage */
     if (in->stage != NULL)
         in->stage->answered = true;
     if (in->kind == KVR__RIN_TICK && kvr__now_ns() >= r->hard_ns)
@@ -359,6 +409,10 @@ static void quarantined(kvr_agent_t *a, kvr__creq_t *r,
 static void creq_step(kvr_agent_t *a, kvr__creq_t *r,
                       const kvr__recv_input_t *in)
 {
+    bool answer = in->kind == KVR__RIN_DONE || in->kind == KVR__RIN_FAILED ||
+                  in->kind == KVR__RIN_LOST;
+    if (answer && in->stage != NULL) /* it writes into our slots no more */
+        kvr__staged_free(a, in->stage);
     switch (r->state) {
     case KVR_RECV_QUEUED:
         r->state = KVR_RECV_DIALING;
@@ -448,17 +502,21 @@ static kvr__cstage_t *stage_of(kvr__creq_t *r, const kvr__alink_t *l)
     return NULL;
 }
 
-/* WRITE_DONE / WRITE_FAILED: ours only if request, nonce and stage match
- * and the stage has not answered; anything else (late, duplicate, foreign)
- * is ignored. */
+/* WRITE_DONE / WRITE_FAILED / CHUNK_DONE: ours only if request, nonce
+ * and stage match and the stage has not answered; anything else (late,
+ * duplicate, foreign) is ignored. */
 void kvr__recv_msg(kvr_agent_t *a, kvr__alink_t *l, const kvr_msg_t *m)
 {
     bool done = m->type == KVR_MSG_WRITE_DONE;
+    bool chunk = m->type == KVR_MSG_CHUNK_DONE;
     const kvr_wire_id_t *id = done ? &m->u.write_done.request_id
-                                   : &m->u.write_failed.request_id;
+                            : chunk ? &m->u.chunk_done.request_id
+                                    : &m->u.write_failed.request_id;
     uint64_t nonce = done ? m->u.write_done.write_nonce
-                          : m->u.write_failed.write_nonce;
-    uint32_t pp = done ? m->u.write_done.pp_rank : m->u.write_failed.pp_rank;
+                   : chunk ? m->u.chunk_done.write_nonce
+                           : m->u.write_failed.write_nonce;
+    uint32_t pp = done ? m->u.write_done.pp_rank
+                : chunk ? m->u.chunk_done.pp_rank : m->u.write_failed.pp_rank;
     kvr__creq_t *r = l->dir ? creq_find(a, &l->dir->instance, id) : NULL;
     kvr__cstage_t *s = r ? stage_of(r, l) : NULL;
     if (s == NULL || r->nonce != nonce || s->pp_rank != pp || s->answered ||
@@ -468,11 +526,15 @@ void kvr__recv_msg(kvr_agent_t *a, kvr__alink_t *l, const kvr_msg_t *m)
                        (int)id->len, id->bytes, l->address);
         return;
     }
-    kvr__recv_input_t in = {.kind = done ? KVR__RIN_DONE : KVR__RIN_FAILED,
+    kvr__recv_input_t in = {.kind = done ? KVR__RIN_DONE
+                                  : chunk ? KVR__RIN_CHUNK : KVR__RIN_FAILED,
                             .stage = s};
-    if (done)
+    if (done) {
         in.bytes = m->u.write_done.bytes;
-    else {
+        in.chunks = m->u.write_done.chunks;
+    } else if (chunk) {
+        in.chunk = &m->u.chunk_done;
+    } else {
         in.status = m->u.write_failed.status;
         in.text = m->u.write_failed.text;
     }
@@ -488,7 +550,7 @@ void kvr__recv_link_lost(kvr_agent_t *a, kvr__alink_t *l)
             continue;
         l->users--;
         s->link = NULL;
-        if (!s->sent || s->answered)
+        if ((!s->sent && !s->waiting_slots) || s->answered)
             continue;
         kvr__recv_input_t in = {.kind = KVR__RIN_LOST, .stage = s,
                                 .status = l->close_status,
@@ -520,6 +582,13 @@ static uint64_t next_timer(const kvr__creq_t *r, uint64_t now)
 
 void kvr__recv_tick(kvr_agent_t *a, uint64_t now, uint64_t *next)
 {
+    for (kvr__creq_t *r = a->creqs, *n; a->slots_freed && r != NULL; r = n) {
+        n = r->next;
+        kvr__recv_input_t in = {.kind = KVR__RIN_SLOTS};
+        if (r->state == KVR_RECV_PULLING)
+            creq_step(a, r, &in);
+    }
+    a->slots_freed = false;
     for (kvr__creq_t *r = a->creqs, *n; r != NULL; r = n) {
         n = r->next;
         if (now < next_timer(r, now))

@@ -30,6 +30,7 @@ static void answer(kvr_agent_t *a, kvr__pull_t *p, kvr_status_t st,
         d->tp_rank = a->p.topo.tp_rank;
         d->write_nonce = p->nonce;
         d->bytes = p->bytes;
+        d->chunks = p->chunks;
     } else {
         kvr_msg_write_failed_t *f = &m.u.write_failed;
         f->request_id = p->request;
@@ -90,7 +91,16 @@ static void pull_free(kvr__pull_t *p)
     kvr_plan_set_destroy(p->plans);
     free(p->segs);
     free(p->dst);
+    free(p->slots);
     free(p);
+}
+
+static void list_active(kvr_agent_t *a, kvr__pull_t *p)
+{
+    kvr__pull_t **tail = &a->active;
+    while (*tail != NULL)
+        tail = &(*tail)->work_next;
+    *tail = p;
 }
 
 /* ---- planning a pull from our own tables ---- */
@@ -119,10 +129,12 @@ static kvr_status_t check_counts(const kvr_agent_t *a, const kvr__preq_t *r,
     return KVR_OK;
 }
 
+/* Our regions in (layer, role) order, each with the consumer's twin: the
+ * order the consumer unpacks a staged stream in. */
 static kvr_status_t plan_pull(kvr_agent_t *a, const kvr__preq_t *r,
                               kvr__pull_t *p, kvr_error_t *err)
 {
-    uint32_t n = a->num_regions;
+    uint32_t n = a->num_order;
     kvr_region_pair_t *pairs = calloc(n + 1, sizeof(*pairs));
     p->segs = calloc(n + 1, sizeof(*p->segs));
     if (pairs == NULL || p->segs == NULL) {
@@ -131,13 +143,13 @@ static kvr_status_t plan_pull(kvr_agent_t *a, const kvr__preq_t *r,
     }
     kvr_status_t st = check_counts(a, r, p, err);
     for (uint32_t i = 0; st == KVR_OK && i < n; i++) {
-        int j = kvr__twin_index(p->link, &a->regions[i].desc);
+        const kvr_region_desc_t *d = &a->regions[a->order[i]].desc;
+        int j = kvr__twin_index(p->link, d);
         if (j < 0) /* REGIONS checked every twin; defensive */
             st = kvr_error_set(err, KVR_ERR_NOT_FOUND, "layer %u has no twin",
-                               a->regions[i].desc.layer);
+                               d->layer);
         else
-            pairs[i] = (kvr_region_pair_t){a->regions[i].desc,
-                                           p->link->maps[j].desc};
+            pairs[i] = (kvr_region_pair_t){*d, p->link->maps[j].desc};
     }
     kvr_request_t req = {r->src, r->nsrc, p->dst, p->ndst, p->num_tokens,
                          p->num_computed};
@@ -145,9 +157,9 @@ static kvr_status_t plan_pull(kvr_agent_t *a, const kvr__preq_t *r,
         st = kvr_plan_set_create(&a->p.layout, p->dcp_rank, pairs, n, &req,
                                  &p->plans, err);
     for (uint32_t i = 0; st == KVR_OK && i < n; i++) {
-        int j = kvr__twin_index(p->link, &a->regions[i].desc);
-        p->segs[i] = (kvr__dseg_t){kvr_plan_set_plan_of(p->plans, i),
-                                   a->regions[i].base,
+        const kvr__aregion_t *g = &a->regions[a->order[i]];
+        int j = kvr__twin_index(p->link, &g->desc);
+        p->segs[i] = (kvr__dseg_t){kvr_plan_set_plan_of(p->plans, i), g->base,
                                    p->link->maps[j].mapping, NULL};
     }
     p->nsegs = n;
@@ -158,16 +170,17 @@ static kvr_status_t plan_pull(kvr_agent_t *a, const kvr__preq_t *r,
 static void start_pull(kvr_agent_t *a, const kvr__preq_t *r, kvr__pull_t *p)
 {
     kvr_error_t err = {0};
-    if (plan_pull(a, r, p, &err) != KVR_OK) {
+    kvr_status_t st = plan_pull(a, r, p, &err);
+    if (st == KVR_OK) {
+        p->bytes = kvr__dseg_bytes(p->segs, p->nsegs);
+        st = kvr__staged_choose(a, p, &err);
+    }
+    if (st != KVR_OK) {
         answer(a, p, err.code, err.msg);
         return;
     }
-    p->bytes = kvr__dseg_bytes(p->segs, p->nsegs);
     p->state = KVR__PULL_MOVING;
-    kvr__pull_t **tail = &a->active;
-    while (*tail != NULL)
-        tail = &(*tail)->work_next;
-    *tail = p;
+    list_active(a, p);
 }
 
 /* ---- the request ---- */
@@ -485,8 +498,21 @@ static kvr__pull_t *new_pull(kvr_agent_t *a, kvr__alink_t *l,
         free(p);
         return NULL;
     }
-    memcpy(p->dst, w->dst_blocks, (size_t)w->num_dst_blocks * sizeof(*p->dst));
+    if (w->num_dst_blocks)
+        memcpy(p->dst, w->dst_blocks,
+               (size_t)w->num_dst_blocks * sizeof(*p->dst));
     p->ndst = w->num_dst_blocks;
+    p->slots = malloc(((size_t)w->num_staging_slots + 1) * sizeof(*p->slots));
+    if (p->slots == NULL) {
+        free(p->dst);
+        free(p);
+        return NULL;
+    }
+    if (w->num_staging_slots)
+        memcpy(p->slots, w->staging_slots,
+               (size_t)w->num_staging_slots * sizeof(*p->slots));
+    p->nslots = w->num_staging_slots;
+    p->executor = w->executor;
     p->state = KVR__PULL_HELD;
     p->link = l;
     l->users++;
@@ -557,13 +583,33 @@ static void on_release(kvr_agent_t *a, kvr__alink_t *l,
         }
 }
 
+/* The consumer unpacked chunk m->chunk (acks come in order): its slot is
+ * free again, and a pull that waited for one moves on. A late ack (the
+ * pull ended) is harmless. */
+static void on_chunk_ack(kvr_agent_t *a, kvr__alink_t *l,
+                         const kvr_msg_chunk_done_t *m)
+{
+    kvr__preq_t *r = preq_find(a, &m->request_id);
+    kvr__pull_t *p = r ? pull_of(r->pulls, l, m->write_nonce) : NULL;
+    if (p == NULL || !p->staged || p->state != KVR__PULL_MOVING ||
+        m->chunk >= p->chunks)
+        return;
+    if (m->chunk + 1 > p->acked)
+        p->acked = m->chunk + 1;
+    if (p->waiting_ack && p->chunks < p->acked + p->nslots) {
+        p->waiting_ack = false;
+        list_active(a, p);
+    }
+}
+
 void kvr__send_msg(kvr_agent_t *a, kvr__alink_t *l, const kvr_msg_t *m)
 {
     if (m->type == KVR_MSG_WRITE_REQUEST)
         on_write_request(a, l, &m->u.write_request);
     else if (m->type == KVR_MSG_RELEASE)
         on_release(a, l, &m->u.release);
-    /* CHUNK_DONE: no staged executor here yet; a late ack is harmless */
+    else if (m->type == KVR_MSG_CHUNK_DONE)
+        on_chunk_ack(a, l, &m->u.chunk_done);
 }
 
 /* A consumer link is gone: its pulls end as failed releases; pulls waiting
@@ -653,17 +699,22 @@ static kvr__preq_t *owner_of(kvr_agent_t *a, const kvr__pull_t *p)
     return preq_find(a, &p->request);
 }
 
-/* One slice of one pull; true when the pull left the active list. */
+/* One slice of one pull; true when the pull left the active list (done,
+ * failed, or a staged one waiting for an ack). */
 static bool slice(kvr_agent_t *a, kvr__pull_t *p, uint64_t *moved)
 {
     kvr_error_t err = {0};
     bool done = false;
-    kvr_status_t st = kvr__data_put_some(p->link->data, p->segs, p->nsegs,
-                                         &p->cur, KVR_AGENT_SLICE_BYTES,
-                                         p->deadline_ns, &done, moved, &err);
+    kvr_status_t st =
+        p->staged ? kvr__staged_slice(a, p, moved, &done, &err)
+                  : kvr__data_put_some(p->link->data, p->segs, p->nsegs,
+                                       &p->cur, KVR_AGENT_SLICE_BYTES,
+                                       p->deadline_ns, &done, moved, &err);
+    if (st == KVR_OK && !done && p->waiting_ack)
+        unlist_active(a, p); /* back on an ack */
     if (st == KVR_OK && !done)
-        return false;
-    if (st == KVR_OK)
+        return p->waiting_ack;
+    if (st == KVR_OK && !p->staged) /* chunks were flushed one by one */
         st = kvr__data_flush(p->link->data, p->deadline_ns, &err);
     unlist_active(a, p);
     answer(a, p, st, err.msg);

@@ -15,6 +15,15 @@
 
 #include "kvrelay/synth.h"
 
+/* ThreadSanitizer: the cost probe's scratch (a consumer's last staging
+ * slot) is written by every producer stage that probes it, concurrently
+ * when the stages share this process; nothing reads it as data. */
+const char *__tsan_default_suppressions(void);
+const char *__tsan_default_suppressions(void)
+{
+    return "race:kvr_cost_measure\n";
+}
+
 uint64_t ah_now_ms(void)
 {
     struct timespec ts;
@@ -147,6 +156,12 @@ void ah_start(const ah_model_t *m, const kvr_agent_params_t *p, uint32_t extra,
     for (uint32_t e = 0; e < extra; e++) {
         kvr_region_desc_t d = region(m, KVR_ROLE_MLA, m->layers + e, true);
         add(out, &d, flag_extra);
+    }
+    if (out->consumer && m->staging_slots > 0) {
+        kvr_region_desc_t d = {.role = KVR_ROLE_STAGING,
+                               .num_blocks = m->staging_slots,
+                               .page_bytes = m->slot_bytes};
+        add(out, &d, false);
     }
     if (kvr_agent_start(out->agent) != KVR_OK)
         fail_msg("kvr_agent_start: %s", kvr_agent_last_error(out->agent));

@@ -22,6 +22,8 @@ typedef struct ah_model {
     uint32_t token_bytes;
     uint32_t src_pool;    /* blocks per producer region */
     uint32_t dst_pool;    /* blocks per consumer region */
+    uint32_t staging_slots; /* consumers: a STAGING region of this many */
+    uint64_t slot_bytes;    /* slots of this size (0 slots: none) */
 } ah_model_t;
 
 typedef struct ah_agent {
