@@ -7,7 +7,7 @@
 
 #include "commands.h"
 
-int kvr_tool_usage_error(const char *cmd, const char *fmt, ...)
+int cli_usage_error(const char *cmd, const char *fmt, ...)
 {
     va_list ap;
     fprintf(stderr, "kvrelay %s: ", cmd);
@@ -15,10 +15,10 @@ int kvr_tool_usage_error(const char *cmd, const char *fmt, ...)
     vfprintf(stderr, fmt, ap);
     va_end(ap);
     fputc('\n', stderr);
-    return KVR_EXIT_USAGE;
+    return CLI_EXIT_USAGE;
 }
 
-bool kvr_tool_parse_u64(const char *text, uint64_t min, uint64_t max,
+bool cli_parse_u64(const char *text, uint64_t min, uint64_t max,
                         uint64_t *out)
 {
     if (text == NULL || *text < '0' || *text > '9')
@@ -39,21 +39,21 @@ static bool parse_widths(char *spec, uint64_t *w, uint64_t *q, uint32_t *count)
     char *x = strchr(spec, 'x');
     if (x != NULL) {
         *x = '\0';
-        if (!kvr_tool_parse_u64(x + 1, 1, 1u << 20, &c))
+        if (!cli_parse_u64(x + 1, 1, 1u << 20, &c))
             return false;
     }
     char *colon = strchr(spec, ':');
     *q = 0;
     if (colon != NULL) {
         *colon = '\0';
-        if (!kvr_tool_parse_u64(colon + 1, 1, 1u << 20, q))
+        if (!cli_parse_u64(colon + 1, 1, 1u << 20, q))
             return false;
     }
     *count = (uint32_t)c;
-    return kvr_tool_parse_u64(spec, 1, 1ull << 32, w);
+    return cli_parse_u64(spec, 1, 1ull << 32, w);
 }
 
-bool kvr_tool_parse_region(const char *text, kvr_region_desc_t *out,
+bool cli_parse_region(const char *text, kvr_region_desc_t *out,
                            uint32_t *count)
 {
     char buf[128];
@@ -85,7 +85,7 @@ static bool parse_random_table(const char *text, uint32_t *ids, size_t n,
                                uint32_t pool)
 {
     uint64_t seed;
-    if (!kvr_tool_parse_u64(text, 0, UINT32_MAX, &seed))
+    if (!cli_parse_u64(text, 0, UINT32_MAX, &seed))
         return false;
     unsigned s = (unsigned)seed;
     uint32_t *perm = malloc((pool + 1) * sizeof(*perm));
@@ -118,7 +118,7 @@ static bool parse_list(const char *text, uint32_t **ids, size_t *n,
         uint64_t v;
         char item[32];
         snprintf(item, sizeof(item), "%.*s", (int)(len < 31 ? len : 31), p);
-        if (len >= 31 || !kvr_tool_parse_u64(item, 0, UINT32_MAX - 1, &v)) {
+        if (len >= 31 || !cli_parse_u64(item, 0, UINT32_MAX - 1, &v)) {
             snprintf(msg, msg_len, "block id '%s' is not a u32", item);
             free(out);
             return false;
@@ -131,7 +131,7 @@ static bool parse_list(const char *text, uint32_t **ids, size_t *n,
     return true;
 }
 
-bool kvr_tool_parse_table(const char *text, size_t need, uint32_t **ids,
+bool cli_parse_table(const char *text, size_t need, uint32_t **ids,
                           size_t *n, uint32_t *pool, char *msg,
                           size_t msg_len)
 {

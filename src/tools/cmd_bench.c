@@ -1,4 +1,4 @@
-/* `kvrelay bench`: the executors side by side in one run (DESIGN.md §11).
+/* `kvrelay bench`: the executors side by side in one run (docs/design.md §11).
  * Runs `kvrelay demo` with each executor, --reps times, interleaved so noise
  * hits both alike, and reports min/median/max GB/s and the ratio to the best
  * median; writes JSON with --out. */
@@ -20,7 +20,7 @@ static const char bench_usage[] =
     "min/median/max GB/s per executor and the ratio to the best median.\n";
 
 typedef struct {
-    kvr_demo_cfg_t cfg;
+    demo_cfg_t cfg;
     uint64_t reps;
     const char *out;
 } bench_t;
@@ -34,8 +34,8 @@ static int bench_option(void *ctx, const char *name, const char *value)
     }
     if (strcmp(name, "reps") != 0)
         return 0;
-    if (!kvr_tool_parse_u64(value, 1, MAX_REPS, &b->reps)) {
-        kvr_tool_usage_error("bench", "--reps: '%s' is not in [1, %d]", value, MAX_REPS);
+    if (!cli_parse_u64(value, 1, MAX_REPS, &b->reps)) {
+        cli_usage_error("bench", "--reps: '%s' is not in [1, %d]", value, MAX_REPS);
         return -1;
     }
     return 1;
@@ -49,7 +49,7 @@ static double run_demo(const bench_t *b, const char *executor)
     if (sl <= 0)
         return -1;
     self[sl] = '\0'; /* the shell popen starts has its own /proc/self */
-    int n = kvr_demo_cfg_args(&b->cfg, args, 90);
+    int n = demo_cfg_args(&b->cfg, args, 90);
     int len = snprintf(cmd, sizeof(cmd), "'%s' demo --json", self);
     for (int i = 0; i < n && len > 0 && (size_t)len < sizeof(cmd); i++)
         len += snprintf(cmd + len, sizeof(cmd) - (size_t)len, " '%s'", args[i]);
@@ -106,18 +106,18 @@ static int report(const bench_t *b, double rates[2][MAX_REPS])
     if (b->out != NULL && json_dump_file(root, b->out, JSON_INDENT(1)) != 0)
         fprintf(stderr, "kvrelay bench: cannot write %s\n", b->out);
     json_decref(root);
-    return KVR_EXIT_OK;
+    return CLI_EXIT_OK;
 }
 
-int kvr_cmd_bench(int argc, char **argv)
+int cli_cmd_bench(int argc, char **argv)
 {
     bench_t *b = calloc(1, sizeof(*b));
     static double rates[2][MAX_REPS];
     if (b == NULL)
-        return KVR_EXIT_FAILED;
-    kvr_demo_cfg_init(&b->cfg);
+        return CLI_EXIT_FAILED;
+    demo_cfg_init(&b->cfg);
     b->reps = 3;
-    int rc = kvr_demo_parse(argc, argv, &b->cfg, "bench", bench_usage, NULL,
+    int rc = demo_parse(argc, argv, &b->cfg, "bench", bench_usage, NULL,
                             bench_option, b);
     for (uint64_t r = 0; rc < 0 && r < b->reps; r++)
         for (int e = 0; e < 2 && rc < 0; e++) {
@@ -125,7 +125,7 @@ int kvr_cmd_bench(int argc, char **argv)
             if (rates[e][r] < 0) {
                 fprintf(stderr, "kvrelay bench: a %s run failed to verify\n",
                         e == 0 ? "direct" : "staged");
-                rc = KVR_EXIT_FAILED;
+                rc = CLI_EXIT_FAILED;
             }
         }
     if (rc < 0)

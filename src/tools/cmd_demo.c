@@ -46,11 +46,11 @@ typedef struct {
 } req_state_t;
 
 typedef struct {
-    kvr_demo_cfg_t cfg;
+    demo_cfg_t cfg;
     bool json;
     child_t kids[MAX_CHILDREN];
     uint32_t num_kids;
-    req_state_t reqs[KVR_DEMO_MAX_REQUESTS];
+    req_state_t reqs[DEMO_MAX_REQUESTS];
     uint64_t first_offer_ns, first_start_ns, last_load_ns;
 } demo_t;
 
@@ -99,7 +99,7 @@ static int build_args(const demo_t *d, char **args, const char *cmd,
     args[n++] = (char *)cmd;
     for (int i = 0; i < nextra; i++)
         args[n++] = extra[i];
-    n += kvr_demo_cfg_args(&d->cfg, args + n, MAX_ARGS - n - 1);
+    n += demo_cfg_args(&d->cfg, args + n, MAX_ARGS - n - 1);
     args[n] = NULL;
     return n;
 }
@@ -107,7 +107,7 @@ static int build_args(const demo_t *d, char **args, const char *cmd,
 static req_state_t *req_of(demo_t *d, const char *id)
 {
     uint32_t r;
-    if (!kvr_demo_parse_request_id(id, strlen(id), &r) || r >= d->cfg.requests)
+    if (!demo_parse_request_id(id, strlen(id), &r) || r >= d->cfg.requests)
         return NULL;
     return &d->reqs[r];
 }
@@ -197,7 +197,7 @@ static void reap(demo_t *d, bool block)
 /* Pumps every child's output until `until` says stop or the deadline. */
 static bool pump(demo_t *d, uint64_t deadline, int want_port_of, int *port)
 {
-    while (kvr_demo_now_ns() < deadline) {
+    while (demo_now_ns() < deadline) {
         struct pollfd fds[MAX_CHILDREN];
         uint32_t open = 0;
         for (uint32_t i = 0; i < d->num_kids; i++)
@@ -249,7 +249,7 @@ static int start_serve(demo_t *d, uint32_t rank, int leader_port, int *port)
     build_args(d, args, "serve", extra + skip, (rank > 0 ? 5 : 4) - skip);
     snprintf(name, sizeof(name), "rank %u", rank);
     int k = spawn(d, name, args);
-    uint64_t deadline = kvr_demo_now_ns() + 30000000000ull;
+    uint64_t deadline = demo_now_ns() + 30000000000ull;
     if (k < 0 || !pump(d, deadline, k, port))
         return -1;
     return 0;
@@ -336,13 +336,13 @@ static void print_json(const demo_t *d, const totals_t *t)
     json_t *reqs = json_array(), *kids = json_array();
     for (uint32_t r = 0; r < d->cfg.requests; r++) {
         char id[32];
-        kvr_demo_request_id(r, id, sizeof(id));
+        demo_request_id(r, id, sizeof(id));
         const req_state_t *q = &d->reqs[r];
         double secs = q->end_ns > q->start_ns && q->start_ns
                           ? (double)(q->end_ns - q->start_ns) / 1e9 : 0;
         json_array_append_new(reqs, json_pack(
             "{s:s,s:I,s:I,s:I,s:I,s:I,s:b,s:s,s:f,s:f}", "id", id, "tokens",
-            (json_int_t)kvr_demo_tokens(&d->cfg, r), "computed_blocks",
+            (json_int_t)demo_tokens(&d->cfg, r), "computed_blocks",
             (json_int_t)q->computed_blocks, "loaded_ranks",
             (json_int_t)q->loaded_ranks, "verified_ranks",
             (json_int_t)q->verified_ranks, "bytes", (json_int_t)q->bytes, "sent",
@@ -375,18 +375,18 @@ static json_t *u32_array(const uint32_t *v, size_t n)
 static json_t *manifest_regions(const demo_t *d)
 {
     json_t *regions = json_array();
-    uint32_t n = kvr_demo_region(&d->cfg, 0, false, NULL);
+    uint32_t n = demo_region(&d->cfg, 0, false, NULL);
     for (uint32_t i = 0; i < n; i++) {
         kvr_region_desc_t s, t;
         char name[128];
-        kvr_demo_region(&d->cfg, i, false, &s);
-        kvr_demo_region(&d->cfg, i, true, &t);
+        demo_region(&d->cfg, i, false, &s);
+        demo_region(&d->cfg, i, true, &t);
         json_t *files = json_array();
         for (uint32_t r = 0; r < d->cfg.lay.dcp_size; r++) {
-            kvr_demo_image_name(name, sizeof(name), (int)r, &t);
+            demo_image_name(name, sizeof(name), (int)r, &t);
             json_array_append_new(files, json_string(name));
         }
-        kvr_demo_image_name(name, sizeof(name), -1, &s);
+        demo_image_name(name, sizeof(name), -1, &s);
         json_t *e = json_pack("{s:s,s:I,s:{s:I,s:I},s:{s:I,s:I},s:s,s:o}", "role",
                               kvr_role_name(s.role), "layer", (json_int_t)s.layer,
                               "src", "num_blocks", (json_int_t)s.num_blocks,
@@ -415,19 +415,19 @@ static json_t *manifest_requests(const demo_t *d)
         json_decref(reqs);
         return json_array();
     }
-    uint32_t *src = calloc(kvr_demo_src_pool(&d->cfg) + 1, sizeof(*src));
+    uint32_t *src = calloc(demo_src_pool(&d->cfg) + 1, sizeof(*src));
     json_array_foreach(reqs, i, q) {
         uint32_t r = 0;
         const char *id = json_string_value(json_object_get(q, "id"));
-        if (src == NULL || id == NULL || !kvr_demo_parse_request_id(id, strlen(id), &r))
+        if (src == NULL || id == NULL || !demo_parse_request_id(id, strlen(id), &r))
             continue;
-        uint64_t N = kvr_demo_tokens(&d->cfg, r);
-        kvr_demo_src_blocks(&d->cfg, r, src);
+        uint64_t N = demo_tokens(&d->cfg, r);
+        demo_src_blocks(&d->cfg, r, src);
         json_object_set_new(q, "src_blocks",
                             u32_array(src, (size_t)kvr_num_src_blocks(&d->cfg.lay, N)));
         json_t *ids = json_array();
         for (uint64_t g = 0; g < N; g++)
-            json_array_append_new(ids, json_integer(kvr_demo_token_id(&d->cfg, r, g)));
+            json_array_append_new(ids, json_integer(demo_token_id(&d->cfg, r, g)));
         json_object_set_new(q, "token_ids", ids);
     }
     free(src);
@@ -466,7 +466,7 @@ static int demo_run(demo_t *d)
                                                           ? "UCX shm" : "UCX",
            d->cfg.use_cuda ? " control, CUDA gpu-direct data (KV in GPU memory)" : "");
     fflush(stdout);
-    uint64_t deadline = kvr_demo_now_ns() +
+    uint64_t deadline = demo_now_ns() +
                         ((uint64_t)d->cfg.run_timeout_ms + 20000ull) * 1000000ull;
     bool started = start_all(d);
     int unused = 0;
@@ -486,24 +486,24 @@ static int demo_run(demo_t *d)
     printf("verified %u/%u requests byte-exact, %llu bytes, %.2f GB/s\n", t.verified,
            d->cfg.requests, (unsigned long long)t.bytes, t.gbps);
     return started && t.children_ok && t.verified == d->cfg.requests
-               ? KVR_EXIT_OK : KVR_EXIT_FAILED;
+               ? CLI_EXIT_OK : CLI_EXIT_FAILED;
 }
 
-int kvr_cmd_demo(int argc, char **argv)
+int cli_cmd_demo(int argc, char **argv)
 {
     demo_t *d = calloc(1, sizeof(*d));
     if (d == NULL)
-        return KVR_EXIT_FAILED;
-    kvr_demo_cfg_init(&d->cfg);
+        return CLI_EXIT_FAILED;
+    demo_cfg_init(&d->cfg);
     static const char *const flags[] = {"json", NULL};
-    int rc = kvr_demo_parse(argc, argv, &d->cfg, "demo", demo_usage, flags,
+    int rc = demo_parse(argc, argv, &d->cfg, "demo", demo_usage, flags,
                             demo_option, d);
     if (rc < 0 && d->cfg.dump_dir != NULL && mkdir(d->cfg.dump_dir, 0755) != 0 &&
         errno != EEXIST)
-        rc = kvr_tool_usage_error("demo", "--dump %s: %s", d->cfg.dump_dir,
+        rc = cli_usage_error("demo", "--dump %s: %s", d->cfg.dump_dir,
                                   strerror(errno));
     if (rc < 0 && d->cfg.use_cuda && kvr_conn_cuda_devices() == 0)
-        rc = kvr_tool_usage_error("demo", "--device cuda: no usable CUDA device "
+        rc = cli_usage_error("demo", "--device cuda: no usable CUDA device "
                                   "(or kvrelay was built without CUDA)");
     if (rc < 0) {
         signal(SIGPIPE, SIG_IGN);

@@ -1,4 +1,4 @@
-/* `kvrelay plan`: print one DCP rank's plan summary (DESIGN.md §11). */
+/* `kvrelay plan`: print one DCP rank's plan summary (docs/design.md §11). */
 #include <getopt.h>
 #include <jansson.h>
 #include <stdio.h>
@@ -77,8 +77,8 @@ static int number_option(int opt, const char *arg, plan_opts_t *o)
         i++;
     uint64_t max = (opt == O_TOKENS || opt == O_K) ? (1ull << 40) : UINT32_MAX;
     uint64_t v;
-    if (!kvr_tool_parse_u64(arg, 0, max, &v))
-        return kvr_tool_usage_error("plan", "--%s: '%s' is not a number in "
+    if (!cli_parse_u64(arg, 0, max, &v))
+        return cli_usage_error("plan", "--%s: '%s' is not a number in "
                                     "[0, %llu]", names[i], arg,
                                     (unsigned long long)max);
     switch (opt) {
@@ -93,22 +93,22 @@ static int number_option(int opt, const char *arg, plan_opts_t *o)
     case O_SRCN: o->src_num_blocks = v; break;
     default: o->dst_num_blocks = v; break;
     }
-    return KVR_EXIT_OK;
+    return CLI_EXIT_OK;
 }
 
 static int region_option(const char *arg, plan_opts_t *o)
 {
     if (o->num_specs == MAX_SPECS)
-        return kvr_tool_usage_error("plan", "more than %d --region options",
+        return cli_usage_error("plan", "more than %d --region options",
                                     MAX_SPECS);
     spec_t *s = &o->specs[o->num_specs];
-    if (!kvr_tool_parse_region(arg, &s->tmpl, &s->count))
-        return kvr_tool_usage_error("plan", "--region '%s': expected "
+    if (!cli_parse_region(arg, &s->tmpl, &s->count))
+        return cli_usage_error("plan", "--region '%s': expected "
                                     "mla:TOKEN_BYTES[xCOUNT], index:D[:Q][xCOUNT], "
                                     "dense:TOKEN_BYTES, state:PAGE_BYTES or "
                                     "other:PAGE_BYTES", arg);
     o->num_specs++;
-    return KVR_EXIT_OK;
+    return CLI_EXIT_OK;
 }
 
 /* Returns -1 to continue, else an exit code. */
@@ -125,25 +125,25 @@ static int parse_plan_args(int argc, char **argv, plan_opts_t *o)
         case O_SRC: o->src_text = optarg; rc = 0; break;
         case O_DST: o->dst_text = optarg; rc = 0; break;
         case O_JSON: o->json = true; rc = 0; break;
-        case O_HELP: fputs(plan_usage, stdout); return KVR_EXIT_OK;
+        case O_HELP: fputs(plan_usage, stdout); return CLI_EXIT_OK;
         case '?':
-            return kvr_tool_usage_error("plan", "unknown or incomplete option "
+            return cli_usage_error("plan", "unknown or incomplete option "
                                         "'%s' (see --help)", argv[optind - 1]);
         default: rc = number_option(opt, optarg, o); break;
         }
-        if (rc != KVR_EXIT_OK)
+        if (rc != CLI_EXIT_OK)
             return rc;
     }
     if (optind < argc)
-        return kvr_tool_usage_error("plan", "unexpected argument '%s'",
+        return cli_usage_error("plan", "unexpected argument '%s'",
                                     argv[optind]);
     static const char *const req[] = {"--block-size", "--dcp", "--rank",
                                       "--tokens"};
     for (int i = 0; i < 4; i++)
         if (!o->have[i])
-            return kvr_tool_usage_error("plan", "%s is required", req[i]);
+            return cli_usage_error("plan", "%s is required", req[i]);
     if (o->num_specs == 0)
-        return kvr_tool_usage_error("plan", "at least one --region is required");
+        return cli_usage_error("plan", "at least one --region is required");
     if (!o->have_tp)
         o->lay.tp = o->lay.dcp_size;
     return -1;
@@ -169,15 +169,15 @@ static int build_tables(const plan_opts_t *o, plan_input_t *in)
     char msg[128];
     kvr_error_t err = {0};
     if (kvr_layout_check_rank(&o->lay, o->rank, &err) != KVR_OK)
-        return kvr_tool_usage_error("plan", "%s", err.msg);
+        return cli_usage_error("plan", "%s", err.msg);
     size_t need_src = (size_t)kvr_num_src_blocks(&o->lay, o->tokens);
     size_t need_dst = (size_t)kvr_num_dst_blocks(&o->lay, o->tokens);
-    if (!kvr_tool_parse_table(o->src_text, need_src, &in->src, &in->nsrc,
+    if (!cli_parse_table(o->src_text, need_src, &in->src, &in->nsrc,
                               &in->src_pool, msg, sizeof(msg)))
-        return kvr_tool_usage_error("plan", "--src-blocks: %s", msg);
-    if (!kvr_tool_parse_table(o->dst_text, need_dst, &in->dst, &in->ndst,
+        return cli_usage_error("plan", "--src-blocks: %s", msg);
+    if (!cli_parse_table(o->dst_text, need_dst, &in->dst, &in->ndst,
                               &in->dst_pool, msg, sizeof(msg)))
-        return kvr_tool_usage_error("plan", "--dst-blocks: %s", msg);
+        return cli_usage_error("plan", "--dst-blocks: %s", msg);
     if (o->src_num_blocks)
         in->src_pool = (uint32_t)o->src_num_blocks;
     if (o->dst_num_blocks)
@@ -210,11 +210,11 @@ static int build_pairs(const plan_opts_t *o, plan_input_t *in)
     for (size_t s = 0; s < o->num_specs; s++)
         total += o->specs[s].count;
     if (total > MAX_REGIONS)
-        return kvr_tool_usage_error("plan", "%zu regions exceed the limit of %d",
+        return cli_usage_error("plan", "%zu regions exceed the limit of %d",
                                     total, MAX_REGIONS);
     in->pairs = calloc(total, sizeof(*in->pairs));
     if (in->pairs == NULL)
-        return kvr_tool_usage_error("plan", "out of memory");
+        return cli_usage_error("plan", "out of memory");
     for (size_t s = 0; s < o->num_specs; s++)
         for (uint32_t c = 0; c < o->specs[s].count; c++, in->num_pairs++)
             in->pairs[in->num_pairs] = make_pair(o, in, &o->specs[s].tmpl,
@@ -320,7 +320,7 @@ static int run_plan(const plan_opts_t *o, plan_input_t *in)
     kvr_plan_set_t *set = NULL;
     if (kvr_plan_set_create(&o->lay, o->rank, in->pairs, in->num_pairs, &req,
                             &set, &err) != KVR_OK)
-        return kvr_tool_usage_error("plan", "%s (%s)", err.msg,
+        return cli_usage_error("plan", "%s (%s)", err.msg,
                                     kvr_status_name(err.code));
     kvr_region_desc_t *descs = calloc(in->num_pairs, sizeof(*descs));
     uint64_t digest = 0;
@@ -332,7 +332,7 @@ static int run_plan(const plan_opts_t *o, plan_input_t *in)
     free(descs);
     if (st != KVR_OK) {
         kvr_plan_set_destroy(set);
-        return kvr_tool_usage_error("plan", "digest: %s", kvr_status_str(st));
+        return cli_usage_error("plan", "digest: %s", kvr_status_str(st));
     }
     char hex[17];
     kvr_digest_hex(digest, hex);
@@ -341,10 +341,10 @@ static int run_plan(const plan_opts_t *o, plan_input_t *in)
     else
         print_table(o, in, set, hex);
     kvr_plan_set_destroy(set);
-    return KVR_EXIT_OK;
+    return CLI_EXIT_OK;
 }
 
-int kvr_cmd_plan(int argc, char **argv)
+int cli_cmd_plan(int argc, char **argv)
 {
     plan_opts_t o = {0};
     o.lay = (kvr_layout_t)KVR_LAYOUT_INIT;
