@@ -18,6 +18,23 @@ int cli_usage_error(const char *cmd, const char *fmt, ...)
     return CLI_EXIT_USAGE;
 }
 
+bool cli_check_plan(const char *cmd, const kvr_layout_t *lay, uint32_t rank,
+                    const kvr_region_pair_t *pairs, size_t num_pairs,
+                    const kvr_request_t *req, kvr_plan_set_t **out)
+{
+    kvr_error_t err = {0};
+    kvr_plan_set_t *set = NULL;
+    if (kvr_plan_set_create(lay, rank, pairs, num_pairs, req, &set, &err) != KVR_OK) {
+        cli_usage_error(cmd, "%s (%s)", err.msg, kvr_status_name(err.code));
+        return false;
+    }
+    if (out != NULL)
+        *out = set;
+    else
+        kvr_plan_set_destroy(set);
+    return true;
+}
+
 bool cli_parse_u64(const char *text, uint64_t min, uint64_t max,
                         uint64_t *out)
 {

@@ -318,10 +318,9 @@ static int run_plan(const plan_opts_t *o, plan_input_t *in)
                          o->computed};
     kvr_error_t err = {0};
     kvr_plan_set_t *set = NULL;
-    if (kvr_plan_set_create(&o->lay, o->rank, in->pairs, in->num_pairs, &req,
-                            &set, &err) != KVR_OK)
-        return cli_usage_error("plan", "%s (%s)", err.msg,
-                                    kvr_status_name(err.code));
+    if (!cli_check_plan("plan", &o->lay, o->rank, in->pairs, in->num_pairs, &req,
+                        &set))
+        return CLI_EXIT_USAGE;
     kvr_region_desc_t *descs = calloc(in->num_pairs, sizeof(*descs));
     uint64_t digest = 0;
     for (size_t i = 0; descs && i < in->num_pairs; i++)

@@ -45,6 +45,16 @@ bool cli_parse_table(const char *text, size_t need, uint32_t **ids,
                           size_t *n, uint32_t *pool, char *msg,
                           size_t msg_len);
 
+/* The planner's checks exactly as `kvrelay plan` runs them: the layout for
+ * `rank`, then every rule of docs/design.md §4 for these region pairs and
+ * this request. Every command that takes a layout calls this before it
+ * starts anything, so a layout `plan` refuses is refused everywhere in the
+ * same words. On a refusal prints "kvrelay CMD: message (STATUS)" and
+ * returns false; *out (may be NULL) receives the plan set. */
+bool cli_check_plan(const char *cmd, const kvr_layout_t *lay, uint32_t rank,
+                    const kvr_region_pair_t *pairs, size_t num_pairs,
+                    const kvr_request_t *req, kvr_plan_set_t **out);
+
 /* "HOST:PORT" (the last colon splits). */
 bool cli_parse_hostport(const char *text, char *host, size_t cap,
                              uint16_t *port);

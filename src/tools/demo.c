@@ -129,7 +129,7 @@ static const num_opt_t num_opts[] = {
     NUM("tokens", tokens, 8, 1, 1u << 20),
     NUM("seed", seed, 8, 0, UINT64_MAX - 1),
     NUM("deadline-ms", deadline_ms, 4, 1, 3600000),
-    NUM("staging-slots", staging_slots, 4, 0, 1024),
+    NUM("staging-slots", staging_slots, 4, 1, 1024),
     NUM("slot-bytes", slot_bytes, 8, 4096, 1u << 30),
 };
 
@@ -206,6 +206,42 @@ int demo_cfg_option(demo_cfg_t *cfg, const char *cmd, const char *name,
     return rc;
 }
 
+/* The model's layout and largest request as `kvrelay plan` sees them: every
+ * region pair, the last request's source table and an identity
+ * destination table, on rank 0 (the planner's rules do not depend on the
+ * rank). */
+static bool plan_check(const demo_cfg_t *cfg, const char *cmd)
+{
+    kvr_layout_t lay = cfg->lay;
+    lay.tp = lay.dcp_size;
+    lay.producer_tp = cfg->producer_tp;
+    uint32_t n = demo_region(cfg, 0, false, NULL), last = cfg->requests - 1;
+    uint64_t N = demo_tokens(cfg, last);
+    size_t nsrc = (size_t)kvr_num_src_blocks(&lay, N);
+    size_t ndst = (size_t)kvr_num_dst_blocks(&lay, N);
+    kvr_region_pair_t *pairs = calloc(n, sizeof(*pairs));
+    uint32_t *src = calloc(demo_src_pool(cfg) + 1, sizeof(*src));
+    uint32_t *dst = calloc(ndst + 1, sizeof(*dst));
+    bool ok = pairs && src && dst;
+    if (!ok)
+        cli_usage_error(cmd, "no memory to check the layout");
+    for (uint32_t i = 0; ok && i < n; i++) {
+        demo_region(cfg, i, false, &pairs[i].src);
+        demo_region(cfg, i, true, &pairs[i].dst);
+    }
+    for (size_t j = 0; ok && j < ndst; j++)
+        dst[j] = (uint32_t)j;
+    if (ok) {
+        demo_src_blocks(cfg, last, src);
+        kvr_request_t req = {src, nsrc, dst, ndst, N, 0};
+        ok = cli_check_plan(cmd, &lay, 0, pairs, n, &req, NULL);
+    }
+    free(pairs);
+    free(src);
+    free(dst);
+    return ok;
+}
+
 bool demo_cfg_check(const demo_cfg_t *cfg, const char *cmd)
 {
     kvr_layout_t lay = cfg->lay;
@@ -225,11 +261,7 @@ bool demo_cfg_check(const demo_cfg_t *cfg, const char *cmd)
                              cfg->producer_tp, cfg->lay.dcp_size);
         return false;
     }
-    if (cfg->exec == KVR_CONN_EXEC_STAGED && cfg->staging_slots == 0) {
-        cli_usage_error(cmd, "--executor staged needs --staging-slots > 0");
-        return false;
-    }
-    return true;
+    return plan_check(cfg, cmd);
 }
 
 int demo_cfg_args(const demo_cfg_t *cfg, char **argv, int max)
