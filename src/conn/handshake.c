@@ -17,6 +17,7 @@ static kvr_status_t build_hello(kvr_conn_t *c, kvr__link_t *link,
     kvr_status_t st = kvr_wire_hello_init(&link->ours, c->p.side, &c->p.topo,
                                           &c->p.layout, descs, n, err);
     link->ours.has_key = c->has_key;
+    snprintf(link->ours.settings, sizeof(link->ours.settings), "%s", c->settings);
     return st;
 }
 
@@ -28,6 +29,7 @@ static void refuse(kvr__peer_t *peer, kvr_status_t st, const char *why)
     snprintf(bye.u.bye.text, sizeof(bye.u.bye.text), "%s", why);
     kvr__peer_send(peer, &bye);
     kvr__link_flush(peer->link);
+    peer->link->refused = !peer->link->ready;
     kvr__link_close(peer->link, st, "refused: %s", why);
 }
 
@@ -310,6 +312,7 @@ kvr_status_t kvr__handshake_msg(kvr_conn_t *c, kvr__peer_t *peer,
     kvr_error_t err = {0};
     *handled = true;
     if (msg->type == KVR_MSG_BYE) {
+        peer->link->refused = !peer->link->ready && msg->u.bye.status != KVR_OK;
         kvr__link_close(peer->link, msg->u.bye.status ? msg->u.bye.status
                                                       : KVR_ERR_PEER_DEAD,
                         "peer said: %s", msg->u.bye.text);

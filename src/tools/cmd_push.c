@@ -92,7 +92,7 @@ static kvr_status_t create_conn(push_t *s, const uint8_t *key, kvr_error_t *err)
     p.consumer_ranks = 0;
     for (uint32_t t = 0; t < s->cfg.lay.dcp_size; t++)
         p.consumer_ranks += t % s->cfg.producer_tp == s->o.tp_rank;
-    return kvr_conn_create(&p, &s->conn, err);
+    return demo_conn_create(&s->cfg, &p, &s->conn, err);
 }
 
 /* This stage's layers, filled with every request's synthetic KV. */
@@ -213,14 +213,21 @@ static void on_push_signal(int sig)
 static int push_loop(push_t *s)
 {
     uint64_t end = demo_now_ns() + (uint64_t)s->cfg.run_timeout_ms * 1000000ull;
-    while (!push_stop && s->sent + s->failed < s->cfg.requests &&
+    bool gone = false;
+    while (!push_stop && !gone && s->sent + s->failed < s->cfg.requests &&
            demo_now_ns() < end) {
         offer_due(s);
         kvr_conn_progress(s->conn, 20);
         kvr_conn_event_t e;
         while (kvr_conn_poll_event(s->conn, &e))
             on_event(s, &e);
+        /* no decode rank left to ask for or release anything */
+        gone = kvr_conn_num_ready(s->conn) == 0;
     }
+    if (gone && s->sent + s->failed < s->cfg.requests)
+        fprintf(stderr, "kvrelay push: stage %u: every decode rank is gone with "
+                "%u of %u requests unsent\n", s->o.stage,
+                s->cfg.requests - s->sent - s->failed, s->cfg.requests);
     for (int i = 0; i < 10; i++)
         kvr_conn_progress(s->conn, 5);
     for (uint32_t i = 0; s->cfg.dump_dir != NULL && i < s->num_regions; i++) {

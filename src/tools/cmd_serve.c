@@ -85,6 +85,8 @@ typedef struct {
     void *mirrors[DEMO_MAX_LAYERS * 2]; /* host view (device: a copy) */
     uint32_t num_regions;
     uint32_t loaded, verified, failed, group_done;
+    uint32_t refused; /* peers refused at handshake */
+    char first_refusal[KVR_ERROR_MSG_MAX];
     uint64_t bytes;
     json_t *dumped; /* rank 0 with --dump: the requests it loaded */
     kvr_conn_event_t pending[DEMO_MAX_REQUESTS]; /* loaded, not yet verified */
@@ -128,7 +130,7 @@ static kvr_status_t create_conn(serve_t *s, const uint8_t *key, kvr_error_t *err
                             .layer_end = s->cfg.layers, .dcp_rank = s->o.rank};
     kvr_conn_params_t p = demo_conn_params(&s->cfg, KVR_WIRE_CONSUMER, &topo,
                                                s->o.rank, key);
-    return kvr_conn_create(&p, &s->conn, err);
+    return demo_conn_create(&s->cfg, &p, &s->conn, err);
 }
 
 /* Device pages are checked through a fresh host copy. */
@@ -221,6 +223,19 @@ static void verify_pending(serve_t *s)
     fflush(stdout);
 }
 
+/* The refusal is logged here too, not only by the side that dialled. */
+static void note_refusal(serve_t *s, const kvr_conn_event_t *e)
+{
+    char peer[16] = "?";
+    if (e->peer_rank != UINT32_MAX)
+        snprintf(peer, sizeof(peer), "%u", e->peer_rank);
+    printf("refused %s %s %s\n", peer, kvr_status_name(e->status), e->message);
+    fprintf(stderr, "kvrelay serve: rank %u: handshake with peer %s failed: %s\n",
+            s->o.rank, peer, e->message);
+    if (s->refused++ == 0)
+        snprintf(s->first_refusal, sizeof(s->first_refusal), "%s", e->message);
+}
+
 static void on_event(serve_t *s, const kvr_conn_event_t *e)
 {
     int idl = (int)e->request_id.len;
@@ -249,6 +264,9 @@ static void on_event(serve_t *s, const kvr_conn_event_t *e)
         printf("peer-lost %u %s %s\n", e->peer_rank, kvr_status_name(e->status),
                e->message);
         break;
+    case KVR_EVENT_PEER_REFUSED:
+        note_refusal(s, e);
+        break;
     default:
         break;
     }
@@ -262,10 +280,20 @@ static bool finished(const serve_t *s)
     return s->o.rank != 0 || s->group_done >= s->o.expect;
 }
 
+/* Every peer this rank expects (each producer stage's tp ranks; rank 0:
+ * the other ranks, rank > 0: its leader) has answered and some were
+ * refused: the run cannot complete, so stop now rather than at --timeout. */
+static bool refused_out(const serve_t *s)
+{
+    uint32_t W = s->cfg.lay.dcp_size;
+    uint32_t expected = s->cfg.pp * s->cfg.producer_tp + (s->o.rank == 0 ? W - 1 : 1);
+    return s->refused > 0 && kvr_conn_num_ready(s->conn) + s->refused >= expected;
+}
+
 static int serve_loop(serve_t *s)
 {
     uint64_t end = demo_now_ns() + (uint64_t)s->cfg.run_timeout_ms * 1000000ull;
-    while (!stop_requested && !finished(s) && demo_now_ns() < end) {
+    while (!stop_requested && !finished(s) && !refused_out(s) && demo_now_ns() < end) {
         kvr_conn_progress(s->conn, 20);
         kvr_conn_event_t e;
         while (kvr_conn_poll_event(s->conn, &e))
@@ -281,6 +309,10 @@ static int serve_loop(serve_t *s)
            s->o.rank, s->loaded, s->verified, s->failed,
            (unsigned long long)s->bytes, finished(s) ? "" : " (incomplete)");
     fflush(stdout);
+    if (!finished(s) && refused_out(s))
+        fprintf(stderr, "kvrelay serve: rank %u: %u peer(s) refused at handshake, "
+                "the run cannot complete (first: %s)\n", s->o.rank, s->refused,
+                s->first_refusal);
     bool ok = finished(s) && s->verified == s->o.expect;
     return ok ? CLI_EXIT_OK : CLI_EXIT_FAILED;
 }

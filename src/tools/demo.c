@@ -455,6 +455,30 @@ kvr_conn_params_t demo_conn_params(const demo_cfg_t *cfg,
     return p;
 }
 
+/* Keys are the options' names: a refusal ("settings differ: requests=4 vs
+ * requests=2") names the option to fix. */
+static void settings_text(const demo_cfg_t *cfg, char *buf, size_t len)
+{
+    snprintf(buf, len, "requests=%u tokens=%llu seed=%llu reuse=%s layers=%u "
+             "index-every=%u pp=%u", cfg->requests, (unsigned long long)cfg->tokens,
+             (unsigned long long)cfg->seed, cfg->reuse ? "yes" : "no",
+             cfg->layers, cfg->index_every, cfg->pp);
+}
+
+kvr_status_t demo_conn_create(const demo_cfg_t *cfg, const kvr_conn_params_t *p,
+                              kvr_conn_t **conn, kvr_error_t *err)
+{
+    char text[KVR_WIRE_TEXT_MAX + 1];
+    kvr_status_t st = kvr_conn_create(p, conn, err);
+    if (st != KVR_OK)
+        return st;
+    settings_text(cfg, text, sizeof(text));
+    st = kvr_conn_set_settings(*conn, text);
+    if (st != KVR_OK)
+        return kvr_error_set(err, st, "%s", kvr_conn_last_error(*conn));
+    return KVR_OK;
+}
+
 kvr_status_t demo_load_key(const demo_cfg_t *cfg, uint8_t *key,
                                bool *have, kvr_error_t *err)
 {

@@ -72,6 +72,11 @@ kvr_conn_params_t demo_conn_params(const demo_cfg_t *cfg,
                                        kvr_wire_side_t side,
                                        const kvr_wire_topo_t *topo,
                                        uint32_t who, const uint8_t *key);
+/* kvr_conn_create, then the settings serve and push must agree on beyond
+ * the layout (the workload every process derives its requests from), sent
+ * in HELLO so that a mismatch is refused at handshake naming the option. */
+kvr_status_t demo_conn_create(const demo_cfg_t *cfg, const kvr_conn_params_t *p,
+                              kvr_conn_t **conn, kvr_error_t *err);
 kvr_status_t demo_load_key(const demo_cfg_t *cfg, uint8_t *key,
                                bool *have, kvr_error_t *err);
 /* Verifies a loaded request on one rank against the synthetic source: every

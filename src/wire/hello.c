@@ -285,6 +285,61 @@ static kvr_status_t cmp_layout(const kvr_msg_hello_t *a,
     return s;
 }
 
+/* The next "key=value" token of a settings text: *key and *klen name the
+ * key, *tok and *tlen the whole token; returns the rest, or NULL at the end. */
+static const char *next_setting(const char *s, const char **tok, size_t *tlen,
+                                size_t *klen)
+{
+    s += strspn(s, " ");
+    if (*s == '\0')
+        return NULL;
+    *tok = s;
+    *tlen = strcspn(s, " ");
+    const char *eq = memchr(s, '=', *tlen);
+    *klen = eq ? (size_t)(eq - s) : *tlen;
+    return s + *tlen;
+}
+
+/* The token of `text` whose key is key[0..klen), or NULL. */
+static const char *find_setting(const char *text, const char *key, size_t klen,
+                                size_t *tlen)
+{
+    const char *tok = NULL;
+    size_t kl = 0;
+    for (const char *s = text; (s = next_setting(s, &tok, tlen, &kl)) != NULL;)
+        if (kl == klen && memcmp(tok, key, klen) == 0)
+            return tok;
+    return NULL;
+}
+
+/* The first setting of `a` that `b` lacks or holds with another value. */
+static bool first_difference(const char *a, const char *b, const char **tok,
+                             size_t *tlen, const char **other, size_t *olen)
+{
+    size_t klen = 0;
+    for (const char *s = a; (s = next_setting(s, tok, tlen, &klen)) != NULL;) {
+        *other = find_setting(b, *tok, klen, olen);
+        if (*other == NULL || *olen != *tlen || memcmp(*other, *tok, *tlen) != 0)
+            return true;
+    }
+    return false;
+}
+
+/* Application settings: the same pairs on both sides, in any order. */
+static kvr_status_t cmp_settings(const kvr_msg_hello_t *a,
+                                 const kvr_msg_hello_t *b, kvr_error_t *err)
+{
+    const char *x = NULL, *y = NULL;
+    size_t xl = 0, yl = 0;
+    bool here_first = first_difference(a->settings, b->settings, &x, &xl, &y, &yl);
+    if (!here_first && !first_difference(b->settings, a->settings, &y, &yl, &x, &xl))
+        return KVR_OK;
+    return kvr_error_set(err, KVR_ERR_LAYOUT_MISMATCH,
+                         "settings differ: %.*s vs %.*s (here vs peer)",
+                         x ? (int)xl : 7, x ? x : "(unset)",
+                         y ? (int)yl : 7, y ? y : "(unset)");
+}
+
 /* The peer's own topology must make sense before anything is planned. */
 static kvr_status_t check_topo(const kvr_msg_hello_t *p, kvr_error_t *err)
 {
@@ -328,5 +383,7 @@ kvr_status_t kvr_wire_hello_check(const kvr_msg_hello_t *ours,
                              ours->has_key ? "configured" : "not configured",
                              peer->has_key ? "configured" : "not configured");
     kvr_status_t s = check_topo(peer, err);
-    return s == KVR_OK ? cmp_layout(ours, peer, err) : s;
+    if (s == KVR_OK)
+        s = cmp_layout(ours, peer, err);
+    return s == KVR_OK ? cmp_settings(ours, peer, err) : s;
 }

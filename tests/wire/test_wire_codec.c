@@ -166,8 +166,8 @@ static void header_errors(const kvr_msg_t *m, const uint8_t *buf, size_t len)
     bad[0] = 'X';
     expect_decode(bad, len, KVR_ERR_PROTO, "frame magic 0x5752565");
     memcpy(bad, buf, len);
-    bad[4] = 2;
-    expect_decode(bad, len, KVR_ERR_VERSION, "frame version 2.0");
+    bad[4] = KVR_WIRE_VERSION_MAJOR + 1;
+    expect_decode(bad, len, KVR_ERR_VERSION, "frame version 3.0");
     memcpy(bad, buf, len);
     bad[6] = 99;
     expect_decode(bad, len, KVR_ERR_PROTO, "frame type 99 unknown");

@@ -226,15 +226,64 @@ static void test_stage_without_a_class(void **state)
     assert_non_null(strstr(err.msg, "region class 1: index D 128 Q 128 vs (none)"));
 }
 
+static void settings_check(const char *here, const char *there,
+                           const char *needle)
+{
+    side_cfg_t c = config();
+    kvr_msg_hello_t ours = hello_of(&c, KVR_WIRE_CONSUMER);
+    kvr_msg_hello_t peer = hello_of(&c, KVR_WIRE_PRODUCER);
+    strcpy(ours.settings, here);
+    strcpy(peer.settings, there);
+    if (needle == NULL)
+        assert_int_equal(kvr_wire_hello_check(&ours, &peer, KVR_WIRE_PRODUCER,
+                                              NULL), KVR_OK);
+    else
+        want_check(&ours, &peer, KVR_ERR_LAYOUT_MISMATCH, needle);
+}
+
+/* Application settings: equal pairs in any order pass; the first pair that
+ * differs is named with both values; a layout mismatch is named first. */
+static void test_settings(void **state)
+{
+    (void)state;
+    settings_check("", "", NULL);
+    settings_check("requests=4 tokens=3000", "tokens=3000  requests=4", NULL);
+    settings_check("requests=4 tokens=3000", "requests=2 tokens=3000",
+                   "settings differ: requests=4 vs requests=2 (here vs peer)");
+    settings_check("requests=4 tokens=3000", "requests=4",
+                   "settings differ: tokens=3000 vs (unset) (here vs peer)");
+    settings_check("requests=4", "requests=4 seed=9",
+                   "settings differ: (unset) vs seed=9 (here vs peer)");
+    settings_check("reuse", "reuse=no", "settings differ: reuse vs reuse=no");
+
+    side_cfg_t c = config(), d = config();
+    i4(&d);
+    kvr_msg_hello_t ours = hello_of(&c, KVR_WIRE_CONSUMER);
+    kvr_msg_hello_t peer = hello_of(&d, KVR_WIRE_PRODUCER);
+    strcpy(peer.settings, "requests=2");
+    want_check(&ours, &peer, KVR_ERR_LAYOUT_MISMATCH, "interleave 1 vs 4");
+
+    /* settings travel in the frame */
+    kvr_msg_t m = {.type = KVR_MSG_HELLO}, out;
+    m.u.hello = ours;
+    strcpy(m.u.hello.settings, "requests=4 seed=1");
+    uint8_t buf[KVR_WIRE_HELLO_FRAME_MAX];
+    size_t len;
+    assert_int_equal(kvr_wire_encode(&m, buf, sizeof(buf), &len, NULL), KVR_OK);
+    assert_int_equal(kvr_wire_decode(buf, len, &out, NULL), KVR_OK);
+    assert_string_equal(out.u.hello.settings, "requests=4 seed=1");
+    kvr_msg_free(&out);
+}
+
 static void test_version_role_key_topo(void **state)
 {
     (void)state;
     side_cfg_t c = config();
     kvr_msg_hello_t ours = hello_of(&c, KVR_WIRE_CONSUMER);
     kvr_msg_hello_t peer = hello_of(&c, KVR_WIRE_PRODUCER);
-    peer.proto_major = 2;
+    peer.proto_major = 3;
     peer.layout.block_size = 1; /* version wins over layout */
-    want_check(&ours, &peer, KVR_ERR_VERSION, "protocol version 1.0 vs 2.0");
+    want_check(&ours, &peer, KVR_ERR_VERSION, "protocol version 2.0 vs 3.0");
 
     peer = hello_of(&c, KVR_WIRE_PRODUCER);
     kvr_error_t err = {0};
@@ -290,6 +339,7 @@ int main(void)
         cmocka_unit_test(test_mismatch_names_field),
         cmocka_unit_test(test_check_ok),
         cmocka_unit_test(test_stage_without_a_class),
+        cmocka_unit_test(test_settings),
         cmocka_unit_test(test_version_role_key_topo),
         cmocka_unit_test(test_hello_on_the_wire),
     };
