@@ -98,26 +98,55 @@ bool cli_parse_region(const char *text, kvr_region_desc_t *out,
     return true;
 }
 
-static bool parse_random_table(const char *text, uint32_t *ids, size_t n,
-                               uint32_t pool)
+/* splitmix64: a full 64-bit stream from a seed. */
+static uint64_t next_random(uint64_t *state)
 {
-    uint64_t seed;
-    if (!cli_parse_u64(text, 0, UINT32_MAX, &seed))
-        return false;
-    unsigned s = (unsigned)seed;
-    uint32_t *perm = malloc((pool + 1) * sizeof(*perm));
-    if (perm == NULL)
-        return false;
-    for (uint32_t i = 0; i < pool; i++)
-        perm[i] = i;
-    for (uint32_t i = pool; i > 1; i--) {
-        uint32_t j = (uint32_t)rand_r(&s) % i, t = perm[i - 1];
-        perm[i - 1] = perm[j];
-        perm[j] = t;
+    uint64_t x = (*state += 0x9e3779b97f4a7c15ull);
+    x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+    x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+    return x ^ (x >> 31);
+}
+
+/* The permutation's entries that moved, in an open-addressed table: a
+ * prefix of a permutation of a large pool costs memory for the prefix
+ * only. Keys are stored plus one, so 0 marks an empty slot. */
+typedef struct {
+    uint64_t *keys;
+    uint32_t *vals;
+    size_t mask;
+} moved_t;
+
+static uint32_t *moved_slot(moved_t *m, uint64_t key)
+{
+    size_t i = (size_t)(key * 0x9e3779b97f4a7c15ull) & m->mask;
+    while (m->keys[i] != 0 && m->keys[i] != key + 1)
+        i = (i + 1) & m->mask;
+    if (m->keys[i] == 0) {
+        m->keys[i] = key + 1;
+        m->vals[i] = (uint32_t)key; /* unmoved: the identity */
     }
-    memcpy(ids, perm, n * sizeof(*ids));
-    free(perm);
-    return true;
+    return &m->vals[i];
+}
+
+/* The first n entries of a seeded permutation of [0, pool): a partial
+ * Fisher-Yates shuffle from the front. */
+static bool random_prefix(uint64_t seed, uint32_t *ids, size_t n, uint64_t pool)
+{
+    size_t cap = 4;
+    while (cap < 2 * n + 2)
+        cap *= 2;
+    moved_t m = {calloc(cap, sizeof(uint64_t)), calloc(cap, sizeof(uint32_t)), cap - 1};
+    bool ok = m.keys != NULL && m.vals != NULL;
+    uint64_t state = seed;
+    for (size_t i = 0; ok && i < n; i++) {
+        uint64_t j = i + next_random(&state) % (pool - i);
+        uint32_t *at_j = moved_slot(&m, j);
+        ids[i] = *at_j;
+        *at_j = *moved_slot(&m, i);
+    }
+    free(m.keys);
+    free(m.vals);
+    return ok;
 }
 
 static bool parse_list(const char *text, uint32_t **ids, size_t *n,
@@ -148,9 +177,32 @@ static bool parse_list(const char *text, uint32_t **ids, size_t *n,
     return true;
 }
 
-bool cli_parse_table(const char *text, size_t need, uint32_t **ids,
-                          size_t *n, uint32_t *pool, char *msg,
-                          size_t msg_len)
+/* A table of `need` ids: identity, or random over a pool of `pool` ids. */
+static bool generated_table(const char *text, uint64_t need, uint64_t pool,
+                            uint32_t **ids, char *msg, size_t msg_len)
+{
+    bool random = text != NULL && strncmp(text, "random:", 7) == 0;
+    uint64_t seed = 0;
+    if (random && !cli_parse_u64(text + 7, 0, UINT32_MAX, &seed)) {
+        snprintf(msg, msg_len, "'%s': expected random:SEED (u32)", text);
+        return false;
+    }
+    uint32_t *out = malloc((size_t)(need + 1) * sizeof(*out));
+    if (out == NULL || (random && !random_prefix(seed, out, (size_t)need, pool))) {
+        snprintf(msg, msg_len, "no memory for a table of %llu block ids",
+                 (unsigned long long)need);
+        free(out);
+        return false;
+    }
+    for (uint64_t i = 0; !random && i < need; i++)
+        out[i] = (uint32_t)i;
+    *ids = out;
+    return true;
+}
+
+bool cli_parse_table(const char *text, uint64_t need, uint64_t pool_size,
+                     uint32_t **ids, size_t *n, uint32_t *pool, char *msg,
+                     size_t msg_len)
 {
     if (text != NULL && strncmp(text, "random:", 7) != 0 &&
         strcmp(text, "identity") != 0) {
@@ -161,20 +213,25 @@ bool cli_parse_table(const char *text, size_t need, uint32_t **ids,
             *pool = (*ids)[i] + 1 > *pool ? (*ids)[i] + 1 : *pool;
         return true;
     }
-    int random = text != NULL && strncmp(text, "random:", 7) == 0;
-    uint32_t size = (uint32_t)(random ? 2 * need + 1 : need);
-    uint32_t *out = malloc((need + 1) * sizeof(*out));
-    if (out == NULL)
-        return false;
-    for (size_t i = 0; i < need; i++)
-        out[i] = (uint32_t)i;
-    if (random && !parse_random_table(text + 7, out, need, size)) {
-        snprintf(msg, msg_len, "'%s': expected random:SEED (u32)", text);
-        free(out);
+    /* ids are u32 below UINT32_MAX, so a table holds at most UINT32_MAX */
+    if (need > UINT32_MAX) {
+        snprintf(msg, msg_len, "a table of %llu block ids is beyond u32 block ids",
+                 (unsigned long long)need);
         return false;
     }
-    *ids = out;
-    *n = need;
-    *pool = size;
+    bool random = text != NULL && strncmp(text, "random:", 7) == 0;
+    uint64_t size = pool_size ? pool_size : random ? 2 * need + 1 : need;
+    if (size > UINT32_MAX)
+        size = UINT32_MAX;
+    if (size < need) {
+        snprintf(msg, msg_len, "a pool of %llu blocks is smaller than the %llu "
+                 "blocks the tokens need", (unsigned long long)size,
+                 (unsigned long long)need);
+        return false;
+    }
+    if (!generated_table(text, need, size, ids, msg, msg_len))
+        return false;
+    *n = (size_t)need;
+    *pool = (uint32_t)size;
     return true;
 }

@@ -2,6 +2,7 @@
  * Runs `kvrelay demo` with each executor, --reps times, interleaved so noise
  * hits both alike, and reports min/median/max GB/s and the ratio to the best
  * median; writes JSON with --out. */
+#include <errno.h>
 #include <jansson.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -23,6 +24,7 @@ typedef struct {
     demo_cfg_t cfg;
     uint64_t reps;
     const char *out;
+    FILE *out_file; /* opened before any run, so a bad path fails at once */
 } bench_t;
 
 static int bench_option(void *ctx, const char *name, const char *value)
@@ -103,10 +105,14 @@ static int report(const bench_t *b, double rates[2][MAX_REPS])
                              (json_int_t)b->cfg.lay.interleave, "tokens",
                              (json_int_t)b->cfg.tokens, "requests",
                              (json_int_t)b->cfg.requests, "results", arr);
-    if (b->out != NULL && json_dump_file(root, b->out, JSON_INDENT(1)) != 0)
+    int rc = CLI_EXIT_OK;
+    if (b->out_file != NULL && (json_dumpf(root, b->out_file, JSON_INDENT(1)) != 0 ||
+                                fputc('\n', b->out_file) == EOF)) {
         fprintf(stderr, "kvrelay bench: cannot write %s\n", b->out);
+        rc = CLI_EXIT_FAILED;
+    }
     json_decref(root);
-    return CLI_EXIT_OK;
+    return rc;
 }
 
 int cli_cmd_bench(int argc, char **argv)
@@ -119,6 +125,8 @@ int cli_cmd_bench(int argc, char **argv)
     b->reps = 3;
     int rc = demo_parse(argc, argv, &b->cfg, "bench", bench_usage, NULL,
                             bench_option, b);
+    if (rc < 0 && b->out != NULL && (b->out_file = fopen(b->out, "w")) == NULL)
+        rc = cli_usage_error("bench", "--out %s: %s", b->out, strerror(errno));
     for (uint64_t r = 0; rc < 0 && r < b->reps; r++)
         for (int e = 0; e < 2 && rc < 0; e++) {
             rates[e][r] = run_demo(b, e == 0 ? "direct" : "staged");
@@ -130,6 +138,12 @@ int cli_cmd_bench(int argc, char **argv)
         }
     if (rc < 0)
         rc = report(b, rates);
+    if (b->out_file != NULL && fclose(b->out_file) != 0 && rc == CLI_EXIT_OK) {
+        fprintf(stderr, "kvrelay bench: cannot write %s: %s\n", b->out, strerror(errno));
+        rc = CLI_EXIT_FAILED;
+    }
+    if (b->out_file != NULL && rc != CLI_EXIT_OK)
+        remove(b->out); /* no half-written or empty result */
     free(b);
     return rc;
 }

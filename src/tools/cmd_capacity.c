@@ -237,9 +237,11 @@ static json_t *specs_json(const cap_opts_t *o)
     return arr;
 }
 
+/* Replicated over sharded blocks; main() refuses a budget that holds no
+ * block, and the sharded index never holds fewer blocks. */
 static double ratio(const cap_result_t *repl, const cap_result_t *shard)
 {
-    return shard->blocks ? (double)repl->blocks / (double)shard->blocks : 0.0;
+    return (double)repl->blocks / (double)shard->blocks;
 }
 
 static void print_json(const cap_opts_t *o, const cap_result_t *chosen,
@@ -250,8 +252,7 @@ static void print_json(const cap_opts_t *o, const cap_result_t *chosen,
                              "tokens_per_rank", (json_int_t)(lost * o->bs),
                              "tokens_per_group",
                              (json_int_t)(lost * o->bs * o->W), "ratio",
-                             shard->blocks ? json_real(ratio(repl, shard))
-                                           : json_null());
+                             json_real(ratio(repl, shard)));
     json_t *root = json_pack(
         "{s:I,s:I,s:I,s:b,s:o,s:I,s:I,s:I,s:I,s:o,s:o,s:o}", "budget",
         (json_int_t)o->budget, "block_size", (json_int_t)o->bs, "dcp",
@@ -308,15 +309,10 @@ static void print_text(const cap_opts_t *o, const cap_result_t *chosen,
     uint64_t lost = shard->blocks - repl->blocks;
     printf("replication cost: a replicated index holds %llu blocks per rank, a "
            "sharded one %llu:\n", (ull)repl->blocks, (ull)shard->blocks);
-    if (shard->blocks == 0)
-        printf("  -%llu blocks, -%llu tokens per rank, -%llu tokens per group "
-               "(ratio n/a)\n", (ull)lost, (ull)(lost * o->bs),
-               (ull)(lost * o->bs * o->W));
-    else
-        printf("  -%llu blocks, -%llu tokens per rank, -%llu tokens per group "
+    printf("  -%llu blocks, -%llu tokens per rank, -%llu tokens per group "
                "(ratio %.4f, %.1f%% fewer)\n", (ull)lost, (ull)(lost * o->bs),
-               (ull)(lost * o->bs * o->W), ratio(repl, shard),
-               100.0 * (1.0 - ratio(repl, shard)));
+           (ull)(lost * o->bs * o->W), ratio(repl, shard),
+           100.0 * (1.0 - ratio(repl, shard)));
     if (o->W > 1 && !o->replicate)
         puts("note: a sharded index under W > 1 needs I == bs");
 }
@@ -334,6 +330,11 @@ int cli_cmd_capacity(int argc, char **argv)
         return cli_usage_error("capacity", "bytes per block or tokens "
                                     "overflow 64 bits for these shapes");
     const cap_result_t *chosen = o.replicate ? &repl : &shard;
+    if (chosen->blocks == 0)
+        return cli_usage_error("capacity", "--budget %llu bytes holds no block "
+                               "(one block takes %llu bytes); sizes take a unit, "
+                               "e.g. 80G, 80GiB, 512M", (unsigned long long)o.budget,
+                               (unsigned long long)chosen->per_block);
     if (o.json)
         print_json(&o, chosen, &repl, &shard);
     else

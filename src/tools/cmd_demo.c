@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -48,6 +49,7 @@ typedef struct {
 typedef struct {
     demo_cfg_t cfg;
     bool json;
+    FILE *out; /* human lines: stdout, or stderr under --json */
     child_t kids[MAX_CHILDREN];
     uint32_t num_kids;
     req_state_t reqs[DEMO_MAX_REQUESTS];
@@ -64,21 +66,52 @@ static int demo_option(void *ctx, const char *name, const char *value)
     return 1;
 }
 
+/* SIGTERM / SIGINT: the supervisor kills and reaps every child, then exits
+ * 128 + the signal. */
+static volatile sig_atomic_t got_signal;
+
+static void on_signal(int sig)
+{
+    got_signal = sig;
+}
+
+static void catch_signals(void)
+{
+    struct sigaction sa;
+    memset(&sa, 0, sizeof(sa));
+    sa.sa_handler = on_signal; /* no SA_RESTART: poll returns at once */
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGTERM, &sa, NULL);
+    sigaction(SIGINT, &sa, NULL);
+    signal(SIGPIPE, SIG_IGN);
+}
+
+/* In the child: die with the supervisor, even if it is SIGKILLed. */
+static void child_setup(int out_fd, int unused_fd, pid_t parent)
+{
+    prctl(PR_SET_PDEATHSIG, SIGKILL);
+    if (getppid() != parent)
+        _exit(127);
+    signal(SIGTERM, SIG_DFL);
+    signal(SIGINT, SIG_DFL);
+    dup2(out_fd, STDOUT_FILENO);
+    close(unused_fd);
+    close(out_fd);
+}
+
 static int spawn(demo_t *d, const char *name, char **args)
 {
     int p[2];
     if (d->num_kids == MAX_CHILDREN || pipe(p) != 0)
         return -1;
-    pid_t pid = fork();
+    pid_t parent = getpid(), pid = fork();
     if (pid < 0) {
         close(p[0]);
         close(p[1]);
         return -1;
     }
     if (pid == 0) {
-        dup2(p[1], STDOUT_FILENO);
-        close(p[0]);
-        close(p[1]);
+        child_setup(p[1], p[0], parent);
         execv("/proc/self/exe", args);
         _exit(127);
     }
@@ -142,18 +175,18 @@ static void on_line(demo_t *d, child_t *k, char *line)
         q->start_ns = q->start_ns == 0 || e < q->start_ns ? e : q->start_ns;
     } else if (strcmp(verb, "verified") == 0 && q) {
         q->verified_ranks++;
-        printf("  %-8s %s verified byte-exact (%u/%u ranks)\n", k->name, id,
+        fprintf(d->out, "  %-8s %s verified byte-exact (%u/%u ranks)\n", k->name, id,
                q->verified_ranks, d->cfg.lay.dcp_size);
     } else if (strcmp(verb, "sent") == 0 && q) {
         q->sent = true;
     } else if ((strcmp(verb, "failed") == 0 || strcmp(verb, "verify-failed") == 0 ||
                 strcmp(verb, "send-failed") == 0) && q) {
         note_failure(q, k->name, rest);
-        printf("  %-8s %s %s: %s\n", k->name, id, verb, rest);
+        fprintf(d->out, "  %-8s %s %s: %s\n", k->name, id, verb, rest);
     } else if (d->cfg.verbose) {
-        printf("  %-8s %s\n", k->name, line);
+        fprintf(d->out, "  %-8s %s\n", k->name, line);
     }
-    fflush(stdout);
+    fflush(d->out);
 }
 
 /* Reads what a child wrote; returns the port of a "listening" line, else 0. */
@@ -190,14 +223,14 @@ static void reap(demo_t *d, bool block)
         k->exited = true;
         k->status = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
         if (k->status != 0)
-            printf("  %-8s exited with status %d\n", k->name, k->status);
+            fprintf(d->out, "  %-8s exited with status %d\n", k->name, k->status);
     }
 }
 
 /* Pumps every child's output until `until` says stop or the deadline. */
 static bool pump(demo_t *d, uint64_t deadline, int want_port_of, int *port)
 {
-    while (demo_now_ns() < deadline) {
+    while (!got_signal && demo_now_ns() < deadline) {
         struct pollfd fds[MAX_CHILDREN];
         uint32_t open = 0;
         for (uint32_t i = 0; i < d->num_kids; i++)
@@ -272,12 +305,29 @@ static int start_push(demo_t *d, uint32_t stage, uint32_t tp, const char *target
     return spawn(d, name, args) < 0 ? -1 : 0;
 }
 
+/* A child that is gone before every process started (a rank that failed
+ * to set up, or was killed) means the run cannot complete: start no more. */
+static bool child_gone(demo_t *d)
+{
+    reap(d, false);
+    for (uint32_t i = 0; i < d->num_kids; i++)
+        if (d->kids[i].exited) {
+            fprintf(stderr, "kvrelay demo: %s is gone (status %d) before every "
+                    "process started; starting no more\n", d->kids[i].name,
+                    d->kids[i].status);
+            return true;
+        }
+    return got_signal != 0;
+}
+
 static bool start_all(demo_t *d)
 {
     char targets[300] = "";
     int leader = 0;
     for (uint32_t r = 0; r < d->cfg.lay.dcp_size; r++) {
         int port = 0;
+        if (child_gone(d))
+            return false;
         if (start_serve(d, r, leader, &port) != 0) {
             fprintf(stderr, "kvrelay demo: decode rank %u did not start\n", r);
             return false;
@@ -289,7 +339,9 @@ static bool start_all(demo_t *d)
     }
     for (uint32_t p = 0; p < d->cfg.pp; p++)
         for (uint32_t t = 0; t < d->cfg.producer_tp; t++)
-            if (start_push(d, p, t, targets) != 0) {
+            if (child_gone(d))
+                return false;
+            else if (start_push(d, p, t, targets) != 0) {
                 fprintf(stderr, "kvrelay demo: prefill stage %u tp %u did not "
                         "start\n", p, t);
                 return false;
@@ -450,14 +502,14 @@ static void write_manifest(const demo_t *d)
     if (root == NULL || json_dump_file(root, path, JSON_COMPACT) != 0)
         fprintf(stderr, "kvrelay demo: cannot write %s\n", path);
     else
-        printf("dump written to %s (kvrelay inspect %s)\n", d->cfg.dump_dir,
+        fprintf(d->out, "dump written to %s (kvrelay inspect %s)\n", d->cfg.dump_dir,
                d->cfg.dump_dir);
     json_decref(root);
 }
 
 static int demo_run(demo_t *d)
 {
-    printf("kvrelay demo: PP%u prefill (%u layers) -> W=%u I=%u decode, %s index, "
+    fprintf(d->out, "kvrelay demo: PP%u prefill (%u layers) -> W=%u I=%u decode, %s index, "
            "%u requests of ~%llu tokens over %s%s\n", d->cfg.pp, d->cfg.layers,
            d->cfg.lay.dcp_size, d->cfg.lay.interleave,
            d->cfg.lay.replicate_index ? "replicated" : "sharded", d->cfg.requests,
@@ -465,25 +517,30 @@ static int demo_run(demo_t *d)
            d->cfg.tl == KVR_CONN_TL_TCP ? "UCX tcp" : d->cfg.tl == KVR_CONN_TL_SHM
                                                           ? "UCX shm" : "UCX",
            d->cfg.use_cuda ? " control, CUDA gpu-direct data (KV in GPU memory)" : "");
-    fflush(stdout);
+    fflush(d->out);
     uint64_t deadline = demo_now_ns() +
                         ((uint64_t)d->cfg.run_timeout_ms + 20000ull) * 1000000ull;
     bool started = start_all(d);
     int unused = 0;
     if (started && !pump(d, deadline, -1, &unused))
-        printf("kvrelay demo: children still running at the deadline; killing\n");
+        fprintf(d->out, "kvrelay demo: children still running at the deadline; killing\n");
     kill_all(d);
     for (uint32_t i = 0; i < d->num_kids; i++)
         close(d->kids[i].fd);
+    if (got_signal) {
+        fprintf(stderr, "kvrelay demo: signal %d: every child killed and reaped\n",
+                (int)got_signal);
+        return 128 + (int)got_signal;
+    }
     if (d->cfg.dump_dir != NULL)
         write_manifest(d);
     totals_t t = summarize(d);
     for (uint32_t r = 0; r < d->cfg.requests; r++)
         if (d->reqs[r].failure[0])
-            printf("  req-%u FAILED: %s\n", r, d->reqs[r].failure);
+            fprintf(d->out, "  req-%u FAILED: %s\n", r, d->reqs[r].failure);
     if (d->json)
         print_json(d, &t);
-    printf("verified %u/%u requests byte-exact, %llu bytes, %.2f GB/s\n", t.verified,
+    fprintf(d->out, "verified %u/%u requests byte-exact, %llu bytes, %.2f GB/s\n", t.verified,
            d->cfg.requests, (unsigned long long)t.bytes, t.gbps);
     return started && t.children_ok && t.verified == d->cfg.requests
                ? CLI_EXIT_OK : CLI_EXIT_FAILED;
@@ -506,7 +563,8 @@ int cli_cmd_demo(int argc, char **argv)
         rc = cli_usage_error("demo", "--device cuda: no usable CUDA device "
                                   "(or kvrelay was built without CUDA)");
     if (rc < 0) {
-        signal(SIGPIPE, SIG_IGN);
+        d->out = d->json ? stderr : stdout;
+        catch_signals();
         rc = demo_run(d);
     }
     free(d);

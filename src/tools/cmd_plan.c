@@ -166,17 +166,17 @@ static void free_input(plan_input_t *in)
 
 static int build_tables(const plan_opts_t *o, plan_input_t *in)
 {
-    char msg[128];
+    char msg[160];
     kvr_error_t err = {0};
     if (kvr_layout_check_rank(&o->lay, o->rank, &err) != KVR_OK)
         return cli_usage_error("plan", "%s", err.msg);
-    size_t need_src = (size_t)kvr_num_src_blocks(&o->lay, o->tokens);
-    size_t need_dst = (size_t)kvr_num_dst_blocks(&o->lay, o->tokens);
-    if (!cli_parse_table(o->src_text, need_src, &in->src, &in->nsrc,
-                              &in->src_pool, msg, sizeof(msg)))
+    uint64_t need_src = kvr_num_src_blocks(&o->lay, o->tokens);
+    uint64_t need_dst = kvr_num_dst_blocks(&o->lay, o->tokens);
+    if (!cli_parse_table(o->src_text, need_src, o->src_num_blocks, &in->src,
+                         &in->nsrc, &in->src_pool, msg, sizeof(msg)))
         return cli_usage_error("plan", "--src-blocks: %s", msg);
-    if (!cli_parse_table(o->dst_text, need_dst, &in->dst, &in->ndst,
-                              &in->dst_pool, msg, sizeof(msg)))
+    if (!cli_parse_table(o->dst_text, need_dst, o->dst_num_blocks, &in->dst,
+                         &in->ndst, &in->dst_pool, msg, sizeof(msg)))
         return cli_usage_error("plan", "--dst-blocks: %s", msg);
     if (o->src_num_blocks)
         in->src_pool = (uint32_t)o->src_num_blocks;

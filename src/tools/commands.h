@@ -38,12 +38,13 @@ bool cli_parse_region(const char *text, kvr_region_desc_t *out,
                            uint32_t *count);
 
 /* Block table option: "identity" (NULL too), "a,b,c" or "random:SEED".
- * identity and random give `need` ids (random: a permutation prefix of
- * [0, 2*need+1)); a list gives its own length. *pool is one past the
- * largest id the table may hold. Caller frees *ids. */
-bool cli_parse_table(const char *text, size_t need, uint32_t **ids,
-                          size_t *n, uint32_t *pool, char *msg,
-                          size_t msg_len);
+ * identity gives ids 0..need-1; random the first `need` ids of a seeded
+ * permutation of a pool of pool_size ids (0: 2*need+1); a list gives its
+ * own length. *pool is one past the largest id the table may hold (a list:
+ * its largest id + 1). On failure msg names why. Caller frees *ids. */
+bool cli_parse_table(const char *text, uint64_t need, uint64_t pool_size,
+                     uint32_t **ids, size_t *n, uint32_t *pool, char *msg,
+                     size_t msg_len);
 
 /* The planner's checks exactly as `kvrelay plan` runs them: the layout for
  * `rank`, then every rule of docs/design.md §4 for these region pairs and

@@ -3,6 +3,7 @@
 #include <string.h>
 
 #include "commands.h"
+#include "kvrelay/wire.h"
 
 typedef struct {
     const char *name;
@@ -20,12 +21,20 @@ static const command_t commands[] = {
     {"inspect", cli_cmd_inspect, "diff dumped received pages against the source, per token"},
 };
 
+static int print_version(void)
+{
+    printf("kvrelay %s (wire protocol %u.%u, layout version %u)\n", CLI_VERSION,
+           KVR_WIRE_VERSION_MAJOR, KVR_WIRE_VERSION_MINOR, KVR_LAYOUT_VERSION);
+    return CLI_EXIT_OK;
+}
+
 static void usage(FILE *out)
 {
     fputs("usage: kvrelay <command> [options]   (kvrelay <command> --help)\n"
           "commands:\n", out);
     for (size_t i = 0; i < sizeof(commands) / sizeof(commands[0]); i++)
         fprintf(out, "  %-10s %s\n", commands[i].name, commands[i].summary);
+    fprintf(out, "  %-10s %s\n", "version", "print the version (also --version)");
 }
 
 int main(int argc, char **argv)
@@ -38,6 +47,8 @@ int main(int argc, char **argv)
         usage(stdout);
         return CLI_EXIT_OK;
     }
+    if (strcmp(argv[1], "--version") == 0 || strcmp(argv[1], "version") == 0)
+        return print_version();
     for (size_t i = 0; i < sizeof(commands) / sizeof(commands[0]); i++)
         if (strcmp(argv[1], commands[i].name) == 0)
             return commands[i].run(argc - 1, argv + 1);
