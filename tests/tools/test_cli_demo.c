@@ -21,6 +21,8 @@
 #include <cmocka.h>
 #include <jansson.h>
 
+#include "test_inspect_cli.h"
+
 static const char *kvr_bin;
 
 /* Generous waits for a loaded 2-core machine under ASan: they bound a hang,
@@ -35,15 +37,6 @@ static void sleep_ms(long ms)
     nanosleep(&ts, NULL);
 }
 
-static void slurp(const char *path, char *buf, size_t cap)
-{
-    FILE *f = fopen(path, "r");
-    size_t n = f ? fread(buf, 1, cap - 1, f) : 0;
-    buf[n] = '\0';
-    if (f)
-        fclose(f);
-}
-
 /* Runs `kvrelay demo --json ARGS`; stdout must be exactly one JSON value. */
 static json_t *demo_json(const char *args, int *code)
 {
@@ -56,7 +49,7 @@ static json_t *demo_json(const char *args, int *code)
     json_t *root = json_load_file("demo_json.txt", 0, &jerr);
     if (root == NULL) {
         char out[8192];
-        slurp("demo_json.txt", out, sizeof(out));
+        cli_slurp("demo_json.txt", out, sizeof(out));
         fail_msg("demo %s: stdout is not one JSON value (%s): %s", args, jerr.text, out);
     }
     return root;
@@ -68,7 +61,7 @@ static void expect_verified(const char *args)
     json_t *root = demo_json(args, &code);
     if (code != 0 || !json_is_true(json_object_get(root, "ok"))) {
         char err[8192];
-        slurp("demo_err.txt", err, sizeof(err));
+        cli_slurp("demo_err.txt", err, sizeof(err));
         fail_msg("demo %s exited %d: %s", args, code, err);
     }
     json_decref(root);
@@ -94,7 +87,7 @@ static void test_json_stdout(void **state)
     assert_int_equal(json_integer_value(json_object_get(root, "verified")), 2);
     json_decref(root);
     char err[65536];
-    slurp("demo_err.txt", err, sizeof(err));
+    cli_slurp("demo_err.txt", err, sizeof(err));
     assert_non_null(strstr(err, "verified 2/2 requests byte-exact"));
 }
 
@@ -110,7 +103,7 @@ static int children_of(pid_t parent, pid_t *out, int cap)
         if (pid <= 0)
             continue;
         snprintf(path, sizeof(path), "/proc/%d/stat", pid);
-        slurp(path, buf, sizeof(buf));
+        cli_slurp(path, buf, sizeof(buf));
         char *paren = strrchr(buf, ')');
         int ppid = 0;
         if (paren != NULL && sscanf(paren + 2, "%*c %d", &ppid) == 1 && ppid == parent)
@@ -118,6 +111,17 @@ static int children_of(pid_t parent, pid_t *out, int cap)
     }
     if (d != NULL)
         closedir(d);
+    return n;
+}
+
+/* Polls until parent has `want` children (or WAIT_S passed); their count. */
+static int wait_children(pid_t parent, int want, pid_t *out, int cap)
+{
+    int n = 0;
+    for (long ms = 0; ms < WAIT_S * 1000L && n < want; ms += 2) {
+        n = children_of(parent, out, cap);
+        sleep_ms(2);
+    }
     return n;
 }
 
@@ -157,11 +161,7 @@ static void signal_demo(int sig)
 {
     pid_t demo = start_demo(SMALL " --layers 4 --pp 2 --fault wrong-nonce:req-0");
     pid_t kids[16];
-    int n = 0;
-    for (long ms = 0; ms < WAIT_S * 1000L && n < 4; ms += 20) {
-        n = children_of(demo, kids, 16);
-        sleep_ms(20);
-    }
+    int n = wait_children(demo, 4, kids, 16);
     assert_int_equal(n, 4);
     sleep_ms(300); /* let the stages connect */
     assert_int_equal(kill(demo, sig), 0);
@@ -194,11 +194,7 @@ static void test_no_start_after_a_rank_is_gone(void **state)
     (void)state;
     pid_t demo = start_demo(SMALL " --layers 4 --pp 2 --dcp 3");
     pid_t kids[16];
-    int n = 0;
-    for (long ms = 0; ms < WAIT_S * 1000L && n < 2; ms += 2) {
-        n = children_of(demo, kids, 16);
-        sleep_ms(2);
-    }
+    int n = wait_children(demo, 2, kids, 16);
     assert_true(n >= 2);
     pid_t first = kids[0];
     for (int i = 1; i < n; i++)
@@ -208,7 +204,7 @@ static void test_no_start_after_a_rank_is_gone(void **state)
     assert_true(st != -1 && WIFEXITED(st));
     assert_int_equal(WEXITSTATUS(st), 1);
     char out[65536];
-    slurp("demo_bg.txt", out, sizeof(out));
+    cli_slurp("demo_bg.txt", out, sizeof(out));
     char *brace = strchr(out, '{');
     json_t *root = brace ? json_loads(brace, JSON_DISABLE_EOF_CHECK, NULL) : NULL;
     if (root == NULL)
@@ -229,26 +225,13 @@ static void test_no_start_after_a_rank_is_gone(void **state)
 static void test_workload_mismatch_refused(void **state)
 {
     (void)state;
-    int p[2];
-    assert_int_equal(pipe(p), 0);
-    pid_t serve = fork();
-    if (serve == 0) {
-        char cmd[1024];
-        dup2(p[1], STDOUT_FILENO);
-        close(p[0]);
-        snprintf(cmd, sizeof(cmd), "exec %s serve --rank 0 --dcp 1 --pp 1 --layers 4 "
-                 "--tokens 300 --expect 4 --timeout 600 2>serve_mismatch.txt", kvr_bin);
-        execl("/bin/sh", "sh", "-c", cmd, (char *)NULL);
-        _exit(127);
-    }
-    close(p[1]);
-    FILE *f = fdopen(p[0], "r");
-    char line[512];
+    char cmd[1024], line[512];
+    snprintf(cmd, sizeof(cmd), "%s serve --rank 0 --dcp 1 --pp 1 --layers 4 "
+             "--tokens 300 --expect 4 --timeout 600 2>serve_mismatch.txt", kvr_bin);
     int port = 0;
-    while (port == 0 && fgets(line, sizeof(line), f) != NULL)
-        sscanf(line, "listening %d", &port);
-    assert_true(port > 0);
-    char cmd[1024];
+    FILE *f = NULL;
+    pid_t serve = cli_start_serve(cmd, &port, &f);
+    assert_true(serve > 0);
     snprintf(cmd, sizeof(cmd), "%s push --stage 0 --connect 127.0.0.1:%d --dcp 1 "
              "--pp 1 --layers 4 --tokens 300 --requests 2 --timeout 600 "
              ">push_mismatch.txt 2>&1", kvr_bin, port);
@@ -256,7 +239,7 @@ static void test_workload_mismatch_refused(void **state)
     assert_true(WIFEXITED(st));
     assert_int_equal(WEXITSTATUS(st), 1);
     char out[8192];
-    slurp("push_mismatch.txt", out, sizeof(out));
+    cli_slurp("push_mismatch.txt", out, sizeof(out));
     if (strstr(out, "settings differ: requests=4 vs requests=2") == NULL)
         fail_msg("push said \"%s\"", out);
     bool logged = false; /* serve's event line, read before it exits */
@@ -268,7 +251,7 @@ static void test_workload_mismatch_refused(void **state)
     assert_true(sst != -1 && WIFEXITED(sst));
     assert_int_equal(WEXITSTATUS(sst), 1);
     assert_true(logged);
-    slurp("serve_mismatch.txt", out, sizeof(out));
+    cli_slurp("serve_mismatch.txt", out, sizeof(out));
     if (strstr(out, "the run cannot complete") == NULL ||
         strstr(out, "requests=4 vs requests=2") == NULL)
         fail_msg("serve said \"%s\"", out);

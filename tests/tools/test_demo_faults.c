@@ -22,6 +22,8 @@
 #include <cmocka.h>
 #include <jansson.h>
 
+#include "test_inspect_cli.h"
+
 static const char *kvr_bin;
 
 /* Deadlines are generous for a loaded 2-core machine under ASan; the run's
@@ -33,15 +35,6 @@ static const char *kvr_bin;
 #define STR(x) STR_(x)
 #define SMALL "--requests 3 --tokens 700 --layers 6 --pp 2 --dcp 2 " \
               "--deadline-ms " STR(DEADLINE_S) "000 --timeout " STR(TIMEOUT_S)
-
-static void slurp(const char *path, char *buf, size_t cap)
-{
-    FILE *f = fopen(path, "r");
-    size_t n = f ? fread(buf, 1, cap - 1, f) : 0;
-    buf[n] = '\0';
-    if (f)
-        fclose(f);
-}
 
 static double now_s(void)
 {
@@ -263,7 +256,7 @@ static void test_bench(void **state)
     st = system(cmd);
     assert_true(WIFEXITED(st) && WEXITSTATUS(st) == 2);
     char out[4096];
-    slurp("bench_out.txt", out, sizeof(out));
+    cli_slurp("bench_out.txt", out, sizeof(out));
     assert_non_null(strstr(out, "/nonexistent/dir/x.json"));
     assert_null(strstr(out, "executor")); /* no table: nothing ran */
 }
@@ -319,27 +312,15 @@ static void test_non_loopback_refused(void **state)
 
 static pid_t start_serve(const char *extra, int *port)
 {
-    int p[2];
-    assert_int_equal(pipe(p), 0);
-    pid_t pid = fork();
-    if (pid == 0) {
-        char cmd[1024];
-        dup2(p[1], STDOUT_FILENO);
-        close(p[0]);
-        snprintf(cmd, sizeof(cmd), "exec %s serve --rank 0 --dcp 1 --pp 1 "
-                 "--layers 4 --requests 1 --tokens 300 --expect 1 --timeout %d %s "
-                 "2>serve_err.txt", kvr_bin, TIMEOUT_S, extra);
-        execl("/bin/sh", "sh", "-c", cmd, (char *)NULL);
-        _exit(127);
-    }
-    close(p[1]);
-    FILE *f = fdopen(p[0], "r");
-    char line[256] = "";
-    *port = 0;
-    while (fgets(line, sizeof(line), f) != NULL && sscanf(line, "listening %d", port) != 1)
-        ;
-    fclose(f);
-    assert_true(*port > 0);
+    char cmd[1024];
+    snprintf(cmd, sizeof(cmd), "%s serve --rank 0 --dcp 1 --pp 1 --layers 4 "
+             "--requests 1 --tokens 300 --expect 1 --timeout %d %s 2>serve_err.txt",
+             kvr_bin, TIMEOUT_S, extra);
+    FILE *out = NULL;
+    pid_t pid = cli_start_serve(cmd, port, &out);
+    if (out != NULL)
+        fclose(out);
+    assert_true(pid > 0);
     return pid;
 }
 
@@ -375,12 +356,12 @@ static void expect_refused(const char *serve_extra, const char *push_extra,
     assert_true(WIFEXITED(st));
     assert_int_equal(WEXITSTATUS(st), 1);
     char out[8192];
-    slurp("push_out.txt", out, sizeof(out));
+    cli_slurp("push_out.txt", out, sizeof(out));
     if (strstr(out, needle) == NULL)
         fail_msg("push output \"%s\" lacks \"%s\"", out, needle);
     if (sst != 1)
         fail_msg("serve exited %d (-1: still running), not 1", sst);
-    slurp("serve_err.txt", out, sizeof(out));
+    cli_slurp("serve_err.txt", out, sizeof(out));
     if (strstr(out, "handshake with peer") == NULL || strstr(out, needle) == NULL ||
         strstr(out, "the run cannot complete") == NULL)
         fail_msg("serve output \"%s\" lacks the refusal \"%s\"", out, needle);
