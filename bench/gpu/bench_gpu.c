@@ -1,4 +1,4 @@
-/* Side-by-side GPU benchmark (DESIGN.md §5, §10), one run, JSON out.
+/* Side-by-side GPU benchmark (docs/design.md §5, §10), one run, JSON out.
  *
  * Relayout of a request into W = 4 DCP ranks whose pages all live on the
  * second GPU, from producer pages on the first, for MLA tokens of 576 and

@@ -1,6 +1,6 @@
 /* kvrelay conn layer, bookkeeping part: completion ids, TP/PP quorum with
  * bounded tombstones, send/save pairing on the producer's PP head, prefix
- * hashes and the offload namespace key (DESIGN.md §8-9). No UCX, no CUDA.
+ * hashes and the offload namespace key (docs/design.md §8-9). No UCX, no CUDA.
  *
  * Objects here are not thread-safe: one owner thread (or the caller's lock)
  * per object. Every fallible function returns kvr_status_t and fills err (may

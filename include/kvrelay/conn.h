@@ -1,5 +1,5 @@
 /* kvrelay conn layer: the producer (one PP stage) and consumer (one DCP
- * rank) state machines of DESIGN.md §7-8, over a TCP control channel that
+ * rank) state machines of docs/design.md §7-8, over a TCP control channel that
  * carries wire frames and a transport (UCX) for the bytes.
  *
  * One kvr_conn_t is one side. It is driven by kvr_conn_progress() from one
@@ -168,7 +168,7 @@ typedef enum kvr_conn_event_kind {
     KVR_EVENT_PEER_LOST = 6,   /* a link closed (status says why) */
     KVR_EVENT_PEER_REFUSED = 7, /* a peer that dialled us was refused at
                                    handshake, by either side (status and
-                                   message say why) */
+                                   message say why; see peer_known) */
 } kvr_conn_event_kind_t;
 
 /* Arrays point into the conn and stay valid until the next poll. */
@@ -186,10 +186,16 @@ typedef struct kvr_conn_event {
     const uint32_t *dst_blocks;
     size_t num_dst_blocks;
     uint32_t peer_rank; /* PEER_LOST, PEER_REFUSED: the peer's pp (producer)
-                           or dcp rank; UINT32_MAX when refused before its
-                           HELLO arrived */
+                           or dcp rank; UINT32_MAX when it never told (refused
+                           before its HELLO, or with a key before its LAYOUT) */
     uint64_t started_ns; /* LOADED: when the WRITE_REQUESTs went out
                             (CLOCK_MONOTONIC), to time the transfer itself */
+    bool peer_known; /* PEER_REFUSED: the peer is one this side talks to at
+                        all (without a key: its HELLO arrived, from loopback
+                        or under `insecure`; with a key: its AUTH verified).
+                        Other refusals (no key, a wrong key, garbage) may come
+                        from anyone who reaches the port: an application
+                        should not stop waiting for its peers over them. */
 } kvr_conn_event_t;
 
 /* true and *out filled when an event was queued. */

@@ -1,5 +1,5 @@
 /* kvrelay gpu layer: relayout kernels and decode-side DCP ops behind a C
- * interface (DESIGN.md §5 gpu-direct and staged, §10 decode ops).
+ * interface (docs/design.md §5 gpu-direct and staged, §10 decode ops).
  *
  * No CUDA header here: a stream is a `void *` holding a cudaStream_t (NULL is
  * the legacy default stream), device buffers are plain pointers.
@@ -29,7 +29,7 @@ extern "C" {
 #endif
 
 /* ------------------------------------------------------------------------
- * Relayout (DESIGN.md §2-5)
+ * Relayout (docs/design.md §2-5)
  *
  * A relayout describes one region pair of one request: the producer region
  * `src`, the consumer region `dst` (each DCP rank has its own copy of it, at
@@ -162,7 +162,7 @@ kvr_status_t kvr_gpu_ipc_open(const kvr_gpu_ipc_handle_t *h, void **ptr,
 void kvr_gpu_ipc_close(const kvr_gpu_ipc_handle_t *h, void *ptr);
 
 /* ------------------------------------------------------------------------
- * Decode-side DCP ops (DESIGN.md §10). Reference (host) and (CUDA) versions
+ * Decode-side DCP ops (docs/design.md §10). Reference (host) and (CUDA) versions
  * take the same arguments; the CUDA ones take device pointers.
  * ------------------------------------------------------------------------ */
 

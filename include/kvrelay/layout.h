@@ -1,5 +1,5 @@
 /* kvrelay layout layer: topology, region geometry and the DCP layout math
- * (DESIGN.md §2-3). Pure C, no UCX, no CUDA. */
+ * (docs/design.md §2-3). Pure C, no UCX, no CUDA. */
 #ifndef KVRELAY_LAYOUT_H
 #define KVRELAY_LAYOUT_H
 
@@ -64,7 +64,7 @@ kvr_status_t kvr_layout_check(const kvr_layout_t *lay, kvr_error_t *err);
 kvr_status_t kvr_layout_check_rank(const kvr_layout_t *lay, uint32_t rank,
                                    kvr_error_t *err);
 
-/* Geometry (DESIGN.md §2): */
+/* Geometry (docs/design.md §2): */
 uint64_t kvr_virtual_block(const kvr_layout_t *lay); /* V = bs * W */
 uint32_t kvr_owner(const kvr_layout_t *lay, uint64_t g);
 uint64_t kvr_local_index(const kvr_layout_t *lay, uint64_t g);

@@ -1,5 +1,5 @@
 /* kvrelay plan layer: byte runs per region class, digest, host reference
- * executor, verifier and coverage proof (DESIGN.md §4). No UCX, no CUDA. */
+ * executor, verifier and coverage proof (docs/design.md §4). No UCX, no CUDA. */
 #ifndef KVRELAY_PLAN_H
 #define KVRELAY_PLAN_H
 

@@ -1,4 +1,4 @@
-/* kvrelay wire layer: the binary protocol of DESIGN.md §7 (framing, messages,
+/* kvrelay wire layer: the binary protocol of docs/design.md §7 (framing, messages,
  * strict decoding), the HELLO layout comparison and the optional pre-shared
  * key authentication. No transport: bytes in, bytes out. See docs/PROTOCOL.md
  * for the byte layout and the caps. */
@@ -16,7 +16,9 @@
 extern "C" {
 #endif
 
-/* Protocol version: frames of another major version are refused. */
+/* Protocol version: frames of another major version are refused. 2.0: keyed
+ * sessions send LAYOUT after AUTH and a MAC tag after every frame that
+ * follows AUTH (docs/PROTOCOL.md "Session MAC"); HELLO carries settings. */
 #define KVR_WIRE_VERSION_MAJOR 2u
 #define KVR_WIRE_VERSION_MINOR 0u
 
@@ -43,12 +45,14 @@ extern "C" {
 #define KVR_WIRE_NONCE_BYTES 32u /* HELLO auth nonce */
 #define KVR_WIRE_MAC_BYTES 32u   /* HMAC-SHA256 */
 #define KVR_WIRE_KEY_BYTES 32u   /* pre-shared key */
+#define KVR_WIRE_TAG_BYTES 32u   /* session MAC after a frame: HMAC-SHA512-256 */
 
 typedef enum kvr_msg_type {
     KVR_MSG_HELLO = 1,
     KVR_MSG_HELLO_ACK = 2,
     KVR_MSG_AUTH = 3,
     KVR_MSG_BYE = 4,
+    KVR_MSG_LAYOUT = 5, /* HELLO's payload, sent after AUTH in keyed sessions */
     KVR_MSG_REGIONS = 16,
     KVR_MSG_OFFER = 17,
     KVR_MSG_ASSIGN = 18,
@@ -237,7 +241,7 @@ typedef struct kvr_msg_chunk_done {
 typedef struct kvr_msg {
     kvr_msg_type_t type;
     union {
-        kvr_msg_hello_t hello; /* HELLO and HELLO_ACK */
+        kvr_msg_hello_t hello; /* HELLO, HELLO_ACK and LAYOUT */
         kvr_msg_auth_t auth;
         kvr_msg_bye_t bye;
         kvr_msg_regions_t regions;
@@ -300,6 +304,19 @@ kvr_status_t kvr_wire_hello_init(kvr_msg_hello_t *hello, kvr_wire_side_t side,
                                  const kvr_region_desc_t *regions,
                                  size_t num_regions, kvr_error_t *err);
 
+/* The HELLO (or HELLO_ACK) a side with a pre-shared key sends before AUTH:
+ * version, side, has_key and nonce of `full`, every topology and layout
+ * field zero. The full HELLO follows as LAYOUT once the peer authenticated,
+ * so nothing about the layout reaches an unauthenticated peer. */
+void kvr_wire_hello_blank(const kvr_msg_hello_t *full, kvr_msg_hello_t *out);
+
+/* The checks of kvr_wire_hello_check that need no layout (version, side,
+ * key on both sides or neither): what a keyed side checks at HELLO. */
+kvr_status_t kvr_wire_hello_check_intro(const kvr_msg_hello_t *ours,
+                                        const kvr_msg_hello_t *peer,
+                                        kvr_wire_side_t peer_side,
+                                        kvr_error_t *err);
+
 /* Compares our HELLO with the peer's: KVR_ERR_VERSION (major differs),
  * KVR_ERR_PEER_ROLE (peer is not peer_side), KVR_ERR_AUTH (only one side has
  * a key), KVR_ERR_PROTO (peer's ranks out of range), KVR_ERR_LAYOUT_MISMATCH
@@ -348,16 +365,59 @@ kvr_status_t kvr_wire_auth_sign(const kvr_wire_auth_t *auth,
  * failure is final for this connection. */
 kvr_status_t kvr_wire_auth_verify(kvr_wire_auth_t *auth,
                                   const kvr_msg_auth_t *msg, kvr_error_t *err);
-/* True once both HELLOs are noted and, with a key, the peer authenticated. */
+/* True once the peer's AUTH verified (then our LAYOUT may go out). */
+bool kvr_wire_auth_verified(const kvr_wire_auth_t *auth);
+/* Records the peer's LAYOUT (keyed sessions, after its AUTH verified). Its
+ * side, has_key and nonce must be those of the peer's HELLO. Compare it
+ * with kvr_wire_hello_check first. */
+kvr_status_t kvr_wire_auth_note_layout(kvr_wire_auth_t *auth,
+                                       const kvr_msg_hello_t *layout,
+                                       kvr_error_t *err);
+/* True once both HELLOs are noted and, with a key, the peer authenticated
+ * and its LAYOUT was noted. */
 bool kvr_wire_auth_ready(const kvr_wire_auth_t *auth);
 
 /* Call before handling any decoded message of `type` from the peer. BYE is
  * always accepted; HELLO/HELLO_ACK until the peer's HELLO is noted; AUTH
- * only with a key, after both HELLOs, once; anything else only when
+ * only with a key, after both HELLOs, once; LAYOUT only with a key, after
+ * the peer's AUTH verified, once; anything else only when
  * kvr_wire_auth_ready (KVR_ERR_AUTH before authentication, KVR_ERR_PROTO
- * before the HELLO exchange). */
+ * before the HELLO exchange or the LAYOUT). */
 kvr_status_t kvr_wire_gate(const kvr_wire_auth_t *auth, kvr_msg_type_t type,
                            kvr_error_t *err);
+
+/* ---- Session framing and MAC (docs/PROTOCOL.md "Session MAC") ----
+ *
+ * With a key, every frame a side sends after its own AUTH is followed by a
+ * KVR_WIRE_TAG_BYTES tag: HMAC-SHA512-256 under a key for that direction
+ * (derived from the pre-shared key and both HELLO frames) over a 64-bit
+ * sequence number of the direction and the frame. The header's length
+ * counts the payload only. Without a key nothing changes. */
+
+/* The largest frame (header, payload, tag) accepted now: a HELLO frame
+ * until the peer authenticated (keyless: until both HELLOs are noted), so
+ * an unauthenticated peer cannot make a reader buffer more. */
+size_t kvr_wire_session_frame_max(const kvr_wire_auth_t *auth);
+/* kvr_wire_frame_need for this connection: also refuses a frame above
+ * kvr_wire_session_frame_max at its header (KVR_ERR_WIRE_LIMIT), and counts
+ * the tag in *need once the peer's AUTH verified. Call it for a frame only
+ * after handling the one before (an AUTH changes the framing). */
+kvr_status_t kvr_wire_session_need(const kvr_wire_auth_t *auth,
+                                   const void *buf, size_t len, size_t *need,
+                                   kvr_wire_header_t *hdr, kvr_error_t *err);
+/* Call with every frame this side sends, in order, before sending it:
+ * *tag_len is KVR_WIRE_TAG_BYTES with the tag to send right after the
+ * frame, or 0 (no key; our AUTH and the frames before it). */
+kvr_status_t kvr_wire_seal(kvr_wire_auth_t *auth, const void *frame,
+                           size_t len, uint8_t tag[KVR_WIRE_TAG_BYTES],
+                           size_t *tag_len, kvr_error_t *err);
+/* Call with every frame received, in order, as kvr_wire_session_need
+ * counted it: verifies and strips the tag; *frame_len is the frame without
+ * it. A frame that does not verify (tampered, reordered, replayed, a frame
+ * missing before it, truncated) is KVR_ERR_AUTH naming the frame, and final:
+ * the session refuses everything after it. */
+kvr_status_t kvr_wire_open(kvr_wire_auth_t *auth, const void *buf, size_t len,
+                           size_t *frame_len, kvr_error_t *err);
 
 #ifdef __cplusplus
 }

@@ -1,6 +1,6 @@
 /* kvrelay xfer layer: transports (loopback, UCX), host pack/unpack, the
  * direct and staged executors and the cost model that picks between them
- * (DESIGN.md §5-6). No UCX header is included here. */
+ * (docs/design.md §5-6). No UCX header is included here. */
 #ifndef KVRELAY_XFER_H
 #define KVRELAY_XFER_H
 

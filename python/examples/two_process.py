@@ -6,13 +6,16 @@ regions with synthetic KV and offers the request. A child process is the
 decode side (consumer, DCP rank 0 and so the leader): it assigns destination
 blocks from its pool, receives, then checks every byte against the
 synthetic source with the verifier and ``inspect``. Exit 0 only when the
-child verified the request.
+child verified the request; a failure on either side (for instance
+ERR_NO_SPACE for more tokens than the decode pool holds, --tokens 5000) is
+printed by both sides and the exit status is 1.
 
-    KVRELAY_LIB=build/lib/libkvrelay.so PYTHONPATH=python \\
-        python3 python/examples/two_process.py [--tokens 3001] [--dump DIR]
+    python3 python/examples/two_process.py [--tokens 3001] [--dump DIR]
 
-With --dump DIR the consumer also writes a dump directory; then
-``kvrelay inspect DIR`` checks the same bytes from the command line.
+(with kvrelay installed by ``pip install ./python``; from a build tree
+instead, prefix ``PYTHONPATH=python``). With --dump DIR the consumer also
+writes a dump directory; then ``kvrelay inspect DIR`` checks the same bytes
+from the command line.
 """
 
 from __future__ import annotations
@@ -70,19 +73,30 @@ def consumer(num_tokens: int, dump: str) -> int:
         for image in received.values():
             image[:] = 0
         print(f"listening {c.listen('127.0.0.1', 0)}", flush=True)
-        events = c.run_until(
-            lambda ev: conn.count(ev, conn.EventKind.LOAD_FAILED) > 0 or (
-                conn.count(ev, conn.EventKind.LOADED) > 0
-                and conn.count(ev, conn.EventKind.GROUP_DONE) > 0),
-            timeout_s=60)
+        try:
+            events = c.run_until(consumer_done, timeout_s=60)
+        except kv.KvrelayError as e:
+            print(f"consumer: {e}")
+            return 1
         for _ in range(10):  # let RELEASE reach the producer
             c.progress(5)
         loaded = [e for e in events if e.kind == conn.EventKind.LOADED]
         if not loaded:
-            failed = [e for e in events if e.kind == conn.EventKind.LOAD_FAILED]
-            print(f"load failed: {failed[0].status_name} {failed[0].message}")
+            # a refused offer (LOAD_FAILED) or a producer gone (PEER_LOST)
+            last = events[-1]
+            print(f"consumer: {last.kind.name} {last.request_id.decode()} "
+                  f"{last.status_name}: {last.message}")
             return 1
         return check(loaded[0].raise_for_status(), descs, received, dump)
+
+
+def consumer_done(events: List[conn.Event]) -> bool:
+    """The leader's request is over: loaded and released by the group,
+    failed, or the producer went away before anything arrived."""
+    kinds = {e.kind for e in events}
+    if conn.EventKind.LOADED in kinds:
+        return conn.EventKind.GROUP_DONE in kinds
+    return bool(kinds & {conn.EventKind.LOAD_FAILED, conn.EventKind.PEER_LOST})
 
 
 def check(event: conn.Event, dst_descs: List[kv.RegionDesc],
@@ -127,7 +141,8 @@ def write(directory: str, src_descs: List[kv.RegionDesc],
 
 # ---------------------------------------------------------------- producer
 
-def producer(port: int, num_tokens: int) -> None:
+def producer(port: int, num_tokens: int) -> bool:
+    """Offers the request; True once every consumer rank released it."""
     descs = regions(consumer=False)
     src_blocks = source_blocks(num_tokens)
     token_ids = synth.token_ids(num_tokens)
@@ -142,8 +157,11 @@ def producer(port: int, num_tokens: int) -> None:
             lambda ev: conn.count(ev, conn.EventKind.SENT)
             + conn.count(ev, conn.EventKind.SEND_FAILED) > 0, timeout_s=60)
         done = events[-1]
+        detail = f": {done.message}" if done.message else ""
         print(f"producer: {done.kind.name} {done.request_id.decode()} "
-              f"{done.status_name} in {time.monotonic() - t0:.3f} s")
+              f"{done.status_name} in {time.monotonic() - t0:.3f} s{detail}",
+              flush=True)
+        return done.ok
 
 
 def main() -> int:
@@ -164,12 +182,20 @@ def main() -> int:
         print(f"consumer did not start: {first}")
         return 1
     try:
-        producer(int(first[1]), args.tokens)
+        sent = producer(int(first[1]), args.tokens)
     except kv.KvrelayError as e:
-        print(f"producer: {e}")
-    out, _ = child.communicate(timeout=90)
+        print(f"producer: {e}", flush=True)
+        sent = False
+    # The producer's connector is closed by now: a consumer still waiting
+    # sees PEER_LOST and exits, so this wait is bounded by its own deadline.
+    try:
+        out, _ = child.communicate(timeout=90)
+    except subprocess.TimeoutExpired:
+        child.kill()
+        out, _ = child.communicate()
+        out += "consumer: killed after 90 s\n"
     print(out, end="")
-    return child.returncode
+    return 0 if sent and child.returncode == 0 else 1
 
 
 if __name__ == "__main__":

@@ -1,28 +1,38 @@
 """Locating and loading libkvrelay.so, and the C prototypes.
 
-Search order: the ``KVRELAY_LIB`` environment variable (a path to the
-library; an error if it does not exist), then ``build/lib/libkvrelay.so`` of
-the repository this package sits in (``python/kvrelay`` -> repository root),
-then a ``libkvrelay.so`` copied next to this file by a packager.
+Search order: the ``KVRELAY_LIB`` environment variable when set (a path to
+the library; an error if it does not exist), then the ``libkvrelay.so``
+that ``pip install`` put in the package (``pip install -e`` too), then ``build/lib/libkvrelay.so``
+of the repository checkout this package sits in (``python/kvrelay`` ->
+repository root), for use straight from a source tree.
 """
 
 from __future__ import annotations
 
 import ctypes
 import os
+import sys
 from pathlib import Path
-from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from . import _types as T
 
 LIB_ENV = "KVRELAY_LIB"
 _NAME = "libkvrelay.so"
+# what libkvrelay.so links from the system (Debian 12 package names)
+_RUNTIME_PACKAGES = "libsodium23 libjansson4 libucx0"
 
 
-def _candidates() -> Iterator[Path]:
+def _candidates() -> List[Path]:
     here = Path(__file__).resolve().parent
-    yield here.parent.parent / "build" / "lib" / _NAME
-    yield here / _NAME
+    # every folder of the package: an editable install (pip install -e)
+    # has the library in site-packages and the sources in the checkout
+    package = getattr(sys.modules.get(__package__ or ""), "__path__", [])
+    folders = [Path(f).resolve() for f in package] + [here]
+    found = [f / _NAME for i, f in enumerate(folders) if f not in folders[:i]]
+    if (here.parent.parent / "CMakeLists.txt").is_file():
+        found.append(here.parent.parent / "build" / "lib" / _NAME)
+    return found
 
 
 def _find() -> Path:
@@ -40,8 +50,18 @@ def _find() -> Path:
     raise ImportError(
         "kvrelay: libkvrelay.so not found (looked in "
         + ", ".join(tried)
-        + f"); build it (cmake --build build) or set {LIB_ENV}"
+        + f"); install the package (pip install ./python), build it "
+        f"(cmake --build build) or set {LIB_ENV}"
     )
+
+
+def _load(path: Path) -> ctypes.CDLL:
+    try:
+        return ctypes.CDLL(str(path))
+    except OSError as e:
+        raise ImportError(
+            f"kvrelay: cannot load {path}: {e} (it needs the system libraries "
+            f"of the Debian packages {_RUNTIME_PACKAGES})") from e
 
 
 c_u32p = ctypes.POINTER(ctypes.c_uint32)
@@ -57,6 +77,8 @@ _sz, _b, _s = ctypes.c_size_t, ctypes.c_bool, ctypes.c_char_p
 # name: (restype, argtypes). Functions of layers absent from a build are
 # simply missing; require() names them.
 _PROTOTYPES: Dict[str, Tuple[Any, Sequence[Any]]] = {
+    # version (older libraries have only the kvr__shared_version array)
+    "kvr_version": (_s, []),
     # status.h / layout.h
     "kvr_status_str": (_s, [_int]),
     "kvr_status_name": (_s, [_int]),
@@ -151,7 +173,7 @@ class _Library:
 
     def __init__(self, path: Path) -> None:
         self.path = path
-        self.dll = ctypes.CDLL(str(path))
+        self.dll = _load(path)
         self._missing: List[str] = []
         for name, (restype, argtypes) in _PROTOTYPES.items():
             self.declare(name, restype, argtypes)
@@ -181,8 +203,11 @@ class _Library:
         raise AttributeError(name)
 
     def version(self) -> Optional[str]:
-        """The library's version string (None for a library built without
-        src/shared's marker)."""
+        """The library's version string: kvr_version() where the library
+        has it, else its older kvr__shared_version array (None for a
+        library with neither)."""
+        if self.has("kvr_version"):
+            return str(self.dll.kvr_version().decode())
         try:
             text = (ctypes.c_char * 64).in_dll(self.dll, "kvr__shared_version")
         except ValueError:

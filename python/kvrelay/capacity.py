@@ -2,7 +2,7 @@
 
 blocks per rank = floor(budget / (L_mla * bs * token_bytes + L_idx * P * C)),
 P = bs * W when the index is replicated, bs when sharded, C = ceil16(D + 4)
-(from the C library) including padding (DESIGN.md §11).
+(from the C library) including padding (docs/design.md §11).
 """
 
 from __future__ import annotations

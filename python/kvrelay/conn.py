@@ -1,6 +1,6 @@
 """The connector (kvrelay/conn.h): one producer (a PP stage) or consumer (a
 DCP decode rank; rank 0 leads) over a TCP control channel and a UCX
-transport for the bytes (DESIGN.md §6-8).
+transport for the bytes (docs/design.md §6-8).
 
 Register regions (any buffer, a raw address + size, or memory kvrelay
 allocates), listen or connect, submit a request (``offer`` on the producer's

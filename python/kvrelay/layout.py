@@ -1,6 +1,6 @@
 """Layouts (the consumer DCP topology and page formats both sides agree on),
 region descriptions and the DCP layout math, all computed by the C library
-(DESIGN.md §2-3)."""
+(docs/design.md §2-3)."""
 
 from __future__ import annotations
 
@@ -63,7 +63,7 @@ class Layout:
         """A copy with some fields changed."""
         return replace(self, **changes)  # type: ignore[arg-type]
 
-    # ---- geometry (DESIGN.md §2) ----
+    # ---- geometry (docs/design.md §2) ----
     def _call(self, name: str, *args: object) -> int:
         c = self.to_c()
         return int(getattr(LIB, name)(ctypes.byref(c), *args))

@@ -1,4 +1,4 @@
-"""Plans: byte runs per region class and DCP rank (DESIGN.md §4), the host
+"""Plans: byte runs per region class and DCP rank (docs/design.md §4), the host
 reference executor, the verifier, the coverage proof and the layout digest.
 
 ``Plan.runs`` is a numpy structured array (fields src, dst, len, uint64)
@@ -152,7 +152,7 @@ def _runs_array(runs: Any) -> np.ndarray:
 
 def plan(layout: Layout, rank: int, pair: RegionPair, request: Request) -> Plan:
     """Plans one region pair for DCP rank `rank` (kvr_plan_create). Every
-    check of DESIGN.md §4 raises KvrelayError with its own code."""
+    check of docs/design.md §4 raises KvrelayError with its own code."""
     lay, cpair, err = layout.to_c(), pair.to_c(), new_error()
     req, keep = request.to_c()
     out = ctypes.c_void_p()
@@ -232,7 +232,7 @@ def layout_digest(layout: Layout, regions: Iterable[RegionDesc]) -> str:
 
 def verify_region(layout: Layout, rank: int, pair: RegionPair,
                   request: Request, src: BufferLike, dst: BufferLike) -> None:
-    """Checks that every token `rank` must hold sits where DESIGN.md §2-3
+    """Checks that every token `rank` must hold sits where docs/design.md §2-3
     put it in `dst` (the consumer region image), against `src` (the producer
     region image). Raises KvrelayError(ERR_VERIFY) naming the first wrong
     token, byte, expected and found values."""

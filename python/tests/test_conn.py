@@ -97,6 +97,32 @@ def test_offer_to_w_ranks():
         p.close()
 
 
+def test_refused_offer_fails_on_both_sides():
+    # 700 tokens need 11 blocks; the leader's pool has 4: the producer gets
+    # SEND_FAILED and the leader itself LOAD_FAILED, both ERR_NO_SPACE.
+    lay = kv.Layout(block_size=64)
+    desc = kv.RegionDesc.mla(lay, 0, 576, 16)
+    c, _ = consumer(lay, 0, [desc], 4)
+    port = c.listen()
+    drv = Driver(c)
+    p = conn.Connector(conn.Side.PRODUCER, lay, topology=conn.Topology(layer_end=1))
+    try:
+        p.alloc_region(desc)
+        p.connect("127.0.0.1", port)
+        p.offer("req-big", 700, np.arange(11, dtype=np.uint32), transfer_id=9)
+        done = p.run_until(
+            lambda ev: conn.count(ev, conn.EventKind.SEND_FAILED) > 0, 30)[-1]
+        assert done.status_name == "ERR_NO_SPACE" and done.request_id == b"req-big"
+        e = drv.wait(conn.EventKind.LOAD_FAILED)[0]
+        assert (e.status_name, e.request_id, e.transfer_id, e.num_tokens) == (
+            "ERR_NO_SPACE", b"req-big", 9, 700)
+        assert "4-block decode pool" in e.message, e.message
+        assert not [x for x in drv.events if x.kind == conn.EventKind.LOADED]
+    finally:
+        drv.close()
+        p.close()
+
+
 def test_load_into_engine_memory():
     lay = kv.Layout(block_size=16)
     src_desc = kv.RegionDesc.mla(lay, 0, 128, 8)

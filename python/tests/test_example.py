@@ -1,5 +1,6 @@
 """python/examples/two_process.py moves a request between two processes and
-its dump passes `inspect`."""
+its dump passes `inspect`; a request the decode pool cannot hold fails on
+both sides."""
 
 import os
 import subprocess
@@ -9,16 +10,31 @@ import kvrelay as kv
 from conftest import ROOT
 
 
-def test_two_process_example(tmp_path):
+def run_example(*args):
     env = dict(os.environ)
     env["PYTHONPATH"] = str(ROOT / "python")
-    dump = tmp_path / "dump"
-    out = subprocess.run(
+    return subprocess.run(
         [sys.executable, str(ROOT / "python" / "examples" / "two_process.py"),
-         "--tokens", "777", "--dump", str(dump)],
-        capture_output=True, text=True, env=env, timeout=180)
+         *args], capture_output=True, text=True, env=env, timeout=180)
+
+
+def test_two_process_example(tmp_path):
+    dump = tmp_path / "dump"
+    out = run_example("--tokens", "777", "--dump", str(dump))
     assert out.returncode == 0, out.stdout + out.stderr
     assert "producer: SENT req-0 OK" in out.stdout
     assert "verified req-0: 777 tokens" in out.stdout
     report = kv.inspect_dump(dump)
     assert report["clean"] and report["summary"]["tokens_checked"] == 6 * 777
+
+
+def test_two_process_example_no_space():
+    # 5000 tokens need 79 blocks of 64; the decode pool has 64. The consumer
+    # hears of the refusal from its connector (LOAD_FAILED), not a deadline.
+    out = run_example("--tokens", "5000")
+    assert out.returncode == 1, out.stdout + out.stderr
+    assert "producer: SEND_FAILED req-0 ERR_NO_SPACE" in out.stdout, out.stdout
+    assert ("consumer: LOAD_FAILED req-0 ERR_NO_SPACE: offer 'req-0' refused: "
+            "offer of 5000 tokens needs more than the 64-block decode pool"
+            in out.stdout), out.stdout
+    assert "Traceback" not in out.stderr, out.stderr

@@ -1,4 +1,4 @@
-/* Completion ids (DESIGN.md §8): validation, completion_req_key, keyed
+/* Completion ids (docs/design.md §8): validation, completion_req_key, keyed
  * hashing, owned copies and printable forms. */
 #include <stdio.h>
 #include <stdlib.h>

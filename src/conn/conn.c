@@ -502,16 +502,20 @@ static void service_link(kvr_conn_t *c, kvr__peer_t *peer)
         kvr__link_close(peer->link, KVR_ERR_PEER_DEAD, "%s", peer->link->eof_why);
 }
 
-/* PEER_LOST or PEER_REFUSED for a closed link, with its reason. */
+/* PEER_LOST or PEER_REFUSED for a closed link, with its reason. A keyed
+ * peer's HELLO is blank (pp size 0): its ranks come with its LAYOUT. */
 static void push_link_event(kvr_conn_t *c, const kvr__peer_t *peer,
                             kvr_conn_event_kind_t kind)
 {
     const kvr__link_t *l = peer->link;
     kvr_conn_event_t *e = kvr__event_push(c, kind, NULL, 0, l->close_status,
                                           l->close_why);
-    e->peer_rank = !l->hello_recv ? UINT32_MAX
+    bool told = l->hello_recv && l->peer.topo.pp_size > 0;
+    e->peer_rank = !told ? UINT32_MAX
                    : l->peer.side == KVR_WIRE_PRODUCER ? l->peer.topo.pp_rank
                                                        : l->peer.topo.dcp_rank;
+    e->peer_known = l->hello_recv &&
+                    (!c->has_key || kvr_wire_auth_verified(l->auth));
 }
 
 static void reap_closed(kvr_conn_t *c)

@@ -158,7 +158,7 @@ kvr_status_t kvr__handshake_msg(kvr_conn_t *c, kvr__peer_t *peer,
                                 const kvr_msg_t *msg, bool *handled);
 bool kvr__peer_ready(const kvr_conn_t *c, const kvr__peer_t *peer);
 /* Consumer: a producer link serves this rank when its tp rank is
- * (our tp rank) % (producer tp size) (DESIGN §7); other producer tp ranks
+ * (our tp rank) % (producer tp size) (docs/design.md §7); other producer tp ranks
  * of the same stage serve other ranks. */
 bool kvr__serves_us(const kvr_conn_t *c, const kvr__peer_t *peer);
 /* Index of the peer's region with d's (role, layer), or -1. */

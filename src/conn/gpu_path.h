@@ -1,6 +1,6 @@
 /* The connector's GPU path: regions in CUDA device memory, shared with the
  * producer through CUDA IPC, filled by the gpu layer's scatter kernel
- * (DESIGN.md §5 gpu-direct). Two implementations: gpu_path_cuda.c when the
+ * (docs/design.md §5 gpu-direct). Two implementations: gpu_path_cuda.c when the
  * gpu layer was built with CUDA, gpu_path_none.c (ERR_UNSUPPORTED) else. */
 #ifndef KVRELAY_CONN_GPU_PATH_H
 #define KVRELAY_CONN_GPU_PATH_H

@@ -1,5 +1,6 @@
-/* HELLO / HELLO_ACK / AUTH / BYE / REGIONS: what happens before any request
- * (DESIGN.md §7 handshake). Rkeys are unpacked only after authentication. */
+/* HELLO / HELLO_ACK / AUTH / LAYOUT / BYE / REGIONS: what happens before any
+ * request (docs/PROTOCOL.md Handshake). With a key the layout is compared
+ * only after AUTH; rkeys are unpacked only after authentication. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -23,14 +24,7 @@ static kvr_status_t build_hello(kvr_conn_t *c, kvr__link_t *link,
 
 static void refuse(kvr__peer_t *peer, kvr_status_t st, const char *why)
 {
-    kvr_msg_t bye;
-    kvr_msg_init(&bye, KVR_MSG_BYE);
-    bye.u.bye.status = st;
-    snprintf(bye.u.bye.text, sizeof(bye.u.bye.text), "%s", why);
-    kvr__peer_send(peer, &bye);
-    kvr__link_flush(peer->link);
-    peer->link->refused = !peer->link->ready;
-    kvr__link_close(peer->link, st, "refused: %s", why);
+    kvr__link_refuse(peer->link, st, why);
 }
 
 kvr_status_t kvr__handshake_start(kvr_conn_t *c, kvr__peer_t *peer)
@@ -41,11 +35,7 @@ kvr_status_t kvr__handshake_start(kvr_conn_t *c, kvr__peer_t *peer)
         kvr__link_close(peer->link, st, "HELLO: %s", err.msg);
         return st;
     }
-    kvr_msg_t m = {.type = KVR_MSG_HELLO};
-    m.u.hello = peer->link->ours;
-    st = kvr__peer_send(peer, &m);
-    peer->link->hello_sent = st == KVR_OK;
-    return st;
+    return kvr__link_send_hello(peer->link, KVR_MSG_HELLO);
 }
 
 /* Consumers accept producers; the leader also accepts the other ranks. */
@@ -70,7 +60,7 @@ bool kvr__serves_us(const kvr_conn_t *c, const kvr__peer_t *peer)
            t->tp_rank == c->p.topo.tp_rank % size;
 }
 
-/* A stage's layer range must not overlap another stage's (DESIGN §7);
+/* A stage's layer range must not overlap another stage's (docs/design.md §7);
  * among the producer links that serve this rank, one per stage. */
 static bool stage_overlaps(kvr_conn_t *c, kvr__peer_t *peer, char *why, size_t n)
 {
@@ -112,24 +102,12 @@ static void on_ready(kvr_conn_t *c, kvr__peer_t *peer)
 
 static void maybe_auth(kvr_conn_t *c, kvr__peer_t *peer)
 {
-    kvr__link_t *l = peer->link;
-    kvr_error_t err = {0};
-    if (!l->hello_sent || !l->hello_recv)
-        return;
-    if (c->has_key && !l->auth_sent) {
-        kvr_msg_t m = {.type = KVR_MSG_AUTH};
-        kvr_status_t st = kvr_wire_auth_sign(l->auth, &m.u.auth, &err);
-        if (st != KVR_OK) {
-            kvr__link_close(l, st, "AUTH: %s", err.msg);
-            return;
-        }
-        kvr__peer_send(peer, &m);
-        l->auth_sent = true;
-    }
-    if (!l->ready && kvr_wire_auth_ready(l->auth))
+    if (!peer->link->ready && kvr__link_handshake_step(peer->link))
         on_ready(c, peer);
 }
 
+/* With a key, the peer's HELLO is blank: only what needs no layout is
+ * checked now, the rest at its LAYOUT, after AUTH. */
 static void on_hello(kvr_conn_t *c, kvr__peer_t *peer, const kvr_msg_t *msg)
 {
     kvr__link_t *l = peer->link;
@@ -143,17 +121,17 @@ static void on_hello(kvr_conn_t *c, kvr__peer_t *peer, const kvr_msg_t *msg)
     kvr_status_t st = kvr__link_note_peer_hello(l, &err);
     if (st == KVR_OK && !l->initiator)
         st = build_hello(c, l, &err);
-    if (st == KVR_OK)
+    if (st == KVR_OK && c->has_key)
+        st = kvr_wire_hello_check_intro(&l->ours, &l->peer,
+                                        expected_side(c, peer), &err);
+    else if (st == KVR_OK)
         st = kvr_wire_hello_check(&l->ours, &l->peer, expected_side(c, peer), &err);
     if (st != KVR_OK) {
         refuse(peer, st, err.msg);
         return;
     }
-    if (!l->initiator) {
-        kvr_msg_t ack = {.type = KVR_MSG_HELLO_ACK};
-        ack.u.hello = l->ours;
-        l->hello_sent = kvr__peer_send(peer, &ack) == KVR_OK;
-    }
+    if (!l->initiator)
+        kvr__link_send_hello(l, KVR_MSG_HELLO_ACK);
     maybe_auth(c, peer);
 }
 
@@ -161,6 +139,23 @@ static void on_auth(kvr_conn_t *c, kvr__peer_t *peer, const kvr_msg_t *msg)
 {
     kvr_error_t err = {0};
     kvr_status_t st = kvr_wire_auth_verify(peer->link->auth, &msg->u.auth, &err);
+    if (st != KVR_OK) {
+        refuse(peer, st, err.msg);
+        return;
+    }
+    maybe_auth(c, peer);
+}
+
+/* The peer's layout, authenticated: the comparison a keyless HELLO gets. */
+static void on_layout(kvr_conn_t *c, kvr__peer_t *peer, const kvr_msg_t *msg)
+{
+    kvr__link_t *l = peer->link;
+    kvr_error_t err = {0};
+    kvr_status_t st = kvr_wire_hello_check(&l->ours, &msg->u.hello,
+                                           expected_side(c, peer), &err);
+    if (st == KVR_OK)
+        st = kvr_wire_auth_note_layout(l->auth, &msg->u.hello, &err);
+    l->peer = msg->u.hello; /* authenticated: names the peer in a refusal too */
     if (st != KVR_OK) {
         refuse(peer, st, err.msg);
         return;
@@ -327,6 +322,7 @@ kvr_status_t kvr__handshake_msg(kvr_conn_t *c, kvr__peer_t *peer,
     case KVR_MSG_HELLO:
     case KVR_MSG_HELLO_ACK: on_hello(c, peer, msg); break;
     case KVR_MSG_AUTH: on_auth(c, peer, msg); break;
+    case KVR_MSG_LAYOUT: on_layout(c, peer, msg); break;
     case KVR_MSG_REGIONS: on_regions(c, peer, msg); break;
     default: *handled = false; break;
     }

@@ -149,12 +149,17 @@ static kvr_status_t place(kvr_conn_t *c, kvr__lreq_t *r, const kvr_msg_offer_t *
     return st;
 }
 
-/* Answers an OFFER that cannot be placed: one failed RELEASE per rank. */
+/* Answers an OFFER that cannot be placed: one failed RELEASE per rank, and
+ * a LOAD_FAILED here, so the decode side hears of the refusal too (the other
+ * ranks never saw the OFFER). */
 static void refuse_offer(kvr_conn_t *c, kvr__peer_t *from, const kvr_msg_offer_t *o,
                          kvr_status_t st, const char *why)
 {
     kvr__conn_fail(c, st, "offer '%.*s' refused: %s", (int)o->request_id.len,
                    o->request_id.bytes, why);
+    kvr_conn_event_t *e = kvr__event_push(c, KVR_EVENT_LOAD_FAILED, &o->request_id,
+                                          o->transfer_id, st, c->last_error);
+    e->num_tokens = o->num_tokens;
     for (uint32_t r = 0; r < c->p.layout.tp; r++) {
         kvr_msg_t m;
         kvr_msg_init(&m, KVR_MSG_RELEASE);

@@ -1,5 +1,5 @@
-/* TCP control links: framing over a byte stream, bounded buffers, and the
- * frame bookkeeping AUTH needs. */
+/* TCP control links: framing over a byte stream, bounded buffers, the frame
+ * bookkeeping AUTH needs and the session MAC (docs/PROTOCOL.md Session MAC). */
 #include "link.h"
 
 #include <arpa/inet.h>
@@ -16,6 +16,8 @@
 #include <sys/socket.h>
 #include <time.h>
 #include <unistd.h>
+
+#define RX_CHUNK 65536u /* bytes asked of one recv */
 
 static kvr_status_t errno_status(kvr_error_t *err, const char *what,
                                  const char *host, uint16_t port)
@@ -232,25 +234,38 @@ bool kvr__link_flush(kvr__link_t *link)
     return !link->closed;
 }
 
+/* Room for a frame and its tag, checked before the tag is made: a sealed
+ * frame must go out, or the peer's sequence would skip one. */
+static kvr_status_t tx_room(kvr__link_t *link, size_t len)
+{
+    size_t total = len + KVR_WIRE_TAG_BYTES;
+    if (link->tx_len - link->tx_off + total > KVR_LINK_TX_MAX)
+        return KVR_ERR_NO_SPACE;
+    if (!reserve(&link->tx, &link->tx_cap, link->tx_len + total))
+        return KVR_ERR_NO_MEMORY;
+    return KVR_OK;
+}
+
 kvr_status_t kvr__link_send(kvr__link_t *link, const kvr_msg_t *msg)
 {
     if (link->closed)
         return link->close_status ? link->close_status : KVR_ERR_PEER_DEAD;
-    uint8_t *frame = NULL;
-    size_t len = 0;
+    uint8_t *frame = NULL, tag[KVR_WIRE_TAG_BYTES];
+    size_t len = 0, tag_len = 0;
     kvr_error_t err = {0};
     kvr_status_t st = kvr_wire_encode_alloc(msg, &frame, &len, &err);
     if (st != KVR_OK)
         return st;
     if (msg->type == KVR_MSG_HELLO || msg->type == KVR_MSG_HELLO_ACK)
         st = kvr_wire_auth_note_hello(link->auth, frame, len, true, &err);
-    if (st == KVR_OK && link->tx_len - link->tx_off + len > KVR_LINK_TX_MAX)
-        st = KVR_ERR_NO_SPACE;
-    if (st == KVR_OK && !reserve(&link->tx, &link->tx_cap, link->tx_len + len))
-        st = KVR_ERR_NO_MEMORY;
+    if (st == KVR_OK)
+        st = tx_room(link, len);
+    if (st == KVR_OK)
+        st = kvr_wire_seal(link->auth, frame, len, tag, &tag_len, &err);
     if (st == KVR_OK) {
         memcpy(link->tx + link->tx_len, frame, len);
-        link->tx_len += len;
+        memcpy(link->tx + link->tx_len + len, tag, tag_len);
+        link->tx_len += len + tag_len;
     }
     free(frame);
     if (st == KVR_OK)
@@ -258,16 +273,87 @@ kvr_status_t kvr__link_send(kvr__link_t *link, const kvr_msg_t *msg)
     return st;
 }
 
+kvr_status_t kvr__link_send_hello(kvr__link_t *link, kvr_msg_type_t type)
+{
+    kvr_msg_t m = {.type = type};
+    if (kvr_wire_auth_has_key(link->auth))
+        kvr_wire_hello_blank(&link->ours, &m.u.hello);
+    else
+        m.u.hello = link->ours;
+    kvr_status_t st = kvr__link_send(link, &m);
+    link->hello_sent = st == KVR_OK;
+    return st;
+}
+
+static kvr_status_t send_auth(kvr__link_t *l, kvr_error_t *err)
+{
+    kvr_msg_t m = {.type = KVR_MSG_AUTH};
+    kvr_status_t st = kvr_wire_auth_sign(l->auth, &m.u.auth, err);
+    if (st == KVR_OK)
+        st = kvr__link_send(l, &m);
+    l->auth_sent = st == KVR_OK;
+    return st;
+}
+
+bool kvr__link_handshake_step(kvr__link_t *l)
+{
+    kvr_error_t err = {0};
+    kvr_status_t st = KVR_OK;
+    bool key = kvr_wire_auth_has_key(l->auth);
+    if (l->closed || !l->hello_sent || !l->hello_recv)
+        return false;
+    if (key && !l->auth_sent)
+        st = send_auth(l, &err);
+    if (st == KVR_OK && key && !l->layout_sent &&
+        kvr_wire_auth_verified(l->auth)) {
+        kvr_msg_t m = {.type = KVR_MSG_LAYOUT};
+        m.u.hello = l->ours;
+        st = kvr__link_send(l, &m);
+        l->layout_sent = st == KVR_OK;
+    }
+    if (st != KVR_OK) {
+        kvr__link_close(l, st, "handshake: %s",
+                        err.msg[0] ? err.msg : kvr_status_name(st));
+        return false;
+    }
+    return kvr_wire_auth_ready(l->auth) && (!key || l->layout_sent);
+}
+
+void kvr__link_refuse(kvr__link_t *link, kvr_status_t status, const char *why)
+{
+    if (link->closed)
+        return;
+    kvr_msg_t bye;
+    kvr_msg_init(&bye, KVR_MSG_BYE);
+    bye.u.bye.status = status;
+    snprintf(bye.u.bye.text, sizeof(bye.u.bye.text), "%s", why);
+    kvr__link_send(link, &bye);
+    kvr__link_flush(link);
+    link->refused = !link->ready;
+    kvr__link_close(link, status, "refused: %s", why);
+}
+
+/* Bytes the link may hold unread: two HELLO frames until the peer
+ * authenticated, then the largest frame and one read more. */
+static size_t rx_bound(const kvr__link_t *link)
+{
+    size_t max = kvr_wire_session_frame_max(link->auth);
+    return max + (max < RX_CHUNK ? max : RX_CHUNK);
+}
+
 kvr_status_t kvr__link_read(kvr__link_t *link)
 {
     for (;;) {
-        if (!reserve(&link->rx, &link->rx_cap, link->rx_len + 65536))
+        size_t bound = rx_bound(link);
+        if (link->rx_len >= bound)
+            return KVR_OK; /* let next() consume before reading more */
+        size_t want = bound - link->rx_len < RX_CHUNK ? bound - link->rx_len
+                                                      : RX_CHUNK;
+        if (!reserve(&link->rx, &link->rx_cap, link->rx_len + want))
             return KVR_ERR_NO_MEMORY;
-        ssize_t n = recv(link->fd, link->rx + link->rx_len, 65536, 0);
+        ssize_t n = recv(link->fd, link->rx + link->rx_len, want, 0);
         if (n > 0) {
             link->rx_len += (size_t)n;
-            if (link->rx_len > KVR_WIRE_HEADER_BYTES + KVR_WIRE_MAX_PAYLOAD + 65536)
-                return KVR_OK; /* let next() consume before reading more */
             continue;
         }
         if (n < 0 && (errno == EAGAIN || errno == EINTR))
@@ -280,27 +366,45 @@ kvr_status_t kvr__link_read(kvr__link_t *link)
     }
 }
 
+/* Frames the next complete frame in rx: header checks (size bound of the
+ * link's state, version), tag, decode. */
+static kvr_status_t take_frame(kvr__link_t *link, kvr_msg_t *msg, bool *have,
+                               kvr_error_t *err)
+{
+    size_t need = 0, len = 0;
+    kvr_status_t st = kvr_wire_session_need(link->auth, link->rx, link->rx_len,
+                                            &need, NULL, err);
+    if (st != KVR_OK || link->rx_len < need)
+        return st;
+    st = kvr_wire_open(link->auth, link->rx, need, &len, err);
+    if (st == KVR_OK)
+        st = kvr_wire_decode(link->rx, len, msg, err);
+    bool hello = st == KVR_OK &&
+                 (msg->type == KVR_MSG_HELLO || msg->type == KVR_MSG_HELLO_ACK);
+    if (hello && len <= sizeof(link->hello_frame)) {
+        memcpy(link->hello_frame, link->rx, len);
+        link->hello_len = len;
+    } else if (hello) {
+        kvr_msg_free(msg);
+        st = kvr_error_set(err, KVR_ERR_PROTO, "HELLO frame of %zu bytes", len);
+    }
+    if (st != KVR_OK)
+        return st;
+    memmove(link->rx, link->rx + need, link->rx_len - need);
+    link->rx_len -= need;
+    *have = true;
+    return KVR_OK;
+}
+
 kvr_status_t kvr__link_next(kvr__link_t *link, kvr_msg_t *msg, bool *have,
                             kvr_error_t *err)
 {
-    size_t need = 0;
-    kvr_wire_header_t hdr;
+    kvr_error_t e = {0};
     *have = false;
-    kvr_status_t st = kvr_wire_frame_need(link->rx, link->rx_len, &need, &hdr, err);
-    if (st != KVR_OK || link->rx_len < need)
-        return st;
-    st = kvr_wire_decode(link->rx, need, msg, err);
-    bool hello = st == KVR_OK &&
-                 (msg->type == KVR_MSG_HELLO || msg->type == KVR_MSG_HELLO_ACK);
-    if (hello && need <= sizeof(link->hello_frame)) {
-        memcpy(link->hello_frame, link->rx, need);
-        link->hello_len = need;
-    } else if (hello) {
-        kvr_msg_free(msg);
-        st = kvr_error_set(err, KVR_ERR_PROTO, "HELLO frame of %zu bytes", need);
-    }
-    memmove(link->rx, link->rx + need, link->rx_len - need);
-    link->rx_len -= need;
-    *have = st == KVR_OK;
+    kvr_status_t st = take_frame(link, msg, have, &e);
+    if (st != KVR_OK)
+        kvr__link_refuse(link, st, e.msg);
+    if (err != NULL && st != KVR_OK)
+        *err = e;
     return st;
 }

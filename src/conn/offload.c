@@ -1,4 +1,4 @@
-/* Offload identity (DESIGN.md §9): the namespace key is a 16-byte BLAKE2b of
+/* Offload identity (docs/design.md §9): the namespace key is a 16-byte BLAKE2b of
  * a canonical JSON description of the layout (jansson, sorted keys, compact
  * separators, ASCII-escaped: unambiguous whatever the strings hold), and
  * loads use the largest chunk-aligned prefix of a hit. */

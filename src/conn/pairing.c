@@ -1,4 +1,4 @@
-/* Send/save pairing on the producer's PP head (DESIGN.md §8): a finished
+/* Send/save pairing on the producer's PP head (docs/design.md §8): a finished
  * send whose request has a save in flight is held until that save
  * completes, in either arrival order, because the save still reads the
  * request's blocks. Saves are never held. A released SEND is the signal

@@ -1,5 +1,5 @@
 /* Prefix hashes at hash_block_size and the cached-prefix arithmetic
- * (DESIGN.md §2, §9). */
+ * (docs/design.md §2, §9). */
 #include <sodium.h>
 #include <string.h>
 

@@ -1,4 +1,4 @@
-/* TP/PP quorum (DESIGN.md §8): a key completes once every member reported;
+/* TP/PP quorum (docs/design.md §8): a key completes once every member reported;
  * any failure wins; finished keys are tombstoned so late duplicates are
  * ignored. The same object serves TP workers and PP stages: a PP load
  * failure is therefore emitted only once every stage answered. */

@@ -1,4 +1,4 @@
-/* Decode-side DCP ops on the GPU (DESIGN.md §10): top-k filter/convert,
+/* Decode-side DCP ops on the GPU (docs/design.md §10): top-k filter/convert,
  * row-to-request maps, replicated index slot mapping, LSE merge. */
 #include <cuda/atomic>
 

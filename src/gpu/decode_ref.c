@@ -1,4 +1,4 @@
-/* Decode-side DCP ops (DESIGN.md §10): argument checks shared with the CUDA
+/* Decode-side DCP ops (docs/design.md §10): argument checks shared with the CUDA
  * launchers, and the C reference of each op. */
 #include <math.h>
 #include <stdio.h>

@@ -149,7 +149,7 @@ KVR_HD kvr__rl_piece_t kvr__rl_mla_piece(const kvr__rl_geom_t *g,
 }
 
 /* Key plane (q < W) or scale plane of source page b*W + q % W, placed as
- * sub-page q % W of the W-times-wider destination page (DESIGN.md §4). */
+ * sub-page q % W of the W-times-wider destination page (docs/design.md §4). */
 KVR_HD kvr__rl_piece_t kvr__rl_repl_piece(const kvr__rl_geom_t *g, uint64_t b,
                                           uint32_t q, uint64_t base)
 {

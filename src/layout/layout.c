@@ -1,3 +1,6 @@
+/* The layout layer's public face: layout and region validation, and
+ * wrappers of the math in layout_math.h for callers that cannot inline it
+ * (tools, Python through libkvrelay.so). docs/design.md §2-3. */
 #include "kvrelay/layout.h"
 
 #include <stdarg.h>
@@ -43,6 +46,7 @@ kvr_status_t kvr_error_set(kvr_error_t *err, kvr_status_t code,
     return code;
 }
 
+/* Indexed by kvr_role_t; the same names the CLI parses ("mla:576x78"). */
 static const char *const role_names[] = {
     [KVR_ROLE_MLA] = "mla",         [KVR_ROLE_INDEX] = "index",
     [KVR_ROLE_DENSE] = "dense",     [KVR_ROLE_STATE] = "state",
@@ -67,6 +71,10 @@ kvr_status_t kvr_role_parse(const char *text, kvr_role_t *out)
     return KVR_ERR_INVALID;
 }
 
+/* Each check has its own status code so that a caller (or a peer reading
+ * WRITE_FAILED) can tell them apart. bs comes first because the I checks use
+ * it. tp % W == 0 because DCP adds no GPUs: the W DCP ranks subdivide the
+ * consumer's TP group, as the engine requires. */
 kvr_status_t kvr_layout_check(const kvr_layout_t *lay, kvr_error_t *err)
 {
     if (lay == NULL)
@@ -109,11 +117,14 @@ kvr_status_t kvr_layout_check_rank(const kvr_layout_t *lay, uint32_t rank,
     return KVR_OK;
 }
 
+/* V = bs * W: the tokens one consumer block-table entry covers. */
 uint64_t kvr_virtual_block(const kvr_layout_t *lay)
 {
     return (uint64_t)lay->block_size * lay->dcp_size;
 }
 
+/* Public wrappers of layout_math.h; the formulas and why they hold are
+ * there. */
 uint32_t kvr_owner(const kvr_layout_t *lay, uint64_t g)
 {
     return kvr__owner(g, lay->interleave, lay->dcp_size);
@@ -134,6 +145,7 @@ uint64_t kvr_local_len(const kvr_layout_t *lay, uint64_t len, uint32_t rank)
     return kvr__local_len(len, rank, lay->interleave, lay->dcp_size);
 }
 
+/* Table entries, not pages: the W ranks share one table of ceil(N / V). */
 uint64_t kvr_num_dst_blocks(const kvr_layout_t *lay, uint64_t num_tokens)
 {
     return kvr__ceil_div(num_tokens, kvr_virtual_block(lay));
@@ -149,6 +161,9 @@ uint64_t kvr_index_stride(uint32_t index_dim)
     return kvr__index_stride(index_dim);
 }
 
+/* P of an index page: bs, except on a consumer with a replicated index,
+ * where every rank holds all V tokens of a table entry in one page (W times
+ * wider than the producer's). */
 uint64_t kvr_index_page_tokens(const kvr_layout_t *lay, bool consumer)
 {
     if (consumer && lay->replicate_index)
@@ -168,6 +183,8 @@ uint64_t kvr_index_scale_offset(uint64_t page_tokens, uint32_t index_dim,
     return kvr__index_scale_off(t, page_tokens, index_dim);
 }
 
+/* What the transport can reach. A region may register less than
+ * num_blocks * page_bytes; the planner refuses runs past it. */
 uint64_t kvr_region_bytes(const kvr_region_desc_t *r)
 {
     return r->bytes ? r->bytes : r->num_blocks * r->page_bytes;
@@ -179,6 +196,7 @@ uint64_t kvr_region_token_bytes(const kvr_layout_t *lay,
     return r->page_bytes / lay->block_size;
 }
 
+/* Token bytes are page_bytes / bs; a remainder would shift every slot. */
 static kvr_status_t check_token_region(const kvr_layout_t *lay,
                                        const kvr_region_desc_t *r,
                                        const char *side, kvr_error_t *err)
@@ -193,6 +211,11 @@ static kvr_status_t check_token_region(const kvr_layout_t *lay,
     return KVR_OK;
 }
 
+/* An index page must hold its two planes, P * D key bytes and P scales, for
+ * the P of its side. The padding up to P * C is not required: it is never
+ * moved, so a page stored without it plans the same. Only D/Q == 1 (one scale
+ * per token) is supported; preshuffled keys come in 16 x 16-byte tiles, hence
+ * the 16s. */
 static kvr_status_t check_index_region(const kvr_layout_t *lay,
                                        const kvr_region_desc_t *r,
                                        bool consumer, kvr_error_t *err)
@@ -226,6 +249,7 @@ static kvr_status_t check_index_region(const kvr_layout_t *lay,
     return KVR_OK;
 }
 
+/* STATE, OTHER and STAGING pages are opaque: only their size must be sane. */
 kvr_status_t kvr_region_check(const kvr_layout_t *lay,
                               const kvr_region_desc_t *r, bool consumer,
                               kvr_error_t *err)

@@ -1,6 +1,12 @@
-/* The single source of truth for DCP layout math (DESIGN.md §2-3).
+/* The single source of truth for DCP layout math (docs/design.md §2-3).
  * static inline, usable from host C and CUDA device code. Callers guarantee
- * the layout was validated (I >= 1, W >= 1, bs % I == 0). */
+ * the layout was validated (I >= 1, W >= 1, bs % I == 0).
+ *
+ * The picture behind every formula: cut the sequence into chunks of I tokens
+ * and deal them round-robin to the W ranks; each rank stacks its chunks, in
+ * order, into its own local sequence. g is a global position, V = bs * W.
+ * Example, bs 4, W 2, I 2: tokens 0-1 go to rank 0, 2-3 to rank 1, 4-5 to
+ * rank 0 (its local 2-3), and so on (the full table is docs/design.md §2). */
 #ifndef KVRELAY_LAYOUT_MATH_H
 #define KVRELAY_LAYOUT_MATH_H
 
@@ -12,29 +18,44 @@
 #define KVR_HD static inline
 #endif
 
+/* Chunk g / I of the sequence was dealt to rank (g / I) % W. */
 KVR_HD uint32_t kvr__owner(uint64_t g, uint64_t I, uint64_t W)
 {
     return (uint32_t)((g / I) % W);
 }
 
+/* Position of g in its owner's local sequence: g / (I*W) full rounds of
+ * dealing gave the owner I tokens each, then g % I inside g's own chunk.
+ * Why local(g) / bs == g / V: write g = k*V + x with x < V. I divides bs, so
+ * I*W divides V and local(g) = k*bs + (x / (I*W))*I + x % I, whose tail is at
+ * most bs - 1. The tokens of virtual block k therefore land, on every rank,
+ * inside that rank's physical block k: one block table serves all W ranks
+ * (docs/design.md §2). */
 KVR_HD uint64_t kvr__local(uint64_t g, uint64_t I, uint64_t W)
 {
     return (g / (I * W)) * I + g % I;
 }
 
+/* Inverse of (owner, local): local index j on rank r is in that rank's
+ * chunk j / I, which was chunk (j / I) * W + r of the sequence. */
 KVR_HD uint64_t kvr__global(uint64_t j, uint64_t r, uint64_t I, uint64_t W)
 {
     return ((j / I) * W + r) * I + j % I;
 }
 
-/* Consumer slot of g on its owner (sharded): table[g / V] * bs + local % bs. */
+/* Consumer slot of g on its owner (sharded): table[g / V] * bs + local % bs.
+ * Entry g / V names the block; local % bs is the row inside it, since
+ * local / bs == g / V (see kvr__local). */
 KVR_HD uint64_t kvr__dst_slot(const uint32_t *table, uint64_t g, uint64_t bs,
                               uint64_t I, uint64_t W)
 {
     return (uint64_t)table[g / (bs * W)] * bs + kvr__local(g, I, W) % bs;
 }
 
-/* Consumer slot of g on every rank (replicated, page of V tokens). */
+/* Consumer slot of g on every rank (replicated, page of V tokens). A
+ * replicated index holds every token on every rank, and one block-table entry
+ * covers V tokens, so its page is V = bs * W tokens wide (W times the
+ * producer's) and a token's row is simply g % V. */
 KVR_HD uint64_t kvr__dst_slot_repl(const uint32_t *table, uint64_t g,
                                    uint64_t bs, uint64_t W)
 {
@@ -42,11 +63,16 @@ KVR_HD uint64_t kvr__dst_slot_repl(const uint32_t *table, uint64_t g,
     return (uint64_t)table[g / V] * V + g % V;
 }
 
+/* Producer slot of g: the producer has no DCP, so its blocks are bs tokens. */
 KVR_HD uint64_t kvr__src_slot(const uint32_t *table, uint64_t g, uint64_t bs)
 {
     return (uint64_t)table[g / bs] * bs + g % bs;
 }
 
+/* Tokens rank r holds of an L-token sequence. After L / (I*W) full rounds
+ * every rank holds base tokens; the rest (< I*W) is dealt in chunks of I, so
+ * rank r gets what is left of its chunk, clamped to [0, I]. The W lengths sum
+ * to L. Example, I 2, W 2, L 11: base 4, 3 left: rank 0 holds 6, rank 1 5. */
 KVR_HD uint64_t kvr__local_len(uint64_t L, uint64_t r, uint64_t I, uint64_t W)
 {
     uint64_t full = L / (I * W);
@@ -62,12 +88,22 @@ KVR_HD uint64_t kvr__ceil_div(uint64_t a, uint64_t b)
     return (a + b - 1) / b;
 }
 
+/* Bytes per token of an index page including padding: C = ceil16(D + 4),
+ * D key bytes plus one fp32 scale (D/Q == 1), rounded to 16. 144 for D 128.
+ * It sizes pages (P * C); the planner never uses it as a token stride: the
+ * padding is never moved, and a window of C bytes is not a token (keys and
+ * scales live in separate planes). */
 KVR_HD uint64_t kvr__index_stride(uint64_t D)
 {
     return (D + 4 + 15) / 16 * 16;
 }
 
-/* Key byte d of token t in a page of P tokens. */
+/* Key byte d of token t in a page of P tokens. Preshuffled pages store
+ * 16-token groups of 16 x 16-byte tiles: a group takes 16 * D bytes, and
+ * inside it byte column d / 16 of all 16 tokens is one 256-byte tile. Every
+ * offset depends on t only through t / 16 and t % 16, so with bs % 16 == 0 a
+ * source page's key plane moves whole into sub-page s of a replicated page:
+ * every offset shifts by the same s * bs * D (docs/design.md §4). */
 KVR_HD uint64_t kvr__index_key_off(uint64_t t, uint64_t d, uint64_t D,
                                    int preshuffle)
 {
@@ -76,7 +112,8 @@ KVR_HD uint64_t kvr__index_key_off(uint64_t t, uint64_t d, uint64_t D,
     return (t / 16) * (16 * D) + (d / 16) * 256 + (t % 16) * 16 + d % 16;
 }
 
-/* First byte of token t's scale(s) in a page of P tokens (D/Q == 1). */
+/* First byte of token t's scale(s) in a page of P tokens (D/Q == 1): the
+ * scale plane starts after the P * D key bytes, so it moves with P. */
 KVR_HD uint64_t kvr__index_scale_off(uint64_t t, uint64_t P, uint64_t D)
 {
     return P * D + 4 * t;

@@ -1,4 +1,4 @@
-/* Planner input validation (DESIGN.md §4): every check its own status code,
+/* Planner input validation (docs/design.md §4): every check its own status code,
  * every message naming the values. */
 #include <stdlib.h>
 #include <string.h>
@@ -8,6 +8,14 @@
 
 typedef unsigned long long ull;
 
+/* Tables are the request's full tables (never pre-sliced): N tokens need
+ * ceil(N / bs) source blocks and ceil(N / V) destination entries.
+ * Incremental: k virtual blocks already cached are k*V tokens, i.e. k*W
+ * source blocks and k destination entries, so the plan starts there. k must
+ * leave something to move (k*V < N) and stay inside both tables. An offset at
+ * or past the end is nearly always one counted in the wrong unit (physical
+ * blocks are W times more than virtual ones), so it is refused rather than
+ * planned as empty. k == 0 is always valid, even for N == 0. */
 static kvr_status_t check_tables(const kvr_layout_t *lay,
                                  const kvr_request_t *req,
                                  kvr__req_info_t *info, kvr_error_t *err)
@@ -48,6 +56,9 @@ static int cmp_u32(const void *a, const void *b)
     return (x > y) - (x < y);
 }
 
+/* Two entries naming one block id would put two virtual blocks on one page,
+ * the second overwriting the first. Only the entries this plan writes
+ * ([k, ceil(N / V))) are checked. */
 static kvr_status_t check_duplicates(const kvr_request_t *req,
                                      const kvr__req_info_t *info,
                                      kvr_error_t *err)
@@ -71,6 +82,8 @@ static kvr_status_t check_duplicates(const kvr_request_t *req,
     return st;
 }
 
+/* The largest id is computed once per request and compared with each
+ * region's num_blocks; the per-entry scan runs only to name a bad entry. */
 static uint32_t max_id(const uint32_t *ids, uint64_t from, uint64_t to)
 {
     uint32_t m = 0;
@@ -101,6 +114,10 @@ kvr_status_t kvr__check_request(const kvr_layout_t *lay, uint32_t rank,
     return KVR_OK;
 }
 
+/* The role rules (docs/design.md §3): MLA is sharded per token; the index
+ * moves by planes, replicated or (W > 1 only at I == bs, where a source page
+ * has one owner) sharded; everything else only as identity pages, which needs
+ * W == 1 and, for DENSE, equal TP (a head reshard is not implemented). */
 static kvr_status_t role_rule(const kvr_layout_t *lay,
                               const kvr_region_pair_t *pair, kvr__kind_t *kind,
                               kvr_error_t *err)
@@ -140,6 +157,10 @@ static kvr_status_t role_rule(const kvr_layout_t *lay,
     return KVR_OK;
 }
 
+/* Producer and consumer regions of a pair must hold the same bytes per
+ * token. Index pages may differ in size (a replicated page is W times wider),
+ * so they compare D and Q; every other kind copies tokens or pages byte for
+ * byte, so their page bytes must be equal. */
 static kvr_status_t check_twins(const kvr_layout_t *lay,
                                 const kvr_region_pair_t *pair,
                                 kvr__kind_t kind, kvr_error_t *err)
@@ -214,6 +235,9 @@ kvr_status_t kvr__check_pair(const kvr_layout_t *lay,
     return KVR_OK;
 }
 
+/* The last guard before bytes move: UCX does not bounds-check puts, so a
+ * run past a registered length would overwrite a neighbour's memory. The
+ * extents make the common case one comparison; the scan names the run. */
 kvr_status_t kvr__check_plan_bounds(const kvr_plan_t *plan,
                                     const kvr_region_pair_t *pair,
                                     kvr_error_t *err)

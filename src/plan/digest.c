@@ -1,4 +1,4 @@
-/* Layout digest (DESIGN.md §4): BLAKE2b-128 via libsodium, first 8 bytes. */
+/* Layout digest (docs/design.md §4): BLAKE2b-128 via libsodium, first 8 bytes. */
 #include <sodium.h>
 #include <stdio.h>
 #include <stdlib.h>

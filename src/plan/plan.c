@@ -1,4 +1,8 @@
-/* Run generation, ordering and coalescing (DESIGN.md §4). */
+/* Run generation, ordering and coalescing (docs/design.md §4). Token roles
+ * (MLA) are planned in token units and scaled to bytes per region class, so
+ * one walk serves every token class; index and page kinds are planned in
+ * bytes. Every kind walks destination blocks in ascending id order, so runs
+ * come out sorted by destination and the final sort is usually skipped. */
 #include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
@@ -43,6 +47,7 @@ kvr_status_t kvr__plan_push(kvr_plan_t *plan, uint64_t src, uint64_t dst,
     return KVR_OK;
 }
 
+/* Ties broken on src so the order never depends on qsort's. */
 static int cmp_dst(const void *a, const void *b)
 {
     const kvr_run_t *x = a, *y = b;
@@ -59,6 +64,12 @@ static int sorted_by_dst(const kvr_plan_t *plan)
     return 1;
 }
 
+/* Sorted by destination: the plan is deterministic whatever order the
+ * tables are in, and the staged executor's byte stream (the runs in plan
+ * order) is the consumer's page order. Neighbours merge only when source and
+ * destination both continue, so every byte keeps its (src, dst) pair and a
+ * merged run is one put or memcpy instead of several. uncoalesced is kept
+ * because "bs / I runs per block" is a property of the plan before merging. */
 void kvr__plan_finish(kvr_plan_t *plan)
 {
     plan->uncoalesced = plan->num_runs;
@@ -123,7 +134,11 @@ static uint32_t *dst_order(const uint32_t *table, uint64_t first, uint64_t end)
 }
 
 /* Rank r owns chunks c = (q*W + r)*I, local index q*I; virtual block k
- * holds q in [k*bs/I, (k+1)*bs/I). */
+ * holds q in [k*bs/I, (k+1)*bs/I) because local / bs == g / V. So the rank
+ * visits only its own chunks, never testing tokens it does not own. A chunk
+ * starts at a multiple of I and I divides bs, so it never straddles a source
+ * block: one contiguous source run each, clipped at the last token. Its
+ * destination row is local % bs = (q*I) % bs inside entry k's page. */
 static kvr_status_t push_token_block(const kvr_request_t *req, uint64_t k,
                                      uint32_t rank, uint64_t bs, uint64_t I,
                                      uint64_t W, kvr_plan_t *plan)
@@ -142,6 +157,8 @@ static kvr_status_t push_token_block(const kvr_request_t *req, uint64_t k,
     return KVR_OK;
 }
 
+/* Incremental: entries before k0 are cached, so the walk starts at entry k0
+ * (global token k0 * V). The capacity guess is the rank's chunk count. */
 kvr_status_t kvr__plan_tokens(const kvr_layout_t *lay, uint32_t rank,
                               const kvr_request_t *req, kvr_plan_t **out)
 {
@@ -164,6 +181,8 @@ kvr_status_t kvr__plan_tokens(const kvr_layout_t *lay, uint32_t rank,
     return KVR_OK;
 }
 
+/* Token units to bytes. Scaling keeps contiguity, so a coalesced token plan
+ * stays coalesced and need not be merged again. */
 void kvr__plan_scale(kvr_plan_t *plan, uint64_t unit)
 {
     for (size_t i = 0; i < plan->num_runs; i++) {
@@ -196,7 +215,13 @@ kvr_status_t kvr__plan_scaled(const kvr_plan_t *tokens, uint64_t unit,
 }
 
 /* Replicated: destination block k takes source pages j = k*W + s, key
- * planes at s*bs*D, then scale planes at W*bs*D + s*bs*4 (ascending). */
+ * planes at s*bs*D, then scale planes at W*bs*D + s*bs*4 (ascending: the plane
+ * loop is outside so all key sub-planes precede the scales). The consumer page
+ * holds V = W*bs tokens, and source token t is its token s*bs + t. Whole
+ * planes move even when preshuffled: with bs % 16 == 0 every key offset
+ * shifts by the same s*bs*D, every scale by s*bs*4. Never per token: a
+ * C-byte window of an index page is not a token (docs/design.md §3). The
+ * last page's slots past num_tokens move too, as the request's own slack. */
 static kvr_status_t push_index_repl(const kvr_layout_t *lay,
                                     const kvr_region_pair_t *pair,
                                     const kvr_request_t *req, uint64_t k,
@@ -216,7 +241,11 @@ static kvr_status_t push_index_repl(const kvr_layout_t *lay,
     return st;
 }
 
-/* Sharded (I == bs or W == 1): block k's page from source page k*W + rank. */
+/* Sharded (I == bs or W == 1): block k's page from source page k*W + rank.
+ * At I == bs source page j belongs wholly to rank j % W and lands in entry
+ * j / W at the same rows, and both pages hold P = bs tokens, so the key and
+ * scale planes are adjacent on both sides: one run of bs * (D + 4) bytes
+ * (D/Q == 1). Padding never moves. */
 static kvr_status_t push_index_shard(const kvr_layout_t *lay, uint32_t rank,
                                      const kvr_region_pair_t *pair,
                                      const kvr_request_t *req, uint64_t k,
@@ -231,6 +260,7 @@ static kvr_status_t push_index_shard(const kvr_layout_t *lay, uint32_t rank,
                           bs * (D + 4));
 }
 
+/* The identity layout (W == 1, equal TP): page j to page j. */
 static kvr_status_t push_page(const kvr_region_pair_t *pair,
                               const kvr_request_t *req, uint64_t j,
                               kvr_plan_t *plan)
@@ -240,7 +270,9 @@ static kvr_status_t push_page(const kvr_region_pair_t *pair,
                           pair->src.page_bytes);
 }
 
-/* Plans any kind, walking destination blocks in ascending id order. */
+/* Plans any kind, walking destination blocks in ascending id order. The
+ * capacity guess is the replicated worst case: 2 runs for each of the W
+ * source pages of an entry. */
 kvr_status_t kvr__plan_kind(const kvr_layout_t *lay, uint32_t rank,
                             const kvr_region_pair_t *pair,
                             const kvr_request_t *req, kvr__kind_t kind,
@@ -284,6 +316,8 @@ kvr_status_t kvr_plan_create(const kvr_layout_t *lay, uint32_t rank,
 {
     kvr__req_info_t info;
     kvr__kind_t kind;
+    /* Every check runs before a run is made; the bounds check needs the
+     * plan's extents, so it runs after and is free when they fit. */
     if (out == NULL)
         return kvr_error_set(err, KVR_ERR_INVALID, "out is NULL");
     kvr_status_t st = kvr__check_request(lay, rank, req, &info, err);
@@ -336,6 +370,8 @@ void kvr_plan_apply_host(const kvr_plan_t *plan, const void *src_base,
                plan->runs[i].len);
 }
 
+/* Runs from elsewhere (tests, Python) are kept as given: not sorted, not
+ * merged, so a caller can replay a plan exactly. */
 kvr_status_t kvr_plan_from_runs(const kvr_run_t *runs, size_t num_runs,
                                 kvr_plan_t **out)
 {

@@ -1,4 +1,4 @@
-/* Plans for many region pairs, one per region class (DESIGN.md §4). */
+/* Plans for many region pairs, one per region class (docs/design.md §4). */
 #include <stdlib.h>
 
 #include "plan_internal.h"

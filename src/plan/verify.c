@@ -1,5 +1,7 @@
-/* Expected placement of every byte (DESIGN.md §2-3), the byte verifier and
- * the coverage proof built on it. */
+/* Expected placement of every byte (docs/design.md §2-3), the byte verifier and
+ * the coverage proof built on it. The expectation walks tokens with the
+ * formulas of layout_math.h, never the plan's runs, so a planner bug cannot
+ * confirm itself: the coverage proof compares two independent derivations. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -9,6 +11,10 @@
 
 typedef unsigned long long ull;
 
+/* One index token: its key bytes in pieces that are contiguous on both
+ * sides (16 bytes when preshuffled: one row of a 16 x 16-byte tile; all D
+ * otherwise), then its scale. td is the token's row in the destination page:
+ * g % V in a replicated page of V tokens, local % bs in a sharded one. */
 static int expect_index_token(const kvr_layout_t *lay,
                               const kvr_region_pair_t *pair,
                               const kvr_request_t *req, uint64_t g, int repl,
@@ -32,6 +38,7 @@ static int expect_index_token(const kvr_layout_t *lay,
               dp + kvr__index_scale_off(td, Pd, D), 4);
 }
 
+/* Identity pages (W == 1): g is the page's first token, for messages. */
 static void expect_pages(const kvr_layout_t *lay,
                          const kvr_region_pair_t *pair,
                          const kvr_request_t *req, kvr__expect_fn fn,
@@ -82,6 +89,7 @@ typedef struct {
     kvr_status_t st;
 } verify_ctx_t;
 
+/* memcmp first; only a mismatch is walked byte by byte to name it. */
 static int verify_segment(void *arg, uint64_t g, const char *part,
                           uint64_t so, uint64_t dof, uint64_t len)
 {
@@ -122,6 +130,9 @@ kvr_status_t kvr_verify_region(const kvr_layout_t *lay, uint32_t rank,
 
 /* ---- coverage proof ---- */
 
+/* The map holds, per destination byte, 1 + the source byte a run wrote there
+ * (0: unwritten), then COVERED once an expected byte matched it. Hence the
+ * 4 GiB limit on regions in this test mode. */
 #define COVERED UINT32_MAX
 
 typedef struct {
@@ -157,6 +168,8 @@ static int cover_segment(void *arg, uint64_t g, const char *part,
     return 0;
 }
 
+/* A byte written twice is an error even with the same value: two runs
+ * racing on one byte would be a plan bug the data might hide. */
 static kvr_status_t paint_plan(const kvr_plan_t *plan, uint32_t rank,
                                uint64_t src_bytes, uint64_t dst_bytes,
                                uint32_t *map, kvr_error_t *err)
@@ -181,7 +194,9 @@ static kvr_status_t paint_plan(const kvr_plan_t *plan, uint32_t rank,
 }
 
 /* Leftover writes are legal only as index slack: in a request page, inside
- * the planes. */
+ * the planes. Index planes move whole even when the request ends inside the
+ * page, so the slots past num_tokens are written with bytes nobody reads;
+ * anything else written and not expected is a plan bug. */
 static kvr_status_t check_leftovers(const kvr_layout_t *lay,
                                     const kvr_region_pair_t *pair,
                                     const kvr_request_t *req, kvr__kind_t kind,
@@ -234,6 +249,8 @@ static kvr_status_t cover_rank(const kvr_layout_t *lay,
     return check_leftovers(lay, pair, req, kind, rank, map, dst_bytes, err);
 }
 
+/* Token placements the W ranks must make together: N - k*V tokens once each
+ * when sharded, W times when replicated; identity plans count pages. */
 static uint64_t expected_total(const kvr_layout_t *lay, const kvr_request_t *req,
                                kvr__kind_t kind)
 {

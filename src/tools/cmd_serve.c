@@ -85,7 +85,7 @@ typedef struct {
     void *mirrors[DEMO_MAX_LAYERS * 2]; /* host view (device: a copy) */
     uint32_t num_regions;
     uint32_t loaded, verified, failed, group_done;
-    uint32_t refused; /* peers refused at handshake */
+    uint32_t refused; /* known peers refused at handshake */
     char first_refusal[KVR_ERROR_MSG_MAX];
     uint64_t bytes;
     json_t *dumped; /* rank 0 with --dump: the requests it loaded */
@@ -229,10 +229,13 @@ static void note_refusal(serve_t *s, const kvr_conn_event_t *e)
     char peer[16] = "?";
     if (e->peer_rank != UINT32_MAX)
         snprintf(peer, sizeof(peer), "%u", e->peer_rank);
-    printf("refused %s %s %s\n", peer, kvr_status_name(e->status), e->message);
-    fprintf(stderr, "kvrelay serve: rank %u: handshake with peer %s failed: %s\n",
-            s->o.rank, peer, e->message);
-    if (s->refused++ == 0)
+    printf("refused %s %s %s %s\n", peer, e->peer_known ? "known" : "unknown",
+           kvr_status_name(e->status), e->message);
+    fprintf(stderr, "kvrelay serve: rank %u: handshake with %s peer %s failed: %s\n",
+            s->o.rank, e->peer_known ? "a" : "an unauthenticated", peer, e->message);
+    /* only a peer we talk to at all counts: one without the key must not
+     * be able to stop a keyed serve */
+    if (e->peer_known && s->refused++ == 0)
         snprintf(s->first_refusal, sizeof(s->first_refusal), "%s", e->message);
 }
 
@@ -282,7 +285,9 @@ static bool finished(const serve_t *s)
 
 /* Every peer this rank expects (each producer stage's tp ranks; rank 0:
  * the other ranks, rank > 0: its leader) has answered and some were
- * refused: the run cannot complete, so stop now rather than at --timeout. */
+ * refused: the run cannot complete, so stop now rather than at --timeout.
+ * Refusals of unknown peers (no key or a wrong one against our key) are
+ * logged but not counted: anyone who reaches the port can cause them. */
 static bool refused_out(const serve_t *s)
 {
     uint32_t W = s->cfg.lay.dcp_size;

@@ -1,13 +1,20 @@
-/* Pre-shared key authentication and the gate that keeps everything but the
- * handshake out until the peer is authenticated (DESIGN.md §7 Handshake).
+/* Pre-shared key authentication, the gate that keeps everything but the
+ * handshake out until the peer is authenticated, and the session MAC on
+ * every frame after AUTH (docs/PROTOCOL.md Authentication, Session MAC;
+ * docs/design.md §7).
  *
  * AUTH = HMAC-SHA256(key, label || sender role || sender is initiator ||
  *                    u32 len || HELLO frame || u32 len || HELLO_ACK frame).
  * Both frames carry a fresh random nonce, so an AUTH replayed from another
  * session fails; the initiator byte keeps an AUTH from being reflected back
- * between two peers of the same role. */
+ * between two peers of the same role.
+ *
+ * Session keys: master = BLAKE2b keyed with the pre-shared key over
+ * SESSION_LABEL and the same two frames; one subkey per direction
+ * (crypto_kdf). Tag = HMAC-SHA512-256(direction key, u64 seq || frame). */
 #include <ctype.h>
 #include <errno.h>
+#include <inttypes.h>
 #include <sodium.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -17,7 +24,11 @@
 
 #define AUTH_LABEL "kvrelay-auth-v1"
 #define AUTH_LABEL_LEN (sizeof(AUTH_LABEL) - 1)
-#define TRANSCRIPT_MAX (AUTH_LABEL_LEN + 2 + 2 * (4 + KVR_WIRE_HELLO_FRAME_MAX))
+#define SESSION_LABEL "kvrelay-session-v1"
+#define SESSION_CONTEXT "kvrsessn" /* crypto_kdf context: 8 bytes */
+#define TRANSCRIPT_MAX (sizeof(SESSION_LABEL) + 2 + 2 * (4 + KVR_WIRE_HELLO_FRAME_MAX))
+#define SUBKEY_I2A 1 /* initiator -> acceptor */
+#define SUBKEY_A2I 2
 #define KEY_FILE_MAX 256
 
 /* [0]: the initiator's HELLO, [1]: the acceptor's HELLO_ACK. */
@@ -29,12 +40,23 @@ typedef struct {
     uint8_t bytes[KVR_WIRE_HELLO_FRAME_MAX];
 } hello_frame_t;
 
+/* One direction of the session MAC. */
+typedef struct {
+    bool on;        /* frames carry a tag */
+    bool broken;    /* rx: a frame did not verify; the session is over */
+    uint64_t seq;   /* of the next frame */
+    uint8_t key[crypto_auth_hmacsha512256_KEYBYTES];
+} session_dir_t;
+
 struct kvr_wire_auth {
     uint8_t key[KVR_WIRE_KEY_BYTES];
     bool has_key;
     bool authed;
     bool failed;
+    bool layout_noted;
+    bool keys_made;
     hello_frame_t frame[2];
+    session_dir_t tx, rx;
 };
 
 kvr_status_t kvr_wire_auth_create(const uint8_t *key, kvr_wire_auth_t **out,
@@ -81,7 +103,20 @@ static bool peer_noted(const kvr_wire_auth_t *a)
 
 bool kvr_wire_auth_ready(const kvr_wire_auth_t *auth)
 {
-    return auth && both_noted(auth) && (!auth->has_key || auth->authed);
+    return auth && both_noted(auth) &&
+           (!auth->has_key || (auth->authed && auth->layout_noted));
+}
+
+bool kvr_wire_auth_verified(const kvr_wire_auth_t *auth)
+{
+    return auth && auth->authed;
+}
+
+/* The peer passed what this connection asks of it before it may send more
+ * than handshake frames. */
+static bool peer_trusted(const kvr_wire_auth_t *a)
+{
+    return a->has_key ? a->authed : both_noted(a);
 }
 
 /* Checks a HELLO frame against what is already noted; slot is its index. */
@@ -166,6 +201,30 @@ static size_t transcript(const kvr_wire_auth_t *a, int sender, uint8_t *buf)
     return append_frame(buf, n, &a->frame[1]);
 }
 
+/* Session keys, once both HELLOs are noted: a master bound to this
+ * session's frames (both nonces, both roles), then one key per direction,
+ * so a frame reflected back to its sender never verifies. */
+static void make_keys(kvr_wire_auth_t *a)
+{
+    if (a->keys_made)
+        return;
+    uint8_t buf[TRANSCRIPT_MAX], master[crypto_kdf_KEYBYTES];
+    size_t n = append(buf, 0, SESSION_LABEL, sizeof(SESSION_LABEL) - 1);
+    n = append_frame(buf, n, &a->frame[0]);
+    n = append_frame(buf, n, &a->frame[1]);
+    crypto_generichash(master, sizeof(master), buf, n, a->key, sizeof(a->key));
+    bool initiator = a->frame[0].ours;
+    crypto_kdf_derive_from_key(a->tx.key, sizeof(a->tx.key),
+                               initiator ? SUBKEY_I2A : SUBKEY_A2I,
+                               SESSION_CONTEXT, master);
+    crypto_kdf_derive_from_key(a->rx.key, sizeof(a->rx.key),
+                               initiator ? SUBKEY_A2I : SUBKEY_I2A,
+                               SESSION_CONTEXT, master);
+    sodium_memzero(master, sizeof(master));
+    sodium_memzero(buf, sizeof(buf));
+    a->keys_made = true;
+}
+
 static kvr_status_t check_can_mac(const kvr_wire_auth_t *a, kvr_error_t *err)
 {
     if (!a->has_key)
@@ -210,6 +269,27 @@ kvr_status_t kvr_wire_auth_verify(kvr_wire_auth_t *auth,
                              "replayed from another session)");
     }
     auth->authed = true;
+    make_keys(auth);
+    auth->rx.on = true;
+    return KVR_OK;
+}
+
+kvr_status_t kvr_wire_auth_note_layout(kvr_wire_auth_t *auth,
+                                       const kvr_msg_hello_t *layout,
+                                       kvr_error_t *err)
+{
+    if (auth == NULL || layout == NULL)
+        return kvr_error_set(err, KVR_ERR_INVALID, "auth or layout is NULL");
+    kvr_status_t s = kvr_wire_gate(auth, KVR_MSG_LAYOUT, err);
+    if (s != KVR_OK)
+        return s;
+    const hello_frame_t *hello = &auth->frame[auth->frame[0].ours ? 1 : 0];
+    if (layout->side != hello->role || !layout->has_key ||
+        sodium_memcmp(layout->nonce, hello->nonce, sizeof(hello->nonce)) != 0)
+        return kvr_error_set(err, KVR_ERR_PROTO,
+                             "LAYOUT's side, key flag or nonce differ from "
+                             "the peer's HELLO");
+    auth->layout_noted = true;
     return KVR_OK;
 }
 
@@ -225,6 +305,19 @@ static kvr_status_t gate_auth(const kvr_wire_auth_t *a, kvr_error_t *err)
     if (a->failed || a->authed)
         return kvr_error_set(err, KVR_ERR_AUTH, "AUTH after authentication %s",
                              a->failed ? "failed" : "succeeded");
+    return KVR_OK;
+}
+
+static kvr_status_t gate_layout(const kvr_wire_auth_t *a, kvr_error_t *err)
+{
+    if (!a->has_key)
+        return kvr_error_set(err, KVR_ERR_AUTH,
+                             "LAYOUT received but no pre-shared key is "
+                             "configured here");
+    if (!a->authed)
+        return kvr_error_set(err, KVR_ERR_AUTH, "LAYOUT before authentication");
+    if (a->layout_noted)
+        return kvr_error_set(err, KVR_ERR_PROTO, "LAYOUT received twice");
     return KVR_OK;
 }
 
@@ -245,6 +338,8 @@ kvr_status_t kvr_wire_gate(const kvr_wire_auth_t *auth, kvr_msg_type_t type,
         return KVR_OK;
     case KVR_MSG_AUTH:
         return gate_auth(auth, err);
+    case KVR_MSG_LAYOUT:
+        return gate_layout(auth, err);
     default:
         break;
     }
@@ -257,6 +352,148 @@ kvr_status_t kvr_wire_gate(const kvr_wire_auth_t *auth, kvr_msg_type_t type,
     if (auth->has_key && !auth->authed)
         return kvr_error_set(err, KVR_ERR_AUTH, "%s before authentication",
                              name);
+    if (auth->has_key && !auth->layout_noted)
+        return kvr_error_set(err, KVR_ERR_PROTO, "%s before the peer's LAYOUT",
+                             name);
+    return KVR_OK;
+}
+
+/* ---- session framing and MAC ---- */
+
+size_t kvr_wire_session_frame_max(const kvr_wire_auth_t *auth)
+{
+    if (auth == NULL || !peer_trusted(auth))
+        return KVR_WIRE_HELLO_FRAME_MAX;
+    return KVR_WIRE_HEADER_BYTES + KVR_WIRE_MAX_PAYLOAD +
+           (auth->rx.on ? KVR_WIRE_TAG_BYTES : 0);
+}
+
+/* "WRITE_REQUEST", or "type 99" for a type this side does not know. */
+static const char *type_text(uint16_t type, char *buf, size_t cap)
+{
+    const char *name = kvr_msg_type_name((kvr_msg_type_t)type);
+    if (name != NULL)
+        return name;
+    snprintf(buf, cap, "type %u", type);
+    return buf;
+}
+
+static uint16_t frame_type(const uint8_t *frame)
+{
+    return (uint16_t)(frame[6] | frame[7] << 8);
+}
+
+kvr_status_t kvr_wire_session_need(const kvr_wire_auth_t *auth,
+                                   const void *buf, size_t len, size_t *need,
+                                   kvr_wire_header_t *hdr, kvr_error_t *err)
+{
+    if (auth == NULL || need == NULL)
+        return kvr_error_set(err, KVR_ERR_INVALID, "auth or need is NULL");
+    kvr_wire_header_t h;
+    size_t n = 0;
+    kvr_status_t s = kvr_wire_frame_need(buf, len, &n, &h, err);
+    if (s != KVR_OK || len < KVR_WIRE_HEADER_BYTES) {
+        *need = n;
+        return s;
+    }
+    if (auth->rx.on)
+        n += KVR_WIRE_TAG_BYTES;
+    size_t max = kvr_wire_session_frame_max(auth);
+    char t[16];
+    if (n > max)
+        return kvr_error_set(err, KVR_ERR_WIRE_LIMIT,
+                             "%s frame of %zu bytes before the peer "
+                             "authenticated: cap %zu",
+                             type_text(h.type, t, sizeof(t)), n, max);
+    *need = n;
+    if (hdr)
+        *hdr = h;
+    return KVR_OK;
+}
+
+/* HMAC-SHA512-256(direction key, u64 seq little-endian || frame). */
+static void frame_tag(const session_dir_t *d, const uint8_t *frame, size_t len,
+                      uint8_t tag[KVR_WIRE_TAG_BYTES])
+{
+    uint8_t seq[8];
+    for (int i = 0; i < 8; i++)
+        seq[i] = (uint8_t)(d->seq >> (8 * i));
+    crypto_auth_hmacsha512256_state st;
+    crypto_auth_hmacsha512256_init(&st, d->key, sizeof(d->key));
+    crypto_auth_hmacsha512256_update(&st, seq, sizeof(seq));
+    crypto_auth_hmacsha512256_update(&st, frame, len);
+    crypto_auth_hmacsha512256_final(&st, tag);
+    sodium_memzero(&st, sizeof(st));
+}
+
+kvr_status_t kvr_wire_seal(kvr_wire_auth_t *auth, const void *frame,
+                           size_t len, uint8_t tag[KVR_WIRE_TAG_BYTES],
+                           size_t *tag_len, kvr_error_t *err)
+{
+    if (auth == NULL || frame == NULL || tag == NULL || tag_len == NULL)
+        return kvr_error_set(err, KVR_ERR_INVALID, "NULL argument");
+    if (len < KVR_WIRE_HEADER_BYTES)
+        return kvr_error_set(err, KVR_ERR_INVALID, "frame of %zu bytes", len);
+    if (auth->tx.on && auth->tx.seq == UINT64_MAX)
+        return kvr_error_set(err, KVR_ERR_WIRE_LIMIT,
+                             "session sequence numbers exhausted");
+    if (auth->tx.on) {
+        frame_tag(&auth->tx, frame, len, tag);
+        auth->tx.seq++;
+        *tag_len = KVR_WIRE_TAG_BYTES;
+        return KVR_OK;
+    }
+    if (auth->has_key && frame_type(frame) == KVR_MSG_AUTH) {
+        kvr_status_t s = check_can_mac(auth, err);
+        if (s != KVR_OK)
+            return s;
+        make_keys(auth); /* every frame after our AUTH carries a tag */
+        auth->tx.on = true;
+    }
+    *tag_len = 0;
+    return KVR_OK;
+}
+
+/* Whether b[0, n) is exactly one frame by its header. */
+static bool whole_frame(const uint8_t *b, size_t n)
+{
+    size_t need = 0;
+    return n >= KVR_WIRE_HEADER_BYTES &&
+           kvr_wire_frame_need(b, n, &need, NULL, NULL) == KVR_OK && need == n;
+}
+
+kvr_status_t kvr_wire_open(kvr_wire_auth_t *auth, const void *buf, size_t len,
+                           size_t *frame_len, kvr_error_t *err)
+{
+    if (auth == NULL || (buf == NULL && len) || frame_len == NULL)
+        return kvr_error_set(err, KVR_ERR_INVALID, "NULL argument");
+    if (auth->rx.broken)
+        return kvr_error_set(err, KVR_ERR_AUTH,
+                             "an earlier frame did not verify: session over");
+    if (!auth->rx.on) {
+        *frame_len = len;
+        return KVR_OK;
+    }
+    const uint8_t *b = buf;
+    size_t n = len > KVR_WIRE_TAG_BYTES ? len - KVR_WIRE_TAG_BYTES : 0;
+    uint8_t tag[KVR_WIRE_TAG_BYTES];
+    bool whole = whole_frame(b, n);
+    if (whole)
+        frame_tag(&auth->rx, b, n, tag);
+    if (!whole || crypto_verify_32(tag, b + n) != 0) {
+        char t[16];
+        auth->rx.broken = true;
+        return kvr_error_set(err, KVR_ERR_AUTH,
+                             "frame %" PRIu64 " after the peer's AUTH (%s, "
+                             "%zu bytes): %s", auth->rx.seq + 1,
+                             len >= 8 ? type_text(frame_type(b), t, sizeof(t))
+                                      : "no header",
+                             len, whole ? "MAC does not verify (tampered, "
+                             "reordered, replayed, or a frame before it is "
+                             "missing)" : "truncated: not a frame and a tag");
+    }
+    auth->rx.seq++;
+    *frame_len = n;
     return KVR_OK;
 }
 

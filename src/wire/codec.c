@@ -571,6 +571,7 @@ void kvr_msg_init(kvr_msg_t *msg, kvr_msg_type_t type)
     switch (type) {
     case KVR_MSG_HELLO:
     case KVR_MSG_HELLO_ACK:
+    case KVR_MSG_LAYOUT:
         msg->u.hello.proto_major = KVR_WIRE_VERSION_MAJOR;
         msg->u.hello.proto_minor = KVR_WIRE_VERSION_MINOR;
         break;

@@ -1,5 +1,6 @@
 /* HELLO: this side's layout and topology, and the comparison that names the
- * first raw layout field two sides disagree on (DESIGN.md §7 Handshake). */
+ * first raw layout field two sides disagree on (docs/PROTOCOL.md Handshake).
+ * With a key, the layout travels only in LAYOUT, after AUTH. */
 #include <inttypes.h>
 #include <sodium.h>
 #include <stdlib.h>
@@ -362,9 +363,22 @@ static kvr_status_t check_topo(const kvr_msg_hello_t *p, kvr_error_t *err)
     return KVR_OK;
 }
 
-kvr_status_t kvr_wire_hello_check(const kvr_msg_hello_t *ours,
-                                  const kvr_msg_hello_t *peer,
-                                  kvr_wire_side_t peer_side, kvr_error_t *err)
+void kvr_wire_hello_blank(const kvr_msg_hello_t *full, kvr_msg_hello_t *out)
+{
+    kvr_msg_hello_t h;
+    memset(&h, 0, sizeof(h));
+    h.proto_major = full->proto_major;
+    h.proto_minor = full->proto_minor;
+    h.side = full->side;
+    h.has_key = full->has_key;
+    memcpy(h.nonce, full->nonce, sizeof(h.nonce));
+    *out = h;
+}
+
+kvr_status_t kvr_wire_hello_check_intro(const kvr_msg_hello_t *ours,
+                                        const kvr_msg_hello_t *peer,
+                                        kvr_wire_side_t peer_side,
+                                        kvr_error_t *err)
 {
     if (ours == NULL || peer == NULL)
         return kvr_error_set(err, KVR_ERR_INVALID, "NULL argument");
@@ -382,7 +396,16 @@ kvr_status_t kvr_wire_hello_check(const kvr_msg_hello_t *ours,
                              "pre-shared key: %s here, %s on the peer",
                              ours->has_key ? "configured" : "not configured",
                              peer->has_key ? "configured" : "not configured");
-    kvr_status_t s = check_topo(peer, err);
+    return KVR_OK;
+}
+
+kvr_status_t kvr_wire_hello_check(const kvr_msg_hello_t *ours,
+                                  const kvr_msg_hello_t *peer,
+                                  kvr_wire_side_t peer_side, kvr_error_t *err)
+{
+    kvr_status_t s = kvr_wire_hello_check_intro(ours, peer, peer_side, err);
+    if (s == KVR_OK)
+        s = check_topo(peer, err);
     if (s == KVR_OK)
         s = cmp_layout(ours, peer, err);
     return s == KVR_OK ? cmp_settings(ours, peer, err) : s;

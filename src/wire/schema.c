@@ -1,4 +1,4 @@
-/* Field tables of every message (DESIGN.md §7, docs/PROTOCOL.md). The order
+/* Field tables of every message (docs/design.md §7, docs/PROTOCOL.md). The order
  * of a table is the order on the wire; appending a field is a minor version
  * bump only when old decoders may reject it (they do: trailing bytes). */
 #include <stddef.h>
@@ -74,6 +74,7 @@ static const kvr__field_t hello_fields[] = {
 static const kvr__rec_t hello_rec = REC("HELLO", kvr_msg_hello_t, hello_fields);
 static const kvr__rec_t hello_ack_rec =
     REC("HELLO_ACK", kvr_msg_hello_t, hello_fields);
+static const kvr__rec_t layout_rec = REC("LAYOUT", kvr_msg_hello_t, hello_fields);
 
 static const kvr__field_t auth_fields[] = {F_FIXED(kvr_msg_auth_t, mac)};
 static const kvr__rec_t auth_rec = REC("AUTH", kvr_msg_auth_t, auth_fields);
@@ -186,6 +187,7 @@ static const kvr__rec_t *const schemas[] = {
     [KVR_MSG_HELLO_ACK] = &hello_ack_rec,
     [KVR_MSG_AUTH] = &auth_rec,
     [KVR_MSG_BYE] = &bye_rec,
+    [KVR_MSG_LAYOUT] = &layout_rec,
     [KVR_MSG_REGIONS] = &regions_rec,
     [KVR_MSG_OFFER] = &offer_rec,
     [KVR_MSG_ASSIGN] = &assign_rec,

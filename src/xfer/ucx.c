@@ -1,5 +1,5 @@
 /* UCX transport: one context and one worker per transport, configured
- * through ucp_config_modify (never setenv, see UCX-NOTES.md), progress
+ * through ucp_config_modify (never setenv, docs/transport.md), progress
  * driven by the caller or by a sleeping progress thread. */
 #include <errno.h>
 #include <poll.h>
@@ -208,7 +208,7 @@ static kvr_status_t set_opt(ucx_tr_t *tr, ucp_config_t *cfg, const char *key,
     return kvr__ucx_status(&tr->base, s, what);
 }
 
-/* The settings UCX-NOTES.md asks for: peer error handling that works on
+/* The settings docs/transport.md explains: peer error handling that works on
  * shared memory, a short keepalive, large TCP segments. */
 static kvr_status_t configure(ucx_tr_t *tr, ucp_config_t *cfg)
 {

@@ -1,4 +1,4 @@
-/* Completion ids and the TP/PP quorum (DESIGN.md §8). */
+/* Completion ids and the TP/PP quorum (docs/design.md §8). */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>

@@ -1,4 +1,4 @@
-/* Offload identity (DESIGN.md §9): canonical description, namespace key,
+/* Offload identity (docs/design.md §9): canonical description, namespace key,
  * input checks and the chunk-aligned prefix. Golden values come from
  * Python: json.dumps(d, sort_keys=True, separators=(",", ":"),
  * ensure_ascii=True) and hashlib.blake2b(text, digest_size=16). */

@@ -1,4 +1,4 @@
-/* Send/save pairing on the producer's PP head (DESIGN.md §8): both arrival
+/* Send/save pairing on the producer's PP head (docs/design.md §8): both arrival
  * orders, operation ids, duplicates, caps, poll and forget. */
 #include <setjmp.h>
 #include <stdarg.h>

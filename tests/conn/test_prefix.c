@@ -1,5 +1,5 @@
 /* Prefix hashes at hash_block_size and the cached-prefix arithmetic
- * (DESIGN.md §2, §9). Golden values come from Python's hashlib:
+ * (docs/design.md §2, §9). Golden values come from Python's hashlib:
  *   h = b"\0" * 32
  *   h = sha256(h + b"".join(struct.pack("<I", t) for t in block)).digest() */
 #include <setjmp.h>

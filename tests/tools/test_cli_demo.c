@@ -21,6 +21,7 @@
 #include <cmocka.h>
 #include <jansson.h>
 
+#include "serve_proc.h"
 #include "test_inspect_cli.h"
 
 static const char *kvr_bin;
@@ -226,12 +227,11 @@ static void test_workload_mismatch_refused(void **state)
 {
     (void)state;
     char cmd[1024], line[512];
-    snprintf(cmd, sizeof(cmd), "%s serve --rank 0 --dcp 1 --pp 1 --layers 4 "
+    snprintf(cmd, sizeof(cmd), "exec %s serve --rank 0 --dcp 1 --pp 1 --layers 4 "
              "--tokens 300 --expect 4 --timeout 600 2>serve_mismatch.txt", kvr_bin);
     int port = 0;
     FILE *f = NULL;
-    pid_t serve = cli_start_serve(cmd, &port, &f);
-    assert_true(serve > 0);
+    pid_t serve = start_listening_rest(cmd, &port, &f);
     snprintf(cmd, sizeof(cmd), "%s push --stage 0 --connect 127.0.0.1:%d --dcp 1 "
              "--pp 1 --layers 4 --tokens 300 --requests 2 --timeout 600 "
              ">push_mismatch.txt 2>&1", kvr_bin, port);

@@ -1,5 +1,5 @@
 /* Runs `kvrelay <command> ARGS` for the CLI tests: exit status, stdout and
- * stderr; and starts a `kvrelay serve` in the background. */
+ * stderr. */
 #ifndef KVR_TEST_INSPECT_CLI_H
 #define KVR_TEST_INSPECT_CLI_H
 
@@ -7,7 +7,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/wait.h>
-#include <unistd.h>
 
 typedef struct {
     int status;
@@ -52,32 +51,5 @@ static inline void cli_run(const char *bin, const char *command,
         assert_non_null(nl_);                                                  \
         assert_string_equal(nl_ + 1, ""); /* exactly one line */              \
     } while (0)
-
-/* Starts `sh -c "exec CMD"` with its stdout on a pipe and reads up to its
- * "listening PORT" line; returns the pid (0 on failure) and the pipe's read
- * end for later lines (the caller closes it). */
-static inline pid_t cli_start_serve(const char *cmd, int *port, FILE **out)
-{
-    int p[2];
-    if (pipe(p) != 0)
-        return 0;
-    pid_t pid = fork();
-    if (pid == 0) {
-        char full[2048];
-        dup2(p[1], STDOUT_FILENO);
-        close(p[0]);
-        snprintf(full, sizeof(full), "exec %s", cmd);
-        execl("/bin/sh", "sh", "-c", full, (char *)NULL);
-        _exit(127);
-    }
-    close(p[1]);
-    FILE *f = fdopen(p[0], "r");
-    char line[512];
-    *port = 0;
-    while (f != NULL && *port == 0 && fgets(line, sizeof(line), f) != NULL)
-        sscanf(line, "listening %d", port);
-    *out = f;
-    return pid > 0 && *port > 0 ? pid : 0;
-}
 
 #endif

@@ -12,62 +12,12 @@
 #include <cmocka.h>
 
 #include "kvrelay/wire.h"
+#include "wire_ends.h"
 #include "wire_samples.h"
 
 static const char key_hex[] =
     "000102030405060708090a0b0c0d0e0f101112131415161718191a1b1c1d1e1f";
 
-static void test_key(uint8_t key[KVR_WIRE_KEY_BYTES])
-{
-    assert_int_equal(kvr_wire_key_parse(key_hex, strlen(key_hex), key, NULL),
-                     KVR_OK);
-}
-
-/* One side of a connection: its auth state and the HELLO frame it sent. */
-typedef struct {
-    kvr_wire_auth_t *auth;
-    uint8_t frame[KVR_WIRE_HELLO_FRAME_MAX];
-    size_t len;
-} end_t;
-
-static void end_init(end_t *e, const uint8_t *key, kvr_msg_type_t type,
-                     kvr_wire_side_t side)
-{
-    assert_int_equal(kvr_wire_auth_create(key, &e->auth, NULL), KVR_OK);
-    kvr_msg_t m;
-    kvr_msg_init(&m, type);
-    kvr_sample_hello(&m.u.hello); /* fresh nonce */
-    m.u.hello.side = side;
-    m.u.hello.has_key = key != NULL;
-    assert_int_equal(kvr_wire_encode(&m, e->frame, sizeof(e->frame), &e->len, NULL),
-                     KVR_OK);
-}
-
-/* Initiator a sends HELLO, acceptor b answers HELLO_ACK; both note both. */
-static void handshake(end_t *a, end_t *b, const uint8_t *ka, const uint8_t *kb)
-{
-    end_init(a, ka, KVR_MSG_HELLO, KVR_WIRE_CONSUMER);
-    end_init(b, kb, KVR_MSG_HELLO_ACK, KVR_WIRE_PRODUCER);
-    assert_int_equal(kvr_wire_auth_note_hello(a->auth, a->frame, a->len, true, NULL), KVR_OK);
-    assert_int_equal(kvr_wire_gate(b->auth, KVR_MSG_HELLO, NULL), KVR_OK);
-    assert_int_equal(kvr_wire_auth_note_hello(b->auth, a->frame, a->len, false, NULL), KVR_OK);
-    assert_int_equal(kvr_wire_auth_note_hello(b->auth, b->frame, b->len, true, NULL), KVR_OK);
-    assert_int_equal(kvr_wire_gate(a->auth, KVR_MSG_HELLO_ACK, NULL), KVR_OK);
-    assert_int_equal(kvr_wire_auth_note_hello(a->auth, b->frame, b->len, false, NULL), KVR_OK);
-}
-
-static void end_free(end_t *e)
-{
-    kvr_wire_auth_destroy(e->auth);
-}
-
-static void expect(kvr_status_t s, const kvr_error_t *err, kvr_status_t code,
-                   const char *needle)
-{
-    if (s != code || strstr(err->msg, needle) == NULL)
-        fail_msg("got %s \"%s\", want %s \"%s\"", kvr_status_name(s), err->msg,
-                 kvr_status_name(code), needle);
-}
 
 static void test_key_parse(void **state)
 {
@@ -138,10 +88,23 @@ static void test_auth_ok(void **state)
     assert_int_equal(kvr_wire_gate(b.auth, KVR_MSG_AUTH, NULL), KVR_OK);
     assert_int_equal(kvr_wire_auth_verify(b.auth, &ma, NULL), KVR_OK);
     assert_int_equal(kvr_wire_auth_verify(a.auth, &mb, NULL), KVR_OK);
+    /* with a key the layout comes after AUTH: nothing else before it */
+    kvr_error_t err = {0};
+    assert_true(kvr_wire_auth_verified(a.auth));
+    assert_false(kvr_wire_auth_ready(a.auth));
+    expect(kvr_wire_gate(a.auth, KVR_MSG_REGIONS, &err), &err, KVR_ERR_PROTO,
+           "REGIONS before the peer's LAYOUT");
+    kvr_msg_t la, lb;
+    assert_int_equal(kvr_wire_decode(a.frame, a.len, &la, NULL), KVR_OK);
+    assert_int_equal(kvr_wire_decode(b.frame, b.len, &lb, NULL), KVR_OK);
+    assert_int_equal(kvr_wire_gate(a.auth, KVR_MSG_LAYOUT, NULL), KVR_OK);
+    assert_int_equal(kvr_wire_auth_note_layout(a.auth, &lb.u.hello, NULL), KVR_OK);
+    assert_int_equal(kvr_wire_auth_note_layout(b.auth, &la.u.hello, NULL), KVR_OK);
     assert_true(kvr_wire_auth_ready(a.auth));
     assert_true(kvr_wire_auth_ready(b.auth));
     assert_int_equal(kvr_wire_gate(a.auth, KVR_MSG_REGIONS, NULL), KVR_OK);
-    kvr_error_t err = {0};
+    expect(kvr_wire_gate(a.auth, KVR_MSG_LAYOUT, &err), &err, KVR_ERR_PROTO,
+           "LAYOUT received twice");
     expect(kvr_wire_gate(a.auth, KVR_MSG_AUTH, &err), &err, KVR_ERR_AUTH,
            "AUTH after authentication succeeded");
     expect(kvr_wire_gate(a.auth, KVR_MSG_HELLO, &err), &err, KVR_ERR_PROTO,

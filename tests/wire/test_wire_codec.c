@@ -166,7 +166,9 @@ static void header_errors(const kvr_msg_t *m, const uint8_t *buf, size_t len)
     bad[0] = 'X';
     expect_decode(bad, len, KVR_ERR_PROTO, "frame magic 0x5752565");
     memcpy(bad, buf, len);
-    bad[4] = KVR_WIRE_VERSION_MAJOR + 1;
+    bad[4] = 1; /* 1.0 frames are another major version since 2.0 */
+    expect_decode(bad, len, KVR_ERR_VERSION, "frame version 1.0");
+    bad[4] = 3;
     expect_decode(bad, len, KVR_ERR_VERSION, "frame version 3.0");
     memcpy(bad, buf, len);
     bad[6] = 99;
@@ -252,8 +254,8 @@ static void test_encode_errors(void **state)
     assert_int_equal(len, 0);
     assert_int_equal(kvr_wire_encode(&m, buf, sizeof(buf), &len, &err), KVR_OK);
     assert_int_equal(len, need);
-    m.type = (kvr_msg_type_t)5;
-    expect_encode(&m, KVR_ERR_INVALID, "type 5 unknown");
+    m.type = (kvr_msg_type_t)6;
+    expect_encode(&m, KVR_ERR_INVALID, "type 6 unknown");
     kvr_sample_msg(KVR_MSG_WRITE_REQUEST, &m);
     m.u.write_request.src_blocks = NULL;
     expect_encode(&m, KVR_ERR_INVALID, "WRITE_REQUEST.src_blocks: NULL with count 5");
