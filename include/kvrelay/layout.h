@@ -7,7 +7,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "kvrelay/status.h"
+#include "kvrelay/base.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -92,14 +92,6 @@ kvr_status_t kvr_region_check(const kvr_layout_t *lay,
 /* Token bytes of a token-addressable region (page_bytes / bs). */
 uint64_t kvr_region_token_bytes(const kvr_layout_t *lay,
                                 const kvr_region_desc_t *r);
-
-/* Fills err (if non-NULL) with code and a printf-style message; returns code. */
-kvr_status_t kvr_error_set(kvr_error_t *err, kvr_status_t code,
-                           const char *fmt, ...)
-#if defined(__GNUC__)
-    __attribute__((format(printf, 3, 4)))
-#endif
-    ;
 
 #ifdef __cplusplus
 }
