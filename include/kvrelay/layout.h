@@ -52,6 +52,15 @@ typedef struct kvr_region_desc {
     uint64_t bytes;       /* registered length; 0 means num_blocks * page_bytes */
 } kvr_region_desc_t;
 
+/* A region class: regions of one role and the same widths, which share one
+ * plan and one entry in the layout digest. width is token bytes (MLA,
+ * DENSE), D (INDEX) or page bytes (others); quant is Q for INDEX, else 0. */
+typedef struct kvr_region_class {
+    kvr_role_t role;
+    uint64_t width;
+    uint64_t quant;
+} kvr_region_class_t;
+
 /* Registered length of a region (bytes, or num_blocks * page_bytes). */
 uint64_t kvr_region_bytes(const kvr_region_desc_t *r);
 

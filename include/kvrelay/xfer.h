@@ -15,12 +15,8 @@
 extern "C" {
 #endif
 
-/* ---- time ------------------------------------------------------------ */
-
-/* Deadlines are absolute CLOCK_MONOTONIC nanoseconds on this host; they never
- * cross the wire (the wire carries relative milliseconds). */
-uint64_t kvr_xfer_now_ns(void);
-uint64_t kvr_xfer_deadline(uint32_t timeout_ms);
+/* Deadlines are absolute CLOCK_MONOTONIC nanoseconds: kvr_now_ns() and
+ * kvr_deadline_ns() of kvrelay/base.h. */
 
 /* ---- transport ------------------------------------------------------- */
 

@@ -78,6 +78,8 @@ kvr_status_t kvr_conn_create(const kvr_conn_params_t *params,
     if (params == NULL || out == NULL)
         return kvr_error_set(err, KVR_ERR_INVALID, "params or out is NULL");
     kvr_status_t st = check_params(params, err);
+    if (st == KVR_OK) /* nonces and keys come from libsodium */
+        st = kvr_init(err);
     if (st != KVR_OK)
         return st;
     kvr_conn_t *c = calloc(1, sizeof(*c));
@@ -296,9 +298,9 @@ kvr_status_t kvr_conn_connect(kvr_conn_t *conn, const char *host,
                         "(use a key file, or --insecure)");
     else
         st = kvr__handshake_start(conn, peer);
-    uint64_t deadline = kvr__now_ns() + (uint64_t)timeout_ms * 1000000ull;
+    uint64_t deadline = kvr_now_ns() + (uint64_t)timeout_ms * 1000000ull;
     while (st == KVR_OK && !kvr__peer_ready(conn, peer) && !peer->link->closed) {
-        if (kvr__now_ns() > deadline) {
+        if (kvr_now_ns() > deadline) {
             kvr__link_close(peer->link, KVR_ERR_TIMEOUT,
                             "handshake with %s:%u took over %u ms", host, port,
                             timeout_ms);

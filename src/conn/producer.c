@@ -27,7 +27,7 @@ static kvr__preq_t *find_preq(kvr_conn_t *c, const kvr_wire_id_t *id,
     free_slot->used = true;
     free_slot->id = *id;
     free_slot->transfer_id = transfer;
-    free_slot->deadline_ns = kvr__now_ns() + (uint64_t)ms * 1000000ull;
+    free_slot->deadline_ns = kvr_now_ns() + (uint64_t)ms * 1000000ull;
     return free_slot;
 }
 
@@ -169,7 +169,7 @@ static kvr_status_t wait_ack(kvr__peer_t *peer, const kvr_msg_write_request_t *w
                 kvr_msg_free(&m);
             continue;
         }
-        uint64_t now = kvr__now_ns();
+        uint64_t now = kvr_now_ns();
         if (now > deadline)
             return kvr_error_set(err, KVR_ERR_TIMEOUT, "no ack for chunk %u "
                                  "before the deadline", want);
@@ -281,7 +281,7 @@ static kvr_status_t execute(kvr_conn_t *c, kvr__peer_t *peer,
                             uint32_t *chunks, kvr_error_t *err)
 {
     job_t job = {0};
-    uint64_t deadline = kvr__now_ns() + (uint64_t)w->deadline_ms * 1000000ull;
+    uint64_t deadline = kvr_now_ns() + (uint64_t)w->deadline_ms * 1000000ull;
     kvr_status_t st = kvr__peer_ready(c, peer) ? KVR_OK
                     : kvr_error_set(err, KVR_ERR_PROTO, "WRITE_REQUEST before REGIONS");
     if (st == KVR_OK)
@@ -401,7 +401,7 @@ kvr_status_t kvr__producer_msg(kvr_conn_t *c, kvr__peer_t *peer,
 
 void kvr__producer_tick(kvr_conn_t *c)
 {
-    uint64_t now = kvr__now_ns();
+    uint64_t now = kvr_now_ns();
     for (uint32_t i = 0; i < c->p.max_requests; i++) {
         kvr__preq_t *r = &c->preqs[i];
         if (r->used && now > r->deadline_ns) {

@@ -157,7 +157,7 @@ static kvr_status_t offer(push_t *s, uint32_t r)
     }
     if (st == KVR_OK) {
         printf("offered %s %llu %llu\n", id, (unsigned long long)N,
-               (unsigned long long)kvr_demo_now_ns());
+               (unsigned long long)kvr_now_ns());
         s->offered++;
     } else {
         printf("send-failed %s %s %s\n", id, kvr_status_name(st),
@@ -212,9 +212,9 @@ static void on_push_signal(int sig)
 
 static int push_loop(push_t *s)
 {
-    uint64_t end = kvr_demo_now_ns() + (uint64_t)s->cfg.run_timeout_ms * 1000000ull;
+    uint64_t end = kvr_now_ns() + (uint64_t)s->cfg.run_timeout_ms * 1000000ull;
     while (!push_stop && s->sent + s->failed < s->cfg.requests &&
-           kvr_demo_now_ns() < end) {
+           kvr_now_ns() < end) {
         offer_due(s);
         kvr_conn_progress(s->conn, 20);
         kvr_conn_event_t e;

@@ -232,7 +232,7 @@ static void on_event(serve_t *s, const kvr_conn_event_t *e)
         printf("loaded %.*s %llu %llu %llu %llu\n", idl, id,
                (unsigned long long)e->bytes,
                (unsigned long long)e->num_computed_blocks,
-               (unsigned long long)kvr_demo_now_ns(),
+               (unsigned long long)kvr_now_ns(),
                (unsigned long long)e->started_ns);
         note_dump(s, e);
         keep_for_verify(s, e);
@@ -264,8 +264,8 @@ static bool finished(const serve_t *s)
 
 static int serve_loop(serve_t *s)
 {
-    uint64_t end = kvr_demo_now_ns() + (uint64_t)s->cfg.run_timeout_ms * 1000000ull;
-    while (!stop_requested && !finished(s) && kvr_demo_now_ns() < end) {
+    uint64_t end = kvr_now_ns() + (uint64_t)s->cfg.run_timeout_ms * 1000000ull;
+    while (!stop_requested && !finished(s) && kvr_now_ns() < end) {
         kvr_conn_progress(s->conn, 20);
         kvr_conn_event_t e;
         while (kvr_conn_poll_event(s->conn, &e))

@@ -5,7 +5,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include "commands.h"
 #include "kvrelay/synth.h"
@@ -578,13 +577,6 @@ int kvr_demo_parse(int argc, char **argv, kvr_demo_cfg_t *cfg, const char *cmd,
             return rc;
     }
     return kvr_demo_cfg_check(cfg, cmd) ? -1 : KVR_EXIT_USAGE;
-}
-
-uint64_t kvr_demo_now_ns(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
 }
 
 void kvr_demo_image_name(char *buf, size_t len, int rank,

@@ -99,6 +99,4 @@ void kvr_demo_image_name(char *buf, size_t len, int rank,
 /* Writes len bytes to DIR/name; false with a message on stderr. */
 bool kvr_demo_write_file(const char *dir, const char *name, const void *data,
                          uint64_t len);
-/* Monotonic nanoseconds (comparable across processes of one host). */
-uint64_t kvr_demo_now_ns(void);
 #endif
