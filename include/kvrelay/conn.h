@@ -21,6 +21,7 @@
 #ifdef __cplusplus
 extern "C" {
 #endif
+KVR_API_BEGIN
 
 typedef enum kvr_conn_tl {
     KVR_CONN_TL_AUTO = 0,
@@ -185,6 +186,7 @@ bool kvr_conn_poll_event(kvr_conn_t *conn, kvr_conn_event_t *out);
 /* Requests still in flight on this side (quarantined ones included). */
 uint32_t kvr_conn_num_live(const kvr_conn_t *conn);
 
+KVR_API_END
 #ifdef __cplusplus
 }
 #endif

@@ -12,6 +12,7 @@
 #ifdef __cplusplus
 extern "C" {
 #endif
+KVR_API_BEGIN
 
 #define KVR_LAYOUT_VERSION 1u
 
@@ -102,6 +103,7 @@ kvr_status_t kvr_region_check(const kvr_layout_t *lay,
 uint64_t kvr_region_token_bytes(const kvr_layout_t *lay,
                                 const kvr_region_desc_t *r);
 
+KVR_API_END
 #ifdef __cplusplus
 }
 #endif

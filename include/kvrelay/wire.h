@@ -15,6 +15,7 @@
 #ifdef __cplusplus
 extern "C" {
 #endif
+KVR_API_BEGIN
 
 /* Protocol version: frames of another major version are refused. 2.0: keyed
  * sessions send LAYOUT after AUTH and a MAC tag after every frame that
@@ -408,6 +409,7 @@ kvr_status_t kvr_wire_seal(kvr_wire_auth_t *auth, const void *frame,
 kvr_status_t kvr_wire_open(kvr_wire_auth_t *auth, const void *buf, size_t len,
                            size_t *frame_len, kvr_error_t *err);
 
+KVR_API_END
 #ifdef __cplusplus
 }
 #endif

@@ -14,6 +14,7 @@
 #ifdef __cplusplus
 extern "C" {
 #endif
+KVR_API_BEGIN
 
 /* Deadlines are absolute CLOCK_MONOTONIC nanoseconds: kvr_now_ns() and
  * kvr_deadline_ns() of kvrelay/base.h. */
@@ -356,6 +357,7 @@ kvr_exec_kind_t kvr_cost_choose(const kvr_cost_model_t *model,
                                 uint64_t slot_bytes, double *t_direct,
                                 double *t_staged);
 
+KVR_API_END
 #ifdef __cplusplus
 }
 #endif

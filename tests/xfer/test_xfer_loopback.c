@@ -13,8 +13,8 @@
 
 #include <cmocka.h>
 
-#include "../plan/plan_fixture.h"
 #include "kvrelay/xfer.h"
+#include "plan_fixture.h"
 
 #define BS 16
 #define W 2

@@ -15,7 +15,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "../plan/plan_fixture.h"
+#include "plan_fixture.h"
 
 enum { OP_ROUND = 1, OP_QUIT = 2, OP_PROBE = 3 };
 #define MSG_PROBE_END 1u
