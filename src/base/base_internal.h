@@ -1,4 +1,5 @@
-/* Internals of the base layer that every layer above may use: byte order. */
+/* Internals of the base layer that every layer above may use: byte order
+ * and the failpoint checks. */
 #ifndef KVRELAY_BASE_INTERNAL_H
 #define KVRELAY_BASE_INTERNAL_H
 
@@ -25,5 +26,29 @@ static inline uint64_t kvr__get_le(const void *p, size_t n)
         v |= (uint64_t)b[i] << (8 * i);
     return v;
 }
+
+/* Every failpoint: X(ID, name). docs/failpoints.md says where each sits and
+ * what it does; kvr_failpoint_arm takes the name. */
+#define KVR__FAILPOINTS(X)                                                     \
+    X(DIE_MID, "die-mid")                                                      \
+    X(REFUSE, "refuse")                                                        \
+    X(WRONG_NONCE, "wrong-nonce")                                              \
+    X(DUP_DONE, "dup-done")                                                    \
+    X(BAD_BLOCKS, "bad-blocks")                                                \
+    X(DIE_ASSIGN, "die-assign")
+
+typedef enum {
+#define KVR__FP_ENUM(id, name) KVR__FP_##id,
+    KVR__FAILPOINTS(KVR__FP_ENUM)
+#undef KVR__FP_ENUM
+    KVR__FP_COUNT
+} kvr__fp_t;
+
+/* true when failpoint fp is armed for this key (the key bytes of a request
+ * id) or for every key. Costs one atomic load while nothing is armed. */
+bool kvr__failpoint(kvr__fp_t fp, const void *key, size_t len);
+/* Ends the process as a kill would: exit status 9 at once, no atexit
+ * handlers, no flushing. What a failpoint that plays a dead process does. */
+_Noreturn void kvr__failpoint_exit(void);
 
 #endif

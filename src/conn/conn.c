@@ -393,14 +393,6 @@ kvr_conn_event_t *kvr__event_push(kvr_conn_t *c, kvr_conn_event_kind_t kind,
     return e;
 }
 
-bool kvr__fault_is(const kvr_conn_t *c, kvr_conn_fault_kind_t kind,
-                   const kvr_wire_id_t *id)
-{
-    size_t n = strlen(c->p.fault.request);
-    return c->p.fault.kind == kind && id->len == n &&
-           memcmp(id->bytes, c->p.fault.request, n) == 0;
-}
-
 bool kvr_conn_poll_event(kvr_conn_t *conn, kvr_conn_event_t *out)
 {
     if (conn == NULL || out == NULL)

@@ -158,8 +158,8 @@ static uint32_t producers_ready(const kvr_conn_t *c)
 
 static void send_all(kvr_conn_t *c, kvr__creq_t *r)
 {
-    /* fault injection: planned right, asked wrong; producers must refuse */
-    if (r->ndst > 0 && kvr__fault_is(c, KVR_FAULT_BAD_BLOCKS, &r->id))
+    /* failpoint: planned right, asked wrong; producers must refuse */
+    if (r->ndst > 0 && kvr__failpoint(KVR__FP_BAD_BLOCKS, r->id.bytes, r->id.len))
         r->dst[r->ndst - 1] = 0x7fffffffu;
     r->started_ns = kvr_now_ns();
     for (uint32_t s = 0; s < r->num_stages; s++)

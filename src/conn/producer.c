@@ -6,7 +6,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <unistd.h>
 
 #include "conn_internal.h"
 
@@ -298,9 +297,10 @@ static kvr_status_t execute(kvr_conn_t *c, kvr__peer_t *peer,
         free(job.pairs);
         return st;
     }
-    if (st == KVR_OK && kvr__fault_is(c, KVR_FAULT_DIE_MID, &w->request_id)) {
+    if (st == KVR_OK && kvr__failpoint(KVR__FP_DIE_MID, w->request_id.bytes,
+                                       w->request_id.len)) {
         kvr__data_send_direct(peer->data, job.segs, (job.n + 1) / 2, deadline, err);
-        _exit(9); /* a producer killed mid-transfer */
+        kvr__failpoint_exit(); /* a producer killed mid-transfer */
     }
     if (st == KVR_OK && pick_executor(peer, w, &job) == 2)
         st = run_staged(c, peer, w, &job, deadline, chunks, err);
@@ -331,8 +331,9 @@ static void on_write_request(kvr_conn_t *c, kvr__peer_t *peer,
     uint64_t bytes = 0;
     uint32_t chunks = 0;
     kvr_error_t err = {0};
-    kvr_status_t st = kvr__fault_is(c, KVR_FAULT_REFUSE, &w->request_id)
-        ? kvr_error_set(&err, KVR_ERR_REFUSED, "fault injection: refused")
+    const kvr_wire_id_t *id = &w->request_id;
+    kvr_status_t st = kvr__failpoint(KVR__FP_REFUSE, id->bytes, id->len)
+        ? kvr_error_set(&err, KVR_ERR_REFUSED, "failpoint refuse: refused")
         : execute(c, peer, w, &bytes, &chunks, &err);
     if (st != KVR_OK) {
         send_failed(c, peer, w, st, err.msg);
@@ -348,10 +349,10 @@ static void on_write_request(kvr_conn_t *c, kvr__peer_t *peer,
         r->done_chunks[rank] = chunks;
     }
     kvr_msg_write_request_t answer = *w;
-    if (kvr__fault_is(c, KVR_FAULT_WRONG_NONCE, &w->request_id))
+    if (kvr__failpoint(KVR__FP_WRONG_NONCE, id->bytes, id->len))
         answer.write_nonce ^= 0x5a5a;
     send_done(c, peer, &answer, bytes, chunks);
-    if (kvr__fault_is(c, KVR_FAULT_DUP_DONE, &w->request_id))
+    if (kvr__failpoint(KVR__FP_DUP_DONE, id->bytes, id->len))
         send_done(c, peer, &answer, bytes, chunks);
 }
 

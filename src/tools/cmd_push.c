@@ -87,12 +87,13 @@ static kvr_status_t create_conn(push_t *s, const uint8_t *key, kvr_error_t *err)
                             .dp_rank = 0, .dp_size = 1, .layer_start = s->start,
                             .layer_end = s->end, .dcp_rank = 0};
     kvr_conn_params_t p = kvr_demo_conn_params(&s->cfg, KVR_WIRE_PRODUCER, &topo,
-                                               s->o.stage, key);
+                                               key);
     /* decode rank t is served by producer tp rank t % producer_tp */
     p.consumer_ranks = 0;
     for (uint32_t t = 0; t < s->cfg.lay.dcp_size; t++)
         p.consumer_ranks += t % s->cfg.producer_tp == s->o.tp_rank;
-    return kvr_conn_create(&p, &s->conn, err);
+    kvr_status_t st = kvr_demo_arm_fault(&s->cfg, s->o.stage, err);
+    return st == KVR_OK ? kvr_conn_create(&p, &s->conn, err) : st;
 }
 
 /* This stage's layers, filled with every request's synthetic KV. */

@@ -127,8 +127,9 @@ static kvr_status_t create_conn(serve_t *s, const uint8_t *key, kvr_error_t *err
                             .dp_size = 1, .layer_start = 0,
                             .layer_end = s->cfg.layers, .dcp_rank = s->o.rank};
     kvr_conn_params_t p = kvr_demo_conn_params(&s->cfg, KVR_WIRE_CONSUMER, &topo,
-                                               s->o.rank, key);
-    return kvr_conn_create(&p, &s->conn, err);
+                                               key);
+    kvr_status_t st = kvr_demo_arm_fault(&s->cfg, s->o.rank, err);
+    return st == KVR_OK ? kvr_conn_create(&p, &s->conn, err) : st;
 }
 
 /* Device pages are checked through a fresh host copy. */

@@ -54,12 +54,13 @@ void kvr_demo_cfg_init(kvr_demo_cfg_t *cfg)
     cfg->cuda_device = -1;
 }
 
-kvr_conn_fault_t kvr_demo_fault_for(const kvr_demo_cfg_t *cfg, uint32_t who)
+kvr_status_t kvr_demo_arm_fault(const kvr_demo_cfg_t *cfg, uint32_t who,
+                                kvr_error_t *err)
 {
-    kvr_conn_fault_t none = {KVR_FAULT_NONE, ""};
-    if (cfg->fault_target >= 0 && (uint32_t)cfg->fault_target != who)
-        return none;
-    return cfg->fault;
+    if (cfg->fault == NULL ||
+        (cfg->fault_target >= 0 && (uint32_t)cfg->fault_target != who))
+        return KVR_OK;
+    return kvr_failpoint_arm(cfg->fault, cfg->fault_key, err);
 }
 
 static int parse_enum(const char *cmd, const char *name, const char *value,
@@ -75,28 +76,31 @@ static int parse_enum(const char *cmd, const char *name, const char *value,
     return -1;
 }
 
+/* --fault KIND:REQUEST_ID[@WHO]: KIND names a failpoint. */
 static int parse_fault(kvr_demo_cfg_t *cfg, const char *cmd, const char *value)
 {
-    static const char *const kinds[] = {"", "die-mid", "refuse", "wrong-nonce",
-                                        "dup-done", "bad-blocks", "die-assign"};
     const char *colon = strchr(value, ':');
     const char *at = colon ? strchr(colon, '@') : NULL;
     uint64_t target = 0;
     size_t idlen = colon ? (at ? (size_t)(at - colon - 1) : strlen(colon + 1)) : 0;
     bool target_ok = at == NULL || kvr_tool_parse_u64(at + 1, 0, 63, &target);
-    for (int k = 1; colon != NULL && target_ok && k < 7; k++)
-        if (strlen(kinds[k]) == (size_t)(colon - value) &&
-            strncmp(value, kinds[k], (size_t)(colon - value)) == 0 &&
-            idlen > 0 && idlen < sizeof(cfg->fault.request)) {
-            cfg->fault.kind = (kvr_conn_fault_kind_t)k;
-            snprintf(cfg->fault.request, sizeof(cfg->fault.request), "%.*s",
-                     (int)idlen, colon + 1);
+    char kinds[256] = "";
+    const char *name;
+    for (uint32_t k = 0; (name = kvr_failpoint_name(k)) != NULL; k++) {
+        if (colon != NULL && target_ok && strlen(name) == (size_t)(colon - value) &&
+            strncmp(value, name, (size_t)(colon - value)) == 0 &&
+            idlen > 0 && idlen < sizeof(cfg->fault_key)) {
+            cfg->fault = name;
+            snprintf(cfg->fault_key, sizeof(cfg->fault_key), "%.*s", (int)idlen,
+                     colon + 1);
             cfg->fault_target = at ? (int)target : -1;
             return 1;
         }
+        size_t used = strlen(kinds);
+        snprintf(kinds + used, sizeof(kinds) - used, "%s%s", k ? ", " : "", name);
+    }
     kvr_tool_usage_error(cmd, "--fault '%s': expected KIND:REQUEST_ID[@WHO] with KIND "
-                         "die-mid, refuse, wrong-nonce, dup-done, bad-blocks or "
-                         "die-assign", value);
+                         "one of %s", value, kinds);
     return -1;
 }
 
@@ -232,9 +236,7 @@ int kvr_demo_cfg_args(const kvr_demo_cfg_t *cfg, char **argv, int max)
     static char vals[32][40];
     static const char *const tls[] = {"auto", "shm", "tcp"};
     static const char *const execs[] = {"auto", "direct", "staged"};
-    static const char *const kinds[] = {"", "die-mid", "refuse", "wrong-nonce",
-                                        "dup-done", "bad-blocks", "die-assign"};
-    static char fault[96];
+    static char fault[128];
     int n = 0, v = 0;
     for (size_t i = 0; i < sizeof(num_opts) / sizeof(num_opts[0]) && n + 2 < max; i++) {
         const char *field = (const char *)cfg + num_opts[i].offset;
@@ -267,9 +269,9 @@ int kvr_demo_cfg_args(const kvr_demo_cfg_t *cfg, char **argv, int max)
         argv[n++] = "--dump";
         argv[n++] = (char *)cfg->dump_dir;
     }
-    if (cfg->fault.kind != KVR_FAULT_NONE) {
-        int len = snprintf(fault, sizeof(fault), "--fault=%s:%s",
-                           kinds[cfg->fault.kind], cfg->fault.request);
+    if (cfg->fault != NULL) {
+        int len = snprintf(fault, sizeof(fault), "--fault=%s:%s", cfg->fault,
+                           cfg->fault_key);
         if (cfg->fault_target >= 0 && len > 0 && (size_t)len < sizeof(fault))
             snprintf(fault + len, sizeof(fault) - (size_t)len, "@%d", cfg->fault_target);
         argv[n++] = fault;
@@ -401,7 +403,7 @@ uint32_t kvr_demo_region(const kvr_demo_cfg_t *cfg, uint32_t i, bool consumer,
 kvr_conn_params_t kvr_demo_conn_params(const kvr_demo_cfg_t *cfg,
                                        kvr_wire_side_t side,
                                        const kvr_wire_topo_t *topo,
-                                       uint32_t who, const uint8_t *key)
+                                       const uint8_t *key)
 {
     kvr_conn_params_t p = KVR_CONN_PARAMS_INIT;
     p.side = side;
@@ -417,7 +419,6 @@ kvr_conn_params_t kvr_demo_conn_params(const kvr_demo_cfg_t *cfg,
     p.executor = cfg->exec;
     p.deadline_ms = cfg->deadline_ms;
     p.leader_blocks = kvr_demo_dst_pool(cfg);
-    p.fault = kvr_demo_fault_for(cfg, who);
     p.cuda_device = cfg->cuda_device;
     return p;
 }
