@@ -4,16 +4,16 @@
 #ifndef KVRELAY_KVRELAY_H
 #define KVRELAY_KVRELAY_H
 
-#include "kvrelay/status.h"
 #include "kvrelay/base.h"
-#include "kvrelay/layout.h"
-#include "kvrelay/plan.h"
-#include "kvrelay/synth.h"
-#include "kvrelay/gpu.h"
-#include "kvrelay/wire.h"
-#include "kvrelay/xfer.h"
 #include "kvrelay/completion.h"
 #include "kvrelay/conn.h"
+#include "kvrelay/gpu.h"
 #include "kvrelay/inspect.h"
+#include "kvrelay/layout.h"
+#include "kvrelay/plan.h"
+#include "kvrelay/status.h"
+#include "kvrelay/synth.h"
+#include "kvrelay/wire.h"
+#include "kvrelay/xfer.h"
 
 #endif

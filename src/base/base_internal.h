@@ -37,12 +37,14 @@ static inline uint64_t kvr__get_le(const void *p, size_t n)
     X(BAD_BLOCKS, "bad-blocks")                                                \
     X(DIE_ASSIGN, "die-assign")
 
+/* clang-format off */
 typedef enum {
 #define KVR__FP_ENUM(id, name) KVR__FP_##id,
     KVR__FAILPOINTS(KVR__FP_ENUM)
 #undef KVR__FP_ENUM
     KVR__FP_COUNT
 } kvr__fp_t;
+/* clang-format on */
 
 /* true when failpoint fp is armed for this key (the key bytes of a request
  * id) or for every key. Costs one atomic load while nothing is armed. */

@@ -28,8 +28,8 @@ const char *kvr_status_name(kvr_status_t status)
     return NULL;
 }
 
-kvr_status_t kvr_error_set(kvr_error_t *err, kvr_status_t code,
-                           const char *fmt, ...)
+kvr_status_t kvr_error_set(kvr_error_t *err, kvr_status_t code, const char *fmt,
+                           ...)
 {
     if (err == NULL)
         return code;

@@ -164,12 +164,13 @@ static kvr_status_t check_region(const kvr_conn_t *c,
         return kvr_error_set(err, KVR_ERR_INVALID,
                              "regions must be added before listen/connect");
     kvr_status_t st = desc->role == KVR_ROLE_STAGING
-        ? KVR_OK : kvr_region_check(&c->p.layout, desc, consumer, err);
+                          ? KVR_OK
+                          : kvr_region_check(&c->p.layout, desc, consumer, err);
     if (st == KVR_OK && (desc->num_blocks == 0 ||
                          desc->page_bytes > UINT64_MAX / desc->num_blocks))
-        st = kvr_error_set(err, KVR_ERR_INVALID, "region layer %u: %llu blocks "
-                           "of %llu bytes", desc->layer,
-                           (unsigned long long)desc->num_blocks,
+        st = kvr_error_set(err, KVR_ERR_INVALID,
+                           "region layer %u: %llu blocks of %llu bytes",
+                           desc->layer, (unsigned long long)desc->num_blocks,
                            (unsigned long long)desc->page_bytes);
     return st;
 }
@@ -202,12 +203,12 @@ static kvr_status_t add_region(kvr_conn_t *c, const kvr_region_desc_t *desc,
                    c->p.side == KVR_WIRE_CONSUMER;
     uint8_t *busy = NULL; /* the consumer's per-slot busy flags */
     if (st == KVR_OK && staging && (busy = calloc(desc->num_blocks, 1)) == NULL)
-        st = kvr_error_set(&err, KVR_ERR_NO_MEMORY, "no memory for %llu "
-                           "staging slots",
+        st = kvr_error_set(&err, KVR_ERR_NO_MEMORY,
+                           "no memory for %llu staging slots",
                            (unsigned long long)desc->num_blocks);
     bool device = c->p.cuda_device >= 0 && desc->role != KVR_ROLE_STAGING;
-    kvr__region_t r = {.desc = *desc, .device = device,
-                       .owned = device && alloc};
+    kvr__region_t r = {
+        .desc = *desc, .device = device, .owned = device && alloc};
     if (st == KVR_OK)
         st = place_region(c, &r, base, alloc, &err);
     if (st != KVR_OK) {

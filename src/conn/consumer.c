@@ -159,7 +159,8 @@ static uint32_t producers_ready(const kvr_conn_t *c)
 static void send_all(kvr_conn_t *c, kvr__creq_t *r)
 {
     /* failpoint: planned right, asked wrong; producers must refuse */
-    if (r->ndst > 0 && kvr__failpoint(KVR__FP_BAD_BLOCKS, r->id.bytes, r->id.len))
+    if (r->ndst > 0 &&
+        kvr__failpoint(KVR__FP_BAD_BLOCKS, r->id.bytes, r->id.len))
         r->dst[r->ndst - 1] = 0x7fffffffu;
     r->started_ns = kvr_now_ns();
     for (uint32_t s = 0; s < r->num_stages; s++)

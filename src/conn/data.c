@@ -296,12 +296,13 @@ kvr_status_t kvr__data_probe(kvr__dpeer_t *p, uint32_t scratch,
 {
     if (scratch >= p->num_maps)
         return kvr_error_set(err, KVR_ERR_INVALID, "scratch mapping %u", scratch);
-    kvr_cost_probe_t probe = {.scratch = p->maps[scratch],
-                              .stage_scratch = p->maps[scratch],
-                              .small_bytes = 576, .small_count = 256,
-                              .large_bytes = scratch_len < (4u << 20) ? scratch_len
-                                                                      : (4u << 20),
-                              .deadline_ns = kvr_deadline_ns(5000)};
+    kvr_cost_probe_t probe = {
+        .scratch = p->maps[scratch],
+        .stage_scratch = p->maps[scratch],
+        .small_bytes = 576,
+        .small_count = 256,
+        .large_bytes = scratch_len < (4u << 20) ? scratch_len : (4u << 20),
+        .deadline_ns = kvr_deadline_ns(5000)};
     kvr_cost_model_t m;
     kvr_status_t st = kvr_cost_measure(p->ep, &probe, &m, err);
     if (st == KVR_OK)

@@ -333,8 +333,9 @@ static void on_write_request(kvr_conn_t *c, kvr__peer_t *peer,
     kvr_error_t err = {0};
     const kvr_wire_id_t *id = &w->request_id;
     kvr_status_t st = kvr__failpoint(KVR__FP_REFUSE, id->bytes, id->len)
-        ? kvr_error_set(&err, KVR_ERR_REFUSED, "failpoint refuse: refused")
-        : execute(c, peer, w, &bytes, &chunks, &err);
+                          ? kvr_error_set(&err, KVR_ERR_REFUSED,
+                                          "failpoint refuse: refused")
+                          : execute(c, peer, w, &bytes, &chunks, &err);
     if (st != KVR_OK) {
         send_failed(c, peer, w, st, err.msg);
         r->failed = true;

@@ -25,8 +25,8 @@ kvr_region_class_t kvr__class_of(const kvr_layout_t *lay,
 kvr_region_desc_t kvr__class_region(const kvr_layout_t *lay,
                                     const kvr_region_class_t *k)
 {
-    kvr_region_desc_t r = {.role = k->role, .num_blocks = 1,
-                           .page_bytes = k->width};
+    kvr_region_desc_t r = {
+        .role = k->role, .num_blocks = 1, .page_bytes = k->width};
     if (token_role(k->role)) {
         r.page_bytes = k->width * lay->block_size;
     } else if (k->role == KVR_ROLE_INDEX) {

@@ -467,7 +467,8 @@ static int demo_run(demo_t *d)
            d->cfg.use_cuda ? " control, CUDA gpu-direct data (KV in GPU memory)" : "");
     fflush(stdout);
     uint64_t deadline = kvr_now_ns() +
-                        ((uint64_t)d->cfg.run_timeout_ms + 20000ull) * 1000000ull;
+                        ((uint64_t)d->cfg.run_timeout_ms + 20000ull) *
+                            1000000ull;
     bool started = start_all(d);
     int unused = 0;
     if (started && !pump(d, deadline, -1, &unused))

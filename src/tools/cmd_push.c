@@ -86,8 +86,8 @@ static kvr_status_t create_conn(push_t *s, const uint8_t *key, kvr_error_t *err)
                             .tp_rank = s->o.tp_rank, .tp_size = s->cfg.producer_tp,
                             .dp_rank = 0, .dp_size = 1, .layer_start = s->start,
                             .layer_end = s->end, .dcp_rank = 0};
-    kvr_conn_params_t p = kvr_demo_conn_params(&s->cfg, KVR_WIRE_PRODUCER, &topo,
-                                               key);
+    kvr_conn_params_t p = kvr_demo_conn_params(&s->cfg, KVR_WIRE_PRODUCER,
+                                               &topo, key);
     /* decode rank t is served by producer tp rank t % producer_tp */
     p.consumer_ranks = 0;
     for (uint32_t t = 0; t < s->cfg.lay.dcp_size; t++)

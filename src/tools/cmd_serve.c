@@ -126,8 +126,8 @@ static kvr_status_t create_conn(serve_t *s, const uint8_t *key, kvr_error_t *err
                             .tp_size = s->cfg.lay.dcp_size, .dp_rank = 0,
                             .dp_size = 1, .layer_start = 0,
                             .layer_end = s->cfg.layers, .dcp_rank = s->o.rank};
-    kvr_conn_params_t p = kvr_demo_conn_params(&s->cfg, KVR_WIRE_CONSUMER, &topo,
-                                               key);
+    kvr_conn_params_t p = kvr_demo_conn_params(&s->cfg, KVR_WIRE_CONSUMER,
+                                               &topo, key);
     kvr_status_t st = kvr_demo_arm_fault(&s->cfg, s->o.rank, err);
     return st == KVR_OK ? kvr_conn_create(&p, &s->conn, err) : st;
 }

@@ -87,9 +87,10 @@ static int parse_fault(kvr_demo_cfg_t *cfg, const char *cmd, const char *value)
     char kinds[256] = "";
     const char *name;
     for (uint32_t k = 0; (name = kvr_failpoint_name(k)) != NULL; k++) {
-        if (colon != NULL && target_ok && strlen(name) == (size_t)(colon - value) &&
-            strncmp(value, name, (size_t)(colon - value)) == 0 &&
-            idlen > 0 && idlen < sizeof(cfg->fault_key)) {
+        if (colon != NULL && target_ok &&
+            strlen(name) == (size_t)(colon - value) &&
+            strncmp(value, name, (size_t)(colon - value)) == 0 && idlen > 0 &&
+            idlen < sizeof(cfg->fault_key)) {
             cfg->fault = name;
             snprintf(cfg->fault_key, sizeof(cfg->fault_key), "%.*s", (int)idlen,
                      colon + 1);
@@ -97,10 +98,12 @@ static int parse_fault(kvr_demo_cfg_t *cfg, const char *cmd, const char *value)
             return 1;
         }
         size_t used = strlen(kinds);
-        snprintf(kinds + used, sizeof(kinds) - used, "%s%s", k ? ", " : "", name);
+        snprintf(kinds + used, sizeof(kinds) - used, "%s%s", k ? ", " : "",
+                 name);
     }
-    kvr_tool_usage_error(cmd, "--fault '%s': expected KIND:REQUEST_ID[@WHO] with KIND "
-                         "one of %s", value, kinds);
+    kvr_tool_usage_error(
+        cmd, "--fault '%s': expected KIND:REQUEST_ID[@WHO], KIND one of %s",
+        value, kinds);
     return -1;
 }
 

@@ -32,7 +32,7 @@ typedef struct kvr_demo_cfg {
     uint64_t slot_bytes;
     const char *key_file;
     bool insecure;
-    const char *fault;    /* --fault: a failpoint (docs/failpoints.md) or NULL */
+    const char *fault; /* --fault: a failpoint (docs/failpoints.md) or NULL */
     char fault_key[KVR_FAILPOINT_KEY_MAX]; /* the request id it acts on */
     int fault_target; /* rank (serve) or stage (push) it applies to; -1 all */
     bool verbose;

@@ -274,7 +274,8 @@ static kvr_status_t dec_items(cur_t *c, const kvr__field_t *f, char *arr,
         size_t width = f->kind == KVR__F_U32S ? 4 : 1;
         s = take(c, f, (size_t)n * width, &p);
         for (uint32_t i = 0; s == KVR_OK && arr && i < n; i++)
-            store_int(arr + i * width, width, kvr__get_le(p + i * width, width));
+            store_int(arr + i * width, width,
+                      kvr__get_le(p + i * width, width));
         return s;
     }
     for (c->index = 0, c->outer = f->name; c->index < n; c->index++) {

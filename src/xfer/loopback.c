@@ -307,9 +307,8 @@ static kvr_status_t lb_send_msg(kvr_ep_t *ep, uint32_t type, const void *data,
 {
     (void)deadline_ns;
     lb_tr_t *tr = tr_of(ep->t);
-    uint64_t ready = tr->p.delay_ms
-                         ? kvr_now_ns() + tr->p.delay_ms * 1000000ull
-                         : 0;
+    uint64_t ready = tr->p.delay_ms ? kvr_now_ns() + tr->p.delay_ms * 1000000ull
+                                    : 0;
     pthread_mutex_lock(&tr->hub->lock);
     uint64_t k = ++tr->msgs;
     lb_tr_t *peer = peer_at(tr->hub, ((lb_ep_t *)ep)->peer);

@@ -113,8 +113,8 @@ static void test_threads(void **state)
     for (int i = 0; i < 2; i++)
         assert_int_equal(pthread_create(&t[i], NULL, reader, &bad[i]), 0);
     for (int i = 0; i < 2000; i++) {
-        assert_int_equal(kvr_failpoint_arm("wrong-nonce", i % 2 ? "a" : "bb",
-                                           NULL), KVR_OK);
+        assert_int_equal(
+            kvr_failpoint_arm("wrong-nonce", i % 2 ? "a" : "bb", NULL), KVR_OK);
         if (i % 7 == 0)
             kvr_failpoint_disarm_all();
     }

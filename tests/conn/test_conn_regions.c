@@ -74,8 +74,10 @@ static kvr_conn_t *consumer(void)
 
 static kvr_region_desc_t other_region(uint32_t layer)
 {
-    kvr_region_desc_t d = {.role = KVR_ROLE_OTHER, .layer = layer,
-                           .num_blocks = 1, .page_bytes = 64};
+    kvr_region_desc_t d = {.role = KVR_ROLE_OTHER,
+                           .layer = layer,
+                           .num_blocks = 1,
+                           .page_bytes = 64};
     return d;
 }
 
@@ -115,7 +117,8 @@ static void test_region_limit_writes_nothing_past_the_end(void **state)
 static void test_staging_allocation_failures(void **state)
 {
     (void)state;
-    kvr_region_desc_t d = {.role = KVR_ROLE_STAGING, .num_blocks = 8,
+    kvr_region_desc_t d = {.role = KVR_ROLE_STAGING,
+                           .num_blocks = 8,
                            .page_bytes = sizeof(g_page) / 8};
     for (long n = 0;; n++) {
         kvr_conn_t *c = consumer();

@@ -16,13 +16,16 @@ static void test_class_round_trip(void **state)
     lay.block_size = 16;
     const kvr_region_desc_t regions[] = {
         {.role = KVR_ROLE_MLA, .num_blocks = 9, .page_bytes = 16 * 576},
-        {.role = KVR_ROLE_INDEX, .num_blocks = 9, .page_bytes = 4096,
-         .index_dim = 128, .quant_block = 0},
+        {.role = KVR_ROLE_INDEX,
+         .num_blocks = 9,
+         .page_bytes = 4096,
+         .index_dim = 128,
+         .quant_block = 0},
         {.role = KVR_ROLE_STATE, .num_blocks = 2, .page_bytes = 100},
     };
-    const kvr_region_class_t want[] = {
-        {KVR_ROLE_MLA, 576, 0}, {KVR_ROLE_INDEX, 128, 128},
-        {KVR_ROLE_STATE, 100, 0}};
+    const kvr_region_class_t want[] = {{KVR_ROLE_MLA, 576, 0},
+                                       {KVR_ROLE_INDEX, 128, 128},
+                                       {KVR_ROLE_STATE, 100, 0}};
     for (size_t i = 0; i < 3; i++) {
         kvr_region_class_t k = kvr__class_of(&lay, &regions[i]);
         assert_int_equal(kvr__class_cmp(&k, &want[i]), 0);

@@ -268,9 +268,9 @@ static void test_messages(void **state)
     assert_int_equal(kvr_xfer_recv_msg(f.tc, NULL, NULL, &m, dl), KVR_OK);
     assert_int_equal(m->type, 8);
     kvr_xfer_msg_free(m);
-    assert_int_equal(kvr_xfer_recv_msg(f.tc, NULL, NULL, &m,
-                                       kvr_deadline_ns(20)),
-                     KVR_ERR_TIMEOUT);
+    assert_int_equal(
+        kvr_xfer_recv_msg(f.tc, NULL, NULL, &m, kvr_deadline_ns(20)),
+        KVR_ERR_TIMEOUT);
     fix_fini(&f);
 }
 
@@ -360,25 +360,24 @@ static void test_staging_pool(void **state)
     kvr_staging_pool_t *pool = NULL;
     uint32_t slots[4], n = 0, more[4];
     assert_int_equal(kvr_staging_pool_create(3, 4096, &pool), KVR_OK);
-    assert_int_equal(kvr_staging_acquire(pool, 1, 4, kvr_deadline_ns(10),
-                                         slots, &n),
-                     KVR_OK);
+    assert_int_equal(
+        kvr_staging_acquire(pool, 1, 4, kvr_deadline_ns(10), slots, &n),
+        KVR_OK);
     assert_int_equal(n, 3);
     assert_int_equal(kvr_staging_free_slots(pool), 0);
     uint64_t t0 = kvr_now_ns();
-    assert_int_equal(kvr_staging_acquire(pool, 1, 1, kvr_deadline_ns(50),
-                                         more, &n),
-                     KVR_ERR_NO_SPACE);
+    assert_int_equal(
+        kvr_staging_acquire(pool, 1, 1, kvr_deadline_ns(50), more, &n),
+        KVR_ERR_NO_SPACE);
     assert_true(kvr_now_ns() - t0 >= 45000000u);
     kvr_staging_release(pool, slots, 2);
     kvr_staging_release(pool, slots, 2); /* double release is ignored */
     assert_int_equal(kvr_staging_free_slots(pool), 2);
-    assert_int_equal(kvr_staging_acquire(pool, 2, 2, kvr_deadline_ns(10),
-                                         more, &n),
-                     KVR_OK);
-    assert_int_equal(kvr_staging_acquire(pool, 4, 4, kvr_deadline_ns(10),
-                                         more, &n),
-                     KVR_ERR_INVALID);
+    assert_int_equal(
+        kvr_staging_acquire(pool, 2, 2, kvr_deadline_ns(10), more, &n), KVR_OK);
+    assert_int_equal(
+        kvr_staging_acquire(pool, 4, 4, kvr_deadline_ns(10), more, &n),
+        KVR_ERR_INVALID);
     kvr_staging_pool_destroy(pool);
 }
 
@@ -572,8 +571,10 @@ static void test_cost_measure(void **state)
     (void)state;
     fix_t f;
     fix_init(&f, NULL, 4u << 20, 1, 1000);
-    kvr_cost_probe_t probe = {.scratch = f.rstage, .small_bytes = 576,
-                              .small_count = 64, .large_bytes = 1 << 20,
+    kvr_cost_probe_t probe = {.scratch = f.rstage,
+                              .small_bytes = 576,
+                              .small_count = 64,
+                              .large_bytes = 1 << 20,
                               .deadline_ns = kvr_deadline_ns(2000)};
     kvr_cost_model_t m;
     assert_int_equal(kvr_cost_measure(f.ep_pc, &probe, &m, NULL), KVR_OK);

@@ -380,8 +380,8 @@ static int consumer_main(const xh_config_t *cfg, uint32_t rank, int fd)
     while (rc == 0) {
         cmd_t cmd;
         /* the parent may be busy with the other ranks for a while */
-        if (read_all(fd, &cmd, sizeof(cmd), kvr_deadline_ns(
-                         cfg->timeout_ms * (cfg->W + 4))) != 0)
+        if (read_all(fd, &cmd, sizeof(cmd),
+                     kvr_deadline_ns(cfg->timeout_ms * (cfg->W + 4))) != 0)
             rc = 1;
         else if (cmd.op == OP_QUIT)
             break;
