@@ -4,7 +4,6 @@
  * it looks at struct kvr_conn (conn_internal.h). Linked with
  * --wrap=malloc,calloc,realloc to fail kvrelay's own allocations; needs UCX
  * (a connector's transport), exit 77 without it. */
-#include <pthread.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -16,43 +15,7 @@
 #include <cmocka.h>
 
 #include "conn_internal.h"
-
-void *__real_malloc(size_t n);
-void *__real_calloc(size_t n, size_t m);
-void *__real_realloc(void *p, size_t n);
-
-/* Allocations of the test's thread to let through before one fails; -1:
- * none fails. Other threads (the transport's progress thread) are left
- * alone. */
-static long g_countdown = -1;
-static pthread_t g_thread;
-static bool g_fired;
-
-static bool inject(void)
-{
-    if (g_countdown < 0 || !pthread_equal(pthread_self(), g_thread))
-        return false;
-    if (g_countdown-- > 0)
-        return false;
-    g_fired = true;
-    g_countdown = -1;
-    return true;
-}
-
-void *__wrap_malloc(size_t n)
-{
-    return inject() ? NULL : __real_malloc(n);
-}
-
-void *__wrap_calloc(size_t n, size_t m)
-{
-    return inject() ? NULL : __real_calloc(n, m);
-}
-
-void *__wrap_realloc(void *p, size_t n)
-{
-    return inject() ? NULL : __real_realloc(p, n);
-}
+#include "oom_wrap.h"
 
 static unsigned char g_page[4096];
 
@@ -122,12 +85,10 @@ static void test_staging_allocation_failures(void **state)
                            .page_bytes = sizeof(g_page) / 8};
     for (long n = 0;; n++) {
         kvr_conn_t *c = consumer();
-        g_thread = pthread_self();
-        g_fired = false;
-        g_countdown = n;
+        oom_arm(n);
         kvr_status_t st = kvr_conn_add_region(c, &d, g_page);
-        g_countdown = -1;
-        if (!g_fired) {
+        oom_disarm();
+        if (!oom_fired()) {
             assert_int_equal(st, KVR_OK);
             assert_true(n > 1); /* registration and slot table allocate */
             assert_int_equal(c->staging_idx, 0);
