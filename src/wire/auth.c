@@ -415,8 +415,7 @@ static void frame_tag(const session_dir_t *d, const uint8_t *frame, size_t len,
                       uint8_t tag[KVR_WIRE_TAG_BYTES])
 {
     uint8_t seq[8];
-    for (int i = 0; i < 8; i++)
-        seq[i] = (uint8_t)(d->seq >> (8 * i));
+    kvr__put_le(seq, d->seq, sizeof(seq));
     crypto_auth_hmacsha512256_state st;
     crypto_auth_hmacsha512256_init(&st, d->key, sizeof(d->key));
     crypto_auth_hmacsha512256_update(&st, seq, sizeof(seq));
