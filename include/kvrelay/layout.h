@@ -7,11 +7,12 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "kvrelay/status.h"
+#include "kvrelay/base.h"
 
 #ifdef __cplusplus
 extern "C" {
 #endif
+KVR_API_BEGIN
 
 #define KVR_LAYOUT_VERSION 1u
 
@@ -51,6 +52,15 @@ typedef struct kvr_region_desc {
     uint32_t quant_block; /* INDEX: Q; 0 means Q == D */
     uint64_t bytes;       /* registered length; 0 means num_blocks * page_bytes */
 } kvr_region_desc_t;
+
+/* A region class: regions of one role and the same widths, which share one
+ * plan and one entry in the layout digest. width is token bytes (MLA,
+ * DENSE), D (INDEX) or page bytes (others); quant is Q for INDEX, else 0. */
+typedef struct kvr_region_class {
+    kvr_role_t role;
+    uint64_t width;
+    uint64_t quant;
+} kvr_region_class_t;
 
 /* Registered length of a region (bytes, or num_blocks * page_bytes). */
 uint64_t kvr_region_bytes(const kvr_region_desc_t *r);
@@ -93,14 +103,7 @@ kvr_status_t kvr_region_check(const kvr_layout_t *lay,
 uint64_t kvr_region_token_bytes(const kvr_layout_t *lay,
                                 const kvr_region_desc_t *r);
 
-/* Fills err (if non-NULL) with code and a printf-style message; returns code. */
-kvr_status_t kvr_error_set(kvr_error_t *err, kvr_status_t code,
-                           const char *fmt, ...)
-#if defined(__GNUC__)
-    __attribute__((format(printf, 3, 4)))
-#endif
-    ;
-
+KVR_API_END
 #ifdef __cplusplus
 }
 #endif

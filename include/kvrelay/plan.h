@@ -12,6 +12,7 @@
 #ifdef __cplusplus
 extern "C" {
 #endif
+KVR_API_BEGIN
 
 /* One copy, in bytes, relative to each side's region base. */
 typedef struct kvr_run {
@@ -111,6 +112,7 @@ kvr_status_t kvr_plan_check_coverage(const kvr_layout_t *lay,
 kvr_status_t kvr_plan_from_runs(const kvr_run_t *runs, size_t num_runs,
                                 kvr_plan_t **out);
 
+KVR_API_END
 #ifdef __cplusplus
 }
 #endif

@@ -5,15 +5,28 @@
 
 #include <stdint.h>
 
+/* libkvrelay.so exports what the public headers declare between
+ * KVR_API_BEGIN and KVR_API_END and nothing else: the library is compiled
+ * with -fvisibility=hidden (docs/architecture.md, "Exports"). */
+#if defined(__GNUC__)
+#define KVR_API_BEGIN _Pragma("GCC visibility push(default)")
+#define KVR_API_END _Pragma("GCC visibility pop")
+#else
+#define KVR_API_BEGIN
+#define KVR_API_END
+#endif
+
 #ifdef __cplusplus
 extern "C" {
 #endif
+KVR_API_BEGIN
 
 /* X(name, value, text) */
 #define KVR_STATUS_MAP(X)                                                       \
     X(OK, 0, "success")                                                         \
     X(ERR_INVALID, 1, "invalid argument")                                       \
     X(ERR_NO_MEMORY, 2, "out of memory")                                        \
+    X(ERR_INIT, 3, "library initialisation failed")                             \
     X(ERR_INTERLEAVE_LT1, 10, "interleave I < 1")                               \
     X(ERR_INTERLEAVE_GT_BS, 11, "interleave I > block size")                    \
     X(ERR_INTERLEAVE_NOT_DIVISOR, 12, "block size not a multiple of I")         \
@@ -77,6 +90,15 @@ typedef struct kvr_error {
     char msg[KVR_ERROR_MSG_MAX];
 } kvr_error_t;
 
+/* Fills err (if non-NULL) with code and a printf-style message; returns code. */
+kvr_status_t kvr_error_set(kvr_error_t *err, kvr_status_t code,
+                           const char *fmt, ...)
+#if defined(__GNUC__)
+    __attribute__((format(printf, 3, 4)))
+#endif
+    ;
+
+KVR_API_END
 #ifdef __cplusplus
 }
 #endif

@@ -144,12 +144,6 @@ class WireId(ctypes.Structure):
     _fields_ = [("len", _u16), ("bytes", _u8 * WIRE_REQ_ID_MAX)]
 
 
-class ConnFault(ctypes.Structure):
-    _c_name_ = "kvr_conn_fault_t"
-    _c_header_ = "kvrelay/conn.h"
-    _fields_ = [("kind", _int), ("request", ctypes.c_char * 64)]
-
-
 class ConnParams(ctypes.Structure):
     _c_name_ = "kvr_conn_params_t"
     _c_header_ = "kvrelay/conn.h"
@@ -168,7 +162,6 @@ class ConnParams(ctypes.Structure):
         ("max_requests", _u32),
         ("leader_blocks", _u32),
         ("cuda_device", _int),
-        ("fault", ConnFault),
     ]
 
 
@@ -227,5 +220,5 @@ class ConnEvent(ctypes.Structure):
 
 
 ALL = [Error, Layout, RegionDesc, RegionPair, Request, Run, InspectDiff,
-       InspectResult, InspectOpts, WireTopo, WireId, ConnFault, ConnParams,
+       InspectResult, InspectOpts, WireTopo, WireId, ConnParams,
        ConnOffer, ConnLoad, ConnEvent]

@@ -4,6 +4,7 @@
 
 #include "kvrelay/conn.h"
 
+#include "base_internal.h"
 #include "data.h"
 #include "gpu_path.h"
 #include "link.h"
@@ -145,8 +146,6 @@ kvr_conn_event_t *kvr__event_push(kvr_conn_t *c, kvr_conn_event_kind_t kind,
                                   kvr_status_t st, const char *msg);
 void kvr__event_attach(kvr_conn_event_t *e, const uint32_t *src, size_t nsrc,
                        const uint32_t *dst, size_t ndst);
-bool kvr__fault_is(const kvr_conn_t *c, kvr_conn_fault_kind_t kind,
-                   const kvr_wire_id_t *id);
 kvr_status_t kvr__peer_send(kvr__peer_t *peer, const kvr_msg_t *msg);
 /* Regions of ours in [layer_start, layer_end) paired with the given
  * counterpart list by (role, layer). */

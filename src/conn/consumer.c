@@ -128,7 +128,7 @@ static void send_write_request(kvr_conn_t *c, kvr__creq_t *r, kvr__cstage_t *s)
     w->staging_slots = s->slots;
     w->num_staging_slots = s->num_slots;
     w->write_nonce = r->nonce;
-    uint64_t now = kvr__now_ns();
+    uint64_t now = kvr_now_ns();
     w->deadline_ms = r->deadline_ns > now
                          ? (uint32_t)((r->deadline_ns - now) / 1000000u) + 1 : 1;
     s->sent = kvr__peer_send(s->peer, &m) == KVR_OK;
@@ -158,10 +158,11 @@ static uint32_t producers_ready(const kvr_conn_t *c)
 
 static void send_all(kvr_conn_t *c, kvr__creq_t *r)
 {
-    /* fault injection: planned right, asked wrong; producers must refuse */
-    if (r->ndst > 0 && kvr__fault_is(c, KVR_FAULT_BAD_BLOCKS, &r->id))
+    /* failpoint: planned right, asked wrong; producers must refuse */
+    if (r->ndst > 0 &&
+        kvr__failpoint(KVR__FP_BAD_BLOCKS, r->id.bytes, r->id.len))
         r->dst[r->ndst - 1] = 0x7fffffffu;
-    r->started_ns = kvr__now_ns();
+    r->started_ns = kvr_now_ns();
     for (uint32_t s = 0; s < r->num_stages; s++)
         send_write_request(c, r, &r->stages[s]);
 }
@@ -234,7 +235,7 @@ kvr_status_t kvr__consumer_load(kvr_conn_t *c, const kvr_conn_load_t *l,
     r->num_computed = l->num_computed_blocks;
     r->nonce = kvr_wire_random_nonce();
     uint32_t ms = l->deadline_ms ? l->deadline_ms : c->p.deadline_ms;
-    r->deadline_ns = kvr__now_ns() + (uint64_t)ms * 1000000ull;
+    r->deadline_ns = kvr_now_ns() + (uint64_t)ms * 1000000ull;
     r->hard_deadline_ns = r->deadline_ns + (uint64_t)c->p.release_grace_ms * 1000000ull;
     st = copy_tables(r, l);
     if (st != KVR_OK)
@@ -555,7 +556,7 @@ static void tick_request(kvr_conn_t *c, kvr__creq_t *r, uint64_t now)
 
 void kvr__consumer_tick(kvr_conn_t *c)
 {
-    uint64_t now = kvr__now_ns();
+    uint64_t now = kvr_now_ns();
     for (uint32_t i = 0; i < c->p.max_requests; i++)
         if (c->creqs[i].phase != CREQ_FREE)
             tick_request(c, &c->creqs[i], now);

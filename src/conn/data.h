@@ -72,6 +72,4 @@ int kvr__data_choose(kvr__dpeer_t *p, int force, const kvr__dseg_t *segs,
 kvr_status_t kvr__data_probe(kvr__dpeer_t *p, uint32_t scratch,
                              uint64_t scratch_len, kvr_error_t *err);
 
-uint64_t kvr__now_ns(void);
-
 #endif

@@ -6,7 +6,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <unistd.h>
 
 #include "conn_internal.h"
 
@@ -340,8 +339,9 @@ kvr_status_t kvr__rank_offer(kvr_conn_t *c, const kvr_msg_offer_t *o)
 
 kvr_status_t kvr__rank_assign(kvr_conn_t *c, const kvr_msg_assign_t *a)
 {
-    if (kvr__fault_is(c, KVR_FAULT_DIE_ASSIGN, &a->request_id))
-        _exit(9); /* a decode rank killed */
+    if (kvr__failpoint(KVR__FP_DIE_ASSIGN, a->request_id.bytes,
+                       a->request_id.len))
+        kvr__failpoint_exit(); /* a decode rank killed */
     pending_offer_t *t = offers(c), *o = NULL;
     for (uint32_t i = 0; t != NULL && i < c->p.max_requests && o == NULL; i++)
         if (t[i].used && t[i].transfer_id == a->transfer_id &&

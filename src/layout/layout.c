@@ -3,48 +3,9 @@
  * (tools, Python through libkvrelay.so). docs/design.md §2-3. */
 #include "kvrelay/layout.h"
 
-#include <stdarg.h>
-#include <stdio.h>
 #include <string.h>
 
 #include "layout_math.h"
-
-const char *kvr_status_str(kvr_status_t status)
-{
-    switch (status) {
-#define KVR__STATUS_STR(name, value, text)                                     \
-    case KVR_##name:                                                           \
-        return text;
-        KVR_STATUS_MAP(KVR__STATUS_STR)
-#undef KVR__STATUS_STR
-    }
-    return "unknown status";
-}
-
-const char *kvr_status_name(kvr_status_t status)
-{
-    switch (status) {
-#define KVR__STATUS_NAME(name, value, text)                                    \
-    case KVR_##name:                                                           \
-        return #name;
-        KVR_STATUS_MAP(KVR__STATUS_NAME)
-#undef KVR__STATUS_NAME
-    }
-    return NULL;
-}
-
-kvr_status_t kvr_error_set(kvr_error_t *err, kvr_status_t code,
-                           const char *fmt, ...)
-{
-    if (err == NULL)
-        return code;
-    err->code = code;
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(err->msg, sizeof(err->msg), fmt, ap);
-    va_end(ap);
-    return code;
-}
 
 /* Indexed by kvr_role_t; the same names the CLI parses ("mla:576x78"). */
 static const char *const role_names[] = {

@@ -3,7 +3,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../layout/layout_math.h"
+#include "layout_math.h"
 #include "plan_internal.h"
 
 typedef unsigned long long ull;

@@ -7,7 +7,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../layout/layout_math.h"
+#include "layout_internal.h"
+#include "layout_math.h"
 #include "plan_internal.h"
 
 kvr_plan_t *kvr__plan_new(size_t cap)
@@ -97,36 +98,19 @@ void kvr__plan_finish(kvr_plan_t *plan)
     }
 }
 
-typedef struct {
-    uint32_t id;
-    uint32_t index;
-} id_index_t;
-
-static int cmp_id(const void *a, const void *b)
-{
-    const id_index_t *x = a, *y = b;
-    return (x->id > y->id) - (x->id < y->id);
-}
-
 /* Indices [first, end) of a destination table in ascending block-id order,
  * so runs come out sorted by destination without sorting the runs. */
 static uint32_t *dst_order(const uint32_t *table, uint64_t first, uint64_t end)
 {
     size_t n = (size_t)(end > first ? end - first : 0);
-    id_index_t *tmp = malloc((n + 1) * sizeof(*tmp));
+    kvr__id_index_t *tmp = malloc((n + 1) * sizeof(*tmp));
     uint32_t *order = malloc((n + 1) * sizeof(*order));
     if (tmp == NULL || order == NULL) {
         free(tmp);
         free(order);
         return NULL;
     }
-    bool sorted = true;
-    for (size_t i = 0; i < n; i++) {
-        tmp[i] = (id_index_t){table[first + i], (uint32_t)(first + i)};
-        sorted &= i == 0 || tmp[i - 1].id < tmp[i].id;
-    }
-    if (!sorted)
-        qsort(tmp, n, sizeof(*tmp), cmp_id);
+    kvr__sort_ids(table, (uint32_t)first, n, tmp);
     for (size_t i = 0; i < n; i++)
         order[i] = tmp[i].index;
     free(tmp);

@@ -128,9 +128,9 @@ static kvr_status_t create_conn(serve_t *s, const uint8_t *key, kvr_error_t *err
                             .tp_size = s->cfg.lay.dcp_size, .dp_rank = 0,
                             .dp_size = 1, .layer_start = 0,
                             .layer_end = s->cfg.layers, .dcp_rank = s->o.rank};
-    kvr_conn_params_t p = demo_conn_params(&s->cfg, KVR_WIRE_CONSUMER, &topo,
-                                               s->o.rank, key);
-    return demo_conn_create(&s->cfg, &p, &s->conn, err);
+    kvr_conn_params_t p = demo_conn_params(&s->cfg, KVR_WIRE_CONSUMER, &topo, key);
+    kvr_status_t st = demo_arm_fault(&s->cfg, s->o.rank, err);
+    return st == KVR_OK ? demo_conn_create(&s->cfg, &p, &s->conn, err) : st;
 }
 
 /* Device pages are checked through a fresh host copy. */
@@ -250,7 +250,7 @@ static void on_event(serve_t *s, const kvr_conn_event_t *e)
         printf("loaded %.*s %llu %llu %llu %llu\n", idl, id,
                (unsigned long long)e->bytes,
                (unsigned long long)e->num_computed_blocks,
-               (unsigned long long)demo_now_ns(),
+               (unsigned long long)kvr_now_ns(),
                (unsigned long long)e->started_ns);
         note_dump(s, e);
         keep_for_verify(s, e);
@@ -297,8 +297,8 @@ static bool refused_out(const serve_t *s)
 
 static int serve_loop(serve_t *s)
 {
-    uint64_t end = demo_now_ns() + (uint64_t)s->cfg.run_timeout_ms * 1000000ull;
-    while (!stop_requested && !finished(s) && !refused_out(s) && demo_now_ns() < end) {
+    uint64_t end = kvr_now_ns() + (uint64_t)s->cfg.run_timeout_ms * 1000000ull;
+    while (!stop_requested && !finished(s) && !refused_out(s) && kvr_now_ns() < end) {
         kvr_conn_progress(s->conn, 20);
         kvr_conn_event_t e;
         while (kvr_conn_poll_event(s->conn, &e))

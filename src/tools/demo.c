@@ -5,7 +5,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include "commands.h"
 #include "kvrelay/synth.h"
@@ -34,9 +33,6 @@ const char demo_options_help[] =
  * gets both read these. */
 static const char *const tl_names[] = {"auto", "shm", "tcp"};
 static const char *const exec_names[] = {"auto", "direct", "staged"};
-static const char *const fault_names[] = {"", "die-mid", "refuse", "wrong-nonce",
-                                          "dup-done", "bad-blocks", "die-assign"};
-#define NUM_FAULTS (sizeof(fault_names) / sizeof(fault_names[0]))
 
 void demo_cfg_init(demo_cfg_t *cfg)
 {
@@ -63,12 +59,13 @@ void demo_cfg_init(demo_cfg_t *cfg)
     cfg->cuda_device = -1;
 }
 
-kvr_conn_fault_t demo_fault_for(const demo_cfg_t *cfg, uint32_t who)
+kvr_status_t demo_arm_fault(const demo_cfg_t *cfg, uint32_t who,
+                            kvr_error_t *err)
 {
-    kvr_conn_fault_t none = {KVR_FAULT_NONE, ""};
-    if (cfg->fault_target >= 0 && (uint32_t)cfg->fault_target != who)
-        return none;
-    return cfg->fault;
+    if (cfg->fault == NULL ||
+        (cfg->fault_target >= 0 && (uint32_t)cfg->fault_target != who))
+        return KVR_OK;
+    return kvr_failpoint_arm(cfg->fault, cfg->fault_key, err);
 }
 
 static int parse_enum(const char *cmd, const char *name, const char *value,
@@ -84,6 +81,7 @@ static int parse_enum(const char *cmd, const char *name, const char *value,
     return -1;
 }
 
+/* --fault KIND:REQUEST_ID[@WHO]: KIND names a failpoint. */
 static int parse_fault(demo_cfg_t *cfg, const char *cmd, const char *value)
 {
     const char *colon = strchr(value, ':');
@@ -91,19 +89,25 @@ static int parse_fault(demo_cfg_t *cfg, const char *cmd, const char *value)
     uint64_t target = 0;
     size_t idlen = colon ? (at ? (size_t)(at - colon - 1) : strlen(colon + 1)) : 0;
     bool target_ok = at == NULL || cli_parse_u64(at + 1, 0, 63, &target);
-    for (size_t k = 1; colon != NULL && target_ok && k < NUM_FAULTS; k++)
-        if (strlen(fault_names[k]) == (size_t)(colon - value) &&
-            strncmp(value, fault_names[k], (size_t)(colon - value)) == 0 &&
-            idlen > 0 && idlen < sizeof(cfg->fault.request)) {
-            cfg->fault.kind = (kvr_conn_fault_kind_t)k;
-            snprintf(cfg->fault.request, sizeof(cfg->fault.request), "%.*s",
-                     (int)idlen, colon + 1);
+    char kinds[256] = "";
+    const char *name;
+    for (uint32_t k = 0; (name = kvr_failpoint_name(k)) != NULL; k++) {
+        if (colon != NULL && target_ok &&
+            strlen(name) == (size_t)(colon - value) &&
+            strncmp(value, name, (size_t)(colon - value)) == 0 && idlen > 0 &&
+            idlen < sizeof(cfg->fault_key)) {
+            cfg->fault = name;
+            snprintf(cfg->fault_key, sizeof(cfg->fault_key), "%.*s", (int)idlen,
+                     colon + 1);
             cfg->fault_target = at ? (int)target : -1;
             return 1;
         }
-    cli_usage_error(cmd, "--fault '%s': expected KIND:REQUEST_ID[@WHO] with KIND "
-                         "die-mid, refuse, wrong-nonce, dup-done, bad-blocks or "
-                         "die-assign", value);
+        size_t used = strlen(kinds);
+        snprintf(kinds + used, sizeof(kinds) - used, "%s%s", k ? ", " : "",
+                 name);
+    }
+    cli_usage_error(cmd, "--fault '%s': expected KIND:REQUEST_ID[@WHO], KIND one "
+                    "of %s", value, kinds);
     return -1;
 }
 
@@ -267,7 +271,7 @@ bool demo_cfg_check(const demo_cfg_t *cfg, const char *cmd)
 int demo_cfg_args(const demo_cfg_t *cfg, char **argv, int max)
 {
     static char vals[32][40];
-    static char fault[96];
+    static char fault[128];
     int n = 0, v = 0;
     for (size_t i = 0; i < sizeof(num_opts) / sizeof(num_opts[0]) && n + 2 < max; i++) {
         const char *field = (const char *)cfg + num_opts[i].offset;
@@ -300,9 +304,9 @@ int demo_cfg_args(const demo_cfg_t *cfg, char **argv, int max)
         argv[n++] = "--dump";
         argv[n++] = (char *)cfg->dump_dir;
     }
-    if (cfg->fault.kind != KVR_FAULT_NONE) {
-        int len = snprintf(fault, sizeof(fault), "--fault=%s:%s",
-                           fault_names[cfg->fault.kind], cfg->fault.request);
+    if (cfg->fault != NULL) {
+        int len = snprintf(fault, sizeof(fault), "--fault=%s:%s", cfg->fault,
+                           cfg->fault_key);
         if (cfg->fault_target >= 0 && len > 0 && (size_t)len < sizeof(fault))
             snprintf(fault + len, sizeof(fault) - (size_t)len, "@%d", cfg->fault_target);
         argv[n++] = fault;
@@ -434,7 +438,7 @@ uint32_t demo_region(const demo_cfg_t *cfg, uint32_t i, bool consumer,
 kvr_conn_params_t demo_conn_params(const demo_cfg_t *cfg,
                                        kvr_wire_side_t side,
                                        const kvr_wire_topo_t *topo,
-                                       uint32_t who, const uint8_t *key)
+                                       const uint8_t *key)
 {
     kvr_conn_params_t p = KVR_CONN_PARAMS_INIT;
     p.side = side;
@@ -450,7 +454,6 @@ kvr_conn_params_t demo_conn_params(const demo_cfg_t *cfg,
     p.executor = cfg->exec;
     p.deadline_ms = cfg->deadline_ms;
     p.leader_blocks = demo_dst_pool(cfg);
-    p.fault = demo_fault_for(cfg, who);
     p.cuda_device = cfg->cuda_device;
     return p;
 }
@@ -634,13 +637,6 @@ int demo_parse(int argc, char **argv, demo_cfg_t *cfg, const char *cmd,
             return rc;
     }
     return demo_cfg_check(cfg, cmd) ? -1 : CLI_EXIT_USAGE;
-}
-
-uint64_t demo_now_ns(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
 }
 
 void demo_image_name(char *buf, size_t len, int rank,
