@@ -94,7 +94,8 @@ uint64_t kvr_index_key_offset(const kvr_layout_t *lay, uint32_t index_dim,
 uint64_t kvr_index_scale_offset(uint64_t page_tokens, uint32_t index_dim,
                                 uint64_t t);
 
-/* Validates one region's geometry for its side (page bytes, D/Q, preshuffle).
+/* Validates one region's geometry for its side (page bytes, D/Q, preshuffle;
+ * num_blocks * page_bytes must fit in 64 bits, KVR_ERR_PAGE_GEOMETRY).
  * side: false = producer, true = consumer. */
 kvr_status_t kvr_region_check(const kvr_layout_t *lay,
                               const kvr_region_desc_t *r, bool consumer,

@@ -108,7 +108,8 @@ kvr_status_t kvr_plan_check_coverage(const kvr_layout_t *lay,
                                      kvr_error_t *err);
 
 /* Plan from an explicit run list (for tests, tools and replay); runs are
- * copied, not validated. */
+ * copied, not validated, except that KVR_ERR_INVALID refuses a run whose
+ * end, or a total, passes 2^64. */
 kvr_status_t kvr_plan_from_runs(const kvr_run_t *runs, size_t num_runs,
                                 kvr_plan_t **out);
 

@@ -151,6 +151,16 @@ void kvr_conn_destroy(kvr_conn_t *c)
     free(c);
 }
 
+kvr_status_t kvr__region_valid(const kvr_conn_t *c, const kvr_region_desc_t *d,
+                               bool consumer, kvr_error_t *err)
+{
+    kvr_status_t st = kvr_region_check(&c->p.layout, d, consumer, err);
+    if (st == KVR_OK && d->num_blocks == 0)
+        st = kvr_error_set(err, KVR_ERR_INVALID, "%s region layer %u has 0 blocks",
+                           kvr_role_name(d->role), d->layer);
+    return st;
+}
+
 /* Why desc cannot be added now, or KVR_OK. */
 static kvr_status_t check_region(const kvr_conn_t *c,
                                  const kvr_region_desc_t *desc,
@@ -163,16 +173,7 @@ static kvr_status_t check_region(const kvr_conn_t *c,
     if (c->num_peers > 0 || c->listen_fd >= 0)
         return kvr_error_set(err, KVR_ERR_INVALID,
                              "regions must be added before listen/connect");
-    kvr_status_t st = desc->role == KVR_ROLE_STAGING
-                          ? KVR_OK
-                          : kvr_region_check(&c->p.layout, desc, consumer, err);
-    if (st == KVR_OK && (desc->num_blocks == 0 ||
-                         desc->page_bytes > UINT64_MAX / desc->num_blocks))
-        st = kvr_error_set(err, KVR_ERR_INVALID,
-                           "region layer %u: %llu blocks of %llu bytes",
-                           desc->layer, (unsigned long long)desc->num_blocks,
-                           (unsigned long long)desc->page_bytes);
-    return st;
+    return kvr__region_valid(c, desc, consumer, err);
 }
 
 /* Allocates or registers r's memory (device memory needs no registration:

@@ -141,6 +141,10 @@ void kvr__conn_fail(kvr_conn_t *c, kvr_status_t st, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)))
 #endif
     ;
+/* A region's geometry, ours or one a consumer announced in REGIONS: the
+ * role's checks, at least one block, num_blocks * page_bytes within 2^64. */
+kvr_status_t kvr__region_valid(const kvr_conn_t *c, const kvr_region_desc_t *d,
+                               bool consumer, kvr_error_t *err);
 kvr_conn_event_t *kvr__event_push(kvr_conn_t *c, kvr_conn_event_kind_t kind,
                                   const kvr_wire_id_t *id, uint64_t transfer,
                                   kvr_status_t st, const char *msg);

@@ -199,7 +199,12 @@ static kvr_status_t check_index_region(const kvr_layout_t *lay,
         return kvr_error_set(err, KVR_ERR_PAGE_GEOMETRY,
                              "preshuffled index needs D %% 16 == 0 (D=%u)", D);
     uint64_t P = kvr_index_page_tokens(lay, consumer);
-    uint64_t need = P * (D + 4ull * (D / Q));
+    uint64_t need;
+    if (__builtin_mul_overflow(P, D + 4ull * (D / Q), &need))
+        return kvr_error_set(err, KVR_ERR_PAGE_GEOMETRY,
+                             "%s index region layer %u: a page of %llu tokens "
+                             "of D=%u plus scales exceeds 2^64 bytes",
+                             side, r->layer, (unsigned long long)P, D);
     if (r->page_bytes < need)
         return kvr_error_set(err, KVR_ERR_PAGE_GEOMETRY,
                              "%s index region layer %u: page bytes %llu < %llu "
@@ -218,6 +223,13 @@ kvr_status_t kvr_region_check(const kvr_layout_t *lay,
     if (lay == NULL || r == NULL)
         return kvr_error_set(err, KVR_ERR_INVALID, "region or layout is NULL");
     const char *side = consumer ? "consumer" : "producer";
+    uint64_t total;
+    if (__builtin_mul_overflow(r->num_blocks, r->page_bytes, &total))
+        return kvr_error_set(err, KVR_ERR_PAGE_GEOMETRY,
+                             "%s %s region layer %u: %llu blocks of %llu bytes "
+                             "exceed 2^64 bytes", side, kvr_role_name(r->role),
+                             r->layer, (unsigned long long)r->num_blocks,
+                             (unsigned long long)r->page_bytes);
     switch (r->role) {
     case KVR_ROLE_MLA:
     case KVR_ROLE_DENSE:

@@ -83,9 +83,10 @@ KVR_HD uint64_t kvr__local_len(uint64_t L, uint64_t r, uint64_t I, uint64_t W)
     return base + (extra < I ? extra : I);
 }
 
+/* Never overflows: (a + b - 1) / b wraps to 0 blocks for a near 2^64. */
 KVR_HD uint64_t kvr__ceil_div(uint64_t a, uint64_t b)
 {
-    return (a + b - 1) / b;
+    return a / b + (a % b != 0);
 }
 
 /* Bytes per token of an index page including padding: C = ceil16(D + 4),

@@ -1,5 +1,6 @@
 /* Planner input validation (docs/design.md §4): every check its own status code,
  * every message naming the values. */
+#include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -7,6 +8,21 @@
 #include "plan_internal.h"
 
 typedef unsigned long long ull;
+
+/* k = 0, or k*V < N, k < len(dst) and k*W < len(src) (docs/design.md §4);
+ * products that wrap are invalid, never compared. */
+static bool incremental_ok(const kvr_layout_t *lay, const kvr_request_t *req,
+                           uint64_t V)
+{
+    uint64_t k = req->num_computed_blocks, kV, kW;
+    if (k == 0)
+        return true;
+    if (__builtin_mul_overflow(k, V, &kV) ||
+        __builtin_mul_overflow(k, (uint64_t)lay->dcp_size, &kW))
+        return false;
+    return kV < req->num_tokens && k < req->num_dst_blocks &&
+           kW < req->num_src_blocks;
+}
 
 /* Tables are the request's full tables (never pre-sliced): N tokens need
  * ceil(N / bs) source blocks and ceil(N / V) destination entries.
@@ -36,14 +52,19 @@ static kvr_status_t check_tables(const kvr_layout_t *lay,
                              "virtual tokens, the table has %zu",
                              (ull)N, (ull)info->end_dst, (ull)info->V,
                              req->num_dst_blocks);
-    if (k != 0 && !(k * info->V < N && k < req->num_dst_blocks &&
-                    k * lay->dcp_size < req->num_src_blocks))
+    uint64_t span;
+    if (__builtin_mul_overflow(info->end_dst, info->V, &span))
+        return kvr_error_set(err, KVR_ERR_INVALID,
+                             "num_tokens %llu exceeds the largest plannable "
+                             "count: %llu blocks of %llu virtual tokens pass "
+                             "2^64", (ull)N, (ull)info->end_dst, (ull)info->V);
+    if (!incremental_ok(lay, req, info->V))
         return kvr_error_set(err, KVR_ERR_INCREMENTAL,
-                             "num_computed_blocks %llu invalid: needs %llu * "
-                             "V=%llu < %llu tokens, < %zu destination and "
-                             "%llu < %zu source blocks",
-                             (ull)k, (ull)k, (ull)info->V, (ull)N,
-                             req->num_dst_blocks, (ull)(k * lay->dcp_size),
+                             "num_computed_blocks %llu invalid: needs k * "
+                             "V=%llu < %llu tokens, k < %zu destination and "
+                             "k * W=%u < %zu source blocks",
+                             (ull)k, (ull)info->V, (ull)N,
+                             req->num_dst_blocks, lay->dcp_size,
                              req->num_src_blocks);
     info->first_src = k * lay->dcp_size;
     info->first_dst = k;
@@ -248,7 +269,8 @@ kvr_status_t kvr__check_plan_bounds(const kvr_plan_t *plan,
         return KVR_OK;
     for (size_t i = 0; i < plan->num_runs; i++) {
         const kvr_run_t *r = &plan->runs[i];
-        if (r->dst + r->len > dst_bytes || r->src + r->len > src_bytes)
+        if (r->len > dst_bytes || r->dst > dst_bytes - r->len ||
+            r->len > src_bytes || r->src > src_bytes - r->len)
             return kvr_error_set(err, KVR_ERR_RUN_OUT_OF_BOUNDS,
                                  "%s layer %u: run %zu (src %llu, dst %llu, "
                                  "len %llu) leaves the regions (src %llu "

@@ -4,6 +4,7 @@
  * bytes. Every kind walks destination blocks in ascending id order, so runs
  * come out sorted by destination and the final sort is usually skipped. */
 #include <stdbool.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -17,7 +18,9 @@ kvr_plan_t *kvr__plan_new(size_t cap)
     if (plan == NULL)
         return NULL;
     plan->cap = cap ? cap : 1;
-    plan->runs = malloc(plan->cap * sizeof(*plan->runs));
+    /* a capacity hint that wraps the byte count must not allocate less */
+    plan->runs = plan->cap <= SIZE_MAX / sizeof(*plan->runs)
+                     ? malloc(plan->cap * sizeof(*plan->runs)) : NULL;
     if (plan->runs == NULL) {
         free(plan);
         return NULL;
@@ -37,6 +40,8 @@ kvr_status_t kvr__plan_push(kvr_plan_t *plan, uint64_t src, uint64_t dst,
                             uint64_t len)
 {
     if (plan->num_runs == plan->cap) {
+        if (plan->cap > SIZE_MAX / 2 / sizeof(*plan->runs))
+            return KVR_ERR_NO_MEMORY;
         size_t cap = plan->cap * 2;
         kvr_run_t *runs = realloc(plan->runs, cap * sizeof(*runs));
         if (runs == NULL)
@@ -369,11 +374,15 @@ kvr_status_t kvr_plan_from_runs(const kvr_run_t *runs, size_t num_runs,
     plan->num_runs = num_runs;
     plan->uncoalesced = num_runs;
     for (size_t i = 0; i < num_runs; i++) {
-        plan->bytes += runs[i].len;
-        if (runs[i].src + runs[i].len > plan->src_end)
-            plan->src_end = runs[i].src + runs[i].len;
-        if (runs[i].dst + runs[i].len > plan->dst_end)
-            plan->dst_end = runs[i].dst + runs[i].len;
+        uint64_t src_end, dst_end;
+        if (__builtin_add_overflow(runs[i].src, runs[i].len, &src_end) ||
+            __builtin_add_overflow(runs[i].dst, runs[i].len, &dst_end) ||
+            __builtin_add_overflow(plan->bytes, runs[i].len, &plan->bytes)) {
+            kvr_plan_destroy(plan);
+            return KVR_ERR_INVALID; /* a run or the total passes 2^64 */
+        }
+        plan->src_end = src_end > plan->src_end ? src_end : plan->src_end;
+        plan->dst_end = dst_end > plan->dst_end ? dst_end : plan->dst_end;
     }
     *out = plan;
     return KVR_OK;

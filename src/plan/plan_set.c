@@ -107,7 +107,11 @@ static kvr_status_t finish_set(const kvr_region_pair_t *pairs,
         kvr_status_t st = kvr__check_plan_bounds(plan, &pairs[i], err);
         if (st != KVR_OK)
             return st;
-        set->total_bytes += plan->bytes;
+        if (__builtin_add_overflow(set->total_bytes, plan->bytes,
+                                   &set->total_bytes))
+            return kvr_error_set(err, KVR_ERR_INVALID,
+                                 "the plans of %zu region pairs total more "
+                                 "than 2^64 bytes", set->num_pairs);
         set->total_runs += plan->num_runs;
     }
     return KVR_OK;

@@ -207,17 +207,22 @@ static kvr_status_t check_leftovers(const kvr_layout_t *lay,
     uint64_t planes = kvr_index_page_tokens(lay, true) *
                       (pair->dst.index_dim + 4ull);
     uint64_t end = kvr__ceil_div(req->num_tokens, kvr_virtual_block(lay));
-    unsigned char *in_request = calloc(pair->dst.num_blocks + 1, 1);
+    /* only pages inside the registered length can hold a leftover write
+     * (num_blocks may be far larger than the registered bytes) */
+    uint64_t pages = dst_bytes / pair->dst.page_bytes + 1;
+    pages = pages < pair->dst.num_blocks ? pages : pair->dst.num_blocks;
+    unsigned char *in_request = calloc(pages + 1, 1);
     if (in_request == NULL)
         return kvr_error_set(err, KVR_ERR_NO_MEMORY, "no memory");
     for (uint64_t k = req->num_computed_blocks; k < end; k++)
-        in_request[req->dst_blocks[k]] = 1;
+        if (req->dst_blocks[k] < pages)
+            in_request[req->dst_blocks[k]] = 1;
     kvr_status_t st = KVR_OK;
     for (uint64_t x = 0; x < dst_bytes && st == KVR_OK; x++) {
         if (map[x] == 0 || map[x] == COVERED)
             continue;
         uint64_t page = x / pair->dst.page_bytes;
-        if (!index || page >= pair->dst.num_blocks || !in_request[page] ||
+        if (!index || page >= pages || !in_request[page] ||
             x % pair->dst.page_bytes >= planes)
             st = kvr_error_set(err, KVR_ERR_VERIFY,
                                "rank %u writes dst byte %llu (page %llu) "

@@ -194,7 +194,7 @@ static void keep_for_verify(serve_t *s, const kvr_conn_event_t *e)
     kvr_conn_event_t *k = &s->pending[s->num_pending++];
     *k = *e;
     uint32_t *dst = malloc((e->num_dst_blocks + 1) * sizeof(*dst));
-    if (dst != NULL)
+    if (dst != NULL && e->num_dst_blocks > 0) /* an empty table may be NULL */
         memcpy(dst, e->dst_blocks, e->num_dst_blocks * sizeof(*dst));
     k->dst_blocks = dst;
     k->num_dst_blocks = dst ? e->num_dst_blocks : 0;

@@ -562,6 +562,19 @@ static kvr_status_t verify_region(const demo_cfg_t *cfg, uint32_t rank,
     return KVR_OK;
 }
 
+/* The verifier reads every page it checks: ids must be inside the region. */
+static kvr_status_t check_ids(const uint32_t *ids, uint64_t n,
+                              const kvr_region_desc_t *d, kvr_error_t *err)
+{
+    for (uint64_t i = 0; i < n; i++)
+        if (ids[i] >= d->num_blocks)
+            return kvr_error_set(err, KVR_ERR_BLOCK_RANGE, "destination block "
+                                 "id %u outside %s layer %u's %llu blocks",
+                                 ids[i], kvr_role_name(d->role), d->layer,
+                                 (unsigned long long)d->num_blocks);
+    return KVR_OK;
+}
+
 kvr_status_t demo_verify(const demo_cfg_t *cfg, uint32_t rank,
                              const kvr_region_desc_t *descs, void *const *bases,
                              uint32_t num_regions, const kvr_conn_event_t *ev,
@@ -571,11 +584,16 @@ kvr_status_t demo_verify(const demo_cfg_t *cfg, uint32_t rank,
     if (!demo_parse_request_id((const char *)ev->request_id.bytes,
                                    ev->request_id.len, &req))
         return kvr_error_set(err, KVR_ERR_INVALID, "request id is not a demo id");
-    if (ev->num_dst_blocks < kvr_num_dst_blocks(&cfg->lay, ev->num_tokens) ||
-        cfg->token_bytes > 65536)
-        return kvr_error_set(err, KVR_ERR_INVALID, "event tables too short");
+    uint64_t need = kvr_num_dst_blocks(&cfg->lay, ev->num_tokens);
+    if (ev->num_dst_blocks < need || cfg->token_bytes > 65536)
+        return kvr_error_set(err, KVR_ERR_INVALID, "%llu tokens need %llu "
+                             "destination blocks, the event has %zu",
+                             (unsigned long long)ev->num_tokens,
+                             (unsigned long long)need, ev->num_dst_blocks);
     for (uint32_t i = 0; i < num_regions; i++) {
-        kvr_status_t st = verify_region(cfg, rank, req, &descs[i], bases[i], ev, err);
+        kvr_status_t st = check_ids(ev->dst_blocks, need, &descs[i], err);
+        if (st == KVR_OK)
+            st = verify_region(cfg, rank, req, &descs[i], bases[i], ev, err);
         if (st != KVR_OK)
             return st;
     }
