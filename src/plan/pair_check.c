@@ -307,9 +307,10 @@ static kvr_status_t check_ranks(kvr__pair_t *x, const kvr_region_desc_t *r,
     uint32_t nc = kvr_axis_ranks(x->lay, axis, true);
     if (x->p >= np || x->c >= nc)
         return kvr_error_set(err, KVR_ERR_RANK_RANGE,
-                             "%s rank %u out of range [0, %u)",
+                             "%s %s rank %u out of range [0, %u)",
                              x->p >= np ? "producer" : "consumer",
-                             x->p >= np ? x->p : x->c, x->p >= np ? np : nc);
+                             axis_name(axis), x->p >= np ? x->p : x->c,
+                             x->p >= np ? np : nc);
     return KVR_OK;
 }
 

@@ -120,10 +120,10 @@ static void test_producer_layout(void **state)
     expect_pair(&b, KVR_ERR_TP_NOT_DIVISIBLE, "producer TP size 3");
     b = base();
     b.p = 2;
-    expect_pair(&b, KVR_ERR_RANK_RANGE, "producer rank 2 out of range [0, 2)");
+    expect_pair(&b, KVR_ERR_RANK_RANGE, "producer DCP rank 2 out of range [0, 2)");
     b = base();
     b.c = 4;
-    expect_pair(&b, KVR_ERR_RANK_RANGE, "consumer rank 4");
+    expect_pair(&b, KVR_ERR_RANK_RANGE, "consumer DCP rank 4");
     b = base();
     b.req.num_src_blocks = 3;
     expect_pair(&b, KVR_ERR_SRC_TABLE_SHORT, "producer rank 1");
@@ -221,7 +221,7 @@ static void test_dense_combinations(void **state)
     expect_pair(&b, KVR_ERR_DENSE_NO_HEADS, "tp 4 -> 2");
     b = dense_base();
     b.p = 4;
-    expect_pair(&b, KVR_ERR_RANK_RANGE, "producer rank 4 out of range [0, 4)");
+    expect_pair(&b, KVR_ERR_RANK_RANGE, "producer TP rank 4 out of range [0, 4)");
     b = dense_base();
     b.pair.dst.role = KVR_ROLE_MLA;
     expect_pair(&b, KVR_ERR_ROLE_MISMATCH, "consumer region layer 5 is mla");
