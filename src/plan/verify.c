@@ -387,9 +387,10 @@ static uint64_t pair_expected(const kvr_layout_t *lay, const kvr_request_t *req,
 static kvr_status_t check_reqs(const kvr_request_t *reqs, uint32_t n,
                                kvr_error_t *err)
 {
+    size_t table = reqs[0].num_dst_blocks * sizeof(*reqs[0].dst_blocks);
     for (uint32_t p = 1; p < n; p++)
-        if (reqs[p].dst_blocks != reqs[0].dst_blocks ||
-            reqs[p].num_dst_blocks != reqs[0].num_dst_blocks ||
+        if (reqs[p].num_dst_blocks != reqs[0].num_dst_blocks ||
+            (table && memcmp(reqs[p].dst_blocks, reqs[0].dst_blocks, table)) ||
             reqs[p].num_tokens != reqs[0].num_tokens ||
             reqs[p].num_computed_blocks != reqs[0].num_computed_blocks)
             return kvr_error_set(err, KVR_ERR_INVALID,
