@@ -283,22 +283,28 @@ def layout_digest(layout: Layout, regions: Iterable[RegionDesc],
     return text.value.decode()
 
 
-def verify_region(layout: Layout, rank: int, pair: RegionPair,
-                  request: Request, src: BufferLike, dst: BufferLike) -> None:
-    """Checks that every token `rank` must hold sits where docs/design.md §2-3
-    put it in `dst` (the consumer region image), against `src` (the producer
-    region image). Raises KvrelayError(ERR_VERIFY) naming the first wrong
-    token, byte, expected and found values."""
+def _verify(fn: Any, layout: Layout, ranks: Tuple[int, ...], pair: RegionPair,
+            request: Request, src: BufferLike, dst: BufferLike) -> None:
+    """Calls a C verifier fn(layout, *ranks, pair, request, src, dst, err)
+    on region images checked against the pair's sizes."""
     s_addr, s_size, keep_s = address_of(src, False, "src")
     d_addr, d_size, keep_d = address_of(dst, False, "dst")
     need(s_size, pair.src.nbytes, "src")
     need(d_size, pair.dst.nbytes, "dst")
     lay, cpair, err = layout.to_c(), pair.to_c(), new_error()
     req, keep = request.to_c()
-    check(LIB.kvr_verify_region(ctypes.byref(lay), rank, ctypes.byref(cpair),
-                                ctypes.byref(req), s_addr, d_addr,
-                                ctypes.byref(err)), err)
+    check(fn(ctypes.byref(lay), *ranks, ctypes.byref(cpair), ctypes.byref(req),
+             s_addr, d_addr, ctypes.byref(err)), err)
     del keep, keep_s, keep_d
+
+
+def verify_region(layout: Layout, rank: int, pair: RegionPair,
+                  request: Request, src: BufferLike, dst: BufferLike) -> None:
+    """Checks that every token `rank` must hold sits where docs/design.md §2-3
+    put it in `dst` (the consumer region image), against `src` (the producer
+    region image). Raises KvrelayError(ERR_VERIFY) naming the first wrong
+    token, byte, expected and found values."""
+    _verify(LIB.kvr_verify_region, layout, (rank,), pair, request, src, dst)
 
 
 def check_coverage(layout: Layout, pair: RegionPair, request: Request,
@@ -325,17 +331,8 @@ def verify_region_pair(layout: Layout, producer_rank: int, consumer_rank: int,
     rank `producer_rank` in `dst`, against `src` (that producer rank's
     region image). Raises KvrelayError(ERR_VERIFY) naming the first wrong
     byte."""
-    s_addr, s_size, keep_s = address_of(src, False, "src")
-    d_addr, d_size, keep_d = address_of(dst, False, "dst")
-    need(s_size, pair.src.nbytes, "src")
-    need(d_size, pair.dst.nbytes, "dst")
-    lay, cpair, err = layout.to_c(), pair.to_c(), new_error()
-    req, keep = request.to_c()
-    check(LIB.kvr_verify_region_pair(ctypes.byref(lay), producer_rank,
-                                     consumer_rank, ctypes.byref(cpair),
-                                     ctypes.byref(req), s_addr, d_addr,
-                                     ctypes.byref(err)), err)
-    del keep, keep_s, keep_d
+    _verify(LIB.kvr_verify_region_pair, layout, (producer_rank, consumer_rank),
+            pair, request, src, dst)
 
 
 def check_coverage_pair(layout: Layout, pair: RegionPair,

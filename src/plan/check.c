@@ -234,11 +234,7 @@ kvr_status_t kvr__block_range_error(const uint32_t *ids, uint64_t from,
     return KVR_ERR_BLOCK_RANGE;
 }
 
-kvr_status_t kvr__check_pair(const kvr_layout_t *lay,
-                             const kvr_region_pair_t *pair,
-                             const kvr_request_t *req,
-                             const kvr__req_info_t *info, kvr__kind_t *kind,
-                             kvr_error_t *err)
+kvr_status_t kvr__check_roles(const kvr_region_pair_t *pair, kvr_error_t *err)
 {
     if (pair == NULL)
         return kvr_error_set(err, KVR_ERR_INVALID, "region pair is NULL");
@@ -248,7 +244,19 @@ kvr_status_t kvr__check_pair(const kvr_layout_t *lay,
                              "layer %u is %s",
                              pair->src.layer, kvr_role_name(pair->src.role),
                              pair->dst.layer, kvr_role_name(pair->dst.role));
-    kvr_status_t st = role_rule(lay, pair, kind, err);
+    return KVR_OK;
+}
+
+kvr_status_t kvr__check_pair(const kvr_layout_t *lay,
+                             const kvr_region_pair_t *pair,
+                             const kvr_request_t *req,
+                             const kvr__req_info_t *info, kvr__kind_t *kind,
+                             kvr_error_t *err)
+{
+    kvr_status_t st = kvr__check_roles(pair, err);
+    if (st != KVR_OK)
+        return st;
+    st = role_rule(lay, pair, kind, err);
     if (st == KVR_OK)
         st = kvr_region_check(lay, &pair->src, false, err);
     if (st == KVR_OK)

@@ -332,23 +332,13 @@ kvr_status_t kvr_plan_create_pair(const kvr_layout_t *lay,
     kvr__kind_t kind;
     if (out == NULL)
         return kvr_error_set(err, KVR_ERR_INVALID, "out is NULL");
-    kvr_status_t st =
-        kvr__pair_begin(lay, producer_rank, consumer_rank, req, &x, err);
-    if (st == KVR_OK)
-        st = kvr__pair_check(&x, pair, &kind, err);
+    kvr_status_t st = kvr__pair_prepare(lay, producer_rank, consumer_rank, req,
+                                        pair, &x, &kind, err);
     if (st != KVR_OK)
         return st;
     kvr_plan_t *plan = NULL;
     st = kvr__pair_plan(&x, pair, kind, &plan);
-    if (st != KVR_OK)
-        return kvr_error_set(err, st, "no memory for the plan");
-    st = kvr__check_plan_bounds(plan, pair, err);
-    if (st != KVR_OK) {
-        kvr_plan_destroy(plan);
-        return st;
-    }
-    *out = plan;
-    return KVR_OK;
+    return kvr__plan_deliver(st, plan, pair, out, err);
 }
 
 /* ---- plan sets ---- */

@@ -244,15 +244,9 @@ kvr_status_t kvr__pair_classify(const kvr_layout_t *lay,
                                 const kvr_region_pair_t *pair,
                                 kvr__kind_t *kind, kvr_error_t *err)
 {
-    if (pair == NULL)
-        return kvr_error_set(err, KVR_ERR_INVALID, "region pair is NULL");
-    if (pair->src.role != pair->dst.role)
-        return kvr_error_set(err, KVR_ERR_ROLE_MISMATCH,
-                             "producer region layer %u is %s, consumer region "
-                             "layer %u is %s",
-                             pair->src.layer, kvr_role_name(pair->src.role),
-                             pair->dst.layer, kvr_role_name(pair->dst.role));
-    kvr_status_t st = pair_rule(lay, &pair->src, kind, err);
+    kvr_status_t st = kvr__check_roles(pair, err);
+    if (st == KVR_OK)
+        st = pair_rule(lay, &pair->src, kind, err);
     if (st == KVR_OK)
         st = kvr_region_check(lay, &pair->src, false, err);
     if (st == KVR_OK)
@@ -356,6 +350,15 @@ kvr_status_t kvr__pair_check(kvr__pair_t *x, const kvr_region_pair_t *pair,
     if (st == KVR_OK)
         st = check_tables(x, pair, *kind, err);
     return st;
+}
+
+kvr_status_t kvr__pair_prepare(const kvr_layout_t *lay, uint32_t producer,
+                               uint32_t consumer, const kvr_request_t *req,
+                               const kvr_region_pair_t *pair, kvr__pair_t *x,
+                               kvr__kind_t *kind, kvr_error_t *err)
+{
+    kvr_status_t st = kvr__pair_begin(lay, producer, consumer, req, x, err);
+    return st == KVR_OK ? kvr__pair_check(x, pair, kind, err) : st;
 }
 
 /* ---- sources ---- */

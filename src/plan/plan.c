@@ -316,6 +316,13 @@ kvr_status_t kvr_plan_create(const kvr_layout_t *lay, uint32_t rank,
         return st;
     kvr_plan_t *plan = NULL;
     st = kvr__plan_kind(lay, rank, pair, req, kind, &plan);
+    return kvr__plan_deliver(st, plan, pair, out, err);
+}
+
+kvr_status_t kvr__plan_deliver(kvr_status_t st, kvr_plan_t *plan,
+                               const kvr_region_pair_t *pair, kvr_plan_t **out,
+                               kvr_error_t *err)
+{
     if (st != KVR_OK)
         return kvr_error_set(err, st, "no memory for the plan");
     st = kvr__check_plan_bounds(plan, pair, err);

@@ -54,6 +54,13 @@ uint32_t kvr__max_id(const uint32_t *ids, uint64_t from, uint64_t to);
 kvr_status_t kvr__block_range_error(const uint32_t *ids, uint64_t from,
                                     uint64_t to, const kvr_region_desc_t *r,
                                     const char *side, kvr_error_t *err);
+/* Both regions of a pair are there and of one role. */
+kvr_status_t kvr__check_roles(const kvr_region_pair_t *pair, kvr_error_t *err);
+/* A planner's result handed out: its status (no memory), then the bounds
+ * check; the plan is destroyed on any failure. */
+kvr_status_t kvr__plan_deliver(kvr_status_t st, kvr_plan_t *plan,
+                               const kvr_region_pair_t *pair, kvr_plan_t **out,
+                               kvr_error_t *err);
 kvr_status_t kvr__check_plan_bounds(const kvr_plan_t *plan,
                                     const kvr_region_pair_t *pair,
                                     kvr_error_t *err);
@@ -154,6 +161,11 @@ kvr_status_t kvr__pair_classify(const kvr_layout_t *lay,
 /* Everything for one region pair: classify, ranks, table lengths, ids. */
 kvr_status_t kvr__pair_check(kvr__pair_t *x, const kvr_region_pair_t *pair,
                              kvr__kind_t *kind, kvr_error_t *err);
+/* kvr__pair_begin, then kvr__pair_check. */
+kvr_status_t kvr__pair_prepare(const kvr_layout_t *lay, uint32_t producer,
+                               uint32_t consumer, const kvr_request_t *req,
+                               const kvr_region_pair_t *pair, kvr__pair_t *x,
+                               kvr__kind_t *kind, kvr_error_t *err);
 /* Producer-table entries [lo, hi) the pair plan of this kind reads. */
 void kvr__pair_src_range(const kvr__pair_t *x, kvr__kind_t kind,
                          uint64_t *lo, uint64_t *hi);

@@ -353,10 +353,8 @@ kvr_status_t kvr_verify_region_pair(const kvr_layout_t *lay,
     kvr__kind_t kind;
     if (src_base == NULL || dst_base == NULL)
         return kvr_error_set(err, KVR_ERR_INVALID, "buffer is NULL");
-    kvr_status_t st =
-        kvr__pair_begin(lay, producer_rank, consumer_rank, req, &x, err);
-    if (st == KVR_OK)
-        st = kvr__pair_check(&x, pair, &kind, err);
+    kvr_status_t st = kvr__pair_prepare(lay, producer_rank, consumer_rank, req,
+                                        pair, &x, &kind, err);
     if (st != KVR_OK)
         return st;
     verify_ctx_t v = {src_base, dst_base, pair, consumer_rank, err, KVR_OK};
@@ -413,11 +411,8 @@ kvr_status_t kvr_plan_check_coverage_pair(const kvr_layout_t *lay,
     uint32_t np = kvr_axis_ranks(lay, axis, false);
     uint32_t nc = kvr_axis_ranks(lay, axis, true);
     kvr_status_t st = check_reqs(reqs, np, err);
-    for (uint32_t p = 0; p < np && st == KVR_OK; p++) {
-        st = kvr__pair_begin(lay, p, 0, &reqs[p], &x, err);
-        if (st == KVR_OK)
-            st = kvr__pair_check(&x, pair, &kind, err);
-    }
+    for (uint32_t p = 0; p < np && st == KVR_OK; p++)
+        st = kvr__pair_prepare(lay, p, 0, &reqs[p], pair, &x, &kind, err);
     if (st != KVR_OK)
         return st;
     cover_t cv = {lay, pair, reqs, kind, 1, plans, np, nc};
