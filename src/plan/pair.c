@@ -187,13 +187,16 @@ kvr_status_t kvr__pattern_entry(const kvr__pair_t *x, const kvr__pattern_t *pt,
 }
 
 /* Runs the pieces of a pattern will make for [g0, end): an estimate that
- * sizes the plan once. */
+ * sizes the plan once (capped: past it the plan grows as it fills). */
 static size_t pieces_estimate(const kvr__pattern_t *pt, uint64_t g0,
-                              uint64_t end)
+                              uint64_t end, size_t runs_per_piece)
 {
-    if (pt->span < pt->period || end <= g0)
-        return pt->n + 1;
-    return (size_t)(pt->n * ((end - g0) / pt->period + 2));
+    const uint64_t cap = 1u << 22;
+    uint64_t n = pt->n + 1, per = runs_per_piece ? runs_per_piece : 1;
+    if (pt->span == pt->period && end > g0 &&
+        __builtin_mul_overflow(pt->n, (end - g0) / pt->period + 2, &n))
+        n = cap;
+    return n > cap / per ? cap : n * per;
 }
 
 /* Walks the consumer entries in ascending block-id order. `each` (NULL for
@@ -230,7 +233,7 @@ kvr_status_t kvr__pair_walk(const kvr__pair_t *x, uint64_t end,
     if (kvr__pattern_build(&x->ps, x->p, &x->cs, x->c, end, &pt) != KVR_OK)
         return KVR_ERR_NO_MEMORY;
     kvr_plan_t *plan =
-        kvr__plan_new(pieces_estimate(&pt, x->g0, end) * runs_per_piece);
+        kvr__plan_new(pieces_estimate(&pt, x->g0, end, runs_per_piece));
     kvr_status_t st = plan ? KVR_OK : KVR_ERR_NO_MEMORY;
     if (st == KVR_OK && end > x->g0)
         st = walk_entries(x, &pt, end, each, arg, plan);
@@ -294,8 +297,11 @@ static kvr_status_t pair_index(const kvr__pair_t *x,
         return kvr__pair_walk(x, 0, NULL, NULL, 1, out);
     index_geo_t g = {v.ps.bs, v.cs.bs, pair->src.page_bytes,
                      pair->dst.page_bytes, pair->src.index_dim};
-    uint64_t end = min_u64(kvr__ceil_div(v.N, g.Pp) * g.Pp,
-                           kvr__ceil_div(v.N, g.Pc) * g.Pc);
+    /* the consumer's page end cannot wrap (kvr__pair_begin checked
+     * ceil(N / V) * V, and Pc divides V); the producer's may */
+    uint64_t end = kvr__ceil_div(v.N, g.Pc) * g.Pc, end_p;
+    if (!__builtin_mul_overflow(kvr__ceil_div(v.N, g.Pp), g.Pp, &end_p))
+        end = min_u64(end, end_p);
     return kvr__pair_walk(&v, end, index_expand, &g, 2, out);
 }
 

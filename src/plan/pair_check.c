@@ -97,6 +97,12 @@ kvr_status_t kvr__pair_begin(const kvr_layout_t *lay, uint32_t producer,
                              "virtual tokens, the table has %zu",
                              (ull)x->N, (ull)x->end_dst, (ull)x->cs.V,
                              req->num_dst_blocks);
+    uint64_t span;
+    if (__builtin_mul_overflow(x->end_dst, x->cs.V, &span))
+        return kvr_error_set(err, KVR_ERR_INVALID,
+                             "num_tokens %llu exceeds the largest plannable "
+                             "count: %llu blocks of %llu virtual tokens pass "
+                             "2^64", (ull)x->N, (ull)x->end_dst, (ull)x->cs.V);
     if (x->k0 != 0 && !(x->k0 < x->end_dst))
         return kvr_error_set(err, KVR_ERR_INCREMENTAL,
                              "num_computed_blocks %llu invalid: needs %llu * "
@@ -411,10 +417,11 @@ kvr_status_t kvr_plan_sources(const kvr_layout_t *lay,
     x.c = consumer_rank;
     kvr__sides(lay, &x.ps, &x.cs);
     uint64_t from = 0, to = UINT64_MAX; /* any request */
-    if (req != NULL) {
-        from = req->num_computed_blocks * x.cs.V;
+    if (req != NULL && /* an offset past 2^64 tokens leaves nothing */
+        __builtin_mul_overflow(req->num_computed_blocks, x.cs.V, &from))
+        from = UINT64_MAX;
+    if (req != NULL)
         to = req->num_tokens;
-    }
     size_t n = 0;
     for (uint32_t p = 0; p < np; p++) {
         x.p = p;

@@ -114,6 +114,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     kvr_request_t reqs[MAXR];
     size_t ndst = take(&c, 33);
     uint64_t N = take(&c, 255) * (1 + take(&c, 4)), k = take(&c, 4);
+    if (take(&c, 16) == 0) /* counts a hostile peer may send */
+        N = UINT64_MAX - take(&c, 255);
+    if (take(&c, 16) == 0)
+        k = UINT64_MAX >> take(&c, 64);
     for (size_t i = 0; i < ndst; i++)
         dst[i] = take(&c, 40);
     for (uint32_t p = 0; p < np; p++) {

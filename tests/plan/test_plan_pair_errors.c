@@ -344,6 +344,43 @@ static uint64_t digest(const kvr_layout_t *lay, const kvr_region_desc_t *r,
     return d;
 }
 
+/* Counts near 2^64 are refused, never wrapped into a small plan. */
+static void test_extreme_counts(void **state)
+{
+    (void)state;
+    pb_t b = base();
+    b.req.num_tokens = UINT64_MAX;
+    expect_pair(&b, KVR_ERR_DST_TABLE_SHORT, "18446744073709551615 tokens");
+    b = base();
+    b.req.num_computed_blocks = UINT64_MAX;
+    expect_pair(&b, KVR_ERR_INCREMENTAL, "18446744073709551615");
+    b = base();
+    b.pair.src.num_blocks = 1ull << 60;
+    expect_pair(&b, KVR_ERR_PAGE_GEOMETRY, "1152921504606846976 blocks");
+    b = dense_base();
+    b.req.num_computed_blocks = 1ull << 62;
+    expect_pair(&b, KVR_ERR_INCREMENTAL, "4611686018427387904");
+    /* a request whose virtual blocks span past 2^64 tokens */
+    b = base();
+    b.lay.block_size = 1u << 30;
+    b.lay.interleave = 1;
+    b.lay.dcp_size = b.lay.tp = 1u << 31;
+    b.lay.producer_dcp = 0;
+    b.lay.producer_tp = 1;
+    b.pair = fx_mla(&b.lay, 1, 32, 8);
+    b.req.num_tokens = UINT64_MAX - 1; /* 8 entries of 2^61 tokens */
+    b.p = b.c = 0;
+    expect_pair(&b, KVR_ERR_INVALID, "pass 2^64");
+    uint32_t ranks[2];
+    size_t n = 9;
+    b.req.num_tokens = 100;
+    b.req.num_computed_blocks = UINT64_MAX;
+    own_tables(&b);
+    assert_int_equal(kvr_plan_sources(&b.lay, &b.pair, 0, &b.req, ranks, 2,
+                                      &n, NULL), KVR_OK);
+    assert_int_equal(n, 0);
+}
+
 static void test_digest_fields(void **state)
 {
     (void)state;
@@ -404,6 +441,7 @@ int main(void)
         cmocka_unit_test(test_identity_roles),
         cmocka_unit_test(test_set_axes_and_sources),
         cmocka_unit_test(test_coverage_rejects),
+        cmocka_unit_test(test_extreme_counts),
         cmocka_unit_test(test_digest_fields),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
