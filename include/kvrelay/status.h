@@ -68,7 +68,13 @@ KVR_API_BEGIN
     X(ERR_WIRE_LIMIT, 91, "message exceeds a protocol limit")                   \
     X(ERR_BUFFER_SMALL, 92, "output buffer too small")                          \
     X(ERR_TABLE_FULL, 100, "bookkeeping table full")                            \
-    X(ERR_CHUNK_SIZE, 101, "offload chunk size 0 or not a multiple of bs * W")
+    X(ERR_CHUNK_SIZE, 101, "offload chunk size 0 or not a multiple of bs * W") \
+    X(ERR_PAIR_REQUIRED, 102, "several producer ranks: plan per pair")         \
+    X(ERR_PRODUCER_INDEX_INTERLEAVE, 103, "sharded producer index needs I == bs") \
+    X(ERR_INDEX_NEEDS_REPLICATED, 104,                                          \
+      "sharded producer needs a replicated consumer index")                     \
+    X(ERR_DENSE_HEADS, 105, "kv heads and TP size do not divide")               \
+    X(ERR_DENSE_NO_HEADS, 106, "dense reshard needs the head geometry")
 
 typedef enum {
 #define KVR__STATUS_ENUM(name, value, text) KVR_##name = value,

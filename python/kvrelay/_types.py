@@ -36,6 +36,10 @@ class Layout(ctypes.Structure):
         ("producer_tp", _u32),
         ("replicate_index", _bool),
         ("preshuffle", _bool),
+        ("producer_replicate_index", _bool),
+        ("producer_dcp", _u32),
+        ("producer_interleave", _u32),
+        ("producer_block_size", _u32),
     ]
 
 
@@ -50,6 +54,11 @@ class RegionDesc(ctypes.Structure):
         ("index_dim", _u32),
         ("quant_block", _u32),
         ("bytes", _u64),
+        ("heads", _u32),
+        ("head_dim", _u32),
+        ("elem_bytes", _u32),
+        ("kv_planes", _u32),
+        ("hnd", _bool),
     ]
 
 

@@ -80,9 +80,9 @@ static int cmp_u32(const void *a, const void *b)
 /* Two entries naming one block id would put two virtual blocks on one page,
  * the second overwriting the first. Only the entries this plan writes
  * ([k, ceil(N / V))) are checked. */
-static kvr_status_t check_duplicates(const kvr_request_t *req,
-                                     const kvr__req_info_t *info,
-                                     kvr_error_t *err)
+kvr_status_t kvr__check_duplicates(const kvr_request_t *req,
+                                   const kvr__req_info_t *info,
+                                   kvr_error_t *err)
 {
     size_t n = (size_t)(info->end_dst - info->first_dst);
     if (n < 2)
@@ -105,7 +105,7 @@ static kvr_status_t check_duplicates(const kvr_request_t *req,
 
 /* The largest id is computed once per request and compared with each
  * region's num_blocks; the per-entry scan runs only to name a bad entry. */
-static uint32_t max_id(const uint32_t *ids, uint64_t from, uint64_t to)
+uint32_t kvr__max_id(const uint32_t *ids, uint64_t from, uint64_t to)
 {
     uint32_t m = 0;
     for (uint64_t i = from; i < to; i++)
@@ -120,6 +120,12 @@ kvr_status_t kvr__check_request(const kvr_layout_t *lay, uint32_t rank,
     kvr_status_t st = kvr_layout_check_rank(lay, rank, err);
     if (st != KVR_OK)
         return st;
+    if (!kvr_layout_producer_plain(lay))
+        return kvr_error_set(err, KVR_ERR_PAIR_REQUIRED,
+                             "producer W_p=%u, bs_p=%u (consumer bs=%u): "
+                             "plan each (producer, consumer) rank pair",
+                             kvr_producer_dcp(lay),
+                             kvr_producer_block_size(lay), lay->block_size);
     if (req == NULL || (req->num_src_blocks && req->src_blocks == NULL) ||
         (req->num_dst_blocks && req->dst_blocks == NULL))
         return kvr_error_set(err, KVR_ERR_INVALID,
@@ -127,18 +133,18 @@ kvr_status_t kvr__check_request(const kvr_layout_t *lay, uint32_t rank,
     st = check_tables(lay, req, info, err);
     if (st != KVR_OK)
         return st;
-    st = check_duplicates(req, info, err);
+    st = kvr__check_duplicates(req, info, err);
     if (st != KVR_OK)
         return st;
-    info->max_src_id = max_id(req->src_blocks, info->first_src, info->end_src);
-    info->max_dst_id = max_id(req->dst_blocks, info->first_dst, info->end_dst);
+    info->max_src_id = kvr__max_id(req->src_blocks, info->first_src, info->end_src);
+    info->max_dst_id = kvr__max_id(req->dst_blocks, info->first_dst, info->end_dst);
     return KVR_OK;
 }
 
 /* The role rules (docs/design.md §3): MLA is sharded per token; the index
  * moves by planes, replicated or (W > 1 only at I == bs, where a source page
  * has one owner) sharded; everything else only as identity pages, which needs
- * W == 1 and, for DENSE, equal TP (a head reshard is not implemented). */
+ * W == 1 and, for DENSE, equal TP (a head reshard is a pair plan, §18). */
 static kvr_status_t role_rule(const kvr_layout_t *lay,
                               const kvr_region_pair_t *pair, kvr__kind_t *kind,
                               kvr_error_t *err)
@@ -162,11 +168,18 @@ static kvr_status_t role_rule(const kvr_layout_t *lay,
         return KVR_OK;
     }
     *kind = KVR__KIND_PAGE;
-    if (role == KVR_ROLE_DENSE && (W > 1 || lay->tp != lay->producer_tp))
+    if (role == KVR_ROLE_DENSE && W > 1)
         return kvr_error_set(err, KVR_ERR_NOT_IMPLEMENTED,
-                             "dense region layer %u: no relayout for W=%u, "
-                             "tp %u -> %u (TP head reshard is later work)",
-                             pair->src.layer, W, lay->producer_tp, lay->tp);
+                             "dense region layer %u: no relayout for W=%u "
+                             "(dense KV is head-sharded over TP only)",
+                             pair->src.layer, W);
+    if (role == KVR_ROLE_DENSE && lay->tp != lay->producer_tp)
+        return kvr_error_set(err, pair->src.heads ? KVR_ERR_PAIR_REQUIRED
+                                                  : KVR_ERR_DENSE_NO_HEADS,
+                             "dense region layer %u: tp %u -> %u needs %s",
+                             pair->src.layer, lay->producer_tp, lay->tp,
+                             pair->src.heads ? "a plan per tp rank pair"
+                                             : "its head geometry");
     if ((role == KVR_ROLE_STATE || role == KVR_ROLE_OTHER) && W > 1)
         return kvr_error_set(err, KVR_ERR_NO_RELAYOUT,
                              "%s region layer %u: no relayout exists under "
@@ -207,9 +220,9 @@ static kvr_status_t check_twins(const kvr_layout_t *lay,
     return KVR_OK;
 }
 
-static kvr_status_t block_range_error(const uint32_t *ids, uint64_t from,
-                                      uint64_t to, const kvr_region_desc_t *r,
-                                      const char *side, kvr_error_t *err)
+kvr_status_t kvr__block_range_error(const uint32_t *ids, uint64_t from,
+                                    uint64_t to, const kvr_region_desc_t *r,
+                                    const char *side, kvr_error_t *err)
 {
     for (uint64_t i = from; i < to; i++)
         if (ids[i] >= r->num_blocks)
@@ -221,11 +234,7 @@ static kvr_status_t block_range_error(const uint32_t *ids, uint64_t from,
     return KVR_ERR_BLOCK_RANGE;
 }
 
-kvr_status_t kvr__check_pair(const kvr_layout_t *lay,
-                             const kvr_region_pair_t *pair,
-                             const kvr_request_t *req,
-                             const kvr__req_info_t *info, kvr__kind_t *kind,
-                             kvr_error_t *err)
+kvr_status_t kvr__check_roles(const kvr_region_pair_t *pair, kvr_error_t *err)
 {
     if (pair == NULL)
         return kvr_error_set(err, KVR_ERR_INVALID, "region pair is NULL");
@@ -235,7 +244,19 @@ kvr_status_t kvr__check_pair(const kvr_layout_t *lay,
                              "layer %u is %s",
                              pair->src.layer, kvr_role_name(pair->src.role),
                              pair->dst.layer, kvr_role_name(pair->dst.role));
-    kvr_status_t st = role_rule(lay, pair, kind, err);
+    return KVR_OK;
+}
+
+kvr_status_t kvr__check_pair(const kvr_layout_t *lay,
+                             const kvr_region_pair_t *pair,
+                             const kvr_request_t *req,
+                             const kvr__req_info_t *info, kvr__kind_t *kind,
+                             kvr_error_t *err)
+{
+    kvr_status_t st = kvr__check_roles(pair, err);
+    if (st != KVR_OK)
+        return st;
+    st = role_rule(lay, pair, kind, err);
     if (st == KVR_OK)
         st = kvr_region_check(lay, &pair->src, false, err);
     if (st == KVR_OK)
@@ -246,11 +267,11 @@ kvr_status_t kvr__check_pair(const kvr_layout_t *lay,
         return st;
     if (info->end_src > info->first_src &&
         info->max_src_id >= pair->src.num_blocks)
-        return block_range_error(req->src_blocks, info->first_src,
+        return kvr__block_range_error(req->src_blocks, info->first_src,
                                  info->end_src, &pair->src, "source", err);
     if (info->end_dst > info->first_dst &&
         info->max_dst_id >= pair->dst.num_blocks)
-        return block_range_error(req->dst_blocks, info->first_dst,
+        return kvr__block_range_error(req->dst_blocks, info->first_dst,
                                  info->end_dst, &pair->dst, "destination",
                                  err);
     return KVR_OK;

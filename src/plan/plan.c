@@ -105,7 +105,7 @@ void kvr__plan_finish(kvr_plan_t *plan)
 
 /* Indices [first, end) of a destination table in ascending block-id order,
  * so runs come out sorted by destination without sorting the runs. */
-static uint32_t *dst_order(const uint32_t *table, uint64_t first, uint64_t end)
+uint32_t *kvr__dst_order(const uint32_t *table, uint64_t first, uint64_t end)
 {
     size_t n = (size_t)(end > first ? end - first : 0);
     kvr__id_index_t *tmp = malloc((n + 1) * sizeof(*tmp));
@@ -156,7 +156,7 @@ kvr_status_t kvr__plan_tokens(const kvr_layout_t *lay, uint32_t rank,
     uint64_t end = kvr__ceil_div(N, V);
     uint64_t chunks = N > k0 * V ? (N - k0 * V) / (I * W) + 1 : 1;
     kvr_plan_t *plan = kvr__plan_new((size_t)chunks);
-    uint32_t *order = dst_order(req->dst_blocks, k0, end);
+    uint32_t *order = kvr__dst_order(req->dst_blocks, k0, end);
     kvr_status_t st = plan && order ? KVR_OK : KVR_ERR_NO_MEMORY;
     for (uint64_t i = 0; st == KVR_OK && i + k0 < end; i++)
         st = push_token_block(req, order[i], rank, bs, I, W, plan);
@@ -278,7 +278,7 @@ kvr_status_t kvr__plan_kind(const kvr_layout_t *lay, uint32_t rank,
     uint64_t end_src = kvr__ceil_div(req->num_tokens, lay->block_size);
     uint64_t end = kvr__ceil_div(req->num_tokens, kvr_virtual_block(lay));
     kvr_plan_t *plan = kvr__plan_new(end > k0 ? 2 * lay->dcp_size * (size_t)(end - k0) : 1);
-    uint32_t *order = dst_order(req->dst_blocks, k0, end);
+    uint32_t *order = kvr__dst_order(req->dst_blocks, k0, end);
     kvr_status_t st = plan && order ? KVR_OK : KVR_ERR_NO_MEMORY;
     for (uint64_t i = 0; st == KVR_OK && i + k0 < end; i++) {
         if (kind == KVR__KIND_INDEX_REPL)
@@ -316,6 +316,13 @@ kvr_status_t kvr_plan_create(const kvr_layout_t *lay, uint32_t rank,
         return st;
     kvr_plan_t *plan = NULL;
     st = kvr__plan_kind(lay, rank, pair, req, kind, &plan);
+    return kvr__plan_deliver(st, plan, pair, out, err);
+}
+
+kvr_status_t kvr__plan_deliver(kvr_status_t st, kvr_plan_t *plan,
+                               const kvr_region_pair_t *pair, kvr_plan_t **out,
+                               kvr_error_t *err)
+{
     if (st != KVR_OK)
         return kvr_error_set(err, st, "no memory for the plan");
     st = kvr__check_plan_bounds(plan, pair, err);

@@ -10,7 +10,8 @@
 #include "layout_internal.h"
 #include "wire_internal.h"
 
-/* Sorted distinct classes of the non-STAGING regions. */
+/* Sorted distinct classes of this side's non-STAGING regions (token widths
+ * over the side's own block size). */
 static kvr_status_t collect_classes(kvr_msg_hello_t *h, const kvr_layout_t *lay,
                                     const kvr_region_desc_t *regions, size_t n,
                                     kvr_error_t *err)
@@ -18,7 +19,8 @@ static kvr_status_t collect_classes(kvr_msg_hello_t *h, const kvr_layout_t *lay,
     kvr_wire_class_t *all = calloc(n + 1, sizeof(*all));
     if (all == NULL)
         return kvr_error_set(err, KVR_ERR_NO_MEMORY, "no memory");
-    size_t m = kvr__distinct_classes(lay, regions, n, all);
+    size_t m = kvr__distinct_classes(lay, regions, n,
+                                     h->side == KVR_WIRE_CONSUMER, all);
     if (m > KVR_WIRE_MAX_CLASSES) {
         free(all);
         return kvr_error_set(err, KVR_ERR_WIRE_LIMIT,
@@ -63,7 +65,9 @@ kvr_status_t kvr_wire_hello_init(kvr_msg_hello_t *hello, kvr_wire_side_t side,
     h.layout_version = KVR_LAYOUT_VERSION;
     h.layout = *lay;
     uint64_t check;
-    kvr_status_t s = kvr_layout_digest(lay, regions, num_regions, &h.digest, err);
+    kvr_status_t s = kvr_layout_digest_side(lay, regions, num_regions,
+                                            side == KVR_WIRE_CONSUMER,
+                                            &h.digest, err);
     if (s == KVR_OK)
         s = collect_classes(&h, lay, regions, num_regions, err);
     if (s == KVR_OK)

@@ -8,21 +8,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "fuzz_cursor.h"
 #include "kvrelay/plan.h"
 
-typedef struct {
-    const uint8_t *p;
-    size_t n;
-} cursor_t;
-
-static uint32_t take(cursor_t *c, uint32_t mod)
-{
-    if (c->n == 0 || mod == 0)
-        return 0;
-    uint32_t v = *c->p++;
-    c->n--;
-    return v % mod;
-}
 
 static uint64_t take_u64(cursor_t *c)
 {

@@ -22,17 +22,30 @@ static void test_class_round_trip(void **state)
          .index_dim = 128,
          .quant_block = 0},
         {.role = KVR_ROLE_STATE, .num_blocks = 2, .page_bytes = 100},
+        {.role = KVR_ROLE_DENSE, .num_blocks = 2, .page_bytes = 16 * 8 * 64 * 2 * 2,
+         .heads = 8, .head_dim = 64, .elem_bytes = 2, .hnd = true},
     };
-    const kvr_region_class_t want[] = {{KVR_ROLE_MLA, 576, 0},
-                                       {KVR_ROLE_INDEX, 128, 128},
-                                       {KVR_ROLE_STATE, 100, 0}};
-    for (size_t i = 0; i < 3; i++) {
-        kvr_region_class_t k = kvr__class_of(&lay, &regions[i]);
+    const kvr_region_class_t want[] = {
+        {KVR_ROLE_MLA, 576, 0},
+        {KVR_ROLE_INDEX, 128, 128},
+        {KVR_ROLE_STATE, 100, 0},
+        {KVR_ROLE_DENSE, 64 | 8ull << 32,
+         2 | 2ull << 32 | 1ull << 40 | KVR__CLASS_HEADS_BIT}};
+    for (size_t i = 0; i < 4; i++) {
+        kvr_region_class_t k = kvr__class_of(&lay, &regions[i], true);
         assert_int_equal(kvr__class_cmp(&k, &want[i]), 0);
         kvr_region_desc_t r = kvr__class_region(&lay, &k);
-        kvr_region_class_t back = kvr__class_of(&lay, &r);
+        kvr_region_class_t back = kvr__class_of(&lay, &r, true);
         assert_int_equal(kvr__class_cmp(&back, &k), 0);
     }
+    assert_int_equal(kvr__class_region(&lay, &want[3]).page_bytes,
+                     regions[3].page_bytes);
+    /* a producer with a block size of its own: its token width is the same */
+    lay.producer_block_size = 32;
+    kvr_region_desc_t p = regions[0];
+    p.page_bytes = 32 * 576;
+    kvr_region_class_t k = kvr__class_of(&lay, &p, false);
+    assert_int_equal(kvr__class_cmp(&k, &want[0]), 0);
 }
 
 static void test_distinct_classes(void **state)
@@ -48,12 +61,12 @@ static void test_distinct_classes(void **state)
         {.role = KVR_ROLE_MLA, .page_bytes = 16 * 64},
     };
     kvr_region_class_t out[5];
-    assert_int_equal(kvr__distinct_classes(&lay, r, 5, out), 3);
+    assert_int_equal(kvr__distinct_classes(&lay, r, 5, true, out), 3);
     assert_int_equal(out[0].role, KVR_ROLE_MLA);
     assert_int_equal(out[0].width, 64);
     assert_int_equal(out[1].width, 576);
     assert_int_equal(out[2].role, KVR_ROLE_STATE);
-    assert_int_equal(kvr__distinct_classes(&lay, r, 0, out), 0);
+    assert_int_equal(kvr__distinct_classes(&lay, r, 0, true, out), 0);
 }
 
 static void test_sort_ids(void **state)
