@@ -49,6 +49,8 @@
 extern "C" {
 #endif
 
+KVR_API_BEGIN
+
 /* Longest instance id (bytes; the engine's own, e.g. a vLLM engine id). */
 #define KVR_AGENT_INSTANCE_MAX 64u
 
@@ -349,6 +351,8 @@ kvr_status_t kvr_agent_progress(kvr_agent_t *agent, uint32_t timeout_ms);
 /* Readable when kvr_agent_progress has work (input, a timer, a command, a
  * pending slice). Poll it, then call progress. Never read or close it. */
 int kvr_agent_fd(const kvr_agent_t *agent);
+
+KVR_API_END
 
 #ifdef __cplusplus
 }

@@ -21,6 +21,7 @@
 #ifdef __cplusplus
 extern "C" {
 #endif
+KVR_API_BEGIN
 
 typedef enum kvr_conn_tl {
     KVR_CONN_TL_AUTO = 0,
@@ -33,23 +34,6 @@ typedef enum kvr_conn_exec {
     KVR_CONN_EXEC_DIRECT = 1, /* one put per coalesced run */
     KVR_CONN_EXEC_STAGED = 2, /* packed chunks through consumer staging */
 } kvr_conn_exec_t;
-
-/* Fault injection for tests (`kvrelay demo --fault`): acts on the request
- * whose id equals `request`. Off when kind is KVR_FAULT_NONE. */
-typedef enum kvr_conn_fault_kind {
-    KVR_FAULT_NONE = 0,
-    KVR_FAULT_DIE_MID = 1,    /* producer: half the bytes, then _exit(9) */
-    KVR_FAULT_REFUSE = 2,     /* producer: WRITE_FAILED instead of moving */
-    KVR_FAULT_WRONG_NONCE = 3, /* producer: WRITE_DONE with another nonce */
-    KVR_FAULT_DUP_DONE = 4,   /* producer: WRITE_DONE twice */
-    KVR_FAULT_BAD_BLOCKS = 5, /* consumer: a destination id out of range */
-    KVR_FAULT_DIE_ASSIGN = 6, /* consumer: _exit(9) when the ASSIGN arrives */
-} kvr_conn_fault_kind_t;
-
-typedef struct kvr_conn_fault {
-    kvr_conn_fault_kind_t kind;
-    char request[64];
-} kvr_conn_fault_t;
 
 typedef struct kvr_conn_params {
     kvr_wire_side_t side;
@@ -68,7 +52,6 @@ typedef struct kvr_conn_params {
     uint32_t leader_blocks;     /* decode leader: destination pool size */
     int cuda_device;            /* >= 0: KV regions live on this CUDA device
                                    and move with the gpu-direct executor */
-    kvr_conn_fault_t fault;
 } kvr_conn_params_t;
 
 #define KVR_CONN_PARAMS_INIT                                                   \
@@ -77,8 +60,7 @@ typedef struct kvr_conn_params {
      .consumer_ranks = 1, .key = NULL, .insecure = false,                      \
      .tl = KVR_CONN_TL_AUTO, .executor = KVR_CONN_EXEC_AUTO,                   \
      .deadline_ms = 30000, .release_grace_ms = 5000,                           \
-     .max_requests = 1024, .leader_blocks = 0, .cuda_device = -1,              \
-     .fault = {KVR_FAULT_NONE, ""}}
+     .max_requests = 1024, .leader_blocks = 0, .cuda_device = -1}
 
 typedef struct kvr_conn kvr_conn_t;
 
@@ -98,6 +80,14 @@ kvr_status_t kvr_conn_add_region(kvr_conn_t *conn,
 kvr_status_t kvr_conn_alloc_region(kvr_conn_t *conn,
                                    const kvr_region_desc_t *desc,
                                    void **base);
+
+/* Settings every peer must share beyond the layout, defined by the
+ * application (e.g. a workload both sides derive from: "requests=4
+ * tokens=3000 seed=1"): space-separated key=value pairs, at most
+ * KVR_WIRE_TEXT_MAX bytes, sent in HELLO. A peer whose pairs differ (in any
+ * order) is refused with KVR_ERR_LAYOUT_MISMATCH naming the first pair that
+ * differs. Before any listen/connect; "" (the default) for none. */
+kvr_status_t kvr_conn_set_settings(kvr_conn_t *conn, const char *settings);
 
 /* Copies between host memory and this side's region memory (host or, with
  * cuda_device >= 0, device); synchronous. For filling and checking pages. */
@@ -158,6 +148,9 @@ typedef enum kvr_conn_event_kind {
     KVR_EVENT_SEND_FAILED = 4, /* producer: a transfer failed or timed out */
     KVR_EVENT_GROUP_DONE = 5,  /* leader: every rank released the request */
     KVR_EVENT_PEER_LOST = 6,   /* a link closed (status says why) */
+    KVR_EVENT_PEER_REFUSED = 7, /* a peer that dialled us was refused at
+                                   handshake, by either side (status and
+                                   message say why; see peer_known) */
 } kvr_conn_event_kind_t;
 
 /* Arrays point into the conn and stay valid until the next poll. */
@@ -174,9 +167,17 @@ typedef struct kvr_conn_event {
     size_t num_src_blocks;
     const uint32_t *dst_blocks;
     size_t num_dst_blocks;
-    uint32_t peer_rank; /* PEER_LOST: the peer's pp (producer) or dcp rank */
+    uint32_t peer_rank; /* PEER_LOST, PEER_REFUSED: the peer's pp (producer)
+                           or dcp rank; UINT32_MAX when it never told (refused
+                           before its HELLO, or with a key before its LAYOUT) */
     uint64_t started_ns; /* LOADED: when the WRITE_REQUESTs went out
                             (CLOCK_MONOTONIC), to time the transfer itself */
+    bool peer_known; /* PEER_REFUSED: the peer is one this side talks to at
+                        all (without a key: its HELLO arrived, from loopback
+                        or under `insecure`; with a key: its AUTH verified).
+                        Other refusals (no key, a wrong key, garbage) may come
+                        from anyone who reaches the port: an application
+                        should not stop waiting for its peers over them. */
 } kvr_conn_event_t;
 
 /* true and *out filled when an event was queued. */
@@ -185,6 +186,7 @@ bool kvr_conn_poll_event(kvr_conn_t *conn, kvr_conn_event_t *out);
 /* Requests still in flight on this side (quarantined ones included). */
 uint32_t kvr_conn_num_live(const kvr_conn_t *conn);
 
+KVR_API_END
 #ifdef __cplusplus
 }
 #endif

@@ -15,10 +15,11 @@
 #ifdef __cplusplus
 extern "C" {
 #endif
+KVR_API_BEGIN
 
 /* Protocol version: frames of another major version are refused. 2.0: keyed
  * sessions send LAYOUT after AUTH and a MAC tag after every frame that
- * follows AUTH (docs/PROTOCOL.md "Session MAC"). */
+ * follows AUTH (docs/PROTOCOL.md "Session MAC"); HELLO carries settings. */
 #define KVR_WIRE_VERSION_MAJOR 2u
 #define KVR_WIRE_VERSION_MINOR 0u
 
@@ -103,13 +104,8 @@ typedef struct kvr_wire_topo {
     uint32_t dcp_rank;
 } kvr_wire_topo_t;
 
-/* A region class as the layout digest sees it: width is token bytes (MLA,
- * DENSE), D (INDEX) or page bytes (others); quant is Q for INDEX, else 0. */
-typedef struct kvr_wire_class {
-    kvr_role_t role;
-    uint64_t width;
-    uint64_t quant;
-} kvr_wire_class_t;
+/* A region class as HELLO carries it (kvr_region_class_t, kvrelay/layout.h). */
+typedef kvr_region_class_t kvr_wire_class_t;
 
 /* HELLO and HELLO_ACK. The layout digest travels with the raw fields behind
  * it so that a mismatch names the first field that differs. */
@@ -126,6 +122,10 @@ typedef struct kvr_msg_hello {
     uint8_t nonce[KVR_WIRE_NONCE_BYTES];
     kvr_wire_id_t instance; /* the sender's instance id, 0..64 bytes */
     uint64_t incarnation;   /* random per process life; 0: none given */
+    /* Settings both sides must share beyond the layout, defined by the
+     * application ("" none): space-separated key=value pairs, e.g. the
+     * demo's workload "requests=4 tokens=3000 seed=1". */
+    char settings[KVR_WIRE_TEXT_MAX + 1];
 } kvr_msg_hello_t;
 
 typedef struct kvr_msg_auth {
@@ -357,12 +357,16 @@ kvr_status_t kvr_wire_hello_check_intro(const kvr_msg_hello_t *ours,
 /* Compares our HELLO with the peer's: KVR_ERR_VERSION (major differs),
  * KVR_ERR_PEER_ROLE (peer is not peer_side), KVR_ERR_AUTH (only one side has
  * a key), KVR_ERR_PROTO (peer's ranks out of range), KVR_ERR_LAYOUT_MISMATCH
- * naming the first raw field that differs with both values. */
+ * naming the first raw field that differs with both values, then the first
+ * setting ("settings differ: requests=4 vs requests=2 (here vs peer)"). A
+ * producer may lack a region class the consumer holds (a PP stage with no
+ * index layer); every class it holds must be the consumer's. */
 kvr_status_t kvr_wire_hello_check(const kvr_msg_hello_t *ours,
                                   const kvr_msg_hello_t *peer,
                                   kvr_wire_side_t peer_side, kvr_error_t *err);
 
-/* A random non-zero 64-bit write nonce (libsodium randombytes). */
+/* A random non-zero 64-bit write nonce (libsodium randombytes); 0, never a
+ * nonce, when kvr_init() fails (kvr_conn_create fails first then). */
 uint64_t kvr_wire_random_nonce(void);
 
 /* ---- Pre-shared key authentication ---- */
@@ -453,6 +457,7 @@ kvr_status_t kvr_wire_seal(kvr_wire_auth_t *auth, const void *frame,
 kvr_status_t kvr_wire_open(kvr_wire_auth_t *auth, const void *buf, size_t len,
                            size_t *frame_len, kvr_error_t *err);
 
+KVR_API_END
 #ifdef __cplusplus
 }
 #endif

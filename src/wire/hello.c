@@ -7,52 +7,11 @@
 #include <string.h>
 
 #include "kvrelay/plan.h"
+#include "layout_internal.h"
 #include "wire_internal.h"
 
-/* Mirrors the digest's view of a region (src/plan/digest.c); hello_init
- * checks that the announced classes hash to the same digest. */
-static kvr_wire_class_t class_of(const kvr_layout_t *lay,
-                                 const kvr_region_desc_t *r)
-{
-    kvr_wire_class_t k = {r->role, r->page_bytes, 0};
-    if (r->role == KVR_ROLE_MLA || r->role == KVR_ROLE_DENSE)
-        k.width = r->page_bytes / lay->block_size;
-    else if (r->role == KVR_ROLE_INDEX) {
-        k.width = r->index_dim;
-        k.quant = r->quant_block ? r->quant_block : r->index_dim;
-    }
-    return k;
-}
-
-static kvr_region_desc_t region_of(const kvr_layout_t *lay,
-                                   const kvr_wire_class_t *k)
-{
-    kvr_region_desc_t r = {.role = k->role, .num_blocks = 1,
-                           .page_bytes = k->width};
-    if (k->role == KVR_ROLE_MLA || k->role == KVR_ROLE_DENSE)
-        r.page_bytes = k->width * lay->block_size;
-    else if (k->role == KVR_ROLE_INDEX) {
-        r.index_dim = (uint32_t)k->width;
-        r.quant_block = (uint32_t)k->quant;
-    }
-    return r;
-}
-
-static int cmp_class(const kvr_wire_class_t *x, const kvr_wire_class_t *y)
-{
-    if (x->role != y->role)
-        return x->role < y->role ? -1 : 1;
-    if (x->width != y->width)
-        return x->width < y->width ? -1 : 1;
-    return (x->quant > y->quant) - (x->quant < y->quant);
-}
-
-static int cmp_class_qsort(const void *a, const void *b)
-{
-    return cmp_class(a, b);
-}
-
-/* Sorted distinct classes of the non-STAGING regions. */
+/* Sorted distinct classes of this side's non-STAGING regions (token widths
+ * over the side's own block size). */
 static kvr_status_t collect_classes(kvr_msg_hello_t *h, const kvr_layout_t *lay,
                                     const kvr_region_desc_t *regions, size_t n,
                                     kvr_error_t *err)
@@ -60,23 +19,16 @@ static kvr_status_t collect_classes(kvr_msg_hello_t *h, const kvr_layout_t *lay,
     kvr_wire_class_t *all = calloc(n + 1, sizeof(*all));
     if (all == NULL)
         return kvr_error_set(err, KVR_ERR_NO_MEMORY, "no memory");
-    size_t m = 0;
-    for (size_t i = 0; i < n; i++)
-        if (regions[i].role != KVR_ROLE_STAGING)
-            all[m++] = class_of(lay, &regions[i]);
-    qsort(all, m, sizeof(*all), cmp_class_qsort);
-    h->num_classes = 0;
-    for (size_t i = 0; i < m; i++) {
-        if (i > 0 && cmp_class(&all[i - 1], &all[i]) == 0)
-            continue;
-        if (h->num_classes == KVR_WIRE_MAX_CLASSES) {
-            free(all);
-            return kvr_error_set(err, KVR_ERR_WIRE_LIMIT,
-                                 "more than %u region classes",
-                                 KVR_WIRE_MAX_CLASSES);
-        }
-        h->classes[h->num_classes++] = all[i];
+    size_t m = kvr__distinct_classes(lay, regions, n,
+                                     h->side == KVR_WIRE_CONSUMER, all);
+    if (m > KVR_WIRE_MAX_CLASSES) {
+        free(all);
+        return kvr_error_set(err, KVR_ERR_WIRE_LIMIT,
+                             "more than %u region classes (%zu)",
+                             KVR_WIRE_MAX_CLASSES, m);
     }
+    memcpy(h->classes, all, m * sizeof(*all));
+    h->num_classes = (uint32_t)m;
     free(all);
     return KVR_OK;
 }
@@ -87,7 +39,7 @@ static kvr_status_t classes_digest(const kvr_msg_hello_t *h, uint64_t *out,
 {
     kvr_region_desc_t r[KVR_WIRE_MAX_CLASSES];
     for (uint32_t i = 0; i < h->num_classes; i++)
-        r[i] = region_of(&h->layout, &h->classes[i]);
+        r[i] = kvr__class_region(&h->layout, &h->classes[i]);
     return kvr_layout_digest(&h->layout, r, h->num_classes, out, err);
 }
 
@@ -102,8 +54,8 @@ kvr_status_t kvr_wire_hello_init(kvr_msg_hello_t *hello, kvr_wire_side_t side,
         return kvr_error_set(err, KVR_ERR_INVALID, "NULL argument");
     if (side != KVR_WIRE_PRODUCER && side != KVR_WIRE_CONSUMER)
         return kvr_error_set(err, KVR_ERR_INVALID, "side %d unknown", (int)side);
-    if (sodium_init() < 0)
-        return kvr_error_set(err, KVR_ERR_INVALID, "libsodium init failed");
+    if (kvr_init(err) != KVR_OK)
+        return KVR_ERR_INIT;
     kvr_msg_hello_t h;
     memset(&h, 0, sizeof(h));
     h.proto_major = KVR_WIRE_VERSION_MAJOR;
@@ -113,7 +65,9 @@ kvr_status_t kvr_wire_hello_init(kvr_msg_hello_t *hello, kvr_wire_side_t side,
     h.layout_version = KVR_LAYOUT_VERSION;
     h.layout = *lay;
     uint64_t check;
-    kvr_status_t s = kvr_layout_digest(lay, regions, num_regions, &h.digest, err);
+    kvr_status_t s = kvr_layout_digest_side(lay, regions, num_regions,
+                                            side == KVR_WIRE_CONSUMER,
+                                            &h.digest, err);
     if (s == KVR_OK)
         s = collect_classes(&h, lay, regions, num_regions, err);
     if (s == KVR_OK)
@@ -132,8 +86,8 @@ kvr_status_t kvr_wire_hello_init(kvr_msg_hello_t *hello, kvr_wire_side_t side,
 uint64_t kvr_wire_random_nonce(void)
 {
     uint64_t v = 0;
-    if (sodium_init() < 0)
-        abort(); /* libsodium cannot produce randomness: nothing is safe */
+    if (kvr_init(NULL) != KVR_OK)
+        return 0;
     while (v == 0)
         randombytes_buf(&v, sizeof(v));
     return v;
@@ -171,8 +125,9 @@ static void class_text(const kvr_wire_class_t *k, char *buf, size_t cap)
                  k->width);
 }
 
-static kvr_status_t cmp_classes(const kvr_msg_hello_t *a,
-                                const kvr_msg_hello_t *b, kvr_error_t *err)
+/* Both sides hold the same classes (two decode ranks). */
+static kvr_status_t same_classes(const kvr_msg_hello_t *a,
+                                 const kvr_msg_hello_t *b, kvr_error_t *err)
 {
     uint32_t n = a->num_classes > b->num_classes ? a->num_classes
                                                  : b->num_classes;
@@ -180,7 +135,7 @@ static kvr_status_t cmp_classes(const kvr_msg_hello_t *a,
     for (uint32_t i = 0; i < n; i++) {
         const kvr_wire_class_t *p = i < a->num_classes ? &a->classes[i] : NULL;
         const kvr_wire_class_t *q = i < b->num_classes ? &b->classes[i] : NULL;
-        if (p && q && cmp_class(p, q) == 0)
+        if (p && q && kvr__class_cmp(p, q) == 0)
             continue;
         if (p)
             class_text(p, x, sizeof(x));
@@ -192,6 +147,58 @@ static kvr_status_t cmp_classes(const kvr_msg_hello_t *a,
                              i, x, y);
     }
     return KVR_OK;
+}
+
+static const kvr_wire_class_t *find_class(const kvr_msg_hello_t *h,
+                                          const kvr_wire_class_t *k,
+                                          bool same_role_only)
+{
+    for (uint32_t i = 0; i < h->num_classes; i++)
+        if (same_role_only ? h->classes[i].role == k->role
+                           : kvr__class_cmp(&h->classes[i], k) == 0)
+            return &h->classes[i];
+    return NULL;
+}
+
+/* A producer stage holds the classes of its own layers only: a stage with
+ * no index layer has no index class. Each of its classes must be one the
+ * consumer holds; a class the consumer lacks, or holds with other widths,
+ * is a real mismatch. */
+static kvr_status_t producer_classes(const kvr_msg_hello_t *a,
+                                     const kvr_msg_hello_t *b,
+                                     kvr_error_t *err)
+{
+    bool here_producer = a->side == KVR_WIRE_PRODUCER;
+    const kvr_msg_hello_t *prod = here_producer ? a : b;
+    const kvr_msg_hello_t *cons = here_producer ? b : a;
+    for (uint32_t i = 0; i < prod->num_classes; i++) {
+        const kvr_wire_class_t *k = &prod->classes[i];
+        if (find_class(cons, k, false) != NULL)
+            continue;
+        const kvr_wire_class_t *role = find_class(cons, k, true);
+        char p[96], c[96];
+        class_text(k, p, sizeof(p));
+        if (role == NULL)
+            return kvr_error_set(err, KVR_ERR_LAYOUT_MISMATCH,
+                                 "layout mismatch: the producer's (%s) region "
+                                 "class %s has no twin on the consumer (%s)",
+                                 here_producer ? "here" : "peer", p,
+                                 here_producer ? "peer" : "here");
+        class_text(role, c, sizeof(c));
+        return kvr_error_set(err, KVR_ERR_LAYOUT_MISMATCH,
+                             "layout mismatch: region class %s vs %s "
+                             "(here vs peer)",
+                             here_producer ? p : c, here_producer ? c : p);
+    }
+    return KVR_OK;
+}
+
+static kvr_status_t cmp_classes(const kvr_msg_hello_t *a,
+                                const kvr_msg_hello_t *b, kvr_error_t *err)
+{
+    if (a->side == b->side)
+        return same_classes(a, b, err);
+    return producer_classes(a, b, err);
 }
 
 /* Raw layout fields in digest order, then those outside the digest. */
@@ -222,10 +229,70 @@ static kvr_status_t cmp_layout(const kvr_msg_hello_t *a,
     if (x->producer_tp != y->producer_tp)
         return MISMATCH(err, "producer TP size", "%u", x->producer_tp,
                         y->producer_tp);
-    if (a->digest != b->digest)
+    /* The two digests cover different class sets when a stage lacks a
+     * class, so the peer's digest is checked against its own raw fields:
+     * a difference means the two builds compute the digest differently. */
+    uint64_t theirs = 0;
+    s = classes_digest(b, &theirs, err);
+    if (s == KVR_OK && theirs != b->digest)
         return MISMATCH(err, "digest (raw fields agree)", "%016" PRIx64,
-                        a->digest, b->digest);
-    return KVR_OK;
+                        theirs, b->digest);
+    return s;
+}
+
+/* The next "key=value" token of a settings text: *key and *klen name the
+ * key, *tok and *tlen the whole token; returns the rest, or NULL at the end. */
+static const char *next_setting(const char *s, const char **tok, size_t *tlen,
+                                size_t *klen)
+{
+    s += strspn(s, " ");
+    if (*s == '\0')
+        return NULL;
+    *tok = s;
+    *tlen = strcspn(s, " ");
+    const char *eq = memchr(s, '=', *tlen);
+    *klen = eq ? (size_t)(eq - s) : *tlen;
+    return s + *tlen;
+}
+
+/* The token of `text` whose key is key[0..klen), or NULL. */
+static const char *find_setting(const char *text, const char *key, size_t klen,
+                                size_t *tlen)
+{
+    const char *tok = NULL;
+    size_t kl = 0;
+    for (const char *s = text; (s = next_setting(s, &tok, tlen, &kl)) != NULL;)
+        if (kl == klen && memcmp(tok, key, klen) == 0)
+            return tok;
+    return NULL;
+}
+
+/* The first setting of `a` that `b` lacks or holds with another value. */
+static bool first_difference(const char *a, const char *b, const char **tok,
+                             size_t *tlen, const char **other, size_t *olen)
+{
+    size_t klen = 0;
+    for (const char *s = a; (s = next_setting(s, tok, tlen, &klen)) != NULL;) {
+        *other = find_setting(b, *tok, klen, olen);
+        if (*other == NULL || *olen != *tlen || memcmp(*other, *tok, *tlen) != 0)
+            return true;
+    }
+    return false;
+}
+
+/* Application settings: the same pairs on both sides, in any order. */
+static kvr_status_t cmp_settings(const kvr_msg_hello_t *a,
+                                 const kvr_msg_hello_t *b, kvr_error_t *err)
+{
+    const char *x = NULL, *y = NULL;
+    size_t xl = 0, yl = 0;
+    bool here_first = first_difference(a->settings, b->settings, &x, &xl, &y, &yl);
+    if (!here_first && !first_difference(b->settings, a->settings, &y, &yl, &x, &xl))
+        return KVR_OK;
+    return kvr_error_set(err, KVR_ERR_LAYOUT_MISMATCH,
+                         "settings differ: %.*s vs %.*s (here vs peer)",
+                         x ? (int)xl : 7, x ? x : "(unset)",
+                         y ? (int)yl : 7, y ? y : "(unset)");
 }
 
 /* The peer's own topology must make sense before anything is planned. */
@@ -293,5 +360,7 @@ kvr_status_t kvr_wire_hello_check(const kvr_msg_hello_t *ours,
     kvr_status_t s = kvr_wire_hello_check_intro(ours, peer, peer_side, err);
     if (s == KVR_OK)
         s = check_topo(peer, err);
-    return s == KVR_OK ? cmp_layout(ours, peer, err) : s;
+    if (s == KVR_OK)
+        s = cmp_layout(ours, peer, err);
+    return s == KVR_OK ? cmp_settings(ours, peer, err) : s;
 }
