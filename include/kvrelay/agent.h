@@ -139,6 +139,21 @@ void kvr_agent_destroy(kvr_agent_t *agent);
  * none): thread-local, so threads never see each other's errors. */
 const char *kvr_agent_last_error(const kvr_agent_t *agent);
 
+/* Settings both sides must share beyond the layout, defined by the
+ * application (space-separated key=value pairs, at most 255 bytes; "" by
+ * default): sent in every HELLO and compared on links where both agents
+ * hold KV regions, so a mismatch is refused at the handshake naming the
+ * first pair that differs (docs/PROTOCOL.md). Before kvr_agent_start. */
+kvr_status_t kvr_agent_set_settings(kvr_agent_t *agent, const char *text);
+
+/* Usable CUDA devices (0 without CUDA). */
+int kvr_agent_cuda_devices(void);
+/* Copies len bytes between host memory and the agent's region memory
+ * (CUDA memory of params.cuda_device: cudaMemcpy, synchronous; host
+ * memory: memcpy). For filling and checking regions. */
+kvr_status_t kvr_agent_copy(kvr_agent_t *agent, void *dst, const void *src,
+                            size_t len);
+
 /* ---- regions: before kvr_agent_start, fixed after it ---- */
 
 /* The region is expected from no producer (e.g. an MTP draft layer the
@@ -236,6 +251,12 @@ typedef enum kvr_agent_event_kind {
     KVR_AGENT_LAYERS_LOADED = 7, /* consumer, streaming: reserved */
     KVR_AGENT_NOTIFY_FAILED = 8, /* a kvr_agent_notify could not be sent:
                                     peer and message say to whom and why */
+    KVR_AGENT_PEER_REFUSED = 9,  /* a link was refused at its handshake, by
+                                    either side: status and message (the
+                                    address first) say why; peer is the
+                                    instance the peer named in its full
+                                    HELLO (LAYOUT, after AUTH, with a key),
+                                    empty when it never got that far */
 } kvr_agent_event_kind_t;
 
 /* A copy: nothing points into the agent. */
@@ -249,7 +270,8 @@ typedef struct kvr_agent_event {
     uint64_t bytes;           /* LOADED: bytes received; SENT: bytes sent;
                                  NOTIFY_FAILED: the payload's length */
     uint32_t layer_begin, layer_end; /* LAYERS_LOADED */
-    kvr_wire_id_t peer;       /* NOTIFY_FAILED: the instance notified */
+    kvr_wire_id_t peer;       /* NOTIFY_FAILED: the instance notified;
+                                 PEER_REFUSED: the refused peer's */
 } kvr_agent_event_t;
 
 const char *kvr_agent_event_name(kvr_agent_event_kind_t kind);

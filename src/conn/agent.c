@@ -319,6 +319,44 @@ const char *kvr_agent_address(const kvr_agent_t *agent)
 
 /* ---- regions ---- */
 
+kvr_status_t kvr_agent_set_settings(kvr_agent_t *a, const char *text)
+{
+    if (a == NULL || text == NULL)
+        return fail(KVR_ERR_INVALID, "agent or settings is NULL");
+    if (strlen(text) > KVR_WIRE_TEXT_MAX)
+        return fail(KVR_ERR_INVALID, "settings of %zu bytes (at most %u)",
+                    strlen(text), KVR_WIRE_TEXT_MAX);
+    pthread_mutex_lock(&a->turn_lock);
+    bool started = a->started;
+    if (!started)
+        snprintf(a->settings, sizeof(a->settings), "%s", text);
+    pthread_mutex_unlock(&a->turn_lock);
+    return started ? fail(KVR_ERR_INVALID, "settings after kvr_agent_start")
+                   : KVR_OK;
+}
+
+int kvr_agent_cuda_devices(void)
+{
+    return kvr__gpu_device_count();
+}
+
+kvr_status_t kvr_agent_copy(kvr_agent_t *a, void *dst, const void *src,
+                            size_t len)
+{
+    kvr_error_t err = {0};
+    if (a == NULL || (len > 0 && (dst == NULL || src == NULL)))
+        return fail(KVR_ERR_INVALID, "agent, dst or src is NULL");
+    if (a->p.cuda_device < 0) {
+        if (len > 0)
+            memcpy(dst, src, len);
+        return KVR_OK;
+    }
+    kvr_status_t st = kvr__gpu_use(a->p.cuda_device, &err);
+    if (st == KVR_OK)
+        st = kvr__gpu_copy(dst, src, len, &err);
+    return st == KVR_OK ? KVR_OK : fail(st, "%s", err.msg);
+}
+
 static kvr_status_t check_region(const kvr_agent_t *a,
                                  const kvr_region_desc_t *d, uint32_t flags)
 {
@@ -898,13 +936,14 @@ void kvr__agent_event(kvr_agent_t *a, kvr_agent_event_kind_t kind,
     pthread_mutex_unlock(&a->lock);
 }
 
-void kvr__agent_notify_failed(kvr_agent_t *a, const kvr_wire_id_t *peer,
-                              kvr_status_t st, const char *msg, size_t len)
+static void peer_event(kvr_agent_t *a, kvr_agent_event_kind_t kind,
+                       const kvr_wire_id_t *peer, kvr_status_t st,
+                       const char *msg, size_t len)
 {
     kvr__event_node_t *e = calloc(1, sizeof(*e));
     if (e == NULL)
         abort(); /* as kvr__agent_event */
-    e->ev.kind = KVR_AGENT_NOTIFY_FAILED;
+    e->ev.kind = kind;
     e->ev.peer = *peer;
     e->ev.status = st;
     e->ev.bytes = len;
@@ -912,6 +951,18 @@ void kvr__agent_notify_failed(kvr_agent_t *a, const kvr_wire_id_t *peer,
     pthread_mutex_lock(&a->lock);
     push_event(a, e);
     pthread_mutex_unlock(&a->lock);
+}
+
+void kvr__agent_notify_failed(kvr_agent_t *a, const kvr_wire_id_t *peer,
+                              kvr_status_t st, const char *msg, size_t len)
+{
+    peer_event(a, KVR_AGENT_NOTIFY_FAILED, peer, st, msg, len);
+}
+
+void kvr__agent_peer_refused(kvr_agent_t *a, const kvr_wire_id_t *peer,
+                             kvr_status_t st, const char *msg)
+{
+    peer_event(a, KVR_AGENT_PEER_REFUSED, peer, st, msg, 0);
 }
 
 void kvr__agent_notify_in(kvr_agent_t *a, kvr__notify_node_t *n)
@@ -1061,6 +1112,7 @@ const char *kvr_agent_event_name(kvr_agent_event_kind_t kind)
         [KVR_AGENT_RELEASED] = "RELEASED",
         [KVR_AGENT_LAYERS_LOADED] = "LAYERS_LOADED",
         [KVR_AGENT_NOTIFY_FAILED] = "NOTIFY_FAILED",
+        [KVR_AGENT_PEER_REFUSED] = "PEER_REFUSED",
     };
     unsigned k = (unsigned)kind;
     return k < sizeof(names) / sizeof(names[0]) && names[k] ? names[k] : "?";

@@ -129,6 +129,8 @@ typedef struct kvr__alink {
     /* the peer, from its HELLO (its LAYOUT, with a key) */
     kvr_wire_id_t peer_instance;
     uint64_t peer_incarnation;
+    kvr_wire_id_t claimed;       /* the instance its full HELLO named, even
+                                    if refused (empty: never identified) */
     bool kv;                     /* both sides have KV regions: layouts
                                     compared, KV messages allowed */
     bool joined;                 /* head: a stage's JOIN came on it */
@@ -389,6 +391,7 @@ struct kvr_agent {
     char advertise_spec[KVR_AGENT_ADDR_MAX];
     char bootstrap_spec[KVR_AGENT_ADDR_MAX];
     char address[KVR_AGENT_ADDR_MAX];
+    char settings[KVR_WIRE_TEXT_MAX + 1]; /* sent in every HELLO */
 
     /* call side, under lock */
     pthread_mutex_t lock;
@@ -446,6 +449,9 @@ void kvr__agent_event(kvr_agent_t *a, kvr_agent_event_kind_t kind,
                       const kvr_wire_id_t *producer,
                       const kvr_wire_id_t *request, kvr_status_t st,
                       const char *msg, uint64_t bytes);
+/* PEER_REFUSED: a link refused before it was ready (either side). */
+void kvr__agent_peer_refused(kvr_agent_t *a, const kvr_wire_id_t *peer,
+                             kvr_status_t st, const char *msg);
 void kvr__agent_notify_failed(kvr_agent_t *a, const kvr_wire_id_t *peer,
                               kvr_status_t st, const char *msg, size_t len);
 /* Queues a received notification (node allocated by the caller, handed

@@ -181,6 +181,11 @@ void kvr__alink_close(kvr_agent_t *a, kvr__alink_t *l, kvr_status_t why,
         a->refusal_status = l->close_status;
         snprintf(a->refusal_why, sizeof(a->refusal_why), "%s", l->close_why);
     }
+    if (l->refused && !was_ready) {
+        char msg[KVR_ERROR_MSG_MAX + KVR_AGENT_ADDR_MAX + 2];
+        snprintf(msg, sizeof(msg), "%s: %s", l->address, l->close_why);
+        kvr__agent_peer_refused(a, &l->claimed, l->close_status, msg);
+    }
     if (l->link != NULL) {
         kvr__link_flush(l->link);
         kvr__link_close(l->link, l->close_status, "%s", l->close_why);
@@ -262,6 +267,7 @@ static kvr_status_t build_hello(kvr_agent_t *a, kvr__alink_t *l,
     h->has_key = a->has_key;
     h->instance = a->instance;
     h->incarnation = a->incarnation;
+    snprintf(h->settings, sizeof(h->settings), "%s", a->settings);
     return st;
 }
 
@@ -354,6 +360,7 @@ static kvr_status_t take_full_hello(kvr_agent_t *a, kvr__alink_t *l,
                                     kvr_error_t *err)
 {
     kvr__link_t *k = l->link;
+    l->claimed = full->instance; /* known, even if refused below */
     l->kv = full->num_classes > 0 && k->ours.num_classes > 0;
     kvr_status_t st =
         l->kv ? kvr_wire_hello_check(&k->ours, full, peer_side_wanted(l), err)

@@ -12,6 +12,7 @@
 #include <string.h>
 
 #include "agent_internal.h"
+#include "base_internal.h"
 
 static uint64_t ms_ns(uint64_t ms)
 {
@@ -269,6 +270,15 @@ static void send_pull(kvr_agent_t *a, kvr__creq_t *r, kvr__cstage_t *s)
     w->request_id = r->id;
     w->dst_blocks = r->dst;
     w->num_dst_blocks = (uint32_t)r->ndst;
+    /* failpoint bad-blocks (docs/failpoints.md): planned right, asked with
+     * a last destination block id past every region */
+    uint32_t *bad = NULL;
+    if (r->ndst > 0 && kvr__failpoint(KVR__FP_BAD_BLOCKS, r->id.bytes, r->id.len) &&
+        (bad = malloc(r->ndst * sizeof(*bad))) != NULL) {
+        memcpy(bad, r->dst, r->ndst * sizeof(*bad));
+        bad[r->ndst - 1] = 0x7fffffffu;
+        w->dst_blocks = bad;
+    }
     w->num_tokens = r->num_tokens;
     w->num_computed_blocks = r->num_computed;
     w->dcp_rank = a->p.topo.dcp_rank;
@@ -281,6 +291,7 @@ static void send_pull(kvr_agent_t *a, kvr__creq_t *r, kvr__cstage_t *s)
                          ? (uint32_t)((r->deadline_ns - now) / 1000000u) + 1 : 1;
     s->sent = true; /* even if the send fails: the link loss answers it */
     kvr__alink_send(a, s->link, &m);
+    free(bad);
 }
 
 /* ---- the state machine ---- */

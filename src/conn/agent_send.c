@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "agent_internal.h"
+#include "base_internal.h"
 
 static uint64_t ms_ns(uint64_t ms)
 {
@@ -23,12 +24,19 @@ static void answer(kvr_agent_t *a, kvr__pull_t *p, kvr_status_t st,
 {
     kvr_msg_t m;
     kvr_msg_init(&m, st == KVR_OK ? KVR_MSG_WRITE_DONE : KVR_MSG_WRITE_FAILED);
+    int copies = 1;
     if (st == KVR_OK) {
         kvr_msg_write_done_t *d = &m.u.write_done;
         d->request_id = p->request;
         d->pp_rank = a->p.topo.pp_rank;
         d->tp_rank = a->p.topo.tp_rank;
         d->write_nonce = p->nonce;
+        /* failpoints (docs/failpoints.md): a forged and a doubled answer */
+        if (kvr__failpoint(KVR__FP_WRONG_NONCE, p->request.bytes,
+                           p->request.len))
+            d->write_nonce = p->nonce + 1;
+        if (kvr__failpoint(KVR__FP_DUP_DONE, p->request.bytes, p->request.len))
+            copies = 2;
         d->bytes = p->bytes;
         d->chunks = p->chunks;
     } else {
@@ -49,7 +57,7 @@ static void answer(kvr_agent_t *a, kvr__pull_t *p, kvr_status_t st,
     if (text != p->text)
         snprintf(p->text, sizeof(p->text), "%s", text);
     p->release_by_ns = p->deadline_ns + ms_ns(a->p.grace_ms);
-    if (p->link != NULL)
+    for (int i = 0; i < copies && p->link != NULL; i++)
         kvr__alink_send(a, p->link, &m);
 }
 
@@ -174,6 +182,11 @@ static void start_pull(kvr_agent_t *a, const kvr__preq_t *r, kvr__pull_t *p)
 {
     kvr_error_t err = {0};
     kvr_status_t st = plan_pull(a, r, p, &err);
+    if (st == KVR_OK &&
+        kvr__failpoint(KVR__FP_REFUSE, p->request.bytes, p->request.len))
+        st = kvr_error_set(&err, KVR_ERR_REFUSED, "pull of '%.*s' refused "
+                           "(failpoint refuse)", (int)p->request.len,
+                           p->request.bytes);
     if (st == KVR_OK) {
         p->bytes = kvr__dseg_bytes(p->segs, p->nsegs);
         st = kvr__staged_choose(a, p, &err);
@@ -704,6 +717,22 @@ static kvr__preq_t *owner_of(kvr_agent_t *a, const kvr__pull_t *p)
     return preq_find(a, &p->request);
 }
 
+/* Failpoint die-mid (docs/failpoints.md): about half of the pull's bytes
+ * are put and flushed, then the process ends as a kill would. */
+static void die_mid(kvr__pull_t *p)
+{
+    kvr_error_t err = {0};
+    bool done = false;
+    uint64_t moved = 0;
+    if (!p->gpu && !p->staged)
+        kvr__data_put_some(p->link->data, p->segs, p->nsegs, &p->cur,
+                           p->bytes / 2 + 1, p->deadline_ns, &done, &moved,
+                           &err);
+    if (p->link->data != NULL)
+        kvr__data_flush(p->link->data, p->deadline_ns, &err);
+    kvr__failpoint_exit();
+}
+
 /* One slice of one pull; true when the pull left the active list (done,
  * failed, or a staged one waiting for an ack). */
 static bool slice(kvr_agent_t *a, kvr__pull_t *p, uint64_t *moved)
@@ -712,6 +741,8 @@ static bool slice(kvr_agent_t *a, kvr__pull_t *p, uint64_t *moved)
     bool done = false;
     kvr__preq_t *r = owner_of(a, p);
     kvr_status_t st;
+    if (kvr__failpoint(KVR__FP_DIE_MID, p->request.bytes, p->request.len))
+        die_mid(p);
     if (p->gpu)
         st = kvr__agpu_slice(a, r, p, &done, &err);
     else if (p->staged)

@@ -71,12 +71,13 @@ static void send_text(kvr_agent_t *a, const char *peer, const char *address,
         fail_msg("notify: %s", kvr_agent_last_error(a));
 }
 
-/* Waits for the one NOTIFY_FAILED event of agent a. */
+/* Waits for the one NOTIFY_FAILED event of agent a (a refused link's
+ * PEER_REFUSED may come first). */
 static kvr_agent_event_t wait_failed(kvr_agent_t *a, uint32_t ms)
 {
     kvr_agent_event_t ev;
     uint64_t end = ah_now_ms() + ms;
-    while (!kvr_agent_poll(a, &ev)) {
+    while (!kvr_agent_poll(a, &ev) || ev.kind == KVR_AGENT_PEER_REFUSED) {
         if (ah_now_ms() > end)
             fail_msg("no NOTIFY_FAILED within %u ms", ms);
         usleep(2000);
