@@ -1,7 +1,9 @@
-/* `kvrelay demo`: the main job on one machine. A supervisor starts W serve
- * ranks and PP push stages as child processes on 127.0.0.1, follows their
- * event lines, reaps every child under a deadline and prints the verified
- * summary. Exit 0 only if every child exited 0 and every request verified. */
+/* `kvrelay demo`: the main job on one machine. A supervisor starts G decode
+ * groups of W serve ranks (rank 0 of each hosts the group's router) and P
+ * prefill instances of PP push stages as child processes on 127.0.0.1,
+ * follows their event lines, reaps every child under a deadline and prints
+ * the verified summary. Exit 0 only if every child exited 0, every request
+ * not aborted verified and every aborted one had its blocks released. */
 #include <errno.h>
 #include <jansson.h>
 #include <poll.h>
@@ -25,8 +27,11 @@ static const char demo_usage[] =
     "Runs the headline case by default: PP4 prefill (78 layers split\n"
     "19/20/20/19, MLA 576 B/token, index D=128 on every third layer) into a\n"
     "W=4, I=1 decode group with a replicated index, 4 requests of ~3000\n"
-    "tokens, the last reusing request 0's cached prefix. Ends with\n"
-    "'verified R/R requests byte-exact, B bytes, X GB/s'.\n";
+    "tokens, the last reusing request 0's cached prefix. --instances P and\n"
+    "--groups G spread the requests over P prefill instances and G decode\n"
+    "groups; --abort N aborts every Nth request while it moves. Ends with\n"
+    "'verified V/R requests byte-exact, B bytes, X GB/s' (R: requests not\n"
+    "aborted), after 'aborted A requests, blocks released' when A > 0.\n";
 
 typedef struct {
     pid_t pid;
@@ -39,7 +44,9 @@ typedef struct {
 } child_t;
 
 typedef struct {
-    uint32_t verified_ranks, loaded_ranks;
+    uint32_t verified_ranks, loaded_ranks, aborted_ranks;
+    bool released;      /* the router freed its blocks */
+    char outcome[32];   /* the router's outcome */
     uint64_t bytes, computed_blocks;
     uint64_t start_ns, end_ns; /* first WRITE_REQUEST out, last rank loaded */
     char failure[KVR_ERROR_MSG_MAX];
@@ -52,6 +59,8 @@ typedef struct {
     FILE *out; /* human lines: stdout, or stderr under --json */
     child_t kids[MAX_CHILDREN];
     uint32_t num_kids;
+    bool is_serve[MAX_CHILDREN];
+    uint64_t serves_gone_ns; /* when the last serve exited */
     req_state_t reqs[DEMO_MAX_REQUESTS];
     uint64_t first_offer_ns, first_start_ns, last_load_ns;
 } demo_t;
@@ -173,6 +182,17 @@ static void on_line(demo_t *d, child_t *k, char *line)
             d->first_start_ns = e;
         q->end_ns = c > q->end_ns ? c : q->end_ns;
         q->start_ns = q->start_ns == 0 || e < q->start_ns ? e : q->start_ns;
+    } else if (strcmp(verb, "aborted") == 0 && q) {
+        q->aborted_ranks++;
+        fprintf(d->out, "  %-8s %s aborted in flight\n", k->name, id);
+    } else if (strcmp(verb, "released") == 0 && q) {
+        q->released = true;
+        snprintf(q->outcome, sizeof(q->outcome), "%.31s", rest);
+        char *sp = strchr(q->outcome, ' ');
+        if (sp != NULL)
+            *sp = '\0';
+        if (q->aborted_ranks > 0 || d->cfg.verbose)
+            fprintf(d->out, "  %-8s %s blocks released (%s)\n", k->name, id, rest);
     } else if (strcmp(verb, "verified") == 0 && q) {
         q->verified_ranks++;
         fprintf(d->out, "  %-8s %s verified byte-exact (%u/%u ranks)\n", k->name, id,
@@ -227,6 +247,27 @@ static void reap(demo_t *d, bool block)
     }
 }
 
+/* Once every decode rank exited, no pull or release can come: prefill
+ * stages still waiting (for a rank that died, or a router that refused
+ * them) get SIGTERM after a grace period and exit on their own. */
+static void stop_orphans(demo_t *d)
+{
+    uint32_t serves = 0, serves_left = 0;
+    for (uint32_t i = 0; i < d->num_kids; i++) {
+        serves += d->is_serve[i];
+        serves_left += d->is_serve[i] && !d->kids[i].exited;
+    }
+    if (serves == 0 || serves_left > 0)
+        return;
+    if (d->serves_gone_ns == 0)
+        d->serves_gone_ns = kvr_now_ns();
+    if (kvr_now_ns() - d->serves_gone_ns < 10000000000ull)
+        return;
+    for (uint32_t i = 0; i < d->num_kids; i++)
+        if (!d->kids[i].exited && !d->kids[i].eof)
+            kill(d->kids[i].pid, SIGTERM);
+}
+
 /* Pumps every child's output until `until` says stop or the deadline. */
 static bool pump(demo_t *d, uint64_t deadline, int want_port_of, int *port)
 {
@@ -248,6 +289,7 @@ static bool pump(demo_t *d, uint64_t deadline, int want_port_of, int *port)
             open += !d->kids[i].eof;
         }
         reap(d, false);
+        stop_orphans(d);
         if (want_port_of >= 0 && d->kids[want_port_of].eof)
             return false;
         if (want_port_of < 0 && open == 0)
@@ -256,53 +298,83 @@ static bool pump(demo_t *d, uint64_t deadline, int want_port_of, int *port)
     return false;
 }
 
-/* --device cuda: one GPU per process when there are PP + W of them (stage p
- * on GPU p, rank r on GPU PP + r); else producers on GPU 0 and decode ranks
- * on GPU 1 when there is one. */
+/* --device cuda: one GPU per process when there are enough (prefill
+ * stages first, then decode ranks); else producers on GPU 0 and decode
+ * ranks on GPU 1 when there is one. */
 static int child_device(const demo_t *d, bool consumer, uint32_t index)
 {
     if (!d->cfg.use_cuda)
         return -1;
-    int n = kvr_conn_cuda_devices();
-    if (n >= (int)(d->cfg.pp + d->cfg.lay.dcp_size))
-        return (int)(consumer ? d->cfg.pp + index : index);
+    int n = kvr_agent_cuda_devices();
+    uint32_t prod = d->cfg.instances * d->cfg.pp;
+    if (n >= (int)(prod + d->cfg.groups * d->cfg.lay.dcp_size))
+        return (int)(consumer ? prod + index : index);
     return consumer && n > 1 ? 1 : 0;
 }
 
-static int start_serve(demo_t *d, uint32_t rank, int leader_port, int *port)
+static void child_name(const demo_t *d, bool consumer, uint32_t who,
+                       uint32_t r, uint32_t tp, char *buf, size_t len)
 {
-    char extra[5][300], name[32];
-    char *args[MAX_ARGS];
-    snprintf(extra[0], sizeof(extra[0]), "--cuda-device=%d", child_device(d, true, rank));
-    snprintf(extra[1], sizeof(extra[1]), "--rank=%u", rank);
-    snprintf(extra[2], sizeof(extra[2]), "--listen=127.0.0.1:0");
-    snprintf(extra[3], sizeof(extra[3]), "--expect=%u", d->cfg.requests);
-    snprintf(extra[4], sizeof(extra[4]), "--leader=127.0.0.1:%d", leader_port);
-    int skip = d->cfg.use_cuda ? 0 : 1;
-    build_args(d, args, "serve", extra + skip, (rank > 0 ? 5 : 4) - skip);
-    snprintf(name, sizeof(name), "rank %u", rank);
-    int k = spawn(d, name, args);
-    uint64_t deadline = kvr_now_ns() + 30000000000ull;
-    if (k < 0 || !pump(d, deadline, k, port))
-        return -1;
-    return 0;
+    char pre[16] = "";
+    if (consumer && d->cfg.groups > 1)
+        snprintf(pre, sizeof(pre), "g%u ", who);
+    if (!consumer && d->cfg.instances > 1)
+        snprintf(pre, sizeof(pre), "p%u ", who);
+    if (consumer)
+        snprintf(buf, len, "%srank %u", pre, r);
+    else if (d->cfg.producer_tp > 1)
+        snprintf(buf, len, "%sstage %u.%u", pre, r, tp);
+    else
+        snprintf(buf, len, "%sstage %u", pre, r);
 }
 
-static int start_push(demo_t *d, uint32_t stage, uint32_t tp, const char *targets)
+/* Starts a child and, when port is not NULL, waits for its "listening"
+ * line. */
+static int start_child(demo_t *d, const char *cmd, bool consumer,
+                       char extra[][300], int nextra, const char *name,
+                       int *port)
 {
-    char extra[4][300], name[32];
     char *args[MAX_ARGS];
-    snprintf(extra[0], sizeof(extra[0]), "--cuda-device=%d", child_device(d, false, stage));
-    snprintf(extra[1], sizeof(extra[1]), "--stage=%u", stage);
-    snprintf(extra[2], sizeof(extra[2]), "--connect=%s", targets);
+    int skip = d->cfg.use_cuda ? 0 : 1; /* extra[0]: --cuda-device */
+    build_args(d, args, cmd, extra + skip, nextra - skip);
+    int k = spawn(d, name, args);
+    if (k < 0)
+        return -1;
+    d->is_serve[k] = consumer;
+    uint64_t deadline = kvr_deadline_ns(60000);
+    return port == NULL || pump(d, deadline, k, port) ? 0 : -1;
+}
+
+static int start_serve(demo_t *d, uint32_t g, uint32_t rank, int router,
+                       int *port)
+{
+    char extra[6][300], name[32];
+    snprintf(extra[0], sizeof(extra[0]), "--cuda-device=%d",
+             child_device(d, true, g * d->cfg.lay.dcp_size + rank));
+    snprintf(extra[1], sizeof(extra[1]), "--rank=%u", rank);
+    snprintf(extra[2], sizeof(extra[2]), "--group=%u", g);
+    snprintf(extra[3], sizeof(extra[3]), "--listen=127.0.0.1:0");
+    snprintf(extra[4], sizeof(extra[4]), "--expect=%u", demo_count(&d->cfg, g, true));
+    snprintf(extra[5], sizeof(extra[5]), "--router=127.0.0.1:%d", router);
+    child_name(d, true, g, rank, 0, name, sizeof(name));
+    return start_child(d, "serve", true, extra, rank > 0 ? 6 : 5, name, port);
+}
+
+static int start_push(demo_t *d, uint32_t p, uint32_t stage, uint32_t tp,
+                      const char *routers, int head, int *port)
+{
+    char extra[5][300], name[32];
+    snprintf(extra[0], sizeof(extra[0]), "--cuda-device=%d",
+             child_device(d, false, p * d->cfg.pp + stage));
+    snprintf(extra[1], sizeof(extra[1]), "--instance=%u", p);
+    snprintf(extra[2], sizeof(extra[2]), "--stage=%u", stage);
     snprintf(extra[3], sizeof(extra[3]), "--tp-rank=%u", tp);
-    int skip = d->cfg.use_cuda ? 0 : 1;
-    build_args(d, args, "push", extra + skip, 4 - skip);
-    if (d->cfg.producer_tp > 1)
-        snprintf(name, sizeof(name), "stage %u.%u", stage, tp);
+    if (head == 0)
+        snprintf(extra[4], sizeof(extra[4]), "--routers=%s", routers);
     else
-        snprintf(name, sizeof(name), "stage %u", stage);
-    return spawn(d, name, args) < 0 ? -1 : 0;
+        snprintf(extra[4], sizeof(extra[4]), "--head=127.0.0.1:%d", head);
+    child_name(d, false, p, stage, tp, name, sizeof(name));
+    return start_child(d, "push", false, extra, 5, name, port);
 }
 
 /* A child that is gone before every process started (a rank that failed
@@ -320,32 +392,50 @@ static bool child_gone(demo_t *d)
     return got_signal != 0;
 }
 
-static bool start_all(demo_t *d)
+/* Decode groups first (rank 0, the router, then the ranks that join it),
+ * then each prefill instance: its head, which offers to the routers, then
+ * the stages that join the head. */
+static bool start_decode(demo_t *d, char *routers, size_t cap)
 {
-    char targets[300] = "";
-    int leader = 0;
-    for (uint32_t r = 0; r < d->cfg.lay.dcp_size; r++) {
-        int port = 0;
-        if (child_gone(d))
-            return false;
-        if (start_serve(d, r, leader, &port) != 0) {
-            fprintf(stderr, "kvrelay demo: decode rank %u did not start\n", r);
-            return false;
-        }
-        leader = r == 0 ? port : leader;
-        size_t len = strlen(targets);
-        snprintf(targets + len, sizeof(targets) - len, "%s127.0.0.1:%d",
-                 r ? "," : "", port);
-    }
-    for (uint32_t p = 0; p < d->cfg.pp; p++)
-        for (uint32_t t = 0; t < d->cfg.producer_tp; t++)
+    for (uint32_t g = 0; g < d->cfg.groups; g++) {
+        int router = 0;
+        for (uint32_t r = 0; r < d->cfg.lay.dcp_size; r++) {
+            int port = 0;
             if (child_gone(d))
                 return false;
-            else if (start_push(d, p, t, targets) != 0) {
-                fprintf(stderr, "kvrelay demo: prefill stage %u tp %u did not "
-                        "start\n", p, t);
+            if (start_serve(d, g, r, router, r == 0 ? &port : NULL) != 0) {
+                fprintf(stderr, "kvrelay demo: decode group %u rank %u did not "
+                        "start\n", g, r);
                 return false;
             }
+            router = r == 0 ? port : router;
+        }
+        size_t len = strlen(routers);
+        snprintf(routers + len, cap - len, "%s127.0.0.1:%d", g ? "," : "", router);
+    }
+    return true;
+}
+
+static bool start_all(demo_t *d)
+{
+    char routers[4096] = "";
+    if (!start_decode(d, routers, sizeof(routers)))
+        return false;
+    for (uint32_t p = 0; p < d->cfg.instances; p++) {
+        int head = 0;
+        for (uint32_t st = 0; st < d->cfg.pp; st++)
+            for (uint32_t t = 0; t < d->cfg.producer_tp; t++) {
+                bool first = st == 0 && t == 0;
+                if (child_gone(d) ||
+                    start_push(d, p, st, t, routers, head,
+                               first ? &head : NULL) != 0) {
+                    if (!got_signal)
+                        fprintf(stderr, "kvrelay demo: prefill instance %u "
+                                "stage %u tp %u did not start\n", p, st, t);
+                    return false;
+                }
+            }
+    }
     return true;
 }
 
@@ -358,20 +448,29 @@ static void kill_all(demo_t *d)
 }
 
 typedef struct {
-    uint32_t verified;
+    uint32_t verified, aborted, expected, unreleased;
     uint64_t bytes;
     double seconds, gbps;
     bool children_ok;
 } totals_t;
 
+/* A request is aborted when a rank's abort took effect (one that ended
+ * first was loaded, and is verified like any other). */
 static totals_t summarize(const demo_t *d)
 {
-    totals_t t = {0, 0, 0, 0, true};
+    totals_t t = {0, 0, 0, 0, 0, 0, 0, true};
     for (uint32_t r = 0; r < d->cfg.requests; r++) {
-        t.verified += d->reqs[r].verified_ranks == d->cfg.lay.dcp_size &&
-                      d->reqs[r].failure[0] == '\0';
-        t.bytes += d->reqs[r].bytes;
+        const req_state_t *q = &d->reqs[r];
+        if (q->aborted_ranks > 0) {
+            t.aborted++;
+            t.unreleased += !q->released;
+            continue;
+        }
+        t.verified += q->verified_ranks == d->cfg.lay.dcp_size &&
+                      q->failure[0] == '\0';
+        t.bytes += q->bytes;
     }
+    t.expected = d->cfg.requests - t.aborted;
     for (uint32_t i = 0; i < d->num_kids; i++)
         t.children_ok &= d->kids[i].exited && d->kids[i].status == 0;
     /* transfer time: first WRITE_REQUEST out to last request loaded, so
@@ -383,6 +482,11 @@ static totals_t summarize(const demo_t *d)
     return t;
 }
 
+static bool totals_ok(const totals_t *t)
+{
+    return t->children_ok && t->verified == t->expected && t->unreleased == 0;
+}
+
 static void print_json(const demo_t *d, const totals_t *t)
 {
     json_t *reqs = json_array(), *kids = json_array();
@@ -392,23 +496,30 @@ static void print_json(const demo_t *d, const totals_t *t)
         const req_state_t *q = &d->reqs[r];
         double secs = q->end_ns > q->start_ns && q->start_ns
                           ? (double)(q->end_ns - q->start_ns) / 1e9 : 0;
-        json_array_append_new(reqs, json_pack(
+        json_t *e = json_pack(
             "{s:s,s:I,s:I,s:I,s:I,s:I,s:b,s:s,s:f,s:f}", "id", id, "tokens",
             (json_int_t)demo_tokens(&d->cfg, r), "computed_blocks",
             (json_int_t)q->computed_blocks, "loaded_ranks",
             (json_int_t)q->loaded_ranks, "verified_ranks",
             (json_int_t)q->verified_ranks, "bytes", (json_int_t)q->bytes, "sent",
             q->sent, "failure", q->failure, "seconds", secs, "gbps",
-            secs > 0 ? (double)q->bytes / secs / 1e9 : 0.0));
+            secs > 0 ? (double)q->bytes / secs / 1e9 : 0.0);
+        json_object_set_new(e, "instance", json_integer(demo_instance_of(&d->cfg, r)));
+        json_object_set_new(e, "group", json_integer(demo_group_of(&d->cfg, r)));
+        json_object_set_new(e, "aborted", json_boolean(q->aborted_ranks > 0));
+        json_object_set_new(e, "released", json_boolean(q->released));
+        json_array_append_new(reqs, e);
     }
     for (uint32_t i = 0; i < d->num_kids; i++)
         json_array_append_new(kids, json_pack("{s:s,s:i}", "name", d->kids[i].name,
                                               "exit", d->kids[i].status));
-    json_t *root = json_pack("{s:o,s:o,s:I,s:I,s:f,s:f,s:b}", "requests", reqs,
-                             "children", kids, "verified", (json_int_t)t->verified,
-                             "bytes", (json_int_t)t->bytes, "seconds", t->seconds,
-                             "gbps", t->gbps, "ok",
-                             t->children_ok && t->verified == d->cfg.requests);
+    json_t *root = json_pack("{s:o,s:o,s:I,s:I,s:I,s:I,s:f,s:f,s:b}", "requests",
+                             reqs, "children", kids, "verified",
+                             (json_int_t)t->verified, "expected",
+                             (json_int_t)t->expected, "aborted",
+                             (json_int_t)t->aborted, "bytes", (json_int_t)t->bytes,
+                             "seconds", t->seconds, "gbps", t->gbps, "ok",
+                             totals_ok(t));
     char *text = json_dumps(root, JSON_COMPACT);
     if (text != NULL)
         puts(text);
@@ -427,12 +538,12 @@ static json_t *u32_array(const uint32_t *v, size_t n)
 static json_t *manifest_regions(const demo_t *d)
 {
     json_t *regions = json_array();
-    uint32_t n = demo_region(&d->cfg, 0, false, NULL);
+    uint32_t n = demo_region(&d->cfg, 0, false, 0, NULL);
     for (uint32_t i = 0; i < n; i++) {
         kvr_region_desc_t s, t;
         char name[128];
-        demo_region(&d->cfg, i, false, &s);
-        demo_region(&d->cfg, i, true, &t);
+        demo_region(&d->cfg, i, false, 0, &s);
+        demo_region(&d->cfg, i, true, 0, &t);
         json_t *files = json_array();
         for (uint32_t r = 0; r < d->cfg.lay.dcp_size; r++) {
             demo_image_name(name, sizeof(name), (int)r, &t);
@@ -467,7 +578,7 @@ static json_t *manifest_requests(const demo_t *d)
         json_decref(reqs);
         return json_array();
     }
-    uint32_t *src = calloc(demo_src_pool(&d->cfg) + 1, sizeof(*src));
+    uint32_t *src = calloc(demo_src_pool(&d->cfg, 0) + 1, sizeof(*src));
     json_array_foreach(reqs, i, q) {
         uint32_t r = 0;
         const char *id = json_string_value(json_object_get(q, "id"));
@@ -509,12 +620,18 @@ static void write_manifest(const demo_t *d)
 
 static int demo_run(demo_t *d)
 {
-    fprintf(d->out, "kvrelay demo: PP%u prefill (%u layers) -> W=%u I=%u decode, %s index, "
-           "%u requests of ~%llu tokens over %s%s\n", d->cfg.pp, d->cfg.layers,
-           d->cfg.lay.dcp_size, d->cfg.lay.interleave,
+    char prod[48] = "", cons[48] = "";
+    if (d->cfg.instances > 1)
+        snprintf(prod, sizeof(prod), "%u x ", d->cfg.instances);
+    if (d->cfg.groups > 1)
+        snprintf(cons, sizeof(cons), "%u x ", d->cfg.groups);
+    fprintf(d->out, "kvrelay demo: %sPP%u prefill (%u layers) -> %sW=%u I=%u "
+           "decode, %s index, %u requests of ~%llu tokens over %s%s\n", prod,
+           d->cfg.pp, d->cfg.layers, cons, d->cfg.lay.dcp_size,
+           d->cfg.lay.interleave,
            d->cfg.lay.replicate_index ? "replicated" : "sharded", d->cfg.requests,
            (unsigned long long)d->cfg.tokens,
-           d->cfg.tl == KVR_CONN_TL_TCP ? "UCX tcp" : d->cfg.tl == KVR_CONN_TL_SHM
+           d->cfg.tl == KVR_AGENT_TL_TCP ? "UCX tcp" : d->cfg.tl == KVR_AGENT_TL_SHM
                                                           ? "UCX shm" : "UCX",
            d->cfg.use_cuda ? " control, CUDA gpu-direct data (KV in GPU memory)" : "");
     fflush(d->out);
@@ -540,10 +657,14 @@ static int demo_run(demo_t *d)
             fprintf(d->out, "  req-%u FAILED: %s\n", r, d->reqs[r].failure);
     if (d->json)
         print_json(d, &t);
+    if (t.aborted > 0 && t.unreleased == 0)
+        fprintf(d->out, "aborted %u requests, blocks released\n", t.aborted);
+    else if (t.aborted > 0)
+        fprintf(d->out, "aborted %u requests, blocks of %u not released\n",
+                t.aborted, t.unreleased);
     fprintf(d->out, "verified %u/%u requests byte-exact, %llu bytes, %.2f GB/s\n", t.verified,
-           d->cfg.requests, (unsigned long long)t.bytes, t.gbps);
-    return started && t.children_ok && t.verified == d->cfg.requests
-               ? CLI_EXIT_OK : CLI_EXIT_FAILED;
+           t.expected, (unsigned long long)t.bytes, t.gbps);
+    return started && totals_ok(&t) ? CLI_EXIT_OK : CLI_EXIT_FAILED;
 }
 
 int cli_cmd_demo(int argc, char **argv)
@@ -559,7 +680,7 @@ int cli_cmd_demo(int argc, char **argv)
         errno != EEXIST)
         rc = cli_usage_error("demo", "--dump %s: %s", d->cfg.dump_dir,
                                   strerror(errno));
-    if (rc < 0 && d->cfg.use_cuda && kvr_conn_cuda_devices() == 0)
+    if (rc < 0 && d->cfg.use_cuda && kvr_agent_cuda_devices() == 0)
         rc = cli_usage_error("demo", "--device cuda: no usable CUDA device "
                                   "(or kvrelay was built without CUDA)");
     if (rc < 0) {

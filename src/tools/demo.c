@@ -17,6 +17,9 @@ const char demo_options_help[] =
     "  --pp STAGES (4)  --producer-tp T (1)  --layers L (78)  --index-every K (3)\n"
     "  --index-dim D (128)\n"
     "  --token-bytes B (576)  --requests R (4)  --tokens N (3000)  --seed S (1)\n"
+    "  --instances P (1 prefill instance of --pp stages; request i: i mod P)\n"
+    "  --groups G (1 decode group of --dcp ranks; request i: i mod G)\n"
+    "  --abort N (0; the consumer aborts every Nth request in flight)\n"
     "  --no-reuse (by default the last request reuses request 0's prefix)\n"
     "  --deadline-ms MS (30000)  --timeout SECONDS (120)\n"
     "  --transport auto|shm|tcp (auto)  --executor auto|direct|staged (auto)\n"
@@ -48,6 +51,8 @@ void demo_cfg_init(demo_cfg_t *cfg)
     cfg->index_dim = 128;
     cfg->token_bytes = 576;
     cfg->requests = 4;
+    cfg->instances = 1;
+    cfg->groups = 1;
     cfg->tokens = 3000;
     cfg->seed = 1;
     cfg->reuse = true;
@@ -130,6 +135,9 @@ static const num_opt_t num_opts[] = {
     NUM("index-dim", index_dim, 4, 16, 1024),
     NUM("token-bytes", token_bytes, 4, 1, 65536),
     NUM("requests", requests, 4, 1, DEMO_MAX_REQUESTS),
+    NUM("instances", instances, 4, 1, 64),
+    NUM("groups", groups, 4, 1, 64),
+    NUM("abort", abort_every, 4, 0, DEMO_MAX_REQUESTS),
     NUM("tokens", tokens, 8, 1, 1u << 20),
     NUM("seed", seed, 8, 0, UINT64_MAX - 1),
     NUM("deadline-ms", deadline_ms, 4, 1, 3600000),
@@ -201,10 +209,10 @@ int demo_cfg_option(demo_cfg_t *cfg, const char *cmd, const char *name,
         cfg->run_timeout_ms = (uint32_t)(s * 1000);
     } else if (strcmp(name, "transport") == 0) {
         rc = parse_enum(cmd, name, value, tl_names, 3, &e);
-        cfg->tl = (kvr_conn_tl_t)e;
+        cfg->tl = (kvr_agent_tl_t)e;
     } else if (strcmp(name, "executor") == 0) {
         rc = parse_enum(cmd, name, value, exec_names, 3, &e);
-        cfg->exec = (kvr_conn_exec_t)e;
+        cfg->exec = (kvr_agent_exec_t)e;
     } else
         return 0;
     return rc;
@@ -219,19 +227,21 @@ static bool plan_check(const demo_cfg_t *cfg, const char *cmd)
     kvr_layout_t lay = cfg->lay;
     lay.tp = lay.dcp_size;
     lay.producer_tp = cfg->producer_tp;
-    uint32_t n = demo_region(cfg, 0, false, NULL), last = cfg->requests - 1;
+    uint32_t last = cfg->requests - 1, p = demo_instance_of(cfg, last);
+    uint32_t g = demo_group_of(cfg, last);
+    uint32_t n = demo_region(cfg, 0, false, p, NULL);
     uint64_t N = demo_tokens(cfg, last);
     size_t nsrc = (size_t)kvr_num_src_blocks(&lay, N);
     size_t ndst = (size_t)kvr_num_dst_blocks(&lay, N);
     kvr_region_pair_t *pairs = calloc(n, sizeof(*pairs));
-    uint32_t *src = calloc(demo_src_pool(cfg) + 1, sizeof(*src));
+    uint32_t *src = calloc(demo_src_pool(cfg, p) + 1, sizeof(*src));
     uint32_t *dst = calloc(ndst + 1, sizeof(*dst));
     bool ok = pairs && src && dst;
     if (!ok)
         cli_usage_error(cmd, "no memory to check the layout");
     for (uint32_t i = 0; ok && i < n; i++) {
-        demo_region(cfg, i, false, &pairs[i].src);
-        demo_region(cfg, i, true, &pairs[i].dst);
+        demo_region(cfg, i, false, p, &pairs[i].src);
+        demo_region(cfg, i, true, g, &pairs[i].dst);
     }
     for (size_t j = 0; ok && j < ndst; j++)
         dst[j] = (uint32_t)j;
@@ -257,6 +267,11 @@ bool demo_cfg_check(const demo_cfg_t *cfg, const char *cmd)
     }
     if (cfg->pp > cfg->layers) {
         cli_usage_error(cmd, "--pp %u exceeds --layers %u", cfg->pp, cfg->layers);
+        return false;
+    }
+    if (cfg->dump_dir != NULL && (cfg->instances > 1 || cfg->groups > 1)) {
+        cli_usage_error(cmd, "--dump writes the images of one instance and "
+                        "one group: use --instances 1 --groups 1");
         return false;
     }
     if (cfg->producer_tp > cfg->lay.dcp_size) {
@@ -369,24 +384,61 @@ bool demo_parse_request_id(const char *bytes, size_t len, uint32_t *req)
     return true;
 }
 
+uint32_t demo_instance_of(const demo_cfg_t *cfg, uint32_t req)
+{
+    return req % cfg->instances;
+}
+
+uint32_t demo_group_of(const demo_cfg_t *cfg, uint32_t req)
+{
+    bool reusing = cfg->reuse && req > 0 && req + 1 == cfg->requests;
+    return reusing ? 0 : req % cfg->groups;
+}
+
+uint32_t demo_count(const demo_cfg_t *cfg, uint32_t who, bool by_group)
+{
+    uint32_t n = 0;
+    for (uint32_t r = 0; r < cfg->requests; r++)
+        n += (by_group ? demo_group_of(cfg, r) : demo_instance_of(cfg, r)) == who;
+    return n;
+}
+
+bool demo_aborts(const demo_cfg_t *cfg, uint32_t req)
+{
+    return cfg->abort_every > 0 && (req + 1) % cfg->abort_every == 0;
+}
+
+void demo_instance_id(bool consumer, uint32_t who, char *buf, size_t len)
+{
+    snprintf(buf, len, "%s-%u", consumer ? "decode" : "prefill", who);
+}
+
+/* Each instance's pool holds its own requests' blocks, each group's pool
+ * its own requests' blocks. */
 static uint32_t src_base(const demo_cfg_t *cfg, uint32_t req)
 {
-    uint32_t b = 0;
+    uint32_t b = 0, p = demo_instance_of(cfg, req);
     for (uint32_t i = 0; i < req; i++)
-        b += (uint32_t)kvr_num_src_blocks(&cfg->lay, demo_tokens(cfg, i));
+        if (demo_instance_of(cfg, i) == p)
+            b += (uint32_t)kvr_num_src_blocks(&cfg->lay, demo_tokens(cfg, i));
     return b;
 }
 
-uint32_t demo_src_pool(const demo_cfg_t *cfg)
-{
-    return src_base(cfg, cfg->requests) + 7;
-}
-
-uint32_t demo_dst_pool(const demo_cfg_t *cfg)
+uint32_t demo_src_pool(const demo_cfg_t *cfg, uint32_t instance)
 {
     uint32_t b = 0;
     for (uint32_t i = 0; i < cfg->requests; i++)
-        b += (uint32_t)kvr_num_dst_blocks(&cfg->lay, demo_tokens(cfg, i));
+        if (demo_instance_of(cfg, i) == instance)
+            b += (uint32_t)kvr_num_src_blocks(&cfg->lay, demo_tokens(cfg, i));
+    return b + 7;
+}
+
+uint32_t demo_dst_pool(const demo_cfg_t *cfg, uint32_t group)
+{
+    uint32_t b = 0;
+    for (uint32_t i = 0; i < cfg->requests; i++)
+        if (demo_group_of(cfg, i) == group)
+            b += (uint32_t)kvr_num_dst_blocks(&cfg->lay, demo_tokens(cfg, i));
     return b + 3;
 }
 
@@ -394,7 +446,8 @@ uint32_t demo_dst_pool(const demo_cfg_t *cfg)
  * block ids are scattered but identical on every stage. */
 void demo_src_blocks(const demo_cfg_t *cfg, uint32_t req, uint32_t *out)
 {
-    uint32_t pool = demo_src_pool(cfg), base = src_base(cfg, req);
+    uint32_t pool = demo_src_pool(cfg, demo_instance_of(cfg, req));
+    uint32_t base = src_base(cfg, req);
     uint32_t n = (uint32_t)kvr_num_src_blocks(&cfg->lay, demo_tokens(cfg, req));
     uint32_t *perm = malloc(pool * sizeof(*perm));
     if (perm == NULL)
@@ -413,13 +466,13 @@ void demo_src_blocks(const demo_cfg_t *cfg, uint32_t req, uint32_t *out)
 }
 
 uint32_t demo_region(const demo_cfg_t *cfg, uint32_t i, bool consumer,
-                         kvr_region_desc_t *desc)
+                     uint32_t who, kvr_region_desc_t *desc)
 {
     uint32_t nidx = cfg->index_every ? (cfg->layers + cfg->index_every - 1) / cfg->index_every : 0;
     if (desc == NULL)
         return cfg->layers + nidx;
     kvr_region_desc_t d = {0};
-    d.num_blocks = consumer ? demo_dst_pool(cfg) : demo_src_pool(cfg);
+    d.num_blocks = consumer ? demo_dst_pool(cfg, who) : demo_src_pool(cfg, who);
     if (i < cfg->layers) {
         d.role = KVR_ROLE_MLA;
         d.layer = i;
@@ -435,25 +488,30 @@ uint32_t demo_region(const demo_cfg_t *cfg, uint32_t i, bool consumer,
     return cfg->layers + nidx;
 }
 
-kvr_conn_params_t demo_conn_params(const demo_cfg_t *cfg,
-                                       kvr_wire_side_t side,
-                                       const kvr_wire_topo_t *topo,
-                                       const uint8_t *key)
+kvr_agent_params_t demo_agent_params(const demo_cfg_t *cfg,
+                                     kvr_agent_role_t role,
+                                     const kvr_wire_topo_t *topo,
+                                     const uint8_t *key,
+                                     const char *instance_id)
 {
-    kvr_conn_params_t p = KVR_CONN_PARAMS_INIT;
-    p.side = side;
+    kvr_agent_params_t p = KVR_AGENT_PARAMS_INIT;
+    p.instance_id = instance_id;
+    p.instance_id_len = strlen(instance_id);
+    p.role = role;
     p.layout = cfg->lay;
     p.layout.tp = cfg->lay.dcp_size;
     p.layout.producer_tp = cfg->producer_tp;
     p.topo = *topo;
-    p.producer_stages = cfg->pp;
-    p.consumer_ranks = cfg->lay.dcp_size;
     p.key = key;
     p.insecure = cfg->insecure;
     p.tl = cfg->tl;
     p.executor = cfg->exec;
     p.deadline_ms = cfg->deadline_ms;
-    p.leader_blocks = demo_dst_pool(cfg);
+    /* sources stay for the whole run: a lease is not what ends a demo */
+    p.lease_ms = cfg->run_timeout_ms < KVR_WIRE_DEADLINE_MAX_MS
+                     ? cfg->run_timeout_ms : KVR_WIRE_DEADLINE_MAX_MS;
+    p.idle_close_ms = cfg->run_timeout_ms;
+    p.connect_timeout_ms = 10000;
     p.cuda_device = cfg->cuda_device;
     return p;
 }
@@ -463,22 +521,25 @@ kvr_conn_params_t demo_conn_params(const demo_cfg_t *cfg,
 static void settings_text(const demo_cfg_t *cfg, char *buf, size_t len)
 {
     snprintf(buf, len, "requests=%u tokens=%llu seed=%llu reuse=%s layers=%u "
-             "index-every=%u pp=%u", cfg->requests, (unsigned long long)cfg->tokens,
+             "index-every=%u pp=%u instances=%u groups=%u abort=%u",
+             cfg->requests, (unsigned long long)cfg->tokens,
              (unsigned long long)cfg->seed, cfg->reuse ? "yes" : "no",
-             cfg->layers, cfg->index_every, cfg->pp);
+             cfg->layers, cfg->index_every, cfg->pp, cfg->instances,
+             cfg->groups, cfg->abort_every);
 }
 
-kvr_status_t demo_conn_create(const demo_cfg_t *cfg, const kvr_conn_params_t *p,
-                              kvr_conn_t **conn, kvr_error_t *err)
+kvr_status_t demo_agent_create(const demo_cfg_t *cfg,
+                               const kvr_agent_params_t *p,
+                               kvr_agent_t **agent, kvr_error_t *err)
 {
     char text[KVR_WIRE_TEXT_MAX + 1];
-    kvr_status_t st = kvr_conn_create(p, conn, err);
+    kvr_status_t st = kvr_agent_create(p, agent, err);
     if (st != KVR_OK)
         return st;
     settings_text(cfg, text, sizeof(text));
-    st = kvr_conn_set_settings(*conn, text);
+    st = kvr_agent_set_settings(*agent, text);
     if (st != KVR_OK)
-        return kvr_error_set(err, st, "%s", kvr_conn_last_error(*conn));
+        return kvr_error_set(err, st, "%s", kvr_agent_last_error(*agent));
     return KVR_OK;
 }
 
@@ -511,7 +572,7 @@ static kvr_status_t mismatch(kvr_error_t *err, const kvr_region_desc_t *d,
 
 static kvr_status_t verify_index_token(const demo_cfg_t *cfg, uint32_t rank,
                                        const kvr_region_desc_t *d, const uint8_t *base,
-                                       const kvr_conn_event_t *ev, uint64_t g,
+                                       const demo_load_t *ev, uint64_t g,
                                        uint32_t tok, kvr_error_t *err)
 {
     const kvr_layout_t *lay = &cfg->lay;
@@ -519,7 +580,7 @@ static kvr_status_t verify_index_token(const demo_cfg_t *cfg, uint32_t rank,
     bool repl = lay->replicate_index;
     uint64_t td = repl ? g % V : kvr__local(g, lay->interleave, W) % bs;
     uint64_t P = repl ? V : bs;
-    const uint8_t *page = base + (uint64_t)ev->dst_blocks[g / V] * d->page_bytes;
+    const uint8_t *page = base + (uint64_t)ev->dst[g / V] * d->page_bytes;
     uint8_t key[1024], got[1024];
     kvr_synth_index_key(cfg->seed, d->layer, g, tok, key, (uint32_t)D);
     for (uint64_t i = 0; i < D; i++)
@@ -537,7 +598,7 @@ static kvr_status_t verify_index_token(const demo_cfg_t *cfg, uint32_t rank,
 
 static kvr_status_t verify_region(const demo_cfg_t *cfg, uint32_t rank,
                                   uint32_t req, const kvr_region_desc_t *d,
-                                  const uint8_t *base, const kvr_conn_event_t *ev,
+                                  const uint8_t *base, const demo_load_t *ev,
                                   kvr_error_t *err)
 {
     const kvr_layout_t *lay = &cfg->lay;
@@ -548,7 +609,7 @@ static kvr_status_t verify_region(const demo_cfg_t *cfg, uint32_t rank,
         uint32_t tok = demo_token_id(cfg, req, g);
         kvr_status_t st = KVR_OK;
         if (d->role == KVR_ROLE_MLA && owned) {
-            uint64_t off = kvr__dst_slot(ev->dst_blocks, g, bs, I, W) * cfg->token_bytes;
+            uint64_t off = kvr__dst_slot(ev->dst, g, bs, I, W) * cfg->token_bytes;
             kvr_synth_latent(cfg->seed, d->layer, g, tok, want, cfg->token_bytes);
             if (memcmp(want, base + off, cfg->token_bytes) != 0)
                 st = mismatch(err, d, rank, g, "latent", want, base + off,
@@ -577,23 +638,19 @@ static kvr_status_t check_ids(const uint32_t *ids, uint64_t n,
 
 kvr_status_t demo_verify(const demo_cfg_t *cfg, uint32_t rank,
                              const kvr_region_desc_t *descs, void *const *bases,
-                             uint32_t num_regions, const kvr_conn_event_t *ev,
+                             uint32_t num_regions, const demo_load_t *ev,
                              kvr_error_t *err)
 {
-    uint32_t req;
-    if (!demo_parse_request_id((const char *)ev->request_id.bytes,
-                                   ev->request_id.len, &req))
-        return kvr_error_set(err, KVR_ERR_INVALID, "request id is not a demo id");
     uint64_t need = kvr_num_dst_blocks(&cfg->lay, ev->num_tokens);
-    if (ev->num_dst_blocks < need || cfg->token_bytes > 65536)
+    if (ev->ndst < need || cfg->token_bytes > 65536)
         return kvr_error_set(err, KVR_ERR_INVALID, "%llu tokens need %llu "
-                             "destination blocks, the event has %zu",
+                             "destination blocks, the table has %zu",
                              (unsigned long long)ev->num_tokens,
-                             (unsigned long long)need, ev->num_dst_blocks);
+                             (unsigned long long)need, ev->ndst);
     for (uint32_t i = 0; i < num_regions; i++) {
-        kvr_status_t st = check_ids(ev->dst_blocks, need, &descs[i], err);
+        kvr_status_t st = check_ids(ev->dst, need, &descs[i], err);
         if (st == KVR_OK)
-            st = verify_region(cfg, rank, req, &descs[i], bases[i], ev, err);
+            st = verify_region(cfg, rank, ev->req, &descs[i], bases[i], ev, err);
         if (st != KVR_OK)
             return st;
     }

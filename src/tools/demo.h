@@ -7,7 +7,8 @@
 #include <stdbool.h>
 #include <stdint.h>
 
-#include "kvrelay/conn.h"
+#include "kvrelay/agent.h"
+#include "kvrelay/base.h"
 
 #define DEMO_MAX_REQUESTS 256u
 #define DEMO_MAX_LAYERS 512u
@@ -21,13 +22,16 @@ typedef struct demo_cfg {
     uint32_t index_dim;
     uint32_t token_bytes;
     uint32_t requests;
+    uint32_t instances;    /* prefill instances (request i: i mod P) */
+    uint32_t groups;       /* decode groups (request i: i mod G) */
+    uint32_t abort_every;  /* the consumer aborts every Nth request (0 no) */
     uint64_t tokens;
     uint64_t seed;
     bool reuse;            /* the last request reuses request 0's prefix */
     uint32_t deadline_ms;
     uint32_t run_timeout_ms;
-    kvr_conn_tl_t tl;
-    kvr_conn_exec_t exec;
+    kvr_agent_tl_t tl;
+    kvr_agent_exec_t exec;
     uint32_t staging_slots;
     uint64_t slot_bytes;
     const char *key_file;
@@ -62,35 +66,56 @@ uint64_t demo_tokens(const demo_cfg_t *cfg, uint32_t req);
 uint32_t demo_token_id(const demo_cfg_t *cfg, uint32_t req, uint64_t pos);
 void demo_request_id(uint32_t req, char *buf, size_t len);
 bool demo_parse_request_id(const char *bytes, size_t len, uint32_t *req);
-/* Source block table of a request (ceil(N/bs) ids) and the pool size. */
+/* Which prefill instance prefills request req (req mod P) and which decode
+ * group loads it (req mod G; the prefix-reusing request goes where request
+ * 0's prefix is cached: the group of request 0). */
+uint32_t demo_instance_of(const demo_cfg_t *cfg, uint32_t req);
+uint32_t demo_group_of(const demo_cfg_t *cfg, uint32_t req);
+/* Requests of instance p (group g when by_group). */
+uint32_t demo_count(const demo_cfg_t *cfg, uint32_t who, bool by_group);
+/* Whether the consumer aborts request req (--abort N: every Nth). */
+bool demo_aborts(const demo_cfg_t *cfg, uint32_t req);
+/* Instance ids: "prefill-P" and "decode-G". */
+void demo_instance_id(bool consumer, uint32_t who, char *buf, size_t len);
+/* Source block table of a request (ceil(N/bs) ids) and the pool size of
+ * its instance; destination pool of a group. */
 void demo_src_blocks(const demo_cfg_t *cfg, uint32_t req, uint32_t *out);
-uint32_t demo_src_pool(const demo_cfg_t *cfg);
-uint32_t demo_dst_pool(const demo_cfg_t *cfg);
-/* Region i of the model on one side (MLA regions first, then INDEX); returns
- * the number of regions when desc is NULL. */
+uint32_t demo_src_pool(const demo_cfg_t *cfg, uint32_t instance);
+uint32_t demo_dst_pool(const demo_cfg_t *cfg, uint32_t group);
+/* Region i of the model on one side (MLA regions first, then INDEX), with
+ * the pool of instance / group `who`; returns the number of regions when
+ * desc is NULL. */
 uint32_t demo_region(const demo_cfg_t *cfg, uint32_t i, bool consumer,
-                         kvr_region_desc_t *desc);
-/* Connector parameters every demo process derives from the configuration. */
-kvr_conn_params_t demo_conn_params(const demo_cfg_t *cfg,
-                                       kvr_wire_side_t side,
-                                       const kvr_wire_topo_t *topo,
-                                       const uint8_t *key);
-/* kvr_conn_create, then the settings serve and push must agree on beyond
+                     uint32_t who, kvr_region_desc_t *desc);
+/* Agent parameters every demo process derives from the configuration
+ * (instance_id: a buffer that outlives the call). */
+kvr_agent_params_t demo_agent_params(const demo_cfg_t *cfg,
+                                     kvr_agent_role_t role,
+                                     const kvr_wire_topo_t *topo,
+                                     const uint8_t *key,
+                                     const char *instance_id);
+/* kvr_agent_create, then the settings serve and push must agree on beyond
  * the layout (the workload every process derives its requests from), sent
  * in HELLO so that a mismatch is refused at handshake naming the option. */
-kvr_status_t demo_conn_create(const demo_cfg_t *cfg, const kvr_conn_params_t *p,
-                              kvr_conn_t **conn, kvr_error_t *err);
+kvr_status_t demo_agent_create(const demo_cfg_t *cfg,
+                               const kvr_agent_params_t *p,
+                               kvr_agent_t **agent, kvr_error_t *err);
 kvr_status_t demo_load_key(const demo_cfg_t *cfg, uint8_t *key,
                                bool *have, kvr_error_t *err);
+/* A request loaded on one rank: what verification needs. */
+typedef struct demo_load {
+    uint32_t req;
+    uint64_t num_tokens;
+    const uint32_t *dst;
+    size_t ndst;
+} demo_load_t;
 /* Verifies a loaded request on one rank against the synthetic source: every
  * token the rank holds, at the position the layout math gives; index scales
  * against their keys. */
 kvr_status_t demo_verify(const demo_cfg_t *cfg, uint32_t rank,
                              const kvr_region_desc_t *descs, void *const *bases,
-                             uint32_t num_regions, const kvr_conn_event_t *ev,
+                             uint32_t num_regions, const demo_load_t *ld,
                              kvr_error_t *err);
-
-
 
 /* Parses argv: shared options plus the command's own (own returns 1 if it
  * took the option, 0 if unknown, -1 on a bad value). own_flags lists the
