@@ -403,7 +403,7 @@ static bool start_decode(demo_t *d, char *routers, size_t cap)
             int port = 0;
             if (child_gone(d))
                 return false;
-            if (start_serve(d, g, r, router, r == 0 ? &port : NULL) != 0) {
+            if (start_serve(d, g, r, router, &port) != 0) {
                 fprintf(stderr, "kvrelay demo: decode group %u rank %u did not "
                         "start\n", g, r);
                 return false;

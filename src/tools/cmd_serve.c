@@ -87,7 +87,7 @@ static int serve_option(void *ctx, const char *name, const char *value)
 
 /* One request this rank was assigned. */
 typedef struct {
-    bool used, loading, abort, abort_sent, released;
+    bool used, loading, abort, abort_sent, released, pulling;
     uint32_t req;
     char id[RT_ID_MAX + 1];
     char producer[KVR_AGENT_INSTANCE_MAX + 1];
@@ -459,25 +459,32 @@ static void on_event(serve_t *s, const kvr_agent_event_t *e)
     fflush(stdout);
 }
 
-/* --abort: a request the router marked is aborted once it is pulling, so
- * its bytes are moving (an abort before the pull would tell the producer
- * nothing); one that ended first is not aborted. */
-static bool abort_due(serve_t *s)
+/* Loads being set up are watched: the transfer time counts from when the
+ * pull went out (PULLING), and --abort's requests are aborted then, while
+ * their bytes move (an abort before the pull would tell the producer
+ * nothing); one that ended first is not aborted. True while some load is
+ * not pulling yet, so the loop looks again soon. */
+static bool watch_loads(serve_t *s)
 {
     bool pending = false;
     for (uint32_t i = 0; i < DEMO_MAX_REQUESTS; i++) {
         lreq_t *q = &s->reqs[i];
-        if (!q->used || !q->loading || !q->abort || q->abort_sent || q->released)
+        bool want_abort = q->abort && !q->abort_sent;
+        if (!q->used || !q->loading || q->released || (q->pulling && !want_abort))
             continue;
         kvr_agent_req_status_t st;
         if (kvr_agent_status(s->agent, q->producer, strlen(q->producer), q->id,
                              strlen(q->id), &st) != KVR_OK ||
             st.recv >= KVR_RECV_QUARANTINE) {
-            q->abort_sent = true; /* ended (or ending) by itself */
+            q->abort_sent = q->pulling = true; /* ended (or ending) by itself */
             continue;
         }
-        pending = true;
-        if (st.recv == KVR_RECV_PULLING &&
+        if (st.recv == KVR_RECV_PULLING && !q->pulling) {
+            q->pulling = true;
+            q->started_ns = kvr_now_ns();
+        }
+        pending |= !q->pulling;
+        if (want_abort && q->pulling &&
             kvr_agent_recv_abort(s->agent, q->producer, strlen(q->producer),
                                  q->id, strlen(q->id)) == KVR_OK)
             q->abort_sent = true;
@@ -552,7 +559,7 @@ static int serve_loop(serve_t *s)
     bool stopped = false;
     while (!stop_requested && !finished(s) && kvr_now_ns() < end &&
            !(stopped = refused_out(s)))
-        pump(s, abort_due(s) ? 1 : 20);
+        pump(s, watch_loads(s) ? 1 : 20);
     if (stopped && s->router != NULL)
         tell_group_stop(s);
     for (int i = 0; i < 5; i++) /* the last RELEASEs and notifications out */

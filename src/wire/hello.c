@@ -196,6 +196,10 @@ static kvr_status_t producer_classes(const kvr_msg_hello_t *a,
 static kvr_status_t cmp_classes(const kvr_msg_hello_t *a,
                                 const kvr_msg_hello_t *b, kvr_error_t *err)
 {
+    /* two stages of a prefill instance (a JOIN) hold the classes of their
+     * own layers: each is compared with the consumers it serves */
+    if (a->side == KVR_WIRE_PRODUCER && b->side == KVR_WIRE_PRODUCER)
+        return KVR_OK;
     if (a->side == b->side)
         return same_classes(a, b, err);
     return producer_classes(a, b, err);

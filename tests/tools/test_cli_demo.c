@@ -232,7 +232,7 @@ static void test_workload_mismatch_refused(void **state)
     int port = 0;
     FILE *f = NULL;
     pid_t serve = start_listening_rest(cmd, &port, &f);
-    snprintf(cmd, sizeof(cmd), "%s push --stage 0 --connect 127.0.0.1:%d --dcp 1 "
+    snprintf(cmd, sizeof(cmd), "%s push --stage 0 --routers 127.0.0.1:%d --dcp 1 "
              "--pp 1 --layers 4 --tokens 300 --requests 2 --timeout 600 "
              ">push_mismatch.txt 2>&1", kvr_bin, port);
     int st = system(cmd);

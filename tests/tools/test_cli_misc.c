@@ -40,7 +40,7 @@ static void test_layout_refused_at_once(void **state)
     cli_expect_usage(kvr_bin, "serve", "--rank 0 --sharded-index --timeout 600",
                      needle, &res);
     cli_expect_usage(kvr_bin, "push", "--stage 0 --sharded-index --timeout 600 "
-                     "--connect 127.0.0.1:1,127.0.0.1:2,127.0.0.1:3,127.0.0.1:4",
+                     "--routers 127.0.0.1:1",
                      needle, &res);
     cli_expect_usage(kvr_bin, "bench", "--sharded-index", needle, &res);
     cli_expect_usage(kvr_bin, "plan", "--block-size 64 --dcp 4 --rank 0 --tokens 3000 "

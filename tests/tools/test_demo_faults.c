@@ -294,7 +294,7 @@ static void test_non_loopback_refused(void **state)
     int port;
     pid_t serve = start_serve("--listen 0.0.0.0:0", &port);
     char cmd[1024];
-    snprintf(cmd, sizeof(cmd), "%s push --stage 0 --connect %s:%d --dcp 1 --pp 1 "
+    snprintf(cmd, sizeof(cmd), "%s push --stage 0 --routers %s:%d --dcp 1 --pp 1 "
              "--layers 4 --requests 1 --tokens 300 --timeout 20 > push_out.txt 2>&1",
              kvr_bin, ip, port);
     int st = system(cmd);
@@ -347,7 +347,7 @@ static void expect_refused(const char *serve_extra, const char *push_extra,
     int port;
     pid_t serve = start_serve(serve_extra, &port);
     char cmd[1024];
-    snprintf(cmd, sizeof(cmd), "%s push --stage 0 --connect 127.0.0.1:%d --dcp 1 "
+    snprintf(cmd, sizeof(cmd), "%s push --stage 0 --routers 127.0.0.1:%d --dcp 1 "
              "--pp 1 --layers 4 --requests 1 --tokens 300 --timeout %d %s "
              "> push_out.txt 2>&1", kvr_bin, port, TIMEOUT_S, push_extra);
     int st = system(cmd);

@@ -195,7 +195,7 @@ static void test_push_discloses_nothing(void **state)
     assert_int_equal(listen(lfd, 4), 0);
     getsockname(lfd, (struct sockaddr *)&a, &alen);
     char cmd[1024];
-    snprintf(cmd, sizeof(cmd), "%s push --stage 0 --connect 127.0.0.1:%u " COMMON
+    snprintf(cmd, sizeof(cmd), "%s push --stage 0 --routers 127.0.0.1:%u " COMMON
              " > push_out.txt 2>&1", kvr_bin, ntohs(a.sin_port));
     pid_t pid = fork();
     if (pid == 0) {
