@@ -2,7 +2,9 @@
  * hold no index layer verify byte-exact; `demo --json` prints only JSON on
  * stdout; SIGTERM/SIGINT to demo kill and reap every child; the supervisor
  * starts nothing once a rank is gone; a workload mismatch between push and
- * serve is refused at handshake on both sides, naming the option. */
+ * serve is refused at handshake on both sides, naming the option; several
+ * prefill instances into several decode groups verify every request, and
+ * with --abort the aborted ones have their blocks released. */
 #include <dirent.h>
 #include <errno.h>
 #include <setjmp.h>
@@ -257,6 +259,76 @@ static void test_workload_mismatch_refused(void **state)
         fail_msg("serve said \"%s\"", out);
 }
 
+#define XPYD "--instances 3 --groups 2 --requests 12 --tokens 1500 --layers 12 " \
+             "--pp 2 --dcp 2 --deadline-ms 60000 --timeout 300"
+
+/* Requests spread over 3 prefill instances and 2 decode groups (request i
+ * on instance i mod 3, group i mod 2; the prefix-reusing last one where
+ * request 0's prefix is cached), all verified. */
+static void test_instances_and_groups(void **state)
+{
+    (void)state;
+    int code;
+    json_t *root = demo_json(XPYD, &code), *q;
+    assert_int_equal(code, 0);
+    assert_true(json_is_true(json_object_get(root, "ok")));
+    assert_int_equal(json_integer_value(json_object_get(root, "verified")), 12);
+    assert_int_equal(json_integer_value(json_object_get(root, "aborted")), 0);
+    size_t i;
+    json_array_foreach(json_object_get(root, "requests"), i, q) {
+        assert_int_equal(json_integer_value(json_object_get(q, "instance")), i % 3);
+        assert_int_equal(json_integer_value(json_object_get(q, "group")),
+                         i == 11 ? 0 : i % 2);
+        assert_int_equal(json_integer_value(json_object_get(q, "verified_ranks")), 2);
+    }
+    q = json_array_get(json_object_get(root, "requests"), 11);
+    assert_true(json_integer_value(json_object_get(q, "computed_blocks")) > 0);
+    json_decref(root);
+    char err[65536];
+    cli_slurp("demo_err.txt", err, sizeof(err));
+    assert_non_null(strstr(err, "verified 12/12 requests byte-exact"));
+    assert_null(strstr(err, "aborted"));
+}
+
+/* --abort 3: the consumer aborts requests 2, 5, 8 and 11 once their pulls
+ * are out. An abort takes effect unless the load ended first (then it is
+ * verified like any other); every aborted request's blocks are released,
+ * every other request verifies, and V/R counts only those. */
+static void test_abort_in_flight(void **state)
+{
+    (void)state;
+    int code;
+    json_t *root = demo_json(XPYD " --abort 3", &code), *q;
+    if (code != 0) {
+        char err[65536];
+        cli_slurp("demo_err.txt", err, sizeof(err));
+        fail_msg("demo --abort exited %d: %s", code, err);
+    }
+    int aborted = 0;
+    size_t i;
+    json_array_foreach(json_object_get(root, "requests"), i, q) {
+        bool a = json_is_true(json_object_get(q, "aborted"));
+        if (a) {
+            assert_int_equal((i + 1) % 3, 0);
+            assert_true(json_is_true(json_object_get(q, "released")));
+            aborted++;
+        } else {
+            assert_int_equal(json_integer_value(json_object_get(q, "verified_ranks")), 2);
+        }
+    }
+    assert_true(aborted >= 1); /* four chances to catch a pull in flight */
+    assert_int_equal(json_integer_value(json_object_get(root, "aborted")), aborted);
+    assert_int_equal(json_integer_value(json_object_get(root, "verified")), 12 - aborted);
+    assert_int_equal(json_integer_value(json_object_get(root, "expected")), 12 - aborted);
+    json_decref(root);
+    char err[65536], want[128];
+    cli_slurp("demo_err.txt", err, sizeof(err));
+    snprintf(want, sizeof(want), "aborted %d requests, blocks released\n"
+             "verified %d/%d requests byte-exact", aborted, 12 - aborted, 12 - aborted);
+    if (strstr(err, want) == NULL)
+        fail_msg("no \"%s\" in %s", want, err);
+}
+
 int main(int argc, char **argv)
 {
     kvr_bin = argc > 1 ? argv[1] : "kvrelay";
@@ -268,6 +340,8 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_sigint_reaps_children),
         cmocka_unit_test(test_no_start_after_a_rank_is_gone),
         cmocka_unit_test(test_workload_mismatch_refused),
+        cmocka_unit_test(test_instances_and_groups),
+        cmocka_unit_test(test_abort_in_flight),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
