@@ -256,7 +256,11 @@ typedef enum kvr_agent_event_kind {
                                     address first) say why; peer is the
                                     instance the peer named in its full
                                     HELLO (LAYOUT, after AUTH, with a key),
-                                    empty when it never got that far */
+                                    empty when it never got that far; bytes
+                                    is 1 when the peer is one this agent
+                                    talks to at all (without a key: its
+                                    HELLO came; with one: its AUTH
+                                    verified), 0 for anyone else */
 } kvr_agent_event_kind_t;
 
 /* A copy: nothing points into the agent. */
@@ -268,7 +272,8 @@ typedef struct kvr_agent_event {
                                  LOADED; else why */
     char message[KVR_ERROR_MSG_MAX];
     uint64_t bytes;           /* LOADED: bytes received; SENT: bytes sent;
-                                 NOTIFY_FAILED: the payload's length */
+                                 NOTIFY_FAILED: the payload's length;
+                                 PEER_REFUSED: 1 for a known peer */
     uint32_t layer_begin, layer_end; /* LAYERS_LOADED */
     kvr_wire_id_t peer;       /* NOTIFY_FAILED: the instance notified;
                                  PEER_REFUSED: the refused peer's */

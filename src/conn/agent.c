@@ -960,9 +960,9 @@ void kvr__agent_notify_failed(kvr_agent_t *a, const kvr_wire_id_t *peer,
 }
 
 void kvr__agent_peer_refused(kvr_agent_t *a, const kvr_wire_id_t *peer,
-                             kvr_status_t st, const char *msg)
+                             bool known, kvr_status_t st, const char *msg)
 {
-    peer_event(a, KVR_AGENT_PEER_REFUSED, peer, st, msg, 0);
+    peer_event(a, KVR_AGENT_PEER_REFUSED, peer, st, msg, known);
 }
 
 void kvr__agent_notify_in(kvr_agent_t *a, kvr__notify_node_t *n)

@@ -451,7 +451,7 @@ void kvr__agent_event(kvr_agent_t *a, kvr_agent_event_kind_t kind,
                       const char *msg, uint64_t bytes);
 /* PEER_REFUSED: a link refused before it was ready (either side). */
 void kvr__agent_peer_refused(kvr_agent_t *a, const kvr_wire_id_t *peer,
-                             kvr_status_t st, const char *msg);
+                             bool known, kvr_status_t st, const char *msg);
 void kvr__agent_notify_failed(kvr_agent_t *a, const kvr_wire_id_t *peer,
                               kvr_status_t st, const char *msg, size_t len);
 /* Queues a received notification (node allocated by the caller, handed

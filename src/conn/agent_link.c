@@ -182,9 +182,14 @@ void kvr__alink_close(kvr_agent_t *a, kvr__alink_t *l, kvr_status_t why,
         snprintf(a->refusal_why, sizeof(a->refusal_why), "%s", l->close_why);
     }
     if (l->refused && !was_ready) {
+        /* a peer we talk to at all: without a key its HELLO came, with
+         * one its AUTH verified (anyone who reaches the port is not) */
+        kvr__link_t *k = l->link;
+        bool known = k != NULL && (a->has_key ? kvr_wire_auth_verified(k->auth)
+                                              : k->hello_recv);
         char msg[KVR_ERROR_MSG_MAX + KVR_AGENT_ADDR_MAX + 2];
         snprintf(msg, sizeof(msg), "%s: %s", l->address, l->close_why);
-        kvr__agent_peer_refused(a, &l->claimed, l->close_status, msg);
+        kvr__agent_peer_refused(a, &l->claimed, known, l->close_status, msg);
     }
     if (l->link != NULL) {
         kvr__link_flush(l->link);

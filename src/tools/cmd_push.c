@@ -276,9 +276,9 @@ static void on_event(push_t *s, const kvr_agent_event_t *e)
     } else if (e->kind == KVR_AGENT_PEER_REFUSED) {
         printf("refused %.*s %s %s %s\n", e->peer.len ? (int)e->peer.len : 1,
                e->peer.len ? (const char *)e->peer.bytes : "?",
-               e->peer.len ? "known" : "unknown", kvr_status_name(e->status),
+               e->bytes ? "known" : "unknown", kvr_status_name(e->status),
                e->message);
-        if (e->peer.len > 0)
+        if (e->bytes != 0)
             stop_with(s, "handshake refused", e);
     }
     fflush(stdout);

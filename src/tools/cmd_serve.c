@@ -393,14 +393,15 @@ static void on_notify(serve_t *s, const kvr_agent_notify_t *n)
 /* The refusal is logged here too, not only by the side that dialled. */
 static void note_refusal(serve_t *s, const kvr_agent_event_t *e)
 {
-    bool known = e->peer.len > 0;
-    printf("refused %.*s %s %s %s\n", known ? (int)e->peer.len : 1,
-           known ? (const char *)e->peer.bytes : "?",
-           known ? "known" : "unknown", kvr_status_name(e->status), e->message);
+    bool known = e->bytes != 0;
+    char peer[KVR_AGENT_INSTANCE_MAX + 1] = "?";
+    if (e->peer.len > 0)
+        snprintf(peer, sizeof(peer), "%.*s", (int)e->peer.len, e->peer.bytes);
+    printf("refused %s %s %s %s\n", peer, known ? "known" : "unknown",
+           kvr_status_name(e->status), e->message);
     fprintf(stderr, "kvrelay serve: group %u rank %u: handshake with %s peer "
-            "%.*s failed: %s\n", s->o.group, s->o.rank,
-            known ? "a" : "an unauthenticated", known ? (int)e->peer.len : 1,
-            known ? (const char *)e->peer.bytes : "?", e->message);
+            "%s failed: %s\n", s->o.group, s->o.rank,
+            known ? "a" : "an unauthenticated", peer, e->message);
     /* only a peer we talk to at all counts: one without the key must not
      * be able to stop a keyed serve */
     if (known && s->refused++ == 0)
