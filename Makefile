@@ -41,10 +41,15 @@ test-asan: asan
 test-tsan: tsan
 	cd $(TSAN_BUILD) && ctest --output-on-failure -j $(JOBS) -R '$(TSAN_TESTS)'
 
-test: test-release test-asan test-tsan
+# Every suite runs even when an earlier one fails; each reports, and make
+# fails if any did. ThreadSanitizer runs the threaded tests only.
+test: build asan tsan
+	@JOBS=$(JOBS) tools/run-tests.sh $(BUILD) $(ASAN_BUILD) \
+	  '$(TSAN_BUILD):$(TSAN_TESTS)'
 
+# make demo ARGS="--requests 8 --json": options go to `kvrelay demo`.
 demo: build
-	@tools/demo.sh $(KVR)
+	@tools/demo.sh $(KVR) $(ARGS)
 
 clean:
 	rm -rf $(BUILD) $(ASAN_BUILD) $(TSAN_BUILD)

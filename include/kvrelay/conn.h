@@ -81,6 +81,14 @@ kvr_status_t kvr_conn_alloc_region(kvr_conn_t *conn,
                                    const kvr_region_desc_t *desc,
                                    void **base);
 
+/* Settings every peer must share beyond the layout, defined by the
+ * application (e.g. a workload both sides derive from: "requests=4
+ * tokens=3000 seed=1"): space-separated key=value pairs, at most
+ * KVR_WIRE_TEXT_MAX bytes, sent in HELLO. A peer whose pairs differ (in any
+ * order) is refused with KVR_ERR_LAYOUT_MISMATCH naming the first pair that
+ * differs. Before any listen/connect; "" (the default) for none. */
+kvr_status_t kvr_conn_set_settings(kvr_conn_t *conn, const char *settings);
+
 /* Copies between host memory and this side's region memory (host or, with
  * cuda_device >= 0, device); synchronous. For filling and checking pages. */
 kvr_status_t kvr_conn_copy(kvr_conn_t *conn, void *dst, const void *src,
@@ -140,6 +148,9 @@ typedef enum kvr_conn_event_kind {
     KVR_EVENT_SEND_FAILED = 4, /* producer: a transfer failed or timed out */
     KVR_EVENT_GROUP_DONE = 5,  /* leader: every rank released the request */
     KVR_EVENT_PEER_LOST = 6,   /* a link closed (status says why) */
+    KVR_EVENT_PEER_REFUSED = 7, /* a peer that dialled us was refused at
+                                   handshake, by either side (status and
+                                   message say why; see peer_known) */
 } kvr_conn_event_kind_t;
 
 /* Arrays point into the conn and stay valid until the next poll. */
@@ -156,9 +167,17 @@ typedef struct kvr_conn_event {
     size_t num_src_blocks;
     const uint32_t *dst_blocks;
     size_t num_dst_blocks;
-    uint32_t peer_rank; /* PEER_LOST: the peer's pp (producer) or dcp rank */
+    uint32_t peer_rank; /* PEER_LOST, PEER_REFUSED: the peer's pp (producer)
+                           or dcp rank; UINT32_MAX when it never told (refused
+                           before its HELLO, or with a key before its LAYOUT) */
     uint64_t started_ns; /* LOADED: when the WRITE_REQUESTs went out
                             (CLOCK_MONOTONIC), to time the transfer itself */
+    bool peer_known; /* PEER_REFUSED: the peer is one this side talks to at
+                        all (without a key: its HELLO arrived, from loopback
+                        or under `insecure`; with a key: its AUTH verified).
+                        Other refusals (no key, a wrong key, garbage) may come
+                        from anyone who reaches the port: an application
+                        should not stop waiting for its peers over them. */
 } kvr_conn_event_t;
 
 /* true and *out filled when an event was queued. */

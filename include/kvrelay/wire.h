@@ -19,7 +19,7 @@ KVR_API_BEGIN
 
 /* Protocol version: frames of another major version are refused. 2.0: keyed
  * sessions send LAYOUT after AUTH and a MAC tag after every frame that
- * follows AUTH (docs/PROTOCOL.md "Session MAC"). */
+ * follows AUTH (docs/PROTOCOL.md "Session MAC"); HELLO carries settings. */
 #define KVR_WIRE_VERSION_MAJOR 2u
 #define KVR_WIRE_VERSION_MINOR 0u
 
@@ -120,6 +120,10 @@ typedef struct kvr_msg_hello {
     kvr_wire_class_t classes[KVR_WIRE_MAX_CLASSES]; /* sorted, distinct */
     uint64_t digest;
     uint8_t nonce[KVR_WIRE_NONCE_BYTES];
+    /* Settings both sides must share beyond the layout, defined by the
+     * application ("" none): space-separated key=value pairs, e.g. the
+     * demo's workload "requests=4 tokens=3000 seed=1". */
+    char settings[KVR_WIRE_TEXT_MAX + 1];
     kvr_wire_id_t instance; /* the sender's instance id, 0..64 bytes */
     uint64_t incarnation;   /* random per process life; 0: none given */
 } kvr_msg_hello_t;
@@ -353,7 +357,10 @@ kvr_status_t kvr_wire_hello_check_intro(const kvr_msg_hello_t *ours,
 /* Compares our HELLO with the peer's: KVR_ERR_VERSION (major differs),
  * KVR_ERR_PEER_ROLE (peer is not peer_side), KVR_ERR_AUTH (only one side has
  * a key), KVR_ERR_PROTO (peer's ranks out of range), KVR_ERR_LAYOUT_MISMATCH
- * naming the first raw field that differs with both values. */
+ * naming the first raw field that differs with both values, then the first
+ * setting ("settings differ: requests=4 vs requests=2 (here vs peer)"). A
+ * producer may lack a region class the consumer holds (a PP stage with no
+ * index layer); every class it holds must be the consumer's. */
 kvr_status_t kvr_wire_hello_check(const kvr_msg_hello_t *ours,
                                   const kvr_msg_hello_t *peer,
                                   kvr_wire_side_t peer_side, kvr_error_t *err);

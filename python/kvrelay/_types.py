@@ -224,6 +224,7 @@ class ConnEvent(ctypes.Structure):
         ("num_dst_blocks", _size),
         ("peer_rank", _u32),
         ("started_ns", _u64),
+        ("peer_known", _bool),
     ]
 
 

@@ -57,6 +57,7 @@ class EventKind(IntEnum):
     SEND_FAILED = 4  # producer: a transfer failed or timed out
     GROUP_DONE = 5   # leader: every rank released the request
     PEER_LOST = 6    # a link closed (status says why)
+    PEER_REFUSED = 7  # a peer that dialled us was refused at handshake
 
 
 @dataclass(frozen=True)

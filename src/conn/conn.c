@@ -235,6 +235,23 @@ kvr_status_t kvr_conn_add_region(kvr_conn_t *conn,
     return add_region(conn, desc, base, false, NULL);
 }
 
+kvr_status_t kvr_conn_set_settings(kvr_conn_t *conn, const char *settings)
+{
+    if (conn == NULL || settings == NULL)
+        return KVR_ERR_INVALID;
+    if (strlen(settings) > KVR_WIRE_TEXT_MAX) {
+        kvr__conn_fail(conn, KVR_ERR_WIRE_LIMIT, "settings: %zu bytes > %u",
+                       strlen(settings), KVR_WIRE_TEXT_MAX);
+        return KVR_ERR_WIRE_LIMIT;
+    }
+    if (conn->num_peers > 0 || conn->listen_fd >= 0) {
+        kvr__conn_fail(conn, KVR_ERR_INVALID, "settings after listen/connect");
+        return KVR_ERR_INVALID;
+    }
+    snprintf(conn->settings, sizeof(conn->settings), "%s", settings);
+    return KVR_OK;
+}
+
 kvr_status_t kvr_conn_alloc_region(kvr_conn_t *conn,
                                    const kvr_region_desc_t *desc, void **base)
 {
@@ -453,10 +470,12 @@ static void accept_new(kvr_conn_t *c)
         kvr__peer_t *peer = NULL;
         if (add_peer(c, fd, false, &peer) != KVR_OK)
             continue;
-        if (!c->has_key && !c->p.insecure && !peer->link->loopback_peer)
+        if (!c->has_key && !c->p.insecure && !peer->link->loopback_peer) {
+            peer->link->refused = true;
             kvr__link_close(peer->link, KVR_ERR_AUTH,
                             "refused a non-loopback peer without a key "
                             "(use a key file, or --insecure)");
+        }
     }
 }
 
@@ -506,6 +525,22 @@ static void service_link(kvr_conn_t *c, kvr__peer_t *peer)
         kvr__link_close(peer->link, KVR_ERR_PEER_DEAD, "%s", peer->link->eof_why);
 }
 
+/* PEER_LOST or PEER_REFUSED for a closed link, with its reason. A keyed
+ * peer's HELLO is blank (pp size 0): its ranks come with its LAYOUT. */
+static void push_link_event(kvr_conn_t *c, const kvr__peer_t *peer,
+                            kvr_conn_event_kind_t kind)
+{
+    const kvr__link_t *l = peer->link;
+    kvr_conn_event_t *e = kvr__event_push(c, kind, NULL, 0, l->close_status,
+                                          l->close_why);
+    bool told = l->hello_recv && l->peer.topo.pp_size > 0;
+    e->peer_rank = !told ? UINT32_MAX
+                   : l->peer.side == KVR_WIRE_PRODUCER ? l->peer.topo.pp_rank
+                                                       : l->peer.topo.dcp_rank;
+    e->peer_known = l->hello_recv &&
+                    (!c->has_key || kvr_wire_auth_verified(l->auth));
+}
+
 static void reap_closed(kvr_conn_t *c)
 {
     for (uint32_t i = 0; i < c->num_peers;) {
@@ -518,14 +553,11 @@ static void reap_closed(kvr_conn_t *c)
             kvr__consumer_peer_lost(c, peer);
         else
             kvr__producer_peer_lost(c, peer);
-        if (peer->link->ready) {
-            kvr_conn_event_t *e = kvr__event_push(c, KVR_EVENT_PEER_LOST, NULL, 0,
-                                                  peer->link->close_status,
-                                                  peer->link->close_why);
-            e->peer_rank = peer->link->peer.side == KVR_WIRE_PRODUCER
-                               ? peer->link->peer.topo.pp_rank
-                               : peer->link->peer.topo.dcp_rank;
-        }
+        if (peer->link->ready)
+            push_link_event(c, peer, KVR_EVENT_PEER_LOST);
+        else if (peer->link->refused && !peer->link->initiator)
+            push_link_event(c, peer, KVR_EVENT_PEER_REFUSED); /* a dialler's
+                refusal reaches its caller through kvr_conn_connect */
         if (c->leader_link == peer)
             c->leader_link = NULL;
         free_peer(peer);

@@ -115,6 +115,7 @@ struct kvr_conn {
     kvr_conn_params_t p;
     uint8_t key[KVR_WIRE_KEY_BYTES];
     bool has_key;
+    char settings[KVR_WIRE_TEXT_MAX + 1]; /* sent in every HELLO */
     kvr__data_t *data;
     kvr__region_t regions[KVR_CONN_MAX_REGIONS];
     uint32_t num_regions;

@@ -18,6 +18,7 @@ static kvr_status_t build_hello(kvr_conn_t *c, kvr__link_t *link,
     kvr_status_t st = kvr_wire_hello_init(&link->ours, c->p.side, &c->p.topo,
                                           &c->p.layout, descs, n, err);
     link->ours.has_key = c->has_key;
+    snprintf(link->ours.settings, sizeof(link->ours.settings), "%s", c->settings);
     return st;
 }
 
@@ -154,11 +155,11 @@ static void on_layout(kvr_conn_t *c, kvr__peer_t *peer, const kvr_msg_t *msg)
                                            expected_side(c, peer), &err);
     if (st == KVR_OK)
         st = kvr_wire_auth_note_layout(l->auth, &msg->u.hello, &err);
+    l->peer = msg->u.hello; /* authenticated: names the peer in a refusal too */
     if (st != KVR_OK) {
         refuse(peer, st, err.msg);
         return;
     }
-    l->peer = msg->u.hello;
     maybe_auth(c, peer);
 }
 
@@ -310,6 +311,7 @@ kvr_status_t kvr__handshake_msg(kvr_conn_t *c, kvr__peer_t *peer,
     kvr_error_t err = {0};
     *handled = true;
     if (msg->type == KVR_MSG_BYE) {
+        peer->link->refused = !peer->link->ready && msg->u.bye.status != KVR_OK;
         kvr__link_close(peer->link, msg->u.bye.status ? msg->u.bye.status
                                                       : KVR_ERR_PEER_DEAD,
                         "peer said: %s", msg->u.bye.text);

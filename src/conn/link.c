@@ -332,6 +332,7 @@ void kvr__link_refuse(kvr__link_t *link, kvr_status_t status, const char *why)
     snprintf(bye.u.bye.text, sizeof(bye.u.bye.text), "%s", why);
     kvr__link_send(link, &bye);
     kvr__link_flush(link);
+    link->refused = !link->ready;
     kvr__link_close(link, status, "refused: %s", why);
 }
 

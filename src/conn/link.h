@@ -31,6 +31,7 @@ typedef struct kvr__link {
     bool eof; /* the peer closed; close once buffered frames are handled */
     char eof_why[128];
     bool hello_sent, hello_recv, auth_sent, layout_sent, ready;
+    bool refused; /* closed by a handshake refusal, ours or the peer's */
     kvr_wire_auth_t *auth;
     kvr_msg_hello_t ours;
     kvr_msg_hello_t peer;

@@ -2,6 +2,7 @@
  * Runs `kvrelay demo` with each executor, --reps times, interleaved so noise
  * hits both alike, and reports min/median/max GB/s and the ratio to the best
  * median; writes JSON with --out. */
+#include <errno.h>
 #include <jansson.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -20,9 +21,10 @@ static const char bench_usage[] =
     "min/median/max GB/s per executor and the ratio to the best median.\n";
 
 typedef struct {
-    kvr_demo_cfg_t cfg;
+    demo_cfg_t cfg;
     uint64_t reps;
     const char *out;
+    FILE *out_file; /* opened before any run, so a bad path fails at once */
 } bench_t;
 
 static int bench_option(void *ctx, const char *name, const char *value)
@@ -34,8 +36,8 @@ static int bench_option(void *ctx, const char *name, const char *value)
     }
     if (strcmp(name, "reps") != 0)
         return 0;
-    if (!kvr_tool_parse_u64(value, 1, MAX_REPS, &b->reps)) {
-        kvr_tool_usage_error("bench", "--reps: '%s' is not in [1, %d]", value, MAX_REPS);
+    if (!cli_parse_u64(value, 1, MAX_REPS, &b->reps)) {
+        cli_usage_error("bench", "--reps: '%s' is not in [1, %d]", value, MAX_REPS);
         return -1;
     }
     return 1;
@@ -49,7 +51,7 @@ static double run_demo(const bench_t *b, const char *executor)
     if (sl <= 0)
         return -1;
     self[sl] = '\0'; /* the shell popen starts has its own /proc/self */
-    int n = kvr_demo_cfg_args(&b->cfg, args, 90);
+    int n = demo_cfg_args(&b->cfg, args, 90);
     int len = snprintf(cmd, sizeof(cmd), "'%s' demo --json", self);
     for (int i = 0; i < n && len > 0 && (size_t)len < sizeof(cmd); i++)
         len += snprintf(cmd + len, sizeof(cmd) - (size_t)len, " '%s'", args[i]);
@@ -103,33 +105,45 @@ static int report(const bench_t *b, double rates[2][MAX_REPS])
                              (json_int_t)b->cfg.lay.interleave, "tokens",
                              (json_int_t)b->cfg.tokens, "requests",
                              (json_int_t)b->cfg.requests, "results", arr);
-    if (b->out != NULL && json_dump_file(root, b->out, JSON_INDENT(1)) != 0)
+    int rc = CLI_EXIT_OK;
+    if (b->out_file != NULL && (json_dumpf(root, b->out_file, JSON_INDENT(1)) != 0 ||
+                                fputc('\n', b->out_file) == EOF)) {
         fprintf(stderr, "kvrelay bench: cannot write %s\n", b->out);
+        rc = CLI_EXIT_FAILED;
+    }
     json_decref(root);
-    return KVR_EXIT_OK;
+    return rc;
 }
 
-int kvr_cmd_bench(int argc, char **argv)
+int cli_cmd_bench(int argc, char **argv)
 {
     bench_t *b = calloc(1, sizeof(*b));
     static double rates[2][MAX_REPS];
     if (b == NULL)
-        return KVR_EXIT_FAILED;
-    kvr_demo_cfg_init(&b->cfg);
+        return CLI_EXIT_FAILED;
+    demo_cfg_init(&b->cfg);
     b->reps = 3;
-    int rc = kvr_demo_parse(argc, argv, &b->cfg, "bench", bench_usage, NULL,
+    int rc = demo_parse(argc, argv, &b->cfg, "bench", bench_usage, NULL,
                             bench_option, b);
+    if (rc < 0 && b->out != NULL && (b->out_file = fopen(b->out, "w")) == NULL)
+        rc = cli_usage_error("bench", "--out %s: %s", b->out, strerror(errno));
     for (uint64_t r = 0; rc < 0 && r < b->reps; r++)
         for (int e = 0; e < 2 && rc < 0; e++) {
             rates[e][r] = run_demo(b, e == 0 ? "direct" : "staged");
             if (rates[e][r] < 0) {
                 fprintf(stderr, "kvrelay bench: a %s run failed to verify\n",
                         e == 0 ? "direct" : "staged");
-                rc = KVR_EXIT_FAILED;
+                rc = CLI_EXIT_FAILED;
             }
         }
     if (rc < 0)
         rc = report(b, rates);
+    if (b->out_file != NULL && fclose(b->out_file) != 0 && rc == CLI_EXIT_OK) {
+        fprintf(stderr, "kvrelay bench: cannot write %s: %s\n", b->out, strerror(errno));
+        rc = CLI_EXIT_FAILED;
+    }
+    if (b->out_file != NULL && rc != CLI_EXIT_OK)
+        remove(b->out); /* no half-written or empty result */
     free(b);
     return rc;
 }

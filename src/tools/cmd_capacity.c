@@ -75,7 +75,7 @@ static bool parse_size(const char *text, uint64_t *out)
     memcpy(num, text, digits);
     num[digits] = '\0';
     uint64_t v;
-    if (!kvr_tool_parse_u64(num, 0, UINT64_MAX, &v))
+    if (!cli_parse_u64(num, 0, UINT64_MAX, &v))
         return false;
     for (size_t i = 0; i < sizeof(size_units) / sizeof(size_units[0]); i++)
         if (strcmp(text + digits, size_units[i].suffix) == 0)
@@ -88,45 +88,45 @@ static int number_option(int opt, const char *arg, cap_opts_t *o)
     const char *name = opt == O_BS ? "block-size" : "dcp";
     uint64_t max = opt == O_BS ? (1u << 20) : (1u << 16);
     uint64_t v;
-    if (!kvr_tool_parse_u64(arg, 1, max, &v))
-        return kvr_tool_usage_error("capacity", "--%s: '%s' is not a number "
+    if (!cli_parse_u64(arg, 1, max, &v))
+        return cli_usage_error("capacity", "--%s: '%s' is not a number "
                                     "in [1, %llu]", name, arg,
                                     (unsigned long long)max);
     if (opt == O_BS)
         o->bs = v;
     else
         o->W = v;
-    return KVR_EXIT_OK;
+    return CLI_EXIT_OK;
 }
 
 static int region_option(const char *arg, cap_opts_t *o)
 {
     if (o->num_specs == MAX_SPECS)
-        return kvr_tool_usage_error("capacity", "more than %d --region options",
+        return cli_usage_error("capacity", "more than %d --region options",
                                     MAX_SPECS);
     cap_spec_t *s = &o->specs[o->num_specs];
-    if (!kvr_tool_parse_region(arg, &s->tmpl, &s->layers) ||
+    if (!cli_parse_region(arg, &s->tmpl, &s->layers) ||
         (s->tmpl.role != KVR_ROLE_MLA && s->tmpl.role != KVR_ROLE_INDEX))
-        return kvr_tool_usage_error("capacity", "--region '%s': expected "
+        return cli_usage_error("capacity", "--region '%s': expected "
                                     "mla:TOKEN_BYTES[xLAYERS] or "
                                     "index:D[xLAYERS]", arg);
     if (s->tmpl.role == KVR_ROLE_INDEX && s->tmpl.quant_block != s->tmpl.index_dim)
-        return kvr_tool_usage_error("capacity", "--region '%s': index D/Q must "
+        return cli_usage_error("capacity", "--region '%s': index D/Q must "
                                     "be 1 (D=%u, Q=%u)", arg,
                                     s->tmpl.index_dim, s->tmpl.quant_block);
     o->num_specs++;
-    return KVR_EXIT_OK;
+    return CLI_EXIT_OK;
 }
 
 static int check_capacity_args(int argc, char **argv, const cap_opts_t *o)
 {
     if (optind < argc)
-        return kvr_tool_usage_error("capacity", "unexpected argument '%s'",
+        return cli_usage_error("capacity", "unexpected argument '%s'",
                                     argv[optind]);
     if (!o->have_budget)
-        return kvr_tool_usage_error("capacity", "--budget is required");
+        return cli_usage_error("capacity", "--budget is required");
     if (o->num_specs == 0)
-        return kvr_tool_usage_error("capacity",
+        return cli_usage_error("capacity",
                                     "at least one --region is required");
     return -1;
 }
@@ -138,11 +138,11 @@ static int parse_capacity_args(int argc, char **argv, cap_opts_t *o)
     optind = 1;
     opterr = 0;
     while ((opt = getopt_long(argc, argv, "", capacity_options, NULL)) != -1) {
-        rc = KVR_EXIT_OK;
+        rc = CLI_EXIT_OK;
         switch (opt) {
         case O_BUDGET:
             if (!parse_size(optarg, &o->budget))
-                return kvr_tool_usage_error("capacity", "--budget: '%s' is not "
+                return cli_usage_error("capacity", "--budget: '%s' is not "
                                             "a size (e.g. 85899345920, 80GiB, "
                                             "80G, 86GB)", optarg);
             o->have_budget = true;
@@ -150,14 +150,14 @@ static int parse_capacity_args(int argc, char **argv, cap_opts_t *o)
         case O_REGION: rc = region_option(optarg, o); break;
         case O_REPL: o->replicate = true; break;
         case O_JSON: o->json = true; break;
-        case O_HELP: fputs(capacity_usage, stdout); return KVR_EXIT_OK;
+        case O_HELP: fputs(capacity_usage, stdout); return CLI_EXIT_OK;
         case '?':
-            return kvr_tool_usage_error("capacity", "unknown or incomplete "
+            return cli_usage_error("capacity", "unknown or incomplete "
                                         "option '%s' (see --help)",
                                         argv[optind - 1]);
         default: rc = number_option(opt, optarg, o); break;
         }
-        if (rc != KVR_EXIT_OK)
+        if (rc != CLI_EXIT_OK)
             return rc;
     }
     return check_capacity_args(argc, argv, o);
@@ -237,9 +237,11 @@ static json_t *specs_json(const cap_opts_t *o)
     return arr;
 }
 
+/* Replicated over sharded blocks; main() refuses a budget that holds no
+ * block, and the sharded index never holds fewer blocks. */
 static double ratio(const cap_result_t *repl, const cap_result_t *shard)
 {
-    return shard->blocks ? (double)repl->blocks / (double)shard->blocks : 0.0;
+    return (double)repl->blocks / (double)shard->blocks;
 }
 
 static void print_json(const cap_opts_t *o, const cap_result_t *chosen,
@@ -250,8 +252,7 @@ static void print_json(const cap_opts_t *o, const cap_result_t *chosen,
                              "tokens_per_rank", (json_int_t)(lost * o->bs),
                              "tokens_per_group",
                              (json_int_t)(lost * o->bs * o->W), "ratio",
-                             shard->blocks ? json_real(ratio(repl, shard))
-                                           : json_null());
+                             json_real(ratio(repl, shard)));
     json_t *root = json_pack(
         "{s:I,s:I,s:I,s:b,s:o,s:I,s:I,s:I,s:I,s:o,s:o,s:o}", "budget",
         (json_int_t)o->budget, "block_size", (json_int_t)o->bs, "dcp",
@@ -308,20 +309,15 @@ static void print_text(const cap_opts_t *o, const cap_result_t *chosen,
     uint64_t lost = shard->blocks - repl->blocks;
     printf("replication cost: a replicated index holds %llu blocks per rank, a "
            "sharded one %llu:\n", (ull)repl->blocks, (ull)shard->blocks);
-    if (shard->blocks == 0)
-        printf("  -%llu blocks, -%llu tokens per rank, -%llu tokens per group "
-               "(ratio n/a)\n", (ull)lost, (ull)(lost * o->bs),
-               (ull)(lost * o->bs * o->W));
-    else
-        printf("  -%llu blocks, -%llu tokens per rank, -%llu tokens per group "
+    printf("  -%llu blocks, -%llu tokens per rank, -%llu tokens per group "
                "(ratio %.4f, %.1f%% fewer)\n", (ull)lost, (ull)(lost * o->bs),
-               (ull)(lost * o->bs * o->W), ratio(repl, shard),
-               100.0 * (1.0 - ratio(repl, shard)));
+           (ull)(lost * o->bs * o->W), ratio(repl, shard),
+           100.0 * (1.0 - ratio(repl, shard)));
     if (o->W > 1 && !o->replicate)
         puts("note: a sharded index under W > 1 needs I == bs");
 }
 
-int kvr_cmd_capacity(int argc, char **argv)
+int cli_cmd_capacity(int argc, char **argv)
 {
     cap_opts_t o = {0};
     o.bs = 64;
@@ -331,12 +327,17 @@ int kvr_cmd_capacity(int argc, char **argv)
         return rc;
     cap_result_t repl, shard;
     if (!compute(&o, true, &repl) || !compute(&o, false, &shard))
-        return kvr_tool_usage_error("capacity", "bytes per block or tokens "
+        return cli_usage_error("capacity", "bytes per block or tokens "
                                     "overflow 64 bits for these shapes");
     const cap_result_t *chosen = o.replicate ? &repl : &shard;
+    if (chosen->blocks == 0)
+        return cli_usage_error("capacity", "--budget %llu bytes holds no block "
+                               "(one block takes %llu bytes); sizes take a unit, "
+                               "e.g. 80G, 80GiB, 512M", (unsigned long long)o.budget,
+                               (unsigned long long)chosen->per_block);
     if (o.json)
         print_json(&o, chosen, &repl, &shard);
     else
         print_text(&o, chosen, &repl, &shard);
-    return KVR_EXIT_OK;
+    return CLI_EXIT_OK;
 }

@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -46,11 +47,12 @@ typedef struct {
 } req_state_t;
 
 typedef struct {
-    kvr_demo_cfg_t cfg;
+    demo_cfg_t cfg;
     bool json;
+    FILE *out; /* human lines: stdout, or stderr under --json */
     child_t kids[MAX_CHILDREN];
     uint32_t num_kids;
-    req_state_t reqs[KVR_DEMO_MAX_REQUESTS];
+    req_state_t reqs[DEMO_MAX_REQUESTS];
     uint64_t first_offer_ns, first_start_ns, last_load_ns;
 } demo_t;
 
@@ -64,21 +66,52 @@ static int demo_option(void *ctx, const char *name, const char *value)
     return 1;
 }
 
+/* SIGTERM / SIGINT: the supervisor kills and reaps every child, then exits
+ * 128 + the signal. */
+static volatile sig_atomic_t got_signal;
+
+static void on_signal(int sig)
+{
+    got_signal = sig;
+}
+
+static void catch_signals(void)
+{
+    struct sigaction sa;
+    memset(&sa, 0, sizeof(sa));
+    sa.sa_handler = on_signal; /* no SA_RESTART: poll returns at once */
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGTERM, &sa, NULL);
+    sigaction(SIGINT, &sa, NULL);
+    signal(SIGPIPE, SIG_IGN);
+}
+
+/* In the child: die with the supervisor, even if it is SIGKILLed. */
+static void child_setup(int out_fd, int unused_fd, pid_t parent)
+{
+    prctl(PR_SET_PDEATHSIG, SIGKILL);
+    if (getppid() != parent)
+        _exit(127);
+    signal(SIGTERM, SIG_DFL);
+    signal(SIGINT, SIG_DFL);
+    dup2(out_fd, STDOUT_FILENO);
+    close(unused_fd);
+    close(out_fd);
+}
+
 static int spawn(demo_t *d, const char *name, char **args)
 {
     int p[2];
     if (d->num_kids == MAX_CHILDREN || pipe(p) != 0)
         return -1;
-    pid_t pid = fork();
+    pid_t parent = getpid(), pid = fork();
     if (pid < 0) {
         close(p[0]);
         close(p[1]);
         return -1;
     }
     if (pid == 0) {
-        dup2(p[1], STDOUT_FILENO);
-        close(p[0]);
-        close(p[1]);
+        child_setup(p[1], p[0], parent);
         execv("/proc/self/exe", args);
         _exit(127);
     }
@@ -99,7 +132,7 @@ static int build_args(const demo_t *d, char **args, const char *cmd,
     args[n++] = (char *)cmd;
     for (int i = 0; i < nextra; i++)
         args[n++] = extra[i];
-    n += kvr_demo_cfg_args(&d->cfg, args + n, MAX_ARGS - n - 1);
+    n += demo_cfg_args(&d->cfg, args + n, MAX_ARGS - n - 1);
     args[n] = NULL;
     return n;
 }
@@ -107,7 +140,7 @@ static int build_args(const demo_t *d, char **args, const char *cmd,
 static req_state_t *req_of(demo_t *d, const char *id)
 {
     uint32_t r;
-    if (!kvr_demo_parse_request_id(id, strlen(id), &r) || r >= d->cfg.requests)
+    if (!demo_parse_request_id(id, strlen(id), &r) || r >= d->cfg.requests)
         return NULL;
     return &d->reqs[r];
 }
@@ -142,18 +175,18 @@ static void on_line(demo_t *d, child_t *k, char *line)
         q->start_ns = q->start_ns == 0 || e < q->start_ns ? e : q->start_ns;
     } else if (strcmp(verb, "verified") == 0 && q) {
         q->verified_ranks++;
-        printf("  %-8s %s verified byte-exact (%u/%u ranks)\n", k->name, id,
+        fprintf(d->out, "  %-8s %s verified byte-exact (%u/%u ranks)\n", k->name, id,
                q->verified_ranks, d->cfg.lay.dcp_size);
     } else if (strcmp(verb, "sent") == 0 && q) {
         q->sent = true;
     } else if ((strcmp(verb, "failed") == 0 || strcmp(verb, "verify-failed") == 0 ||
                 strcmp(verb, "send-failed") == 0) && q) {
         note_failure(q, k->name, rest);
-        printf("  %-8s %s %s: %s\n", k->name, id, verb, rest);
+        fprintf(d->out, "  %-8s %s %s: %s\n", k->name, id, verb, rest);
     } else if (d->cfg.verbose) {
-        printf("  %-8s %s\n", k->name, line);
+        fprintf(d->out, "  %-8s %s\n", k->name, line);
     }
-    fflush(stdout);
+    fflush(d->out);
 }
 
 /* Reads what a child wrote; returns the port of a "listening" line, else 0. */
@@ -190,14 +223,14 @@ static void reap(demo_t *d, bool block)
         k->exited = true;
         k->status = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
         if (k->status != 0)
-            printf("  %-8s exited with status %d\n", k->name, k->status);
+            fprintf(d->out, "  %-8s exited with status %d\n", k->name, k->status);
     }
 }
 
 /* Pumps every child's output until `until` says stop or the deadline. */
 static bool pump(demo_t *d, uint64_t deadline, int want_port_of, int *port)
 {
-    while (kvr_now_ns() < deadline) {
+    while (!got_signal && kvr_now_ns() < deadline) {
         struct pollfd fds[MAX_CHILDREN];
         uint32_t open = 0;
         for (uint32_t i = 0; i < d->num_kids; i++)
@@ -272,12 +305,29 @@ static int start_push(demo_t *d, uint32_t stage, uint32_t tp, const char *target
     return spawn(d, name, args) < 0 ? -1 : 0;
 }
 
+/* A child that is gone before every process started (a rank that failed
+ * to set up, or was killed) means the run cannot complete: start no more. */
+static bool child_gone(demo_t *d)
+{
+    reap(d, false);
+    for (uint32_t i = 0; i < d->num_kids; i++)
+        if (d->kids[i].exited) {
+            fprintf(stderr, "kvrelay demo: %s is gone (status %d) before every "
+                    "process started; starting no more\n", d->kids[i].name,
+                    d->kids[i].status);
+            return true;
+        }
+    return got_signal != 0;
+}
+
 static bool start_all(demo_t *d)
 {
     char targets[300] = "";
     int leader = 0;
     for (uint32_t r = 0; r < d->cfg.lay.dcp_size; r++) {
         int port = 0;
+        if (child_gone(d))
+            return false;
         if (start_serve(d, r, leader, &port) != 0) {
             fprintf(stderr, "kvrelay demo: decode rank %u did not start\n", r);
             return false;
@@ -289,7 +339,9 @@ static bool start_all(demo_t *d)
     }
     for (uint32_t p = 0; p < d->cfg.pp; p++)
         for (uint32_t t = 0; t < d->cfg.producer_tp; t++)
-            if (start_push(d, p, t, targets) != 0) {
+            if (child_gone(d))
+                return false;
+            else if (start_push(d, p, t, targets) != 0) {
                 fprintf(stderr, "kvrelay demo: prefill stage %u tp %u did not "
                         "start\n", p, t);
                 return false;
@@ -336,13 +388,13 @@ static void print_json(const demo_t *d, const totals_t *t)
     json_t *reqs = json_array(), *kids = json_array();
     for (uint32_t r = 0; r < d->cfg.requests; r++) {
         char id[32];
-        kvr_demo_request_id(r, id, sizeof(id));
+        demo_request_id(r, id, sizeof(id));
         const req_state_t *q = &d->reqs[r];
         double secs = q->end_ns > q->start_ns && q->start_ns
                           ? (double)(q->end_ns - q->start_ns) / 1e9 : 0;
         json_array_append_new(reqs, json_pack(
             "{s:s,s:I,s:I,s:I,s:I,s:I,s:b,s:s,s:f,s:f}", "id", id, "tokens",
-            (json_int_t)kvr_demo_tokens(&d->cfg, r), "computed_blocks",
+            (json_int_t)demo_tokens(&d->cfg, r), "computed_blocks",
             (json_int_t)q->computed_blocks, "loaded_ranks",
             (json_int_t)q->loaded_ranks, "verified_ranks",
             (json_int_t)q->verified_ranks, "bytes", (json_int_t)q->bytes, "sent",
@@ -375,18 +427,18 @@ static json_t *u32_array(const uint32_t *v, size_t n)
 static json_t *manifest_regions(const demo_t *d)
 {
     json_t *regions = json_array();
-    uint32_t n = kvr_demo_region(&d->cfg, 0, false, NULL);
+    uint32_t n = demo_region(&d->cfg, 0, false, NULL);
     for (uint32_t i = 0; i < n; i++) {
         kvr_region_desc_t s, t;
         char name[128];
-        kvr_demo_region(&d->cfg, i, false, &s);
-        kvr_demo_region(&d->cfg, i, true, &t);
+        demo_region(&d->cfg, i, false, &s);
+        demo_region(&d->cfg, i, true, &t);
         json_t *files = json_array();
         for (uint32_t r = 0; r < d->cfg.lay.dcp_size; r++) {
-            kvr_demo_image_name(name, sizeof(name), (int)r, &t);
+            demo_image_name(name, sizeof(name), (int)r, &t);
             json_array_append_new(files, json_string(name));
         }
-        kvr_demo_image_name(name, sizeof(name), -1, &s);
+        demo_image_name(name, sizeof(name), -1, &s);
         json_t *e = json_pack("{s:s,s:I,s:{s:I,s:I},s:{s:I,s:I},s:s,s:o}", "role",
                               kvr_role_name(s.role), "layer", (json_int_t)s.layer,
                               "src", "num_blocks", (json_int_t)s.num_blocks,
@@ -415,19 +467,19 @@ static json_t *manifest_requests(const demo_t *d)
         json_decref(reqs);
         return json_array();
     }
-    uint32_t *src = calloc(kvr_demo_src_pool(&d->cfg) + 1, sizeof(*src));
+    uint32_t *src = calloc(demo_src_pool(&d->cfg) + 1, sizeof(*src));
     json_array_foreach(reqs, i, q) {
         uint32_t r = 0;
         const char *id = json_string_value(json_object_get(q, "id"));
-        if (src == NULL || id == NULL || !kvr_demo_parse_request_id(id, strlen(id), &r))
+        if (src == NULL || id == NULL || !demo_parse_request_id(id, strlen(id), &r))
             continue;
-        uint64_t N = kvr_demo_tokens(&d->cfg, r);
-        kvr_demo_src_blocks(&d->cfg, r, src);
+        uint64_t N = demo_tokens(&d->cfg, r);
+        demo_src_blocks(&d->cfg, r, src);
         json_object_set_new(q, "src_blocks",
                             u32_array(src, (size_t)kvr_num_src_blocks(&d->cfg.lay, N)));
         json_t *ids = json_array();
         for (uint64_t g = 0; g < N; g++)
-            json_array_append_new(ids, json_integer(kvr_demo_token_id(&d->cfg, r, g)));
+            json_array_append_new(ids, json_integer(demo_token_id(&d->cfg, r, g)));
         json_object_set_new(q, "token_ids", ids);
     }
     free(src);
@@ -450,14 +502,14 @@ static void write_manifest(const demo_t *d)
     if (root == NULL || json_dump_file(root, path, JSON_COMPACT) != 0)
         fprintf(stderr, "kvrelay demo: cannot write %s\n", path);
     else
-        printf("dump written to %s (kvrelay inspect %s)\n", d->cfg.dump_dir,
+        fprintf(d->out, "dump written to %s (kvrelay inspect %s)\n", d->cfg.dump_dir,
                d->cfg.dump_dir);
     json_decref(root);
 }
 
 static int demo_run(demo_t *d)
 {
-    printf("kvrelay demo: PP%u prefill (%u layers) -> W=%u I=%u decode, %s index, "
+    fprintf(d->out, "kvrelay demo: PP%u prefill (%u layers) -> W=%u I=%u decode, %s index, "
            "%u requests of ~%llu tokens over %s%s\n", d->cfg.pp, d->cfg.layers,
            d->cfg.lay.dcp_size, d->cfg.lay.interleave,
            d->cfg.lay.replicate_index ? "replicated" : "sharded", d->cfg.requests,
@@ -465,49 +517,54 @@ static int demo_run(demo_t *d)
            d->cfg.tl == KVR_CONN_TL_TCP ? "UCX tcp" : d->cfg.tl == KVR_CONN_TL_SHM
                                                           ? "UCX shm" : "UCX",
            d->cfg.use_cuda ? " control, CUDA gpu-direct data (KV in GPU memory)" : "");
-    fflush(stdout);
+    fflush(d->out);
     uint64_t deadline = kvr_now_ns() +
-                        ((uint64_t)d->cfg.run_timeout_ms + 20000ull) *
-                            1000000ull;
+                        ((uint64_t)d->cfg.run_timeout_ms + 20000ull) * 1000000ull;
     bool started = start_all(d);
     int unused = 0;
     if (started && !pump(d, deadline, -1, &unused))
-        printf("kvrelay demo: children still running at the deadline; killing\n");
+        fprintf(d->out, "kvrelay demo: children still running at the deadline; killing\n");
     kill_all(d);
     for (uint32_t i = 0; i < d->num_kids; i++)
         close(d->kids[i].fd);
+    if (got_signal) {
+        fprintf(stderr, "kvrelay demo: signal %d: every child killed and reaped\n",
+                (int)got_signal);
+        return 128 + (int)got_signal;
+    }
     if (d->cfg.dump_dir != NULL)
         write_manifest(d);
     totals_t t = summarize(d);
     for (uint32_t r = 0; r < d->cfg.requests; r++)
         if (d->reqs[r].failure[0])
-            printf("  req-%u FAILED: %s\n", r, d->reqs[r].failure);
+            fprintf(d->out, "  req-%u FAILED: %s\n", r, d->reqs[r].failure);
     if (d->json)
         print_json(d, &t);
-    printf("verified %u/%u requests byte-exact, %llu bytes, %.2f GB/s\n", t.verified,
+    fprintf(d->out, "verified %u/%u requests byte-exact, %llu bytes, %.2f GB/s\n", t.verified,
            d->cfg.requests, (unsigned long long)t.bytes, t.gbps);
     return started && t.children_ok && t.verified == d->cfg.requests
-               ? KVR_EXIT_OK : KVR_EXIT_FAILED;
+               ? CLI_EXIT_OK : CLI_EXIT_FAILED;
 }
 
-int kvr_cmd_demo(int argc, char **argv)
+int cli_cmd_demo(int argc, char **argv)
 {
     demo_t *d = calloc(1, sizeof(*d));
     if (d == NULL)
-        return KVR_EXIT_FAILED;
-    kvr_demo_cfg_init(&d->cfg);
+        return CLI_EXIT_FAILED;
+    demo_cfg_init(&d->cfg);
     static const char *const flags[] = {"json", NULL};
-    int rc = kvr_demo_parse(argc, argv, &d->cfg, "demo", demo_usage, flags,
+    int rc = demo_parse(argc, argv, &d->cfg, "demo", demo_usage, flags,
                             demo_option, d);
     if (rc < 0 && d->cfg.dump_dir != NULL && mkdir(d->cfg.dump_dir, 0755) != 0 &&
         errno != EEXIST)
-        rc = kvr_tool_usage_error("demo", "--dump %s: %s", d->cfg.dump_dir,
+        rc = cli_usage_error("demo", "--dump %s: %s", d->cfg.dump_dir,
                                   strerror(errno));
     if (rc < 0 && d->cfg.use_cuda && kvr_conn_cuda_devices() == 0)
-        rc = kvr_tool_usage_error("demo", "--device cuda: no usable CUDA device "
+        rc = cli_usage_error("demo", "--device cuda: no usable CUDA device "
                                   "(or kvrelay was built without CUDA)");
     if (rc < 0) {
-        signal(SIGPIPE, SIG_IGN);
+        d->out = d->json ? stderr : stdout;
+        catch_signals();
         rc = demo_run(d);
     }
     free(d);

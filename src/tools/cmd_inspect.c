@@ -43,17 +43,17 @@ static const struct option inspect_options[] = {
 static int number(const char *name, const char *arg, uint64_t min,
                   uint64_t max, uint64_t *out)
 {
-    if (!kvr_tool_parse_u64(arg, min, max, out))
-        return kvr_tool_usage_error("inspect", "--%s: '%s' is not a number in "
+    if (!cli_parse_u64(arg, min, max, out))
+        return cli_usage_error("inspect", "--%s: '%s' is not a number in "
                                     "[%llu, %llu]", name, arg, (ull)min,
                                     (ull)max);
-    return KVR_EXIT_OK;
+    return CLI_EXIT_OK;
 }
 
 /* Returns -1 to continue, else an exit code. */
 static int parse_inspect_args(int argc, char **argv, inspect_args_t *a)
 {
-    int opt, rc = KVR_EXIT_OK;
+    int opt, rc = CLI_EXIT_OK;
     optind = 1;
     opterr = 0;
     while ((opt = getopt_long(argc, argv, "", inspect_options, NULL)) != -1) {
@@ -65,23 +65,23 @@ static int parse_inspect_args(int argc, char **argv, inspect_args_t *a)
             rc = number("seed", optarg, 0, INT64_MAX, &a->seed);
             a->have_seed = true;
             break;
-        case O_HELP: fputs(inspect_usage, stdout); return KVR_EXIT_OK;
+        case O_HELP: fputs(inspect_usage, stdout); return CLI_EXIT_OK;
         default:
-            return kvr_tool_usage_error("inspect", "unknown or incomplete "
+            return cli_usage_error("inspect", "unknown or incomplete "
                                         "option '%s' (see --help)",
                                         argv[optind - 1]);
         }
-        if (rc != KVR_EXIT_OK)
+        if (rc != CLI_EXIT_OK)
             return rc;
     }
     if (a->have_seed && a->no_synth)
-        return kvr_tool_usage_error("inspect", "--seed and --no-synthetic "
+        return cli_usage_error("inspect", "--seed and --no-synthetic "
                                     "exclude each other");
     if (optind == argc)
-        return kvr_tool_usage_error("inspect", "the dump directory DIR is "
+        return cli_usage_error("inspect", "the dump directory DIR is "
                                     "required");
     if (optind + 1 != argc)
-        return kvr_tool_usage_error("inspect", "one dump directory expected, "
+        return cli_usage_error("inspect", "one dump directory expected, "
                                     "got '%s' too", argv[argc - 1]);
     a->dir = argv[optind];
     return -1;
@@ -180,7 +180,7 @@ static void print_text(const char *dir, const kvr_inspect_report_t *rep)
            (ull)scale, (ull)source);
 }
 
-int kvr_cmd_inspect(int argc, char **argv)
+int cli_cmd_inspect(int argc, char **argv)
 {
     inspect_args_t a = {0};
     int rc = parse_inspect_args(argc, argv, &a);
@@ -197,7 +197,7 @@ int kvr_cmd_inspect(int argc, char **argv)
     kvr_inspect_report_t *rep = NULL;
     kvr_error_t err = {0};
     if (kvr_inspect_dump(a.dir, &opts, &rep, &err) != KVR_OK)
-        return kvr_tool_usage_error("inspect", "%s (%s)", err.msg,
+        return cli_usage_error("inspect", "%s (%s)", err.msg,
                                     kvr_status_name(err.code));
     if (a.json) {
         char *text = kvr_inspect_report_json(rep);
@@ -207,7 +207,7 @@ int kvr_cmd_inspect(int argc, char **argv)
     } else {
         print_text(a.dir, rep);
     }
-    rc = kvr_inspect_report_clean(rep) ? KVR_EXIT_OK : KVR_EXIT_FAILED;
+    rc = kvr_inspect_report_clean(rep) ? CLI_EXIT_OK : CLI_EXIT_FAILED;
     kvr_inspect_report_destroy(rep);
     return rc;
 }

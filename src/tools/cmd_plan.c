@@ -97,8 +97,8 @@ static int number_option(int opt, const char *arg, plan_opts_t *o)
         i++;
     uint64_t max = (opt == O_TOKENS || opt == O_K) ? (1ull << 40) : UINT32_MAX;
     uint64_t v;
-    if (!kvr_tool_parse_u64(arg, 0, max, &v))
-        return kvr_tool_usage_error("plan", "--%s: '%s' is not a number in "
+    if (!cli_parse_u64(arg, 0, max, &v))
+        return cli_usage_error("plan", "--%s: '%s' is not a number in "
                                     "[0, %llu]", names[i], arg,
                                     (unsigned long long)max);
     switch (opt) {
@@ -117,24 +117,24 @@ static int number_option(int opt, const char *arg, plan_opts_t *o)
     case O_PBS: o->lay.producer_block_size = (uint32_t)v; break;
     default: o->dst_num_blocks = v; break;
     }
-    return KVR_EXIT_OK;
+    return CLI_EXIT_OK;
 }
 
 static int region_option(const char *arg, plan_opts_t *o)
 {
     if (o->num_specs == MAX_SPECS)
-        return kvr_tool_usage_error("plan", "more than %d --region options",
+        return cli_usage_error("plan", "more than %d --region options",
                                     MAX_SPECS);
     spec_t *s = &o->specs[o->num_specs];
     bool heads = strncmp(arg, "dense:", 6) == 0 && strchr(arg + 6, ':');
-    if (heads ? !kvr_tool_parse_dense(arg, &s->tmpl, &s->count)
-              : !kvr_tool_parse_region(arg, &s->tmpl, &s->count))
-        return kvr_tool_usage_error("plan", "--region '%s': expected "
+    if (heads ? !cli_parse_dense(arg, &s->tmpl, &s->count)
+              : !cli_parse_region(arg, &s->tmpl, &s->count))
+        return cli_usage_error("plan", "--region '%s': expected "
                                     "mla:TOKEN_BYTES[xCOUNT], index:D[:Q][xCOUNT], "
                                     "dense:TOKEN_BYTES, dense:H:D:E[:hnd][xCOUNT], "
                                     "state:PAGE_BYTES or other:PAGE_BYTES", arg);
     o->num_specs++;
-    return KVR_EXIT_OK;
+    return CLI_EXIT_OK;
 }
 
 /* Returns -1 to continue, else an exit code. */
@@ -152,25 +152,25 @@ static int parse_plan_args(int argc, char **argv, plan_opts_t *o)
         case O_SRC: o->src_text = optarg; rc = 0; break;
         case O_DST: o->dst_text = optarg; rc = 0; break;
         case O_JSON: o->json = true; rc = 0; break;
-        case O_HELP: fputs(plan_usage, stdout); return KVR_EXIT_OK;
+        case O_HELP: fputs(plan_usage, stdout); return CLI_EXIT_OK;
         case '?':
-            return kvr_tool_usage_error("plan", "unknown or incomplete option "
+            return cli_usage_error("plan", "unknown or incomplete option "
                                         "'%s' (see --help)", argv[optind - 1]);
         default: rc = number_option(opt, optarg, o); break;
         }
-        if (rc != KVR_EXIT_OK)
+        if (rc != CLI_EXIT_OK)
             return rc;
     }
     if (optind < argc)
-        return kvr_tool_usage_error("plan", "unexpected argument '%s'",
+        return cli_usage_error("plan", "unexpected argument '%s'",
                                     argv[optind]);
     static const char *const req[] = {"--block-size", "--dcp", "--rank",
                                       "--tokens"};
     for (int i = 0; i < 4; i++)
         if (!o->have[i])
-            return kvr_tool_usage_error("plan", "%s is required", req[i]);
+            return cli_usage_error("plan", "%s is required", req[i]);
     if (o->num_specs == 0)
-        return kvr_tool_usage_error("plan", "at least one --region is required");
+        return cli_usage_error("plan", "at least one --region is required");
     if (!o->have_tp)
         o->lay.tp = o->lay.dcp_size;
     if (!o->have_ptp) /* one TP rank per producer DCP rank, as for --tp */
@@ -195,21 +195,21 @@ static void free_input(plan_input_t *in)
 
 static int build_tables(const plan_opts_t *o, plan_input_t *in)
 {
-    char msg[128];
+    char msg[160];
     kvr_error_t err = {0};
     if (kvr_layout_check_rank(&o->lay, o->rank, &err) != KVR_OK)
-        return kvr_tool_usage_error("plan", "%s", err.msg);
+        return cli_usage_error("plan", "%s", err.msg);
     /* the table every producer rank shares: one entry per bs_p * W_p */
     uint64_t vp = (uint64_t)kvr_producer_block_size(&o->lay) *
                   kvr_producer_dcp(&o->lay);
-    size_t need_src = (size_t)((o->tokens + vp - 1) / vp);
-    size_t need_dst = (size_t)kvr_num_dst_blocks(&o->lay, o->tokens);
-    if (!kvr_tool_parse_table(o->src_text, need_src, &in->src, &in->nsrc,
-                              &in->src_pool, msg, sizeof(msg)))
-        return kvr_tool_usage_error("plan", "--src-blocks: %s", msg);
-    if (!kvr_tool_parse_table(o->dst_text, need_dst, &in->dst, &in->ndst,
-                              &in->dst_pool, msg, sizeof(msg)))
-        return kvr_tool_usage_error("plan", "--dst-blocks: %s", msg);
+    uint64_t need_src = (o->tokens + vp - 1) / vp;
+    uint64_t need_dst = kvr_num_dst_blocks(&o->lay, o->tokens);
+    if (!cli_parse_table(o->src_text, need_src, o->src_num_blocks, &in->src,
+                         &in->nsrc, &in->src_pool, msg, sizeof(msg)))
+        return cli_usage_error("plan", "--src-blocks: %s", msg);
+    if (!cli_parse_table(o->dst_text, need_dst, o->dst_num_blocks, &in->dst,
+                         &in->ndst, &in->dst_pool, msg, sizeof(msg)))
+        return cli_usage_error("plan", "--dst-blocks: %s", msg);
     if (o->src_num_blocks)
         in->src_pool = (uint32_t)o->src_num_blocks;
     if (o->dst_num_blocks)
@@ -246,11 +246,11 @@ static int build_pairs(const plan_opts_t *o, plan_input_t *in)
     for (size_t s = 0; s < o->num_specs; s++)
         total += o->specs[s].count;
     if (total > MAX_REGIONS)
-        return kvr_tool_usage_error("plan", "%zu regions exceed the limit of %d",
+        return cli_usage_error("plan", "%zu regions exceed the limit of %d",
                                     total, MAX_REGIONS);
     in->pairs = calloc(total, sizeof(*in->pairs));
     if (in->pairs == NULL)
-        return kvr_tool_usage_error("plan", "out of memory");
+        return cli_usage_error("plan", "out of memory");
     for (size_t s = 0; s < o->num_specs; s++)
         for (uint32_t c = 0; c < o->specs[s].count; c++, in->num_pairs++)
             in->pairs[in->num_pairs] = make_pair(o, in, &o->specs[s].tmpl,
@@ -261,15 +261,15 @@ static int build_pairs(const plan_opts_t *o, plan_input_t *in)
 /* What was planned: per region pair totals, and with several producer
  * ranks the sources they came from (NULL otherwise). */
 typedef struct {
-    kvr_tool_totals_t *per_pair;
+    cli_totals_t *per_pair;
     uint64_t total_runs, total_bytes;
-    const kvr_tool_pair_plan_t *pairs;
+    const cli_pair_plan_t *pairs;
 } plan_out_t;
 
-static kvr_tool_totals_t spec_totals(const plan_out_t *out, size_t first,
+static cli_totals_t spec_totals(const plan_out_t *out, size_t first,
                                      uint32_t count)
 {
-    kvr_tool_totals_t t = {0, 0, 0};
+    cli_totals_t t = {0, 0, 0};
     for (size_t i = first; i < first + count; i++) {
         t.runs += out->per_pair[i].runs;
         t.uncoalesced += out->per_pair[i].uncoalesced;
@@ -278,7 +278,7 @@ static kvr_tool_totals_t spec_totals(const plan_out_t *out, size_t first,
     return t;
 }
 
-static json_t *json_region(const spec_t *sp, kvr_tool_totals_t t)
+static json_t *json_region(const spec_t *sp, cli_totals_t t)
 {
     json_t *r = json_pack("{s:s,s:I,s:I,s:I,s:I}", "role",
                           kvr_role_name(sp->tmpl.role), "count",
@@ -304,12 +304,12 @@ static const char *axis_word(kvr_axis_t axis)
 
 /* With several producer ranks: the producer fields, the consumer's tp rank
  * and one source per producer rank pulled from. */
-static void json_pairs(const plan_opts_t *o, const kvr_tool_pair_plan_t *pp,
+static void json_pairs(const plan_opts_t *o, const cli_pair_plan_t *pp,
                        json_t *root)
 {
     json_t *src = json_array();
     for (size_t i = 0; i < pp->num_sources; i++) {
-        const kvr_tool_source_t *s = &pp->sources[i];
+        const cli_source_t *s = &pp->sources[i];
         json_array_append_new(
             src, json_pack("{s:I,s:s,s:I,s:I}", "producer_rank",
                            (json_int_t)s->rank, "axis", axis_word(s->axis),
@@ -371,7 +371,7 @@ static void width_text(const kvr_region_desc_t *t, char *buf, size_t cap)
         snprintf(buf, cap, "%llu B", (unsigned long long)t->page_bytes);
 }
 
-static void print_sources(const plan_opts_t *o, const kvr_tool_pair_plan_t *pp)
+static void print_sources(const plan_opts_t *o, const cli_pair_plan_t *pp)
 {
     printf("producer W_p=%u, I_p=%u, bs_p=%u, TP %u -> %u (tp rank %u)\n",
            kvr_producer_dcp(&o->lay), kvr_producer_interleave(&o->lay),
@@ -403,7 +403,7 @@ static void print_table(const plan_opts_t *o, const plan_input_t *in,
     size_t first = 0;
     for (size_t s = 0; s < o->num_specs; s++) {
         const spec_t *sp = &o->specs[s];
-        kvr_tool_totals_t t = spec_totals(out, first, sp->count);
+        cli_totals_t t = spec_totals(out, first, sp->count);
         char width[48];
         width_text(&sp->tmpl, width, sizeof(width));
         printf("%-6s %6u %10s %12llu %16llu %14llu\n",
@@ -421,15 +421,13 @@ static void print_table(const plan_opts_t *o, const plan_input_t *in,
 static int plan_single(const plan_opts_t *o, const plan_input_t *in,
                        const kvr_request_t *req, plan_out_t *out)
 {
-    kvr_error_t err = {0};
     kvr_plan_set_t *set = NULL;
-    if (kvr_plan_set_create(&o->lay, o->rank, in->pairs, in->num_pairs, req,
-                            &set, &err) != KVR_OK)
-        return kvr_tool_usage_error("plan", "%s (%s)", err.msg,
-                                    kvr_status_name(err.code));
+    if (!cli_check_plan("plan", &o->lay, o->rank, in->pairs, in->num_pairs, req,
+                        &set))
+        return CLI_EXIT_USAGE;
     for (size_t i = 0; i < in->num_pairs; i++) {
         const kvr_plan_t *p = kvr_plan_set_plan_of(set, i);
-        out->per_pair[i] = (kvr_tool_totals_t){kvr_plan_num_runs(p),
+        out->per_pair[i] = (cli_totals_t){kvr_plan_num_runs(p),
                                                kvr_plan_runs_uncoalesced(p),
                                                kvr_plan_bytes(p)};
     }
@@ -454,7 +452,7 @@ static int digest_hex(const plan_opts_t *o, const plan_input_t *in,
                             : KVR_ERR_NO_MEMORY;
     free(descs);
     if (st != KVR_OK)
-        return kvr_tool_usage_error("plan", "digest: %s", kvr_status_str(st));
+        return cli_usage_error("plan", "digest: %s", kvr_status_str(st));
     kvr_digest_hex(digest, hex);
     return -1;
 }
@@ -463,20 +461,20 @@ static int run_plan(const plan_opts_t *o, plan_input_t *in)
 {
     kvr_request_t req = {in->src, in->nsrc, in->dst, in->ndst, o->tokens,
                          o->computed};
-    kvr_tool_pair_plan_t pp = {0};
+    cli_pair_plan_t pp = {0};
     plan_out_t out = {0};
     kvr_error_t err = {0};
     int rc = -1;
-    if (kvr_tool_plan_needs_pairs(&o->lay, in->pairs, in->num_pairs)) {
-        if (kvr_tool_plan_pairs(&o->lay, o->rank, o->tp_rank, in->pairs,
+    if (cli_plan_needs_pairs(&o->lay, in->pairs, in->num_pairs)) {
+        if (cli_plan_pairs(&o->lay, o->rank, o->tp_rank, in->pairs,
                                 in->num_pairs, &req, &pp, &err) != KVR_OK)
-            return kvr_tool_usage_error("plan", "%s (%s)", err.msg,
+            return cli_usage_error("plan", "%s (%s)", err.msg,
                                         kvr_status_name(err.code));
         out = (plan_out_t){pp.per_pair, pp.total_runs, pp.total_bytes, &pp};
     } else {
         out.per_pair = calloc(in->num_pairs + 1, sizeof(*out.per_pair));
         rc = out.per_pair ? plan_single(o, in, &req, &out)
-                          : kvr_tool_usage_error("plan", "out of memory");
+                          : cli_usage_error("plan", "out of memory");
     }
     char hex[17];
     if (rc < 0)
@@ -486,13 +484,13 @@ static int run_plan(const plan_opts_t *o, plan_input_t *in)
     else if (rc < 0)
         print_table(o, in, &out, hex);
     if (out.pairs != NULL)
-        kvr_tool_pair_plan_free(&pp);
+        cli_pair_plan_free(&pp);
     else
         free(out.per_pair);
-    return rc < 0 ? KVR_EXIT_OK : rc;
+    return rc < 0 ? CLI_EXIT_OK : rc;
 }
 
-int kvr_cmd_plan(int argc, char **argv)
+int cli_cmd_plan(int argc, char **argv)
 {
     plan_opts_t o = {0};
     o.lay = (kvr_layout_t)KVR_LAYOUT_INIT;

@@ -35,13 +35,13 @@ static void on_signal(int sig)
     stop_requested = 1;
 }
 
-bool kvr_tool_parse_hostport(const char *text, char *host, size_t cap,
+bool cli_parse_hostport(const char *text, char *host, size_t cap,
                              uint16_t *port)
 {
     const char *colon = text ? strrchr(text, ':') : NULL;
     uint64_t p;
     if (colon == NULL || (size_t)(colon - text) >= cap || colon == text ||
-        !kvr_tool_parse_u64(colon + 1, 0, 65535, &p))
+        !cli_parse_u64(colon + 1, 0, 65535, &p))
         return false;
     memcpy(host, text, (size_t)(colon - text));
     host[colon - text] = '\0';
@@ -54,8 +54,8 @@ static int serve_option(void *ctx, const char *name, const char *value)
     serve_opts_t *o = ctx;
     uint64_t v;
     if (strcmp(name, "rank") == 0 || strcmp(name, "expect") == 0) {
-        if (!kvr_tool_parse_u64(value, 0, 1u << 20, &v)) {
-            kvr_tool_usage_error("serve", "--%s: '%s' is not a number", name, value);
+        if (!cli_parse_u64(value, 0, 1u << 20, &v)) {
+            cli_usage_error("serve", "--%s: '%s' is not a number", name, value);
             return -1;
         }
         if (name[0] == 'r')
@@ -67,35 +67,37 @@ static int serve_option(void *ctx, const char *name, const char *value)
     bool listen = strcmp(name, "listen") == 0;
     if (!listen && strcmp(name, "leader") != 0)
         return 0;
-    if (!kvr_tool_parse_hostport(value, listen ? o->listen_host : o->leader_host,
+    if (!cli_parse_hostport(value, listen ? o->listen_host : o->leader_host,
                                  sizeof(o->listen_host),
                                  listen ? &o->listen_port : &o->leader_port)) {
-        kvr_tool_usage_error("serve", "--%s: '%s' is not HOST:PORT", name, value);
+        cli_usage_error("serve", "--%s: '%s' is not HOST:PORT", name, value);
         return -1;
     }
     return 1;
 }
 
 typedef struct {
-    kvr_demo_cfg_t cfg;
+    demo_cfg_t cfg;
     serve_opts_t o;
     kvr_conn_t *conn;
-    kvr_region_desc_t descs[KVR_DEMO_MAX_LAYERS * 2];
-    void *bases[KVR_DEMO_MAX_LAYERS * 2];
-    void *mirrors[KVR_DEMO_MAX_LAYERS * 2]; /* host view (device: a copy) */
+    kvr_region_desc_t descs[DEMO_MAX_LAYERS * 2];
+    void *bases[DEMO_MAX_LAYERS * 2];
+    void *mirrors[DEMO_MAX_LAYERS * 2]; /* host view (device: a copy) */
     uint32_t num_regions;
     uint32_t loaded, verified, failed, group_done;
+    uint32_t refused; /* known peers refused at handshake */
+    char first_refusal[KVR_ERROR_MSG_MAX];
     uint64_t bytes;
     json_t *dumped; /* rank 0 with --dump: the requests it loaded */
-    kvr_conn_event_t pending[KVR_DEMO_MAX_REQUESTS]; /* loaded, not yet verified */
+    kvr_conn_event_t pending[DEMO_MAX_REQUESTS]; /* loaded, not yet verified */
     uint32_t num_pending;
 } serve_t;
 
 static kvr_status_t setup_regions(serve_t *s, kvr_error_t *err)
 {
-    s->num_regions = kvr_demo_region(&s->cfg, 0, true, NULL);
+    s->num_regions = demo_region(&s->cfg, 0, true, NULL);
     for (uint32_t i = 0; i < s->num_regions; i++) {
-        kvr_demo_region(&s->cfg, i, true, &s->descs[i]);
+        demo_region(&s->cfg, i, true, &s->descs[i]);
         uint64_t len = kvr_region_bytes(&s->descs[i]);
         if (kvr_conn_alloc_region(s->conn, &s->descs[i], &s->bases[i]) != KVR_OK)
             return kvr_error_set(err, KVR_ERR_NO_MEMORY, "region %u: %s", i,
@@ -126,10 +128,9 @@ static kvr_status_t create_conn(serve_t *s, const uint8_t *key, kvr_error_t *err
                             .tp_size = s->cfg.lay.dcp_size, .dp_rank = 0,
                             .dp_size = 1, .layer_start = 0,
                             .layer_end = s->cfg.layers, .dcp_rank = s->o.rank};
-    kvr_conn_params_t p = kvr_demo_conn_params(&s->cfg, KVR_WIRE_CONSUMER,
-                                               &topo, key);
-    kvr_status_t st = kvr_demo_arm_fault(&s->cfg, s->o.rank, err);
-    return st == KVR_OK ? kvr_conn_create(&p, &s->conn, err) : st;
+    kvr_conn_params_t p = demo_conn_params(&s->cfg, KVR_WIRE_CONSUMER, &topo, key);
+    kvr_status_t st = demo_arm_fault(&s->cfg, s->o.rank, err);
+    return st == KVR_OK ? demo_conn_create(&s->cfg, &p, &s->conn, err) : st;
 }
 
 /* Device pages are checked through a fresh host copy. */
@@ -168,15 +169,15 @@ static void write_dump(serve_t *s)
     refresh_mirrors(s);
     for (uint32_t i = 0; i < s->num_regions; i++) {
         char name[128];
-        kvr_demo_image_name(name, sizeof(name), (int)s->o.rank, &s->descs[i]);
-        kvr_demo_write_file(s->cfg.dump_dir, name, s->mirrors[i],
+        demo_image_name(name, sizeof(name), (int)s->o.rank, &s->descs[i]);
+        demo_write_file(s->cfg.dump_dir, name, s->mirrors[i],
                             kvr_region_bytes(&s->descs[i]));
     }
     if (s->dumped == NULL)
         return;
     char *text = json_dumps(s->dumped, JSON_COMPACT);
     if (text != NULL)
-        kvr_demo_write_file(s->cfg.dump_dir, "requests-r0.json", text, strlen(text));
+        demo_write_file(s->cfg.dump_dir, "requests-r0.json", text, strlen(text));
     free(text);
     json_decref(s->dumped);
 }
@@ -188,7 +189,7 @@ static void write_dump(serve_t *s)
  * nothing is overwritten before it is checked. */
 static void keep_for_verify(serve_t *s, const kvr_conn_event_t *e)
 {
-    if (s->num_pending == KVR_DEMO_MAX_REQUESTS)
+    if (s->num_pending == DEMO_MAX_REQUESTS)
         return;
     kvr_conn_event_t *k = &s->pending[s->num_pending++];
     *k = *e;
@@ -209,7 +210,7 @@ static void verify_pending(serve_t *s)
         const kvr_conn_event_t *e = &s->pending[i];
         int idl = (int)e->request_id.len;
         const char *id = (const char *)e->request_id.bytes;
-        if (kvr_demo_verify(&s->cfg, s->o.rank, s->descs, s->mirrors,
+        if (demo_verify(&s->cfg, s->o.rank, s->descs, s->mirrors,
                             s->num_regions, e, &err) == KVR_OK) {
             s->verified++;
             printf("verified %.*s\n", idl, id);
@@ -220,6 +221,22 @@ static void verify_pending(serve_t *s)
     }
     s->num_pending = 0;
     fflush(stdout);
+}
+
+/* The refusal is logged here too, not only by the side that dialled. */
+static void note_refusal(serve_t *s, const kvr_conn_event_t *e)
+{
+    char peer[16] = "?";
+    if (e->peer_rank != UINT32_MAX)
+        snprintf(peer, sizeof(peer), "%u", e->peer_rank);
+    printf("refused %s %s %s %s\n", peer, e->peer_known ? "known" : "unknown",
+           kvr_status_name(e->status), e->message);
+    fprintf(stderr, "kvrelay serve: rank %u: handshake with %s peer %s failed: %s\n",
+            s->o.rank, e->peer_known ? "a" : "an unauthenticated", peer, e->message);
+    /* only a peer we talk to at all counts: one without the key must not
+     * be able to stop a keyed serve */
+    if (e->peer_known && s->refused++ == 0)
+        snprintf(s->first_refusal, sizeof(s->first_refusal), "%s", e->message);
 }
 
 static void on_event(serve_t *s, const kvr_conn_event_t *e)
@@ -250,6 +267,9 @@ static void on_event(serve_t *s, const kvr_conn_event_t *e)
         printf("peer-lost %u %s %s\n", e->peer_rank, kvr_status_name(e->status),
                e->message);
         break;
+    case KVR_EVENT_PEER_REFUSED:
+        note_refusal(s, e);
+        break;
     default:
         break;
     }
@@ -263,10 +283,22 @@ static bool finished(const serve_t *s)
     return s->o.rank != 0 || s->group_done >= s->o.expect;
 }
 
+/* Every peer this rank expects (each producer stage's tp ranks; rank 0:
+ * the other ranks, rank > 0: its leader) has answered and some were
+ * refused: the run cannot complete, so stop now rather than at --timeout.
+ * Refusals of unknown peers (no key or a wrong one against our key) are
+ * logged but not counted: anyone who reaches the port can cause them. */
+static bool refused_out(const serve_t *s)
+{
+    uint32_t W = s->cfg.lay.dcp_size;
+    uint32_t expected = s->cfg.pp * s->cfg.producer_tp + (s->o.rank == 0 ? W - 1 : 1);
+    return s->refused > 0 && kvr_conn_num_ready(s->conn) + s->refused >= expected;
+}
+
 static int serve_loop(serve_t *s)
 {
     uint64_t end = kvr_now_ns() + (uint64_t)s->cfg.run_timeout_ms * 1000000ull;
-    while (!stop_requested && !finished(s) && kvr_now_ns() < end) {
+    while (!stop_requested && !finished(s) && !refused_out(s) && kvr_now_ns() < end) {
         kvr_conn_progress(s->conn, 20);
         kvr_conn_event_t e;
         while (kvr_conn_poll_event(s->conn, &e))
@@ -282,8 +314,12 @@ static int serve_loop(serve_t *s)
            s->o.rank, s->loaded, s->verified, s->failed,
            (unsigned long long)s->bytes, finished(s) ? "" : " (incomplete)");
     fflush(stdout);
+    if (!finished(s) && refused_out(s))
+        fprintf(stderr, "kvrelay serve: rank %u: %u peer(s) refused at handshake, "
+                "the run cannot complete (first: %s)\n", s->o.rank, s->refused,
+                s->first_refusal);
     bool ok = finished(s) && s->verified == s->o.expect;
-    return ok ? KVR_EXIT_OK : KVR_EXIT_FAILED;
+    return ok ? CLI_EXIT_OK : CLI_EXIT_FAILED;
 }
 
 static int serve_run(serve_t *s)
@@ -291,9 +327,9 @@ static int serve_run(serve_t *s)
     uint8_t key[KVR_WIRE_KEY_BYTES];
     bool have_key = false;
     kvr_error_t err = {0};
-    kvr_status_t st = kvr_demo_load_key(&s->cfg, key, &have_key, &err);
+    kvr_status_t st = demo_load_key(&s->cfg, key, &have_key, &err);
     if (st != KVR_OK)
-        return kvr_tool_usage_error("serve", "--key-file: %s", err.msg);
+        return cli_usage_error("serve", "--key-file: %s", err.msg);
     st = create_conn(s, have_key ? key : NULL, &err);
     if (st == KVR_OK)
         st = setup_regions(s, &err);
@@ -309,7 +345,7 @@ static int serve_run(serve_t *s)
         kvr_conn_connect(s->conn, s->o.leader_host, s->o.leader_port, 10000) != KVR_OK)
         st = kvr_error_set(&err, KVR_ERR_PEER_DEAD, "leader: %s",
                            kvr_conn_last_error(s->conn));
-    int rc = st == KVR_OK ? serve_loop(s) : KVR_EXIT_FAILED;
+    int rc = st == KVR_OK ? serve_loop(s) : CLI_EXIT_FAILED;
     if (st != KVR_OK)
         fprintf(stderr, "kvrelay serve: rank %u: %s\n", s->o.rank, err.msg);
     free_mirrors(s);
@@ -317,22 +353,22 @@ static int serve_run(serve_t *s)
     return rc;
 }
 
-int kvr_cmd_serve(int argc, char **argv)
+int cli_cmd_serve(int argc, char **argv)
 {
     serve_t *s = calloc(1, sizeof(*s));
     if (s == NULL)
-        return KVR_EXIT_FAILED;
-    kvr_demo_cfg_init(&s->cfg);
+        return CLI_EXIT_FAILED;
+    demo_cfg_init(&s->cfg);
     snprintf(s->o.listen_host, sizeof(s->o.listen_host), "127.0.0.1");
-    int rc = kvr_demo_parse(argc, argv, &s->cfg, "serve", serve_usage, NULL,
+    int rc = demo_parse(argc, argv, &s->cfg, "serve", serve_usage, NULL,
                             serve_option, &s->o);
     if (rc < 0 && !s->o.have_rank)
-        rc = kvr_tool_usage_error("serve", "--rank is required");
+        rc = cli_usage_error("serve", "--rank is required");
     if (rc < 0 && s->o.rank >= s->cfg.lay.dcp_size)
-        rc = kvr_tool_usage_error("serve", "--rank %u out of range [0, %u)",
+        rc = cli_usage_error("serve", "--rank %u out of range [0, %u)",
                                   s->o.rank, s->cfg.lay.dcp_size);
     if (rc < 0 && s->o.rank > 0 && s->o.leader_host[0] == '\0')
-        rc = kvr_tool_usage_error("serve", "rank %u needs --leader HOST:PORT",
+        rc = cli_usage_error("serve", "rank %u needs --leader HOST:PORT",
                                   s->o.rank);
     if (rc < 0) {
         signal(SIGTERM, on_signal);

@@ -10,7 +10,7 @@
 #include "kvrelay/synth.h"
 #include "layout_math.h"
 
-const char kvr_demo_options_help[] =
+const char demo_options_help[] =
     "layout and workload (the same on every process):\n"
     "  --block-size BS (64)  --dcp W (4)  --interleave I (1)\n"
     "  --replicate-index (default) | --sharded-index   --no-preshuffle\n"
@@ -29,7 +29,12 @@ const char kvr_demo_options_help[] =
     "    serve/push take --cuda-device N)\n"
     "  --verbose\n";
 
-void kvr_demo_cfg_init(kvr_demo_cfg_t *cfg)
+/* Names of the enum options, indexed by value; parsing and the argv a child
+ * gets both read these. */
+static const char *const tl_names[] = {"auto", "shm", "tcp"};
+static const char *const exec_names[] = {"auto", "direct", "staged"};
+
+void demo_cfg_init(demo_cfg_t *cfg)
 {
     memset(cfg, 0, sizeof(*cfg));
     cfg->lay = (kvr_layout_t)KVR_LAYOUT_INIT;
@@ -54,8 +59,8 @@ void kvr_demo_cfg_init(kvr_demo_cfg_t *cfg)
     cfg->cuda_device = -1;
 }
 
-kvr_status_t kvr_demo_arm_fault(const kvr_demo_cfg_t *cfg, uint32_t who,
-                                kvr_error_t *err)
+kvr_status_t demo_arm_fault(const demo_cfg_t *cfg, uint32_t who,
+                            kvr_error_t *err)
 {
     if (cfg->fault == NULL ||
         (cfg->fault_target >= 0 && (uint32_t)cfg->fault_target != who))
@@ -71,19 +76,19 @@ static int parse_enum(const char *cmd, const char *name, const char *value,
             *out = i;
             return 1;
         }
-    kvr_tool_usage_error(cmd, "--%s: '%s' is not one of %s|%s%s%s", name, value,
+    cli_usage_error(cmd, "--%s: '%s' is not one of %s|%s%s%s", name, value,
                          names[0], names[1], n > 2 ? "|" : "", n > 2 ? names[2] : "");
     return -1;
 }
 
 /* --fault KIND:REQUEST_ID[@WHO]: KIND names a failpoint. */
-static int parse_fault(kvr_demo_cfg_t *cfg, const char *cmd, const char *value)
+static int parse_fault(demo_cfg_t *cfg, const char *cmd, const char *value)
 {
     const char *colon = strchr(value, ':');
     const char *at = colon ? strchr(colon, '@') : NULL;
     uint64_t target = 0;
     size_t idlen = colon ? (at ? (size_t)(at - colon - 1) : strlen(colon + 1)) : 0;
-    bool target_ok = at == NULL || kvr_tool_parse_u64(at + 1, 0, 63, &target);
+    bool target_ok = at == NULL || cli_parse_u64(at + 1, 0, 63, &target);
     char kinds[256] = "";
     const char *name;
     for (uint32_t k = 0; (name = kvr_failpoint_name(k)) != NULL; k++) {
@@ -101,9 +106,8 @@ static int parse_fault(kvr_demo_cfg_t *cfg, const char *cmd, const char *value)
         snprintf(kinds + used, sizeof(kinds) - used, "%s%s", k ? ", " : "",
                  name);
     }
-    kvr_tool_usage_error(
-        cmd, "--fault '%s': expected KIND:REQUEST_ID[@WHO], KIND one of %s",
-        value, kinds);
+    cli_usage_error(cmd, "--fault '%s': expected KIND:REQUEST_ID[@WHO], KIND one "
+                    "of %s", value, kinds);
     return -1;
 }
 
@@ -114,31 +118,31 @@ typedef struct {
     uint64_t min, max;
 } num_opt_t;
 
-#define NUM(n, f, w, lo, hi) {n, offsetof(kvr_demo_cfg_t, f), w, lo, hi}
+#define NUM(n, f, w, lo, hi) {n, offsetof(demo_cfg_t, f), w, lo, hi}
 static const num_opt_t num_opts[] = {
     NUM("block-size", lay.block_size, 4, 1, 1024),
     NUM("dcp", lay.dcp_size, 4, 1, 64),
     NUM("interleave", lay.interleave, 4, 1, 1024),
     NUM("pp", pp, 4, 1, 64),
     NUM("producer-tp", producer_tp, 4, 1, 64),
-    NUM("layers", layers, 4, 1, KVR_DEMO_MAX_LAYERS),
-    NUM("index-every", index_every, 4, 0, KVR_DEMO_MAX_LAYERS),
+    NUM("layers", layers, 4, 1, DEMO_MAX_LAYERS),
+    NUM("index-every", index_every, 4, 0, DEMO_MAX_LAYERS),
     NUM("index-dim", index_dim, 4, 16, 1024),
     NUM("token-bytes", token_bytes, 4, 1, 65536),
-    NUM("requests", requests, 4, 1, KVR_DEMO_MAX_REQUESTS),
+    NUM("requests", requests, 4, 1, DEMO_MAX_REQUESTS),
     NUM("tokens", tokens, 8, 1, 1u << 20),
     NUM("seed", seed, 8, 0, UINT64_MAX - 1),
     NUM("deadline-ms", deadline_ms, 4, 1, 3600000),
-    NUM("staging-slots", staging_slots, 4, 0, 1024),
+    NUM("staging-slots", staging_slots, 4, 1, 1024),
     NUM("slot-bytes", slot_bytes, 8, 4096, 1u << 30),
 };
 
-static int number(kvr_demo_cfg_t *cfg, const char *cmd, const num_opt_t *o,
+static int number(demo_cfg_t *cfg, const char *cmd, const num_opt_t *o,
                   const char *value)
 {
     uint64_t v;
-    if (!kvr_tool_parse_u64(value, o->min, o->max, &v)) {
-        kvr_tool_usage_error(cmd, "--%s: '%s' is not a number in [%llu, %llu]",
+    if (!cli_parse_u64(value, o->min, o->max, &v)) {
+        cli_usage_error(cmd, "--%s: '%s' is not a number in [%llu, %llu]",
                              o->name, value, (unsigned long long)o->min,
                              (unsigned long long)o->max);
         return -1;
@@ -151,11 +155,9 @@ static int number(kvr_demo_cfg_t *cfg, const char *cmd, const num_opt_t *o,
     return 1;
 }
 
-int kvr_demo_option(kvr_demo_cfg_t *cfg, const char *cmd, const char *name,
+int demo_cfg_option(demo_cfg_t *cfg, const char *cmd, const char *name,
                     const char *value)
 {
-    static const char *const tls[] = {"auto", "shm", "tcp"};
-    static const char *const execs[] = {"auto", "direct", "staged"};
     for (size_t i = 0; i < sizeof(num_opts) / sizeof(num_opts[0]); i++)
         if (strcmp(name, num_opts[i].name) == 0)
             return number(cfg, cmd, &num_opts[i], value);
@@ -182,8 +184,8 @@ int kvr_demo_option(kvr_demo_cfg_t *cfg, const char *cmd, const char *name,
         cfg->use_cuda = e == 1;
     } else if (strcmp(name, "cuda-device") == 0) {
         uint64_t d;
-        if (!kvr_tool_parse_u64(value, 0, 63, &d)) {
-            kvr_tool_usage_error(cmd, "--cuda-device: '%s' is not in [0, 63]", value);
+        if (!cli_parse_u64(value, 0, 63, &d)) {
+            cli_usage_error(cmd, "--cuda-device: '%s' is not in [0, 63]", value);
             return -1;
         }
         cfg->cuda_device = (int)d;
@@ -192,53 +194,83 @@ int kvr_demo_option(kvr_demo_cfg_t *cfg, const char *cmd, const char *name,
         return parse_fault(cfg, cmd, value);
     else if (strcmp(name, "timeout") == 0) {
         uint64_t s;
-        if (!kvr_tool_parse_u64(value, 1, 86400, &s)) {
-            kvr_tool_usage_error(cmd, "--timeout: '%s' is not seconds in [1, 86400]", value);
+        if (!cli_parse_u64(value, 1, 86400, &s)) {
+            cli_usage_error(cmd, "--timeout: '%s' is not seconds in [1, 86400]", value);
             return -1;
         }
         cfg->run_timeout_ms = (uint32_t)(s * 1000);
     } else if (strcmp(name, "transport") == 0) {
-        rc = parse_enum(cmd, name, value, tls, 3, &e);
+        rc = parse_enum(cmd, name, value, tl_names, 3, &e);
         cfg->tl = (kvr_conn_tl_t)e;
     } else if (strcmp(name, "executor") == 0) {
-        rc = parse_enum(cmd, name, value, execs, 3, &e);
+        rc = parse_enum(cmd, name, value, exec_names, 3, &e);
         cfg->exec = (kvr_conn_exec_t)e;
     } else
         return 0;
     return rc;
 }
 
-bool kvr_demo_cfg_check(const kvr_demo_cfg_t *cfg, const char *cmd)
+/* The model's layout and largest request as `kvrelay plan` sees them: every
+ * region pair, the last request's source table and an identity
+ * destination table, on rank 0 (the planner's rules do not depend on the
+ * rank). */
+static bool plan_check(const demo_cfg_t *cfg, const char *cmd)
+{
+    kvr_layout_t lay = cfg->lay;
+    lay.tp = lay.dcp_size;
+    lay.producer_tp = cfg->producer_tp;
+    uint32_t n = demo_region(cfg, 0, false, NULL), last = cfg->requests - 1;
+    uint64_t N = demo_tokens(cfg, last);
+    size_t nsrc = (size_t)kvr_num_src_blocks(&lay, N);
+    size_t ndst = (size_t)kvr_num_dst_blocks(&lay, N);
+    kvr_region_pair_t *pairs = calloc(n, sizeof(*pairs));
+    uint32_t *src = calloc(demo_src_pool(cfg) + 1, sizeof(*src));
+    uint32_t *dst = calloc(ndst + 1, sizeof(*dst));
+    bool ok = pairs && src && dst;
+    if (!ok)
+        cli_usage_error(cmd, "no memory to check the layout");
+    for (uint32_t i = 0; ok && i < n; i++) {
+        demo_region(cfg, i, false, &pairs[i].src);
+        demo_region(cfg, i, true, &pairs[i].dst);
+    }
+    for (size_t j = 0; ok && j < ndst; j++)
+        dst[j] = (uint32_t)j;
+    if (ok) {
+        demo_src_blocks(cfg, last, src);
+        kvr_request_t req = {src, nsrc, dst, ndst, N, 0};
+        ok = cli_check_plan(cmd, &lay, 0, pairs, n, &req, NULL);
+    }
+    free(pairs);
+    free(src);
+    free(dst);
+    return ok;
+}
+
+bool demo_cfg_check(const demo_cfg_t *cfg, const char *cmd)
 {
     kvr_layout_t lay = cfg->lay;
     lay.tp = lay.dcp_size;
     kvr_error_t err = {0};
     if (kvr_layout_check(&lay, &err) != KVR_OK) {
-        kvr_tool_usage_error(cmd, "%s", err.msg);
+        cli_usage_error(cmd, "%s", err.msg);
         return false;
     }
     if (cfg->pp > cfg->layers) {
-        kvr_tool_usage_error(cmd, "--pp %u exceeds --layers %u", cfg->pp, cfg->layers);
+        cli_usage_error(cmd, "--pp %u exceeds --layers %u", cfg->pp, cfg->layers);
         return false;
     }
     if (cfg->producer_tp > cfg->lay.dcp_size) {
-        kvr_tool_usage_error(cmd, "--producer-tp %u exceeds --dcp %u (a producer "
+        cli_usage_error(cmd, "--producer-tp %u exceeds --dcp %u (a producer "
                              "tp rank would serve no decode rank)",
                              cfg->producer_tp, cfg->lay.dcp_size);
         return false;
     }
-    if (cfg->exec == KVR_CONN_EXEC_STAGED && cfg->staging_slots == 0) {
-        kvr_tool_usage_error(cmd, "--executor staged needs --staging-slots > 0");
-        return false;
-    }
-    return true;
+    return plan_check(cfg, cmd);
 }
 
-int kvr_demo_cfg_args(const kvr_demo_cfg_t *cfg, char **argv, int max)
+int demo_cfg_args(const demo_cfg_t *cfg, char **argv, int max)
 {
     static char vals[32][40];
-    static const char *const tls[] = {"auto", "shm", "tcp"};
-    static const char *const execs[] = {"auto", "direct", "staged"};
     static char fault[128];
     int n = 0, v = 0;
     for (size_t i = 0; i < sizeof(num_opts) / sizeof(num_opts[0]) && n + 2 < max; i++) {
@@ -260,9 +292,9 @@ int kvr_demo_cfg_args(const kvr_demo_cfg_t *cfg, char **argv, int max)
         argv[n++] = "--verbose";
     snprintf(vals[v], sizeof(vals[v]), "--timeout=%u", cfg->run_timeout_ms / 1000);
     argv[n++] = vals[v++];
-    snprintf(vals[v], sizeof(vals[v]), "--transport=%s", tls[cfg->tl]);
+    snprintf(vals[v], sizeof(vals[v]), "--transport=%s", tl_names[cfg->tl]);
     argv[n++] = vals[v++];
-    snprintf(vals[v], sizeof(vals[v]), "--executor=%s", execs[cfg->exec]);
+    snprintf(vals[v], sizeof(vals[v]), "--executor=%s", exec_names[cfg->exec]);
     argv[n++] = vals[v++];
     if (cfg->key_file != NULL) {
         argv[n++] = "--key-file";
@@ -283,7 +315,7 @@ int kvr_demo_cfg_args(const kvr_demo_cfg_t *cfg, char **argv, int max)
 }
 
 /* PP split: the remainder goes to the middle stages (78 / 4: 19 20 20 19). */
-void kvr_demo_stage_layers(const kvr_demo_cfg_t *cfg, uint32_t stage,
+void demo_stage_layers(const demo_cfg_t *cfg, uint32_t stage,
                            uint32_t *start, uint32_t *end)
 {
     uint32_t base = cfg->layers / cfg->pp, rem = cfg->layers % cfg->pp;
@@ -294,7 +326,7 @@ void kvr_demo_stage_layers(const kvr_demo_cfg_t *cfg, uint32_t stage,
     *end = s + base + (stage >= first_extra && stage < first_extra + rem);
 }
 
-uint64_t kvr_demo_tokens(const kvr_demo_cfg_t *cfg, uint32_t req)
+uint64_t demo_tokens(const demo_cfg_t *cfg, uint32_t req)
 {
     return cfg->tokens + (uint64_t)req * 97u;
 }
@@ -309,7 +341,7 @@ static uint64_t mix(uint64_t x)
 
 /* The reusing request starts with request 0's first half (whole virtual
  * blocks), so the leader's prefix cache hits. */
-uint32_t kvr_demo_token_id(const kvr_demo_cfg_t *cfg, uint32_t req, uint64_t pos)
+uint32_t demo_token_id(const demo_cfg_t *cfg, uint32_t req, uint64_t pos)
 {
     uint64_t V = kvr_virtual_block(&cfg->lay);
     uint64_t shared = (cfg->tokens / 2) / V * V;
@@ -318,12 +350,12 @@ uint32_t kvr_demo_token_id(const kvr_demo_cfg_t *cfg, uint32_t req, uint64_t pos
     return (uint32_t)(mix(mix(cfg->seed ^ 0x70ce) ^ ((uint64_t)req << 40) ^ pos) % 151000u);
 }
 
-void kvr_demo_request_id(uint32_t req, char *buf, size_t len)
+void demo_request_id(uint32_t req, char *buf, size_t len)
 {
     snprintf(buf, len, "req-%u", req);
 }
 
-bool kvr_demo_parse_request_id(const char *bytes, size_t len, uint32_t *req)
+bool demo_parse_request_id(const char *bytes, size_t len, uint32_t *req)
 {
     char buf[32];
     uint64_t v;
@@ -331,39 +363,39 @@ bool kvr_demo_parse_request_id(const char *bytes, size_t len, uint32_t *req)
         return false;
     memcpy(buf, bytes + 4, len - 4);
     buf[len - 4] = '\0';
-    if (!kvr_tool_parse_u64(buf, 0, KVR_DEMO_MAX_REQUESTS - 1, &v))
+    if (!cli_parse_u64(buf, 0, DEMO_MAX_REQUESTS - 1, &v))
         return false;
     *req = (uint32_t)v;
     return true;
 }
 
-static uint32_t src_base(const kvr_demo_cfg_t *cfg, uint32_t req)
+static uint32_t src_base(const demo_cfg_t *cfg, uint32_t req)
 {
     uint32_t b = 0;
     for (uint32_t i = 0; i < req; i++)
-        b += (uint32_t)kvr_num_src_blocks(&cfg->lay, kvr_demo_tokens(cfg, i));
+        b += (uint32_t)kvr_num_src_blocks(&cfg->lay, demo_tokens(cfg, i));
     return b;
 }
 
-uint32_t kvr_demo_src_pool(const kvr_demo_cfg_t *cfg)
+uint32_t demo_src_pool(const demo_cfg_t *cfg)
 {
     return src_base(cfg, cfg->requests) + 7;
 }
 
-uint32_t kvr_demo_dst_pool(const kvr_demo_cfg_t *cfg)
+uint32_t demo_dst_pool(const demo_cfg_t *cfg)
 {
     uint32_t b = 0;
     for (uint32_t i = 0; i < cfg->requests; i++)
-        b += (uint32_t)kvr_num_dst_blocks(&cfg->lay, kvr_demo_tokens(cfg, i));
+        b += (uint32_t)kvr_num_dst_blocks(&cfg->lay, demo_tokens(cfg, i));
     return b + 3;
 }
 
 /* Request tables are slices of one seeded permutation of the pool, so
  * block ids are scattered but identical on every stage. */
-void kvr_demo_src_blocks(const kvr_demo_cfg_t *cfg, uint32_t req, uint32_t *out)
+void demo_src_blocks(const demo_cfg_t *cfg, uint32_t req, uint32_t *out)
 {
-    uint32_t pool = kvr_demo_src_pool(cfg), base = src_base(cfg, req);
-    uint32_t n = (uint32_t)kvr_num_src_blocks(&cfg->lay, kvr_demo_tokens(cfg, req));
+    uint32_t pool = demo_src_pool(cfg), base = src_base(cfg, req);
+    uint32_t n = (uint32_t)kvr_num_src_blocks(&cfg->lay, demo_tokens(cfg, req));
     uint32_t *perm = malloc(pool * sizeof(*perm));
     if (perm == NULL)
         return;
@@ -380,14 +412,14 @@ void kvr_demo_src_blocks(const kvr_demo_cfg_t *cfg, uint32_t req, uint32_t *out)
     free(perm);
 }
 
-uint32_t kvr_demo_region(const kvr_demo_cfg_t *cfg, uint32_t i, bool consumer,
+uint32_t demo_region(const demo_cfg_t *cfg, uint32_t i, bool consumer,
                          kvr_region_desc_t *desc)
 {
     uint32_t nidx = cfg->index_every ? (cfg->layers + cfg->index_every - 1) / cfg->index_every : 0;
     if (desc == NULL)
         return cfg->layers + nidx;
     kvr_region_desc_t d = {0};
-    d.num_blocks = consumer ? kvr_demo_dst_pool(cfg) : kvr_demo_src_pool(cfg);
+    d.num_blocks = consumer ? demo_dst_pool(cfg) : demo_src_pool(cfg);
     if (i < cfg->layers) {
         d.role = KVR_ROLE_MLA;
         d.layer = i;
@@ -403,7 +435,7 @@ uint32_t kvr_demo_region(const kvr_demo_cfg_t *cfg, uint32_t i, bool consumer,
     return cfg->layers + nidx;
 }
 
-kvr_conn_params_t kvr_demo_conn_params(const kvr_demo_cfg_t *cfg,
+kvr_conn_params_t demo_conn_params(const demo_cfg_t *cfg,
                                        kvr_wire_side_t side,
                                        const kvr_wire_topo_t *topo,
                                        const uint8_t *key)
@@ -421,12 +453,36 @@ kvr_conn_params_t kvr_demo_conn_params(const kvr_demo_cfg_t *cfg,
     p.tl = cfg->tl;
     p.executor = cfg->exec;
     p.deadline_ms = cfg->deadline_ms;
-    p.leader_blocks = kvr_demo_dst_pool(cfg);
+    p.leader_blocks = demo_dst_pool(cfg);
     p.cuda_device = cfg->cuda_device;
     return p;
 }
 
-kvr_status_t kvr_demo_load_key(const kvr_demo_cfg_t *cfg, uint8_t *key,
+/* Keys are the options' names: a refusal ("settings differ: requests=4 vs
+ * requests=2") names the option to fix. */
+static void settings_text(const demo_cfg_t *cfg, char *buf, size_t len)
+{
+    snprintf(buf, len, "requests=%u tokens=%llu seed=%llu reuse=%s layers=%u "
+             "index-every=%u pp=%u", cfg->requests, (unsigned long long)cfg->tokens,
+             (unsigned long long)cfg->seed, cfg->reuse ? "yes" : "no",
+             cfg->layers, cfg->index_every, cfg->pp);
+}
+
+kvr_status_t demo_conn_create(const demo_cfg_t *cfg, const kvr_conn_params_t *p,
+                              kvr_conn_t **conn, kvr_error_t *err)
+{
+    char text[KVR_WIRE_TEXT_MAX + 1];
+    kvr_status_t st = kvr_conn_create(p, conn, err);
+    if (st != KVR_OK)
+        return st;
+    settings_text(cfg, text, sizeof(text));
+    st = kvr_conn_set_settings(*conn, text);
+    if (st != KVR_OK)
+        return kvr_error_set(err, st, "%s", kvr_conn_last_error(*conn));
+    return KVR_OK;
+}
+
+kvr_status_t demo_load_key(const demo_cfg_t *cfg, uint8_t *key,
                                bool *have, kvr_error_t *err)
 {
     *have = false;
@@ -453,7 +509,7 @@ static kvr_status_t mismatch(kvr_error_t *err, const kvr_region_desc_t *d,
                          (unsigned long long)(off + i), want[i], got[i]);
 }
 
-static kvr_status_t verify_index_token(const kvr_demo_cfg_t *cfg, uint32_t rank,
+static kvr_status_t verify_index_token(const demo_cfg_t *cfg, uint32_t rank,
                                        const kvr_region_desc_t *d, const uint8_t *base,
                                        const kvr_conn_event_t *ev, uint64_t g,
                                        uint32_t tok, kvr_error_t *err)
@@ -479,7 +535,7 @@ static kvr_status_t verify_index_token(const kvr_demo_cfg_t *cfg, uint32_t rank,
     return KVR_OK;
 }
 
-static kvr_status_t verify_region(const kvr_demo_cfg_t *cfg, uint32_t rank,
+static kvr_status_t verify_region(const demo_cfg_t *cfg, uint32_t rank,
                                   uint32_t req, const kvr_region_desc_t *d,
                                   const uint8_t *base, const kvr_conn_event_t *ev,
                                   kvr_error_t *err)
@@ -489,7 +545,7 @@ static kvr_status_t verify_region(const kvr_demo_cfg_t *cfg, uint32_t rank,
     uint8_t want[65536];
     for (uint64_t g = 0; g < ev->num_tokens; g++) {
         bool owned = kvr__owner(g, I, W) == rank;
-        uint32_t tok = kvr_demo_token_id(cfg, req, g);
+        uint32_t tok = demo_token_id(cfg, req, g);
         kvr_status_t st = KVR_OK;
         if (d->role == KVR_ROLE_MLA && owned) {
             uint64_t off = kvr__dst_slot(ev->dst_blocks, g, bs, I, W) * cfg->token_bytes;
@@ -519,13 +575,13 @@ static kvr_status_t check_ids(const uint32_t *ids, uint64_t n,
     return KVR_OK;
 }
 
-kvr_status_t kvr_demo_verify(const kvr_demo_cfg_t *cfg, uint32_t rank,
+kvr_status_t demo_verify(const demo_cfg_t *cfg, uint32_t rank,
                              const kvr_region_desc_t *descs, void *const *bases,
                              uint32_t num_regions, const kvr_conn_event_t *ev,
                              kvr_error_t *err)
 {
     uint32_t req;
-    if (!kvr_demo_parse_request_id((const char *)ev->request_id.bytes,
+    if (!demo_parse_request_id((const char *)ev->request_id.bytes,
                                    ev->request_id.len, &req))
         return kvr_error_set(err, KVR_ERR_INVALID, "request id is not a demo id");
     uint64_t need = kvr_num_dst_blocks(&cfg->lay, ev->num_tokens);
@@ -556,15 +612,15 @@ static const char *const shared_flags[] = {"replicate-index", "sharded-index",
                                            "no-preshuffle", "no-reuse",
                                            "insecure", "verbose", NULL};
 
-static int one_option(int argc, char **argv, int *i, kvr_demo_cfg_t *cfg,
+static int one_option(int argc, char **argv, int *i, demo_cfg_t *cfg,
                       const char *cmd, const char *const *own_flags,
-                      kvr_demo_own_fn own, void *ctx)
+                      demo_own_fn own, void *ctx)
 {
     char name[64];
     const char *arg = argv[*i] + 2, *eq = strchr(arg, '='), *value = NULL;
     size_t len = eq ? (size_t)(eq - arg) : strlen(arg);
     if (len >= sizeof(name))
-        return kvr_tool_usage_error(cmd, "unknown option '%s'", argv[*i]);
+        return cli_usage_error(cmd, "unknown option '%s'", argv[*i]);
     memcpy(name, arg, len);
     name[len] = '\0';
     bool flag = in_list(shared_flags, name) || in_list(own_flags, name);
@@ -573,35 +629,35 @@ static int one_option(int argc, char **argv, int *i, kvr_demo_cfg_t *cfg,
     else if (!flag && *i + 1 < argc)
         value = argv[++*i];
     else if (!flag)
-        return kvr_tool_usage_error(cmd, "option '--%s' needs a value", name);
+        return cli_usage_error(cmd, "option '--%s' needs a value", name);
     int rc = own ? own(ctx, name, value) : 0;
     if (rc == 0)
-        rc = kvr_demo_option(cfg, cmd, name, value);
+        rc = demo_cfg_option(cfg, cmd, name, value);
     if (rc == 0)
-        return kvr_tool_usage_error(cmd, "unknown option '--%s' (see --help)", name);
-    return rc < 0 ? KVR_EXIT_USAGE : -1;
+        return cli_usage_error(cmd, "unknown option '--%s' (see --help)", name);
+    return rc < 0 ? CLI_EXIT_USAGE : -1;
 }
 
-int kvr_demo_parse(int argc, char **argv, kvr_demo_cfg_t *cfg, const char *cmd,
+int demo_parse(int argc, char **argv, demo_cfg_t *cfg, const char *cmd,
                    const char *usage, const char *const *own_flags,
-                   kvr_demo_own_fn own, void *ctx)
+                   demo_own_fn own, void *ctx)
 {
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "--help") == 0) {
             fputs(usage, stdout);
-            fputs(kvr_demo_options_help, stdout);
-            return KVR_EXIT_OK;
+            fputs(demo_options_help, stdout);
+            return CLI_EXIT_OK;
         }
         if (strncmp(argv[i], "--", 2) != 0)
-            return kvr_tool_usage_error(cmd, "unexpected argument '%s'", argv[i]);
+            return cli_usage_error(cmd, "unexpected argument '%s'", argv[i]);
         int rc = one_option(argc, argv, &i, cfg, cmd, own_flags, own, ctx);
         if (rc >= 0)
             return rc;
     }
-    return kvr_demo_cfg_check(cfg, cmd) ? -1 : KVR_EXIT_USAGE;
+    return demo_cfg_check(cfg, cmd) ? -1 : CLI_EXIT_USAGE;
 }
 
-void kvr_demo_image_name(char *buf, size_t len, int rank,
+void demo_image_name(char *buf, size_t len, int rank,
                          const kvr_region_desc_t *d)
 {
     if (rank < 0)
@@ -611,7 +667,7 @@ void kvr_demo_image_name(char *buf, size_t len, int rank,
                  kvr_role_name(d->role));
 }
 
-bool kvr_demo_write_file(const char *dir, const char *name, const void *data,
+bool demo_write_file(const char *dir, const char *name, const void *data,
                          uint64_t len)
 {
     char path[4096];

@@ -14,7 +14,7 @@
 #include "commands.h"
 
 /* "H:D:E[:hnd][xCOUNT]" after "dense:" (E: bytes per element). */
-bool kvr_tool_parse_dense(const char *text, kvr_region_desc_t *out,
+bool cli_parse_dense(const char *text, kvr_region_desc_t *out,
                           uint32_t *count)
 {
     char buf[128];
@@ -25,13 +25,13 @@ bool kvr_tool_parse_dense(const char *text, kvr_region_desc_t *out,
     char *x = strchr(buf, 'x');
     if (x != NULL) {
         *x = '\0';
-        if (!kvr_tool_parse_u64(x + 1, 1, 1u << 20, &c))
+        if (!cli_parse_u64(x + 1, 1, 1u << 20, &c))
             return false;
     }
     kvr_region_desc_t r = {.role = KVR_ROLE_DENSE};
     char *save = NULL, *tok = strtok_r(buf, ":", &save);
     for (int i = 0; i < 3; i++, tok = strtok_r(NULL, ":", &save))
-        if (tok == NULL || !kvr_tool_parse_u64(tok, 1, 1u << 16, &v[i]))
+        if (tok == NULL || !cli_parse_u64(tok, 1, 1u << 16, &v[i]))
             return false;
     if (tok != NULL && strcmp(tok, "hnd") != 0 && strcmp(tok, "nhd") != 0)
         return false;
@@ -46,7 +46,7 @@ bool kvr_tool_parse_dense(const char *text, kvr_region_desc_t *out,
     return true;
 }
 
-bool kvr_tool_plan_needs_pairs(const kvr_layout_t *lay,
+bool cli_plan_needs_pairs(const kvr_layout_t *lay,
                                const kvr_region_pair_t *pairs, size_t n)
 {
     if (!kvr_layout_producer_plain(lay))
@@ -57,7 +57,7 @@ bool kvr_tool_plan_needs_pairs(const kvr_layout_t *lay,
     return false;
 }
 
-void kvr_tool_pair_plan_free(kvr_tool_pair_plan_t *pp)
+void cli_pair_plan_free(cli_pair_plan_t *pp)
 {
     free(pp->sources);
     free(pp->per_pair);
@@ -100,16 +100,16 @@ static size_t axis_pairs(kvr_axis_t axis, const kvr_region_pair_t *pairs,
     return m;
 }
 
-static kvr_status_t add_source(kvr_tool_pair_plan_t *pp, kvr_axis_t axis,
+static kvr_status_t add_source(cli_pair_plan_t *pp, kvr_axis_t axis,
                                uint32_t p, const kvr_plan_set_t *set,
                                const size_t *index, size_t m)
 {
-    kvr_tool_source_t *s = &pp->sources[pp->num_sources++];
-    *s = (kvr_tool_source_t){axis, p, kvr_plan_set_total_runs(set),
+    cli_source_t *s = &pp->sources[pp->num_sources++];
+    *s = (cli_source_t){axis, p, kvr_plan_set_total_runs(set),
                              kvr_plan_set_total_bytes(set)};
     for (size_t i = 0; i < m; i++) {
         const kvr_plan_t *plan = kvr_plan_set_plan_of(set, i);
-        kvr_tool_totals_t *t = &pp->per_pair[index[i]];
+        cli_totals_t *t = &pp->per_pair[index[i]];
         t->runs += kvr_plan_num_runs(plan);
         t->uncoalesced += kvr_plan_runs_uncoalesced(plan);
         t->bytes += kvr_plan_bytes(plan);
@@ -122,7 +122,7 @@ static kvr_status_t add_source(kvr_tool_pair_plan_t *pp, kvr_axis_t axis,
 static kvr_status_t plan_axis(const kvr_layout_t *lay, kvr_axis_t axis,
                               uint32_t c, const kvr_region_pair_t *pairs,
                               size_t n, const kvr_request_t *req,
-                              kvr_tool_pair_plan_t *pp, kvr_error_t *err)
+                              cli_pair_plan_t *pp, kvr_error_t *err)
 {
     uint32_t np = kvr_axis_ranks(lay, axis, false);
     kvr_region_pair_t *sub = calloc(n + 1, sizeof(*sub));
@@ -149,11 +149,11 @@ static kvr_status_t plan_axis(const kvr_layout_t *lay, kvr_axis_t axis,
     return st;
 }
 
-kvr_status_t kvr_tool_plan_pairs(const kvr_layout_t *lay, uint32_t dcp_rank,
+kvr_status_t cli_plan_pairs(const kvr_layout_t *lay, uint32_t dcp_rank,
                                  uint32_t tp_rank,
                                  const kvr_region_pair_t *pairs, size_t n,
                                  const kvr_request_t *req,
-                                 kvr_tool_pair_plan_t *pp, kvr_error_t *err)
+                                 cli_pair_plan_t *pp, kvr_error_t *err)
 {
     memset(pp, 0, sizeof(*pp));
     size_t cap = (size_t)kvr_axis_ranks(lay, KVR_AXIS_DCP, false) +
@@ -161,7 +161,7 @@ kvr_status_t kvr_tool_plan_pairs(const kvr_layout_t *lay, uint32_t dcp_rank,
     pp->sources = calloc(cap + 1, sizeof(*pp->sources));
     pp->per_pair = calloc(n + 1, sizeof(*pp->per_pair));
     if (pp->sources == NULL || pp->per_pair == NULL) {
-        kvr_tool_pair_plan_free(pp);
+        cli_pair_plan_free(pp);
         return kvr_error_set(err, KVR_ERR_NO_MEMORY, "no memory");
     }
     kvr_status_t st = plan_axis(lay, KVR_AXIS_DCP, dcp_rank, pairs, n, req,
@@ -169,6 +169,6 @@ kvr_status_t kvr_tool_plan_pairs(const kvr_layout_t *lay, uint32_t dcp_rank,
     if (st == KVR_OK)
         st = plan_axis(lay, KVR_AXIS_TP, tp_rank, pairs, n, req, pp, err);
     if (st != KVR_OK)
-        kvr_tool_pair_plan_free(pp);
+        cli_pair_plan_free(pp);
     return st;
 }

@@ -125,8 +125,9 @@ static void class_text(const kvr_wire_class_t *k, char *buf, size_t cap)
                  k->width);
 }
 
-static kvr_status_t cmp_classes(const kvr_msg_hello_t *a,
-                                const kvr_msg_hello_t *b, kvr_error_t *err)
+/* Both sides hold the same classes (two decode ranks). */
+static kvr_status_t same_classes(const kvr_msg_hello_t *a,
+                                 const kvr_msg_hello_t *b, kvr_error_t *err)
 {
     uint32_t n = a->num_classes > b->num_classes ? a->num_classes
                                                  : b->num_classes;
@@ -146,6 +147,58 @@ static kvr_status_t cmp_classes(const kvr_msg_hello_t *a,
                              i, x, y);
     }
     return KVR_OK;
+}
+
+static const kvr_wire_class_t *find_class(const kvr_msg_hello_t *h,
+                                          const kvr_wire_class_t *k,
+                                          bool same_role_only)
+{
+    for (uint32_t i = 0; i < h->num_classes; i++)
+        if (same_role_only ? h->classes[i].role == k->role
+                           : kvr__class_cmp(&h->classes[i], k) == 0)
+            return &h->classes[i];
+    return NULL;
+}
+
+/* A producer stage holds the classes of its own layers only: a stage with
+ * no index layer has no index class. Each of its classes must be one the
+ * consumer holds; a class the consumer lacks, or holds with other widths,
+ * is a real mismatch. */
+static kvr_status_t producer_classes(const kvr_msg_hello_t *a,
+                                     const kvr_msg_hello_t *b,
+                                     kvr_error_t *err)
+{
+    bool here_producer = a->side == KVR_WIRE_PRODUCER;
+    const kvr_msg_hello_t *prod = here_producer ? a : b;
+    const kvr_msg_hello_t *cons = here_producer ? b : a;
+    for (uint32_t i = 0; i < prod->num_classes; i++) {
+        const kvr_wire_class_t *k = &prod->classes[i];
+        if (find_class(cons, k, false) != NULL)
+            continue;
+        const kvr_wire_class_t *role = find_class(cons, k, true);
+        char p[96], c[96];
+        class_text(k, p, sizeof(p));
+        if (role == NULL)
+            return kvr_error_set(err, KVR_ERR_LAYOUT_MISMATCH,
+                                 "layout mismatch: the producer's (%s) region "
+                                 "class %s has no twin on the consumer (%s)",
+                                 here_producer ? "here" : "peer", p,
+                                 here_producer ? "peer" : "here");
+        class_text(role, c, sizeof(c));
+        return kvr_error_set(err, KVR_ERR_LAYOUT_MISMATCH,
+                             "layout mismatch: region class %s vs %s "
+                             "(here vs peer)",
+                             here_producer ? p : c, here_producer ? c : p);
+    }
+    return KVR_OK;
+}
+
+static kvr_status_t cmp_classes(const kvr_msg_hello_t *a,
+                                const kvr_msg_hello_t *b, kvr_error_t *err)
+{
+    if (a->side == b->side)
+        return same_classes(a, b, err);
+    return producer_classes(a, b, err);
 }
 
 /* Raw layout fields in digest order, then those outside the digest. */
@@ -176,10 +229,70 @@ static kvr_status_t cmp_layout(const kvr_msg_hello_t *a,
     if (x->producer_tp != y->producer_tp)
         return MISMATCH(err, "producer TP size", "%u", x->producer_tp,
                         y->producer_tp);
-    if (a->digest != b->digest)
+    /* The two digests cover different class sets when a stage lacks a
+     * class, so the peer's digest is checked against its own raw fields:
+     * a difference means the two builds compute the digest differently. */
+    uint64_t theirs = 0;
+    s = classes_digest(b, &theirs, err);
+    if (s == KVR_OK && theirs != b->digest)
         return MISMATCH(err, "digest (raw fields agree)", "%016" PRIx64,
-                        a->digest, b->digest);
-    return KVR_OK;
+                        theirs, b->digest);
+    return s;
+}
+
+/* The next "key=value" token of a settings text: *key and *klen name the
+ * key, *tok and *tlen the whole token; returns the rest, or NULL at the end. */
+static const char *next_setting(const char *s, const char **tok, size_t *tlen,
+                                size_t *klen)
+{
+    s += strspn(s, " ");
+    if (*s == '\0')
+        return NULL;
+    *tok = s;
+    *tlen = strcspn(s, " ");
+    const char *eq = memchr(s, '=', *tlen);
+    *klen = eq ? (size_t)(eq - s) : *tlen;
+    return s + *tlen;
+}
+
+/* The token of `text` whose key is key[0..klen), or NULL. */
+static const char *find_setting(const char *text, const char *key, size_t klen,
+                                size_t *tlen)
+{
+    const char *tok = NULL;
+    size_t kl = 0;
+    for (const char *s = text; (s = next_setting(s, &tok, tlen, &kl)) != NULL;)
+        if (kl == klen && memcmp(tok, key, klen) == 0)
+            return tok;
+    return NULL;
+}
+
+/* The first setting of `a` that `b` lacks or holds with another value. */
+static bool first_difference(const char *a, const char *b, const char **tok,
+                             size_t *tlen, const char **other, size_t *olen)
+{
+    size_t klen = 0;
+    for (const char *s = a; (s = next_setting(s, tok, tlen, &klen)) != NULL;) {
+        *other = find_setting(b, *tok, klen, olen);
+        if (*other == NULL || *olen != *tlen || memcmp(*other, *tok, *tlen) != 0)
+            return true;
+    }
+    return false;
+}
+
+/* Application settings: the same pairs on both sides, in any order. */
+static kvr_status_t cmp_settings(const kvr_msg_hello_t *a,
+                                 const kvr_msg_hello_t *b, kvr_error_t *err)
+{
+    const char *x = NULL, *y = NULL;
+    size_t xl = 0, yl = 0;
+    bool here_first = first_difference(a->settings, b->settings, &x, &xl, &y, &yl);
+    if (!here_first && !first_difference(b->settings, a->settings, &y, &yl, &x, &xl))
+        return KVR_OK;
+    return kvr_error_set(err, KVR_ERR_LAYOUT_MISMATCH,
+                         "settings differ: %.*s vs %.*s (here vs peer)",
+                         x ? (int)xl : 7, x ? x : "(unset)",
+                         y ? (int)yl : 7, y ? y : "(unset)");
 }
 
 /* The peer's own topology must make sense before anything is planned. */
@@ -247,5 +360,7 @@ kvr_status_t kvr_wire_hello_check(const kvr_msg_hello_t *ours,
     kvr_status_t s = kvr_wire_hello_check_intro(ours, peer, peer_side, err);
     if (s == KVR_OK)
         s = check_topo(peer, err);
-    return s == KVR_OK ? cmp_layout(ours, peer, err) : s;
+    if (s == KVR_OK)
+        s = cmp_layout(ours, peer, err);
+    return s == KVR_OK ? cmp_settings(ours, peer, err) : s;
 }

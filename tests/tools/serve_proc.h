@@ -7,8 +7,10 @@
 #include <sys/types.h>
 #include <unistd.h>
 
-/* Runs `sh -c cmd` (cmd should exec kvrelay serve) with stdout piped. */
-static inline pid_t start_listening(const char *cmd, int *port)
+/* Runs `sh -c cmd` (cmd should exec kvrelay serve) with stdout piped and
+ * reads up to its "listening PORT" line; *rest (NULL: the pipe is closed)
+ * receives the pipe for the event lines after it. */
+static inline pid_t start_listening_rest(const char *cmd, int *port, FILE **rest)
 {
     int p[2];
     assert_int_equal(pipe(p), 0);
@@ -25,9 +27,17 @@ static inline pid_t start_listening(const char *cmd, int *port)
     *port = 0;
     while (fgets(line, sizeof(line), f) != NULL && sscanf(line, "listening %d", port) != 1)
         ;
-    fclose(f);
+    if (rest != NULL)
+        *rest = f;
+    else
+        fclose(f);
     assert_true(*port > 0);
     return pid;
+}
+
+static inline pid_t start_listening(const char *cmd, int *port)
+{
+    return start_listening_rest(cmd, port, NULL);
 }
 
 #endif

@@ -141,14 +141,25 @@ static void test_padding_and_units(void **state)
     json_decref(r);
 }
 
-/* A budget below one block holds 0 blocks; the ratio is undefined. */
+/* A budget below one block is refused (a bare number is bytes: "80" is not
+ * 80 GiB), naming the budget and the block size; one block is enough. */
 static void test_budget_below_one_block(void **state)
 {
     (void)state;
-    json_t *r = capacity_json("--budget 1000 --region mla:576");
-    assert_int_equal(get(r, "blocks_per_rank"), 0);
-    assert_true(json_is_null(json_object_get(
-        json_object_get(r, "replication_cost"), "ratio")));
+    cli_expect_usage(kvr_bin, "capacity", "--budget 80 --region mla:576x61",
+                     "--budget 80 bytes holds no block (one block takes "
+                     "2248704 bytes)", &res);
+    assert_non_null(strstr(res.err, "80G"));
+    /* W = 4: sharded 36864 B per block, replicated 64 x 4 x 144 + 36864 */
+    cli_expect_usage(kvr_bin, "capacity", "--budget 40000 --dcp 4 --replicate-index "
+                     "--region mla:576 --region index:128", "holds no block", &res);
+    json_t *r = capacity_json("--budget 36864 --region mla:576");
+    assert_int_equal(get(r, "blocks_per_rank"), 1);
+    assert_true(ratio(r) == 1.0);
+    json_decref(r);
+    r = capacity_json("--budget 512M --region mla:576");
+    assert_int_equal(get(r, "budget"), 536870912);
+    assert_int_equal(get(r, "blocks_per_rank"), 536870912 / 36864);
     json_decref(r);
 }
 

@@ -169,6 +169,67 @@ static void test_errors(void **state)
     expect_usage(args, "no relayout");
 }
 
+/* random:SEED draws from --dst-num-blocks / --src-num-blocks when given
+ * (before, it drew from [0, 2n + 1) and ran past a smaller pool), refuses a
+ * pool smaller than the table, and needs memory for the table only. */
+static void test_random_tables_honour_pools(void **state)
+{
+    (void)state;
+    const char *base = "--block-size 64 --dcp 4 --rank 1 --tokens 4096 --region mla:576";
+    char args[512];
+    result_t r;
+    for (int seed = 1; seed <= 5; seed++) { /* 16 of 17 ids: nothing to spare */
+        snprintf(args, sizeof(args), "%s --dst-blocks random:%d --dst-num-blocks 17 "
+                 "--src-blocks random:%d --src-num-blocks 65", base, seed, seed);
+        run(args, &r);
+        if (r.status != 0)
+            fail_msg("'%s' exited %d: %s", args, r.status, r.err);
+    }
+    snprintf(args, sizeof(args), "%s --dst-blocks random:3 --dst-num-blocks 4000000000",
+             base);
+    run(args, &r);
+    assert_int_equal(r.status, 0);
+    snprintf(args, sizeof(args), "%s --dst-blocks random:3 --dst-num-blocks 10", base);
+    expect_usage(args, "--dst-blocks: a pool of 10 blocks is smaller than the 16 "
+                       "blocks the tokens need");
+    expect_usage("--block-size 1 --dcp 1 --rank 0 --tokens 1099511627776 "
+                 "--region mla:576", "is beyond u32 block ids");
+}
+
+#if defined(__SANITIZE_ADDRESS__)
+#define UNDER_ASAN 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define UNDER_ASAN 1
+#endif
+#endif
+
+/* A table that does not fit in memory is named, never an uninitialised
+ * message: 2^36 tokens need 2^30 source ids (4 GiB) under a 1 GiB limit
+ * (ASan reserves far more address space than that, so there its allocator
+ * refuses large allocations instead). */
+static void test_table_beyond_memory(void **state)
+{
+    (void)state;
+    char cmd[1024];
+#ifdef UNDER_ASAN
+    const char *limit = "ASAN_OPTIONS=allocator_may_return_null=1:"
+                        "max_allocation_size_mb=1024";
+#else
+    const char *limit = "ulimit -v 1048576;";
+#endif
+    snprintf(cmd, sizeof(cmd), "%s %s plan --block-size 64 --dcp 1 --rank 0 "
+             "--tokens 68719476736 --region mla:576 >cli_out.txt 2>cli_err.txt",
+             limit, kvr_bin);
+    int st = system(cmd);
+    char err[4096];
+    slurp("cli_err.txt", err, sizeof(err));
+    if (!WIFEXITED(st) || WEXITSTATUS(st) != 2)
+        fail_msg("exit %d: %s", WIFEXITED(st) ? WEXITSTATUS(st) : -1, err);
+    if (strstr(err, "--src-blocks: no memory for a table of 1073741824 block ids\n") == NULL)
+        fail_msg("stderr \"%s\"", err);
+}
+
 /* JSON of one consumer rank with several producer ranks: its sources in
  * ascending order, their sums the totals. Returns the root (caller frees). */
 static json_t *pairs_json(const char *args, json_int_t *src_ranks, size_t cap,
@@ -314,6 +375,8 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_headline_stage),
         cmocka_unit_test(test_text_output),
         cmocka_unit_test(test_errors),
+        cmocka_unit_test(test_random_tables_honour_pools),
+        cmocka_unit_test(test_table_beyond_memory),
         cmocka_unit_test(test_sharded_producer),
         cmocka_unit_test(test_tp_reshard),
         cmocka_unit_test(test_pairs_text_and_errors),

@@ -1,5 +1,5 @@
-/* Runs `kvrelay <command> ARGS` for the CLI tests of capacity and inspect:
- * exit status, stdout and stderr. */
+/* Runs `kvrelay <command> ARGS` for the CLI tests: exit status, stdout and
+ * stderr. */
 #ifndef KVR_TEST_INSPECT_CLI_H
 #define KVR_TEST_INSPECT_CLI_H
 

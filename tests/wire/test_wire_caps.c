@@ -361,9 +361,12 @@ static void test_hello_caps(void **state)
     m.u.hello.num_classes = KVR_WIRE_MAX_CLASSES;
     for (uint32_t i = 0; i < KVR_WIRE_MAX_CLASSES; i++)
         m.u.hello.classes[i].role = KVR_ROLE_OTHER;
+    memset(m.u.hello.settings, 's', KVR_WIRE_TEXT_MAX); /* the longest */
     size_t len = 0;
     assert_int_equal(kvr_wire_encoded_size(&m, &len, NULL), KVR_OK);
     assert_true(len <= KVR_WIRE_HELLO_FRAME_MAX);
+    memset(m.u.hello.settings, 's', sizeof(m.u.hello.settings));
+    expect_encode(&m, KVR_ERR_WIRE_LIMIT, "HELLO.settings: length 256 > cap 255");
 }
 
 /* The agent's messages: STAGES' count and sizes, the instance id's cap. */

@@ -171,6 +171,11 @@ static void bf16(side_cfg_t *c)
     c->regions[0].page_bytes = c->regions[1].page_bytes = 64 * 1152;
 }
 static void no_index(side_cfg_t *c) { c->n = 2; }
+static void d64(side_cfg_t *c)
+{
+    c->regions[2].index_dim = 64;
+    c->regions[2].page_bytes = 64 * 80;
+}
 static void tp8(side_cfg_t *c) { c->lay.tp = 8; }
 static void ptp2(side_cfg_t *c) { c->lay.producer_tp = 2; }
 static void i4_and_bs32(side_cfg_t *c)
@@ -188,8 +193,8 @@ static void test_mismatch_names_field(void **state)
     expect_mismatch(i4, "interleave 1 vs 4");
     expect_mismatch(sharded, "replicated vs sharded index");
     expect_mismatch(plain, "preshuffled vs plain index keys");
-    expect_mismatch(bf16, "region class 0: mla token bytes 576 vs mla token bytes 1152");
-    expect_mismatch(no_index, "region class 1: index D 128 Q 128 vs (none)");
+    expect_mismatch(bf16, "region class mla token bytes 576 vs mla token bytes 1152");
+    expect_mismatch(d64, "region class index D 128 Q 128 vs index D 64 Q 64");
     expect_mismatch(tp8, "consumer TP size 4 vs 8");
     expect_mismatch(ptp2, "producer TP size 1 vs 2");
     expect_mismatch(i4_and_bs32, "block size 64 vs 32"); /* the first one */
@@ -217,6 +222,87 @@ static void test_check_ok(void **state)
                      KVR_OK);
     assert_int_equal(kvr_wire_hello_check(&peer, &ours, KVR_WIRE_CONSUMER, NULL),
                      KVR_OK);
+}
+
+static kvr_status_t check_of(const side_cfg_t *here, kvr_wire_side_t here_side,
+                             const side_cfg_t *there, kvr_wire_side_t there_side,
+                             kvr_error_t *err)
+{
+    kvr_msg_hello_t ours = hello_of(here, here_side);
+    kvr_msg_hello_t peer = hello_of(there, there_side);
+    return kvr_wire_hello_check(&ours, &peer, there_side, err);
+}
+
+/* A PP stage with no index layer holds no index class: valid, seen from
+ * either side. A consumer that lacks a class the producer holds, or two
+ * decode ranks that differ in their classes, are real mismatches. */
+static void test_stage_without_a_class(void **state)
+{
+    (void)state;
+    side_cfg_t full = config(), lean = config();
+    no_index(&lean);
+    kvr_error_t err = {0};
+    const kvr_wire_side_t P = KVR_WIRE_PRODUCER, C = KVR_WIRE_CONSUMER;
+    assert_int_equal(check_of(&full, C, &lean, P, &err), KVR_OK);
+    assert_int_equal(check_of(&lean, P, &full, C, &err), KVR_OK);
+
+    assert_int_equal(check_of(&lean, C, &full, P, &err), KVR_ERR_LAYOUT_MISMATCH);
+    assert_non_null(strstr(err.msg, "the producer's (peer) region class index D "
+                                    "128 Q 128 has no twin on the consumer (here)"));
+    assert_int_equal(check_of(&full, P, &lean, C, &err), KVR_ERR_LAYOUT_MISMATCH);
+    assert_non_null(strstr(err.msg, "the producer's (here) region class index"));
+
+    assert_int_equal(check_of(&full, C, &lean, C, &err), KVR_ERR_LAYOUT_MISMATCH);
+    assert_non_null(strstr(err.msg, "region class 1: index D 128 Q 128 vs (none)"));
+}
+
+static void settings_check(const char *here, const char *there,
+                           const char *needle)
+{
+    side_cfg_t c = config();
+    kvr_msg_hello_t ours = hello_of(&c, KVR_WIRE_CONSUMER);
+    kvr_msg_hello_t peer = hello_of(&c, KVR_WIRE_PRODUCER);
+    strcpy(ours.settings, here);
+    strcpy(peer.settings, there);
+    if (needle == NULL)
+        assert_int_equal(kvr_wire_hello_check(&ours, &peer, KVR_WIRE_PRODUCER,
+                                              NULL), KVR_OK);
+    else
+        want_check(&ours, &peer, KVR_ERR_LAYOUT_MISMATCH, needle);
+}
+
+/* Application settings: equal pairs in any order pass; the first pair that
+ * differs is named with both values; a layout mismatch is named first. */
+static void test_settings(void **state)
+{
+    (void)state;
+    settings_check("", "", NULL);
+    settings_check("requests=4 tokens=3000", "tokens=3000  requests=4", NULL);
+    settings_check("requests=4 tokens=3000", "requests=2 tokens=3000",
+                   "settings differ: requests=4 vs requests=2 (here vs peer)");
+    settings_check("requests=4 tokens=3000", "requests=4",
+                   "settings differ: tokens=3000 vs (unset) (here vs peer)");
+    settings_check("requests=4", "requests=4 seed=9",
+                   "settings differ: (unset) vs seed=9 (here vs peer)");
+    settings_check("reuse", "reuse=no", "settings differ: reuse vs reuse=no");
+
+    side_cfg_t c = config(), d = config();
+    i4(&d);
+    kvr_msg_hello_t ours = hello_of(&c, KVR_WIRE_CONSUMER);
+    kvr_msg_hello_t peer = hello_of(&d, KVR_WIRE_PRODUCER);
+    strcpy(peer.settings, "requests=2");
+    want_check(&ours, &peer, KVR_ERR_LAYOUT_MISMATCH, "interleave 1 vs 4");
+
+    /* settings travel in the frame */
+    kvr_msg_t m = {.type = KVR_MSG_HELLO}, out;
+    m.u.hello = ours;
+    strcpy(m.u.hello.settings, "requests=4 seed=1");
+    uint8_t buf[KVR_WIRE_HELLO_FRAME_MAX];
+    size_t len;
+    assert_int_equal(kvr_wire_encode(&m, buf, sizeof(buf), &len, NULL), KVR_OK);
+    assert_int_equal(kvr_wire_decode(buf, len, &out, NULL), KVR_OK);
+    assert_string_equal(out.u.hello.settings, "requests=4 seed=1");
+    kvr_msg_free(&out);
 }
 
 static void test_version_role_key_topo(void **state)
@@ -283,6 +369,8 @@ int main(void)
         cmocka_unit_test(test_too_many_classes),
         cmocka_unit_test(test_mismatch_names_field),
         cmocka_unit_test(test_check_ok),
+        cmocka_unit_test(test_stage_without_a_class),
+        cmocka_unit_test(test_settings),
         cmocka_unit_test(test_version_role_key_topo),
         cmocka_unit_test(test_hello_on_the_wire),
     };

@@ -39,6 +39,11 @@ typedef struct {
     kvr_error_t cons_err;
 } fix_t;
 
+
+/* Deadlines of waits that succeed: generous, since a loaded 2-core machine
+ * under ASan is slow and a success returns long before them anyway. Waits
+ * that must time out keep their short deadlines. */
+#define SUCCESS_MS 30000u
 static void open_remote(fix_t *f, kvr_mem_t *mem, kvr_rmem_t **out)
 {
     kvr_remote_region_t desc;
@@ -167,7 +172,7 @@ static void test_direct(void **state)
     (void)state;
     fix_t f;
     kvr_exec_stats_t stats;
-    fix_init(&f, NULL, 4096, 2, 5000);
+    fix_init(&f, NULL, 4096, 2, SUCCESS_MS);
     assert_int_equal(run_pair(&f, KVR_EXEC_DIRECT, &stats), KVR_OK);
     assert_int_equal(f.cons_st, KVR_OK);
     assert_int_equal(stats.puts, kvr_plan_set_total_runs(f.set));
@@ -182,7 +187,7 @@ static void staged(bool map, uint64_t slot_bytes, uint32_t num_slots)
     lp.no_map = !map;
     fix_t f;
     kvr_exec_stats_t stats;
-    fix_init(&f, &lp, slot_bytes, num_slots, 5000);
+    fix_init(&f, &lp, slot_bytes, num_slots, SUCCESS_MS);
     assert_int_equal(run_pair(&f, KVR_EXEC_STAGED, &stats), KVR_OK);
     assert_int_equal(f.cons_st, KVR_OK);
     uint64_t bytes = kvr_plan_set_total_bytes(f.set);
@@ -206,7 +211,7 @@ static void test_pack_roundtrip(void **state)
 {
     (void)state;
     fix_t f;
-    fix_init(&f, NULL, 4096, 1, 1000);
+    fix_init(&f, NULL, 4096, 1, SUCCESS_MS);
     uint64_t total = kvr_xfer_stream_bytes(f.psegs, 2);
     unsigned char *buf = malloc(total);
     kvr_xfer_cursor_t pc = {0}, uc = {0};
@@ -227,10 +232,10 @@ static void test_bounds_and_garbage(void **state)
 {
     (void)state;
     fix_t f;
-    fix_init(&f, NULL, 4096, 1, 1000);
+    fix_init(&f, NULL, 4096, 1, SUCCESS_MS);
     unsigned char b[64] = {0};
     uint64_t len = kvr_rmem_len(f.rstage);
-    uint64_t dl = kvr_deadline_ns(1000);
+    uint64_t dl = kvr_deadline_ns(SUCCESS_MS);
     assert_int_equal(kvr_xfer_put(f.ep_pc, b, 64, f.rstage, len - 63, dl),
                      KVR_ERR_RUN_OUT_OF_BOUNDS);
     assert_int_equal(kvr_xfer_put(f.ep_pc, b, 1, f.rstage, UINT64_MAX, dl),
@@ -256,8 +261,8 @@ static void test_messages(void **state)
 {
     (void)state;
     fix_t f;
-    fix_init(&f, NULL, 4096, 1, 1000);
-    uint64_t dl = kvr_deadline_ns(1000);
+    fix_init(&f, NULL, 4096, 1, SUCCESS_MS);
+    uint64_t dl = kvr_deadline_ns(SUCCESS_MS);
     assert_int_equal(kvr_xfer_send_msg(f.ep_pc, 7, "seven", 5, dl), KVR_OK);
     assert_int_equal(kvr_xfer_send_msg(f.ep_pc, 8, "eight", 5, dl), KVR_OK);
     kvr_xfer_msg_t *m = NULL;
@@ -313,10 +318,10 @@ static void test_fault_drop_and_dup(void **state)
           KVR_ERR_VERIFY);
     lp.drop_msg_at = 0;
     lp.dup_msg_at = 1; /* duplicates are ignored */
-    fault(lp, KVR_EXEC_DIRECT, 2000, KVR_OK, KVR_OK, KVR_OK);
-    fault(lp, KVR_EXEC_STAGED, 2000, KVR_OK, KVR_OK, KVR_OK);
+    fault(lp, KVR_EXEC_DIRECT, SUCCESS_MS, KVR_OK, KVR_OK, KVR_OK);
+    fault(lp, KVR_EXEC_STAGED, SUCCESS_MS, KVR_OK, KVR_OK, KVR_OK);
     lp.dup_msg_at = 3;
-    fault(lp, KVR_EXEC_STAGED, 2000, KVR_OK, KVR_OK, KVR_OK);
+    fault(lp, KVR_EXEC_STAGED, SUCCESS_MS, KVR_OK, KVR_OK, KVR_OK);
 }
 
 static void test_fault_delay(void **state)
@@ -326,7 +331,7 @@ static void test_fault_delay(void **state)
     lp.delay_ms = 300;
     fault(lp, KVR_EXEC_DIRECT, 100, KVR_ERR_TIMEOUT, KVR_ERR_TIMEOUT, KVR_OK);
     lp.delay_ms = 5; /* slow but within the deadline */
-    fault(lp, KVR_EXEC_STAGED, 3000, KVR_OK, KVR_OK, KVR_OK);
+    fault(lp, KVR_EXEC_STAGED, SUCCESS_MS, KVR_OK, KVR_OK, KVR_OK);
 }
 
 static void test_fault_corrupt(void **state)
@@ -334,7 +339,7 @@ static void test_fault_corrupt(void **state)
     (void)state;
     kvr_loopback_params_t lp = KVR_LOOPBACK_PARAMS_INIT;
     lp.corrupt_put_at = 4;
-    fault(lp, KVR_EXEC_DIRECT, 2000, KVR_OK, KVR_OK, KVR_ERR_VERIFY);
+    fault(lp, KVR_EXEC_DIRECT, SUCCESS_MS, KVR_OK, KVR_OK, KVR_ERR_VERIFY);
 }
 
 static void test_fault_no_space(void **state)
@@ -385,7 +390,7 @@ static void test_peer_gone(void **state)
 {
     (void)state;
     fix_t f;
-    fix_init(&f, NULL, 4096, 1, 1000);
+    fix_init(&f, NULL, 4096, 1, SUCCESS_MS);
     kvr_rmem_close(f.rstage);
     f.rstage = NULL;
     for (int i = 0; i < 2; i++) {
@@ -410,10 +415,10 @@ static void test_forged_chunk(void **state)
 {
     (void)state;
     fix_t f;
-    fix_init(&f, NULL, 4096, 2, 2000);
+    fix_init(&f, NULL, 4096, 2, SUCCESS_MS);
     unsigned char m[28] = {42}; /* transfer 42, chunk 0, 0 bytes, slot 0 */
     assert_int_equal(kvr_xfer_send_msg(f.ep_pc, KVR_XFER_MSG_RESERVED + 1, m,
-                                       sizeof(m), kvr_deadline_ns(100)),
+                                       sizeof(m), kvr_deadline_ns(SUCCESS_MS)),
                      KVR_OK);
     kvr_error_t err = {0};
     assert_int_equal(kvr_exec_recv(f.ep_cp, KVR_EXEC_STAGED, f.csegs, 2, &f.cp,
@@ -427,7 +432,7 @@ static void test_cost_choose(void **state)
 {
     (void)state;
     fix_t f;
-    fix_init(&f, NULL, 4096, 1, 1000);
+    fix_init(&f, NULL, 4096, 1, SUCCESS_MS);
     kvr_cost_model_t tcp = {.put_s = 6e-6, .put_Bps = 1e9, .chunk_s = 50e-6,
                             .stage_Bps = 1e9, .copy_Bps = 6e9};
     double td, ts;
@@ -570,12 +575,10 @@ static void test_cost_measure(void **state)
 {
     (void)state;
     fix_t f;
-    fix_init(&f, NULL, 4u << 20, 1, 1000);
-    kvr_cost_probe_t probe = {.scratch = f.rstage,
-                              .small_bytes = 576,
-                              .small_count = 64,
-                              .large_bytes = 1 << 20,
-                              .deadline_ns = kvr_deadline_ns(2000)};
+    fix_init(&f, NULL, 4u << 20, 1, SUCCESS_MS);
+    kvr_cost_probe_t probe = {.scratch = f.rstage, .small_bytes = 576,
+                              .small_count = 64, .large_bytes = 1 << 20,
+                              .deadline_ns = kvr_deadline_ns(SUCCESS_MS)};
     kvr_cost_model_t m;
     assert_int_equal(kvr_cost_measure(f.ep_pc, &probe, &m, NULL), KVR_OK);
     assert_true(m.put_Bps > 0 && m.copy_Bps > 0 && m.put_s >= 0);
