@@ -30,7 +30,7 @@ tsan: deps
 	  -DKVR_TSAN=ON -DKVR_FUZZ=OFF -DKVR_CUDA=OFF -DCMAKE_C_COMPILER=clang
 	cmake --build $(TSAN_BUILD) -j $(JOBS) --target test_agent \
 	  test_agent_faults test_agent_threads test_agent_keys test_agent_notify test_agent_staged \
-	  test_xfer_loopback
+	  test_agent_regions test_agent_hostile test_xfer_loopback
 
 test-release: build
 	cd $(BUILD) && ctest --output-on-failure -j $(JOBS)
@@ -41,11 +41,11 @@ test-asan: asan
 test-tsan: tsan
 	cd $(TSAN_BUILD) && ctest --output-on-failure -j $(JOBS) -R '$(TSAN_TESTS)'
 
-# The three suites run even when one fails; each reports, and make fails if
-# any did. The ThreadSanitizer suite runs only the threaded tests.
+# Every suite runs even when an earlier one fails; each reports, and make
+# fails if any did. ThreadSanitizer runs the threaded tests only.
 test: build asan tsan
 	@JOBS=$(JOBS) tools/run-tests.sh $(BUILD) $(ASAN_BUILD) \
-	  '$(TSAN_BUILD)=$(TSAN_TESTS)'
+	  '$(TSAN_BUILD):$(TSAN_TESTS)'
 
 # make demo ARGS="--requests 8 --json": options go to `kvrelay demo`.
 demo: build

@@ -48,7 +48,6 @@
 #ifdef __cplusplus
 extern "C" {
 #endif
-
 KVR_API_BEGIN
 
 /* Longest instance id (bytes; the engine's own, e.g. a vLLM engine id). */
@@ -380,7 +379,6 @@ kvr_status_t kvr_agent_progress(kvr_agent_t *agent, uint32_t timeout_ms);
 int kvr_agent_fd(const kvr_agent_t *agent);
 
 KVR_API_END
-
 #ifdef __cplusplus
 }
 #endif

@@ -120,12 +120,12 @@ typedef struct kvr_msg_hello {
     kvr_wire_class_t classes[KVR_WIRE_MAX_CLASSES]; /* sorted, distinct */
     uint64_t digest;
     uint8_t nonce[KVR_WIRE_NONCE_BYTES];
-    kvr_wire_id_t instance; /* the sender's instance id, 0..64 bytes */
-    uint64_t incarnation;   /* random per process life; 0: none given */
     /* Settings both sides must share beyond the layout, defined by the
      * application ("" none): space-separated key=value pairs, e.g. the
      * demo's workload "requests=4 tokens=3000 seed=1". */
     char settings[KVR_WIRE_TEXT_MAX + 1];
+    kvr_wire_id_t instance; /* the sender's instance id, 0..64 bytes */
+    uint64_t incarnation;   /* random per process life; 0: none given */
 } kvr_msg_hello_t;
 
 typedef struct kvr_msg_auth {

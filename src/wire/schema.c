@@ -68,10 +68,10 @@ static const kvr__field_t hello_fields[] = {
             &class_rec),
     F_U64(H, digest),
     F_FIXED(H, nonce),
+    F_TEXT(H, settings),
     {"instance", KVR__F_ID, 0, 0, offsetof(H, instance), 0, 0,
      KVR_WIRE_INSTANCE_MAX, NULL},
     F_U64(H, incarnation),
-    F_TEXT(H, settings),
 };
 #undef H
 static const kvr__rec_t hello_rec = REC("HELLO", kvr_msg_hello_t, hello_fields);

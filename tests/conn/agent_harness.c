@@ -447,6 +447,43 @@ void open_all(world_t *w, uint32_t k, const ah_req_t *r,
         ah_open(&w->prod[k][s], r, lease_ms, 1, ready);
 }
 
+world_t *two_instances_loaded(ah_tweak_t tweak)
+{
+    world_t *w = world_new();
+    start_instance(w, 0, "prefill-a", 2, tweak);
+    start_instance(w, 1, "prefill-b", 1, tweak);
+    start_group_tweaked(w, 0, false, tweak);
+    ah_req_t a, b;
+    ah_req(&w->m, 5, 333, &a);
+    ah_req(&w->m, 6, 250, &b);
+    fill_all(w, 0, &a);
+    fill_all(w, 1, &b);
+    open_all(w, 0, &a, 0, true);
+    open_all(w, 1, &b, 0, true);
+    recv_all(w, 0, "prefill-a", &a, 0);
+    recv_all(w, 1, "prefill-b", &b, 0);
+    expect_loaded(w, 0, &a);
+    expect_loaded(w, 1, &b);
+    return w;
+}
+
+uint32_t one_rank_failed(world_t *w, const ah_req_t *r)
+{
+    uint32_t loaded = 0, failed = 0, rank = 0;
+    for (uint32_t c = 0; c < 2; c++) {
+        ah_wait(&w->cons[c], r->id, KVR_AGENT_RELEASED, AH_WAIT_MS);
+        loaded += ah_count(&w->cons[c], r->id, KVR_AGENT_LOADED);
+        if (ah_count(&w->cons[c], r->id, KVR_AGENT_LOAD_FAILED)) {
+            failed++;
+            rank = c;
+        }
+    }
+    if (loaded != 1 || failed != 1)
+        fail_msg("'%s': %u ranks loaded and %u failed, expected 1 and 1",
+                 r->id, loaded, failed);
+    return rank;
+}
+
 void recv_all(world_t *w, uint32_t k, const char *name,
                      const ah_req_t *r, uint32_t deadline_ms)
 {

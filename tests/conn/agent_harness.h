@@ -127,5 +127,12 @@ void open_all(world_t *w, uint32_t k, const ah_req_t *r, uint32_t lease_ms,
               bool ready);
 void recv_all(world_t *w, uint32_t k, const char *name, const ah_req_t *r,
               uint32_t deadline_ms);
+/* xPyD: a PP2 instance "prefill-a" and a PP1 "prefill-b" (both tweaked)
+ * feed one group (tweaked) two requests at once; both verified. The world
+ * is returned for more checks. */
+world_t *two_instances_loaded(ah_tweak_t tweak);
+/* Both ranks of the group released r: exactly one loaded and one failed
+ * (fail_msg otherwise); returns the failed rank. */
+uint32_t one_rank_failed(world_t *w, const ah_req_t *r);
 
 #endif

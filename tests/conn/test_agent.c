@@ -127,22 +127,7 @@ static void test_unknown_producer(void **state)
 static void test_two_instances(void **state)
 {
     (void)state;
-    world_t *w = world_new();
-    start_instance(w, 0, "prefill-a", 2, NULL);
-    start_instance(w, 1, "prefill-b", 1, NULL);
-    start_group(w, 0, false);
-    ah_req_t a, b;
-    ah_req(&w->m, 5, 333, &a);
-    ah_req(&w->m, 6, 250, &b);
-    fill_all(w, 0, &a);
-    fill_all(w, 1, &b);
-    open_all(w, 0, &a, 0, true);
-    open_all(w, 1, &b, 0, true);
-    recv_all(w, 0, "prefill-a", &a, 0);
-    recv_all(w, 1, "prefill-b", &b, 0);
-    expect_loaded(w, 0, &a);
-    expect_loaded(w, 1, &b);
-    world_free(w);
+    world_free(two_instances_loaded(NULL));
 }
 
 /* Nobody pulls: the lease ends, SEND_EXPIRED, the key is free again. */
