@@ -619,15 +619,23 @@ class Agent:
             left = end - time.monotonic()
             if left <= 0:
                 return
-            self._wait_fd(LIB.kvr_agent_event_fd, min(left, _WAIT_SLICE_S))
+            self._wait_fd(LIB.kvr_agent_event_fd, left)
 
     def _wait_fd(self, which: Callable[[int], int], seconds: float) -> bool:
-        """Waits until the agent's fd is readable or `seconds` pass (the
-        handle stays in use meanwhile, so close() cannot pull the fd away)."""
-        with self._use() as h:
-            p = select.poll()
-            p.register(which(h), select.POLLIN)
-            return bool(p.poll(max(0, int(seconds * 1000))))
+        """Waits until the agent's fd is readable or `seconds` pass. It
+        waits in slices of at most _WAIT_SLICE_S, holding the handle in use
+        during each (so close() cannot pull the fd away) and letting close()
+        from another thread in between (the next slice then raises)."""
+        end = time.monotonic() + seconds
+        while True:
+            left = end - time.monotonic()
+            with self._use() as h:
+                p = select.poll()
+                p.register(which(h), select.POLLIN)
+                if p.poll(max(0, int(min(left, _WAIT_SLICE_S) * 1000))):
+                    return True
+            if left <= _WAIT_SLICE_S:
+                return False
 
     @property
     def event_fd(self) -> int:
@@ -686,7 +694,8 @@ class Agent:
             return int(LIB.kvr_agent_fd(h))
 
     def wait_work(self, timeout: float) -> bool:
-        """Waits up to `timeout` seconds for fd to become readable."""
+        """Waits up to `timeout` seconds for fd to become readable; True
+        when it is."""
         return self._wait_fd(LIB.kvr_agent_fd, timeout)
 
 
