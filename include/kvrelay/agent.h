@@ -108,8 +108,10 @@ typedef struct kvr_agent_params {
     uint32_t idle_close_ms;   /* a link unused this long is closed */
     uint32_t connect_timeout_ms; /* dial plus handshake */
     uint32_t max_requests;    /* live requests per side; beyond, NO_SPACE */
-    int cuda_device;          /* -1: host memory. >= 0 is not supported by
-                                 the agent yet (KVR_ERR_UNSUPPORTED) */
+    int cuda_device;          /* -1: KV in host memory. >= 0: KV in CUDA
+                                 memory on this device, moved gpu-direct
+                                 between agents of one host (CUDA IPC,
+                                 docs/agent.md gpu-direct) */
 } kvr_agent_params_t;
 
 #define KVR_AGENT_PARAMS_INIT                                                  \
@@ -141,7 +143,8 @@ const char *kvr_agent_last_error(const kvr_agent_t *agent);
  * prefill model lacks): never announced, planned or waited for. */
 #define KVR_AGENT_REGION_CONSUMER_ONLY 0x1u
 
-/* Registers engine memory [base, base + bytes). */
+/* Registers engine memory [base, base + bytes): host memory, or device
+ * memory of params.cuda_device when it is >= 0. */
 kvr_status_t kvr_agent_add_region(kvr_agent_t *agent,
                                   const kvr_region_desc_t *desc, void *base,
                                   uint32_t flags);
@@ -177,8 +180,11 @@ typedef struct kvr_agent_send {
 kvr_status_t kvr_agent_send_open(kvr_agent_t *agent,
                                  const kvr_agent_send_t *send);
 /* Prefill wrote layers [layer_begin, layer_end). Pulls are served once the
- * stage's whole layer range is ready. cuda_event must be NULL for now (the
- * agent moves host memory; KVR_ERR_UNSUPPORTED otherwise). */
+ * stage's whole layer range is ready. cuda_event (a cudaEvent_t, agents
+ * with a CUDA device only, else KVR_ERR_UNSUPPORTED): the device copy is
+ * ordered after the work it recorded as of this call (cudaStreamWaitEvent
+ * on the agent's stream, here, on the calling thread; no host
+ * synchronisation). Keep the event alive until the request's outcome. */
 kvr_status_t kvr_agent_send_ready(kvr_agent_t *agent, const void *request_id,
                                   size_t request_id_len, uint32_t layer_begin,
                                   uint32_t layer_end, void *cuda_event);

@@ -102,6 +102,13 @@ kvr_status_t kvr_gpu_ref_unpack(const kvr_gpu_relayout_t *rl, uint32_t rank,
 /* (CUDA) Copies the tables to the current device; needed once per device
  * before the calls below run there. Synchronous. */
 kvr_status_t kvr_gpu_relayout_upload(kvr_gpu_relayout_t *rl, kvr_error_t *err);
+/* (CUDA) The same, stream-ordered: allocated and copied on `stream`
+ * (cudaMallocAsync), and freed there by kvr_gpu_relayout_destroy after the
+ * launches queued on it (cudaFreeAsync). No host synchronisation, and no
+ * device-wide wait of cudaFree: for callers that must not wait on other
+ * streams' work (the agent). Launch with this relayout on that stream. */
+kvr_status_t kvr_gpu_relayout_upload_async(kvr_gpu_relayout_t *rl,
+                                           void *stream, kvr_error_t *err);
 
 /* (CUDA) Direct scatter into every rank at once: dst_bases[r] is rank r's
  * region base, any pointer the current device can write (its own memory, a
@@ -145,6 +152,21 @@ kvr_status_t kvr_gpu_memcpy(void *dst, const void *src, size_t len,
                             kvr_error_t *err);
 /* Waits for everything queued on `stream` (NULL: the legacy stream). */
 kvr_status_t kvr_gpu_sync(void *stream, kvr_error_t *err);
+
+/* Streams and events for callers without CUDA headers (the agent): a
+ * non-blocking stream on `device`; an event without timing. */
+kvr_status_t kvr_gpu_stream_create(int device, void **stream, kvr_error_t *err);
+void kvr_gpu_stream_destroy(void *stream);
+kvr_status_t kvr_gpu_event_create(int device, void **event, kvr_error_t *err);
+void kvr_gpu_event_destroy(void *event);
+kvr_status_t kvr_gpu_event_record(void *event, void *stream, kvr_error_t *err);
+/* Work queued on `stream` from now on waits for `event`'s latest record
+ * (cudaStreamWaitEvent): no host synchronisation. */
+kvr_status_t kvr_gpu_stream_wait(void *stream, void *event, kvr_error_t *err);
+/* Non-blocking: *done is whether the event's work completed. */
+kvr_status_t kvr_gpu_event_done(void *event, int *done, kvr_error_t *err);
+/* Blocks until the event's work completed. */
+kvr_status_t kvr_gpu_event_sync(void *event, kvr_error_t *err);
 
 /* Names device memory for another process: the allocation's IPC handle plus
  * the pointer's offset inside it. Plain bytes; send it as is. */

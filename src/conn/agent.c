@@ -16,6 +16,8 @@
 
 static _Thread_local char tls_error[KVR_ERROR_MSG_MAX];
 
+static void unplace(kvr__aregion_t *r);
+
 static kvr_status_t fail(kvr_status_t st, const char *fmt, ...)
 #if defined(__GNUC__)
     __attribute__((format(printf, 2, 3)))
@@ -44,8 +46,9 @@ void kvr__agent_log(kvr_agent_t *a, const char *fmt, ...)
     vsnprintf(a->log, sizeof(a->log), fmt, ap);
     va_end(ap);
     if (getenv("KVR_AGENT_DEBUG") != NULL)
-        fprintf(stderr, "kvr agent %.*s: %s\n", (int)a->instance.len,
-                a->instance.bytes, a->log);
+        fprintf(stderr, "kvr agent %.*s %.3f: %s\n", (int)a->instance.len,
+                a->instance.bytes, (double)(kvr__now_ns() % 100000000000ull) / 1e9,
+                a->log);
 }
 
 /* ---- creation ---- */
@@ -121,6 +124,25 @@ static kvr_status_t check_topo(const kvr_agent_params_t *p, kvr_error_t *err)
     return KVR_OK;
 }
 
+/* KV in CUDA memory moves gpu-direct (one host), nothing else. */
+static kvr_status_t check_cuda(const kvr_agent_params_t *p, kvr_error_t *err)
+{
+    int n = kvr__gpu_device_count();
+    if (n == 0)
+        return kvr_error_set(err, KVR_ERR_UNSUPPORTED,
+                             "CUDA device %d: no CUDA device here, or kvrelay "
+                             "was built without CUDA", p->cuda_device);
+    if (p->cuda_device >= n)
+        return kvr_error_set(err, KVR_ERR_INVALID,
+                             "CUDA device %d out of range [0, %d)",
+                             p->cuda_device, n);
+    if (p->executor == KVR_AGENT_EXEC_STAGED)
+        return kvr_error_set(err, KVR_ERR_INVALID,
+                             "executor STAGED moves host memory; with a CUDA "
+                             "device the agent moves KV gpu-direct");
+    return KVR_OK;
+}
+
 static kvr_status_t check_params(const kvr_agent_params_t *p, kvr_error_t *err)
 {
     if (p->instance_id == NULL || p->instance_id_len == 0 ||
@@ -151,9 +173,7 @@ static kvr_status_t check_params(const kvr_agent_params_t *p, kvr_error_t *err)
         return kvr_error_set(err, KVR_ERR_INVALID, "max requests %u",
                              p->max_requests);
     if (p->cuda_device >= 0)
-        return kvr_error_set(err, KVR_ERR_UNSUPPORTED,
-                             "CUDA device %d: the agent moves host memory only "
-                             "so far", p->cuda_device);
+        return check_cuda(p, err);
     if (p->executor != KVR_AGENT_EXEC_AUTO &&
         p->executor != KVR_AGENT_EXEC_DIRECT &&
         p->executor != KVR_AGENT_EXEC_STAGED)
@@ -184,6 +204,9 @@ static kvr_status_t make_data(kvr_agent_t *a, kvr_error_t *err)
     if (a->p.loopback_hub != NULL)
         return kvr__data_create_loopback(a->p.loopback_hub, &a->p.loopback,
                                          &a->data, err);
+    /* gpu-direct moves nothing over the data transport: no UCX needed */
+    if (a->p.cuda_device >= 0)
+        return kvr__data_create_loopback(NULL, &a->p.loopback, &a->data, err);
     /* a consumer's engine-registered memory is the target of emulated puts,
      * which need its own progress */
     return kvr__data_create((int)a->p.tl, (a->p.role & KVR_AGENT_CONSUMER) != 0,
@@ -255,7 +278,8 @@ void kvr_agent_destroy(kvr_agent_t *a)
     kvr__pdir_free_all(a);
     kvr__loop_fini(a);
     for (uint32_t i = 0; i < a->num_regions; i++)
-        kvr__dmem_destroy(a->regions[i].mem);
+        unplace(&a->regions[i]);
+    kvr__gpu_stream_destroy(a->stream);
     kvr__data_destroy(a->data);
     for (kvr__cmd_t *c = a->inbox_head, *n; c != NULL; c = n) {
         n = c->next;
@@ -317,6 +341,9 @@ static kvr_status_t check_region(const kvr_agent_t *a,
                     "slots)");
     if (staging && a->staging >= 0)
         return fail(KVR_ERR_EXISTS, "a second STAGING region");
+    if (staging && a->p.cuda_device >= 0)
+        return fail(KVR_ERR_INVALID, "a STAGING region on an agent whose KV "
+                    "is in CUDA memory (it moves gpu-direct)");
     if (staging && d->num_blocks < 2)
         return fail(KVR_ERR_INVALID, "STAGING region of %llu slot(s): one "
                     "usable slot and the cost probe's scratch need 2",
@@ -338,6 +365,43 @@ static kvr_status_t check_region(const kvr_agent_t *a,
     return KVR_OK;
 }
 
+/* Memory for region r: allocated (alloc) or the engine's (*base); host
+ * memory is registered with the data transport, device memory is shared
+ * by CUDA IPC when a consumer announces it. */
+static kvr_status_t place(kvr_agent_t *a, kvr__aregion_t *r, uint64_t len,
+                          bool alloc, void **base, kvr_error_t *err)
+{
+    kvr_status_t st = KVR_OK;
+    r->device = a->p.cuda_device >= 0;
+    if (r->device && alloc) {
+        st = kvr__gpu_alloc(a->p.cuda_device, len, base, err);
+        r->owned = st == KVR_OK;
+    } else if (alloc) {
+        st = kvr__dmem_alloc(a->data, len, base, &r->mem, err);
+    } else if (!r->device) {
+        st = kvr__dmem_register(a->data, *base, len, &r->mem, err);
+    }
+    r->base = *base;
+    return st;
+}
+
+static void unplace(kvr__aregion_t *r)
+{
+    kvr__dmem_destroy(r->mem);
+    if (r->owned)
+        kvr__gpu_free(r->base);
+    memset(r, 0, sizeof(*r));
+}
+
+static kvr_status_t claim_staging(kvr_agent_t *a, const kvr_region_desc_t *d)
+{
+    a->slot_busy = calloc(d->num_blocks, 1);
+    if (a->slot_busy == NULL)
+        return fail(KVR_ERR_NO_MEMORY, "no memory");
+    a->staging = (int)a->num_regions;
+    return KVR_OK;
+}
+
 static kvr_status_t add_region(kvr_agent_t *a, const kvr_region_desc_t *desc,
                                void *base, uint32_t flags, void **base_out)
 {
@@ -346,29 +410,23 @@ static kvr_status_t add_region(kvr_agent_t *a, const kvr_region_desc_t *desc,
         return fail(KVR_ERR_INVALID, "NULL argument");
     pthread_mutex_lock(&a->turn_lock);
     kvr_status_t st = check_region(a, desc, flags);
-    kvr__aregion_t *r = &a->regions[a->num_regions];
-    uint64_t len = kvr_region_bytes(desc);
-    if (st == KVR_OK && base_out != NULL)
-        st = kvr__dmem_alloc(a->data, len, &base, &r->mem, &err);
-    else if (st == KVR_OK)
-        st = kvr__dmem_register(a->data, base, len, &r->mem, &err);
-    if (st == KVR_OK && desc->role == KVR_ROLE_STAGING) {
-        a->slot_busy = calloc(desc->num_blocks, 1);
-        st = a->slot_busy ? KVR_OK : fail(KVR_ERR_NO_MEMORY, "no memory");
-        if (st == KVR_OK)
-            a->staging = (int)a->num_regions;
-        else
-            kvr__dmem_destroy(r->mem);
+    kvr__aregion_t *r = st == KVR_OK ? &a->regions[a->num_regions] : NULL;
+    if (r != NULL) {
+        memset(r, 0, sizeof(*r));
+        st = place(a, r, kvr_region_bytes(desc), base_out != NULL, &base, &err);
     }
-    if (st == KVR_OK) {
+    if (r != NULL && st == KVR_OK && desc->role == KVR_ROLE_STAGING)
+        st = claim_staging(a, desc);
+    if (r != NULL && st != KVR_OK) {
+        unplace(r);
+        if (err.msg[0])
+            fail(st, "%s", err.msg);
+    } else if (r != NULL) {
         r->desc = *desc;
-        r->base = base;
         r->consumer_only = flags & KVR_AGENT_REGION_CONSUMER_ONLY;
         a->num_regions++;
         if (base_out != NULL)
             *base_out = base;
-    } else if (err.msg[0]) {
-        fail(st, "%s", err.msg);
     }
     pthread_mutex_unlock(&a->turn_lock);
     return st;
@@ -445,6 +503,8 @@ kvr_status_t kvr_agent_start(kvr_agent_t *a)
         st = kvr_error_set(&err, KVR_ERR_INVALID, "executor STAGED: the "
                            "consumer registered no STAGING region");
     order_regions(a);
+    if (st == KVR_OK && a->p.cuda_device >= 0)
+        st = kvr__gpu_stream_create(a->p.cuda_device, &a->stream, &err);
     if (st == KVR_OK)
         st = kvr__loop_start(a, &err);
     if (st == KVR_OK)
@@ -647,9 +707,7 @@ kvr_status_t kvr_agent_send_ready(kvr_agent_t *a, const void *req, size_t rlen,
                                   uint32_t layer_begin, uint32_t layer_end,
                                   void *cuda_event)
 {
-    if (cuda_event != NULL)
-        return fail(KVR_ERR_UNSUPPORTED, "CUDA events: the agent moves host "
-                    "memory only so far");
+    kvr_error_t err = {0};
     if (layer_begin >= layer_end)
         return fail(KVR_ERR_INVALID, "layer range [%u, %u) is empty",
                     layer_begin, layer_end);
@@ -657,6 +715,18 @@ kvr_status_t kvr_agent_send_ready(kvr_agent_t *a, const void *req, size_t rlen,
     kvr_status_t st = send_cmd(a, KVR__CMD_SEND_READY, req, rlen, &c);
     if (st != KVR_OK)
         return st;
+    if (cuda_event != NULL && a->p.cuda_device < 0)
+        st = fail(KVR_ERR_UNSUPPORTED, "a CUDA event, but this agent's KV is "
+                  "in host memory");
+    /* now, on the calling thread: the wait orders our kernels after the
+     * work the event recorded as of this call (no host synchronisation) */
+    else if (cuda_event != NULL &&
+             kvr__gpu_stream_wait(a->stream, cuda_event, &err) != KVR_OK)
+        st = fail(err.code, "%s", err.msg);
+    if (st != KVR_OK) {
+        kvr__cmd_free(c);
+        return st;
+    }
     c->layer_begin = layer_begin;
     c->layer_end = layer_end;
     return enqueue(a, c, KVR__SIDE_SEND, false, 0);

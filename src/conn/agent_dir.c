@@ -137,12 +137,15 @@ static kvr_status_t send_regions(kvr_agent_t *a, kvr__alink_t *l)
         if (a->regions[i].consumer_only)
             continue; /* staging goes: the producer writes chunks there */
         kvr_wire_region_t *r = &regs[n];
+        uint8_t *key = keys + (size_t)n * KVR_DATA_RKEY_MAX;
+        kvr_error_t err = {0};
         r->desc = a->regions[i].desc;
         r->base = (uint64_t)(uintptr_t)a->regions[i].base;
-        r->rkey = keys + (size_t)n * KVR_DATA_RKEY_MAX;
+        r->rkey = key;
         r->memory = KVR_WIRE_MEM_HOST;
-        st = kvr__dmem_rkey(a->regions[i].mem, keys + (size_t)n * KVR_DATA_RKEY_MAX,
-                            &r->rkey_len);
+        st = a->regions[i].device
+                 ? kvr__agpu_export(a, &a->regions[i], r, key, &err)
+                 : kvr__dmem_rkey(a->regions[i].mem, key, &r->rkey_len);
         n++;
     }
     const void *addr = NULL;
@@ -408,6 +411,42 @@ static int twin_of(const kvr__alink_t *l, const kvr_region_desc_t *d)
     return -1;
 }
 
+/* One region of a consumer's REGIONS: checked, then mapped on our data
+ * peer (host) or through CUDA IPC (device, gpu-direct). */
+static kvr_status_t map_one(kvr_agent_t *a, kvr__alink_t *l,
+                            const kvr_wire_region_t *r, uint32_t i,
+                            kvr_error_t *err)
+{
+    bool staging = r->desc.role == KVR_ROLE_STAGING;
+    bool device = a->p.cuda_device >= 0 || r->memory != KVR_WIRE_MEM_HOST;
+    if (staging && (l->staging >= 0 || r->desc.num_blocks < 2))
+        return kvr_error_set(err, KVR_ERR_PROTO, "a second STAGING region, "
+                             "or one of %llu slot(s)",
+                             (unsigned long long)r->desc.num_blocks);
+    uint64_t span;
+    if (__builtin_mul_overflow(r->desc.num_blocks, r->desc.page_bytes, &span) ||
+        span == 0 || (r->desc.bytes != 0 && r->desc.bytes < span))
+        return kvr_error_set(err, KVR_ERR_PROTO,
+                             "consumer region layer %u: %llu blocks of %llu "
+                             "bytes in %llu registered bytes", r->desc.layer,
+                             (unsigned long long)r->desc.num_blocks,
+                             (unsigned long long)r->desc.page_bytes,
+                             (unsigned long long)r->desc.bytes);
+    kvr_status_t st = staging ? KVR_OK
+                    : kvr_region_check(&a->p.layout, &r->desc, true, err);
+    if (st == KVR_OK && device)
+        st = kvr__agpu_map(a, r, &l->maps[i], err);
+    else if (st == KVR_OK)
+        st = kvr__dpeer_map(l->data, r->base, kvr_region_bytes(&r->desc),
+                            r->rkey, r->rkey_len, &l->maps[i].mapping, err);
+    if (st == KVR_OK && staging)
+        st = kvr__staged_link(a, l, r, err);
+    l->maps[i].desc = r->desc;
+    if (st == KVR_OK && staging)
+        l->staging = (int)i;
+    return st;
+}
+
 static kvr_status_t map_regions(kvr_agent_t *a, kvr__alink_t *l,
                                 const kvr_msg_regions_t *m, kvr_error_t *err)
 {
@@ -415,41 +454,10 @@ static kvr_status_t map_regions(kvr_agent_t *a, kvr__alink_t *l,
     if (l->maps == NULL)
         return kvr_error_set(err, KVR_ERR_NO_MEMORY, "no memory");
     for (uint32_t i = 0; i < m->num_regions; i++) {
-        const kvr_wire_region_t *r = &m->regions[i];
-        bool staging = r->desc.role == KVR_ROLE_STAGING;
-        if (r->memory != KVR_WIRE_MEM_HOST)
-            return kvr_error_set(err, KVR_ERR_UNSUPPORTED,
-                                 "consumer %s region layer %u: the agent maps "
-                                 "host KV regions only",
-                                 kvr_role_name(r->desc.role), r->desc.layer);
-        if (staging && (l->staging >= 0 || r->desc.num_blocks < 2))
-            return kvr_error_set(err, KVR_ERR_PROTO, "a second STAGING region, "
-                                 "or one of %llu slot(s)",
-                                 (unsigned long long)r->desc.num_blocks);
-        uint64_t span;
-        if (__builtin_mul_overflow(r->desc.num_blocks, r->desc.page_bytes,
-                                   &span) || span == 0 ||
-            (r->desc.bytes != 0 && r->desc.bytes < span))
-            return kvr_error_set(err, KVR_ERR_PROTO,
-                                 "consumer region layer %u: %llu blocks of "
-                                 "%llu bytes in %llu registered bytes",
-                                 r->desc.layer,
-                                 (unsigned long long)r->desc.num_blocks,
-                                 (unsigned long long)r->desc.page_bytes,
-                                 (unsigned long long)r->desc.bytes);
-        kvr_status_t st = staging ? KVR_OK
-                        : kvr_region_check(&a->p.layout, &r->desc, true, err);
-        if (st == KVR_OK)
-            st = kvr__dpeer_map(l->data, r->base, kvr_region_bytes(&r->desc),
-                                r->rkey, r->rkey_len, &l->maps[i].mapping, err);
-        if (st == KVR_OK && staging)
-            st = kvr__staged_link(a, l, r, err);
+        kvr_status_t st = map_one(a, l, &m->regions[i], i, err);
+        l->num_maps = i + 1; /* a mapping made is undone with the link */
         if (st != KVR_OK)
             return st;
-        l->maps[i].desc = r->desc;
-        l->num_maps = i + 1;
-        if (staging)
-            l->staging = (int)i;
     }
     for (uint32_t i = 0; i < a->num_regions; i++)
         if (kvr__region_moves(&a->regions[i]) &&
@@ -469,15 +477,18 @@ void kvr__link_on_regions(kvr_agent_t *a, kvr__alink_t *l,
                           const kvr_msg_regions_t *m)
 {
     kvr_error_t err = {0};
-    if (l->data != NULL || !l->kv) {
+    if (l->maps != NULL || !l->kv) {
         kvr__alink_close(a, l, l->kv ? KVR_ERR_PROTO : KVR_ERR_LAYOUT_MISMATCH,
                          l->kv ? "a second REGIONS"
                                : "REGIONS on a link where one side has no KV "
                                  "regions");
         return;
     }
-    kvr_status_t st = kvr__dpeer_open(a->data, m->address, m->address_len,
-                                      &l->data, &err);
+    /* gpu-direct needs no data peer: the kernels write through IPC */
+    kvr_status_t st = a->p.cuda_device >= 0
+                          ? KVR_OK
+                          : kvr__dpeer_open(a->data, m->address,
+                                            m->address_len, &l->data, &err);
     if (st == KVR_OK)
         st = map_regions(a, l, m, &err);
     if (st != KVR_OK) {

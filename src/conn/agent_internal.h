@@ -16,6 +16,7 @@
 #include "kvrelay/agent.h"
 
 #include "data.h"
+#include "gpu_path.h"
 #include "link.h"
 
 #define KVR_AGENT_MAX_REGIONS 1024u
@@ -66,14 +67,20 @@ void kvr__key_make(kvr__key_t *k, uint8_t side, const kvr_wire_id_t *producer,
 typedef struct kvr__aregion {
     kvr_region_desc_t desc;
     void *base;
-    kvr__dmem_t *mem;
+    kvr__dmem_t *mem;            /* host memory: its registration */
+    bool device;                 /* CUDA memory (params.cuda_device) */
+    bool owned;                  /* allocated by kvr_agent_alloc_region */
     bool consumer_only;
 } kvr__aregion_t;
 
-/* A consumer's region as mapped on a producer's data peer. */
+/* A consumer's region as mapped on a producer: on its data peer (host), or
+ * through CUDA IPC (device: gpu-direct). */
 typedef struct kvr__amap {
     kvr_region_desc_t desc;
     uint32_t mapping;
+    void *dev;                   /* the IPC mapping, or NULL */
+    uint8_t rkey[KVR_GPU_RKEY_BYTES];
+    uint32_t rkey_len;
 } kvr__amap_t;
 
 /* ---- links ---- */
@@ -220,6 +227,9 @@ typedef struct kvr__pull {
     bool waiting_ack;            /* every slot holds an unacked chunk */
     uint64_t sent_off;           /* stream bytes sent as chunks */
     uint32_t chunks, acked;      /* chunks sent; acked in order */
+    /* gpu-direct (agent_gpu.c) */
+    bool gpu;                    /* chosen: scatter kernels via CUDA IPC */
+    kvr__gpu_job_t *job;         /* launched, not yet seen complete */
     bool ok;                     /* answered WRITE_DONE */
     kvr_status_t status;         /* the answer, to repeat it */
     char text[KVR_WIRE_TEXT_MAX + 1];
@@ -406,6 +416,7 @@ struct kvr_agent {
     uint32_t order[KVR_AGENT_MAX_REGIONS];
     uint32_t num_order;
     int staging;                  /* consumer: its STAGING region, or -1 */
+    void *stream;                 /* cuda_device >= 0: the agent's stream */
     uint8_t *slot_busy;           /* its slots granted to a stage */
     bool slots_freed;             /* waiting stages may be sent now */
     kvr__alink_t *links;
@@ -559,6 +570,24 @@ kvr_status_t kvr__staged_slice(kvr_agent_t *a, kvr__pull_t *p,
                                uint64_t *moved, bool *done, kvr_error_t *err);
 /* Is the region one that moves (neither STAGING nor consumer-only)? */
 bool kvr__region_moves(const kvr__aregion_t *r);
+
+/* agent_gpu.c: gpu-direct, for agents whose KV is in CUDA memory on one
+ * host (docs/agent.md gpu-direct) */
+/* Consumer: the region's IPC description for REGIONS. */
+kvr_status_t kvr__agpu_export(const kvr_agent_t *a, const kvr__aregion_t *g,
+                              kvr_wire_region_t *r, uint8_t *key,
+                              kvr_error_t *err);
+/* Producer: maps a consumer's CUDA region (the memory must match ours). */
+kvr_status_t kvr__agpu_map(kvr_agent_t *a, const kvr_wire_region_t *r,
+                           kvr__amap_t *m, kvr_error_t *err);
+void kvr__agpu_unmap(kvr__amap_t *m);
+/* Producer: one step of a gpu-direct pull: the first launches its scatters
+ * on the agent's stream, later ones look whether they completed. */
+kvr_status_t kvr__agpu_slice(kvr_agent_t *a, const kvr__preq_t *r,
+                             kvr__pull_t *p, bool *done, kvr_error_t *err);
+/* Is any active pull one the loop must work on (not only waiting for its
+ * kernels)? */
+bool kvr__agpu_cpu_work(const kvr_agent_t *a);
 
 /* Tests: control-frame faults (see kvr__frame_fault_t). */
 void kvr__agent_set_frame_fault(kvr_agent_t *a, kvr_msg_type_t type,

@@ -632,6 +632,8 @@ static void link_free(kvr_agent_t *a, kvr__alink_t *l)
     if (l->link == NULL && l->fd >= 0)
         close(l->fd);
     kvr__dpeer_close(l->data);
+    for (uint32_t i = 0; l->maps != NULL && i < l->num_maps; i++)
+        kvr__agpu_unmap(&l->maps[i]);
     free(l->maps);
     for (kvr__pnotify_t *p = l->pending, *n; p != NULL; p = n) {
         n = p->next;

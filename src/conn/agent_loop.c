@@ -188,6 +188,8 @@ static void handle_ready(kvr_agent_t *a, const struct epoll_event *ev, int n)
 static uint64_t run_timers(kvr_agent_t *a)
 {
     uint64_t now = kvr__now_ns(), next = UINT64_MAX;
+    if (a->active != NULL) /* pulls whose kernels run: looked at each ms */
+        next = now + 1000000ull;
     kvr__alink_tick(a, now, &next);
     kvr__join_tick(a, now, &next);
     kvr__send_tick(a, now, &next);
@@ -198,7 +200,8 @@ static uint64_t run_timers(kvr_agent_t *a)
 void kvr__loop_turn(kvr_agent_t *a, uint32_t timeout_ms)
 {
     struct epoll_event ev[64];
-    int wait = a->active != NULL ? 0 : (int)timeout_ms;
+    bool busy = kvr__agpu_cpu_work(a);
+    int wait = busy ? 0 : (int)timeout_ms;
     int n = epoll_wait(a->epoll_fd, ev, 64, wait);
     uint64_t start = kvr__now_ns();
     run_commands(a);
@@ -213,6 +216,6 @@ void kvr__loop_turn(kvr_agent_t *a, uint32_t timeout_ms)
     kvr__alink_reap(a);
     update_interest(a);
     arm_timer(a, next);
-    if (a->active != NULL)
+    if (kvr__agpu_cpu_work(a))
         kvr__agent_wake(a); /* more slices: the fd stays readable */
 }

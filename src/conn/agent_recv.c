@@ -245,6 +245,8 @@ static kvr_status_t attach_stages(kvr_agent_t *a, kvr__creq_t *r,
 /* The executor we ask for: ours; nothing to move needs none. */
 static kvr_wire_exec_t executor_of(const kvr_agent_t *a, const kvr__cstage_t *s)
 {
+    if (a->p.cuda_device >= 0)
+        return KVR_WIRE_EXEC_GPU_DIRECT;
     if (s->expect_bytes == 0 || a->p.executor == KVR_AGENT_EXEC_DIRECT)
         return KVR_WIRE_EXEC_DIRECT;
     return a->p.executor == KVR_AGENT_EXEC_STAGED ? KVR_WIRE_EXEC_STAGED

@@ -70,6 +70,8 @@ static void cut(kvr_agent_t *a, kvr__pull_t *p, kvr_status_t st,
 {
     if (p->state == KVR__PULL_MOVING) {
         unlist_active(a, p);
+        kvr__gpu_job_free(p->job); /* its kernels end first */
+        p->job = NULL;
         kvr_error_t err = {0};
         uint64_t by = kvr__now_ns() + ms_ns(a->p.grace_ms);
         if (p->link && p->link->data &&
@@ -86,6 +88,7 @@ static void cut(kvr_agent_t *a, kvr__pull_t *p, kvr_status_t st,
 
 static void pull_free(kvr__pull_t *p)
 {
+    kvr__gpu_job_free(p->job);
     if (p->link != NULL)
         p->link->users--;
     kvr_plan_set_destroy(p->plans);
@@ -634,6 +637,8 @@ void kvr__send_link_lost(kvr_agent_t *a, kvr__alink_t *l)
             p->link = NULL;
             if (p->state == KVR__PULL_MOVING)
                 unlist_active(a, p);
+            kvr__gpu_job_free(p->job); /* before the link's IPC unmaps */
+            p->job = NULL;
             if (p->state != KVR__PULL_RELEASED)
                 count_release(a, r, p, KVR_ERR_PEER_DEAD);
         }
@@ -705,20 +710,24 @@ static bool slice(kvr_agent_t *a, kvr__pull_t *p, uint64_t *moved)
 {
     kvr_error_t err = {0};
     bool done = false;
-    kvr_status_t st =
-        p->staged ? kvr__staged_slice(a, p, moved, &done, &err)
-                  : kvr__data_put_some(p->link->data, p->segs, p->nsegs,
-                                       &p->cur, KVR_AGENT_SLICE_BYTES,
-                                       p->deadline_ns, &done, moved, &err);
+    kvr__preq_t *r = owner_of(a, p);
+    kvr_status_t st;
+    if (p->gpu)
+        st = kvr__agpu_slice(a, r, p, &done, &err);
+    else if (p->staged)
+        st = kvr__staged_slice(a, p, moved, &done, &err);
+    else
+        st = kvr__data_put_some(p->link->data, p->segs, p->nsegs, &p->cur,
+                                KVR_AGENT_SLICE_BYTES, p->deadline_ns, &done,
+                                moved, &err);
     if (st == KVR_OK && !done && p->waiting_ack)
         unlist_active(a, p); /* back on an ack */
     if (st == KVR_OK && !done)
         return p->waiting_ack;
-    if (st == KVR_OK && !p->staged) /* chunks were flushed one by one */
+    if (st == KVR_OK && !p->staged && !p->gpu) /* staged: flushed by chunk */
         st = kvr__data_flush(p->link->data, p->deadline_ns, &err);
     unlist_active(a, p);
     answer(a, p, st, err.msg);
-    kvr__preq_t *r = owner_of(a, p);
     if (r != NULL)
         preq_step(a, r, KVR__SIN_ANSWERED, p, st);
     return true;

@@ -107,6 +107,16 @@ kvr_status_t kvr__staged_choose(kvr_agent_t *a, kvr__pull_t *p,
 {
     const kvr__alink_t *l = p->link;
     p->staged = false;
+    bool any = p->executor == KVR_WIRE_EXEC_AUTO ||
+               p->executor == KVR_WIRE_EXEC_GPU_DIRECT;
+    if (a->p.cuda_device >= 0 && !any)
+        return kvr_error_set(err, KVR_ERR_UNSUPPORTED, "this stage's KV is in "
+                             "CUDA memory: gpu-direct only, the consumer asked "
+                             "for %s", p->executor == KVR_WIRE_EXEC_STAGED
+                                           ? "staged" : "direct puts");
+    p->gpu = a->p.cuda_device >= 0;
+    if (p->gpu)
+        return KVR_OK;
     if (p->executor == KVR_WIRE_EXEC_GPU_DIRECT)
         return kvr_error_set(err, KVR_ERR_UNSUPPORTED, "gpu-direct asked of a "
                              "stage whose KV is in host memory");

@@ -36,4 +36,33 @@ kvr_status_t kvr__gpu_send(int device, const kvr_layout_t *lay, uint32_t rank,
                            const kvr_request_t *req, uint64_t *bytes,
                            kvr_error_t *err);
 
+/* The agent's asynchronous form: the scatters of one pull launched on
+ * `stream` (after whatever is queued there, e.g. waits on the engine's
+ * events), their tables kept until the job is freed. */
+typedef struct kvr__gpu_job kvr__gpu_job_t;
+
+kvr_status_t kvr__gpu_job_start(int device, void *stream,
+                                const kvr_layout_t *lay, uint32_t rank,
+                                const kvr_region_pair_t *pairs,
+                                const void *const *src, void *const *dst,
+                                size_t n, const kvr_request_t *req,
+                                kvr__gpu_job_t **out, uint64_t *bytes,
+                                kvr_error_t *err);
+/* Non-blocking: whether every kernel of the job completed (or failed). */
+kvr_status_t kvr__gpu_job_done(kvr__gpu_job_t *job, bool *done,
+                               kvr_error_t *err);
+/* Waits for the job's kernels (if still running), then frees it. NULL is
+ * fine. */
+void kvr__gpu_job_free(kvr__gpu_job_t *job);
+
+/* Makes device current on the calling thread (the agent's loop thread
+ * touches CUDA only through these calls). */
+kvr_status_t kvr__gpu_use(int device, kvr_error_t *err);
+kvr_status_t kvr__gpu_stream_create(int device, void **stream,
+                                    kvr_error_t *err);
+void kvr__gpu_stream_destroy(void *stream);
+/* Work queued on stream from now on waits for the event (a cudaEvent_t of
+ * the engine's): cudaStreamWaitEvent, no host synchronisation. */
+kvr_status_t kvr__gpu_stream_wait(void *stream, void *event, kvr_error_t *err);
+
 #endif

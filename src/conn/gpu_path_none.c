@@ -60,3 +60,53 @@ kvr_status_t kvr__gpu_send(int device, const kvr_layout_t *lay, uint32_t rank,
     (void)n, (void)req, (void)bytes;
     return no_cuda(err);
 }
+
+kvr_status_t kvr__gpu_job_start(int device, void *stream,
+                                const kvr_layout_t *lay, uint32_t rank,
+                                const kvr_region_pair_t *pairs,
+                                const void *const *src, void *const *dst,
+                                size_t n, const kvr_request_t *req,
+                                kvr__gpu_job_t **out, uint64_t *bytes,
+                                kvr_error_t *err)
+{
+    (void)device, (void)stream, (void)lay, (void)rank, (void)pairs, (void)src;
+    (void)dst, (void)n, (void)req, (void)out, (void)bytes;
+    return no_cuda(err);
+}
+
+kvr_status_t kvr__gpu_job_done(kvr__gpu_job_t *job, bool *done,
+                               kvr_error_t *err)
+{
+    (void)job;
+    *done = true;
+    return no_cuda(err);
+}
+
+void kvr__gpu_job_free(kvr__gpu_job_t *job)
+{
+    (void)job;
+}
+
+kvr_status_t kvr__gpu_use(int device, kvr_error_t *err)
+{
+    (void)device;
+    return no_cuda(err);
+}
+
+kvr_status_t kvr__gpu_stream_create(int device, void **stream,
+                                    kvr_error_t *err)
+{
+    (void)device, (void)stream;
+    return no_cuda(err);
+}
+
+void kvr__gpu_stream_destroy(void *stream)
+{
+    (void)stream;
+}
+
+kvr_status_t kvr__gpu_stream_wait(void *stream, void *event, kvr_error_t *err)
+{
+    (void)stream, (void)event;
+    return no_cuda(err);
+}

@@ -16,10 +16,12 @@ struct kvr_gpu_relayout {
     kvr__rl_geom_t geom;  /* tables point into `tables` */
     uint32_t *tables;     /* src [end_src] | dst [first + blocks] | order */
     size_t table_words;
-    /* Per-device copies of `tables`, made by kvr_gpu_relayout_upload; the
-     * CUDA library sets free_device so this C layer can release them. */
+    /* Per-device copies of `tables`, made by kvr_gpu_relayout_upload (or
+     * its _async form, which frees them on device_stream); the CUDA library
+     * sets free_device so this C layer can release them. */
     void *device[KVR__GPU_MAX_DEVICES];
-    void (*free_device)(void *ptr);
+    void *device_stream[KVR__GPU_MAX_DEVICES];
+    void (*free_device)(void *ptr, void *stream);
 };
 
 /* Checks rank and that [offset, offset + len) lies inside rank's stream. */

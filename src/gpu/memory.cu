@@ -49,3 +49,74 @@ kvr_status_t kvr_gpu_sync(void *stream, kvr_error_t *err)
     KVR__CUDA_TRY(cudaStreamSynchronize((cudaStream_t)stream), err);
     return KVR_OK;
 }
+
+kvr_status_t kvr_gpu_stream_create(int device, void **stream, kvr_error_t *err)
+{
+    if (stream == NULL)
+        return kvr_error_set(err, KVR_ERR_INVALID, "stream is NULL");
+    kvr_status_t st = kvr_gpu_set_device(device, err);
+    if (st != KVR_OK)
+        return st;
+    cudaStream_t s = NULL;
+    KVR__CUDA_TRY(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), err);
+    *stream = (void *)s;
+    return KVR_OK;
+}
+
+void kvr_gpu_stream_destroy(void *stream)
+{
+    if (stream != NULL)
+        cudaStreamDestroy((cudaStream_t)stream);
+}
+
+kvr_status_t kvr_gpu_event_create(int device, void **event, kvr_error_t *err)
+{
+    if (event == NULL)
+        return kvr_error_set(err, KVR_ERR_INVALID, "event is NULL");
+    kvr_status_t st = kvr_gpu_set_device(device, err);
+    if (st != KVR_OK)
+        return st;
+    cudaEvent_t e = NULL;
+    KVR__CUDA_TRY(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), err);
+    *event = (void *)e;
+    return KVR_OK;
+}
+
+void kvr_gpu_event_destroy(void *event)
+{
+    if (event != NULL)
+        cudaEventDestroy((cudaEvent_t)event);
+}
+
+kvr_status_t kvr_gpu_event_record(void *event, void *stream, kvr_error_t *err)
+{
+    KVR__CUDA_TRY(cudaEventRecord((cudaEvent_t)event, (cudaStream_t)stream),
+                  err);
+    return KVR_OK;
+}
+
+kvr_status_t kvr_gpu_stream_wait(void *stream, void *event, kvr_error_t *err)
+{
+    if (event == NULL)
+        return kvr_error_set(err, KVR_ERR_INVALID, "event is NULL");
+    KVR__CUDA_TRY(cudaStreamWaitEvent((cudaStream_t)stream,
+                                      (cudaEvent_t)event, 0), err);
+    return KVR_OK;
+}
+
+kvr_status_t kvr_gpu_event_done(void *event, int *done, kvr_error_t *err)
+{
+    cudaError_t e = cudaEventQuery((cudaEvent_t)event);
+    *done = e == cudaSuccess;
+    if (e == cudaSuccess || e == cudaErrorNotReady) {
+        (void)cudaGetLastError(); /* NotReady is not an error */
+        return KVR_OK;
+    }
+    return kvr__cuda_status(e, "cudaEventQuery", err);
+}
+
+kvr_status_t kvr_gpu_event_sync(void *event, kvr_error_t *err)
+{
+    KVR__CUDA_TRY(cudaEventSynchronize((cudaEvent_t)event), err);
+    return KVR_OK;
+}

@@ -285,7 +285,7 @@ void kvr_gpu_relayout_destroy(kvr_gpu_relayout_t *rl)
         return;
     for (int d = 0; d < KVR__GPU_MAX_DEVICES; d++)
         if (rl->device[d] != NULL && rl->free_device != NULL)
-            rl->free_device(rl->device[d]);
+            rl->free_device(rl->device[d], rl->device_stream[d]);
     free(rl->tables);
     free(rl);
 }

@@ -247,9 +247,14 @@ uint32_t all_pieces(const kvr_gpu_relayout_t *rl)
     return rl->geom.num_blocks * kvr__rl_pieces_per_block(&rl->geom);
 }
 
-void free_device(void *ptr)
+/* Stream-ordered when the tables were uploaded on a stream: freed after
+ * the launches queued there, without the device-wide wait of cudaFree. */
+void free_device(void *ptr, void *stream)
 {
-    cudaFree(ptr);
+    if (stream != NULL)
+        cudaFreeAsync(ptr, (cudaStream_t)stream);
+    else
+        cudaFree(ptr);
 }
 
 kvr_status_t check_pointers(const void *a, const void *b, kvr_error_t *err)
@@ -292,19 +297,30 @@ kvr_status_t run_range(const kvr_gpu_relayout_t *rl, Mode mode, uint32_t rank,
 
 } // namespace
 
+/* The current device, as an index into rl's per-device copies; *done
+ * when it has one already. */
+static kvr_status_t upload_slot(const kvr_gpu_relayout_t *rl, int *dev,
+                                bool *done, kvr_error_t *err)
+{
+    if (rl == NULL)
+        return kvr_error_set(err, KVR_ERR_INVALID, "relayout is NULL");
+    KVR__CUDA_TRY(cudaGetDevice(dev), err);
+    if (*dev < 0 || *dev >= KVR__GPU_MAX_DEVICES)
+        return kvr_error_set(err, KVR_ERR_UNSUPPORTED,
+                             "device %d: at most %d devices", *dev,
+                             KVR__GPU_MAX_DEVICES);
+    *done = rl->device[*dev] != NULL;
+    return KVR_OK;
+}
+
 extern "C" kvr_status_t kvr_gpu_relayout_upload(kvr_gpu_relayout_t *rl,
                                                 kvr_error_t *err)
 {
     int dev = 0;
-    if (rl == NULL)
-        return kvr_error_set(err, KVR_ERR_INVALID, "relayout is NULL");
-    KVR__CUDA_TRY(cudaGetDevice(&dev), err);
-    if (dev < 0 || dev >= KVR__GPU_MAX_DEVICES)
-        return kvr_error_set(err, KVR_ERR_UNSUPPORTED,
-                             "device %d: at most %d devices", dev,
-                             KVR__GPU_MAX_DEVICES);
-    if (rl->device[dev] != NULL)
-        return KVR_OK;
+    bool done = false;
+    kvr_status_t st = upload_slot(rl, &dev, &done, err);
+    if (st != KVR_OK || done)
+        return st;
     void *p = NULL;
     size_t bytes = rl->table_words * sizeof(uint32_t);
     KVR__CUDA_TRY(cudaMalloc(&p, bytes), err);
@@ -314,6 +330,34 @@ extern "C" kvr_status_t kvr_gpu_relayout_upload(kvr_gpu_relayout_t *rl,
         return kvr__cuda_status(e, "cudaMemcpy(relayout tables)", err);
     }
     rl->device[dev] = p;
+    rl->free_device = free_device;
+    return KVR_OK;
+}
+
+extern "C" kvr_status_t kvr_gpu_relayout_upload_async(kvr_gpu_relayout_t *rl,
+                                                      void *stream,
+                                                      kvr_error_t *err)
+{
+    int dev = 0;
+    bool done = false;
+    kvr_status_t st = upload_slot(rl, &dev, &done, err);
+    if (st != KVR_OK || done)
+        return st;
+    if (stream == NULL)
+        return kvr_error_set(err, KVR_ERR_INVALID, "stream is NULL");
+    cudaStream_t s = (cudaStream_t)stream;
+    void *p = NULL;
+    size_t bytes = rl->table_words * sizeof(uint32_t);
+    KVR__CUDA_TRY(cudaMallocAsync(&p, bytes, s), err);
+    /* pageable source: staged at once, the host may reuse it on return */
+    cudaError_t e = cudaMemcpyAsync(p, rl->tables, bytes,
+                                    cudaMemcpyHostToDevice, s);
+    if (e != cudaSuccess) {
+        cudaFreeAsync(p, s);
+        return kvr__cuda_status(e, "cudaMemcpyAsync(relayout tables)", err);
+    }
+    rl->device[dev] = p;
+    rl->device_stream[dev] = stream;
     rl->free_device = free_device;
     return KVR_OK;
 }

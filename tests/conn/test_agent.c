@@ -13,6 +13,7 @@
 #include <cmocka.h>
 
 #include "agent_harness.h"
+#include "agent_internal.h"
 
 
 static void test_pp2_to_dcp2(void **state)
@@ -190,6 +191,33 @@ static void test_consumer_only_layer(void **state)
     }
 }
 
+/* Where no GPU is (or kvrelay has no CUDA), an agent with KV in CUDA
+ * memory is refused at create; a host agent refuses a CUDA event. */
+static void test_cuda_refusals(void **state)
+{
+    (void)state;
+    world_t *w = world_new();
+    kvr_agent_params_t p = ah_producer_params(&w->m, w->hub, "prefill-a", 0, 1);
+    kvr_agent_t *a = NULL;
+    kvr_error_t err = {0};
+    p.cuda_device = 0;
+    if (kvr__gpu_device_count() == 0) {
+        assert_int_equal(kvr_agent_create(&p, &a, &err), KVR_ERR_UNSUPPORTED);
+        assert_non_null(strstr(err.msg, "CUDA device 0"));
+    }
+    start_instance(w, 0, "prefill-a", 1, NULL);
+    ah_req_t r;
+    ah_req(&w->m, 9, 64, &r);
+    ah_open(&w->prod[0][0], &r, 0, 1, false);
+    int fake_event;
+    assert_int_equal(kvr_agent_send_ready(w->prod[0][0].agent, r.id,
+                                          strlen(r.id), 0, 4, &fake_event),
+                     KVR_ERR_UNSUPPORTED);
+    assert_non_null(strstr(kvr_agent_last_error(w->prod[0][0].agent),
+                           "host memory"));
+    world_free(w);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -200,6 +228,7 @@ int main(void)
         cmocka_unit_test(test_two_instances),
         cmocka_unit_test(test_lease_expiry),
         cmocka_unit_test(test_consumer_only_layer),
+        cmocka_unit_test(test_cuda_refusals),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
