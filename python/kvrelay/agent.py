@@ -31,7 +31,7 @@ from typing import (Any, Callable, Iterator, List, Optional, Tuple, TypeVar,
 import numpy as np
 
 from . import _types as T
-from ._buffers import BufferLike, address_of, array_view, need
+from ._buffers import BufferLike, RawBuffer, address_of, array_view, need
 from ._lib import LIB
 from .errors import KvrelayError, Status, check, invalid, new_error, status_name
 from .layout import Layout, RegionDesc
@@ -380,6 +380,7 @@ class Agent:
         self._keep: List[Any] = []  # memory registered with the C side
         self.instance_id = _instance_id(instance_id)
         self.role = _role(role)
+        self.cuda_device = cuda_device
         self.layout = layout
         self.topology = _topology(topology, pp_rank=pp_rank, pp_size=pp_size,
                                   tp_rank=tp_rank, tp_size=tp_size,
@@ -478,10 +479,15 @@ class Agent:
     def add_region(self, desc: RegionDesc, memory: BufferLike, *,
                    consumer_only: bool = False) -> None:
         """Registers engine memory for a region: a writable buffer, or
-        (address, size) / RawBuffer for memory Python cannot see. It must
-        hold desc.nbytes; the agent keeps a reference until close().
-        consumer_only: a layer no producer has (e.g. an MTP draft layer)."""
+        (address, size) / RawBuffer for memory Python cannot see (device
+        memory of an agent with a cuda_device must come so, e.g. a tensor's
+        data_ptr()). It must hold desc.nbytes; the agent keeps a reference
+        until close(). consumer_only: a layer no producer has (e.g. an MTP
+        draft layer)."""
         what = f"add_region {desc.role.name} layer {desc.layer}"
+        if self.cuda_device >= 0 and not isinstance(memory, (RawBuffer, tuple)):
+            raise invalid(f"{what}: an agent on CUDA device {self.cuda_device} "
+                          "takes device memory as RawBuffer(address, size)")
         addr, size, keep = address_of(memory, True, what)
         need(size, desc.nbytes, what)
         c = desc.to_c()
@@ -490,14 +496,18 @@ class Agent:
         with self._cond:
             self._keep.append(keep if keep is not None else memory)
 
-    def alloc_region(self, desc: RegionDesc, *,
-                     consumer_only: bool = False) -> np.ndarray:
-        """Has kvrelay allocate and register a region; returns a writable
-        uint8 array over it, valid until close()."""
+    def alloc_region(self, desc: RegionDesc, *, consumer_only: bool = False
+                     ) -> Union[np.ndarray, RawBuffer]:
+        """Has kvrelay allocate and register a region, valid until
+        close(). Returns a writable uint8 array over it, or, on an agent
+        with a cuda_device, a RawBuffer with the device address (device
+        memory is not for numpy)."""
         base, c = ctypes.c_void_p(), desc.to_c()
         self._call(f"alloc_region {desc.role.name} layer {desc.layer}",
                    LIB.kvr_agent_alloc_region, ctypes.byref(c),
                    _flags(consumer_only), ctypes.byref(base))
+        if self.cuda_device >= 0:
+            return RawBuffer(base.value or 0, desc.nbytes)
         return array_view(self, base.value or 0, desc.nbytes,
                           np.dtype(np.uint8), False)
 
@@ -542,9 +552,11 @@ class Agent:
     def send_ready(self, request_id: Id, layer_begin: int = 0,
                    layer_end: int = ALL_LAYERS, cuda_event: int = 0) -> None:
         """Prefill wrote layers [layer_begin, layer_end) (default: all).
-        cuda_event: a CUDA event handle (cudaEvent_t as an int) to wait on
-        first; 0 for none (the agent moves host memory only so far, and
-        refuses one with ERR_UNSUPPORTED)."""
+        cuda_event (agents with a cuda_device only, else ERR_UNSUPPORTED):
+        a cudaEvent_t as an int (e.g. torch.cuda.Event().cuda_event) whose
+        recorded work the pulls' device copies are ordered after, with no
+        host synchronisation; keep it alive until the request's outcome.
+        0: the KV is in place already."""
         rid = _request_id(request_id)
         self._call(f"send_ready {rid!r}", LIB.kvr_agent_send_ready, rid,
                    len(rid), layer_begin, layer_end, cuda_event or None)
