@@ -21,7 +21,7 @@ ARCH=${ARCH:-sm_90}
 CC=${CC:-cc}
 B=$(mktemp -d)
 trap 'rm -rf "$B"' EXIT
-INC="-Iinclude -Isrc/layout -Isrc/gpu -Itests/gpu -I$CUDA_INC"
+INC="-Iinclude -Isrc/base -Isrc/layout -Isrc/gpu -Itests/gpu -I$CUDA_INC"
 WARN="-Wall -Wextra -Wshadow -Werror"
 
 obj() { echo "$B/$(basename "$1").o"; }
@@ -35,7 +35,9 @@ compile() { # source file
 
 echo "== build: $("$NVCC" --version | tail -1), $ARCH"
 t0=$(date +%s)
-SRCS="src/layout/layout.c $(ls src/gpu/*.c src/gpu/*.cu) tests/gpu/relayout_case.c
+# base and layout: the files the gpu layer needs (base's init.c wants libsodium)
+CORE="src/base/status.c src/layout/layout.c"
+SRCS="$CORE $(ls src/gpu/*.c src/gpu/*.cu) tests/gpu/relayout_case.c
       tests/gpu/decode_case.c tests/gpu/test_gpu_relayout.c tests/gpu/test_gpu_decode.c
       tests/gpu/test_gpu_ipc.c bench/gpu/bench_gpu.c"
 pids=()
@@ -44,7 +46,7 @@ fail=0
 for p in "${pids[@]}"; do wait "$p" || fail=1; done
 [ "$fail" = 0 ] || { echo "build failed"; exit 1; }
 LIB=""
-for f in src/layout/layout.c $(ls src/gpu/*.c src/gpu/*.cu); do LIB="$LIB $(obj "$f")"; done
+for f in $CORE $(ls src/gpu/*.c src/gpu/*.cu); do LIB="$LIB $(obj "$f")"; done
 link() { # executable, objects...
     local exe=$1; shift
     "$NVCC" -arch="$ARCH" -o "$B/$exe" "$@" $LIB -lm || exit 1
@@ -56,7 +58,7 @@ link bench_gpu "$(obj bench/gpu/bench_gpu.c)"
 IFS=';' read -r -a TUNES <<< "${TUNE:-}" # kernel variants, e.g. TUNE=-DKVR_RL_STEP=4
 tune_build() { # index, flags
     local lib="" o pids=()
-    for f in src/layout/layout.c $(ls src/gpu/*.c src/gpu/*.cu); do
+    for f in $CORE $(ls src/gpu/*.c src/gpu/*.cu); do
         o=$(obj "$f")
         case "$f" in
         *.cu) o="$B/tune$1-$(basename "$f").o"

@@ -221,9 +221,9 @@ static int run_transport(kvr_xfer_tl_t tl, const opts_t *o, json_t *cells,
          * probes once at set-up) */
         int rc = 0, probes = o->probe_only ? o->probe_only : i == 0;
         for (int k = 0; rc == 0 && k < probes; k++) {
-            uint64_t t0 = kvr_xfer_now_ns();
+            uint64_t t0 = kvr_now_ns();
             rc = xh_probe(&s, 0, &model) != KVR_OK;
-            double probe_s = (double)(kvr_xfer_now_ns() - t0) * 1e-9;
+            double probe_s = (double)(kvr_now_ns() - t0) * 1e-9;
             if (rc == 0 && (o->probe_only || i == 0))
                 print_model(name, &model, probe_s);
             if (rc == 0 && i == 0 && k == 0)

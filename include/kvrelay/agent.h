@@ -48,6 +48,7 @@
 #ifdef __cplusplus
 extern "C" {
 #endif
+KVR_API_BEGIN
 
 /* Longest instance id (bytes; the engine's own, e.g. a vLLM engine id). */
 #define KVR_AGENT_INSTANCE_MAX 64u
@@ -350,6 +351,7 @@ kvr_status_t kvr_agent_progress(kvr_agent_t *agent, uint32_t timeout_ms);
  * pending slice). Poll it, then call progress. Never read or close it. */
 int kvr_agent_fd(const kvr_agent_t *agent);
 
+KVR_API_END
 #ifdef __cplusplus
 }
 #endif

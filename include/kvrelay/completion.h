@@ -19,6 +19,7 @@
 #ifdef __cplusplus
 extern "C" {
 #endif
+KVR_API_BEGIN
 
 /* ---- completion ids ---------------------------------------------------- */
 
@@ -287,6 +288,7 @@ kvr_status_t kvr_offload_aligned_prefix(int64_t hit_tokens,
                                         uint64_t chunk_size, uint64_t *out,
                                         kvr_error_t *err);
 
+KVR_API_END
 #ifdef __cplusplus
 }
 #endif

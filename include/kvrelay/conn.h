@@ -21,6 +21,7 @@
 #ifdef __cplusplus
 extern "C" {
 #endif
+KVR_API_BEGIN
 
 typedef enum kvr_conn_tl {
     KVR_CONN_TL_AUTO = 0,
@@ -33,23 +34,6 @@ typedef enum kvr_conn_exec {
     KVR_CONN_EXEC_DIRECT = 1, /* one put per coalesced run */
     KVR_CONN_EXEC_STAGED = 2, /* packed chunks through consumer staging */
 } kvr_conn_exec_t;
-
-/* Fault injection for tests (`kvrelay demo --fault`): acts on the request
- * whose id equals `request`. Off when kind is KVR_FAULT_NONE. */
-typedef enum kvr_conn_fault_kind {
-    KVR_FAULT_NONE = 0,
-    KVR_FAULT_DIE_MID = 1,    /* producer: half the bytes, then _exit(9) */
-    KVR_FAULT_REFUSE = 2,     /* producer: WRITE_FAILED instead of moving */
-    KVR_FAULT_WRONG_NONCE = 3, /* producer: WRITE_DONE with another nonce */
-    KVR_FAULT_DUP_DONE = 4,   /* producer: WRITE_DONE twice */
-    KVR_FAULT_BAD_BLOCKS = 5, /* consumer: a destination id out of range */
-    KVR_FAULT_DIE_ASSIGN = 6, /* consumer: _exit(9) when the ASSIGN arrives */
-} kvr_conn_fault_kind_t;
-
-typedef struct kvr_conn_fault {
-    kvr_conn_fault_kind_t kind;
-    char request[64];
-} kvr_conn_fault_t;
 
 typedef struct kvr_conn_params {
     kvr_wire_side_t side;
@@ -68,7 +52,6 @@ typedef struct kvr_conn_params {
     uint32_t leader_blocks;     /* decode leader: destination pool size */
     int cuda_device;            /* >= 0: KV regions live on this CUDA device
                                    and move with the gpu-direct executor */
-    kvr_conn_fault_t fault;
 } kvr_conn_params_t;
 
 #define KVR_CONN_PARAMS_INIT                                                   \
@@ -77,8 +60,7 @@ typedef struct kvr_conn_params {
      .consumer_ranks = 1, .key = NULL, .insecure = false,                      \
      .tl = KVR_CONN_TL_AUTO, .executor = KVR_CONN_EXEC_AUTO,                   \
      .deadline_ms = 30000, .release_grace_ms = 5000,                           \
-     .max_requests = 1024, .leader_blocks = 0, .cuda_device = -1,              \
-     .fault = {KVR_FAULT_NONE, ""}}
+     .max_requests = 1024, .leader_blocks = 0, .cuda_device = -1}
 
 typedef struct kvr_conn kvr_conn_t;
 
@@ -185,6 +167,7 @@ bool kvr_conn_poll_event(kvr_conn_t *conn, kvr_conn_event_t *out);
 /* Requests still in flight on this side (quarantined ones included). */
 uint32_t kvr_conn_num_live(const kvr_conn_t *conn);
 
+KVR_API_END
 #ifdef __cplusplus
 }
 #endif

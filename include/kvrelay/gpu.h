@@ -27,6 +27,7 @@
 #ifdef __cplusplus
 extern "C" {
 #endif
+KVR_API_BEGIN
 
 /* ------------------------------------------------------------------------
  * Relayout (docs/design.md §2-5)
@@ -307,6 +308,7 @@ kvr_status_t kvr_gpu_index_slots(kvr_gpu_decode_t *dec,
 kvr_status_t kvr_gpu_lse_merge(const kvr_gpu_lse_args_t *a, void *stream,
                                kvr_error_t *err);
 
+KVR_API_END
 #ifdef __cplusplus
 }
 #endif

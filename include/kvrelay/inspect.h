@@ -15,6 +15,7 @@
 #ifdef __cplusplus
 extern "C" {
 #endif
+KVR_API_BEGIN
 
 /* What a finding is about. */
 typedef enum kvr_inspect_kind {
@@ -137,6 +138,7 @@ const char *kvr_inspect_part_name(uint32_t part);
 /* "wrong", "scale", "source". */
 const char *kvr_inspect_kind_name(kvr_inspect_kind_t kind);
 
+KVR_API_END
 #ifdef __cplusplus
 }
 #endif

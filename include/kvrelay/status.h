@@ -5,15 +5,28 @@
 
 #include <stdint.h>
 
+/* libkvrelay.so exports what the public headers declare between
+ * KVR_API_BEGIN and KVR_API_END and nothing else: the library is compiled
+ * with -fvisibility=hidden (docs/architecture.md, "Exports"). */
+#if defined(__GNUC__)
+#define KVR_API_BEGIN _Pragma("GCC visibility push(default)")
+#define KVR_API_END _Pragma("GCC visibility pop")
+#else
+#define KVR_API_BEGIN
+#define KVR_API_END
+#endif
+
 #ifdef __cplusplus
 extern "C" {
 #endif
+KVR_API_BEGIN
 
 /* X(name, value, text) */
 #define KVR_STATUS_MAP(X)                                                       \
     X(OK, 0, "success")                                                         \
     X(ERR_INVALID, 1, "invalid argument")                                       \
     X(ERR_NO_MEMORY, 2, "out of memory")                                        \
+    X(ERR_INIT, 3, "library initialisation failed")                             \
     X(ERR_INTERLEAVE_LT1, 10, "interleave I < 1")                               \
     X(ERR_INTERLEAVE_GT_BS, 11, "interleave I > block size")                    \
     X(ERR_INTERLEAVE_NOT_DIVISOR, 12, "block size not a multiple of I")         \
@@ -55,7 +68,13 @@ extern "C" {
     X(ERR_WIRE_LIMIT, 91, "message exceeds a protocol limit")                   \
     X(ERR_BUFFER_SMALL, 92, "output buffer too small")                          \
     X(ERR_TABLE_FULL, 100, "bookkeeping table full")                            \
-    X(ERR_CHUNK_SIZE, 101, "offload chunk size 0 or not a multiple of bs * W")
+    X(ERR_CHUNK_SIZE, 101, "offload chunk size 0 or not a multiple of bs * W") \
+    X(ERR_PAIR_REQUIRED, 102, "several producer ranks: plan per pair")         \
+    X(ERR_PRODUCER_INDEX_INTERLEAVE, 103, "sharded producer index needs I == bs") \
+    X(ERR_INDEX_NEEDS_REPLICATED, 104,                                          \
+      "sharded producer needs a replicated consumer index")                     \
+    X(ERR_DENSE_HEADS, 105, "kv heads and TP size do not divide")               \
+    X(ERR_DENSE_NO_HEADS, 106, "dense reshard needs the head geometry")
 
 typedef enum {
 #define KVR__STATUS_ENUM(name, value, text) KVR_##name = value,
@@ -77,6 +96,15 @@ typedef struct kvr_error {
     char msg[KVR_ERROR_MSG_MAX];
 } kvr_error_t;
 
+/* Fills err (if non-NULL) with code and a printf-style message; returns code. */
+kvr_status_t kvr_error_set(kvr_error_t *err, kvr_status_t code,
+                           const char *fmt, ...)
+#if defined(__GNUC__)
+    __attribute__((format(printf, 3, 4)))
+#endif
+    ;
+
+KVR_API_END
 #ifdef __cplusplus
 }
 #endif

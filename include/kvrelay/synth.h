@@ -14,6 +14,7 @@
 #ifdef __cplusplus
 extern "C" {
 #endif
+KVR_API_BEGIN
 
 /* token_bytes bytes of one MLA latent. */
 void kvr_synth_latent(uint64_t seed, uint32_t layer, uint64_t pos,
@@ -44,6 +45,7 @@ kvr_status_t kvr_synth_check_index_token(const kvr_layout_t *lay,
                                          uint32_t index_dim, uint64_t g,
                                          kvr_error_t *err);
 
+KVR_API_END
 #ifdef __cplusplus
 }
 #endif

@@ -15,6 +15,7 @@
 #ifdef __cplusplus
 extern "C" {
 #endif
+KVR_API_BEGIN
 
 /* Protocol version: frames of another major version are refused. 2.0: keyed
  * sessions send LAYOUT after AUTH and a MAC tag after every frame that
@@ -103,13 +104,8 @@ typedef struct kvr_wire_topo {
     uint32_t dcp_rank;
 } kvr_wire_topo_t;
 
-/* A region class as the layout digest sees it: width is token bytes (MLA,
- * DENSE), D (INDEX) or page bytes (others); quant is Q for INDEX, else 0. */
-typedef struct kvr_wire_class {
-    kvr_role_t role;
-    uint64_t width;
-    uint64_t quant;
-} kvr_wire_class_t;
+/* A region class as HELLO carries it (kvr_region_class_t, kvrelay/layout.h). */
+typedef kvr_region_class_t kvr_wire_class_t;
 
 /* HELLO and HELLO_ACK. The layout digest travels with the raw fields behind
  * it so that a mismatch names the first field that differs. */
@@ -362,7 +358,8 @@ kvr_status_t kvr_wire_hello_check(const kvr_msg_hello_t *ours,
                                   const kvr_msg_hello_t *peer,
                                   kvr_wire_side_t peer_side, kvr_error_t *err);
 
-/* A random non-zero 64-bit write nonce (libsodium randombytes). */
+/* A random non-zero 64-bit write nonce (libsodium randombytes); 0, never a
+ * nonce, when kvr_init() fails (kvr_conn_create fails first then). */
 uint64_t kvr_wire_random_nonce(void);
 
 /* ---- Pre-shared key authentication ---- */
@@ -453,6 +450,7 @@ kvr_status_t kvr_wire_seal(kvr_wire_auth_t *auth, const void *frame,
 kvr_status_t kvr_wire_open(kvr_wire_auth_t *auth, const void *buf, size_t len,
                            size_t *frame_len, kvr_error_t *err);
 
+KVR_API_END
 #ifdef __cplusplus
 }
 #endif

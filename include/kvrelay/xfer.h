@@ -14,13 +14,10 @@
 #ifdef __cplusplus
 extern "C" {
 #endif
+KVR_API_BEGIN
 
-/* ---- time ------------------------------------------------------------ */
-
-/* Deadlines are absolute CLOCK_MONOTONIC nanoseconds on this host; they never
- * cross the wire (the wire carries relative milliseconds). */
-uint64_t kvr_xfer_now_ns(void);
-uint64_t kvr_xfer_deadline(uint32_t timeout_ms);
+/* Deadlines are absolute CLOCK_MONOTONIC nanoseconds: kvr_now_ns() and
+ * kvr_deadline_ns() of kvrelay/base.h. */
 
 /* ---- transport ------------------------------------------------------- */
 
@@ -360,6 +357,7 @@ kvr_exec_kind_t kvr_cost_choose(const kvr_cost_model_t *model,
                                 uint64_t slot_bytes, double *t_direct,
                                 double *t_staged);
 
+KVR_API_END
 #ifdef __cplusplus
 }
 #endif

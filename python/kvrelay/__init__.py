@@ -22,9 +22,10 @@ from .capacity import Capacity, CapacityOption, capacity
 from .dump import DumpRegion, DumpRequest, write_dump
 from .errors import KvrelayError, Status, status_name, status_str
 from .inspect import Diff, Inspection, inspect_buffers, inspect_dump
-from .layout import Layout, RegionDesc, RegionPair, Role, index_stride
-from .plan import (Plan, PlanSet, Request, check_coverage, layout_digest,
-                   plan, verify_region)
+from .layout import Axis, Layout, RegionDesc, RegionPair, Role, index_stride
+from .plan import (Plan, PlanSet, Request, check_coverage, check_coverage_pair,
+                   layout_digest, plan, plan_pair, sources, verify_region,
+                   verify_region_pair)
 from ._types import RUN_DTYPE
 
 __version__ = "0.1.0"
@@ -41,11 +42,12 @@ def library_version() -> "str | None":
 
 
 __all__ = [
-    "Agent", "AgentRole", "Capacity", "CapacityOption", "Diff",
+    "Agent", "AgentRole", "Axis", "Capacity", "CapacityOption", "Diff",
     "DumpRegion", "DumpRequest", "Inspection", "KvrelayError", "Layout",
     "LoopbackHub", "Plan", "PlanSet", "RUN_DTYPE", "RawBuffer",
     "RegionDesc", "RegionPair", "Request", "Role", "Status", "Topology",
-    "capacity", "check_coverage", "index_stride", "inspect_buffers",
-    "inspect_dump", "layout_digest", "library_path", "library_version",
-    "plan", "status_name", "status_str", "verify_region", "write_dump",
+    "capacity", "check_coverage", "check_coverage_pair", "index_stride",
+    "inspect_buffers", "inspect_dump", "layout_digest", "library_path",
+    "library_version", "plan", "plan_pair", "sources", "status_name",
+    "status_str", "verify_region", "verify_region_pair", "write_dump",
 ]

@@ -99,6 +99,14 @@ _PROTOTYPES: Dict[str, Tuple[Any, Sequence[Any]]] = {
     "kvr_region_bytes": (_u64, [_DESC]),
     "kvr_region_check": (_int, [_LAY, _DESC, _b, _E]),
     "kvr_region_token_bytes": (_u64, [_LAY, _DESC]),
+    "kvr_region_token_bytes_side": (_u64, [_LAY, _DESC, _b]),
+    "kvr_producer_dcp": (_u32, [_LAY]),
+    "kvr_producer_interleave": (_u32, [_LAY]),
+    "kvr_producer_block_size": (_u32, [_LAY]),
+    "kvr_layout_producer_plain": (_b, [_LAY]),
+    "kvr_dense_local_heads": (_u32, [_LAY, _DESC, _b]),
+    "kvr_dense_first_head": (_u32, [_LAY, _DESC, _b, _u32]),
+    "kvr_dense_page_bytes": (_u64, [_LAY, _DESC, _b]),
     # plan.h
     "kvr_plan_create": (_int, [_LAY, _u32, _PAIR, _REQ, ctypes.POINTER(_P), _E]),
     "kvr_plan_destroy": (None, [_P]),
@@ -123,6 +131,20 @@ _PROTOTYPES: Dict[str, Tuple[Any, Sequence[Any]]] = {
     "kvr_plan_check_coverage": (
         _int, [_LAY, _PAIR, _REQ, ctypes.POINTER(_P), _E]),
     "kvr_plan_from_runs": (_int, [_P, _sz, ctypes.POINTER(_P)]),
+    "kvr_layout_digest_side": (
+        _int, [_LAY, _DESC, _sz, _b, ctypes.POINTER(_u64), _E]),
+    "kvr_region_axis": (_int, [_DESC]),
+    "kvr_axis_ranks": (_u32, [_LAY, _int, _b]),
+    "kvr_plan_create_pair": (
+        _int, [_LAY, _u32, _u32, _PAIR, _REQ, ctypes.POINTER(_P), _E]),
+    "kvr_plan_set_create_pair": (
+        _int, [_LAY, _u32, _u32, _PAIR, _sz, _REQ, ctypes.POINTER(_P), _E]),
+    "kvr_plan_sources": (
+        _int, [_LAY, _PAIR, _u32, _REQ, c_u32p, _sz, ctypes.POINTER(_sz), _E]),
+    "kvr_verify_region_pair": (
+        _int, [_LAY, _u32, _u32, _PAIR, _REQ, _P, _P, _E]),
+    "kvr_plan_check_coverage_pair": (
+        _int, [_LAY, _PAIR, _REQ, ctypes.POINTER(_P), _E]),
     # synth.h
     "kvr_synth_latent": (None, [_u64, _u32, _u64, _u32, _P, _sz]),
     "kvr_synth_index_key": (None, [_u64, _u32, _u64, _u32, _P, _u32]),

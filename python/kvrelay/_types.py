@@ -36,6 +36,10 @@ class Layout(ctypes.Structure):
         ("producer_tp", _u32),
         ("replicate_index", _bool),
         ("preshuffle", _bool),
+        ("producer_replicate_index", _bool),
+        ("producer_dcp", _u32),
+        ("producer_interleave", _u32),
+        ("producer_block_size", _u32),
     ]
 
 
@@ -50,6 +54,11 @@ class RegionDesc(ctypes.Structure):
         ("index_dim", _u32),
         ("quant_block", _u32),
         ("bytes", _u64),
+        ("heads", _u32),
+        ("head_dim", _u32),
+        ("elem_bytes", _u32),
+        ("kv_planes", _u32),
+        ("hnd", _bool),
     ]
 
 
@@ -144,12 +153,6 @@ class WireId(ctypes.Structure):
     _fields_ = [("len", _u16), ("bytes", _u8 * WIRE_REQ_ID_MAX)]
 
 
-class ConnFault(ctypes.Structure):
-    _c_name_ = "kvr_conn_fault_t"
-    _c_header_ = "kvrelay/conn.h"
-    _fields_ = [("kind", _int), ("request", ctypes.c_char * 64)]
-
-
 class ConnParams(ctypes.Structure):
     _c_name_ = "kvr_conn_params_t"
     _c_header_ = "kvrelay/conn.h"
@@ -168,7 +171,6 @@ class ConnParams(ctypes.Structure):
         ("max_requests", _u32),
         ("leader_blocks", _u32),
         ("cuda_device", _int),
-        ("fault", ConnFault),
     ]
 
 
@@ -356,6 +358,6 @@ class AgentReqStatus(ctypes.Structure):
 
 
 ALL = [Error, Layout, RegionDesc, RegionPair, Request, Run, InspectDiff,
-       InspectResult, InspectOpts, WireTopo, WireId, ConnFault, ConnParams,
-       ConnOffer, ConnLoad, ConnEvent, LoopbackParams, AgentParams, AgentSend,
-       AgentRecv, AgentEvent, AgentNotify, AgentReqStatus]
+       InspectResult, InspectOpts, WireTopo, WireId, ConnParams, ConnOffer,
+       ConnLoad, ConnEvent, LoopbackParams, AgentParams, AgentSend, AgentRecv,
+       AgentEvent, AgentNotify, AgentReqStatus]

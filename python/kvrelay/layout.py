@@ -25,10 +25,21 @@ class Role(IntEnum):
     OTHER = 6
 
 
+class Axis(IntEnum):
+    """The ranks a pair plan names (kvr_axis_t): DCP ranks for token-sharded
+    regions, TP ranks for head-sharded dense ones (docs/design.md §18)."""
+
+    DCP = 0
+    TP = 1
+
+
 @dataclass(frozen=True)
 class Layout:
     """kvr_layout_t. ``tp`` None means ``dcp_size`` (one TP rank per DCP
-    rank, as ``kvrelay plan`` defaults)."""
+    rank, as ``kvrelay plan`` defaults). The producer fields describe a
+    producer with DCP of its own (docs/design.md §18); their defaults are
+    today's unsharded producer with the consumer's block size
+    (``producer_block_size`` None)."""
 
     block_size: int = 64
     dcp_size: int = 1
@@ -37,16 +48,37 @@ class Layout:
     producer_tp: int = 1
     replicate_index: bool = False
     preshuffle: bool = True
+    producer_dcp: int = 1
+    producer_interleave: int = 1
+    producer_block_size: Optional[int] = None
+    producer_replicate_index: bool = False
 
     def to_c(self) -> T.Layout:
         return T.Layout(self.block_size, self.dcp_size, self.interleave,
                         self.dcp_size if self.tp is None else self.tp,
-                        self.producer_tp, self.replicate_index, self.preshuffle)
+                        self.producer_tp, self.replicate_index, self.preshuffle,
+                        self.producer_replicate_index, self.producer_dcp,
+                        self.producer_interleave,
+                        self.producer_block_size or 0)
 
     @classmethod
     def from_c(cls, c: T.Layout) -> "Layout":
         return cls(c.block_size, c.dcp_size, c.interleave, c.tp, c.producer_tp,
-                   bool(c.replicate_index), bool(c.preshuffle))
+                   bool(c.replicate_index), bool(c.preshuffle),
+                   c.producer_dcp or 1, c.producer_interleave or 1,
+                   c.producer_block_size or None,
+                   bool(c.producer_replicate_index))
+
+    def axis_ranks(self, axis: "Axis", consumer: bool) -> int:
+        """Ranks on an axis of one side: W or TP of the consumer or the
+        producer."""
+        return self._call("kvr_axis_ranks", int(axis), consumer)
+
+    @property
+    def producer_plain(self) -> bool:
+        """True for today's producer: W_p == 1 and bs_p == bs."""
+        c = self.to_c()
+        return bool(LIB.kvr_layout_producer_plain(ctypes.byref(c)))
 
     def check(self, rank: Optional[int] = None) -> "Layout":
         """Raises KvrelayError (ERR_INTERLEAVE_*, ERR_DCP_LT1, ...) unless the
@@ -118,7 +150,8 @@ def index_scale_offset(page_tokens: int, index_dim: int, t: int) -> int:
 
 @dataclass(frozen=True)
 class RegionDesc:
-    """kvr_region_desc_t: one registered KV tensor on one side."""
+    """kvr_region_desc_t: one registered KV tensor on one side. The head
+    fields describe a head-sharded dense region (``heads`` 0: none)."""
 
     role: Role
     layer: int
@@ -127,22 +160,52 @@ class RegionDesc:
     index_dim: int = 0
     quant_block: int = 0
     bytes: int = 0
+    heads: int = 0
+    head_dim: int = 0
+    elem_bytes: int = 0
+    kv_planes: int = 0
+    hnd: bool = False
 
     def to_c(self) -> T.RegionDesc:
         return T.RegionDesc(int(self.role), self.layer, self.num_blocks,
                             self.page_bytes, self.index_dim, self.quant_block,
-                            self.bytes)
+                            self.bytes, self.heads, self.head_dim,
+                            self.elem_bytes, self.kv_planes, self.hnd)
 
     @classmethod
     def from_c(cls, c: T.RegionDesc) -> "RegionDesc":
         return cls(Role(c.role), c.layer, c.num_blocks, c.page_bytes,
-                   c.index_dim, c.quant_block, c.bytes)
+                   c.index_dim, c.quant_block, c.bytes, c.heads, c.head_dim,
+                   c.elem_bytes, c.kv_planes, bool(c.hnd))
 
     @classmethod
     def mla(cls, layout: Layout, layer: int, token_bytes: int,
-            num_blocks: int) -> "RegionDesc":
-        """An MLA latent region: pages of bs * token_bytes."""
-        return cls(Role.MLA, layer, num_blocks, layout.block_size * token_bytes)
+            num_blocks: int, consumer: bool = True) -> "RegionDesc":
+        """An MLA latent region: pages of bs * token_bytes (the producer's
+        bs_p when not `consumer`)."""
+        bs = layout.block_size if consumer else \
+            layout._call("kvr_producer_block_size")
+        return cls(Role.MLA, layer, num_blocks, bs * token_bytes)
+
+    @classmethod
+    def dense(cls, layout: Layout, layer: int, heads: int, head_dim: int,
+              elem_bytes: int, num_blocks: int, consumer: bool,
+              hnd: bool = False, kv_planes: int = 2) -> "RegionDesc":
+        """A head-sharded dense K/V region: pages of kv_planes planes of
+        bs * local heads * head_dim * elem_bytes, NHD or HND."""
+        r = cls(Role.DENSE, layer, num_blocks, 0, heads=heads,
+                head_dim=head_dim, elem_bytes=elem_bytes, kv_planes=kv_planes,
+                hnd=hnd)
+        c, lay = r.to_c(), layout.to_c()
+        page = LIB.kvr_dense_page_bytes(ctypes.byref(lay), ctypes.byref(c),
+                                        consumer)
+        return replace(r, page_bytes=int(page))
+
+    @property
+    def axis(self) -> Axis:
+        """The ranks its pair plans name: TP for head-sharded dense."""
+        c = self.to_c()
+        return Axis(LIB.kvr_region_axis(ctypes.byref(c)))
 
     @classmethod
     def index(cls, layout: Layout, layer: int, index_dim: int,
@@ -179,8 +242,20 @@ class RegionPair:
     @classmethod
     def mla(cls, layout: Layout, layer: int, token_bytes: int,
             src_blocks: int, dst_blocks: int) -> "RegionPair":
-        return cls(RegionDesc.mla(layout, layer, token_bytes, src_blocks),
+        return cls(RegionDesc.mla(layout, layer, token_bytes, src_blocks,
+                                  False),
                    RegionDesc.mla(layout, layer, token_bytes, dst_blocks))
+
+    @classmethod
+    def dense(cls, layout: Layout, layer: int, heads: int, head_dim: int,
+              elem_bytes: int, src_blocks: int, dst_blocks: int,
+              hnd: bool = False, kv_planes: int = 2) -> "RegionPair":
+        return cls(RegionDesc.dense(layout, layer, heads, head_dim,
+                                    elem_bytes, src_blocks, False, hnd,
+                                    kv_planes),
+                   RegionDesc.dense(layout, layer, heads, head_dim,
+                                    elem_bytes, dst_blocks, True, hnd,
+                                    kv_planes))
 
     @classmethod
     def index(cls, layout: Layout, layer: int, index_dim: int,
@@ -201,6 +276,6 @@ def role_name(role: int) -> str:
     return str(LIB.kvr_role_name(int(role)).decode())
 
 
-__all__ = ["Role", "Layout", "RegionDesc", "RegionPair", "index_stride",
-           "index_scale_offset", "role_name"]
+__all__ = ["Axis", "Role", "Layout", "RegionDesc", "RegionPair",
+           "index_stride", "index_scale_offset", "role_name"]
 

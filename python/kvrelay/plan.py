@@ -46,7 +46,10 @@ def _u32_ptr(arr: np.ndarray) -> "ctypes._Pointer[ctypes.c_uint32]":
 @dataclass(frozen=True)
 class Request:
     """kvr_request_t: the request's full block tables (never pre-sliced),
-    its token count and the virtual blocks already on the consumer."""
+    its token count and the virtual blocks already on the consumer. For a
+    pair plan ``src_blocks`` is that producer rank's own table (a producer
+    with DCP shares one table over its ranks, one entry per bs_p * W_p
+    tokens, which is each rank's own)."""
 
     src_blocks: Any
     dst_blocks: Any
@@ -163,20 +166,66 @@ def plan(layout: Layout, rank: int, pair: RegionPair, request: Request) -> Plan:
     return Plan(out.value or 0)
 
 
+def plan_pair(layout: Layout, producer_rank: int, consumer_rank: int,
+              pair: RegionPair, request: Request) -> Plan:
+    """What consumer rank `consumer_rank` takes from producer rank
+    `producer_rank` (kvr_plan_create_pair; DCP ranks for token-sharded
+    regions, TP ranks for head-sharded dense ones, docs/design.md §18).
+    ``request.src_blocks`` is that producer rank's table."""
+    lay, cpair, err = layout.to_c(), pair.to_c(), new_error()
+    req, keep = request.to_c()
+    out = ctypes.c_void_p()
+    check(LIB.kvr_plan_create_pair(ctypes.byref(lay), producer_rank,
+                                   consumer_rank, ctypes.byref(cpair),
+                                   ctypes.byref(req), ctypes.byref(out),
+                                   ctypes.byref(err)), err)
+    del keep
+    return Plan(out.value or 0)
+
+
+def sources(layout: Layout, pair: RegionPair, consumer_rank: int,
+            request: Optional[Request] = None) -> "list[int]":
+    """The producer ranks `consumer_rank` pulls a region from, ascending
+    (kvr_plan_sources): all it may ever pull from, or with a request
+    exactly those whose pair plan is not empty."""
+    lay, cpair, err = layout.to_c(), pair.to_c(), new_error()
+    cap = layout.axis_ranks(pair.src.axis, False)
+    ranks = (ctypes.c_uint32 * max(1, cap))()
+    num = ctypes.c_size_t()
+    keep = None
+    req_p = None
+    if request is not None:
+        req, keep = request.to_c()
+        req_p = ctypes.byref(req)
+    check(LIB.kvr_plan_sources(ctypes.byref(lay), ctypes.byref(cpair),
+                               consumer_rank, req_p, ranks, cap,
+                               ctypes.byref(num), ctypes.byref(err)), err)
+    del keep
+    return [int(r) for r in ranks[:num.value]]
+
+
 class PlanSet:
     """Plans for many region pairs, computed once per region class
-    (kvr_plan_set_t). ``plan_of(i)`` is pair i's (shared) plan."""
+    (kvr_plan_set_t). ``plan_of(i)`` is pair i's (shared) plan. With
+    `producer_rank` given it is the set of one (producer, consumer) pair
+    (kvr_plan_set_create_pair; all pairs on one axis)."""
 
     def __init__(self, layout: Layout, rank: int, pairs: Sequence[RegionPair],
-                 request: Request) -> None:
+                 request: Request, producer_rank: Optional[int] = None) -> None:
         lay, err = layout.to_c(), new_error()
         cpairs = (T.RegionPair * max(1, len(pairs)))(*[p.to_c() for p in pairs])
         req, keep = request.to_c()
         out = ctypes.c_void_p()
         self._handle = 0
-        check(LIB.kvr_plan_set_create(ctypes.byref(lay), rank, cpairs,
-                                      len(pairs), ctypes.byref(req),
-                                      ctypes.byref(out), ctypes.byref(err)), err)
+        if producer_rank is None:
+            code = LIB.kvr_plan_set_create(ctypes.byref(lay), rank, cpairs,
+                                           len(pairs), ctypes.byref(req),
+                                           ctypes.byref(out), ctypes.byref(err))
+        else:
+            code = LIB.kvr_plan_set_create_pair(
+                ctypes.byref(lay), producer_rank, rank, cpairs, len(pairs),
+                ctypes.byref(req), ctypes.byref(out), ctypes.byref(err))
+        check(code, err)
         del keep
         self._handle = out.value or 0
         self.num_pairs = len(pairs)
@@ -217,17 +266,36 @@ class PlanSet:
             raise invalid(f"pair {pair} outside [0, {self.num_pairs})")
 
 
-def layout_digest(layout: Layout, regions: Iterable[RegionDesc]) -> str:
+def layout_digest(layout: Layout, regions: Iterable[RegionDesc],
+                  consumer: bool = True) -> str:
     """The 64-bit layout digest both sides compare at handshake, as the 16
-    hex digits ``kvrelay plan`` prints."""
+    hex digits ``kvrelay plan`` prints. Token widths are read with the
+    consumer's block size, or the producer's when not `consumer` (both
+    sides' regions give one digest)."""
     regs = list(regions)
     lay, arr, err = layout.to_c(), regions_to_c(regs), new_error()
     out = ctypes.c_uint64()
-    check(LIB.kvr_layout_digest(ctypes.byref(lay), arr, len(regs),
-                                ctypes.byref(out), ctypes.byref(err)), err)
+    check(LIB.kvr_layout_digest_side(ctypes.byref(lay), arr, len(regs),
+                                     consumer, ctypes.byref(out),
+                                     ctypes.byref(err)), err)
     text = (ctypes.c_char * 17)()
     LIB.kvr_digest_hex(out.value, text)
     return text.value.decode()
+
+
+def _verify(fn: Any, layout: Layout, ranks: Tuple[int, ...], pair: RegionPair,
+            request: Request, src: BufferLike, dst: BufferLike) -> None:
+    """Calls a C verifier fn(layout, *ranks, pair, request, src, dst, err)
+    on region images checked against the pair's sizes."""
+    s_addr, s_size, keep_s = address_of(src, False, "src")
+    d_addr, d_size, keep_d = address_of(dst, False, "dst")
+    need(s_size, pair.src.nbytes, "src")
+    need(d_size, pair.dst.nbytes, "dst")
+    lay, cpair, err = layout.to_c(), pair.to_c(), new_error()
+    req, keep = request.to_c()
+    check(fn(ctypes.byref(lay), *ranks, ctypes.byref(cpair), ctypes.byref(req),
+             s_addr, d_addr, ctypes.byref(err)), err)
+    del keep, keep_s, keep_d
 
 
 def verify_region(layout: Layout, rank: int, pair: RegionPair,
@@ -236,16 +304,7 @@ def verify_region(layout: Layout, rank: int, pair: RegionPair,
     put it in `dst` (the consumer region image), against `src` (the producer
     region image). Raises KvrelayError(ERR_VERIFY) naming the first wrong
     token, byte, expected and found values."""
-    s_addr, s_size, keep_s = address_of(src, False, "src")
-    d_addr, d_size, keep_d = address_of(dst, False, "dst")
-    need(s_size, pair.src.nbytes, "src")
-    need(d_size, pair.dst.nbytes, "dst")
-    lay, cpair, err = layout.to_c(), pair.to_c(), new_error()
-    req, keep = request.to_c()
-    check(LIB.kvr_verify_region(ctypes.byref(lay), rank, ctypes.byref(cpair),
-                                ctypes.byref(req), s_addr, d_addr,
-                                ctypes.byref(err)), err)
-    del keep, keep_s, keep_d
+    _verify(LIB.kvr_verify_region, layout, (rank,), pair, request, src, dst)
 
 
 def check_coverage(layout: Layout, pair: RegionPair, request: Request,
@@ -265,5 +324,40 @@ def check_coverage(layout: Layout, pair: RegionPair, request: Request,
     del keep
 
 
-__all__ = ["Request", "Plan", "PlanSet", "plan", "layout_digest",
-           "verify_region", "check_coverage", "block_table"]
+def verify_region_pair(layout: Layout, producer_rank: int, consumer_rank: int,
+                       pair: RegionPair, request: Request, src: BufferLike,
+                       dst: BufferLike) -> None:
+    """Checks every byte consumer rank `consumer_rank` takes from producer
+    rank `producer_rank` in `dst`, against `src` (that producer rank's
+    region image). Raises KvrelayError(ERR_VERIFY) naming the first wrong
+    byte."""
+    _verify(LIB.kvr_verify_region_pair, layout, (producer_rank, consumer_rank),
+            pair, request, src, dst)
+
+
+def check_coverage_pair(layout: Layout, pair: RegionPair,
+                        requests: Sequence[Request],
+                        plans: Sequence[Sequence[Plan]]) -> None:
+    """Coverage proof over every pair: requests[p] is producer rank p's
+    request, plans[p][c] pair (p, c)'s plan. Every token (every head, for
+    dense) reaches every consumer rank that owns it exactly once, from the
+    right producer's right byte, and nothing else is written."""
+    axis = pair.src.axis
+    np_, nc = layout.axis_ranks(axis, False), layout.axis_ranks(axis, True)
+    if len(requests) != np_ or len(plans) != np_ or \
+            any(len(row) != nc for row in plans):
+        raise invalid(f"need {np_} requests and {np_} x {nc} plans")
+    lay, cpair, err = layout.to_c(), pair.to_c(), new_error()
+    converted = [r.to_c() for r in requests]
+    reqs = (T.Request * np_)(*[c for c, _ in converted])
+    handles = (ctypes.c_void_p * (np_ * nc))(
+        *[plans[p][c]._handle for p in range(np_) for c in range(nc)])
+    check(LIB.kvr_plan_check_coverage_pair(ctypes.byref(lay),
+                                           ctypes.byref(cpair), reqs, handles,
+                                           ctypes.byref(err)), err)
+    del converted
+
+
+__all__ = ["Request", "Plan", "PlanSet", "plan", "plan_pair", "sources",
+           "layout_digest", "verify_region", "verify_region_pair",
+           "check_coverage", "check_coverage_pair", "block_table"]

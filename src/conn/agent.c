@@ -47,7 +47,7 @@ void kvr__agent_log(kvr_agent_t *a, const char *fmt, ...)
     va_end(ap);
     if (getenv("KVR_AGENT_DEBUG") != NULL)
         fprintf(stderr, "kvr agent %.*s %.3f: %s\n", (int)a->instance.len,
-                a->instance.bytes, (double)(kvr__now_ns() % 100000000000ull) / 1e9,
+                a->instance.bytes, (double)(kvr_now_ns() % 100000000000ull) / 1e9,
                 a->log);
 }
 

@@ -51,7 +51,7 @@ void kvr__pdir_free_all(kvr_agent_t *a)
 static void dir_error(kvr__pdir_t *d, kvr_status_t st, const char *msg)
 {
     d->error = st;
-    d->error_ns = kvr__now_ns();
+    d->error_ns = kvr_now_ns();
     snprintf(d->error_msg, sizeof(d->error_msg), "%s", msg);
 }
 
@@ -96,7 +96,7 @@ static bool serves_me(const kvr_agent_t *a, const kvr__pdir_t *d, uint32_t tp)
  * address until STAGES came, then each serving stage. */
 void kvr__pdir_kick(kvr_agent_t *a, kvr__pdir_t *d)
 {
-    if (kvr__now_ns() < d->next_dial_ns)
+    if (kvr_now_ns() < d->next_dial_ns)
         return;
     if (d->head == NULL && (!d->have_stages || link_to(a, d, d->bootstrap)))
         d->head = link_to(a, d, d->bootstrap);
@@ -275,7 +275,7 @@ void kvr__link_lost_dir(kvr_agent_t *a, kvr__alink_t *l)
         /* a stage moved or is restarting: retry soon; the head announces a
          * new address with STAGES, or is asked again if it is gone too */
         snprintf(d->error_msg, sizeof(d->error_msg), "%s", l->close_why);
-        d->next_dial_ns = kvr__now_ns() + 200 * 1000000ull;
+        d->next_dial_ns = kvr_now_ns() + 200 * 1000000ull;
         if (d->head == NULL)
             d->have_stages = false;
     }

@@ -14,6 +14,7 @@
 #include <stdint.h>
 
 #include "kvrelay/agent.h"
+#include "kvrelay/base.h"
 
 #include "data.h"
 #include "gpu_path.h"

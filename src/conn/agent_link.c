@@ -35,8 +35,8 @@ static kvr__alink_t *link_new(kvr_agent_t *a, kvr__alink_kind_t kind,
     l->staging = -1;
     l->serial = ++a->next_serial;
     snprintf(l->address, sizeof(l->address), "%s", address);
-    l->deadline_ns = kvr__now_ns() + ms_ns(a->p.connect_timeout_ms);
-    l->last_used_ns = kvr__now_ns();
+    l->deadline_ns = kvr_now_ns() + ms_ns(a->p.connect_timeout_ms);
+    l->last_used_ns = kvr_now_ns();
     l->next = a->links;
     if (a->links)
         a->links->prev = l;
@@ -211,7 +211,7 @@ kvr_status_t kvr__alink_send(kvr_agent_t *a, kvr__alink_t *l,
 {
     if (l == NULL || l->link == NULL || l->state == KVR__LINK_CLOSED)
         return KVR_ERR_PEER_DEAD;
-    l->last_used_ns = kvr__now_ns();
+    l->last_used_ns = kvr_now_ns();
     kvr_status_t st = KVR_OK;
     for (int i = fault_copies(a, l->link, msg->type); i > 0 && st == KVR_OK;
          i--)
@@ -455,7 +455,7 @@ static void on_ready(kvr_agent_t *a, kvr__alink_t *l)
 {
     l->state = KVR__LINK_READY;
     l->ever_ready = true;
-    l->last_used_ns = kvr__now_ns();
+    l->last_used_ns = kvr_now_ns();
     kvr__agent_log(a, "link %u (%s) ready: peer '%.*s' pp %u tp %u dcp %u",
                    l->serial, l->address, (int)l->peer_instance.len,
                    l->peer_instance.bytes, l->link->peer.topo.pp_rank,
@@ -525,7 +525,7 @@ static bool on_request_frame(kvr_agent_t *a, kvr__alink_t *l,
 static void on_frame(kvr_agent_t *a, kvr__alink_t *l, const kvr_msg_t *m)
 {
     kvr_error_t err = {0};
-    l->last_used_ns = kvr__now_ns();
+    l->last_used_ns = kvr_now_ns();
     if (m->type == KVR_MSG_BYE) {
         kvr__alink_close(a, l, m->u.bye.status ? m->u.bye.status
                                                : KVR_ERR_PEER_DEAD,
@@ -667,7 +667,7 @@ void kvr__alink_reap(kvr_agent_t *a)
             kvr__notify_link_lost(a, l);
             if (a->join_link == l) {
                 a->join_link = NULL;
-                a->join_retry_ns = kvr__now_ns() + 200 * 1000000ull;
+                a->join_retry_ns = kvr_now_ns() + 200 * 1000000ull;
             }
             link_free(a, l);
             again = true;

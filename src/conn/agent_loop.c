@@ -114,7 +114,7 @@ kvr_status_t kvr__loop_start(kvr_agent_t *a, kvr_error_t *err)
     bool head = a->p.topo.pp_rank == 0 && a->p.topo.tp_rank == 0;
     if (st == KVR_OK && producer && head)
         st = init_stage_table(a, err);
-    a->join_retry_ns = kvr__now_ns();
+    a->join_retry_ns = kvr_now_ns();
     return st;
 }
 
@@ -187,7 +187,7 @@ static void handle_ready(kvr_agent_t *a, const struct epoll_event *ev, int n)
 
 static uint64_t run_timers(kvr_agent_t *a)
 {
-    uint64_t now = kvr__now_ns(), next = UINT64_MAX;
+    uint64_t now = kvr_now_ns(), next = UINT64_MAX;
     if (a->active != NULL) /* pulls whose kernels run: looked at each ms */
         next = now + 1000000ull;
     kvr__alink_tick(a, now, &next);
@@ -203,7 +203,7 @@ void kvr__loop_turn(kvr_agent_t *a, uint32_t timeout_ms)
     bool busy = kvr__agpu_cpu_work(a);
     int wait = busy ? 0 : (int)timeout_ms;
     int n = epoll_wait(a->epoll_fd, ev, 64, wait);
-    uint64_t start = kvr__now_ns();
+    uint64_t start = kvr_now_ns();
     run_commands(a);
     if (n > 0)
         handle_ready(a, ev, n);

@@ -276,7 +276,7 @@ static void send_pull(kvr_agent_t *a, kvr__creq_t *r, kvr__cstage_t *s)
     w->staging_slots = s->slots;
     w->num_staging_slots = s->nslots;
     w->write_nonce = r->nonce;
-    uint64_t now = kvr__now_ns();
+    uint64_t now = kvr_now_ns();
     w->deadline_ms = r->deadline_ns > now
                          ? (uint32_t)((r->deadline_ns - now) / 1000000u) + 1 : 1;
     s->sent = true; /* even if the send fails: the link loss answers it */
@@ -376,7 +376,7 @@ static void pulling(kvr_agent_t *a, kvr__creq_t *r, const kvr__recv_input_t *in)
         quarantine(a, r, KVR_ERR_CANCELED, "aborted by the consumer");
         return;
     case KVR__RIN_TICK:
-        if (kvr__now_ns() >= r->deadline_ns)
+        if (kvr_now_ns() >= r->deadline_ns)
             quarantine(a, r, KVR_ERR_TIMEOUT, "deadline passed with %u of %u "
                        "stages done", r->num_stages - !all_done(r),
                        r->num_stages);
@@ -395,7 +395,7 @@ static void quarantined(kvr_agent_t *a, kvr__creq_t *r,
         return; /* not unpacked, not acked: the RELEASE stops that stage */
     if (in->stage != NULL)
         in->stage->answered = true;
-    if (in->kind == KVR__RIN_TICK && kvr__now_ns() >= r->hard_ns)
+    if (in->kind == KVR__RIN_TICK && kvr_now_ns() >= r->hard_ns)
         for (uint32_t s = 0; s < r->num_stages; s++) {
             kvr__cstage_t *st = &r->stages[s];
             if (st->sent && !st->answered && st->link != NULL)
@@ -423,7 +423,7 @@ static void creq_step(kvr_agent_t *a, kvr__creq_t *r,
     case KVR_RECV_DIALING:
         if (in->kind == KVR__RIN_ABORT)
             quarantine(a, r, KVR_ERR_CANCELED, "aborted by the consumer");
-        else if (in->kind == KVR__RIN_TICK && kvr__now_ns() >= r->deadline_ns)
+        else if (in->kind == KVR__RIN_TICK && kvr_now_ns() >= r->deadline_ns)
             quarantine(a, r, KVR_ERR_TIMEOUT, "producer '%.*s' at %s: its "
                        "stages were not all reachable within the deadline%s%s",
                        (int)r->producer.len, r->producer.bytes,
@@ -467,7 +467,7 @@ static void start(kvr_agent_t *a, kvr__cmd_t *c)
     r->num_tokens = c->num_tokens;
     r->num_computed = c->num_computed;
     r->nonce = kvr_wire_random_nonce();
-    r->started_ns = kvr__now_ns();
+    r->started_ns = kvr_now_ns();
     r->deadline_ns = r->started_ns + ms_ns(c->ms);
     r->hard_ns = r->deadline_ns + ms_ns(a->p.grace_ms);
     r->dir = kvr__pdir_get(a, &c->producer, c->address);

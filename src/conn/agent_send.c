@@ -73,7 +73,7 @@ static void cut(kvr_agent_t *a, kvr__pull_t *p, kvr_status_t st,
         kvr__gpu_job_free(p->job); /* its kernels end first */
         p->job = NULL;
         kvr_error_t err = {0};
-        uint64_t by = kvr__now_ns() + ms_ns(a->p.grace_ms);
+        uint64_t by = kvr_now_ns() + ms_ns(a->p.grace_ms);
         if (p->link && p->link->data &&
             kvr__data_flush(p->link->data, by < p->deadline_ns ? p->deadline_ns
                                                                : by,
@@ -364,7 +364,7 @@ static void preq_step(kvr_agent_t *a, kvr__preq_t *r, kvr__send_in_t in,
         st = join_group(a, r, p, why, sizeof(why));
         if (st != KVR_OK)
             answer(a, p, st, why);
-        else if (kvr__now_ns() >= r->lease_end_ns)
+        else if (kvr_now_ns() >= r->lease_end_ns)
             answer(a, p, KVR_ERR_TIMEOUT, "the lease ended");
         else if (r->state == KVR_SEND_READY)
             start_pull(a, r, p);
@@ -387,8 +387,8 @@ static void preq_step(kvr_agent_t *a, kvr__preq_t *r, kvr__send_in_t in,
         finish(a, r, KVR_SEND_FAILED, KVR_ERR_CANCELED, "aborted");
         return;
     case KVR__SIN_TICK:
-        r->lease_seen = kvr__now_ns() >= r->lease_end_ns;
-        tick_pulls(a, r, kvr__now_ns());
+        r->lease_seen = kvr_now_ns() >= r->lease_end_ns;
+        tick_pulls(a, r, kvr_now_ns());
         break;
     }
     bool failed = false;
@@ -400,7 +400,7 @@ static void preq_step(kvr_agent_t *a, kvr__preq_t *r, kvr__send_in_t in,
             finish(a, r, KVR_SEND_SENT, KVR_OK, "");
         return;
     }
-    if (kvr__now_ns() >= r->lease_end_ns && !pulls_busy(r)) {
+    if (kvr_now_ns() >= r->lease_end_ns && !pulls_busy(r)) {
         snprintf(why, sizeof(why), "lease of the sources ended with %u of %u "
                  "group(s) done", done, r->groups_expected);
         finish(a, r, KVR_SEND_EXPIRED, KVR_ERR_TIMEOUT, why);
@@ -451,7 +451,7 @@ static void open_request(kvr_agent_t *a, const kvr__cmd_t *c)
     memcpy(r->src, c->blocks, c->num_blocks * sizeof(*r->src));
     r->nsrc = c->num_blocks;
     r->num_tokens = c->num_tokens;
-    r->lease_end_ns = kvr__now_ns() + ms_ns(c->ms);
+    r->lease_end_ns = kvr_now_ns() + ms_ns(c->ms);
     r->groups_expected = c->groups;
     r->layers_missing = layers;
     r->next = a->preqs;
@@ -525,7 +525,7 @@ static kvr__pull_t *new_pull(kvr_agent_t *a, kvr__alink_t *l,
     p->dcp_rank = w->dcp_rank;
     p->num_tokens = w->num_tokens;
     p->num_computed = w->num_computed_blocks;
-    p->arrived_ns = kvr__now_ns();
+    p->arrived_ns = kvr_now_ns();
     p->deadline_ns = p->arrived_ns + ms_ns(w->deadline_ms);
     (void)a;
     return p;
@@ -738,7 +738,7 @@ void kvr__send_work(kvr_agent_t *a, uint64_t end_ns)
     uint64_t moved = 0;
     bool first = true;
     while (a->active != NULL &&
-           (first || (kvr__now_ns() < end_ns && moved < KVR_AGENT_TURN_BYTES))) {
+           (first || (kvr_now_ns() < end_ns && moved < KVR_AGENT_TURN_BYTES))) {
         first = false;
         kvr__pull_t *p = a->active;
         if (!slice(a, p, &moved) && a->active == p && p->work_next != NULL) {

@@ -7,6 +7,8 @@
 
 #include "kvrelay/completion.h"
 
+#include "base_internal.h"
+
 #define KVR__HKEY_BYTES crypto_shorthash_KEYBYTES
 
 /* A validated completion id plus its keyed hash; borrows the bytes. */

@@ -47,8 +47,8 @@ kvr_status_t kvr_completion_req_key(const kvr_completion_id_t *id,
 
 kvr_status_t kvr__hkey_init(uint8_t hkey[KVR__HKEY_BYTES], kvr_error_t *err)
 {
-    if (sodium_init() < 0)
-        return kvr_error_set(err, KVR_ERR_INVALID, "libsodium init failed");
+    if (kvr_init(err) != KVR_OK)
+        return KVR_ERR_INIT;
     crypto_shorthash_keygen(hkey);
     return KVR_OK;
 }
@@ -58,14 +58,10 @@ static uint64_t hash_fields(const uint8_t *bytes, size_t len, bool is_op,
 {
     uint8_t buf[9 + KVR_REQ_ID_MAX], out[crypto_shorthash_BYTES];
     buf[0] = is_op ? 1 : 0;
-    for (int i = 0; i < 8; i++)
-        buf[1 + i] = (uint8_t)(gen >> (8 * i));
+    kvr__put_le(buf + 1, gen, 8);
     memcpy(buf + 9, bytes, len);
     crypto_shorthash(out, buf, 9 + len, hkey);
-    uint64_t h = 0;
-    for (int i = 0; i < 8; i++)
-        h |= (uint64_t)out[i] << (8 * i);
-    return h;
+    return kvr__get_le(out, 8);
 }
 
 kvr_status_t kvr__view_of(const kvr_completion_id_t *id,

@@ -78,6 +78,8 @@ kvr_status_t kvr_conn_create(const kvr_conn_params_t *params,
     if (params == NULL || out == NULL)
         return kvr_error_set(err, KVR_ERR_INVALID, "params or out is NULL");
     kvr_status_t st = check_params(params, err);
+    if (st == KVR_OK) /* nonces and keys come from libsodium */
+        st = kvr_init(err);
     if (st != KVR_OK)
         return st;
     kvr_conn_t *c = calloc(1, sizeof(*c));
@@ -149,50 +151,79 @@ void kvr_conn_destroy(kvr_conn_t *c)
     free(c);
 }
 
+kvr_status_t kvr__region_valid(const kvr_conn_t *c, const kvr_region_desc_t *d,
+                               bool consumer, kvr_error_t *err)
+{
+    kvr_status_t st = kvr_region_check(&c->p.layout, d, consumer, err);
+    if (st == KVR_OK && d->num_blocks == 0)
+        st = kvr_error_set(err, KVR_ERR_INVALID, "%s region layer %u has 0 blocks",
+                           kvr_role_name(d->role), d->layer);
+    return st;
+}
+
+/* Why desc cannot be added now, or KVR_OK. */
+static kvr_status_t check_region(const kvr_conn_t *c,
+                                 const kvr_region_desc_t *desc,
+                                 kvr_error_t *err)
+{
+    bool consumer = c->p.side == KVR_WIRE_CONSUMER;
+    if (c->num_regions == KVR_CONN_MAX_REGIONS)
+        return kvr_error_set(err, KVR_ERR_NO_SPACE, "more than %u regions",
+                             KVR_CONN_MAX_REGIONS);
+    if (c->num_peers > 0 || c->listen_fd >= 0)
+        return kvr_error_set(err, KVR_ERR_INVALID,
+                             "regions must be added before listen/connect");
+    return kvr__region_valid(c, desc, consumer, err);
+}
+
+/* Allocates or registers r's memory (device memory needs no registration:
+ * it is shared by IPC); sets r->base and r->mem. */
+static kvr_status_t place_region(kvr_conn_t *c, kvr__region_t *r, void *base,
+                                 bool alloc, kvr_error_t *err)
+{
+    uint64_t len = kvr_region_bytes(&r->desc);
+    kvr_status_t st = KVR_OK;
+    if (r->device && alloc)
+        st = kvr__gpu_alloc(c->p.cuda_device, len, &base, err);
+    else if (alloc)
+        st = kvr__dmem_alloc(c->data, len, &base, &r->mem, err);
+    else if (!r->device)
+        st = kvr__dmem_register(c->data, base, len, &r->mem, err);
+    r->base = base;
+    return st;
+}
+
+/* Everything that can fail happens before regions[] or the staging state
+ * change, so a failed add leaves the connector as it was. */
 static kvr_status_t add_region(kvr_conn_t *c, const kvr_region_desc_t *desc,
                                void *base, bool alloc, void **base_out)
 {
     kvr_error_t err = {0};
-    bool consumer = c->p.side == KVR_WIRE_CONSUMER;
-    kvr_status_t st = KVR_OK;
-    if (c->num_regions == KVR_CONN_MAX_REGIONS)
-        st = kvr_error_set(&err, KVR_ERR_NO_SPACE, "more than %u regions",
-                           KVR_CONN_MAX_REGIONS);
-    else if (c->num_peers > 0 || c->listen_fd >= 0)
-        st = kvr_error_set(&err, KVR_ERR_INVALID,
-                           "regions must be added before listen/connect");
-    else if (desc->role != KVR_ROLE_STAGING)
-        st = kvr_region_check(&c->p.layout, desc, consumer, &err);
-    if (st == KVR_OK && (desc->num_blocks == 0 ||
-                         desc->page_bytes > UINT64_MAX / desc->num_blocks))
-        st = kvr_error_set(&err, KVR_ERR_INVALID, "region layer %u: %llu blocks "
-                           "of %llu bytes", desc->layer,
-                           (unsigned long long)desc->num_blocks,
-                           (unsigned long long)desc->page_bytes);
-    kvr__region_t *r = &c->regions[c->num_regions];
-    uint64_t len = kvr_region_bytes(desc);
+    kvr_status_t st = check_region(c, desc, &err);
+    bool staging = desc->role == KVR_ROLE_STAGING && c->staging_idx < 0 &&
+                   c->p.side == KVR_WIRE_CONSUMER;
+    uint8_t *busy = NULL; /* the consumer's per-slot busy flags */
+    if (st == KVR_OK && staging && (busy = calloc(desc->num_blocks, 1)) == NULL)
+        st = kvr_error_set(&err, KVR_ERR_NO_MEMORY,
+                           "no memory for %llu staging slots",
+                           (unsigned long long)desc->num_blocks);
     bool device = c->p.cuda_device >= 0 && desc->role != KVR_ROLE_STAGING;
-    if (st == KVR_OK && device && alloc)
-        st = kvr__gpu_alloc(c->p.cuda_device, len, &base, &err);
-    else if (st == KVR_OK && alloc)
-        st = kvr__dmem_alloc(c->data, len, &base, &r->mem, &err);
-    else if (st == KVR_OK && !device)
-        st = kvr__dmem_register(c->data, base, len, &r->mem, &err);
-    r->device = device;
-    r->owned = device && alloc;
+    kvr__region_t r = {
+        .desc = *desc, .device = device, .owned = device && alloc};
+    if (st == KVR_OK)
+        st = place_region(c, &r, base, alloc, &err);
     if (st != KVR_OK) {
+        free(busy);
         kvr__conn_fail(c, st, "%s", err.msg);
         return st;
     }
-    r->desc = *desc;
-    r->base = base;
-    if (desc->role == KVR_ROLE_STAGING && c->staging_idx < 0 && consumer) {
+    if (staging) {
         c->staging_idx = (int)c->num_regions;
-        c->slot_busy = calloc(desc->num_blocks, 1);
+        c->slot_busy = busy;
     }
-    c->num_regions++;
+    c->regions[c->num_regions++] = r;
     if (base_out != NULL)
-        *base_out = base;
+        *base_out = r.base;
     return KVR_OK;
 }
 
@@ -296,9 +327,9 @@ kvr_status_t kvr_conn_connect(kvr_conn_t *conn, const char *host,
                         "(use a key file, or --insecure)");
     else
         st = kvr__handshake_start(conn, peer);
-    uint64_t deadline = kvr__now_ns() + (uint64_t)timeout_ms * 1000000ull;
+    uint64_t deadline = kvr_now_ns() + (uint64_t)timeout_ms * 1000000ull;
     while (st == KVR_OK && !kvr__peer_ready(conn, peer) && !peer->link->closed) {
-        if (kvr__now_ns() > deadline) {
+        if (kvr_now_ns() > deadline) {
             kvr__link_close(peer->link, KVR_ERR_TIMEOUT,
                             "handshake with %s:%u took over %u ms", host, port,
                             timeout_ms);
@@ -389,14 +420,6 @@ kvr_conn_event_t *kvr__event_push(kvr_conn_t *c, kvr_conn_event_kind_t kind,
     e->status = st;
     snprintf(e->message, sizeof(e->message), "%s", msg ? msg : "");
     return e;
-}
-
-bool kvr__fault_is(const kvr_conn_t *c, kvr_conn_fault_kind_t kind,
-                   const kvr_wire_id_t *id)
-{
-    size_t n = strlen(c->p.fault.request);
-    return c->p.fault.kind == kind && id->len == n &&
-           memcmp(id->bytes, c->p.fault.request, n) == 0;
 }
 
 bool kvr_conn_poll_event(kvr_conn_t *conn, kvr_conn_event_t *out)

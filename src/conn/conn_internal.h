@@ -4,6 +4,7 @@
 
 #include "kvrelay/conn.h"
 
+#include "base_internal.h"
 #include "data.h"
 #include "gpu_path.h"
 #include "link.h"
@@ -139,13 +140,15 @@ void kvr__conn_fail(kvr_conn_t *c, kvr_status_t st, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)))
 #endif
     ;
+/* A region's geometry, ours or one a consumer announced in REGIONS: the
+ * role's checks, at least one block, num_blocks * page_bytes within 2^64. */
+kvr_status_t kvr__region_valid(const kvr_conn_t *c, const kvr_region_desc_t *d,
+                               bool consumer, kvr_error_t *err);
 kvr_conn_event_t *kvr__event_push(kvr_conn_t *c, kvr_conn_event_kind_t kind,
                                   const kvr_wire_id_t *id, uint64_t transfer,
                                   kvr_status_t st, const char *msg);
 void kvr__event_attach(kvr_conn_event_t *e, const uint32_t *src, size_t nsrc,
                        const uint32_t *dst, size_t ndst);
-bool kvr__fault_is(const kvr_conn_t *c, kvr_conn_fault_kind_t kind,
-                   const kvr_wire_id_t *id);
 kvr_status_t kvr__peer_send(kvr__peer_t *peer, const kvr_msg_t *msg);
 /* Regions of ours in [layer_start, layer_end) paired with the given
  * counterpart list by (role, layer). */

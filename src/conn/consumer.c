@@ -86,7 +86,8 @@ static uint32_t grant_slots(kvr_conn_t *c, kvr__cstage_t *s)
         c->p.cuda_device >= 0)
         return 0;
     const kvr_region_desc_t *d = &c->regions[c->staging_idx].desc;
-    uint64_t chunks = (s->expect_bytes + d->page_bytes - 1) / d->page_bytes;
+    uint64_t chunks = s->expect_bytes / d->page_bytes +
+                      (s->expect_bytes % d->page_bytes != 0);
     /* a fair share, so every stage can stage at once */
     uint64_t share = (d->num_blocks - 1) / c->p.producer_stages;
     uint64_t want = chunks < share ? chunks : share ? share : 1;
@@ -128,7 +129,7 @@ static void send_write_request(kvr_conn_t *c, kvr__creq_t *r, kvr__cstage_t *s)
     w->staging_slots = s->slots;
     w->num_staging_slots = s->num_slots;
     w->write_nonce = r->nonce;
-    uint64_t now = kvr__now_ns();
+    uint64_t now = kvr_now_ns();
     w->deadline_ms = r->deadline_ns > now
                          ? (uint32_t)((r->deadline_ns - now) / 1000000u) + 1 : 1;
     s->sent = kvr__peer_send(s->peer, &m) == KVR_OK;
@@ -140,8 +141,10 @@ static kvr_status_t copy_tables(kvr__creq_t *r, const kvr_conn_load_t *l)
     r->dst = malloc((l->num_dst_blocks + 1) * sizeof(*r->dst));
     if (r->src == NULL || r->dst == NULL)
         return KVR_ERR_NO_MEMORY;
-    memcpy(r->src, l->src_blocks, l->num_src_blocks * sizeof(*r->src));
-    memcpy(r->dst, l->dst_blocks, l->num_dst_blocks * sizeof(*r->dst));
+    if (l->num_src_blocks > 0) /* an empty table may be NULL */
+        memcpy(r->src, l->src_blocks, l->num_src_blocks * sizeof(*r->src));
+    if (l->num_dst_blocks > 0)
+        memcpy(r->dst, l->dst_blocks, l->num_dst_blocks * sizeof(*r->dst));
     r->nsrc = l->num_src_blocks;
     r->ndst = l->num_dst_blocks;
     return KVR_OK;
@@ -158,10 +161,11 @@ static uint32_t producers_ready(const kvr_conn_t *c)
 
 static void send_all(kvr_conn_t *c, kvr__creq_t *r)
 {
-    /* fault injection: planned right, asked wrong; producers must refuse */
-    if (r->ndst > 0 && kvr__fault_is(c, KVR_FAULT_BAD_BLOCKS, &r->id))
+    /* failpoint: planned right, asked wrong; producers must refuse */
+    if (r->ndst > 0 &&
+        kvr__failpoint(KVR__FP_BAD_BLOCKS, r->id.bytes, r->id.len))
         r->dst[r->ndst - 1] = 0x7fffffffu;
-    r->started_ns = kvr__now_ns();
+    r->started_ns = kvr_now_ns();
     for (uint32_t s = 0; s < r->num_stages; s++)
         send_write_request(c, r, &r->stages[s]);
 }
@@ -234,7 +238,7 @@ kvr_status_t kvr__consumer_load(kvr_conn_t *c, const kvr_conn_load_t *l,
     r->num_computed = l->num_computed_blocks;
     r->nonce = kvr_wire_random_nonce();
     uint32_t ms = l->deadline_ms ? l->deadline_ms : c->p.deadline_ms;
-    r->deadline_ns = kvr__now_ns() + (uint64_t)ms * 1000000ull;
+    r->deadline_ns = kvr_now_ns() + (uint64_t)ms * 1000000ull;
     r->hard_deadline_ns = r->deadline_ns + (uint64_t)c->p.release_grace_ms * 1000000ull;
     st = copy_tables(r, l);
     if (st != KVR_OK)
@@ -260,7 +264,14 @@ kvr_status_t kvr_conn_load(kvr_conn_t *conn, const kvr_conn_load_t *load)
     kvr_error_t err = {0};
     if (conn == NULL || load == NULL || conn->p.side != KVR_WIRE_CONSUMER)
         return KVR_ERR_INVALID;
-    kvr_status_t st = kvr__consumer_load(conn, load, &err);
+    kvr_status_t st = KVR_OK;
+    if ((load->num_src_blocks && load->src_blocks == NULL) ||
+        (load->num_dst_blocks && load->dst_blocks == NULL))
+        st = kvr_error_set(&err, KVR_ERR_INVALID, "block tables of %zu and %zu "
+                           "ids are NULL", load->num_src_blocks,
+                           load->num_dst_blocks);
+    if (st == KVR_OK)
+        st = kvr__consumer_load(conn, load, &err);
     if (st != KVR_OK)
         kvr__conn_fail(conn, st, "%s", err.msg);
     return st;
@@ -325,13 +336,36 @@ static void fail_request(kvr_conn_t *c, kvr__creq_t *r, kvr_status_t st,
         finish(c, r);
 }
 
+/* Tokens of [k*V, num_tokens) this rank holds (k*V was checked by the
+ * planner before any stage was asked). */
+static uint64_t rank_tokens(const kvr_conn_t *c, const kvr__creq_t *r)
+{
+    const kvr_layout_t *lay = &c->p.layout;
+    uint32_t rank = c->p.topo.dcp_rank;
+    uint64_t first = r->num_computed * kvr_virtual_block(lay);
+    return kvr_local_len(lay, r->num_tokens, rank) -
+           kvr_local_len(lay, first, rank);
+}
+
 static void complete_if_done(kvr_conn_t *c, kvr__creq_t *r)
 {
     uint64_t bytes = 0;
+    bool wraps = false;
     for (uint32_t s = 0; s < r->num_stages; s++) {
         if (!r->stages[s].done)
             return;
-        bytes += r->stages[s].expect_bytes;
+        wraps |= __builtin_add_overflow(bytes, r->stages[s].expect_bytes, &bytes);
+    }
+    /* never "loaded" short of the tokens: a plan of 0 bytes for a rank that
+     * holds tokens is a planning fault, not an empty request */
+    if (wraps || (bytes == 0 && rank_tokens(c, r) > 0)) {
+        fail_request(c, r, KVR_ERR_VERIFY, "%llu tokens from virtual block %llu: "
+                     "the stages' plans hold %llu bytes%s for this rank's %llu "
+                     "tokens", (unsigned long long)r->num_tokens,
+                     (unsigned long long)r->num_computed, (unsigned long long)bytes,
+                     wraps ? " (wrapped)" : "",
+                     (unsigned long long)rank_tokens(c, r));
+        return;
     }
     r->bytes = bytes;
     r->status = KVR_OK;
@@ -555,7 +589,7 @@ static void tick_request(kvr_conn_t *c, kvr__creq_t *r, uint64_t now)
 
 void kvr__consumer_tick(kvr_conn_t *c)
 {
-    uint64_t now = kvr__now_ns();
+    uint64_t now = kvr_now_ns();
     for (uint32_t i = 0; i < c->p.max_requests; i++)
         if (c->creqs[i].phase != CREQ_FREE)
             tick_request(c, &c->creqs[i], now);

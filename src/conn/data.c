@@ -26,11 +26,6 @@ struct kvr__dpeer {
     kvr_cost_model_t model;
 };
 
-uint64_t kvr__now_ns(void)
-{
-    return kvr_xfer_now_ns();
-}
-
 kvr_status_t kvr__data_create(int tl, bool progress_thread, kvr__data_t **out,
                               kvr_error_t *err)
 {
@@ -353,12 +348,13 @@ kvr_status_t kvr__data_probe(kvr__dpeer_t *p, uint32_t scratch,
 {
     if (scratch >= p->num_maps)
         return kvr_error_set(err, KVR_ERR_INVALID, "scratch mapping %u", scratch);
-    kvr_cost_probe_t probe = {.scratch = p->maps[scratch],
-                              .stage_scratch = p->maps[scratch],
-                              .small_bytes = 576, .small_count = 256,
-                              .large_bytes = scratch_len < (4u << 20) ? scratch_len
-                                                                      : (4u << 20),
-                              .deadline_ns = kvr_xfer_deadline(5000)};
+    kvr_cost_probe_t probe = {
+        .scratch = p->maps[scratch],
+        .stage_scratch = p->maps[scratch],
+        .small_bytes = 576,
+        .small_count = 256,
+        .large_bytes = scratch_len < (4u << 20) ? scratch_len : (4u << 20),
+        .deadline_ns = kvr_deadline_ns(5000)};
     kvr_cost_model_t m;
     kvr_status_t st = kvr_cost_measure(p->ep, &probe, &m, err);
     if (st == KVR_OK)

@@ -72,8 +72,6 @@ int kvr__data_choose(kvr__dpeer_t *p, int force, const kvr__dseg_t *segs,
 kvr_status_t kvr__data_probe(kvr__dpeer_t *p, uint32_t scratch,
                              uint64_t scratch_len, kvr_error_t *err);
 
-uint64_t kvr__now_ns(void);
-
 /* The agent's additions: an in-process loopback data plane for tests, and
  * direct sends in bounded slices (the caller keeps the cursor). */
 struct kvr_transport;

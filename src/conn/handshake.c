@@ -228,8 +228,12 @@ static kvr_status_t map_regions(const kvr_conn_t *c, kvr__peer_t *peer,
         return kvr_error_set(err, KVR_ERR_NO_MEMORY, "no memory");
     for (uint32_t i = 0; i < m->num_regions; i++) {
         const kvr_wire_region_t *r = &m->regions[i];
+        /* sizes from the wire: no zero-block staging, no length that wraps */
+        kvr_status_t st = kvr__region_valid(c, &r->desc, true, err);
+        if (st != KVR_OK)
+            return st;
         uint64_t len = kvr_region_bytes(&r->desc);
-        kvr_status_t st = map_device(c, r, &peer->regions[i], err);
+        st = map_device(c, r, &peer->regions[i], err);
         peer->num_regions = i + 1; /* a mapping made is closed with the peer */
         if (st == KVR_OK && r->memory == KVR_WIRE_MEM_HOST)
             st = kvr__dpeer_map(peer->data, r->base, len, r->rkey, r->rkey_len,

@@ -6,7 +6,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <unistd.h>
 
 #include "conn_internal.h"
 
@@ -111,18 +110,21 @@ static kvr_status_t place(kvr_conn_t *c, kvr__lreq_t *r, const kvr_msg_offer_t *
 {
     kvr__leader_t *l = c->leader;
     uint64_t V = kvr_virtual_block(&c->p.layout);
-    /* a hostile count must not size an allocation */
-    if (o->num_tokens == 0 ||
-        kvr_num_src_blocks(&c->p.layout, o->num_tokens) > o->num_src_blocks)
+    /* a hostile count must not size an allocation; block counts never wrap
+     * (a wrapped count was an empty request "loaded" with 0 bytes) */
+    uint64_t nsrc = kvr_num_src_blocks(&c->p.layout, o->num_tokens);
+    uint64_t ndst = kvr_num_dst_blocks(&c->p.layout, o->num_tokens);
+    if (o->num_tokens == 0 || nsrc > o->num_src_blocks)
         return kvr_error_set(err, KVR_ERR_SRC_TABLE_SHORT, "offer of %llu tokens "
-                             "with %u source blocks of %u",
-                             (unsigned long long)o->num_tokens, o->num_src_blocks,
-                             c->p.layout.block_size);
-    if ((o->num_tokens + V - 1) / V > l->num_blocks)
+                             "needs %llu source blocks of %u, it has %u",
+                             (unsigned long long)o->num_tokens,
+                             (unsigned long long)nsrc, c->p.layout.block_size,
+                             o->num_src_blocks);
+    if (ndst > l->num_blocks)
         return kvr_error_set(err, KVR_ERR_NO_SPACE, "offer of %llu tokens needs "
                              "more than the %u-block decode pool",
                              (unsigned long long)o->num_tokens, l->num_blocks);
-    r->ndst = (size_t)((o->num_tokens + V - 1) / V);
+    r->ndst = (size_t)ndst;
     r->dst = calloc(r->ndst + 1, sizeof(*r->dst));
     kvr_block_hash_t *h = calloc(o->num_prompt / V + 1, sizeof(*h));
     size_t nh = 0;
@@ -329,7 +331,8 @@ kvr_status_t kvr__rank_offer(kvr_conn_t *c, const kvr_msg_offer_t *o)
     slot->src = malloc((o->num_src_blocks + 1) * sizeof(*slot->src));
     if (slot->src == NULL)
         return KVR_ERR_NO_MEMORY;
-    memcpy(slot->src, o->src_blocks, o->num_src_blocks * sizeof(*slot->src));
+    if (o->num_src_blocks > 0) /* an empty list decodes as NULL */
+        memcpy(slot->src, o->src_blocks, o->num_src_blocks * sizeof(*slot->src));
     slot->nsrc = o->num_src_blocks;
     slot->used = true;
     slot->id = o->request_id;
@@ -340,8 +343,9 @@ kvr_status_t kvr__rank_offer(kvr_conn_t *c, const kvr_msg_offer_t *o)
 
 kvr_status_t kvr__rank_assign(kvr_conn_t *c, const kvr_msg_assign_t *a)
 {
-    if (kvr__fault_is(c, KVR_FAULT_DIE_ASSIGN, &a->request_id))
-        _exit(9); /* a decode rank killed */
+    if (kvr__failpoint(KVR__FP_DIE_ASSIGN, a->request_id.bytes,
+                       a->request_id.len))
+        kvr__failpoint_exit(); /* a decode rank killed */
     pending_offer_t *t = offers(c), *o = NULL;
     for (uint32_t i = 0; t != NULL && i < c->p.max_requests && o == NULL; i++)
         if (t[i].used && t[i].transfer_id == a->transfer_id &&

@@ -198,8 +198,8 @@ kvr_status_t kvr_offload_key(const kvr_offload_desc_t *desc,
     size_t n;
     if (out == NULL)
         return kvr_error_set(err, KVR_ERR_INVALID, "out is NULL");
-    if (sodium_init() < 0)
-        return kvr_error_set(err, KVR_ERR_INVALID, "libsodium init failed");
+    if (kvr_init(err) != KVR_OK)
+        return KVR_ERR_INIT;
     kvr_status_t s = canonical_new(desc, &text, &n, err);
     if (s != KVR_OK)
         return s;

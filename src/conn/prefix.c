@@ -3,6 +3,7 @@
 #include <sodium.h>
 #include <string.h>
 
+#include "base_internal.h"
 #include "kvrelay/completion.h"
 
 kvr_status_t kvr_hash_block_size(const kvr_layout_t *lay, uint64_t *out,
@@ -25,8 +26,7 @@ static void update_tokens(crypto_hash_sha256_state *st, const uint32_t *tok,
     while (n > 0) {
         size_t k = n < 256 ? (size_t)n : 256;
         for (size_t i = 0; i < k; i++)
-            for (int b = 0; b < 4; b++)
-                buf[4 * i + (size_t)b] = (uint8_t)(tok[i] >> (8 * b));
+            kvr__put_le(buf + 4 * i, tok[i], 4);
         crypto_hash_sha256_update(st, buf, 4 * k);
         tok += k;
         n -= k;
@@ -43,8 +43,8 @@ static kvr_status_t check_hash_args(const uint32_t *tokens, size_t num_tokens,
         return kvr_error_set(err, KVR_ERR_INVALID,
                              "num or tokens (%zu of them) is NULL",
                              num_tokens);
-    if (sodium_init() < 0)
-        return kvr_error_set(err, KVR_ERR_INVALID, "libsodium init failed");
+    if (kvr_init(err) != KVR_OK)
+        return KVR_ERR_INIT;
     return KVR_OK;
 }
 

@@ -6,7 +6,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <unistd.h>
 
 #include "conn_internal.h"
 
@@ -27,7 +26,7 @@ static kvr__preq_t *find_preq(kvr_conn_t *c, const kvr_wire_id_t *id,
     free_slot->used = true;
     free_slot->id = *id;
     free_slot->transfer_id = transfer;
-    free_slot->deadline_ns = kvr__now_ns() + (uint64_t)ms * 1000000ull;
+    free_slot->deadline_ns = kvr_now_ns() + (uint64_t)ms * 1000000ull;
     return free_slot;
 }
 
@@ -169,7 +168,7 @@ static kvr_status_t wait_ack(kvr__peer_t *peer, const kvr_msg_write_request_t *w
                 kvr_msg_free(&m);
             continue;
         }
-        uint64_t now = kvr__now_ns();
+        uint64_t now = kvr_now_ns();
         if (now > deadline)
             return kvr_error_set(err, KVR_ERR_TIMEOUT, "no ack for chunk %u "
                                  "before the deadline", want);
@@ -281,7 +280,7 @@ static kvr_status_t execute(kvr_conn_t *c, kvr__peer_t *peer,
                             uint32_t *chunks, kvr_error_t *err)
 {
     job_t job = {0};
-    uint64_t deadline = kvr__now_ns() + (uint64_t)w->deadline_ms * 1000000ull;
+    uint64_t deadline = kvr_now_ns() + (uint64_t)w->deadline_ms * 1000000ull;
     kvr_status_t st = kvr__peer_ready(c, peer) ? KVR_OK
                     : kvr_error_set(err, KVR_ERR_PROTO, "WRITE_REQUEST before REGIONS");
     if (st == KVR_OK)
@@ -298,9 +297,10 @@ static kvr_status_t execute(kvr_conn_t *c, kvr__peer_t *peer,
         free(job.pairs);
         return st;
     }
-    if (st == KVR_OK && kvr__fault_is(c, KVR_FAULT_DIE_MID, &w->request_id)) {
+    if (st == KVR_OK && kvr__failpoint(KVR__FP_DIE_MID, w->request_id.bytes,
+                                       w->request_id.len)) {
         kvr__data_send_direct(peer->data, job.segs, (job.n + 1) / 2, deadline, err);
-        _exit(9); /* a producer killed mid-transfer */
+        kvr__failpoint_exit(); /* a producer killed mid-transfer */
     }
     if (st == KVR_OK && pick_executor(peer, w, &job) == 2)
         st = run_staged(c, peer, w, &job, deadline, chunks, err);
@@ -331,9 +331,11 @@ static void on_write_request(kvr_conn_t *c, kvr__peer_t *peer,
     uint64_t bytes = 0;
     uint32_t chunks = 0;
     kvr_error_t err = {0};
-    kvr_status_t st = kvr__fault_is(c, KVR_FAULT_REFUSE, &w->request_id)
-        ? kvr_error_set(&err, KVR_ERR_REFUSED, "fault injection: refused")
-        : execute(c, peer, w, &bytes, &chunks, &err);
+    const kvr_wire_id_t *id = &w->request_id;
+    kvr_status_t st = kvr__failpoint(KVR__FP_REFUSE, id->bytes, id->len)
+                          ? kvr_error_set(&err, KVR_ERR_REFUSED,
+                                          "failpoint refuse: refused")
+                          : execute(c, peer, w, &bytes, &chunks, &err);
     if (st != KVR_OK) {
         send_failed(c, peer, w, st, err.msg);
         r->failed = true;
@@ -348,10 +350,10 @@ static void on_write_request(kvr_conn_t *c, kvr__peer_t *peer,
         r->done_chunks[rank] = chunks;
     }
     kvr_msg_write_request_t answer = *w;
-    if (kvr__fault_is(c, KVR_FAULT_WRONG_NONCE, &w->request_id))
+    if (kvr__failpoint(KVR__FP_WRONG_NONCE, id->bytes, id->len))
         answer.write_nonce ^= 0x5a5a;
     send_done(c, peer, &answer, bytes, chunks);
-    if (kvr__fault_is(c, KVR_FAULT_DUP_DONE, &w->request_id))
+    if (kvr__failpoint(KVR__FP_DUP_DONE, id->bytes, id->len))
         send_done(c, peer, &answer, bytes, chunks);
 }
 
@@ -401,7 +403,7 @@ kvr_status_t kvr__producer_msg(kvr_conn_t *c, kvr__peer_t *peer,
 
 void kvr__producer_tick(kvr_conn_t *c)
 {
-    uint64_t now = kvr__now_ns();
+    uint64_t now = kvr_now_ns();
     for (uint32_t i = 0; i < c->p.max_requests; i++) {
         kvr__preq_t *r = &c->preqs[i];
         if (r->used && now > r->deadline_ns) {

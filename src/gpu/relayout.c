@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "gpu_internal.h"
+#include "layout_internal.h"
 
 typedef unsigned long long ull;
 
@@ -145,17 +146,6 @@ static kvr_status_t check_ids(const uint32_t *ids, uint64_t from, uint64_t to,
     return KVR_OK;
 }
 
-typedef struct {
-    uint32_t id;
-    uint32_t index;
-} id_index_t;
-
-static int cmp_id(const void *a, const void *b)
-{
-    const id_index_t *x = a, *y = b;
-    return (x->id > y->id) - (x->id < y->id);
-}
-
 /* order[s] = table index of the s-th destination block by id. */
 static kvr_status_t sort_blocks(const uint32_t *ids, uint32_t first,
                                 uint32_t count, uint32_t *order,
@@ -163,13 +153,11 @@ static kvr_status_t sort_blocks(const uint32_t *ids, uint32_t first,
 {
     if (count == 0)
         return KVR_OK;
-    id_index_t *v = malloc(count * sizeof(*v));
+    kvr__id_index_t *v = malloc(count * sizeof(*v));
     if (v == NULL)
         return kvr_error_set(err, KVR_ERR_NO_MEMORY, "no memory for %u ids",
                              count);
-    for (uint32_t i = 0; i < count; i++)
-        v[i] = (id_index_t){ids[first + i], first + i};
-    qsort(v, count, sizeof(*v), cmp_id);
+    kvr__sort_ids(ids, first, count, v);
     kvr_status_t st = KVR_OK;
     for (uint32_t s = 0; s < count && st == KVR_OK; s++) {
         if (s > 0 && v[s].id == v[s - 1].id)

@@ -3,48 +3,9 @@
  * (tools, Python through libkvrelay.so). docs/design.md §2-3. */
 #include "kvrelay/layout.h"
 
-#include <stdarg.h>
-#include <stdio.h>
 #include <string.h>
 
 #include "layout_math.h"
-
-const char *kvr_status_str(kvr_status_t status)
-{
-    switch (status) {
-#define KVR__STATUS_STR(name, value, text)                                     \
-    case KVR_##name:                                                           \
-        return text;
-        KVR_STATUS_MAP(KVR__STATUS_STR)
-#undef KVR__STATUS_STR
-    }
-    return "unknown status";
-}
-
-const char *kvr_status_name(kvr_status_t status)
-{
-    switch (status) {
-#define KVR__STATUS_NAME(name, value, text)                                    \
-    case KVR_##name:                                                           \
-        return #name;
-        KVR_STATUS_MAP(KVR__STATUS_NAME)
-#undef KVR__STATUS_NAME
-    }
-    return NULL;
-}
-
-kvr_status_t kvr_error_set(kvr_error_t *err, kvr_status_t code,
-                           const char *fmt, ...)
-{
-    if (err == NULL)
-        return code;
-    err->code = code;
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(err->msg, sizeof(err->msg), fmt, ap);
-    va_end(ap);
-    return code;
-}
 
 /* Indexed by kvr_role_t; the same names the CLI parses ("mla:576x78"). */
 static const char *const role_names[] = {
@@ -69,6 +30,50 @@ kvr_status_t kvr_role_parse(const char *text, kvr_role_t *out)
         }
     }
     return KVR_ERR_INVALID;
+}
+
+uint32_t kvr_producer_dcp(const kvr_layout_t *lay)
+{
+    return lay->producer_dcp ? lay->producer_dcp : 1;
+}
+
+uint32_t kvr_producer_interleave(const kvr_layout_t *lay)
+{
+    return lay->producer_interleave ? lay->producer_interleave : 1;
+}
+
+uint32_t kvr_producer_block_size(const kvr_layout_t *lay)
+{
+    return lay->producer_block_size ? lay->producer_block_size
+                                    : lay->block_size;
+}
+
+bool kvr_layout_producer_plain(const kvr_layout_t *lay)
+{
+    return kvr_producer_dcp(lay) == 1 &&
+           kvr_producer_block_size(lay) == lay->block_size;
+}
+
+/* The producer's DCP obeys the consumer's rules (docs/design.md §18): I_p
+ * divides bs_p, and its W_p ranks subdivide its TP group. Same status
+ * codes as the consumer's checks, messages naming the producer. */
+static kvr_status_t check_producer(const kvr_layout_t *lay, kvr_error_t *err)
+{
+    uint32_t bs = kvr_producer_block_size(lay);
+    uint32_t I = kvr_producer_interleave(lay), W = kvr_producer_dcp(lay);
+    if (I > bs)
+        return kvr_error_set(err, KVR_ERR_INTERLEAVE_GT_BS,
+                             "producer interleave %u > producer block size %u",
+                             I, bs);
+    if (bs % I != 0)
+        return kvr_error_set(err, KVR_ERR_INTERLEAVE_NOT_DIVISOR,
+                             "producer block size %u is not a multiple of "
+                             "producer interleave %u", bs, I);
+    if (lay->producer_tp % W != 0)
+        return kvr_error_set(err, KVR_ERR_TP_NOT_DIVISIBLE,
+                             "producer TP size %u is not a multiple of "
+                             "producer DCP size %u", lay->producer_tp, W);
+    return KVR_OK;
 }
 
 /* Each check has its own status code so that a caller (or a peer reading
@@ -101,7 +106,7 @@ kvr_status_t kvr_layout_check(const kvr_layout_t *lay, kvr_error_t *err)
     if (lay->producer_tp < 1)
         return kvr_error_set(err, KVR_ERR_INVALID, "producer TP size %u < 1",
                              lay->producer_tp);
-    return KVR_OK;
+    return check_producer(lay, err);
 }
 
 kvr_status_t kvr_layout_check_rank(const kvr_layout_t *lay, uint32_t rank,
@@ -168,7 +173,9 @@ uint64_t kvr_index_page_tokens(const kvr_layout_t *lay, bool consumer)
 {
     if (consumer && lay->replicate_index)
         return kvr_virtual_block(lay);
-    return lay->block_size;
+    if (!consumer && lay->producer_replicate_index)
+        return (uint64_t)kvr_producer_block_size(lay) * kvr_producer_dcp(lay);
+    return consumer ? lay->block_size : kvr_producer_block_size(lay);
 }
 
 uint64_t kvr_index_key_offset(const kvr_layout_t *lay, uint32_t index_dim,
@@ -196,18 +203,95 @@ uint64_t kvr_region_token_bytes(const kvr_layout_t *lay,
     return r->page_bytes / lay->block_size;
 }
 
+static uint32_t side_block_size(const kvr_layout_t *lay, bool consumer)
+{
+    return consumer ? lay->block_size : kvr_producer_block_size(lay);
+}
+
+uint64_t kvr_region_token_bytes_side(const kvr_layout_t *lay,
+                                     const kvr_region_desc_t *r, bool consumer)
+{
+    return r->page_bytes / side_block_size(lay, consumer);
+}
+
+static uint32_t side_tp(const kvr_layout_t *lay, bool consumer)
+{
+    return consumer ? lay->tp : lay->producer_tp;
+}
+
+uint32_t kvr_dense_local_heads(const kvr_layout_t *lay,
+                               const kvr_region_desc_t *r, bool consumer)
+{
+    if (r->heads == 0)
+        return 0;
+    return (uint32_t)kvr__heads_local(r->heads, side_tp(lay, consumer));
+}
+
+uint32_t kvr_dense_first_head(const kvr_layout_t *lay,
+                              const kvr_region_desc_t *r, bool consumer,
+                              uint32_t tp_rank)
+{
+    if (r->heads == 0)
+        return 0;
+    return (uint32_t)kvr__head_first(tp_rank, r->heads,
+                                     side_tp(lay, consumer));
+}
+
+/* 0 kv_planes means K and V, the common paged layout. */
+uint64_t kvr_dense_page_bytes(const kvr_layout_t *lay,
+                              const kvr_region_desc_t *r, bool consumer)
+{
+    uint64_t planes = r->kv_planes ? r->kv_planes : 2;
+    return planes * side_block_size(lay, consumer) *
+           kvr_dense_local_heads(lay, r, consumer) * r->head_dim *
+           r->elem_bytes;
+}
+
 /* Token bytes are page_bytes / bs; a remainder would shift every slot. */
 static kvr_status_t check_token_region(const kvr_layout_t *lay,
                                        const kvr_region_desc_t *r,
-                                       const char *side, kvr_error_t *err)
+                                       bool consumer, kvr_error_t *err)
 {
-    if (r->page_bytes == 0 || r->page_bytes % lay->block_size != 0)
+    uint32_t bs = side_block_size(lay, consumer);
+    if (r->page_bytes == 0 || r->page_bytes % bs != 0)
         return kvr_error_set(err, KVR_ERR_PAGE_NOT_TOKENS,
                              "%s %s region layer %u: page bytes %llu is not a "
                              "positive multiple of block size %u",
-                             side, kvr_role_name(r->role), r->layer,
-                             (unsigned long long)r->page_bytes,
-                             lay->block_size);
+                             consumer ? "consumer" : "producer",
+                             kvr_role_name(r->role), r->layer,
+                             (unsigned long long)r->page_bytes, bs);
+    return KVR_OK;
+}
+
+/* Head-sharded DENSE (docs/design.md §18): H and the side's TP must divide
+ * one another, or heads would straddle ranks; the page must be exactly its
+ * planes, since plane k starts at k * bs * local heads * D * E. */
+static kvr_status_t check_dense_region(const kvr_layout_t *lay,
+                                       const kvr_region_desc_t *r,
+                                       bool consumer, kvr_error_t *err)
+{
+    const char *side = consumer ? "consumer" : "producer";
+    uint32_t H = r->heads, TP = side_tp(lay, consumer);
+    if (r->head_dim == 0 || r->elem_bytes == 0 || r->kv_planes > 2)
+        return kvr_error_set(err, KVR_ERR_PAGE_GEOMETRY,
+                             "%s dense region layer %u: head dim %u, element "
+                             "bytes %u, planes %u (need D, E > 0, planes 1 "
+                             "or 2)", side, r->layer, r->head_dim,
+                             r->elem_bytes, r->kv_planes);
+    if ((TP <= H && H % TP != 0) || (TP > H && TP % H != 0))
+        return kvr_error_set(err, KVR_ERR_DENSE_HEADS,
+                             "%s dense region layer %u: %u kv heads over TP "
+                             "%u: one must divide the other", side, r->layer,
+                             H, TP);
+    uint64_t need = kvr_dense_page_bytes(lay, r, consumer);
+    if (r->page_bytes != need)
+        return kvr_error_set(err, KVR_ERR_PAGE_GEOMETRY,
+                             "%s dense region layer %u: page bytes %llu, the "
+                             "geometry (%u heads / TP %u, D=%u, E=%u) needs "
+                             "%llu", side, r->layer,
+                             (unsigned long long)r->page_bytes, H, TP,
+                             r->head_dim, r->elem_bytes,
+                             (unsigned long long)need);
     return KVR_OK;
 }
 
@@ -230,15 +314,21 @@ static kvr_status_t check_index_region(const kvr_layout_t *lay,
         return kvr_error_set(err, KVR_ERR_INDEX_QUANT,
                              "%s index region layer %u: D/Q must be 1 "
                              "(D=%u, Q=%u)", side, r->layer, D, Q);
-    if (lay->preshuffle && lay->block_size % 16 != 0)
+    if (lay->preshuffle && side_block_size(lay, consumer) % 16 != 0)
         return kvr_error_set(err, KVR_ERR_PRESHUFFLE_BS,
-                             "preshuffled index needs bs %% 16 == 0 (bs=%u)",
-                             lay->block_size);
+                             "preshuffled index needs bs %% 16 == 0 (%sbs=%u)",
+                             consumer ? "" : "producer ",
+                             side_block_size(lay, consumer));
     if (lay->preshuffle && D % 16 != 0)
         return kvr_error_set(err, KVR_ERR_PAGE_GEOMETRY,
                              "preshuffled index needs D %% 16 == 0 (D=%u)", D);
     uint64_t P = kvr_index_page_tokens(lay, consumer);
-    uint64_t need = P * (D + 4ull * (D / Q));
+    uint64_t need;
+    if (__builtin_mul_overflow(P, D + 4ull * (D / Q), &need))
+        return kvr_error_set(err, KVR_ERR_PAGE_GEOMETRY,
+                             "%s index region layer %u: a page of %llu tokens "
+                             "of D=%u plus scales exceeds 2^64 bytes",
+                             side, r->layer, (unsigned long long)P, D);
     if (r->page_bytes < need)
         return kvr_error_set(err, KVR_ERR_PAGE_GEOMETRY,
                              "%s index region layer %u: page bytes %llu < %llu "
@@ -257,10 +347,20 @@ kvr_status_t kvr_region_check(const kvr_layout_t *lay,
     if (lay == NULL || r == NULL)
         return kvr_error_set(err, KVR_ERR_INVALID, "region or layout is NULL");
     const char *side = consumer ? "consumer" : "producer";
+    uint64_t total;
+    if (__builtin_mul_overflow(r->num_blocks, r->page_bytes, &total))
+        return kvr_error_set(err, KVR_ERR_PAGE_GEOMETRY,
+                             "%s %s region layer %u: %llu blocks of %llu bytes "
+                             "exceed 2^64 bytes", side, kvr_role_name(r->role),
+                             r->layer, (unsigned long long)r->num_blocks,
+                             (unsigned long long)r->page_bytes);
     switch (r->role) {
-    case KVR_ROLE_MLA:
     case KVR_ROLE_DENSE:
-        return check_token_region(lay, r, side, err);
+        if (r->heads != 0)
+            return check_dense_region(lay, r, consumer, err);
+        return check_token_region(lay, r, consumer, err);
+    case KVR_ROLE_MLA:
+        return check_token_region(lay, r, consumer, err);
     case KVR_ROLE_INDEX:
         return check_index_region(lay, r, consumer, err);
     case KVR_ROLE_STATE:

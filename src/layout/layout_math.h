@@ -83,9 +83,10 @@ KVR_HD uint64_t kvr__local_len(uint64_t L, uint64_t r, uint64_t I, uint64_t W)
     return base + (extra < I ? extra : I);
 }
 
+/* Never overflows: (a + b - 1) / b wraps to 0 blocks for a near 2^64. */
 KVR_HD uint64_t kvr__ceil_div(uint64_t a, uint64_t b)
 {
-    return (a + b - 1) / b;
+    return a / b + (a % b != 0);
 }
 
 /* Bytes per token of an index page including padding: C = ceil16(D + 4),
@@ -117,6 +118,41 @@ KVR_HD uint64_t kvr__index_key_off(uint64_t t, uint64_t d, uint64_t D,
 KVR_HD uint64_t kvr__index_scale_off(uint64_t t, uint64_t P, uint64_t D)
 {
     return P * D + 4 * t;
+}
+
+/* Head-sharded KV (docs/design.md §18). A TP group of size TP shards H kv
+ * heads: when TP <= H (TP dividing H) tp rank t holds the H / TP heads from
+ * t * H / TP; when TP > H (H dividing TP) every head is replicated TP / H
+ * times and rank t holds the single head t / (TP / H). */
+KVR_HD uint64_t kvr__heads_local(uint64_t H, uint64_t TP)
+{
+    return TP <= H ? H / TP : 1;
+}
+
+KVR_HD uint64_t kvr__head_first(uint64_t t, uint64_t H, uint64_t TP)
+{
+    return TP <= H ? t * (H / TP) : t / (TP / H);
+}
+
+/* The producer tp rank that consumer tp rank t pulls head h from: its only
+ * holder when TP_p <= H; else one of the TP_p / H replicas of h, replica
+ * t % (TP_p / H), so that the consumers of one head spread over its
+ * replicas. */
+KVR_HD uint64_t kvr__head_source(uint64_t h, uint64_t t, uint64_t H,
+                                 uint64_t TP_p)
+{
+    if (TP_p <= H)
+        return h / (H / TP_p);
+    return h * (TP_p / H) + t % (TP_p / H);
+}
+
+/* Byte offset of element 0 of local head j of row s inside one plane of a
+ * dense page of bs rows and Hl local heads, elements of DE = D * E bytes:
+ * NHD rows are [head][dim], HND heads are [row][dim]. */
+KVR_HD uint64_t kvr__dense_off(uint64_t s, uint64_t j, uint64_t bs,
+                               uint64_t Hl, uint64_t DE, int hnd)
+{
+    return hnd ? (j * bs + s) * DE : (s * Hl + j) * DE;
 }
 
 #endif

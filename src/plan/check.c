@@ -1,12 +1,28 @@
 /* Planner input validation (docs/design.md §4): every check its own status code,
  * every message naming the values. */
+#include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "../layout/layout_math.h"
+#include "layout_math.h"
 #include "plan_internal.h"
 
 typedef unsigned long long ull;
+
+/* k = 0, or k*V < N, k < len(dst) and k*W < len(src) (docs/design.md §4);
+ * products that wrap are invalid, never compared. */
+static bool incremental_ok(const kvr_layout_t *lay, const kvr_request_t *req,
+                           uint64_t V)
+{
+    uint64_t k = req->num_computed_blocks, kV, kW;
+    if (k == 0)
+        return true;
+    if (__builtin_mul_overflow(k, V, &kV) ||
+        __builtin_mul_overflow(k, (uint64_t)lay->dcp_size, &kW))
+        return false;
+    return kV < req->num_tokens && k < req->num_dst_blocks &&
+           kW < req->num_src_blocks;
+}
 
 /* Tables are the request's full tables (never pre-sliced): N tokens need
  * ceil(N / bs) source blocks and ceil(N / V) destination entries.
@@ -36,14 +52,19 @@ static kvr_status_t check_tables(const kvr_layout_t *lay,
                              "virtual tokens, the table has %zu",
                              (ull)N, (ull)info->end_dst, (ull)info->V,
                              req->num_dst_blocks);
-    if (k != 0 && !(k * info->V < N && k < req->num_dst_blocks &&
-                    k * lay->dcp_size < req->num_src_blocks))
+    uint64_t span;
+    if (__builtin_mul_overflow(info->end_dst, info->V, &span))
+        return kvr_error_set(err, KVR_ERR_INVALID,
+                             "num_tokens %llu exceeds the largest plannable "
+                             "count: %llu blocks of %llu virtual tokens pass "
+                             "2^64", (ull)N, (ull)info->end_dst, (ull)info->V);
+    if (!incremental_ok(lay, req, info->V))
         return kvr_error_set(err, KVR_ERR_INCREMENTAL,
-                             "num_computed_blocks %llu invalid: needs %llu * "
-                             "V=%llu < %llu tokens, < %zu destination and "
-                             "%llu < %zu source blocks",
-                             (ull)k, (ull)k, (ull)info->V, (ull)N,
-                             req->num_dst_blocks, (ull)(k * lay->dcp_size),
+                             "num_computed_blocks %llu invalid: needs k * "
+                             "V=%llu < %llu tokens, k < %zu destination and "
+                             "k * W=%u < %zu source blocks",
+                             (ull)k, (ull)info->V, (ull)N,
+                             req->num_dst_blocks, lay->dcp_size,
                              req->num_src_blocks);
     info->first_src = k * lay->dcp_size;
     info->first_dst = k;
@@ -59,9 +80,9 @@ static int cmp_u32(const void *a, const void *b)
 /* Two entries naming one block id would put two virtual blocks on one page,
  * the second overwriting the first. Only the entries this plan writes
  * ([k, ceil(N / V))) are checked. */
-static kvr_status_t check_duplicates(const kvr_request_t *req,
-                                     const kvr__req_info_t *info,
-                                     kvr_error_t *err)
+kvr_status_t kvr__check_duplicates(const kvr_request_t *req,
+                                   const kvr__req_info_t *info,
+                                   kvr_error_t *err)
 {
     size_t n = (size_t)(info->end_dst - info->first_dst);
     if (n < 2)
@@ -84,7 +105,7 @@ static kvr_status_t check_duplicates(const kvr_request_t *req,
 
 /* The largest id is computed once per request and compared with each
  * region's num_blocks; the per-entry scan runs only to name a bad entry. */
-static uint32_t max_id(const uint32_t *ids, uint64_t from, uint64_t to)
+uint32_t kvr__max_id(const uint32_t *ids, uint64_t from, uint64_t to)
 {
     uint32_t m = 0;
     for (uint64_t i = from; i < to; i++)
@@ -99,6 +120,12 @@ kvr_status_t kvr__check_request(const kvr_layout_t *lay, uint32_t rank,
     kvr_status_t st = kvr_layout_check_rank(lay, rank, err);
     if (st != KVR_OK)
         return st;
+    if (!kvr_layout_producer_plain(lay))
+        return kvr_error_set(err, KVR_ERR_PAIR_REQUIRED,
+                             "producer W_p=%u, bs_p=%u (consumer bs=%u): "
+                             "plan each (producer, consumer) rank pair",
+                             kvr_producer_dcp(lay),
+                             kvr_producer_block_size(lay), lay->block_size);
     if (req == NULL || (req->num_src_blocks && req->src_blocks == NULL) ||
         (req->num_dst_blocks && req->dst_blocks == NULL))
         return kvr_error_set(err, KVR_ERR_INVALID,
@@ -106,18 +133,18 @@ kvr_status_t kvr__check_request(const kvr_layout_t *lay, uint32_t rank,
     st = check_tables(lay, req, info, err);
     if (st != KVR_OK)
         return st;
-    st = check_duplicates(req, info, err);
+    st = kvr__check_duplicates(req, info, err);
     if (st != KVR_OK)
         return st;
-    info->max_src_id = max_id(req->src_blocks, info->first_src, info->end_src);
-    info->max_dst_id = max_id(req->dst_blocks, info->first_dst, info->end_dst);
+    info->max_src_id = kvr__max_id(req->src_blocks, info->first_src, info->end_src);
+    info->max_dst_id = kvr__max_id(req->dst_blocks, info->first_dst, info->end_dst);
     return KVR_OK;
 }
 
 /* The role rules (docs/design.md §3): MLA is sharded per token; the index
  * moves by planes, replicated or (W > 1 only at I == bs, where a source page
  * has one owner) sharded; everything else only as identity pages, which needs
- * W == 1 and, for DENSE, equal TP (a head reshard is not implemented). */
+ * W == 1 and, for DENSE, equal TP (a head reshard is a pair plan, §18). */
 static kvr_status_t role_rule(const kvr_layout_t *lay,
                               const kvr_region_pair_t *pair, kvr__kind_t *kind,
                               kvr_error_t *err)
@@ -141,11 +168,18 @@ static kvr_status_t role_rule(const kvr_layout_t *lay,
         return KVR_OK;
     }
     *kind = KVR__KIND_PAGE;
-    if (role == KVR_ROLE_DENSE && (W > 1 || lay->tp != lay->producer_tp))
+    if (role == KVR_ROLE_DENSE && W > 1)
         return kvr_error_set(err, KVR_ERR_NOT_IMPLEMENTED,
-                             "dense region layer %u: no relayout for W=%u, "
-                             "tp %u -> %u (TP head reshard is later work)",
-                             pair->src.layer, W, lay->producer_tp, lay->tp);
+                             "dense region layer %u: no relayout for W=%u "
+                             "(dense KV is head-sharded over TP only)",
+                             pair->src.layer, W);
+    if (role == KVR_ROLE_DENSE && lay->tp != lay->producer_tp)
+        return kvr_error_set(err, pair->src.heads ? KVR_ERR_PAIR_REQUIRED
+                                                  : KVR_ERR_DENSE_NO_HEADS,
+                             "dense region layer %u: tp %u -> %u needs %s",
+                             pair->src.layer, lay->producer_tp, lay->tp,
+                             pair->src.heads ? "a plan per tp rank pair"
+                                             : "its head geometry");
     if ((role == KVR_ROLE_STATE || role == KVR_ROLE_OTHER) && W > 1)
         return kvr_error_set(err, KVR_ERR_NO_RELAYOUT,
                              "%s region layer %u: no relayout exists under "
@@ -186,9 +220,9 @@ static kvr_status_t check_twins(const kvr_layout_t *lay,
     return KVR_OK;
 }
 
-static kvr_status_t block_range_error(const uint32_t *ids, uint64_t from,
-                                      uint64_t to, const kvr_region_desc_t *r,
-                                      const char *side, kvr_error_t *err)
+kvr_status_t kvr__block_range_error(const uint32_t *ids, uint64_t from,
+                                    uint64_t to, const kvr_region_desc_t *r,
+                                    const char *side, kvr_error_t *err)
 {
     for (uint64_t i = from; i < to; i++)
         if (ids[i] >= r->num_blocks)
@@ -200,11 +234,7 @@ static kvr_status_t block_range_error(const uint32_t *ids, uint64_t from,
     return KVR_ERR_BLOCK_RANGE;
 }
 
-kvr_status_t kvr__check_pair(const kvr_layout_t *lay,
-                             const kvr_region_pair_t *pair,
-                             const kvr_request_t *req,
-                             const kvr__req_info_t *info, kvr__kind_t *kind,
-                             kvr_error_t *err)
+kvr_status_t kvr__check_roles(const kvr_region_pair_t *pair, kvr_error_t *err)
 {
     if (pair == NULL)
         return kvr_error_set(err, KVR_ERR_INVALID, "region pair is NULL");
@@ -214,7 +244,19 @@ kvr_status_t kvr__check_pair(const kvr_layout_t *lay,
                              "layer %u is %s",
                              pair->src.layer, kvr_role_name(pair->src.role),
                              pair->dst.layer, kvr_role_name(pair->dst.role));
-    kvr_status_t st = role_rule(lay, pair, kind, err);
+    return KVR_OK;
+}
+
+kvr_status_t kvr__check_pair(const kvr_layout_t *lay,
+                             const kvr_region_pair_t *pair,
+                             const kvr_request_t *req,
+                             const kvr__req_info_t *info, kvr__kind_t *kind,
+                             kvr_error_t *err)
+{
+    kvr_status_t st = kvr__check_roles(pair, err);
+    if (st != KVR_OK)
+        return st;
+    st = role_rule(lay, pair, kind, err);
     if (st == KVR_OK)
         st = kvr_region_check(lay, &pair->src, false, err);
     if (st == KVR_OK)
@@ -225,11 +267,11 @@ kvr_status_t kvr__check_pair(const kvr_layout_t *lay,
         return st;
     if (info->end_src > info->first_src &&
         info->max_src_id >= pair->src.num_blocks)
-        return block_range_error(req->src_blocks, info->first_src,
+        return kvr__block_range_error(req->src_blocks, info->first_src,
                                  info->end_src, &pair->src, "source", err);
     if (info->end_dst > info->first_dst &&
         info->max_dst_id >= pair->dst.num_blocks)
-        return block_range_error(req->dst_blocks, info->first_dst,
+        return kvr__block_range_error(req->dst_blocks, info->first_dst,
                                  info->end_dst, &pair->dst, "destination",
                                  err);
     return KVR_OK;
@@ -248,7 +290,8 @@ kvr_status_t kvr__check_plan_bounds(const kvr_plan_t *plan,
         return KVR_OK;
     for (size_t i = 0; i < plan->num_runs; i++) {
         const kvr_run_t *r = &plan->runs[i];
-        if (r->dst + r->len > dst_bytes || r->src + r->len > src_bytes)
+        if (r->len > dst_bytes || r->dst > dst_bytes - r->len ||
+            r->len > src_bytes || r->src > src_bytes - r->len)
             return kvr_error_set(err, KVR_ERR_RUN_OUT_OF_BOUNDS,
                                  "%s layer %u: run %zu (src %llu, dst %llu, "
                                  "len %llu) leaves the regions (src %llu "

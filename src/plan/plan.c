@@ -4,10 +4,12 @@
  * bytes. Every kind walks destination blocks in ascending id order, so runs
  * come out sorted by destination and the final sort is usually skipped. */
 #include <stdbool.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "../layout/layout_math.h"
+#include "layout_internal.h"
+#include "layout_math.h"
 #include "plan_internal.h"
 
 kvr_plan_t *kvr__plan_new(size_t cap)
@@ -16,7 +18,9 @@ kvr_plan_t *kvr__plan_new(size_t cap)
     if (plan == NULL)
         return NULL;
     plan->cap = cap ? cap : 1;
-    plan->runs = malloc(plan->cap * sizeof(*plan->runs));
+    /* a capacity hint that wraps the byte count must not allocate less */
+    plan->runs = plan->cap <= SIZE_MAX / sizeof(*plan->runs)
+                     ? malloc(plan->cap * sizeof(*plan->runs)) : NULL;
     if (plan->runs == NULL) {
         free(plan);
         return NULL;
@@ -36,6 +40,8 @@ kvr_status_t kvr__plan_push(kvr_plan_t *plan, uint64_t src, uint64_t dst,
                             uint64_t len)
 {
     if (plan->num_runs == plan->cap) {
+        if (plan->cap > SIZE_MAX / 2 / sizeof(*plan->runs))
+            return KVR_ERR_NO_MEMORY;
         size_t cap = plan->cap * 2;
         kvr_run_t *runs = realloc(plan->runs, cap * sizeof(*runs));
         if (runs == NULL)
@@ -97,36 +103,19 @@ void kvr__plan_finish(kvr_plan_t *plan)
     }
 }
 
-typedef struct {
-    uint32_t id;
-    uint32_t index;
-} id_index_t;
-
-static int cmp_id(const void *a, const void *b)
-{
-    const id_index_t *x = a, *y = b;
-    return (x->id > y->id) - (x->id < y->id);
-}
-
 /* Indices [first, end) of a destination table in ascending block-id order,
  * so runs come out sorted by destination without sorting the runs. */
-static uint32_t *dst_order(const uint32_t *table, uint64_t first, uint64_t end)
+uint32_t *kvr__dst_order(const uint32_t *table, uint64_t first, uint64_t end)
 {
     size_t n = (size_t)(end > first ? end - first : 0);
-    id_index_t *tmp = malloc((n + 1) * sizeof(*tmp));
+    kvr__id_index_t *tmp = malloc((n + 1) * sizeof(*tmp));
     uint32_t *order = malloc((n + 1) * sizeof(*order));
     if (tmp == NULL || order == NULL) {
         free(tmp);
         free(order);
         return NULL;
     }
-    bool sorted = true;
-    for (size_t i = 0; i < n; i++) {
-        tmp[i] = (id_index_t){table[first + i], (uint32_t)(first + i)};
-        sorted &= i == 0 || tmp[i - 1].id < tmp[i].id;
-    }
-    if (!sorted)
-        qsort(tmp, n, sizeof(*tmp), cmp_id);
+    kvr__sort_ids(table, (uint32_t)first, n, tmp);
     for (size_t i = 0; i < n; i++)
         order[i] = tmp[i].index;
     free(tmp);
@@ -167,7 +156,7 @@ kvr_status_t kvr__plan_tokens(const kvr_layout_t *lay, uint32_t rank,
     uint64_t end = kvr__ceil_div(N, V);
     uint64_t chunks = N > k0 * V ? (N - k0 * V) / (I * W) + 1 : 1;
     kvr_plan_t *plan = kvr__plan_new((size_t)chunks);
-    uint32_t *order = dst_order(req->dst_blocks, k0, end);
+    uint32_t *order = kvr__dst_order(req->dst_blocks, k0, end);
     kvr_status_t st = plan && order ? KVR_OK : KVR_ERR_NO_MEMORY;
     for (uint64_t i = 0; st == KVR_OK && i + k0 < end; i++)
         st = push_token_block(req, order[i], rank, bs, I, W, plan);
@@ -289,7 +278,7 @@ kvr_status_t kvr__plan_kind(const kvr_layout_t *lay, uint32_t rank,
     uint64_t end_src = kvr__ceil_div(req->num_tokens, lay->block_size);
     uint64_t end = kvr__ceil_div(req->num_tokens, kvr_virtual_block(lay));
     kvr_plan_t *plan = kvr__plan_new(end > k0 ? 2 * lay->dcp_size * (size_t)(end - k0) : 1);
-    uint32_t *order = dst_order(req->dst_blocks, k0, end);
+    uint32_t *order = kvr__dst_order(req->dst_blocks, k0, end);
     kvr_status_t st = plan && order ? KVR_OK : KVR_ERR_NO_MEMORY;
     for (uint64_t i = 0; st == KVR_OK && i + k0 < end; i++) {
         if (kind == KVR__KIND_INDEX_REPL)
@@ -327,6 +316,13 @@ kvr_status_t kvr_plan_create(const kvr_layout_t *lay, uint32_t rank,
         return st;
     kvr_plan_t *plan = NULL;
     st = kvr__plan_kind(lay, rank, pair, req, kind, &plan);
+    return kvr__plan_deliver(st, plan, pair, out, err);
+}
+
+kvr_status_t kvr__plan_deliver(kvr_status_t st, kvr_plan_t *plan,
+                               const kvr_region_pair_t *pair, kvr_plan_t **out,
+                               kvr_error_t *err)
+{
     if (st != KVR_OK)
         return kvr_error_set(err, st, "no memory for the plan");
     st = kvr__check_plan_bounds(plan, pair, err);
@@ -385,11 +381,15 @@ kvr_status_t kvr_plan_from_runs(const kvr_run_t *runs, size_t num_runs,
     plan->num_runs = num_runs;
     plan->uncoalesced = num_runs;
     for (size_t i = 0; i < num_runs; i++) {
-        plan->bytes += runs[i].len;
-        if (runs[i].src + runs[i].len > plan->src_end)
-            plan->src_end = runs[i].src + runs[i].len;
-        if (runs[i].dst + runs[i].len > plan->dst_end)
-            plan->dst_end = runs[i].dst + runs[i].len;
+        uint64_t src_end, dst_end;
+        if (__builtin_add_overflow(runs[i].src, runs[i].len, &src_end) ||
+            __builtin_add_overflow(runs[i].dst, runs[i].len, &dst_end) ||
+            __builtin_add_overflow(plan->bytes, runs[i].len, &plan->bytes)) {
+            kvr_plan_destroy(plan);
+            return KVR_ERR_INVALID; /* a run or the total passes 2^64 */
+        }
+        plan->src_end = src_end > plan->src_end ? src_end : plan->src_end;
+        plan->dst_end = dst_end > plan->dst_end ? dst_end : plan->dst_end;
     }
     *out = plan;
     return KVR_OK;

@@ -6,7 +6,8 @@
 #include <math.h>
 #include <string.h>
 
-#include "../layout/layout_math.h"
+#include "base_internal.h"
+#include "layout_math.h"
 
 static uint64_t mix(uint64_t x)
 {
@@ -28,9 +29,7 @@ static void fill_stream(uint64_t key, uint8_t *out, size_t n)
 {
     for (size_t i = 0; i < n; i += 8) {
         uint64_t v = mix(key + i);
-        size_t take = n - i < 8 ? n - i : 8;
-        for (size_t b = 0; b < take; b++)
-            out[i + b] = (uint8_t)(v >> (8 * b));
+        kvr__put_le(out + i, v, n - i < 8 ? n - i : 8);
     }
 }
 

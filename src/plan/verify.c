@@ -6,7 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../layout/layout_math.h"
+#include "layout_math.h"
 #include "plan_internal.h"
 
 typedef unsigned long long ull;
@@ -31,10 +31,10 @@ static int expect_index_token(const kvr_layout_t *lay,
     for (uint64_t d = 0; d < D; d += step) {
         uint64_t so = kvr__index_key_off(ts, d, D, lay->preshuffle);
         uint64_t dof = kvr__index_key_off(td, d, D, lay->preshuffle);
-        if (fn(ctx, g, "key", sp + so, dp + dof, step))
+        if (fn(ctx, g, "key", 0, sp + so, dp + dof, step))
             return 1;
     }
-    return fn(ctx, g, "scale", sp + kvr__index_scale_off(ts, bs, D),
+    return fn(ctx, g, "scale", 0, sp + kvr__index_scale_off(ts, bs, D),
               dp + kvr__index_scale_off(td, Pd, D), 4);
 }
 
@@ -47,7 +47,7 @@ static void expect_pages(const kvr_layout_t *lay,
     uint64_t bs = lay->block_size;
     uint64_t end = kvr__ceil_div(req->num_tokens, bs);
     for (uint64_t j = req->num_computed_blocks; j < end; j++)
-        if (fn(ctx, j * bs, "page", req->src_blocks[j] * pair->src.page_bytes,
+        if (fn(ctx, j * bs, "page", 0, req->src_blocks[j] * pair->src.page_bytes,
                req->dst_blocks[j] * pair->dst.page_bytes, pair->src.page_bytes))
             return;
 }
@@ -68,7 +68,8 @@ void kvr__expect_foreach(const kvr_layout_t *lay, uint32_t rank,
         int owned = kvr__owner(g, I, W) == rank;
         int stop = 0;
         if (kind == KVR__KIND_TOKEN && owned)
-            stop = fn(ctx, g, "latent", kvr__src_slot(req->src_blocks, g, bs) * tb,
+            stop = fn(ctx, g, "latent", 0,
+                      kvr__src_slot(req->src_blocks, g, bs) * tb,
                       kvr__dst_slot(req->dst_blocks, g, bs, I, W) * tb, tb);
         else if (kind == KVR__KIND_INDEX_REPL || (kind == KVR__KIND_INDEX_SHARD && owned))
             stop = expect_index_token(lay, pair, req, g,
@@ -89,11 +90,14 @@ typedef struct {
     kvr_status_t st;
 } verify_ctx_t;
 
-/* memcmp first; only a mismatch is walked byte by byte to name it. */
+/* memcmp first; only a mismatch is walked byte by byte to name it. The
+ * source is one producer rank's region: the walk skips the others. */
 static int verify_segment(void *arg, uint64_t g, const char *part,
-                          uint64_t so, uint64_t dof, uint64_t len)
+                          uint32_t producer, uint64_t so, uint64_t dof,
+                          uint64_t len)
 {
     verify_ctx_t *v = arg;
+    (void)producer;
     if (memcmp(v->src + so, v->dst + dof, len) == 0)
         return 0;
     uint64_t i = 0;
@@ -137,6 +141,7 @@ kvr_status_t kvr_verify_region(const kvr_layout_t *lay, uint32_t rank,
 
 typedef struct {
     uint32_t *map; /* per destination byte: source byte + 1, 0 unwritten */
+    uint64_t src_bytes; /* producer p's byte b is p * src_bytes + b */
     uint32_t rank;
     uint64_t tokens;
     uint64_t last_g;
@@ -145,12 +150,14 @@ typedef struct {
 } cover_ctx_t;
 
 static int cover_segment(void *arg, uint64_t g, const char *part,
-                         uint64_t so, uint64_t dof, uint64_t len)
+                         uint32_t producer, uint64_t so, uint64_t dof,
+                         uint64_t len)
 {
     cover_ctx_t *c = arg;
     if (g != c->last_g || c->tokens == 0)
         c->tokens++;
     c->last_g = g;
+    so += producer * c->src_bytes;
     for (uint64_t i = 0; i < len; i++) {
         uint32_t got = c->map[dof + i];
         if (got == so + i + 1) {
@@ -169,10 +176,12 @@ static int cover_segment(void *arg, uint64_t g, const char *part,
 }
 
 /* A byte written twice is an error even with the same value: two runs
- * racing on one byte would be a plan bug the data might hide. */
+ * racing on one byte would be a plan bug the data might hide. Source bytes
+ * are numbered from id0 (producer rank * source region bytes). */
 static kvr_status_t paint_plan(const kvr_plan_t *plan, uint32_t rank,
-                               uint64_t src_bytes, uint64_t dst_bytes,
-                               uint32_t *map, kvr_error_t *err)
+                               uint64_t id0, uint64_t src_bytes,
+                               uint64_t dst_bytes, uint32_t *map,
+                               kvr_error_t *err)
 {
     for (size_t i = 0; i < plan->num_runs; i++) {
         const kvr_run_t *r = &plan->runs[i];
@@ -187,7 +196,7 @@ static kvr_status_t paint_plan(const kvr_plan_t *plan, uint32_t rank,
                 return kvr_error_set(err, KVR_ERR_VERIFY,
                                      "rank %u writes dst byte %llu twice",
                                      rank, (ull)(r->dst + b));
-            map[r->dst + b] = (uint32_t)(r->src + b + 1);
+            map[r->dst + b] = (uint32_t)(id0 + r->src + b + 1);
         }
     }
     return KVR_OK;
@@ -203,21 +212,27 @@ static kvr_status_t check_leftovers(const kvr_layout_t *lay,
                                     uint32_t rank, const uint32_t *map,
                                     uint64_t dst_bytes, kvr_error_t *err)
 {
-    int index = kind == KVR__KIND_INDEX_REPL || kind == KVR__KIND_INDEX_SHARD;
+    int index = kind == KVR__KIND_INDEX_REPL || kind == KVR__KIND_INDEX_SHARD ||
+                kind == KVR__KIND_INDEX_PAIR;
     uint64_t planes = kvr_index_page_tokens(lay, true) *
                       (pair->dst.index_dim + 4ull);
     uint64_t end = kvr__ceil_div(req->num_tokens, kvr_virtual_block(lay));
-    unsigned char *in_request = calloc(pair->dst.num_blocks + 1, 1);
+    /* only pages inside the registered length can hold a leftover write
+     * (num_blocks may be far larger than the registered bytes) */
+    uint64_t pages = dst_bytes / pair->dst.page_bytes + 1;
+    pages = pages < pair->dst.num_blocks ? pages : pair->dst.num_blocks;
+    unsigned char *in_request = calloc(pages + 1, 1);
     if (in_request == NULL)
         return kvr_error_set(err, KVR_ERR_NO_MEMORY, "no memory");
     for (uint64_t k = req->num_computed_blocks; k < end; k++)
-        in_request[req->dst_blocks[k]] = 1;
+        if (req->dst_blocks[k] < pages)
+            in_request[req->dst_blocks[k]] = 1;
     kvr_status_t st = KVR_OK;
     for (uint64_t x = 0; x < dst_bytes && st == KVR_OK; x++) {
         if (map[x] == 0 || map[x] == COVERED)
             continue;
         uint64_t page = x / pair->dst.page_bytes;
-        if (!index || page >= pair->dst.num_blocks || !in_request[page] ||
+        if (!index || page >= pages || !in_request[page] ||
             x % pair->dst.page_bytes >= planes)
             st = kvr_error_set(err, KVR_ERR_VERIFY,
                                "rank %u writes dst byte %llu (page %llu) "
@@ -228,25 +243,45 @@ static kvr_status_t check_leftovers(const kvr_layout_t *lay,
     return st;
 }
 
-static kvr_status_t cover_rank(const kvr_layout_t *lay,
-                               const kvr_region_pair_t *pair,
-                               const kvr_request_t *req, kvr__kind_t kind,
-                               uint32_t rank, const kvr_plan_t *plan,
+/* One consumer rank's share of the proof: its plans painted (one per
+ * producer rank, source bytes numbered per producer), then every expected
+ * byte checked against them, then the leftovers. */
+typedef struct {
+    const kvr_layout_t *lay;
+    const kvr_region_pair_t *pair;
+    const kvr_request_t *req; /* pair proofs: one per producer rank */
+    kvr__kind_t kind;
+    int pairs;
+    const kvr_plan_t *const *plans;
+    uint32_t producers, consumers;
+} cover_t;
+
+static kvr_status_t cover_rank(const cover_t *cv, uint32_t rank,
                                uint32_t *map, uint64_t *tokens,
                                kvr_error_t *err)
 {
-    uint64_t src_bytes = kvr_region_bytes(&pair->src);
-    uint64_t dst_bytes = kvr_region_bytes(&pair->dst);
+    uint64_t src_bytes = kvr_region_bytes(&cv->pair->src);
+    uint64_t dst_bytes = kvr_region_bytes(&cv->pair->dst);
     memset(map, 0, dst_bytes * sizeof(*map));
-    kvr_status_t st = paint_plan(plan, rank, src_bytes, dst_bytes, map, err);
+    kvr_status_t st = KVR_OK;
+    for (uint32_t p = 0; p < cv->producers && st == KVR_OK; p++)
+        st = paint_plan(cv->plans[(size_t)p * cv->consumers + rank], rank,
+                        p * src_bytes, src_bytes, dst_bytes, map, err);
     if (st != KVR_OK)
         return st;
-    cover_ctx_t c = {map, rank, 0, 0, err, KVR_OK};
-    kvr__expect_foreach(lay, rank, pair, req, kind, cover_segment, &c);
+    cover_ctx_t c = {map, src_bytes, rank, 0, 0, err, KVR_OK};
+    if (cv->pairs)
+        kvr__expect_pair_foreach(cv->lay, rank, cv->pair, cv->req,
+                                 KVR__ALL_PRODUCERS, cv->kind, cover_segment,
+                                 &c);
+    else
+        kvr__expect_foreach(cv->lay, rank, cv->pair, cv->req, cv->kind,
+                            cover_segment, &c);
     if (c.st != KVR_OK)
         return c.st;
     *tokens += c.tokens;
-    return check_leftovers(lay, pair, req, kind, rank, map, dst_bytes, err);
+    return check_leftovers(cv->lay, cv->pair, cv->req, cv->kind, rank, map,
+                           dst_bytes, err);
 }
 
 /* Token placements the W ranks must make together: N - k*V tokens once each
@@ -262,6 +297,31 @@ static uint64_t expected_total(const kvr_layout_t *lay, const kvr_request_t *req
     return kind == KVR__KIND_INDEX_REPL ? n * W : n;
 }
 
+/* Runs the proof over every consumer rank; the source ids need
+ * producers * source bytes < 4 GiB (test mode). */
+static kvr_status_t cover_all(const cover_t *cv, uint64_t expected,
+                              kvr_error_t *err)
+{
+    uint64_t dst_bytes = kvr_region_bytes(&cv->pair->dst);
+    if (cv->plans == NULL || dst_bytes >= COVERED ||
+        kvr_region_bytes(&cv->pair->src) * cv->producers >= COVERED)
+        return kvr_error_set(err, KVR_ERR_INVALID,
+                             "coverage needs every plan and regions < 4 GiB");
+    uint32_t *map = malloc((dst_bytes + 1) * sizeof(*map));
+    if (map == NULL)
+        return kvr_error_set(err, KVR_ERR_NO_MEMORY, "no memory for the map");
+    uint64_t tokens = 0;
+    kvr_status_t st = KVR_OK;
+    for (uint32_t r = 0; r < cv->consumers && st == KVR_OK; r++)
+        st = cover_rank(cv, r, map, &tokens, err);
+    free(map);
+    if (st == KVR_OK && tokens != expected)
+        st = kvr_error_set(err, KVR_ERR_VERIFY,
+                           "ranks hold %llu token placements, expected %llu",
+                           (ull)tokens, (ull)expected);
+    return st;
+}
+
 kvr_status_t kvr_plan_check_coverage(const kvr_layout_t *lay,
                                      const kvr_region_pair_t *pair,
                                      const kvr_request_t *req,
@@ -275,22 +335,86 @@ kvr_status_t kvr_plan_check_coverage(const kvr_layout_t *lay,
         st = kvr__check_pair(lay, pair, req, &info, &kind, err);
     if (st != KVR_OK)
         return st;
-    uint64_t dst_bytes = kvr_region_bytes(&pair->dst);
-    if (rank_plans == NULL || dst_bytes >= COVERED ||
-        kvr_region_bytes(&pair->src) >= COVERED)
-        return kvr_error_set(err, KVR_ERR_INVALID,
-                             "coverage needs W plans and regions < 4 GiB");
-    uint32_t *map = malloc((dst_bytes + 1) * sizeof(*map));
-    if (map == NULL)
-        return kvr_error_set(err, KVR_ERR_NO_MEMORY, "no memory for the map");
-    uint64_t tokens = 0;
-    for (uint32_t r = 0; r < lay->dcp_size && st == KVR_OK; r++)
-        st = cover_rank(lay, pair, req, kind, r, rank_plans[r], map, &tokens,
-                        err);
-    free(map);
-    if (st == KVR_OK && tokens != expected_total(lay, req, kind))
-        st = kvr_error_set(err, KVR_ERR_VERIFY,
-                           "ranks hold %llu token placements, expected %llu",
-                           (ull)tokens, (ull)expected_total(lay, req, kind));
-    return st;
+    cover_t cv = {lay, pair, req, kind, 0, rank_plans, 1, lay->dcp_size};
+    return cover_all(&cv, expected_total(lay, req, kind), err);
+}
+
+/* ---- pairs (docs/design.md §18) ---- */
+
+kvr_status_t kvr_verify_region_pair(const kvr_layout_t *lay,
+                                    uint32_t producer_rank,
+                                    uint32_t consumer_rank,
+                                    const kvr_region_pair_t *pair,
+                                    const kvr_request_t *req,
+                                    const void *src_base, const void *dst_base,
+                                    kvr_error_t *err)
+{
+    kvr__pair_t x;
+    kvr__kind_t kind;
+    if (src_base == NULL || dst_base == NULL)
+        return kvr_error_set(err, KVR_ERR_INVALID, "buffer is NULL");
+    kvr_status_t st = kvr__pair_prepare(lay, producer_rank, consumer_rank, req,
+                                        pair, &x, &kind, err);
+    if (st != KVR_OK)
+        return st;
+    verify_ctx_t v = {src_base, dst_base, pair, consumer_rank, err, KVR_OK};
+    kvr__expect_pair_foreach(lay, consumer_rank, pair, req, producer_rank,
+                             kind, verify_segment, &v);
+    return v.st;
+}
+
+/* Placements the nc consumer ranks together make: each token once when
+ * token-sharded, on every rank when replicated or head-sharded (every tp
+ * rank holds every token of its heads); identity plans count pages, on
+ * every rank of their axis. */
+static uint64_t pair_expected(const kvr_layout_t *lay, const kvr_request_t *req,
+                              kvr__kind_t kind, uint32_t nc)
+{
+    uint64_t V = kvr_virtual_block(lay), first = req->num_computed_blocks * V;
+    uint64_t n = req->num_tokens > first ? req->num_tokens - first : 0;
+    if (kind == KVR__KIND_PAGE)
+        return (kvr__ceil_div(req->num_tokens, lay->block_size) -
+                req->num_computed_blocks) * nc;
+    if (kind == KVR__KIND_DENSE ||
+        (kind == KVR__KIND_INDEX_PAIR && kvr__consumer_index_repl(lay)))
+        return n * nc;
+    return n;
+}
+
+/* Every request must share the consumer side: one table, tokens, offset. */
+static kvr_status_t check_reqs(const kvr_request_t *reqs, uint32_t n,
+                               kvr_error_t *err)
+{
+    size_t table = reqs[0].num_dst_blocks * sizeof(*reqs[0].dst_blocks);
+    for (uint32_t p = 1; p < n; p++)
+        if (reqs[p].num_dst_blocks != reqs[0].num_dst_blocks ||
+            (table && memcmp(reqs[p].dst_blocks, reqs[0].dst_blocks, table)) ||
+            reqs[p].num_tokens != reqs[0].num_tokens ||
+            reqs[p].num_computed_blocks != reqs[0].num_computed_blocks)
+            return kvr_error_set(err, KVR_ERR_INVALID,
+                                 "producer rank %u's request differs from rank "
+                                 "0's on the consumer side", p);
+    return KVR_OK;
+}
+
+kvr_status_t kvr_plan_check_coverage_pair(const kvr_layout_t *lay,
+                                          const kvr_region_pair_t *pair,
+                                          const kvr_request_t *reqs,
+                                          const kvr_plan_t *const *plans,
+                                          kvr_error_t *err)
+{
+    kvr__pair_t x;
+    kvr__kind_t kind;
+    if (reqs == NULL || pair == NULL)
+        return kvr_error_set(err, KVR_ERR_INVALID, "reqs or pair is NULL");
+    kvr_axis_t axis = kvr_region_axis(&pair->src);
+    uint32_t np = kvr_axis_ranks(lay, axis, false);
+    uint32_t nc = kvr_axis_ranks(lay, axis, true);
+    kvr_status_t st = check_reqs(reqs, np, err);
+    for (uint32_t p = 0; p < np && st == KVR_OK; p++)
+        st = kvr__pair_prepare(lay, p, 0, &reqs[p], pair, &x, &kind, err);
+    if (st != KVR_OK)
+        return st;
+    cover_t cv = {lay, pair, reqs, kind, 1, plans, np, nc};
+    return cover_all(&cv, pair_expected(lay, reqs, kind, nc), err);
 }

@@ -197,7 +197,7 @@ static void reap(demo_t *d, bool block)
 /* Pumps every child's output until `until` says stop or the deadline. */
 static bool pump(demo_t *d, uint64_t deadline, int want_port_of, int *port)
 {
-    while (kvr_demo_now_ns() < deadline) {
+    while (kvr_now_ns() < deadline) {
         struct pollfd fds[MAX_CHILDREN];
         uint32_t open = 0;
         for (uint32_t i = 0; i < d->num_kids; i++)
@@ -249,7 +249,7 @@ static int start_serve(demo_t *d, uint32_t rank, int leader_port, int *port)
     build_args(d, args, "serve", extra + skip, (rank > 0 ? 5 : 4) - skip);
     snprintf(name, sizeof(name), "rank %u", rank);
     int k = spawn(d, name, args);
-    uint64_t deadline = kvr_demo_now_ns() + 30000000000ull;
+    uint64_t deadline = kvr_now_ns() + 30000000000ull;
     if (k < 0 || !pump(d, deadline, k, port))
         return -1;
     return 0;
@@ -466,8 +466,9 @@ static int demo_run(demo_t *d)
                                                           ? "UCX shm" : "UCX",
            d->cfg.use_cuda ? " control, CUDA gpu-direct data (KV in GPU memory)" : "");
     fflush(stdout);
-    uint64_t deadline = kvr_demo_now_ns() +
-                        ((uint64_t)d->cfg.run_timeout_ms + 20000ull) * 1000000ull;
+    uint64_t deadline = kvr_now_ns() +
+                        ((uint64_t)d->cfg.run_timeout_ms + 20000ull) *
+                            1000000ull;
     bool started = start_all(d);
     int unused = 0;
     if (started && !pump(d, deadline, -1, &unused))

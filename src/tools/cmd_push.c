@@ -86,13 +86,14 @@ static kvr_status_t create_conn(push_t *s, const uint8_t *key, kvr_error_t *err)
                             .tp_rank = s->o.tp_rank, .tp_size = s->cfg.producer_tp,
                             .dp_rank = 0, .dp_size = 1, .layer_start = s->start,
                             .layer_end = s->end, .dcp_rank = 0};
-    kvr_conn_params_t p = kvr_demo_conn_params(&s->cfg, KVR_WIRE_PRODUCER, &topo,
-                                               s->o.stage, key);
+    kvr_conn_params_t p = kvr_demo_conn_params(&s->cfg, KVR_WIRE_PRODUCER,
+                                               &topo, key);
     /* decode rank t is served by producer tp rank t % producer_tp */
     p.consumer_ranks = 0;
     for (uint32_t t = 0; t < s->cfg.lay.dcp_size; t++)
         p.consumer_ranks += t % s->cfg.producer_tp == s->o.tp_rank;
-    return kvr_conn_create(&p, &s->conn, err);
+    kvr_status_t st = kvr_demo_arm_fault(&s->cfg, s->o.stage, err);
+    return st == KVR_OK ? kvr_conn_create(&p, &s->conn, err) : st;
 }
 
 /* This stage's layers, filled with every request's synthetic KV. */
@@ -157,7 +158,7 @@ static kvr_status_t offer(push_t *s, uint32_t r)
     }
     if (st == KVR_OK) {
         printf("offered %s %llu %llu\n", id, (unsigned long long)N,
-               (unsigned long long)kvr_demo_now_ns());
+               (unsigned long long)kvr_now_ns());
         s->offered++;
     } else {
         printf("send-failed %s %s %s\n", id, kvr_status_name(st),
@@ -212,9 +213,9 @@ static void on_push_signal(int sig)
 
 static int push_loop(push_t *s)
 {
-    uint64_t end = kvr_demo_now_ns() + (uint64_t)s->cfg.run_timeout_ms * 1000000ull;
+    uint64_t end = kvr_now_ns() + (uint64_t)s->cfg.run_timeout_ms * 1000000ull;
     while (!push_stop && s->sent + s->failed < s->cfg.requests &&
-           kvr_demo_now_ns() < end) {
+           kvr_now_ns() < end) {
         offer_due(s);
         kvr_conn_progress(s->conn, 20);
         kvr_conn_event_t e;

@@ -126,9 +126,10 @@ static kvr_status_t create_conn(serve_t *s, const uint8_t *key, kvr_error_t *err
                             .tp_size = s->cfg.lay.dcp_size, .dp_rank = 0,
                             .dp_size = 1, .layer_start = 0,
                             .layer_end = s->cfg.layers, .dcp_rank = s->o.rank};
-    kvr_conn_params_t p = kvr_demo_conn_params(&s->cfg, KVR_WIRE_CONSUMER, &topo,
-                                               s->o.rank, key);
-    return kvr_conn_create(&p, &s->conn, err);
+    kvr_conn_params_t p = kvr_demo_conn_params(&s->cfg, KVR_WIRE_CONSUMER,
+                                               &topo, key);
+    kvr_status_t st = kvr_demo_arm_fault(&s->cfg, s->o.rank, err);
+    return st == KVR_OK ? kvr_conn_create(&p, &s->conn, err) : st;
 }
 
 /* Device pages are checked through a fresh host copy. */
@@ -192,7 +193,7 @@ static void keep_for_verify(serve_t *s, const kvr_conn_event_t *e)
     kvr_conn_event_t *k = &s->pending[s->num_pending++];
     *k = *e;
     uint32_t *dst = malloc((e->num_dst_blocks + 1) * sizeof(*dst));
-    if (dst != NULL)
+    if (dst != NULL && e->num_dst_blocks > 0) /* an empty table may be NULL */
         memcpy(dst, e->dst_blocks, e->num_dst_blocks * sizeof(*dst));
     k->dst_blocks = dst;
     k->num_dst_blocks = dst ? e->num_dst_blocks : 0;
@@ -232,7 +233,7 @@ static void on_event(serve_t *s, const kvr_conn_event_t *e)
         printf("loaded %.*s %llu %llu %llu %llu\n", idl, id,
                (unsigned long long)e->bytes,
                (unsigned long long)e->num_computed_blocks,
-               (unsigned long long)kvr_demo_now_ns(),
+               (unsigned long long)kvr_now_ns(),
                (unsigned long long)e->started_ns);
         note_dump(s, e);
         keep_for_verify(s, e);
@@ -264,8 +265,8 @@ static bool finished(const serve_t *s)
 
 static int serve_loop(serve_t *s)
 {
-    uint64_t end = kvr_demo_now_ns() + (uint64_t)s->cfg.run_timeout_ms * 1000000ull;
-    while (!stop_requested && !finished(s) && kvr_demo_now_ns() < end) {
+    uint64_t end = kvr_now_ns() + (uint64_t)s->cfg.run_timeout_ms * 1000000ull;
+    while (!stop_requested && !finished(s) && kvr_now_ns() < end) {
         kvr_conn_progress(s->conn, 20);
         kvr_conn_event_t e;
         while (kvr_conn_poll_event(s->conn, &e))

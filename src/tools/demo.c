@@ -5,7 +5,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include "commands.h"
 #include "kvrelay/synth.h"
@@ -55,12 +54,13 @@ void kvr_demo_cfg_init(kvr_demo_cfg_t *cfg)
     cfg->cuda_device = -1;
 }
 
-kvr_conn_fault_t kvr_demo_fault_for(const kvr_demo_cfg_t *cfg, uint32_t who)
+kvr_status_t kvr_demo_arm_fault(const kvr_demo_cfg_t *cfg, uint32_t who,
+                                kvr_error_t *err)
 {
-    kvr_conn_fault_t none = {KVR_FAULT_NONE, ""};
-    if (cfg->fault_target >= 0 && (uint32_t)cfg->fault_target != who)
-        return none;
-    return cfg->fault;
+    if (cfg->fault == NULL ||
+        (cfg->fault_target >= 0 && (uint32_t)cfg->fault_target != who))
+        return KVR_OK;
+    return kvr_failpoint_arm(cfg->fault, cfg->fault_key, err);
 }
 
 static int parse_enum(const char *cmd, const char *name, const char *value,
@@ -76,28 +76,34 @@ static int parse_enum(const char *cmd, const char *name, const char *value,
     return -1;
 }
 
+/* --fault KIND:REQUEST_ID[@WHO]: KIND names a failpoint. */
 static int parse_fault(kvr_demo_cfg_t *cfg, const char *cmd, const char *value)
 {
-    static const char *const kinds[] = {"", "die-mid", "refuse", "wrong-nonce",
-                                        "dup-done", "bad-blocks", "die-assign"};
     const char *colon = strchr(value, ':');
     const char *at = colon ? strchr(colon, '@') : NULL;
     uint64_t target = 0;
     size_t idlen = colon ? (at ? (size_t)(at - colon - 1) : strlen(colon + 1)) : 0;
     bool target_ok = at == NULL || kvr_tool_parse_u64(at + 1, 0, 63, &target);
-    for (int k = 1; colon != NULL && target_ok && k < 7; k++)
-        if (strlen(kinds[k]) == (size_t)(colon - value) &&
-            strncmp(value, kinds[k], (size_t)(colon - value)) == 0 &&
-            idlen > 0 && idlen < sizeof(cfg->fault.request)) {
-            cfg->fault.kind = (kvr_conn_fault_kind_t)k;
-            snprintf(cfg->fault.request, sizeof(cfg->fault.request), "%.*s",
-                     (int)idlen, colon + 1);
+    char kinds[256] = "";
+    const char *name;
+    for (uint32_t k = 0; (name = kvr_failpoint_name(k)) != NULL; k++) {
+        if (colon != NULL && target_ok &&
+            strlen(name) == (size_t)(colon - value) &&
+            strncmp(value, name, (size_t)(colon - value)) == 0 && idlen > 0 &&
+            idlen < sizeof(cfg->fault_key)) {
+            cfg->fault = name;
+            snprintf(cfg->fault_key, sizeof(cfg->fault_key), "%.*s", (int)idlen,
+                     colon + 1);
             cfg->fault_target = at ? (int)target : -1;
             return 1;
         }
-    kvr_tool_usage_error(cmd, "--fault '%s': expected KIND:REQUEST_ID[@WHO] with KIND "
-                         "die-mid, refuse, wrong-nonce, dup-done, bad-blocks or "
-                         "die-assign", value);
+        size_t used = strlen(kinds);
+        snprintf(kinds + used, sizeof(kinds) - used, "%s%s", k ? ", " : "",
+                 name);
+    }
+    kvr_tool_usage_error(
+        cmd, "--fault '%s': expected KIND:REQUEST_ID[@WHO], KIND one of %s",
+        value, kinds);
     return -1;
 }
 
@@ -233,9 +239,7 @@ int kvr_demo_cfg_args(const kvr_demo_cfg_t *cfg, char **argv, int max)
     static char vals[32][40];
     static const char *const tls[] = {"auto", "shm", "tcp"};
     static const char *const execs[] = {"auto", "direct", "staged"};
-    static const char *const kinds[] = {"", "die-mid", "refuse", "wrong-nonce",
-                                        "dup-done", "bad-blocks", "die-assign"};
-    static char fault[96];
+    static char fault[128];
     int n = 0, v = 0;
     for (size_t i = 0; i < sizeof(num_opts) / sizeof(num_opts[0]) && n + 2 < max; i++) {
         const char *field = (const char *)cfg + num_opts[i].offset;
@@ -268,9 +272,9 @@ int kvr_demo_cfg_args(const kvr_demo_cfg_t *cfg, char **argv, int max)
         argv[n++] = "--dump";
         argv[n++] = (char *)cfg->dump_dir;
     }
-    if (cfg->fault.kind != KVR_FAULT_NONE) {
-        int len = snprintf(fault, sizeof(fault), "--fault=%s:%s",
-                           kinds[cfg->fault.kind], cfg->fault.request);
+    if (cfg->fault != NULL) {
+        int len = snprintf(fault, sizeof(fault), "--fault=%s:%s", cfg->fault,
+                           cfg->fault_key);
         if (cfg->fault_target >= 0 && len > 0 && (size_t)len < sizeof(fault))
             snprintf(fault + len, sizeof(fault) - (size_t)len, "@%d", cfg->fault_target);
         argv[n++] = fault;
@@ -402,7 +406,7 @@ uint32_t kvr_demo_region(const kvr_demo_cfg_t *cfg, uint32_t i, bool consumer,
 kvr_conn_params_t kvr_demo_conn_params(const kvr_demo_cfg_t *cfg,
                                        kvr_wire_side_t side,
                                        const kvr_wire_topo_t *topo,
-                                       uint32_t who, const uint8_t *key)
+                                       const uint8_t *key)
 {
     kvr_conn_params_t p = KVR_CONN_PARAMS_INIT;
     p.side = side;
@@ -418,7 +422,6 @@ kvr_conn_params_t kvr_demo_conn_params(const kvr_demo_cfg_t *cfg,
     p.executor = cfg->exec;
     p.deadline_ms = cfg->deadline_ms;
     p.leader_blocks = kvr_demo_dst_pool(cfg);
-    p.fault = kvr_demo_fault_for(cfg, who);
     p.cuda_device = cfg->cuda_device;
     return p;
 }
@@ -503,6 +506,19 @@ static kvr_status_t verify_region(const kvr_demo_cfg_t *cfg, uint32_t rank,
     return KVR_OK;
 }
 
+/* The verifier reads every page it checks: ids must be inside the region. */
+static kvr_status_t check_ids(const uint32_t *ids, uint64_t n,
+                              const kvr_region_desc_t *d, kvr_error_t *err)
+{
+    for (uint64_t i = 0; i < n; i++)
+        if (ids[i] >= d->num_blocks)
+            return kvr_error_set(err, KVR_ERR_BLOCK_RANGE, "destination block "
+                                 "id %u outside %s layer %u's %llu blocks",
+                                 ids[i], kvr_role_name(d->role), d->layer,
+                                 (unsigned long long)d->num_blocks);
+    return KVR_OK;
+}
+
 kvr_status_t kvr_demo_verify(const kvr_demo_cfg_t *cfg, uint32_t rank,
                              const kvr_region_desc_t *descs, void *const *bases,
                              uint32_t num_regions, const kvr_conn_event_t *ev,
@@ -512,11 +528,16 @@ kvr_status_t kvr_demo_verify(const kvr_demo_cfg_t *cfg, uint32_t rank,
     if (!kvr_demo_parse_request_id((const char *)ev->request_id.bytes,
                                    ev->request_id.len, &req))
         return kvr_error_set(err, KVR_ERR_INVALID, "request id is not a demo id");
-    if (ev->num_dst_blocks < kvr_num_dst_blocks(&cfg->lay, ev->num_tokens) ||
-        cfg->token_bytes > 65536)
-        return kvr_error_set(err, KVR_ERR_INVALID, "event tables too short");
+    uint64_t need = kvr_num_dst_blocks(&cfg->lay, ev->num_tokens);
+    if (ev->num_dst_blocks < need || cfg->token_bytes > 65536)
+        return kvr_error_set(err, KVR_ERR_INVALID, "%llu tokens need %llu "
+                             "destination blocks, the event has %zu",
+                             (unsigned long long)ev->num_tokens,
+                             (unsigned long long)need, ev->num_dst_blocks);
     for (uint32_t i = 0; i < num_regions; i++) {
-        kvr_status_t st = verify_region(cfg, rank, req, &descs[i], bases[i], ev, err);
+        kvr_status_t st = check_ids(ev->dst_blocks, need, &descs[i], err);
+        if (st == KVR_OK)
+            st = verify_region(cfg, rank, req, &descs[i], bases[i], ev, err);
         if (st != KVR_OK)
             return st;
     }
@@ -578,13 +599,6 @@ int kvr_demo_parse(int argc, char **argv, kvr_demo_cfg_t *cfg, const char *cmd,
             return rc;
     }
     return kvr_demo_cfg_check(cfg, cmd) ? -1 : KVR_EXIT_USAGE;
-}
-
-uint64_t kvr_demo_now_ns(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
 }
 
 void kvr_demo_image_name(char *buf, size_t len, int rank,

@@ -32,7 +32,8 @@ typedef struct kvr_demo_cfg {
     uint64_t slot_bytes;
     const char *key_file;
     bool insecure;
-    kvr_conn_fault_t fault;
+    const char *fault; /* --fault: a failpoint (docs/failpoints.md) or NULL */
+    char fault_key[KVR_FAILPOINT_KEY_MAX]; /* the request id it acts on */
     int fault_target; /* rank (serve) or stage (push) it applies to; -1 all */
     bool verbose;
     const char *dump_dir; /* --dump DIR: region images and a manifest */
@@ -45,8 +46,10 @@ void kvr_demo_cfg_init(kvr_demo_cfg_t *cfg);
  * 1 if it was one, 0 if not, -1 (message printed) if its value is bad. */
 int kvr_demo_option(kvr_demo_cfg_t *cfg, const char *cmd, const char *name,
                     const char *value);
-/* The fault for this process: rank of a serve or stage of a push. */
-kvr_conn_fault_t kvr_demo_fault_for(const kvr_demo_cfg_t *cfg, uint32_t who);
+/* Arms the --fault failpoint when it applies to this process (rank of a
+ * serve or stage of a push). */
+kvr_status_t kvr_demo_arm_fault(const kvr_demo_cfg_t *cfg, uint32_t who,
+                                kvr_error_t *err);
 /* Checks the whole configuration; prints one line and returns false if bad. */
 bool kvr_demo_cfg_check(const kvr_demo_cfg_t *cfg, const char *cmd);
 /* argv fragment reproducing cfg for a child process (static storage). */
@@ -71,7 +74,7 @@ uint32_t kvr_demo_region(const kvr_demo_cfg_t *cfg, uint32_t i, bool consumer,
 kvr_conn_params_t kvr_demo_conn_params(const kvr_demo_cfg_t *cfg,
                                        kvr_wire_side_t side,
                                        const kvr_wire_topo_t *topo,
-                                       uint32_t who, const uint8_t *key);
+                                       const uint8_t *key);
 kvr_status_t kvr_demo_load_key(const kvr_demo_cfg_t *cfg, uint8_t *key,
                                bool *have, kvr_error_t *err);
 /* Verifies a loaded request on one rank against the synthetic source: every
@@ -99,6 +102,4 @@ void kvr_demo_image_name(char *buf, size_t len, int rank,
 /* Writes len bytes to DIR/name; false with a message on stderr. */
 bool kvr_demo_write_file(const char *dir, const char *name, const void *data,
                          uint64_t len);
-/* Monotonic nanoseconds (comparable across processes of one host). */
-uint64_t kvr_demo_now_ns(void);
 #endif

@@ -7,8 +7,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../layout/layout_math.h"
 #include "kvrelay/synth.h"
+#include "layout_math.h"
 
 typedef unsigned long long ull;
 

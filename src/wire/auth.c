@@ -64,8 +64,8 @@ kvr_status_t kvr_wire_auth_create(const uint8_t *key, kvr_wire_auth_t **out,
 {
     if (out == NULL)
         return kvr_error_set(err, KVR_ERR_INVALID, "out is NULL");
-    if (sodium_init() < 0)
-        return kvr_error_set(err, KVR_ERR_INVALID, "libsodium init failed");
+    if (kvr_init(err) != KVR_OK)
+        return KVR_ERR_INIT;
     kvr_wire_auth_t *a = calloc(1, sizeof(*a));
     if (a == NULL)
         return kvr_error_set(err, KVR_ERR_NO_MEMORY, "no memory");
@@ -185,8 +185,7 @@ static size_t append(uint8_t *buf, size_t at, const void *p, size_t n)
 static size_t append_frame(uint8_t *buf, size_t at, const hello_frame_t *f)
 {
     uint8_t len[4];
-    for (int i = 0; i < 4; i++)
-        len[i] = (uint8_t)(f->len >> (8 * i));
+    kvr__put_le(len, f->len, sizeof(len));
     at = append(buf, at, len, sizeof(len));
     return append(buf, at, f->bytes, f->len);
 }
@@ -416,8 +415,7 @@ static void frame_tag(const session_dir_t *d, const uint8_t *frame, size_t len,
                       uint8_t tag[KVR_WIRE_TAG_BYTES])
 {
     uint8_t seq[8];
-    for (int i = 0; i < 8; i++)
-        seq[i] = (uint8_t)(d->seq >> (8 * i));
+    kvr__put_le(seq, d->seq, sizeof(seq));
     crypto_auth_hmacsha512256_state st;
     crypto_auth_hmacsha512256_init(&st, d->key, sizeof(d->key));
     crypto_auth_hmacsha512256_update(&st, seq, sizeof(seq));

@@ -73,22 +73,13 @@ static void store_int(void *p, size_t mem, uint64_t v)
     }
 }
 
-static uint64_t le_read(const uint8_t *p, size_t n)
-{
-    uint64_t v = 0;
-    for (size_t i = 0; i < n; i++)
-        v |= (uint64_t)p[i] << (8 * i);
-    return v;
-}
-
 /* ---- encoder: sizes were validated before anything is written ---- */
 
 static void put_le(cur_t *c, uint64_t v, size_t n)
 {
     assert(n <= c->end - c->pos);
     if (c->out)
-        for (size_t i = 0; i < n; i++)
-            c->out[c->pos + i] = (uint8_t)(v >> (8 * i));
+        kvr__put_le(c->out + c->pos, v, n);
     c->pos += n;
 }
 
@@ -217,7 +208,7 @@ static kvr_status_t get_le(cur_t *c, const kvr__field_t *f, size_t n,
     const uint8_t *p = NULL;
     kvr_status_t s = take(c, f, n, &p);
     if (s == KVR_OK)
-        *v = le_read(p, n);
+        *v = kvr__get_le(p, n);
     return s;
 }
 
@@ -283,7 +274,8 @@ static kvr_status_t dec_items(cur_t *c, const kvr__field_t *f, char *arr,
         size_t width = f->kind == KVR__F_U32S ? 4 : 1;
         s = take(c, f, (size_t)n * width, &p);
         for (uint32_t i = 0; s == KVR_OK && arr && i < n; i++)
-            store_int(arr + i * width, width, le_read(p + i * width, width));
+            store_int(arr + i * width, width,
+                      kvr__get_le(p + i * width, width));
         return s;
     }
     for (c->index = 0, c->outer = f->name; c->index < n; c->index++) {
@@ -370,15 +362,15 @@ static kvr_status_t dec_rec(cur_t *c, const kvr__rec_t *r, char *rec)
 static kvr_status_t check_header(const uint8_t *b, kvr_wire_header_t *h,
                                  kvr_error_t *err)
 {
-    uint32_t magic = (uint32_t)le_read(b, 4);
+    uint32_t magic = (uint32_t)kvr__get_le(b, 4);
     if (magic != KVR_WIRE_MAGIC)
         return kvr_error_set(err, KVR_ERR_PROTO,
                              "frame magic 0x%08" PRIx32 ", expected 0x%08x (\"KVRW\")",
                              magic, KVR_WIRE_MAGIC);
     h->major = b[4];
     h->minor = b[5];
-    h->type = (uint16_t)le_read(b + 6, 2);
-    h->length = (uint32_t)le_read(b + 8, 4);
+    h->type = (uint16_t)kvr__get_le(b + 6, 2);
+    h->length = (uint32_t)kvr__get_le(b + 8, 4);
     if (h->major != KVR_WIRE_VERSION_MAJOR)
         return kvr_error_set(err, KVR_ERR_VERSION,
                              "frame version %u.%u: major version %u not supported "

@@ -7,52 +7,11 @@
 #include <string.h>
 
 #include "kvrelay/plan.h"
+#include "layout_internal.h"
 #include "wire_internal.h"
 
-/* Mirrors the digest's view of a region (src/plan/digest.c); hello_init
- * checks that the announced classes hash to the same digest. */
-static kvr_wire_class_t class_of(const kvr_layout_t *lay,
-                                 const kvr_region_desc_t *r)
-{
-    kvr_wire_class_t k = {r->role, r->page_bytes, 0};
-    if (r->role == KVR_ROLE_MLA || r->role == KVR_ROLE_DENSE)
-        k.width = r->page_bytes / lay->block_size;
-    else if (r->role == KVR_ROLE_INDEX) {
-        k.width = r->index_dim;
-        k.quant = r->quant_block ? r->quant_block : r->index_dim;
-    }
-    return k;
-}
-
-static kvr_region_desc_t region_of(const kvr_layout_t *lay,
-                                   const kvr_wire_class_t *k)
-{
-    kvr_region_desc_t r = {.role = k->role, .num_blocks = 1,
-                           .page_bytes = k->width};
-    if (k->role == KVR_ROLE_MLA || k->role == KVR_ROLE_DENSE)
-        r.page_bytes = k->width * lay->block_size;
-    else if (k->role == KVR_ROLE_INDEX) {
-        r.index_dim = (uint32_t)k->width;
-        r.quant_block = (uint32_t)k->quant;
-    }
-    return r;
-}
-
-static int cmp_class(const kvr_wire_class_t *x, const kvr_wire_class_t *y)
-{
-    if (x->role != y->role)
-        return x->role < y->role ? -1 : 1;
-    if (x->width != y->width)
-        return x->width < y->width ? -1 : 1;
-    return (x->quant > y->quant) - (x->quant < y->quant);
-}
-
-static int cmp_class_qsort(const void *a, const void *b)
-{
-    return cmp_class(a, b);
-}
-
-/* Sorted distinct classes of the non-STAGING regions. */
+/* Sorted distinct classes of this side's non-STAGING regions (token widths
+ * over the side's own block size). */
 static kvr_status_t collect_classes(kvr_msg_hello_t *h, const kvr_layout_t *lay,
                                     const kvr_region_desc_t *regions, size_t n,
                                     kvr_error_t *err)
@@ -60,23 +19,16 @@ static kvr_status_t collect_classes(kvr_msg_hello_t *h, const kvr_layout_t *lay,
     kvr_wire_class_t *all = calloc(n + 1, sizeof(*all));
     if (all == NULL)
         return kvr_error_set(err, KVR_ERR_NO_MEMORY, "no memory");
-    size_t m = 0;
-    for (size_t i = 0; i < n; i++)
-        if (regions[i].role != KVR_ROLE_STAGING)
-            all[m++] = class_of(lay, &regions[i]);
-    qsort(all, m, sizeof(*all), cmp_class_qsort);
-    h->num_classes = 0;
-    for (size_t i = 0; i < m; i++) {
-        if (i > 0 && cmp_class(&all[i - 1], &all[i]) == 0)
-            continue;
-        if (h->num_classes == KVR_WIRE_MAX_CLASSES) {
-            free(all);
-            return kvr_error_set(err, KVR_ERR_WIRE_LIMIT,
-                                 "more than %u region classes",
-                                 KVR_WIRE_MAX_CLASSES);
-        }
-        h->classes[h->num_classes++] = all[i];
+    size_t m = kvr__distinct_classes(lay, regions, n,
+                                     h->side == KVR_WIRE_CONSUMER, all);
+    if (m > KVR_WIRE_MAX_CLASSES) {
+        free(all);
+        return kvr_error_set(err, KVR_ERR_WIRE_LIMIT,
+                             "more than %u region classes (%zu)",
+                             KVR_WIRE_MAX_CLASSES, m);
     }
+    memcpy(h->classes, all, m * sizeof(*all));
+    h->num_classes = (uint32_t)m;
     free(all);
     return KVR_OK;
 }
@@ -87,7 +39,7 @@ static kvr_status_t classes_digest(const kvr_msg_hello_t *h, uint64_t *out,
 {
     kvr_region_desc_t r[KVR_WIRE_MAX_CLASSES];
     for (uint32_t i = 0; i < h->num_classes; i++)
-        r[i] = region_of(&h->layout, &h->classes[i]);
+        r[i] = kvr__class_region(&h->layout, &h->classes[i]);
     return kvr_layout_digest(&h->layout, r, h->num_classes, out, err);
 }
 
@@ -102,8 +54,8 @@ kvr_status_t kvr_wire_hello_init(kvr_msg_hello_t *hello, kvr_wire_side_t side,
         return kvr_error_set(err, KVR_ERR_INVALID, "NULL argument");
     if (side != KVR_WIRE_PRODUCER && side != KVR_WIRE_CONSUMER)
         return kvr_error_set(err, KVR_ERR_INVALID, "side %d unknown", (int)side);
-    if (sodium_init() < 0)
-        return kvr_error_set(err, KVR_ERR_INVALID, "libsodium init failed");
+    if (kvr_init(err) != KVR_OK)
+        return KVR_ERR_INIT;
     kvr_msg_hello_t h;
     memset(&h, 0, sizeof(h));
     h.proto_major = KVR_WIRE_VERSION_MAJOR;
@@ -113,7 +65,9 @@ kvr_status_t kvr_wire_hello_init(kvr_msg_hello_t *hello, kvr_wire_side_t side,
     h.layout_version = KVR_LAYOUT_VERSION;
     h.layout = *lay;
     uint64_t check;
-    kvr_status_t s = kvr_layout_digest(lay, regions, num_regions, &h.digest, err);
+    kvr_status_t s = kvr_layout_digest_side(lay, regions, num_regions,
+                                            side == KVR_WIRE_CONSUMER,
+                                            &h.digest, err);
     if (s == KVR_OK)
         s = collect_classes(&h, lay, regions, num_regions, err);
     if (s == KVR_OK)
@@ -132,8 +86,8 @@ kvr_status_t kvr_wire_hello_init(kvr_msg_hello_t *hello, kvr_wire_side_t side,
 uint64_t kvr_wire_random_nonce(void)
 {
     uint64_t v = 0;
-    if (sodium_init() < 0)
-        abort(); /* libsodium cannot produce randomness: nothing is safe */
+    if (kvr_init(NULL) != KVR_OK)
+        return 0;
     while (v == 0)
         randombytes_buf(&v, sizeof(v));
     return v;
@@ -180,7 +134,7 @@ static kvr_status_t cmp_classes(const kvr_msg_hello_t *a,
     for (uint32_t i = 0; i < n; i++) {
         const kvr_wire_class_t *p = i < a->num_classes ? &a->classes[i] : NULL;
         const kvr_wire_class_t *q = i < b->num_classes ? &b->classes[i] : NULL;
-        if (p && q && cmp_class(p, q) == 0)
+        if (p && q && kvr__class_cmp(p, q) == 0)
             continue;
         if (p)
             class_text(p, x, sizeof(x));

@@ -9,6 +9,8 @@
 
 #include "kvrelay/wire.h"
 
+#include "base_internal.h"
+
 typedef enum {
     KVR__F_INT,     /* integer, bool or enum; range [lo, hi] */
     KVR__F_ID,      /* kvr_wire_id_t: u16 length + bytes */

@@ -47,7 +47,7 @@ typedef struct {
 
 static double seconds_since(uint64_t t0)
 {
-    return (double)(kvr_xfer_now_ns() - t0) * 1e-9;
+    return (double)(kvr_now_ns() - t0) * 1e-9;
 }
 
 static int cmp_double(const void *a, const void *b)
@@ -131,7 +131,7 @@ static kvr_status_t put_batch(probe_t *pr, kvr_rmem_t *dst, uint64_t bytes,
     uint64_t room = kvr_rmem_len(dst) - bytes + 1;
     const unsigned char *src = next_src(pr, 2 * (uint64_t)count * bytes);
     kvr_status_t st = KVR_OK;
-    uint64_t t0 = kvr_xfer_now_ns();
+    uint64_t t0 = kvr_now_ns();
     for (uint32_t i = 0; i < count && st == KVR_OK; i++)
         st = kvr_xfer_put(pr->ep, src + 2 * i * bytes, bytes, dst,
                           (i * bytes) % room, pr->p->deadline_ns);
@@ -160,7 +160,7 @@ static double copy_batch(probe_t *pr, uint32_t i, bool pack)
     unsigned char *cold = (unsigned char *)next_src(pr, 2 * total);
     kvr_xfer_seg_t seg = {.plan = plan, .src = cold, .dst_local = cold};
     kvr_xfer_cursor_t cur = {0};
-    uint64_t t0 = kvr_xfer_now_ns();
+    uint64_t t0 = kvr_now_ns();
     for (uint64_t pos = 0; pos < total; pos += room) {
         uint64_t len = total - pos < room ? total - pos : room;
         if (pack)

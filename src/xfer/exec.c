@@ -107,7 +107,7 @@ void kvr__exec_abort(kvr_ep_t *ep, uint64_t transfer_id, kvr_status_t st,
     if (kvr__ep_failed(ep) != KVR_OK)
         return;
     kvr__exec_msg_t m = {.transfer_id = transfer_id, .slot = (uint32_t)st};
-    kvr__exec_send_ctl(ep, KVR__MSG_ABORT, &m, kvr_xfer_deadline(100), stats);
+    kvr__exec_send_ctl(ep, KVR__MSG_ABORT, &m, kvr_deadline_ns(100), stats);
 }
 
 kvr_status_t kvr__exec_error(kvr_ep_t *ep, kvr_error_t *err, kvr_status_t st,

@@ -65,7 +65,7 @@ static kvr_status_t staged_init(staged_t *s, kvr_ep_t *ep,
     s->p = p;
     s->stats = stats;
     s->total = kvr_xfer_stream_bytes(segs, n);
-    s->chunks = (s->total + p->slot_bytes - 1) / p->slot_bytes;
+    s->chunks = s->total / p->slot_bytes + (s->total % p->slot_bytes != 0);
     s->flags = calloc(s->chunks + 1, 1);
     if (s->flags == NULL)
         return kvr__fail(ep->t, KVR_ERR_NO_MEMORY, "flags for %llu chunks",

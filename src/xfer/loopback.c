@@ -77,7 +77,7 @@ static lb_mem_t *mem_by_id(lb_tr_t *tr, uint32_t id)
 
 static void sleep_until(uint64_t until_ns)
 {
-    uint64_t now = kvr_xfer_now_ns();
+    uint64_t now = kvr_now_ns();
     if (until_ns <= now)
         return;
     uint64_t d = until_ns - now;
@@ -279,7 +279,7 @@ static kvr_status_t lb_put(kvr_ep_t *ep, const void *src, uint64_t len,
                                                 "injected failure of put %llu",
                                                 (ull)k));
     if (tr->p.delay_ms)
-        lep->busy_until_ns = kvr_xfer_now_ns() + tr->p.delay_ms * 1000000ull;
+        lep->busy_until_ns = kvr_now_ns() + tr->p.delay_ms * 1000000ull;
     return KVR_OK;
 }
 
@@ -307,9 +307,8 @@ static kvr_status_t lb_send_msg(kvr_ep_t *ep, uint32_t type, const void *data,
 {
     (void)deadline_ns;
     lb_tr_t *tr = tr_of(ep->t);
-    uint64_t ready = tr->p.delay_ms
-                         ? kvr_xfer_now_ns() + tr->p.delay_ms * 1000000ull
-                         : 0;
+    uint64_t ready = tr->p.delay_ms ? kvr_now_ns() + tr->p.delay_ms * 1000000ull
+                                    : 0;
     pthread_mutex_lock(&tr->hub->lock);
     uint64_t k = ++tr->msgs;
     lb_tr_t *peer = peer_at(tr->hub, ((lb_ep_t *)ep)->peer);
@@ -357,7 +356,7 @@ static lb_hub_t *hub_new(void)
         free(hub);
         return NULL;
     }
-    hub->nonce = kvr_xfer_now_ns() ^ (uint64_t)(uintptr_t)hub;
+    hub->nonce = kvr_now_ns() ^ (uint64_t)(uintptr_t)hub;
     return hub;
 }
 

@@ -77,7 +77,7 @@ kvr_status_t kvr_staging_acquire(kvr_staging_pool_t *pool, uint32_t min,
     pthread_mutex_lock(&pool->lock);
     while (pool->num_free < min && st == KVR_OK)
         if (pthread_cond_timedwait(&pool->freed, &pool->lock, &ts) != 0 &&
-            pool->num_free < min && kvr_xfer_now_ns() >= deadline_ns)
+            pool->num_free < min && kvr_now_ns() >= deadline_ns)
             st = KVR_ERR_NO_SPACE;
     uint32_t n = 0;
     while (st == KVR_OK && n < max && pool->num_free > 0) {

@@ -18,18 +18,6 @@ struct kvr__queued_msg {
 /* Longest a single sleep lasts, so a lost wake-up costs at most this. */
 #define KVR__MAX_SLEEP_NS (50u * 1000u * 1000u)
 
-uint64_t kvr_xfer_now_ns(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
-}
-
-uint64_t kvr_xfer_deadline(uint32_t timeout_ms)
-{
-    return kvr_xfer_now_ns() + (uint64_t)timeout_ms * 1000000u;
-}
-
 static uint64_t min_u64(uint64_t a, uint64_t b)
 {
     return a < b ? a : b;
@@ -174,7 +162,7 @@ kvr_status_t kvr_xfer_recv_msg(kvr_transport_t *t, kvr_xfer_msg_match_fn match,
     if (t == NULL || out == NULL)
         return KVR_ERR_INVALID;
     for (;;) {
-        uint64_t now = kvr_xfer_now_ns();
+        uint64_t now = kvr_now_ns();
         uint64_t until = min_u64(deadline_ns, now + KVR__MAX_SLEEP_NS);
         pthread_mutex_lock(&t->lock);
         kvr__queued_msg_t *q = take_match(t, match, ctx, now, &until);
@@ -213,7 +201,7 @@ kvr_status_t kvr__wait(kvr_transport_t *t, kvr__done_fn done, void *ctx,
     for (;;) {
         if (done(ctx))
             return KVR_OK;
-        uint64_t now = kvr_xfer_now_ns();
+        uint64_t now = kvr_now_ns();
         if (now >= deadline_ns)
             return KVR_ERR_TIMEOUT;
         uint64_t until = min_u64(deadline_ns, now + KVR__MAX_SLEEP_NS);

@@ -86,7 +86,7 @@ static kvr_status_t sleep_on_fd(ucx_tr_t *tr, uint64_t until_ns, int max_ms)
         return KVR_OK; /* events arrived meanwhile */
     if (s != UCS_OK)
         return kvr__ucx_status(&tr->base, s, "ucp_worker_arm");
-    uint64_t now = kvr_xfer_now_ns();
+    uint64_t now = kvr_now_ns();
     int ms = until_ns > now ? (int)((until_ns - now + 999999u) / 1000000u) : 0;
     if (max_ms >= 0 && ms > max_ms)
         ms = max_ms;
@@ -115,7 +115,7 @@ static kvr_status_t ucx_progress(kvr_transport_t *t, uint64_t wait_until_ns)
     unsigned n = 0;
     while (ucp_worker_progress(tr->worker) != 0)
         n++;
-    uint64_t now = kvr_xfer_now_ns();
+    uint64_t now = kvr_now_ns();
     if (n != 0) {
         tr->last_event_ns = now;
         return KVR_OK;
@@ -135,7 +135,7 @@ static void *progress_main(void *arg)
 {
     ucx_tr_t *tr = arg;
     while (!atomic_load(&tr->stop))
-        ucx_progress(&tr->base, kvr_xfer_now_ns() + 100000000u);
+        ucx_progress(&tr->base, kvr_now_ns() + 100000000u);
     return NULL;
 }
 

@@ -69,10 +69,10 @@ void kvr__ucx_ep_destroy(kvr_ep_t *ep)
 {
     ucx_ep_t *uep = (ucx_ep_t *)ep;
     ucx_tr_t *tr = tr_of_ep(ep);
-    uint64_t deadline = kvr_xfer_deadline(tr->p.close_timeout_ms);
+    uint64_t deadline = kvr_deadline_ns(tr->p.close_timeout_ms);
     bool force = kvr__ep_failed(ep) != KVR_OK ||
-                 kvr__ucx_flush(ep, kvr_xfer_deadline(tr->p.close_timeout_ms / 2)) !=
-                     KVR_OK;
+                 kvr__ucx_flush(
+                     ep, kvr_deadline_ns(tr->p.close_timeout_ms / 2)) != KVR_OK;
     ucp_request_param_t prm = {.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS,
                                .flags = force ? UCP_EP_CLOSE_FLAG_FORCE : 0};
     close_wait_t w = {.ep = uep, .req = ucp_ep_close_nbx(uep->uep, &prm)};

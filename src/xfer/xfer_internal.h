@@ -8,6 +8,8 @@
 
 #include "kvrelay/xfer.h"
 
+#include "base_internal.h"
+
 typedef struct kvr__queued_msg kvr__queued_msg_t;
 
 /* Backend operations. The public functions check arguments and bounds,
@@ -117,21 +119,6 @@ typedef struct kvr__exec_msg {
 } kvr__exec_msg_t;
 
 #define KVR__EXEC_MSG_BYTES 28u
-
-/* Little-endian field access for everything kvrelay puts on the wire. */
-static inline void kvr__put_le(unsigned char *p, uint64_t v, unsigned bytes)
-{
-    for (unsigned i = 0; i < bytes; i++)
-        p[i] = (unsigned char)(v >> (8 * i));
-}
-
-static inline uint64_t kvr__get_le(const unsigned char *p, unsigned bytes)
-{
-    uint64_t v = 0;
-    for (unsigned i = 0; i < bytes; i++)
-        v |= (uint64_t)p[i] << (8 * i);
-    return v;
-}
 
 void kvr__exec_msg_encode(const kvr__exec_msg_t *m,
                           unsigned char out[KVR__EXEC_MSG_BYTES]);

@@ -13,38 +13,7 @@
 #include <cmocka.h>
 
 #include "kvrelay/completion.h"
-
-void *__real_malloc(size_t n);
-void *__real_calloc(size_t n, size_t m);
-void *__real_realloc(void *p, size_t n);
-
-static long g_countdown = -1; /* allocations to let through; -1: off */
-static bool g_fired;
-
-static bool inject(void)
-{
-    if (g_countdown < 0)
-        return false;
-    if (g_countdown-- > 0)
-        return false;
-    g_fired = true;
-    return true;
-}
-
-void *__wrap_malloc(size_t n)
-{
-    return inject() ? NULL : __real_malloc(n);
-}
-
-void *__wrap_calloc(size_t n, size_t m)
-{
-    return inject() ? NULL : __real_calloc(n, m);
-}
-
-void *__wrap_realloc(void *p, size_t n)
-{
-    return inject() ? NULL : __real_realloc(p, n);
-}
+#include "oom_wrap.h"
 
 #define ID(s) kvr_completion_req((s), strlen(s))
 #define OP(s, g) kvr_completion_op((s), strlen(s), (g))
@@ -63,11 +32,10 @@ static void run(const scenario_t *sc)
         void *obj = sc->setup();
         size_t before[2], after[2];
         sc->counts(obj, before);
-        g_fired = false;
-        g_countdown = n;
+        oom_arm(n);
         kvr_status_t s = sc->op(obj);
-        g_countdown = -1;
-        if (!g_fired) {
+        oom_disarm();
+        if (!oom_fired()) {
             assert_int_equal(s, KVR_OK);
             sc->check(obj);
             sc->destroy(obj);
@@ -316,13 +284,13 @@ static void test_create_and_key_oom(void **state)
         char key[33] = "x";
         kvr_quorum_t *q = NULL;
         kvr_pairing_t *p = NULL;
-        g_countdown = n;
+        oom_arm(n);
         kvr_status_t a = kvr_quorum_create(&qp, &q, NULL);
-        g_countdown = n;
+        oom_arm(n);
         kvr_status_t b = kvr_pairing_create(&pp, &p, NULL);
-        g_countdown = n;
+        oom_arm(n);
         kvr_status_t c = kvr_offload_key(&d, key, NULL);
-        g_countdown = -1;
+        oom_disarm();
         assert_true(a == KVR_OK || (a == KVR_ERR_NO_MEMORY && q == NULL));
         assert_true(b == KVR_OK || (b == KVR_ERR_NO_MEMORY && p == NULL));
         assert_true(c == KVR_OK || (c == KVR_ERR_NO_MEMORY &&

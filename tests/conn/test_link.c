@@ -18,7 +18,7 @@
 
 #include <cmocka.h>
 
-#include "link.h"
+#include "link_peer.h"
 #include "wire_ends.h"
 #include "wire_samples.h"
 
@@ -73,37 +73,6 @@ static void inject(side_t *e, const uint8_t *buf, size_t n)
     assert_int_equal(send(e->relay, buf, n, MSG_NOSIGNAL), (ssize_t)n);
 }
 
-/* The connector's part of the handshake, reduced to the checks. */
-static kvr_status_t handshake_msg(side_t *e, const kvr_msg_t *m, kvr_error_t *err)
-{
-    kvr__link_t *l = e->l;
-    kvr_wire_side_t want = l->ours.side == KVR_WIRE_PRODUCER ? KVR_WIRE_CONSUMER
-                                                             : KVR_WIRE_PRODUCER;
-    bool key = kvr_wire_auth_has_key(l->auth);
-    kvr_status_t st = kvr_wire_gate(l->auth, m->type, err);
-    if (st == KVR_OK && (m->type == KVR_MSG_HELLO || m->type == KVR_MSG_HELLO_ACK)) {
-        l->peer = m->u.hello;
-        l->hello_recv = true;
-        st = kvr__link_note_peer_hello(l, err);
-        if (st == KVR_OK)
-            st = key ? kvr_wire_hello_check_intro(&l->ours, &l->peer, want, err)
-                     : kvr_wire_hello_check(&l->ours, &l->peer, want, err);
-        if (st == KVR_OK && !l->initiator)
-            st = kvr__link_send_hello(l, KVR_MSG_HELLO_ACK);
-    } else if (st == KVR_OK && m->type == KVR_MSG_AUTH) {
-        st = kvr_wire_auth_verify(l->auth, &m->u.auth, err);
-    } else if (st == KVR_OK && m->type == KVR_MSG_LAYOUT) {
-        st = kvr_wire_hello_check(&l->ours, &m->u.hello, want, err);
-        if (st == KVR_OK)
-            st = kvr_wire_auth_note_layout(l->auth, &m->u.hello, err);
-        if (st == KVR_OK)
-            l->peer = m->u.hello;
-    }
-    if (st == KVR_OK && !l->ready)
-        l->ready = kvr__link_handshake_step(l);
-    return st;
-}
-
 /* Reads and handles what arrived; returns the first error. */
 static kvr_status_t service(side_t *e, kvr_error_t *err)
 {
@@ -119,7 +88,7 @@ static kvr_status_t service(side_t *e, kvr_error_t *err)
             e->got[e->num_got++] = m;
             continue;
         }
-        st = app ? KVR_OK : handshake_msg(e, &m, err);
+        st = app ? KVR_OK : link_peer_handshake(e->l, &m, err);
         kvr_msg_free(&m);
         if (st != KVR_OK) {
             kvr__link_refuse(e->l, st, err->msg);

@@ -1,25 +1,39 @@
 /* libFuzzer target over planner inputs: any layout, region geometry, block
- * tables and offsets. The planner must never crash; every plan it accepts
- * must pass the coverage proof (in bounds, every token exactly once). */
+ * tables and offsets, counts over the whole u64 range (a peer sends them).
+ * The planner must never crash; every plan it accepts must fit its tables
+ * (block counts that do not wrap), move bytes when it has tokens, and pass
+ * the coverage proof (in bounds, every token exactly once). */
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "fuzz_cursor.h"
 #include "kvrelay/plan.h"
 
-typedef struct {
-    const uint8_t *p;
-    size_t n;
-} cursor_t;
 
-static uint32_t take(cursor_t *c, uint32_t mod)
+static uint64_t take_u64(cursor_t *c)
 {
-    if (c->n == 0 || mod == 0)
-        return 0;
-    uint32_t v = *c->p++;
-    c->n--;
-    return v % mod;
+    uint64_t v = 0;
+    for (int i = 0; i < 8; i++)
+        v = v << 8 | take(c, 256);
+    return v;
+}
+
+/* A count from the wire: mostly small (plannable), else anywhere in u64,
+ * next to 2^64, or next to a power of two (where N + bs - 1 wraps). */
+static uint64_t take_count(cursor_t *c, uint64_t small)
+{
+    switch (take(c, 8)) {
+    case 0:
+        return take_u64(c);
+    case 1:
+        return UINT64_MAX - take(c, 256);
+    case 2:
+        return (1ull << take(c, 64)) + take(c, 3) - 1;
+    default:
+        return small;
+    }
 }
 
 static void build_region(cursor_t *c, const kvr_layout_t *lay,
@@ -33,7 +47,7 @@ static void build_region(cursor_t *c, const kvr_layout_t *lay,
     for (int side = 0; side < 2; side++) {
         kvr_region_desc_t *r = side ? &pair->dst : &pair->src;
         r->role = take(c, 16) == 0 ? (kvr_role_t)(1 + take(c, 6)) : role;
-        r->num_blocks = take(c, 40);
+        r->num_blocks = take_count(c, take(c, 40));
         r->index_dim = D;
         r->quant_block = take(c, 8) == 0 ? D / 2 : D;
         if (role == KVR_ROLE_INDEX)
@@ -43,6 +57,36 @@ static void build_region(cursor_t *c, const kvr_layout_t *lay,
             r->page_bytes = P * tb + (take(c, 16) == 0);
         r->bytes = take(c, 16) == 0 ? take(c, 255) * 64ull : 0;
     }
+}
+
+static void fail(const char *what, const kvr_request_t *req)
+{
+    fprintf(stderr, "accepted plan %s: %llu tokens, k=%llu, %zu src, %zu dst\n",
+            what, (unsigned long long)req->num_tokens,
+            (unsigned long long)req->num_computed_blocks, req->num_src_blocks,
+            req->num_dst_blocks);
+    abort();
+}
+
+/* An accepted request fits its tables and its plans move what it holds:
+ * MLA exactly (N - k*V) tokens over the W ranks, any role some bytes. */
+static void check_extent(const kvr_layout_t *lay, const kvr_region_pair_t *pair,
+                         const kvr_request_t *req, kvr_plan_t *const *plans)
+{
+    uint64_t N = req->num_tokens, bs = lay->block_size, V = bs * lay->dcp_size;
+    if (N / bs + (N % bs != 0) > req->num_src_blocks ||
+        N / V + (N % V != 0) > req->num_dst_blocks)
+        fail("outruns its tables", req);
+    if (req->num_computed_blocks > N / V)
+        fail("starts past its tokens", req);
+    uint64_t todo = N - req->num_computed_blocks * V, bytes = 0;
+    for (uint32_t r = 0; r < lay->dcp_size; r++)
+        bytes += kvr_plan_bytes(plans[r]);
+    if (todo > 0 && bytes == 0)
+        fail("moves 0 bytes", req);
+    if (pair->src.role == KVR_ROLE_MLA &&
+        bytes != todo * kvr_region_token_bytes(lay, &pair->src))
+        fail("moves the wrong MLA bytes", req);
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
@@ -67,8 +111,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         src[i] = take(&c, 48);
     for (size_t i = 0; i < ndst; i++)
         dst[i] = take(&c, 40);
-    kvr_request_t req = {src, nsrc, dst, ndst, take(&c, 255) * (1 + take(&c, 8)),
-                         take(&c, 5)};
+    uint64_t N = take_count(&c, take(&c, 255) * (1 + take(&c, 8)));
+    kvr_request_t req = {src, nsrc, dst, ndst, N, take_count(&c, take(&c, 5))};
     kvr_plan_t *plans[8] = {0};
     kvr_error_t err;
     kvr_status_t st = kvr_plan_create(&lay, rank, &pair, &req, &plans[0], &err);
@@ -87,6 +131,11 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
             abort();
         }
     }
+    check_extent(&lay, &pair, &req, plans);
+    /* the proof paints a map of the destination region: keep it small */
+    if (kvr_region_bytes(&pair.src) > (1u << 24) ||
+        kvr_region_bytes(&pair.dst) > (1u << 24))
+        goto out;
     st = kvr_plan_check_coverage(&lay, &pair, &req,
                                  (const kvr_plan_t *const *)plans, &err);
     if (st != KVR_OK && st != KVR_ERR_INVALID) {

@@ -85,6 +85,36 @@ static void test_region_errors(void **state)
     assert_int_equal(kvr_region_check(&lay, &idx, false, NULL), KVR_OK);
 }
 
+/* Sizes a peer announces must not wrap: blocks x page bytes, and the index
+ * page a replicated consumer needs (V x (D + 4)). */
+static void test_region_overflow(void **state)
+{
+    (void)state;
+    kvr_layout_t lay = base();
+    kvr_error_t err = {0};
+    kvr_region_desc_t mla = {.role = KVR_ROLE_MLA, .layer = 2,
+                             .num_blocks = 1ull << 51, .page_bytes = 16 * 576};
+    assert_int_equal(kvr_region_check(&lay, &mla, true, &err), KVR_ERR_PAGE_GEOMETRY);
+    assert_non_null(strstr(err.msg, "2251799813685248 blocks of 9216 bytes"));
+    mla.num_blocks = UINT64_MAX / 9216;
+    assert_int_equal(kvr_region_check(&lay, &mla, true, NULL), KVR_OK);
+    kvr_region_desc_t st = {.role = KVR_ROLE_STAGING, .num_blocks = 3,
+                            .page_bytes = UINT64_MAX / 2};
+    assert_int_equal(kvr_region_check(&lay, &st, true, &err), KVR_ERR_PAGE_GEOMETRY);
+    assert_non_null(strstr(err.msg, "9223372036854775807"));
+    /* V = bs * W near 2^64, so V * (D + 4) wraps */
+    kvr_layout_t wide = base();
+    wide.block_size = 1u << 31;
+    wide.interleave = 1u << 31;
+    wide.dcp_size = 1u << 31;
+    wide.tp = 1u << 31;
+    wide.replicate_index = true;
+    kvr_region_desc_t idx = {.role = KVR_ROLE_INDEX, .layer = 1, .num_blocks = 1,
+                             .page_bytes = 1024, .index_dim = 128};
+    assert_int_equal(kvr_region_check(&wide, &idx, true, &err), KVR_ERR_PAGE_GEOMETRY);
+    assert_non_null(strstr(err.msg, "4611686018427387904 tokens"));
+}
+
 static void test_status_names(void **state)
 {
     (void)state;
@@ -102,6 +132,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_layout_errors),
         cmocka_unit_test(test_region_errors),
+        cmocka_unit_test(test_region_overflow),
         cmocka_unit_test(test_status_names),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -33,13 +33,19 @@ static void simulate(uint64_t len, uint32_t I, uint32_t W, sim_t *s)
     }
 }
 
-static void check_case(uint32_t bs, uint32_t W, uint32_t I)
+static kvr_layout_t dcp_layout(uint32_t bs, uint32_t W, uint32_t I)
 {
     kvr_layout_t lay = KVR_LAYOUT_INIT;
     lay.block_size = bs;
     lay.dcp_size = W;
     lay.interleave = I;
     lay.tp = W;
+    return lay;
+}
+
+static void check_case(uint32_t bs, uint32_t W, uint32_t I)
+{
+    kvr_layout_t lay = dcp_layout(bs, W, I);
     assert_int_equal(kvr_layout_check(&lay, NULL), KVR_OK);
     uint64_t V = (uint64_t)bs * W, maxlen = 3 * V + 4;
     sim_t s = {malloc(maxlen * sizeof(uint32_t)), malloc(maxlen * sizeof(uint64_t)), {0}};
@@ -91,10 +97,7 @@ static void test_formulas_match_brute_force(void **state)
 static void test_slots_injective_per_rank(void **state)
 {
     (void)state;
-    kvr_layout_t lay = KVR_LAYOUT_INIT;
-    lay.block_size = 16;
-    lay.dcp_size = 4;
-    lay.tp = 4;
+    kvr_layout_t lay = dcp_layout(16, 4, 1);
     uint32_t table[8] = {5, 0, 7, 2, 1, 6, 3, 4};
     for (uint32_t I = 1; I <= 16; I *= 2) {
         lay.interleave = I;
@@ -136,10 +139,34 @@ static void test_preshuffle_bijection(void **state)
     assert_int_equal(kvr__index_key_off(16, 0, D, 1), 16 * D);
 }
 
+/* Block counts of lengths near 2^64 (a peer's num_tokens): ceil(L / bs)
+ * must not wrap to 0 blocks, and the W local lengths still sum to L. */
+static void test_extreme_lengths(void **state)
+{
+    (void)state;
+    kvr_layout_t lay = dcp_layout(64, 4, 1);
+    const uint64_t lens[] = {UINT64_MAX, UINT64_MAX - 1, UINT64_MAX - 62,
+                             UINT64_MAX - 63, UINT64_MAX - 255, 1ull << 63};
+    for (size_t i = 0; i < sizeof(lens) / sizeof(lens[0]); i++) {
+        uint64_t L = lens[i];
+        assert_int_equal(kvr_num_src_blocks(&lay, L), L / 64 + (L % 64 != 0));
+        assert_int_equal(kvr_num_dst_blocks(&lay, L), L / 256 + (L % 256 != 0));
+        assert_true(kvr_num_src_blocks(&lay, L) >= (1ull << 57));
+        uint64_t sum = 0;
+        for (uint32_t r = 0; r < 4; r++)
+            sum += kvr_local_len(&lay, L, r);
+        assert_int_equal(sum, L);
+    }
+    assert_int_equal(kvr__ceil_div(UINT64_MAX, 1), UINT64_MAX);
+    assert_int_equal(kvr__ceil_div(UINT64_MAX, UINT64_MAX), 1);
+    assert_int_equal(kvr__ceil_div(0, 7), 0);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_formulas_match_brute_force),
+        cmocka_unit_test(test_extreme_lengths),
         cmocka_unit_test(test_slots_injective_per_rank),
         cmocka_unit_test(test_preshuffle_bijection),
     };

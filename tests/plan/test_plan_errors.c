@@ -100,6 +100,63 @@ static void test_request_checks(void **state)
     expect(&b, 0, KVR_ERR_RUN_OUT_OF_BOUNDS, "leaves the regions");
 }
 
+/* Counts a peer may send near 2^64: ceil(N / bs) must not wrap to zero
+ * blocks (an empty plan "loaded" with 0 bytes), products must not wrap. */
+static void test_extreme_counts(void **state)
+{
+    (void)state;
+    const uint64_t huge[] = {UINT64_MAX, UINT64_MAX - 14, UINT64_MAX - 15,
+                             1ull << 63};
+    for (size_t i = 0; i < sizeof(huge) / sizeof(huge[0]); i++) {
+        base_t b = base();
+        b.req.num_tokens = huge[i];
+        expect(&b, 0, KVR_ERR_SRC_TABLE_SHORT, "source blocks of 16, the table has 16");
+        b.req.num_src_blocks = b.req.num_dst_blocks = 0;
+        expect(&b, 1, KVR_ERR_SRC_TABLE_SHORT, "the table has 0");
+    }
+    base_t b = base();
+    b.req.num_tokens = UINT64_MAX;
+    expect(&b, 0, KVR_ERR_SRC_TABLE_SHORT,
+           "18446744073709551615 tokens need 1152921504606846976 source blocks");
+    b = base();
+    b.req.num_computed_blocks = UINT64_MAX;
+    expect(&b, 0, KVR_ERR_INCREMENTAL, "num_computed_blocks 18446744073709551615");
+    b = base();
+    b.req.num_computed_blocks = (1ull << 58) + 1; /* k * V wraps to 64 < N */
+    expect(&b, 0, KVR_ERR_INCREMENTAL, "num_computed_blocks 288230376151711745");
+    /* a region whose blocks x page bytes wrap to exactly what the plan needs */
+    b = base();
+    b.pair.dst.num_blocks = (1ull << 54) + 4;
+    expect(&b, 0, KVR_ERR_PAGE_GEOMETRY, "18014398509481988 blocks of 9216 bytes");
+    b = base();
+    b.pair.src.num_blocks = 1ull << 60;
+    expect(&b, 0, KVR_ERR_PAGE_GEOMETRY, "1152921504606846976 blocks");
+}
+
+/* The plan set (what both connector sides plan with) refuses the same. */
+static void test_extreme_counts_plan_set(void **state)
+{
+    (void)state;
+    base_t b = base();
+    kvr_request_t req = {NULL, 0, NULL, 0, UINT64_MAX, 0};
+    kvr_plan_set_t *set = NULL;
+    kvr_error_t err = {0};
+    assert_int_equal(kvr_plan_set_create(&b.lay, 0, &b.pair, 1, &req, &set, &err),
+                     KVR_ERR_SRC_TABLE_SHORT);
+    assert_null(set);
+    assert_non_null(strstr(err.msg, "18446744073709551615 tokens"));
+    kvr_run_t runs[2] = {{0, 0, 8}, {UINT64_MAX - 1, 16, 4}};
+    kvr_plan_t *p = NULL;
+    assert_int_equal(kvr_plan_from_runs(runs, 2, &p), KVR_ERR_INVALID);
+    assert_null(p);
+    runs[1] = (kvr_run_t){16, 16, UINT64_MAX - 4};
+    assert_int_equal(kvr_plan_from_runs(runs, 2, &p), KVR_ERR_INVALID);
+    runs[1] = (kvr_run_t){16, 16, 4};
+    assert_int_equal(kvr_plan_from_runs(runs, 2, &p), KVR_OK);
+    assert_int_equal(kvr_plan_bytes(p), 12);
+    kvr_plan_destroy(p);
+}
+
 static void test_region_checks(void **state)
 {
     (void)state;
@@ -279,6 +336,8 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_layout_checks_reach_planner),
         cmocka_unit_test(test_request_checks),
+        cmocka_unit_test(test_extreme_counts),
+        cmocka_unit_test(test_extreme_counts_plan_set),
         cmocka_unit_test(test_region_checks),
         cmocka_unit_test(test_identity_pages),
         cmocka_unit_test(test_verifier_catches_token_windows),

@@ -11,7 +11,7 @@
 
 #include <cmocka.h>
 
-#include "../../src/layout/layout_math.h"
+#include "layout_math.h"
 #include "test_inspect_cli.h"
 #include "test_inspect_fixture.h"
 

@@ -169,6 +169,143 @@ static void test_errors(void **state)
     expect_usage(args, "no relayout");
 }
 
+/* JSON of one consumer rank with several producer ranks: its sources in
+ * ascending order, their sums the totals. Returns the root (caller frees). */
+static json_t *pairs_json(const char *args, json_int_t *src_ranks, size_t cap,
+                          size_t *n, const char *axis)
+{
+    result_t r;
+    run(args, &r);
+    if (r.status != 0)
+        fail_msg("'%s' exited %d: %s", args, r.status, r.err);
+    json_t *root = json_loads(r.out, 0, NULL);
+    assert_non_null(root);
+    json_t *src = json_object_get(root, "sources");
+    assert_non_null(src);
+    json_int_t runs = 0, bytes = 0;
+    *n = json_array_size(src);
+    assert_true(*n <= cap);
+    for (size_t i = 0; i < *n; i++) {
+        json_t *s = json_array_get(src, i);
+        src_ranks[i] = get_int(s, "producer_rank");
+        assert_string_equal(json_string_value(json_object_get(s, "axis")), axis);
+        assert_true(i == 0 || src_ranks[i] > src_ranks[i - 1]);
+        assert_true(get_int(s, "bytes") > 0);
+        runs += get_int(s, "runs");
+        bytes += get_int(s, "bytes");
+    }
+    assert_int_equal(runs, get_int(root, "total_runs"));
+    assert_int_equal(bytes, get_int(root, "total_bytes"));
+    return root;
+}
+
+/* W_p 2 -> W 4 and 4 -> 2 at I 1 and 16: every consumer rank's sources sum
+ * to its totals, the ranks' latent bytes to every token once. At I 1,
+ * W_p 4 -> W 2, consumer 0 (even tokens) pulls from producers 0 and 2. */
+static void test_sharded_producer(void **state)
+{
+    (void)state;
+    static const unsigned w[][2] = {{2, 4}, {4, 2}}, I[] = {1, 16};
+    for (int a = 0; a < 2; a++)
+        for (int b = 0; b < 2; b++) {
+            json_int_t mla = 0;
+            for (unsigned c = 0; c < w[a][1]; c++) {
+                char args[512];
+                json_int_t ranks[8];
+                size_t n;
+                snprintf(args, sizeof(args),
+                         "--json --block-size 16 --dcp %u --interleave %u "
+                         "--rank %u --producer-dcp %u --producer-interleave %u "
+                         "--tokens 1001 --replicate-index --producer-replicate-index "
+                         "--region mla:576x3 "
+                         "--region index:128", w[a][1], I[b], c, w[a][0], I[b]);
+                json_t *root = pairs_json(args, ranks, 8, &n, "dcp");
+                json_t *regs = json_object_get(root, "regions");
+                mla += get_int(json_array_get(regs, 0), "bytes");
+                assert_int_equal(get_int(root, "producer_dcp"), w[a][0]);
+                if (a == 1 && b == 0 && c == 0) {
+                    assert_int_equal(n, 2);
+                    assert_int_equal(ranks[0], 0);
+                    assert_int_equal(ranks[1], 2);
+                }
+                json_decref(root);
+            }
+            assert_int_equal(mla, 1001 * 576 * 3);
+        }
+}
+
+/* TP 4 -> 2 with 8 kv heads: tp rank 1 takes heads 4-7, two from each of
+ * producers 2 and 3; TP 2 -> 8 with 2 heads (replicated on the consumer):
+ * each rank takes its one head from one producer. K and V planes. */
+static void test_tp_reshard(void **state)
+{
+    (void)state;
+    json_int_t ranks[8];
+    size_t n;
+    json_t *root = pairs_json("--json --block-size 16 --dcp 1 --rank 0 "
+                              "--tokens 100 --producer-tp 4 --tp 2 --tp-rank 1 "
+                              "--region dense:8:128:2x4", ranks, 8, &n, "tp");
+    assert_int_equal(n, 2);
+    assert_int_equal(ranks[0], 2);
+    assert_int_equal(ranks[1], 3);
+    assert_int_equal(get_int(root, "total_bytes"), 100 * 4 * 128 * 2 * 2 * 4);
+    json_t *reg = json_array_get(json_object_get(root, "regions"), 0);
+    assert_int_equal(get_int(reg, "heads"), 8);
+    assert_string_equal(json_string_value(json_object_get(reg, "order")), "nhd");
+    /* NHD: one run per token per plane per source */
+    assert_int_equal(get_int(reg, "runs_uncoalesced"), 100 * 2 * 2 * 4);
+    json_decref(root);
+    for (unsigned t = 0; t < 8; t++) {
+        char args[512];
+        snprintf(args, sizeof(args), "--json --block-size 16 --dcp 1 --rank 0 "
+                 "--tokens 100 --producer-tp 2 --tp 8 --tp-rank %u "
+                 "--region dense:2:64:2:hnd", t);
+        root = pairs_json(args, ranks, 8, &n, "tp");
+        assert_int_equal(n, 1);
+        assert_int_equal(ranks[0], t / 4); /* head t / 4 lives on rank t / 4 */
+        assert_int_equal(get_int(root, "total_bytes"), 100 * 64 * 2 * 2);
+        json_decref(root);
+    }
+}
+
+/* Today's layouts print no sources; a bad dense spec or refused
+ * combination exits 2 naming it. */
+static void test_pairs_text_and_errors(void **state)
+{
+    (void)state;
+    result_t r;
+    run("--json --block-size 16 --dcp 4 --rank 0 --tokens 40 --region mla:576",
+        &r);
+    assert_int_equal(r.status, 0);
+    assert_null(strstr(r.out, "sources"));
+    run("--block-size 16 --dcp 4 --rank 1 --tokens 400 --producer-dcp 2 "
+        "--region mla:576", &r);
+    assert_int_equal(r.status, 0);
+    assert_non_null(strstr(r.out, "source: producer dcp rank 1:"));
+    assert_null(strstr(r.out, "source: producer dcp rank 0:"));
+    const char *base = "--block-size 16 --dcp 1 --rank 0 --tokens 100";
+    char args[512];
+    snprintf(args, sizeof(args), "%s --region dense:8:128", base);
+    expect_usage(args, "--region 'dense:8:128'");
+    snprintf(args, sizeof(args), "%s --region dense:8:128:2:xyz", base);
+    expect_usage(args, "dense:8:128:2:xyz");
+    snprintf(args, sizeof(args), "%s --producer-tp 4 --region dense:6:128:2",
+             base);
+    expect_usage(args, "ERR_DENSE_HEADS");
+    snprintf(args, sizeof(args), "%s --producer-tp 4 --tp-rank 1 "
+             "--region dense:8:128:2", base);
+    expect_usage(args, "consumer TP rank 1 out of range");
+    expect_usage("--block-size 16 --dcp 4 --rank 0 --tokens 100 --interleave 16 "
+                 "--producer-dcp 2 --producer-interleave 16 --region index:128",
+                 "ERR_INDEX_NEEDS_REPLICATED");
+    expect_usage("--block-size 16 --dcp 4 --rank 0 --tokens 100 "
+                 "--replicate-index --producer-dcp 2 --region index:128",
+                 "ERR_PRODUCER_INDEX_INTERLEAVE");
+    expect_usage("--block-size 16 --dcp 2 --rank 0 --tokens 100 "
+                 "--producer-tp 2 --region dense:8:128:2",
+                 "ERR_NOT_IMPLEMENTED");
+}
+
 int main(int argc, char **argv)
 {
     kvr_bin = argc > 1 ? argv[1] : "kvrelay";
@@ -177,6 +314,9 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_headline_stage),
         cmocka_unit_test(test_text_output),
         cmocka_unit_test(test_errors),
+        cmocka_unit_test(test_sharded_producer),
+        cmocka_unit_test(test_tp_reshard),
+        cmocka_unit_test(test_pairs_text_and_errors),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

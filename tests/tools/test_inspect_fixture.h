@@ -70,9 +70,13 @@ static inline void td_init(td_dump_t *d)
     d->lay.block_size = TD_BS;
     d->lay.dcp_size = d->lay.tp = TD_W;
     d->lay.replicate_index = true;
-    kvr_region_desc_t m = {KVR_ROLE_MLA, 3, TD_SRC_BLOCKS, TD_BS * TD_TB, 0, 0, 0};
-    kvr_region_desc_t x = {KVR_ROLE_INDEX, 3, TD_SRC_BLOCKS,
-                           TD_BS * kvr_index_stride(TD_D), TD_D, TD_D, 0};
+    kvr_region_desc_t m = {.role = KVR_ROLE_MLA, .layer = 3,
+                           .num_blocks = TD_SRC_BLOCKS,
+                           .page_bytes = TD_BS * TD_TB};
+    kvr_region_desc_t x = {.role = KVR_ROLE_INDEX, .layer = 3,
+                           .num_blocks = TD_SRC_BLOCKS,
+                           .page_bytes = TD_BS * kvr_index_stride(TD_D),
+                           .index_dim = TD_D, .quant_block = TD_D};
     d->pairs[0] = (kvr_region_pair_t){m, m};
     d->pairs[1] = (kvr_region_pair_t){x, x};
     d->pairs[0].dst.num_blocks = d->pairs[1].dst.num_blocks = TD_DST_BLOCKS;

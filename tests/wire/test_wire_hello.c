@@ -80,6 +80,36 @@ static void test_hello_init(void **state)
                      KVR_ERR_INTERLEAVE_NOT_DIVISOR);
 }
 
+/* A producer with a block size of its own and head-sharded dense regions
+ * (docs/design.md §18): each side announces its own regions and both reach
+ * one digest, which its announced classes reproduce. */
+static void test_hello_any_to_any(void **state)
+{
+    (void)state;
+    side_cfg_t p = config(), c = config();
+    p.lay.dcp_size = c.lay.dcp_size = 1;
+    p.lay.tp = c.lay.tp = 2;
+    p.lay.producer_tp = c.lay.producer_tp = 4;
+    p.lay.producer_block_size = c.lay.producer_block_size = 32;
+    kvr_region_desc_t d = {.role = KVR_ROLE_DENSE, .num_blocks = 10,
+                           .heads = 8, .head_dim = 128, .elem_bytes = 2,
+                           .hnd = true};
+    p.regions[0] = c.regions[0] = d;
+    p.regions[0].page_bytes = kvr_dense_page_bytes(&p.lay, &d, false);
+    c.regions[0].page_bytes = kvr_dense_page_bytes(&c.lay, &d, true);
+    p.regions[1].page_bytes = 32 * 576; /* MLA: 576 B a token on both */
+    p.n = c.n = 2;
+    kvr_msg_hello_t a = hello_of(&p, KVR_WIRE_PRODUCER);
+    kvr_msg_hello_t b = hello_of(&c, KVR_WIRE_CONSUMER);
+    assert_int_equal(a.digest, b.digest);
+    assert_int_equal(a.num_classes, 2);
+    assert_int_equal(a.classes[0].width, 576);
+    assert_memory_equal(a.classes, b.classes, 2 * sizeof(a.classes[0]));
+    c.regions[0].hnd = false; /* page order is part of the class */
+    c.regions[0].page_bytes = kvr_dense_page_bytes(&c.lay, &c.regions[0], true);
+    assert_int_not_equal(hello_of(&c, KVR_WIRE_CONSUMER).digest, a.digest);
+}
+
 static void test_too_many_classes(void **state)
 {
     (void)state;
@@ -249,6 +279,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_hello_init),
+        cmocka_unit_test(test_hello_any_to_any),
         cmocka_unit_test(test_too_many_classes),
         cmocka_unit_test(test_mismatch_names_field),
         cmocka_unit_test(test_check_ok),

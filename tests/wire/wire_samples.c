@@ -27,11 +27,17 @@ static const kvr_wire_stage_t stages[] = {
 };
 
 static const kvr_wire_region_t regions[] = {
-    {{KVR_ROLE_MLA, 3, 1000, 64 * 576, 0, 0, 0}, 0x7f0000001000ull, rkey_a,
+    {{.role = KVR_ROLE_MLA, .layer = 3, .num_blocks = 1000,
+      .page_bytes = 64 * 576},
+     0x7f0000001000ull, rkey_a,
      sizeof(rkey_a), KVR_WIRE_MEM_HOST},
-    {{KVR_ROLE_INDEX, 3, 1000, 64 * 4 * 144, 128, 0, 0}, 0x7f0000900000ull,
+    {{.role = KVR_ROLE_INDEX, .layer = 3, .num_blocks = 1000,
+      .page_bytes = 64 * 4 * 144, .index_dim = 128},
+     0x7f0000900000ull,
      rkey_b, sizeof(rkey_b), KVR_WIRE_MEM_CUDA},
-    {{KVR_ROLE_STAGING, 0, 16, 1 << 20, 0, 0, 16 << 20}, 0x7f0010000000ull,
+    {{.role = KVR_ROLE_STAGING, .num_blocks = 16, .page_bytes = 1 << 20,
+      .bytes = 16 << 20},
+     0x7f0010000000ull,
      NULL, 0, KVR_WIRE_MEM_HOST},
 };
 

@@ -13,8 +13,8 @@
 
 #include <cmocka.h>
 
-#include "../plan/plan_fixture.h"
 #include "kvrelay/xfer.h"
+#include "plan_fixture.h"
 
 #define BS 16
 #define W 2
@@ -74,7 +74,7 @@ static void fix_params(fix_t *f, uint64_t slot_bytes, uint32_t num_slots,
         f->slots[i] = num_slots - 1 - i; /* any order the pool grants */
     f->pp = (kvr_exec_params_t)KVR_EXEC_PARAMS_INIT;
     f->pp.transfer_id = 42;
-    f->pp.deadline_ns = kvr_xfer_deadline(timeout_ms);
+    f->pp.deadline_ns = kvr_deadline_ns(timeout_ms);
     f->pp.slot_bytes = slot_bytes;
     f->pp.slots = f->slots;
     f->pp.num_slots = num_slots;
@@ -230,7 +230,7 @@ static void test_bounds_and_garbage(void **state)
     fix_init(&f, NULL, 4096, 1, 1000);
     unsigned char b[64] = {0};
     uint64_t len = kvr_rmem_len(f.rstage);
-    uint64_t dl = kvr_xfer_deadline(1000);
+    uint64_t dl = kvr_deadline_ns(1000);
     assert_int_equal(kvr_xfer_put(f.ep_pc, b, 64, f.rstage, len - 63, dl),
                      KVR_ERR_RUN_OUT_OF_BOUNDS);
     assert_int_equal(kvr_xfer_put(f.ep_pc, b, 1, f.rstage, UINT64_MAX, dl),
@@ -257,7 +257,7 @@ static void test_messages(void **state)
     (void)state;
     fix_t f;
     fix_init(&f, NULL, 4096, 1, 1000);
-    uint64_t dl = kvr_xfer_deadline(1000);
+    uint64_t dl = kvr_deadline_ns(1000);
     assert_int_equal(kvr_xfer_send_msg(f.ep_pc, 7, "seven", 5, dl), KVR_OK);
     assert_int_equal(kvr_xfer_send_msg(f.ep_pc, 8, "eight", 5, dl), KVR_OK);
     kvr_xfer_msg_t *m = NULL;
@@ -268,9 +268,9 @@ static void test_messages(void **state)
     assert_int_equal(kvr_xfer_recv_msg(f.tc, NULL, NULL, &m, dl), KVR_OK);
     assert_int_equal(m->type, 8);
     kvr_xfer_msg_free(m);
-    assert_int_equal(kvr_xfer_recv_msg(f.tc, NULL, NULL, &m,
-                                       kvr_xfer_deadline(20)),
-                     KVR_ERR_TIMEOUT);
+    assert_int_equal(
+        kvr_xfer_recv_msg(f.tc, NULL, NULL, &m, kvr_deadline_ns(20)),
+        KVR_ERR_TIMEOUT);
     fix_fini(&f);
 }
 
@@ -360,25 +360,24 @@ static void test_staging_pool(void **state)
     kvr_staging_pool_t *pool = NULL;
     uint32_t slots[4], n = 0, more[4];
     assert_int_equal(kvr_staging_pool_create(3, 4096, &pool), KVR_OK);
-    assert_int_equal(kvr_staging_acquire(pool, 1, 4, kvr_xfer_deadline(10),
-                                         slots, &n),
-                     KVR_OK);
+    assert_int_equal(
+        kvr_staging_acquire(pool, 1, 4, kvr_deadline_ns(10), slots, &n),
+        KVR_OK);
     assert_int_equal(n, 3);
     assert_int_equal(kvr_staging_free_slots(pool), 0);
-    uint64_t t0 = kvr_xfer_now_ns();
-    assert_int_equal(kvr_staging_acquire(pool, 1, 1, kvr_xfer_deadline(50),
-                                         more, &n),
-                     KVR_ERR_NO_SPACE);
-    assert_true(kvr_xfer_now_ns() - t0 >= 45000000u);
+    uint64_t t0 = kvr_now_ns();
+    assert_int_equal(
+        kvr_staging_acquire(pool, 1, 1, kvr_deadline_ns(50), more, &n),
+        KVR_ERR_NO_SPACE);
+    assert_true(kvr_now_ns() - t0 >= 45000000u);
     kvr_staging_release(pool, slots, 2);
     kvr_staging_release(pool, slots, 2); /* double release is ignored */
     assert_int_equal(kvr_staging_free_slots(pool), 2);
-    assert_int_equal(kvr_staging_acquire(pool, 2, 2, kvr_xfer_deadline(10),
-                                         more, &n),
-                     KVR_OK);
-    assert_int_equal(kvr_staging_acquire(pool, 4, 4, kvr_xfer_deadline(10),
-                                         more, &n),
-                     KVR_ERR_INVALID);
+    assert_int_equal(
+        kvr_staging_acquire(pool, 2, 2, kvr_deadline_ns(10), more, &n), KVR_OK);
+    assert_int_equal(
+        kvr_staging_acquire(pool, 4, 4, kvr_deadline_ns(10), more, &n),
+        KVR_ERR_INVALID);
     kvr_staging_pool_destroy(pool);
 }
 
@@ -401,7 +400,7 @@ static void test_peer_gone(void **state)
     f.ep_cp = NULL;
     kvr_transport_destroy(f.tc);
     f.tc = NULL;
-    assert_int_equal(kvr_xfer_send_msg(f.ep_pc, 1, "x", 1, kvr_xfer_deadline(10)),
+    assert_int_equal(kvr_xfer_send_msg(f.ep_pc, 1, "x", 1, kvr_deadline_ns(10)),
                      KVR_ERR_PEER_DEAD);
     assert_int_equal(kvr_ep_status(f.ep_pc), KVR_ERR_PEER_DEAD);
     fix_fini(&f);
@@ -414,7 +413,7 @@ static void test_forged_chunk(void **state)
     fix_init(&f, NULL, 4096, 2, 2000);
     unsigned char m[28] = {42}; /* transfer 42, chunk 0, 0 bytes, slot 0 */
     assert_int_equal(kvr_xfer_send_msg(f.ep_pc, KVR_XFER_MSG_RESERVED + 1, m,
-                                       sizeof(m), kvr_xfer_deadline(100)),
+                                       sizeof(m), kvr_deadline_ns(100)),
                      KVR_OK);
     kvr_error_t err = {0};
     assert_int_equal(kvr_exec_recv(f.ep_cp, KVR_EXEC_STAGED, f.csegs, 2, &f.cp,
@@ -572,9 +571,11 @@ static void test_cost_measure(void **state)
     (void)state;
     fix_t f;
     fix_init(&f, NULL, 4u << 20, 1, 1000);
-    kvr_cost_probe_t probe = {.scratch = f.rstage, .small_bytes = 576,
-                              .small_count = 64, .large_bytes = 1 << 20,
-                              .deadline_ns = kvr_xfer_deadline(2000)};
+    kvr_cost_probe_t probe = {.scratch = f.rstage,
+                              .small_bytes = 576,
+                              .small_count = 64,
+                              .large_bytes = 1 << 20,
+                              .deadline_ns = kvr_deadline_ns(2000)};
     kvr_cost_model_t m;
     assert_int_equal(kvr_cost_measure(f.ep_pc, &probe, &m, NULL), KVR_OK);
     assert_true(m.put_Bps > 0 && m.copy_Bps > 0 && m.put_s >= 0);

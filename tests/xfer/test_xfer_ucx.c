@@ -96,11 +96,11 @@ static void test_dead_peer(void **state)
     pthread_t th;
     pid_t pid = s.pids[0];
     assert_int_equal(pthread_create(&th, NULL, killer, &pid), 0);
-    uint64_t t0 = kvr_xfer_now_ns();
+    uint64_t t0 = kvr_now_ns();
     kvr_status_t st = KVR_OK;
     for (int i = 0; i < 200 && st == KVR_OK; i++)
         st = xh_round(&s, i % 2 ? KVR_EXEC_STAGED : KVR_EXEC_DIRECT, NULL, NULL);
-    double secs = (double)(kvr_xfer_now_ns() - t0) * 1e-9;
+    double secs = (double)(kvr_now_ns() - t0) * 1e-9;
     pthread_join(th, NULL);
     fprintf(stderr, "dead peer: %s after %.2f s (%s)\n", kvr_status_name(st),
             secs, s.error);
@@ -112,11 +112,11 @@ static void test_dead_peer(void **state)
     size_t n = xh_segs(&s, 0, KVR_EXEC_DIRECT, segs);
     kvr_exec_params_t p = KVR_EXEC_PARAMS_INIT;
     p.transfer_id = 999;
-    p.deadline_ns = kvr_xfer_deadline(cfg.timeout_ms);
+    p.deadline_ns = kvr_deadline_ns(cfg.timeout_ms);
     kvr_error_t err = {0};
-    t0 = kvr_xfer_now_ns();
+    t0 = kvr_now_ns();
     st = kvr_exec_send(s.eps[0], KVR_EXEC_DIRECT, segs, n, &p, NULL, &err);
-    secs = (double)(kvr_xfer_now_ns() - t0) * 1e-9;
+    secs = (double)(kvr_now_ns() - t0) * 1e-9;
     fprintf(stderr, "send to the dead peer: %s after %.2f s: %s\n",
             kvr_status_name(st), secs, err.msg);
     assert_true(st == KVR_ERR_PEER_DEAD || st == KVR_ERR_TIMEOUT);
@@ -136,9 +136,9 @@ static void test_probe(void **state)
     xh_session_t s;
     assert_int_equal(xh_start(&s, &cfg), 0);
     kvr_cost_model_t m;
-    uint64_t t0 = kvr_xfer_now_ns();
+    uint64_t t0 = kvr_now_ns();
     kvr_status_t st = xh_probe(&s, 0, &m);
-    double secs = (double)(kvr_xfer_now_ns() - t0) * 1e-9;
+    double secs = (double)(kvr_now_ns() - t0) * 1e-9;
     if (st != KVR_OK)
         fprintf(stderr, "probe: %s\n", s.error);
     assert_int_equal(st, KVR_OK);

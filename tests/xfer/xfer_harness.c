@@ -15,7 +15,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "../plan/plan_fixture.h"
+#include "plan_fixture.h"
 
 enum { OP_ROUND = 1, OP_QUIT = 2, OP_PROBE = 3 };
 #define MSG_PROBE_END 1u
@@ -101,7 +101,7 @@ static int read_all(int fd, void *p, size_t n, uint64_t deadline)
 {
     char *c = p;
     while (n > 0) {
-        uint64_t now = kvr_xfer_now_ns();
+        uint64_t now = kvr_now_ns();
         if (now >= deadline)
             return -1;
         struct pollfd pfd = {.fd = fd, .events = POLLIN};
@@ -208,7 +208,7 @@ static void exec_params(const xh_config_t *cfg, uint64_t tid,
         slots[i] = i;
     *p = (kvr_exec_params_t)KVR_EXEC_PARAMS_INIT;
     p->transfer_id = tid;
-    p->deadline_ns = kvr_xfer_deadline(cfg->timeout_ms);
+    p->deadline_ns = kvr_deadline_ns(cfg->timeout_ms);
     p->slot_bytes = cfg->slot_bytes;
     p->slots = slots;
     p->num_slots = cfg->num_slots;
@@ -270,7 +270,7 @@ static int consumer_connect(consumer_t *c)
     static unsigned char peer[65536];
     uint32_t n;
     if (recv_blob(c->fd, peer, sizeof(peer), &n,
-                  kvr_xfer_deadline(c->cfg->timeout_ms)) != 0)
+                  kvr_deadline_ns(c->cfg->timeout_ms)) != 0)
         return 1;
     return kvr_ep_create(c->t, peer, n, &c->ep) != KVR_OK;
 }
@@ -310,7 +310,7 @@ static int consumer_round(consumer_t *c, const cmd_t *cmd)
         snprintf(res.msg, sizeof(res.msg), "%.256s", err.msg);
     /* verify only once every rank was sent to: it must not steal the CPU
      * from the transfers still being timed */
-    if (read_all(c->fd, &ready, 1, kvr_xfer_deadline(c->cfg->timeout_ms * 2)))
+    if (read_all(c->fd, &ready, 1, kvr_deadline_ns(c->cfg->timeout_ms * 2)))
         return 1;
     if (res.status == KVR_OK && cmd->kind != XH_CEILING)
         consumer_verify(c, &res);
@@ -326,7 +326,7 @@ static int consumer_probe(consumer_t *c)
         return 1;
     kvr_xfer_msg_t *m = NULL;
     res.status = kvr_xfer_recv_msg(c->t, NULL, NULL, &m,
-                                   kvr_xfer_deadline(c->cfg->timeout_ms));
+                                   kvr_deadline_ns(c->cfg->timeout_ms));
     if (res.status == KVR_OK && m->type != MSG_PROBE_END)
         res.status = KVR_ERR_PROTO;
     kvr_xfer_msg_free(m);
@@ -380,8 +380,8 @@ static int consumer_main(const xh_config_t *cfg, uint32_t rank, int fd)
     while (rc == 0) {
         cmd_t cmd;
         /* the parent may be busy with the other ranks for a while */
-        if (read_all(fd, &cmd, sizeof(cmd), kvr_xfer_deadline(
-                         cfg->timeout_ms * (cfg->W + 4))) != 0)
+        if (read_all(fd, &cmd, sizeof(cmd),
+                     kvr_deadline_ns(cfg->timeout_ms * (cfg->W + 4))) != 0)
             rc = 1;
         else if (cmd.op == OP_QUIT)
             break;
@@ -425,7 +425,7 @@ static int connect_rank(xh_session_t *s, uint32_t r)
     static unsigned char addr[65536];
     kvr_remote_region_t desc[R_COUNT];
     uint32_t n, dn;
-    uint64_t deadline = kvr_xfer_deadline(s->cfg.timeout_ms + 10000);
+    uint64_t deadline = kvr_deadline_ns(s->cfg.timeout_ms + 10000);
     const void *mine;
     size_t mine_len;
     if (recv_blob(s->fds[r], addr, sizeof(addr), &n, deadline) != 0 ||
@@ -507,12 +507,12 @@ static kvr_status_t send_rank(xh_session_t *s, uint32_t r, int kind,
     exec_params(&s->cfg, tid, &p, slots);
     p.staging = s->rmem[r][R_STAGING];
     kvr_error_t err = {0};
-    uint64_t t0 = kvr_xfer_now_ns();
+    uint64_t t0 = kvr_now_ns();
     kvr_status_t st = kvr_exec_send(
         s->eps[r], kind == XH_CEILING ? KVR_EXEC_DIRECT : (kvr_exec_kind_t)kind,
         segs, n, &p, NULL, &err);
     if (secs != NULL)
-        secs[r] = (double)(kvr_xfer_now_ns() - t0) * 1e-9;
+        secs[r] = (double)(kvr_now_ns() - t0) * 1e-9;
     if (st != KVR_OK)
         snprintf(s->error, sizeof(s->error), "producer rank %u: %.256s", r, err.msg);
     return st;
@@ -523,7 +523,7 @@ kvr_status_t xh_round(xh_session_t *s, int kind, double *secs,
 {
     uint64_t tid = s->next_tid;
     s->next_tid += s->cfg.W;
-    uint64_t deadline = kvr_xfer_deadline(s->cfg.timeout_ms);
+    uint64_t deadline = kvr_deadline_ns(s->cfg.timeout_ms);
     kvr_status_t first = KVR_OK;
     for (uint32_t r = 0; r < s->cfg.W; r++) {
         cmd_t cmd = {.op = OP_ROUND, .kind = (uint32_t)kind, .tid = tid + r};
@@ -541,7 +541,7 @@ kvr_status_t xh_round(xh_session_t *s, int kind, double *secs,
     for (uint32_t r = 0; r < s->cfg.W; r++) {
         xh_result_t res = {.status = KVR_ERR_PEER_DEAD, .verify = -1};
         if (read_all(s->fds[r], &res, sizeof(res),
-                     kvr_xfer_deadline(s->cfg.timeout_ms + 2000)) != 0)
+                     kvr_deadline_ns(s->cfg.timeout_ms + 2000)) != 0)
             res.status = KVR_ERR_PEER_DEAD;
         if (results != NULL)
             results[r] = res;
@@ -557,7 +557,7 @@ kvr_status_t xh_probe(xh_session_t *s, uint32_t r, kvr_cost_model_t *out)
 {
     cmd_t cmd = {.op = OP_PROBE};
     char ready;
-    uint64_t deadline = kvr_xfer_deadline(s->cfg.timeout_ms);
+    uint64_t deadline = kvr_deadline_ns(s->cfg.timeout_ms);
     if (write_all(s->fds[r], &cmd, sizeof(cmd)) != 0 ||
         read_all(s->fds[r], &ready, 1, deadline) != 0)
         return KVR_ERR_PEER_DEAD;
@@ -576,7 +576,7 @@ kvr_status_t xh_probe(xh_session_t *s, uint32_t r, kvr_cost_model_t *out)
     kvr_status_t sent = kvr_xfer_send_msg(s->eps[r], MSG_PROBE_END, NULL, 0,
                                           deadline);
     xh_result_t res = {.status = KVR_ERR_PEER_DEAD};
-    read_all(s->fds[r], &res, sizeof(res), kvr_xfer_deadline(s->cfg.timeout_ms));
+    read_all(s->fds[r], &res, sizeof(res), kvr_deadline_ns(s->cfg.timeout_ms));
     if (st == KVR_OK)
         st = sent != KVR_OK ? sent : (kvr_status_t)res.status;
     return st;
@@ -591,7 +591,7 @@ static int reap(xh_session_t *s, uint64_t deadline)
         pid_t got = 0;
         while (s->pids[r] > 0 &&
                (got = waitpid(s->pids[r], &status, WNOHANG)) == 0 &&
-               kvr_xfer_now_ns() < deadline) {
+               kvr_now_ns() < deadline) {
             struct timespec ts = {0, 5000000};
             nanosleep(&ts, NULL);
         }
@@ -621,7 +621,7 @@ int xh_stop(xh_session_t *s)
         kvr_plan_set_destroy(s->plans[r]);
         kvr_plan_destroy(s->ceiling[r]);
     }
-    int rc = reap(s, kvr_xfer_deadline(s->cfg.timeout_ms + 5000));
+    int rc = reap(s, kvr_deadline_ns(s->cfg.timeout_ms + 5000));
     for (uint32_t r = 0; r < XH_MAX_RANKS; r++)
         if (s->fds[r] >= 0)
             close(s->fds[r]);
