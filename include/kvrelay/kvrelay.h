@@ -7,7 +7,6 @@
 #include "kvrelay/agent.h"
 #include "kvrelay/base.h"
 #include "kvrelay/completion.h"
-#include "kvrelay/conn.h"
 #include "kvrelay/gpu.h"
 #include "kvrelay/inspect.h"
 #include "kvrelay/layout.h"

@@ -10,7 +10,7 @@ Modules: ``layout`` (Layout, RegionDesc, RegionPair, Role and the DCP math),
 ``inspect`` (per-token diff of received pages), ``dump`` (dump directories),
 ``synth`` (synthetic KV), ``capacity``, ``agent`` (``Agent``: the connector
 an engine worker embeds, any number of prefill and decode instances, callable
-from any thread) and ``conn`` (the older single-pair connector).
+from any thread).
 """
 
 from __future__ import annotations

@@ -171,22 +171,6 @@ _PROTOTYPES: Dict[str, Tuple[Any, Sequence[Any]]] = {
     "kvr_inspect_free": (None, [_P]),
     "kvr_inspect_part_name": (_s, [_u32]),
     "kvr_inspect_kind_name": (_s, [_int]),
-    # conn.h
-    "kvr_conn_create": (
-        _int, [ctypes.POINTER(T.ConnParams), ctypes.POINTER(_P), _E]),
-    "kvr_conn_destroy": (None, [_P]),
-    "kvr_conn_last_error": (_s, [_P]),
-    "kvr_conn_add_region": (_int, [_P, _DESC, _P]),
-    "kvr_conn_alloc_region": (_int, [_P, _DESC, ctypes.POINTER(_P)]),
-    "kvr_conn_listen": (
-        _int, [_P, _s, ctypes.c_uint16, ctypes.POINTER(ctypes.c_uint16)]),
-    "kvr_conn_connect": (_int, [_P, _s, ctypes.c_uint16, _u32]),
-    "kvr_conn_num_ready": (_u32, [_P]),
-    "kvr_conn_progress": (_int, [_P, _u32]),
-    "kvr_conn_offer": (_int, [_P, ctypes.POINTER(T.ConnOffer)]),
-    "kvr_conn_load": (_int, [_P, ctypes.POINTER(T.ConnLoad)]),
-    "kvr_conn_poll_event": (_b, [_P, ctypes.POINTER(T.ConnEvent)]),
-    "kvr_conn_num_live": (_u32, [_P]),
     # xfer.h: the loopback data plane agents of one process can share
     "kvr_transport_loopback_create": (
         _int, [_P, ctypes.POINTER(T.LoopbackParams), ctypes.POINTER(_P), _E]),

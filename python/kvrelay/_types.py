@@ -133,7 +133,7 @@ class InspectOpts(ctypes.Structure):
     ]
 
 
-# ---- wire.h (the agent and conn.h use these) and conn.h ----
+# ---- wire.h (the agent uses these) ----
 
 WIRE_REQ_ID_MAX = 256
 WIRE_KEY_BYTES = 32
@@ -151,81 +151,6 @@ class WireId(ctypes.Structure):
     _c_name_ = "kvr_wire_id_t"
     _c_header_ = "kvrelay/wire.h"
     _fields_ = [("len", _u16), ("bytes", _u8 * WIRE_REQ_ID_MAX)]
-
-
-class ConnParams(ctypes.Structure):
-    _c_name_ = "kvr_conn_params_t"
-    _c_header_ = "kvrelay/conn.h"
-    _fields_ = [
-        ("side", _int),
-        ("layout", Layout),
-        ("topo", WireTopo),
-        ("producer_stages", _u32),
-        ("consumer_ranks", _u32),
-        ("key", ctypes.POINTER(_u8)),
-        ("insecure", _bool),
-        ("tl", _int),
-        ("executor", _int),
-        ("deadline_ms", _u32),
-        ("release_grace_ms", _u32),
-        ("max_requests", _u32),
-        ("leader_blocks", _u32),
-        ("cuda_device", _int),
-    ]
-
-
-class ConnOffer(ctypes.Structure):
-    _c_name_ = "kvr_conn_offer_t"
-    _c_header_ = "kvrelay/conn.h"
-    _fields_ = [
-        ("request_id", ctypes.c_void_p),
-        ("request_id_len", _size),
-        ("transfer_id", _u64),
-        ("num_tokens", _u64),
-        ("src_blocks", ctypes.POINTER(_u32)),
-        ("num_src_blocks", _size),
-        ("prompt", ctypes.POINTER(_u32)),
-        ("num_prompt", _size),
-    ]
-
-
-class ConnLoad(ctypes.Structure):
-    _c_name_ = "kvr_conn_load_t"
-    _c_header_ = "kvrelay/conn.h"
-    _fields_ = [
-        ("request_id", ctypes.c_void_p),
-        ("request_id_len", _size),
-        ("transfer_id", _u64),
-        ("src_blocks", ctypes.POINTER(_u32)),
-        ("num_src_blocks", _size),
-        ("dst_blocks", ctypes.POINTER(_u32)),
-        ("num_dst_blocks", _size),
-        ("num_tokens", _u64),
-        ("num_computed_blocks", _u64),
-        ("deadline_ms", _u32),
-    ]
-
-
-class ConnEvent(ctypes.Structure):
-    _c_name_ = "kvr_conn_event_t"
-    _c_header_ = "kvrelay/conn.h"
-    _fields_ = [
-        ("kind", _int),
-        ("request_id", WireId),
-        ("transfer_id", _u64),
-        ("status", _int),
-        ("message", ctypes.c_char * ERROR_MSG_MAX),
-        ("bytes", _u64),
-        ("num_tokens", _u64),
-        ("num_computed_blocks", _u64),
-        ("src_blocks", ctypes.POINTER(_u32)),
-        ("num_src_blocks", _size),
-        ("dst_blocks", ctypes.POINTER(_u32)),
-        ("num_dst_blocks", _size),
-        ("peer_rank", _u32),
-        ("started_ns", _u64),
-        ("peer_known", _bool),
-    ]
 
 
 # ---- xfer.h: the loopback transport (an in-process data plane) ----
@@ -359,6 +284,5 @@ class AgentReqStatus(ctypes.Structure):
 
 
 ALL = [Error, Layout, RegionDesc, RegionPair, Request, Run, InspectDiff,
-       InspectResult, InspectOpts, WireTopo, WireId, ConnParams, ConnOffer,
-       ConnLoad, ConnEvent, LoopbackParams, AgentParams, AgentSend, AgentRecv,
+       InspectResult, InspectOpts, WireTopo, WireId, LoopbackParams, AgentParams, AgentSend, AgentRecv,
        AgentEvent, AgentNotify, AgentReqStatus]

@@ -89,6 +89,7 @@ class EventKind(IntEnum):
     RELEASED = 6       # consumer: destination blocks reusable
     LAYERS_LOADED = 7  # consumer, streaming: reserved
     NOTIFY_FAILED = 8  # a notify() could not be sent
+    PEER_REFUSED = 9   # a link refused at its handshake (either side)
 
 
 #: the producer's one terminal event per request
@@ -159,7 +160,10 @@ def _wire_id(w: T.WireId) -> bytes:
 @dataclass(frozen=True)
 class Event:
     """kvr_agent_event_t (a copy). ``producer`` and ``request`` are the
-    request's key; ``peer`` is the instance a NOTIFY_FAILED was for."""
+    request's key; ``peer`` is the instance a NOTIFY_FAILED was for, or the
+    refused peer of a PEER_REFUSED (whose ``bytes`` is 1 when that peer is
+    one this agent talks to at all: keyless, its HELLO came; keyed, its
+    AUTH verified)."""
 
     kind: EventKind
     producer: bytes

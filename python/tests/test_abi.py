@@ -12,14 +12,10 @@ import pytest
 
 from conftest import ROOT
 from kvrelay import _types as T
-from kvrelay import agent, conn
+from kvrelay import agent
 from kvrelay.layout import Role
 
 ENUMS = {f"KVR_ROLE_{r.name}": int(r) for r in Role}
-ENUMS.update({f"KVR_WIRE_{s.name}": int(s) for s in conn.Side})
-ENUMS.update({f"KVR_CONN_TL_{t.name}": int(t) for t in conn.Transport})
-ENUMS.update({f"KVR_CONN_EXEC_{x.name}": int(x) for x in conn.Executor})
-ENUMS.update({f"KVR_EVENT_{k.name}": int(k) for k in conn.EventKind})
 ENUMS.update({f"KVR_AGENT_{r.name}": int(r) for r in agent.AgentRole})
 ENUMS.update({f"KVR_AGENT_TL_{t.name}": int(t) for t in agent.Transport})
 ENUMS.update({f"KVR_AGENT_EXEC_{x.name}": int(x) for x in agent.Executor})

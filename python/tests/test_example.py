@@ -30,11 +30,13 @@ def test_two_process_example(tmp_path):
 
 def test_two_process_example_no_space():
     # 5000 tokens need 79 blocks of 64; the decode pool has 64. The consumer
-    # hears of the refusal from its connector (LOAD_FAILED), not a deadline.
+    # (its own router) refuses the offer and tells the producer at once, in
+    # a notification, rather than either side waiting for a deadline.
     out = run_example("--tokens", "5000")
     assert out.returncode == 1, out.stdout + out.stderr
-    assert "producer: SEND_FAILED req-0 ERR_NO_SPACE" in out.stdout, out.stdout
-    assert ("consumer: LOAD_FAILED req-0 ERR_NO_SPACE: offer 'req-0' refused: "
-            "offer of 5000 tokens needs more than the 64-block decode pool"
-            in out.stdout), out.stdout
+    why = "offer of 5000 tokens needs 79 blocks, the decode pool has 64"
+    assert f"producer: SEND_FAILED req-0 ERR_NO_SPACE: {why}" in out.stdout, \
+        out.stdout
+    assert f"consumer: refused req-0 ERR_NO_SPACE: {why}" in out.stdout, \
+        out.stdout
     assert "Traceback" not in out.stderr, out.stderr
