@@ -272,7 +272,7 @@ static void on_event(push_t *s, const kvr_agent_event_t *e)
     } else if (e->kind == KVR_AGENT_NOTIFY_FAILED) {
         printf("notify-failed %.*s %s %s\n", (int)e->peer.len, e->peer.bytes,
                kvr_status_name(e->status), e->message);
-        stop_with(s, "a router is unreachable", e);
+        stop_with(s, "an offer could not reach its router", e);
     } else if (e->kind == KVR_AGENT_PEER_REFUSED) {
         printf("refused %.*s %s %s %s\n", e->peer.len ? (int)e->peer.len : 1,
                e->peer.len ? (const char *)e->peer.bytes : "?",
