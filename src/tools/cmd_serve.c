@@ -350,10 +350,27 @@ static void on_assign(serve_t *s, const rt_msg_t *m)
         start_load(s, q);
 }
 
+/* The router could not place a request of this group: it ended here. */
+static void on_refuse(serve_t *s, const rt_msg_t *m)
+{
+    lreq_t *q = find_req(s, m->request);
+    if (q == NULL || q->used)
+        return;
+    memset(q, 0, sizeof(*q));
+    q->used = q->released = true;
+    snprintf(q->id, sizeof(q->id), "%s", m->request);
+    s->failed++;
+    s->released++;
+    printf("failed %s %s %s\n", q->id, kvr_status_name((kvr_status_t)m->status),
+           m->text);
+}
+
 static void handle_rank_msg(serve_t *s, const rt_msg_t *m)
 {
     if (m->type == RT_ASSIGN) {
         on_assign(s, m);
+    } else if (m->type == RT_REFUSE) {
+        on_refuse(s, m);
     } else if (m->type == RT_STOP) {
         snprintf(s->stop_why, sizeof(s->stop_why), "%s", m->text);
     }

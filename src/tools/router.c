@@ -317,6 +317,9 @@ static void refuse(router_t *r, rreq_t *q, kvr_status_t st, const char *why)
         snprintf(m->text, sizeof(m->text), "%s", why);
         printf("refused-offer %s %s %s\n", m->request, kvr_status_name(st), why);
         r->ops.to_producer(r->ops.ctx, q->offer->producer, q->offer->address, m);
+        /* the ranks count it as ended too: none waits for it */
+        for (uint32_t rank = 0; rank < r->ranks; rank++)
+            r->ops.to_rank(r->ops.ctx, rank, m);
         free(m);
     }
     free(q->dst);

@@ -27,7 +27,8 @@ typedef enum rt_type {
                         of the table: [offset, offset + count) of total) */
     RT_RELEASED = 4, /* rank -> router: its RELEASED came, with the outcome */
     RT_STOP = 5,     /* router -> rank: the run cannot complete (text) */
-    RT_REFUSE = 6,   /* router -> prefill head: the offer cannot be placed */
+    RT_REFUSE = 6,   /* router -> prefill head and every rank: the offer
+                        cannot be placed (status, text) */
 } rt_type_t;
 
 #define RT_ID_MAX 256u

@@ -18,7 +18,7 @@
 #include "router.h"
 
 typedef struct {
-    uint32_t assigns[4], refuses;
+    uint32_t assigns[4], rank_refuses[4], refuses;
     rt_msg_t last_assign, last_refuse;
 } seen_t;
 
@@ -26,6 +26,10 @@ static void to_rank(void *ctx, uint32_t rank, const rt_msg_t *m)
 {
     seen_t *s = ctx;
     assert_true(rank < 4);
+    if (m->type == RT_REFUSE) {
+        s->rank_refuses[rank]++;
+        return;
+    }
     assert_int_equal(m->type, RT_ASSIGN);
     s->assigns[rank]++;
     s->last_assign = *m;
@@ -91,6 +95,8 @@ static void test_hostile_offers_refused(void **state)
     router_offer(r, offer("empty", 0));
     assert_int_equal(s.refuses, 2);
     assert_int_equal(s.assigns[0] + s.assigns[1], 0);
+    assert_int_equal(s.rank_refuses[0], 2); /* no rank waits for them */
+    assert_int_equal(s.rank_refuses[1], 2);
     assert_int_equal(router_blocks_in_use(r), 0);
     assert_int_equal(router_done(r), 2);
     router_destroy(r);
