@@ -8,14 +8,16 @@ message, and plan runs are numpy views of the C memory.
 Modules: ``layout`` (Layout, RegionDesc, RegionPair, Role and the DCP math),
 ``plan`` (plan, PlanSet, verify_region, check_coverage, layout_digest),
 ``inspect`` (per-token diff of received pages), ``dump`` (dump directories),
-``synth`` (synthetic KV), ``capacity`` and ``conn`` (the connector:
-register regions, submit a request, poll completions).
+``synth`` (synthetic KV), ``capacity``, ``agent`` (``Agent``: the connector
+an engine worker embeds, any number of prefill and decode instances, callable
+from any thread) and ``conn`` (the older single-pair connector).
 """
 
 from __future__ import annotations
 
 from ._buffers import RawBuffer
 from ._lib import LIB as _LIB
+from .agent import Agent, AgentRole, LoopbackHub, Topology
 from .capacity import Capacity, CapacityOption, capacity
 from .dump import DumpRegion, DumpRequest, write_dump
 from .errors import KvrelayError, Status, status_name, status_str
@@ -40,11 +42,12 @@ def library_version() -> "str | None":
 
 
 __all__ = [
-    "Axis", "Capacity", "CapacityOption", "Diff", "DumpRegion", "DumpRequest",
-    "Inspection", "KvrelayError", "Layout", "Plan", "PlanSet", "RUN_DTYPE",
-    "RawBuffer", "RegionDesc", "RegionPair", "Request", "Role", "Status",
-    "capacity", "check_coverage", "index_stride", "inspect_buffers",
-    "inspect_dump", "layout_digest", "library_path", "library_version",
-    "plan", "plan_pair", "sources", "status_name", "status_str", "verify_region",
-    "verify_region_pair", "check_coverage_pair", "write_dump",
+    "Agent", "AgentRole", "Axis", "Capacity", "CapacityOption", "Diff",
+    "DumpRegion", "DumpRequest", "Inspection", "KvrelayError", "Layout",
+    "LoopbackHub", "Plan", "PlanSet", "RUN_DTYPE", "RawBuffer",
+    "RegionDesc", "RegionPair", "Request", "Role", "Status", "Topology",
+    "capacity", "check_coverage", "check_coverage_pair", "index_stride",
+    "inspect_buffers", "inspect_dump", "layout_digest", "library_path",
+    "library_version", "plan", "plan_pair", "sources", "status_name",
+    "status_str", "verify_region", "verify_region_pair", "write_dump",
 ]

@@ -187,6 +187,36 @@ _PROTOTYPES: Dict[str, Tuple[Any, Sequence[Any]]] = {
     "kvr_conn_load": (_int, [_P, ctypes.POINTER(T.ConnLoad)]),
     "kvr_conn_poll_event": (_b, [_P, ctypes.POINTER(T.ConnEvent)]),
     "kvr_conn_num_live": (_u32, [_P]),
+    # xfer.h: the loopback data plane agents of one process can share
+    "kvr_transport_loopback_create": (
+        _int, [_P, ctypes.POINTER(T.LoopbackParams), ctypes.POINTER(_P), _E]),
+    "kvr_transport_destroy": (None, [_P]),
+    # agent.h (ids are (pointer, length) pairs: bytes go as c_char_p)
+    "kvr_agent_create": (
+        _int, [ctypes.POINTER(T.AgentParams), ctypes.POINTER(_P), _E]),
+    "kvr_agent_destroy": (None, [_P]),
+    "kvr_agent_last_error": (_s, [_P]),
+    "kvr_agent_add_region": (_int, [_P, _DESC, _P, _u32]),
+    "kvr_agent_alloc_region": (_int, [_P, _DESC, _u32, ctypes.POINTER(_P)]),
+    "kvr_agent_start": (_int, [_P]),
+    "kvr_agent_address": (_s, [_P]),
+    "kvr_agent_incarnation": (_u64, [_P]),
+    "kvr_agent_send_open": (_int, [_P, ctypes.POINTER(T.AgentSend)]),
+    "kvr_agent_send_ready": (_int, [_P, _s, _sz, _u32, _u32, _P]),
+    "kvr_agent_send_abort": (_int, [_P, _s, _sz]),
+    "kvr_agent_recv": (_int, [_P, ctypes.POINTER(T.AgentRecv)]),
+    "kvr_agent_recv_abort": (_int, [_P, _s, _sz, _s, _sz]),
+    "kvr_agent_event_name": (_s, [_int]),
+    "kvr_agent_poll": (_b, [_P, ctypes.POINTER(T.AgentEvent)]),
+    "kvr_agent_event_fd": (_int, [_P]),
+    "kvr_agent_notify": (_int, [_P, _s, _sz, _s, _s, _sz]),
+    "kvr_agent_poll_notify": (_b, [_P, ctypes.POINTER(T.AgentNotify)]),
+    "kvr_agent_send_state_name": (_s, [_int]),
+    "kvr_agent_recv_state_name": (_s, [_int]),
+    "kvr_agent_status": (
+        _int, [_P, _s, _sz, _s, _sz, ctypes.POINTER(T.AgentReqStatus)]),
+    "kvr_agent_progress": (_int, [_P, _u32]),
+    "kvr_agent_fd": (_int, [_P]),
 }
 
 

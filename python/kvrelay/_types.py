@@ -133,7 +133,7 @@ class InspectOpts(ctypes.Structure):
     ]
 
 
-# ---- conn.h (and the wire.h types it uses) ----
+# ---- wire.h (the agent and conn.h use these) and conn.h ----
 
 WIRE_REQ_ID_MAX = 256
 WIRE_KEY_BYTES = 32
@@ -228,6 +228,137 @@ class ConnEvent(ctypes.Structure):
     ]
 
 
+# ---- xfer.h: the loopback transport (an in-process data plane) ----
+
+
+class LoopbackParams(ctypes.Structure):
+    _c_name_ = "kvr_loopback_params_t"
+    _c_header_ = "kvrelay/xfer.h"
+    _fields_ = [
+        ("id", _u64),
+        ("max_inflight", _u32),
+        ("msg_queue_max", _u32),
+        ("fail_put_at", _u64),
+        ("corrupt_put_at", _u64),
+        ("drop_msg_at", _u64),
+        ("dup_msg_at", _u64),
+        ("delay_ms", _u32),
+        ("mem_limit", _u64),
+        ("no_map", _bool),
+    ]
+
+
+# ---- agent.h ----
+
+AGENT_INSTANCE_MAX = 64
+AGENT_NOTIFY_MAX = 16384
+AGENT_ADDRESS_MAX = 256  # kvr_agent_notify_t.sender_address
+
+
+class AgentParams(ctypes.Structure):
+    _c_name_ = "kvr_agent_params_t"
+    _c_header_ = "kvrelay/agent.h"
+    _fields_ = [
+        ("instance_id", ctypes.c_char_p),  # const void *: bytes, any content
+        ("instance_id_len", _size),
+        ("role", _int),
+        ("layout", Layout),
+        ("topo", WireTopo),
+        ("listen", ctypes.c_char_p),
+        ("advertise", ctypes.c_char_p),
+        ("bootstrap", ctypes.c_char_p),
+        ("key", ctypes.POINTER(_u8)),
+        ("insecure", _bool),
+        ("tl", _int),
+        ("loopback_hub", ctypes.c_void_p),
+        ("loopback", LoopbackParams),
+        ("executor", _int),
+        ("progress_thread", _bool),
+        ("deadline_ms", _u32),
+        ("grace_ms", _u32),
+        ("lease_ms", _u32),
+        ("unknown_wait_ms", _u32),
+        ("idle_close_ms", _u32),
+        ("connect_timeout_ms", _u32),
+        ("max_requests", _u32),
+        ("cuda_device", _int),
+    ]
+
+
+class AgentSend(ctypes.Structure):
+    _c_name_ = "kvr_agent_send_t"
+    _c_header_ = "kvrelay/agent.h"
+    _fields_ = [
+        ("request_id", ctypes.c_char_p),
+        ("request_id_len", _size),
+        ("src_blocks", ctypes.POINTER(_u32)),
+        ("num_src_blocks", _size),
+        ("num_tokens", _u64),
+        ("lease_ms", _u32),
+        ("groups", _u32),
+    ]
+
+
+class AgentRecv(ctypes.Structure):
+    _c_name_ = "kvr_agent_recv_t"
+    _c_header_ = "kvrelay/agent.h"
+    _fields_ = [
+        ("producer_id", ctypes.c_char_p),
+        ("producer_id_len", _size),
+        ("producer_address", ctypes.c_char_p),
+        ("request_id", ctypes.c_char_p),
+        ("request_id_len", _size),
+        ("dst_blocks", ctypes.POINTER(_u32)),
+        ("num_dst_blocks", _size),
+        ("num_tokens", _u64),
+        ("num_computed_blocks", _u64),
+        ("deadline_ms", _u32),
+    ]
+
+
+class AgentEvent(ctypes.Structure):
+    _c_name_ = "kvr_agent_event_t"
+    _c_header_ = "kvrelay/agent.h"
+    _fields_ = [
+        ("kind", _int),
+        ("producer", WireId),
+        ("request", WireId),
+        ("status", _int),
+        ("message", ctypes.c_char * ERROR_MSG_MAX),
+        ("bytes", _u64),
+        ("layer_begin", _u32),
+        ("layer_end", _u32),
+        ("peer", WireId),
+    ]
+
+
+class AgentNotify(ctypes.Structure):
+    _c_name_ = "kvr_agent_notify_t"
+    _c_header_ = "kvrelay/agent.h"
+    _fields_ = [
+        ("sender", WireId),
+        ("sender_topo", WireTopo),
+        ("sender_side", _int),
+        ("sender_incarnation", _u64),
+        ("sender_address", ctypes.c_char * AGENT_ADDRESS_MAX),
+        ("dropped", _u32),
+        ("len", _size),
+        ("payload", _u8 * AGENT_NOTIFY_MAX),
+    ]
+
+
+class AgentReqStatus(ctypes.Structure):
+    _c_name_ = "kvr_agent_req_status_t"
+    _c_header_ = "kvrelay/agent.h"
+    _fields_ = [
+        ("send", _int),
+        ("recv", _int),
+        ("status", _int),
+        ("message", ctypes.c_char * ERROR_MSG_MAX),
+    ]
+
+
 ALL = [Error, Layout, RegionDesc, RegionPair, Request, Run, InspectDiff,
-       InspectResult, InspectOpts, WireTopo, WireId, ConnParams,
-       ConnOffer, ConnLoad, ConnEvent]
+       InspectResult, InspectOpts, WireTopo, WireId, ConnParams, ConnOffer,
+       ConnLoad, ConnEvent, LoopbackParams, AgentParams, AgentSend, AgentRecv,
+       AgentEvent, AgentNotify, AgentReqStatus]

@@ -22,6 +22,7 @@ import numpy as np
 from . import _types as T
 from ._buffers import BufferLike, address_of, array_view, need
 from ._lib import LIB
+from .agent import Topology  # one definition for both connectors
 from .errors import KvrelayError, Status, check, invalid, new_error, status_name
 from .layout import Layout, RegionDesc
 from .plan import block_table
@@ -58,27 +59,6 @@ class EventKind(IntEnum):
     GROUP_DONE = 5   # leader: every rank released the request
     PEER_LOST = 6    # a link closed (status says why)
     PEER_REFUSED = 7  # a peer that dialled us was refused at handshake
-
-
-@dataclass(frozen=True)
-class Topology:
-    """This side's place in its deployment (kvr_wire_topo_t); the layer
-    range is half-open."""
-
-    pp_rank: int = 0
-    pp_size: int = 1
-    tp_rank: int = 0
-    tp_size: int = 1
-    dp_rank: int = 0
-    dp_size: int = 1
-    layer_start: int = 0
-    layer_end: int = 0
-    dcp_rank: int = 0
-
-    def to_c(self) -> T.WireTopo:
-        return T.WireTopo(self.pp_rank, self.pp_size, self.tp_rank,
-                          self.tp_size, self.dp_rank, self.dp_size,
-                          self.layer_start, self.layer_end, self.dcp_rank)
 
 
 @dataclass(frozen=True)
