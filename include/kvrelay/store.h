@@ -127,9 +127,10 @@ typedef struct kvr_store_io {
     size_t num_blocks;
 } kvr_store_io_t;
 
-/* Saves chunks [0, num_chains) of the request (each in canonical form);
- * chunks already present are skipped. *saved (may be NULL) gets the number
- * written. */
+/* Saves chunks [0, num_chains) of the request (each in canonical form), in
+ * order; chunks already present are skipped. On an error the chunks before
+ * the failing one stay saved (each whole) and the save stops there. *saved
+ * (may be NULL) gets the number written. */
 kvr_status_t kvr_store_save(kvr_store_t *st, const kvr_store_io_t *io,
                             size_t *saved, kvr_error_t *err);
 /* Loads the longest run of leading chunks present and valid into the

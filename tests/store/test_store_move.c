@@ -272,6 +272,39 @@ static void test_partial_hit_and_namespace(void **state)
     remove_dir();
 }
 
+/* The chunk itself is canonical: token-major latents, unshuffled index
+ * keys then scales, whatever the producer's preshuffle. */
+static void test_canonical_bytes(void **state)
+{
+    (void)state;
+    kvr_store_opts_t o = {.host_bytes = 64u << 20};
+    world_t w;
+    world_init(&w, true, &o);
+    kvr_chunk_key_t k = {.chain = w.chains[1], .part = 0};
+    memcpy(k.ns, w.ns, sizeof k.ns);
+    uint64_t tb = model.tb, D = model.D, len = 0;
+    uint64_t want = 8 + 3 * 16 + CHUNK * (2 * tb + D + 4);
+    uint8_t *buf = malloc(want), ref[1152];
+    kvr_error_t err;
+    assert_int_equal(kvr_store_get(w.st, &k, buf, want, &len, &err), KVR_OK);
+    assert_int_equal(len, want);
+    const uint8_t *mla = buf + 56, *idx = mla + CHUNK * tb;
+    for (uint64_t t = 0; t < CHUNK; t++) {
+        uint64_t g = CHUNK + t;
+        kvr_synth_latent(SEED, 0, g, w.tokens[g], ref, tb);
+        assert_memory_equal(mla + t * tb, ref, tb);
+        kvr_synth_index_key(SEED, 0, g, w.tokens[g], ref, (uint32_t)D);
+        uint64_t page = t / BS, in = t % BS;
+        const uint8_t *pg = idx + page * BS * (D + 4);
+        assert_memory_equal(pg + in * D, ref, D);
+        float sc = kvr_synth_index_scale(ref, (uint32_t)D), got;
+        memcpy(&got, pg + BS * D + 4 * in, 4);
+        assert_true(got == sc);
+    }
+    free(buf);
+    world_free(&w);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -279,6 +312,7 @@ int main(void)
         cmocka_unit_test(test_host_plain),
         cmocka_unit_test(test_disk_only),
         cmocka_unit_test(test_partial_hit_and_namespace),
+        cmocka_unit_test(test_canonical_bytes),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
