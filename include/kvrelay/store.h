@@ -37,6 +37,9 @@ typedef struct kvr_store_opts {
     const char *dir;     /* disk tier directory (created); NULL: host only */
     uint64_t host_bytes; /* host tier bound; 0: no host tier */
     bool verify_host;    /* re-check the checksum on host-tier hits too */
+    bool quick_scan;     /* the open scan checks headers and sizes only
+                            (payload checksums are still checked on every
+                            load and by kvr_store_verify) */
 } kvr_store_opts_t;
 
 typedef struct kvr_store_stats {

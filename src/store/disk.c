@@ -266,7 +266,8 @@ kvr_status_t kvr__disk_read(kvr_store_t *st, const kvr_chunk_key_t *key,
     return s;
 }
 
-kvr_status_t kvr__disk_check(int dirfd, const char *name, kvr_error_t *err)
+kvr_status_t kvr__disk_check(int dirfd, const char *name, bool full,
+                             kvr_error_t *err)
 {
     kvr_store_t tmp = {.dir_fd = dirfd, .ring = NULL};
     uint8_t *data = NULL, sum[KVR_STORE_SUM_BYTES];
@@ -282,9 +283,16 @@ kvr_status_t kvr__disk_check(int dirfd, const char *name, kvr_error_t *err)
     kvr_status_t s = plain_io(fd, IO_READ, header, sizeof header, 0, err);
     if (s == KVR_OK && kvr__chunk_parse(header, &named, &hlen, err) == KVR_OK) {
         kvr__chunk_name(&named, expect);
+        struct stat sb;
         if (strcmp(expect, name) != 0)
             s = kvr_error_set(err, KVR_ERR_VERIFY, "chunk %s: header names "
                               "%s", name, expect);
+        else if (!full)
+            s = fstat(fd, &sb) == 0 && (uint64_t)sb.st_size >= KVR__CHUNK_FRAME &&
+                        (uint64_t)sb.st_size - KVR__CHUNK_FRAME == hlen
+                    ? KVR_OK
+                    : kvr_error_set(err, KVR_ERR_VERIFY, "chunk %s: size does "
+                                    "not match its header", name);
         else
             s = read_chunk(&tmp, fd, name, &named, &data, &len, sum, err);
     } else if (s == KVR_OK || s == KVR_ERR_IO) {

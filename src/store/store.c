@@ -100,7 +100,8 @@ static kvr_status_t scan(kvr_store_t *st, kvr_error_t *err)
         }
         if (!ends_with(n, ".kvc"))
             continue;
-        if (kvr__disk_check(st->dir_fd, n, NULL) == KVR_OK) {
+        if (kvr__disk_check(st->dir_fd, n, !st->opts.quick_scan, NULL) ==
+            KVR_OK) {
             st->stats.scan_ok++;
             continue;
         }
@@ -176,9 +177,13 @@ kvr_status_t kvr__store_put_owned(kvr_store_t *st, const kvr_chunk_key_t *key,
                                   uint8_t *data, uint64_t len,
                                   kvr_error_t *err)
 {
-    uint8_t header[KVR__CHUNK_HEADER], sum[KVR_STORE_SUM_BYTES];
-    kvr__chunk_header(key, len, header);
-    kvr__chunk_sum(header, data, len, sum);
+    uint8_t header[KVR__CHUNK_HEADER], sum[KVR_STORE_SUM_BYTES] = {0};
+    /* The checksum guards bytes that leave memory; a host-only tier computes
+     * it only when asked to re-check its hits (verify_host). */
+    if (st->dir != NULL || st->opts.verify_host) {
+        kvr__chunk_header(key, len, header);
+        kvr__chunk_sum(header, data, len, sum);
+    }
     if (st->dir != NULL) {
         kvr_status_t s = kvr__disk_write(st, key, data, len, sum, err);
         if (s != KVR_OK) {
@@ -316,7 +321,7 @@ kvr_status_t kvr_store_verify(const char *dir, kvr_store_bad_fn bad,
         bool tmp = strncmp(n, ".tmp-", 5) == 0;
         if (!tmp && !ends_with(n, ".kvc"))
             continue;
-        if (!tmp && kvr__disk_check(dirfd(d), n, &why) == KVR_OK) {
+        if (!tmp && kvr__disk_check(dirfd(d), n, true, &why) == KVR_OK) {
             ok++;
             continue;
         }

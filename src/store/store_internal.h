@@ -57,8 +57,10 @@ kvr_status_t kvr__disk_read(kvr_store_t *st, const kvr_chunk_key_t *key,
                             uint8_t sum[KVR_STORE_SUM_BYTES],
                             kvr_error_t *err);
 bool kvr__disk_has(kvr_store_t *st, const kvr_chunk_key_t *key);
-/* Checks one chunk file at dirfd/name: KVR_OK or why not in err. */
-kvr_status_t kvr__disk_check(int dirfd, const char *name, kvr_error_t *err);
+/* Checks one chunk file at dirfd/name: its header names it and its size
+ * matches, and with full its checksum. KVR_OK or why not in err. */
+kvr_status_t kvr__disk_check(int dirfd, const char *name, bool full,
+                             kvr_error_t *err);
 const char *kvr__disk_backend(const kvr_store_t *st);
 
 /* store.c: a chunk's payload, from the host tier or the disk (promoted);
