@@ -286,7 +286,7 @@ kvr_status_t kvr_store_save(kvr_store_t *st, const kvr_store_io_t *io,
         if (kvr_store_contains(st, &key))
             continue;
         uint64_t len = x.table_bytes + x.data_bytes;
-        uint8_t *buf = calloc(1, len);
+        uint8_t *buf = kvr__store_alloc(st, len);
         if (buf == NULL) {
             s = kvr_error_set(err, KVR_ERR_NO_MEMORY, "store save: chunk of "
                               "%llu bytes", (unsigned long long)len);

@@ -51,6 +51,39 @@ static kvr__entry_t *find(kvr_store_t *st, const kvr_chunk_key_t *key)
     return NULL;
 }
 
+static void keep_spare(kvr_store_t *st, uint8_t *data, uint64_t len)
+{
+    for (int i = 0; i < KVR__SPARES; i++)
+        if (st->spare[i] == NULL) {
+            st->spare[i] = data;
+            st->spare_len[i] = len;
+            return;
+        }
+    free(data);
+}
+
+uint8_t *kvr__store_alloc(kvr_store_t *st, uint64_t len)
+{
+    for (int i = 0; i < KVR__SPARES; i++)
+        if (st->spare[i] != NULL && st->spare_len[i] == len) {
+            uint8_t *b = st->spare[i];
+            st->spare[i] = NULL;
+            return b;
+        }
+    return malloc(len ? len : 1);
+}
+
+static void evict_tail(kvr_store_t *st)
+{
+    kvr__entry_t *e = st->tail;
+    uint8_t *data = e->data;
+    uint64_t len = e->len;
+    e->data = NULL;
+    drop_entry(st, e);
+    keep_spare(st, data, len);
+    st->stats.evictions++;
+}
+
 /* Takes data; a chunk larger than the whole tier is not kept. */
 static void host_insert(kvr_store_t *st, const kvr_chunk_key_t *key,
                         uint8_t *data, uint64_t len, const uint8_t *sum)
@@ -64,10 +97,8 @@ static void host_insert(kvr_store_t *st, const kvr_chunk_key_t *key,
         free(data);
         return;
     }
-    while (st->stats.host_bytes + len > st->opts.host_bytes) {
-        drop_entry(st, st->tail);
-        st->stats.evictions++;
-    }
+    while (st->stats.host_bytes + len > st->opts.host_bytes)
+        evict_tail(st);
     e->key = *key;
     e->data = data;
     e->len = len;
@@ -154,6 +185,8 @@ void kvr_store_close(kvr_store_t *st)
         drop_entry(st, st->head);
     if (st->dir != NULL)
         kvr__disk_close(st);
+    for (int i = 0; i < KVR__SPARES; i++)
+        free(st->spare[i]);
     free(st->spill);
     free(st->dir);
     free(st);
@@ -178,9 +211,10 @@ kvr_status_t kvr__store_put_owned(kvr_store_t *st, const kvr_chunk_key_t *key,
                                   kvr_error_t *err)
 {
     uint8_t header[KVR__CHUNK_HEADER], sum[KVR_STORE_SUM_BYTES] = {0};
-    /* The checksum guards bytes that leave memory; a host-only tier computes
-     * it only when asked to re-check its hits (verify_host). */
-    if (st->dir != NULL || st->opts.verify_host) {
+    /* The checksum guards bytes that leave memory (the disk write computes
+     * it); a host-only tier computes it only when asked to re-check its
+     * hits (verify_host). */
+    if (st->dir == NULL && st->opts.verify_host) {
         kvr__chunk_header(key, len, header);
         kvr__chunk_sum(header, data, len, sum);
     }

@@ -10,6 +10,7 @@
 #define KVR__CHUNK_VERSION 1u
 #define KVR__CHUNK_HEADER 80u
 #define KVR__CHUNK_FRAME (KVR__CHUNK_HEADER + KVR_STORE_SUM_BYTES)
+#define KVR__SPARES 4
 
 /* One host-tier entry, on the LRU list (head: most recent). */
 typedef struct kvr__entry {
@@ -29,6 +30,10 @@ struct kvr_store {
     uint64_t tmp_seq;
     void *ring;   /* io_uring, when built with liburing */
     uint8_t *spill; /* a disk hit the host tier cannot hold */
+    /* buffers of evicted chunks, reused by the next chunks of their size:
+     * a full tier saves into memory already faulted in */
+    uint8_t *spare[KVR__SPARES];
+    uint64_t spare_len[KVR__SPARES];
 };
 
 /* chunk.c: names, header and checksum */
@@ -46,9 +51,10 @@ void kvr__chunk_sum(const uint8_t header[KVR__CHUNK_HEADER],
 /* disk.c: the disk tier */
 kvr_status_t kvr__disk_open(kvr_store_t *st, kvr_error_t *err);
 void kvr__disk_close(kvr_store_t *st);
+/* Writes a chunk durably and computes its checksum into sum. */
 kvr_status_t kvr__disk_write(kvr_store_t *st, const kvr_chunk_key_t *key,
                              const void *data, uint64_t len,
-                             const uint8_t sum[KVR_STORE_SUM_BYTES],
+                             uint8_t sum[KVR_STORE_SUM_BYTES],
                              kvr_error_t *err);
 /* Reads and checks one chunk into a new buffer (*data, freed by the
  * caller). KVR_ERR_NOT_FOUND when absent; KVR_ERR_VERIFY when corrupt. */
@@ -68,6 +74,8 @@ const char *kvr__disk_backend(const kvr_store_t *st);
 kvr_status_t kvr__store_ref(kvr_store_t *st, const kvr_chunk_key_t *key,
                             const uint8_t **data, uint64_t *len,
                             kvr_error_t *err);
+/* A buffer of len bytes for a chunk (a spare of that size, else malloc). */
+uint8_t *kvr__store_alloc(kvr_store_t *st, uint64_t len);
 /* Takes ownership of data (malloc'ed) on success and on failure. */
 kvr_status_t kvr__store_put_owned(kvr_store_t *st, const kvr_chunk_key_t *key,
                                   uint8_t *data, uint64_t len,
