@@ -47,6 +47,7 @@ static kvr_status_t plain_io(int fd, io_dir_t dir, uint8_t *buf, uint64_t len,
     return KVR_OK;
 }
 
+#ifdef KVR_HAVE_URING
 /* Pieces hashed in order as they arrive (reads), so the checksum of a
  * chunk overlaps the reading of its later pieces. */
 typedef struct hasher {
@@ -66,7 +67,6 @@ static void hash_ready(hasher_t *h)
     }
 }
 
-#ifdef KVR_HAVE_URING
 /* DEPTH pieces in flight; a short transfer finishes with plain I/O. */
 static kvr_status_t uring_io(struct io_uring *ring, int fd, io_dir_t dir,
                              uint8_t *buf, uint64_t len, uint64_t off,
@@ -127,9 +127,9 @@ static kvr_status_t do_io(kvr_store_t *st, int fd, io_dir_t dir, void *buf,
                           uint64_t len, uint64_t off,
                           crypto_generichash_state *state, kvr_error_t *err)
 {
-    hasher_t h = {.state = state, .buf = buf, .len = len};
 #ifdef KVR_HAVE_URING
     if (st->ring != NULL && len >= PIECE) {
+        hasher_t h = {.state = state, .buf = buf, .len = len};
         if (state != NULL) {
             h.arrived = calloc(len / PIECE + 1, 1);
             if (h.arrived == NULL)
