@@ -272,7 +272,7 @@ static kvr_status_t read_chunk(kvr_store_t *st, int fd, const char *name,
         (want != NULL && memcmp(&key, want, sizeof key) != 0))
         return kvr_error_set(err, KVR_ERR_VERIFY, "chunk %s: header does not "
                              "match its name or size", name);
-    *data = malloc(*len ? *len : 1);
+    *data = kvr__store_alloc(st, *len);
     if (*data == NULL)
         return kvr_error_set(err, KVR_ERR_NO_MEMORY, "chunk %s: %llu bytes",
                              name, (unsigned long long)*len);

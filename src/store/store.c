@@ -293,8 +293,10 @@ kvr_status_t kvr__store_ref(kvr_store_t *st, const kvr_chunk_key_t *key,
             e = st->head;
         } else {
             /* no room in the host tier: keep it in a one-slot spill */
-            free(st->spill);
+            if (st->spill != NULL)
+                keep_spare(st, st->spill, st->spill_len);
             st->spill = buf;
+            st->spill_len = n;
             *data = buf;
             *len = n;
             return KVR_OK;

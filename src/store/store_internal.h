@@ -30,6 +30,7 @@ struct kvr_store {
     uint64_t tmp_seq;
     void *ring;   /* io_uring, when built with liburing */
     uint8_t *spill; /* a disk hit the host tier cannot hold */
+    uint64_t spill_len;
     /* buffers of evicted chunks, reused by the next chunks of their size:
      * a full tier saves into memory already faulted in */
     uint8_t *spare[KVR__SPARES];
