@@ -345,46 +345,82 @@ static kvr_status_t find_region(const uint8_t *data, uint64_t len,
                          r->layer);
 }
 
-static kvr_status_t scatter(const kvr_store_io_t *io, size_t c,
-                            const uint8_t *data, uint64_t len,
-                            const uint32_t *ident, kvr_error_t *err)
+/* Per load: the canonical source of each consumer region, and where its
+ * bytes sit in a chunk (the same in every chunk of one namespace). */
+typedef struct load_ctx {
+    kvr_layout_t lay; /* canonical producer -> consumer rank */
+    kvr_region_pair_t *pairs;
+    canon_t *canon;
+    uint64_t *off;
+    uint32_t *ident;
+} load_ctx_t;
+
+static kvr_status_t load_begin(const kvr_store_io_t *io, load_ctx_t *x,
+                               kvr_error_t *err)
 {
-    kvr_layout_t l = *io->lay;
-    l.producer_block_size = io->block_size;
-    l.producer_dcp = 1;
-    l.producer_interleave = 1;
+    x->lay = *io->lay;
+    x->lay.producer_block_size = io->block_size;
+    x->lay.producer_dcp = 1;
+    x->lay.producer_interleave = 1;
+    size_t n = io->num_regions + 1;
+    x->pairs = calloc(n, sizeof *x->pairs);
+    x->canon = calloc(n, sizeof *x->canon);
+    x->off = calloc(n, sizeof *x->off);
+    x->ident = identity(io->num_chains * io->chunk / io->block_size);
+    if (!x->pairs || !x->canon || !x->off || !x->ident)
+        return kvr_error_set(err, KVR_ERR_NO_MEMORY, "store load");
+    uint64_t end = io->num_chains * io->chunk;
+    for (size_t i = 0; i < io->num_regions; i++) {
+        const kvr_store_region_t *r = &io->regions[i];
+        kvr_status_t s = canon_of(io->lay, r, true, &x->canon[i], err);
+        if (s != KVR_OK)
+            return s;
+        x->pairs[i].src = canon_desc(&r->desc, &x->canon[i], io->block_size,
+                                     end);
+        x->pairs[i].dst = r->desc;
+    }
+    return KVR_OK;
+}
+
+static void load_end(load_ctx_t *x)
+{
+    free(x->pairs);
+    free(x->canon);
+    free(x->off);
+    free(x->ident);
+}
+
+static kvr_status_t scatter(const kvr_store_io_t *io, load_ctx_t *x, size_t c,
+                            const uint8_t *data, uint64_t len,
+                            kvr_error_t *err)
+{
     uint64_t start = c * io->chunk, end = start + io->chunk;
-    uint64_t v = kvr_virtual_block(io->lay);
-    kvr_request_t req = {.src_blocks = ident,
+    kvr_status_t s = KVR_OK;
+    for (size_t i = 0; s == KVR_OK && i < io->num_regions; i++)
+        s = find_region(data, len, &io->regions[i].desc,
+                        x->canon[i].width * io->chunk, &x->off[i], err);
+    if (s != KVR_OK)
+        return s;
+    kvr_request_t req = {.src_blocks = x->ident,
                          .num_src_blocks = end / io->block_size,
                          .dst_blocks = io->blocks,
                          .num_dst_blocks = io->num_blocks,
                          .num_tokens = end,
-                         .num_computed_blocks = start / v};
-    kvr_status_t s = KVR_OK;
+                         .num_computed_blocks =
+                             start / kvr_virtual_block(io->lay)};
+    kvr_plan_set_t *set = NULL;
+    s = kvr_plan_set_create(&x->lay, io->rank, x->pairs, io->num_regions,
+                            &req, &set, err);
     for (size_t i = 0; s == KVR_OK && i < io->num_regions; i++) {
-        const kvr_store_region_t *r = &io->regions[i];
-        canon_t cn = {0};
-        uint64_t off = 0;
-        s = canon_of(io->lay, r, true, &cn, err);
-        if (s == KVR_OK)
-            s = find_region(data, len, &r->desc, cn.width * io->chunk, &off,
-                            err);
-        kvr_region_pair_t pair = {
-            .src = canon_desc(&r->desc, &cn, io->block_size, end),
-            .dst = r->desc};
-        kvr_plan_t *plan = NULL;
-        if (s == KVR_OK)
-            s = kvr_plan_create(&l, io->rank, &pair, &req, &plan, err);
-        apply_t a = {.src = data + off, .dst = r->base,
-                     .src_off0 = start * cn.width, .dst_off0 = 0,
+        apply_t a = {.src = data + x->off[i], .dst = io->regions[i].base,
+                     .src_off0 = start * x->canon[i].width, .dst_off0 = 0,
                      .canon_is_src = true,
-                     .shuffle = cn.role == KVR_ROLE_INDEX && l.preshuffle,
-                     .D = cn.D, .bs = io->block_size};
-        if (s == KVR_OK)
-            s = apply_plan(plan, &a, err);
-        kvr_plan_destroy(plan);
+                     .shuffle = x->canon[i].role == KVR_ROLE_INDEX &&
+                                x->lay.preshuffle,
+                     .D = x->canon[i].D, .bs = io->block_size};
+        s = apply_plan(kvr_plan_set_plan_of(set, i), &a, err);
     }
+    kvr_plan_set_destroy(set);
     return s;
 }
 
@@ -401,9 +437,8 @@ kvr_status_t kvr_store_load(kvr_store_t *st, const kvr_store_io_t *io,
         return kvr_error_set(err, KVR_ERR_LAYOUT_MISMATCH, "store load: "
                              "consumer bs %u, store bs %u",
                              io->lay->block_size, io->block_size);
-    uint32_t *ident = identity(io->num_chains * io->chunk / io->block_size);
-    if (ident == NULL)
-        return kvr_error_set(err, KVR_ERR_NO_MEMORY, "store load");
+    load_ctx_t x = {0};
+    s = load_begin(io, &x, err);
     for (size_t c = 0; s == KVR_OK && c < io->num_chains; c++) {
         kvr_chunk_key_t key = key_of(io, c);
         const uint8_t *data;
@@ -411,12 +446,12 @@ kvr_status_t kvr_store_load(kvr_store_t *st, const kvr_store_io_t *io,
         kvr_error_t miss;
         if (kvr__store_ref(st, &key, &data, &len, &miss) != KVR_OK)
             break; /* a miss or a corrupt chunk ends the hit */
-        s = scatter(io, c, data, len, ident, err);
+        s = scatter(io, &x, c, data, len, err);
         if (s == KVR_OK) {
             *tokens = (c + 1) * io->chunk;
             st->stats.loaded_bytes += len;
         }
     }
-    free(ident);
+    load_end(&x);
     return s;
 }
