@@ -10,7 +10,6 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <sys/uio.h>
-#include <sodium.h>
 #include <unistd.h>
 #ifdef KVR_HAVE_URING
 #include <liburing.h>
@@ -48,29 +47,10 @@ static kvr_status_t plain_io(int fd, io_dir_t dir, uint8_t *buf, uint64_t len,
 }
 
 #ifdef KVR_HAVE_URING
-/* Pieces hashed in order as they arrive (reads), so the checksum of a
- * chunk overlaps the reading of its later pieces. */
-typedef struct hasher {
-    crypto_generichash_state *state; /* NULL: no hashing */
-    const uint8_t *buf;
-    uint64_t len, done;              /* bytes hashed */
-    uint8_t *arrived;                /* per piece */
-} hasher_t;
-
-static void hash_ready(hasher_t *h)
-{
-    while (h->state != NULL && h->done < h->len &&
-           h->arrived[h->done / PIECE]) {
-        uint64_t n = h->len - h->done > PIECE ? PIECE : h->len - h->done;
-        crypto_generichash_update(h->state, h->buf + h->done, n);
-        h->done += n;
-    }
-}
-
 /* DEPTH pieces in flight; a short transfer finishes with plain I/O. */
 static kvr_status_t uring_io(struct io_uring *ring, int fd, io_dir_t dir,
                              uint8_t *buf, uint64_t len, uint64_t off,
-                             hasher_t *h, kvr_error_t *err)
+                             kvr_error_t *err)
 {
     uint64_t next = 0;
     unsigned inflight = 0;
@@ -110,42 +90,24 @@ static kvr_status_t uring_io(struct io_uring *ring, int fd, io_dir_t dir,
             else if (res >= 0 && (uint64_t)res < want && s == KVR_OK)
                 s = plain_io(fd, dir, buf + at + res, want - res,
                              off + at + res, err);
-            if (h->state != NULL)
-                h->arrived[at / PIECE] = 1;
         }
         if (s != KVR_OK)
             next = len; /* drain what is in flight, submit nothing new */
-        else
-            hash_ready(h);
     }
     return s;
 }
 #endif
 
-/* Moves len bytes; with a hash state, also hashes them in order. */
 static kvr_status_t do_io(kvr_store_t *st, int fd, io_dir_t dir, void *buf,
-                          uint64_t len, uint64_t off,
-                          crypto_generichash_state *state, kvr_error_t *err)
+                          uint64_t len, uint64_t off, kvr_error_t *err)
 {
 #ifdef KVR_HAVE_URING
-    if (st->ring != NULL && len >= PIECE) {
-        hasher_t h = {.state = state, .buf = buf, .len = len};
-        if (state != NULL) {
-            h.arrived = calloc(len / PIECE + 1, 1);
-            if (h.arrived == NULL)
-                return kvr_error_set(err, KVR_ERR_NO_MEMORY, "chunk I/O");
-        }
-        kvr_status_t s = uring_io(st->ring, fd, dir, buf, len, off, &h, err);
-        free(h.arrived);
-        return s;
-    }
+    if (st->ring != NULL && len >= PIECE)
+        return uring_io(st->ring, fd, dir, buf, len, off, err);
 #else
     (void)st;
 #endif
-    kvr_status_t s = plain_io(fd, dir, buf, len, off, err);
-    if (s == KVR_OK && state != NULL)
-        crypto_generichash_update(state, buf, len);
-    return s;
+    return plain_io(fd, dir, buf, len, off, err);
 }
 
 const char *kvr__disk_backend(const kvr_store_t *st)
@@ -199,7 +161,7 @@ static kvr_status_t write_file(kvr_store_t *st, int fd, const uint8_t *header,
                               KVR__CHUNK_HEADER, 0, err);
     if (s == KVR_OK)
         s = do_io(st, fd, IO_WRITE, (void *)data, len, KVR__CHUNK_HEADER,
-                  NULL, err);
+                  err);
     if (s != KVR_OK)
         return s;
     sync_file_range(fd, 0, 0, SYNC_FILE_RANGE_WRITE); /* a hint only */
@@ -276,15 +238,12 @@ static kvr_status_t read_chunk(kvr_store_t *st, int fd, const char *name,
     if (*data == NULL)
         return kvr_error_set(err, KVR_ERR_NO_MEMORY, "chunk %s: %llu bytes",
                              name, (unsigned long long)*len);
-    crypto_generichash_state h;
-    crypto_generichash_init(&h, NULL, 0, KVR_STORE_SUM_BYTES);
-    crypto_generichash_update(&h, header, KVR__CHUNK_HEADER);
-    s = do_io(st, fd, IO_READ, *data, *len, KVR__CHUNK_HEADER, &h, err);
+    s = do_io(st, fd, IO_READ, *data, *len, KVR__CHUNK_HEADER, err);
     if (s == KVR_OK)
         s = plain_io(fd, IO_READ, stored, sizeof stored,
                      KVR__CHUNK_HEADER + *len, err);
     if (s == KVR_OK) {
-        crypto_generichash_final(&h, sum, KVR_STORE_SUM_BYTES);
+        kvr__chunk_sum(header, *data, *len, sum);
         if (memcmp(sum, stored, sizeof stored) != 0)
             s = kvr_error_set(err, KVR_ERR_VERIFY, "chunk %s: checksum "
                               "mismatch", name);

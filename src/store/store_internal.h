@@ -11,6 +11,8 @@
 #define KVR__CHUNK_HEADER 80u
 #define KVR__CHUNK_FRAME (KVR__CHUNK_HEADER + KVR_STORE_SUM_BYTES)
 #define KVR__SPARES 4
+#define KVR__LEAF (4ull << 20)   /* checksum leaf */
+#define KVR__HASH_THREADS 8u
 
 /* One host-tier entry, on the LRU list (head: most recent). */
 typedef struct kvr__entry {
