@@ -2,7 +2,8 @@
 BUILD      ?= build
 ASAN_BUILD ?= build-asan
 TSAN_BUILD ?= build-tsan
-# The threaded tests ThreadSanitizer runs (agents, loopback transport).
+# The threaded tests ThreadSanitizer runs (agents, loopback transport, the
+# store checksum).
 TSAN_TESTS ?= test_agent|test_xfer_loopback|test_store_faults
 JOBS       ?= $(shell nproc)
 KVR        := $(BUILD)/bin/kvrelay

@@ -84,9 +84,11 @@ static void evict_tail(kvr_store_t *st)
     st->stats.evictions++;
 }
 
-/* Takes data; a chunk larger than the whole tier is not kept. */
-static void host_insert(kvr_store_t *st, const kvr_chunk_key_t *key,
-                        uint8_t *data, uint64_t len, const uint8_t *sum)
+/* Takes data; a chunk larger than the whole tier (or with no memory for
+ * its entry) is not kept: NULL, data freed. */
+static kvr__entry_t *host_insert(kvr_store_t *st, const kvr_chunk_key_t *key,
+                                 uint8_t *data, uint64_t len,
+                                 const uint8_t *sum)
 {
     kvr__entry_t *old = find(st, key);
     if (old != NULL)
@@ -95,7 +97,7 @@ static void host_insert(kvr_store_t *st, const kvr_chunk_key_t *key,
     if (e == NULL || len > st->opts.host_bytes) {
         free(e);
         free(data);
-        return;
+        return NULL;
     }
     while (st->stats.host_bytes + len > st->opts.host_bytes)
         evict_tail(st);
@@ -106,6 +108,7 @@ static void host_insert(kvr_store_t *st, const kvr_chunk_key_t *key,
     push_front(st, e);
     st->stats.host_bytes += len;
     st->stats.host_chunks++;
+    return e;
 }
 
 /* ---- open, scan, close ------------------------------------------------- */
@@ -227,7 +230,7 @@ kvr_status_t kvr__store_put_owned(kvr_store_t *st, const kvr_chunk_key_t *key,
     }
     st->stats.saved_bytes += len;
     if (st->opts.host_bytes > 0)
-        host_insert(st, key, data, len, sum);
+        (void)host_insert(st, key, data, len, sum); /* a cache: may drop */
     else
         free(data);
     return KVR_OK;
@@ -289,8 +292,10 @@ kvr_status_t kvr__store_ref(kvr_store_t *st, const kvr_chunk_key_t *key,
         }
         st->stats.disk_hits++;
         if (st->opts.host_bytes >= n) {
-            host_insert(st, key, buf, n, sum);
-            e = st->head;
+            e = host_insert(st, key, buf, n, sum);
+            if (e == NULL)
+                return kvr_error_set(err, KVR_ERR_NO_MEMORY, "store: no "
+                                     "memory for a host-tier entry");
         } else {
             /* no room in the host tier: keep it in a one-slot spill */
             if (st->spill != NULL)
