@@ -124,6 +124,8 @@ typedef struct kvr__alink {
     bool epoll_out;              /* EPOLLOUT registered */
     bool refused;                /* closed by a refusal (not a loss) */
     bool ever_ready;
+    bool unauth;                 /* accepted, handshake not done: counted
+                                    in num_unauth, not in the link table */
     bool regions_sent;           /* consumer: REGIONS went out on it */
     kvr_status_t close_status;
     char close_why[KVR_ERROR_MSG_MAX];
@@ -422,6 +424,7 @@ struct kvr_agent {
     bool slots_freed;             /* waiting stages may be sent now */
     kvr__alink_t *links;
     uint32_t num_links, next_serial;
+    uint32_t num_unauth;          /* links with unauth set (closed or not) */
     kvr__pdir_t *dirs;
     kvr__map_t preq_map, creq_map;
     kvr__preq_t *preqs;
