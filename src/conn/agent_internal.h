@@ -483,6 +483,11 @@ kvr_status_t kvr__alink_dial(kvr_agent_t *a, const char *address,
                              kvr_error_t *err);
 void kvr__alink_accept(kvr_agent_t *a);
 void kvr__alink_on_io(kvr_agent_t *a, kvr__alink_t *l, uint32_t events);
+/* Tests and fuzzing: m handled as if it had arrived on the agent's first
+ * ready link of this kind; false when there is none. Only for an agent
+ * without a progress thread, between kvr_agent_progress calls. */
+bool kvr__alink_inject(kvr_agent_t *a, kvr__alink_kind_t kind,
+                       const kvr_msg_t *m);
 void kvr__alink_close(kvr_agent_t *a, kvr__alink_t *l, kvr_status_t why,
                       const char *fmt, ...)
 #if defined(__GNUC__)

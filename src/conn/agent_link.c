@@ -596,6 +596,17 @@ static void on_frame(kvr_agent_t *a, kvr__alink_t *l, const kvr_msg_t *m)
         refuse(a, l, KVR_ERR_PROTO, "unexpected message on this link");
 }
 
+bool kvr__alink_inject(kvr_agent_t *a, kvr__alink_kind_t kind,
+                       const kvr_msg_t *m)
+{
+    for (kvr__alink_t *l = a->links; l != NULL; l = l->next)
+        if (l->kind == kind && l->state == KVR__LINK_READY) {
+            on_frame(a, l, m);
+            return true;
+        }
+    return false;
+}
+
 static void read_frames(kvr_agent_t *a, kvr__alink_t *l)
 {
     kvr__link_read(l->link);
