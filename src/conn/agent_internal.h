@@ -27,6 +27,8 @@
 #define KVR_AGENT_ADDR_MAX 256u
 #define KVR_AGENT_SLICE_BYTES (1u << 20) /* puts posted per pull per slice */
 #define KVR_AGENT_TURN_WORK_NS 2000000ull /* slices per turn, at most */
+#define KVR_AGENT_CUT_FLUSH_MS 200u /* a pull cut past its deadline: its
+                                       flush, at most */
 #define KVR_AGENT_TURN_BYTES (8ull << 20) /* and at most these bytes */
 #define KVR_AGENT_MAX_SLOTS 16u      /* staging slots granted per stage */
 

@@ -226,6 +226,10 @@ void kvr__alink_close(kvr_agent_t *a, kvr__alink_t *l, kvr_status_t why,
         kvr__link_flush(l->link);
         kvr__link_close(l->link, l->close_status, "%s", l->close_why);
     }
+    /* a peer silent past a deadline: its data endpoint is force-closed at
+     * reaping, not flushed (docs/agent.md Partitions) */
+    if (why == KVR_ERR_TIMEOUT || why == KVR_ERR_TRANSPORT)
+        kvr__dpeer_fail(l->data, l->close_status);
     kvr__agent_log(a, "link %u (%s) closed%s: %s", l->serial, l->address,
                    was_ready ? "" : " before it was ready", l->close_why);
 }
