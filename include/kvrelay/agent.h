@@ -113,6 +113,12 @@ typedef struct kvr_agent_params {
                                  memory on this device, moved gpu-direct
                                  between agents of one host (CUDA IPC,
                                  docs/agent.md gpu-direct) */
+    uint32_t handshake_timeout_ms; /* an accepted link not through its
+                                      handshake (AUTH, with a key) by then
+                                      is closed */
+    uint32_t max_unauth_links; /* accepted links still in their handshake;
+                                  beyond, the oldest is closed (they never
+                                  take the seats of handshaken links) */
 } kvr_agent_params_t;
 
 #define KVR_AGENT_PARAMS_INIT                                                  \
@@ -123,7 +129,8 @@ typedef struct kvr_agent_params {
      .loopback = KVR_LOOPBACK_PARAMS_INIT, .executor = KVR_AGENT_EXEC_AUTO,    \
      .progress_thread = true, .deadline_ms = 30000, .grace_ms = 5000,          \
      .lease_ms = 60000, .unknown_wait_ms = 1000, .idle_close_ms = 60000,       \
-     .connect_timeout_ms = 5000, .max_requests = 1024, .cuda_device = -1}
+     .connect_timeout_ms = 5000, .max_requests = 1024, .cuda_device = -1,  \
+     .handshake_timeout_ms = 3000, .max_unauth_links = 64}
 
 typedef struct kvr_agent kvr_agent_t;
 

@@ -122,6 +122,12 @@ kvr_status_t kvr_ep_create(kvr_transport_t *t, const void *addr, size_t len,
 void kvr_ep_destroy(kvr_ep_t *ep);
 /* KVR_OK while healthy; the error that killed it otherwise. */
 kvr_status_t kvr_ep_status(const kvr_ep_t *ep);
+/* Declares ep dead with st (not KVR_OK), e.g. KVR_ERR_TIMEOUT when its
+ * peer stayed silent past a deadline: waits on it end, later operations
+ * fail with st, and kvr_ep_destroy force-closes it (UCX: no flush,
+ * outstanding operations cancelled) instead of waiting on the peer. A
+ * failed ep keeps its first error. */
+kvr_status_t kvr_ep_fail(kvr_ep_t *ep, kvr_status_t st);
 
 /* Registers existing memory (UCX: puts into it are emulated and need the
  * owner to progress). */

@@ -35,7 +35,8 @@ static inline uint64_t kvr__get_le(const void *p, size_t n)
     X(WRONG_NONCE, "wrong-nonce")                                              \
     X(DUP_DONE, "dup-done")                                                    \
     X(BAD_BLOCKS, "bad-blocks")                                                \
-    X(DIE_ASSIGN, "die-assign")
+    X(DIE_ASSIGN, "die-assign")                                                \
+    X(STORE_ENOSPC, "store-enospc")
 
 /* clang-format off */
 typedef enum {

@@ -89,6 +89,11 @@ static kvr_status_t check_times(const kvr_agent_params_t *p, kvr_error_t *err)
         st = check_ms(p->idle_close_ms, 1, "idle link close", err);
     if (st == KVR_OK)
         st = check_ms(p->connect_timeout_ms, 1, "connect timeout", err);
+    if (st == KVR_OK)
+        st = check_ms(p->handshake_timeout_ms, 1, "handshake timeout", err);
+    if (st == KVR_OK && p->max_unauth_links == 0)
+        st = kvr_error_set(err, KVR_ERR_INVALID, "max_unauth_links is 0 "
+                           "(no peer could connect)");
     return st;
 }
 

@@ -27,6 +27,8 @@
 #define KVR_AGENT_ADDR_MAX 256u
 #define KVR_AGENT_SLICE_BYTES (1u << 20) /* puts posted per pull per slice */
 #define KVR_AGENT_TURN_WORK_NS 2000000ull /* slices per turn, at most */
+#define KVR_AGENT_CUT_FLUSH_MS 200u /* a pull cut past its deadline: its
+                                       flush, at most */
 #define KVR_AGENT_TURN_BYTES (8ull << 20) /* and at most these bytes */
 #define KVR_AGENT_MAX_SLOTS 16u      /* staging slots granted per stage */
 
@@ -124,6 +126,8 @@ typedef struct kvr__alink {
     bool epoll_out;              /* EPOLLOUT registered */
     bool refused;                /* closed by a refusal (not a loss) */
     bool ever_ready;
+    bool unauth;                 /* accepted, handshake not done: counted
+                                    in num_unauth, not in the link table */
     bool regions_sent;           /* consumer: REGIONS went out on it */
     kvr_status_t close_status;
     char close_why[KVR_ERROR_MSG_MAX];
@@ -425,6 +429,7 @@ struct kvr_agent {
     bool slots_freed;             /* waiting stages may be sent now */
     kvr__alink_t *links;
     uint32_t num_links, next_serial;
+    uint32_t num_unauth;          /* links with unauth set (closed or not) */
     kvr__pdir_t *dirs;
     kvr__map_t preq_map, creq_map;
     kvr__preq_t *preqs;
@@ -486,6 +491,11 @@ kvr_status_t kvr__alink_dial(kvr_agent_t *a, const char *address,
                              kvr_error_t *err);
 void kvr__alink_accept(kvr_agent_t *a);
 void kvr__alink_on_io(kvr_agent_t *a, kvr__alink_t *l, uint32_t events);
+/* Tests and fuzzing: m handled as if it had arrived on the agent's first
+ * ready link of this kind; false when there is none. Only for an agent
+ * without a progress thread, between kvr_agent_progress calls. */
+bool kvr__alink_inject(kvr_agent_t *a, kvr__alink_kind_t kind,
+                       const kvr_msg_t *m);
 void kvr__alink_close(kvr_agent_t *a, kvr__alink_t *l, kvr_status_t why,
                       const char *fmt, ...)
 #if defined(__GNUC__)

@@ -22,10 +22,27 @@ static uint64_t ms_ns(uint32_t ms)
     return (uint64_t)ms * 1000000ull;
 }
 
+/* Accepted links are unauthenticated until their handshake is done: they
+ * live on their own budget (max_unauth_links, handshake_timeout_ms) and
+ * never take the seats of the link table (docs/security.md). */
+static bool table_full(const kvr_agent_t *a)
+{
+    return a->num_links - a->num_unauth >= KVR_AGENT_MAX_LINKS;
+}
+
+static void leave_unauth(kvr_agent_t *a, kvr__alink_t *l)
+{
+    if (l->unauth) {
+        l->unauth = false;
+        a->num_unauth--;
+    }
+}
+
 static kvr__alink_t *link_new(kvr_agent_t *a, kvr__alink_kind_t kind,
                               const char *address)
 {
-    if (a->num_links >= KVR_AGENT_MAX_LINKS)
+    bool unauth = kind == KVR__LINK_ACCEPT;
+    if (!unauth && table_full(a))
         return NULL;
     kvr__alink_t *l = calloc(1, sizeof(*l));
     if (l == NULL)
@@ -34,8 +51,11 @@ static kvr__alink_t *link_new(kvr_agent_t *a, kvr__alink_kind_t kind,
     l->fd = -1;
     l->staging = -1;
     l->serial = ++a->next_serial;
+    l->unauth = unauth;
+    a->num_unauth += unauth;
     snprintf(l->address, sizeof(l->address), "%s", address);
-    l->deadline_ns = kvr_now_ns() + ms_ns(a->p.connect_timeout_ms);
+    l->deadline_ns = kvr_now_ns() + ms_ns(unauth ? a->p.handshake_timeout_ms
+                                                 : a->p.connect_timeout_ms);
     l->last_used_ns = kvr_now_ns();
     l->next = a->links;
     if (a->links)
@@ -128,9 +148,29 @@ static kvr_status_t attach_socket(kvr_agent_t *a, kvr__alink_t *l, int fd,
     return KVR_OK;
 }
 
+/* The unauthenticated budget is full: the oldest such link goes, so a
+ * flood of idle connections cannot keep a real peer out. */
+static void make_unauth_room(kvr_agent_t *a)
+{
+    uint32_t live = 0;
+    kvr__alink_t *oldest = NULL;
+    for (kvr__alink_t *l = a->links; l != NULL; l = l->next)
+        if (l->unauth && l->state != KVR__LINK_CLOSED) {
+            live++;
+            oldest = l; /* new links go to the front */
+        }
+    if (live >= a->p.max_unauth_links && oldest != NULL)
+        kvr__alink_close(a, oldest, KVR_ERR_PEER_DEAD,
+                         "%u connections in their handshake: the oldest, "
+                         "from %s, closed for a new one", live,
+                         oldest->address);
+}
+
+/* At most max_unauth_links a turn: the ones closed for room are reaped
+ * (their fds closed) before more come in; the listener stays readable. */
 void kvr__alink_accept(kvr_agent_t *a)
 {
-    for (;;) {
+    for (uint32_t i = 0; i < a->p.max_unauth_links; i++) {
         struct sockaddr_storage ss;
         socklen_t len = sizeof(ss);
         int fd = accept4(a->listen_fd, (struct sockaddr *)&ss, &len,
@@ -145,10 +185,11 @@ void kvr__alink_accept(kvr_agent_t *a)
         snprintf(peer, sizeof(peer), "%s:%u", host,
                  ss.ss_family == AF_INET
                      ? ntohs(((struct sockaddr_in *)&ss)->sin_port) : 0u);
+        make_unauth_room(a);
         kvr__alink_t *l = link_new(a, KVR__LINK_ACCEPT, peer);
         if (l == NULL) {
             close(fd);
-            kvr__agent_log(a, "refused %s: %u links open", peer, a->num_links);
+            kvr__agent_log(a, "refused %s: no memory for a link", peer);
             continue;
         }
         if (kvr__loop_watch(a, fd, l, false) != KVR_OK) {
@@ -195,6 +236,10 @@ void kvr__alink_close(kvr_agent_t *a, kvr__alink_t *l, kvr_status_t why,
         kvr__link_flush(l->link);
         kvr__link_close(l->link, l->close_status, "%s", l->close_why);
     }
+    /* a peer silent past a deadline: its data endpoint is force-closed at
+     * reaping, not flushed (docs/agent.md Partitions) */
+    if (why == KVR_ERR_TIMEOUT || why == KVR_ERR_TRANSPORT)
+        kvr__dpeer_fail(l->data, l->close_status);
     kvr__agent_log(a, "link %u (%s) closed%s: %s", l->serial, l->address,
                    was_ready ? "" : " before it was ready", l->close_why);
 }
@@ -465,6 +510,11 @@ static void close_old_incarnations(kvr_agent_t *a, kvr__alink_t *l)
 
 static void on_ready(kvr_agent_t *a, kvr__alink_t *l)
 {
+    leave_unauth(a, l);
+    if (a->num_links - a->num_unauth > KVR_AGENT_MAX_LINKS) {
+        refuse(a, l, KVR_ERR_NO_SPACE, "link table full");
+        return;
+    }
     l->state = KVR__LINK_READY;
     l->ever_ready = true;
     l->last_used_ns = kvr_now_ns();
@@ -562,6 +612,17 @@ static void on_frame(kvr_agent_t *a, kvr__alink_t *l, const kvr_msg_t *m)
         refuse(a, l, KVR_ERR_PROTO, "unexpected message on this link");
 }
 
+bool kvr__alink_inject(kvr_agent_t *a, kvr__alink_kind_t kind,
+                       const kvr_msg_t *m)
+{
+    for (kvr__alink_t *l = a->links; l != NULL; l = l->next)
+        if (l->kind == kind && l->state == KVR__LINK_READY) {
+            on_frame(a, l, m);
+            return true;
+        }
+    return false;
+}
+
 static void read_frames(kvr_agent_t *a, kvr__alink_t *l)
 {
     kvr__link_read(l->link);
@@ -611,7 +672,9 @@ static void tick_one(kvr_agent_t *a, kvr__alink_t *l, uint64_t now,
             kvr__alink_close(a, l, KVR_ERR_TIMEOUT, "%s %s: no answer within "
                              "%u ms", l->state == KVR__LINK_CONNECTING
                                           ? "connect" : "handshake with",
-                             l->address, a->p.connect_timeout_ms);
+                             l->address, l->unauth
+                                             ? a->p.handshake_timeout_ms
+                                             : a->p.connect_timeout_ms);
         at = l->deadline_ns;
     } else if (l->state == KVR__LINK_READY && l->users == 0 &&
                l->pending == NULL && (l->kind == KVR__LINK_STAGE ||
@@ -652,6 +715,7 @@ static void link_free(kvr_agent_t *a, kvr__alink_t *l)
         free(p);
     }
     kvr__link_destroy(l->link);
+    leave_unauth(a, l);
     if (l->prev)
         l->prev->next = l->next;
     else

@@ -71,6 +71,19 @@ static void unlist_active(kvr_agent_t *a, kvr__pull_t *p)
     p->work_next = NULL;
 }
 
+/* How long a cut waits for the pull's posted puts: past its deadline (a
+ * stalled or partitioned peer) a short while, else up to the grace; a
+ * flush not done by then closes the link and force-closes its endpoint
+ * (kvr__alink_close), so the loop never waits on a silent peer. */
+static uint64_t cut_flush_by(const kvr_agent_t *a, const kvr__pull_t *p)
+{
+    uint64_t now = kvr_now_ns();
+    uint64_t grace = ms_ns(a->p.grace_ms), brief = ms_ns(KVR_AGENT_CUT_FLUSH_MS);
+    if (now >= p->deadline_ns)
+        return now + (grace < brief ? grace : brief);
+    return now + grace < p->deadline_ns ? p->deadline_ns : now + grace;
+}
+
 /* Stops a pull that may have puts posted: after the flush no byte of it
  * can land, so its WRITE_FAILED tells the consumer the truth. */
 static void cut(kvr_agent_t *a, kvr__pull_t *p, kvr_status_t st,
@@ -81,14 +94,10 @@ static void cut(kvr_agent_t *a, kvr__pull_t *p, kvr_status_t st,
         kvr__gpu_job_free(p->job); /* its kernels end first */
         p->job = NULL;
         kvr_error_t err = {0};
-        uint64_t by = kvr_now_ns() + ms_ns(a->p.grace_ms);
-        if (p->link && p->link->data &&
-            kvr__data_flush(p->link->data, by < p->deadline_ns ? p->deadline_ns
-                                                               : by,
-                            &err) != KVR_OK) {
-            kvr__alink_close(a, p->link, KVR_ERR_TRANSPORT, "cut off: %s",
+        if (p->link && p->link->data && p->link->state != KVR__LINK_CLOSED &&
+            kvr__data_flush(p->link->data, cut_flush_by(a, p), &err) != KVR_OK)
+            kvr__alink_close(a, p->link, KVR_ERR_TIMEOUT, "cut off: %s",
                              err.msg);
-        }
     }
     if (p->state == KVR__PULL_HELD || p->state == KVR__PULL_MOVING)
         answer(a, p, st, text);
@@ -733,6 +742,15 @@ static void die_mid(kvr__pull_t *p)
     kvr__failpoint_exit();
 }
 
+/* A put waits for room in the peer's window at most one turn's work,
+ * never to the pull's deadline: a stalled peer must not hold the loop (and
+ * every other request) with it. */
+static uint64_t turn_bound(const kvr__pull_t *p)
+{
+    uint64_t by = kvr_now_ns() + KVR_AGENT_TURN_WORK_NS;
+    return by < p->deadline_ns ? by : p->deadline_ns;
+}
+
 /* One slice of one pull; true when the pull left the active list (done,
  * failed, or a staged one waiting for an ack). */
 static bool slice(kvr_agent_t *a, kvr__pull_t *p, uint64_t *moved)
@@ -749,14 +767,18 @@ static bool slice(kvr_agent_t *a, kvr__pull_t *p, uint64_t *moved)
         st = kvr__staged_slice(a, p, moved, &done, &err);
     else
         st = kvr__data_put_some(p->link->data, p->segs, p->nsegs, &p->cur,
-                                KVR_AGENT_SLICE_BYTES, p->deadline_ns, &done,
+                                KVR_AGENT_SLICE_BYTES, turn_bound(p), &done,
                                 moved, &err);
+    if (st == KVR_ERR_TIMEOUT && kvr_now_ns() < p->deadline_ns)
+        return false; /* the peer's window is full: next turn */
     if (st == KVR_OK && !done && p->waiting_ack)
         unlist_active(a, p); /* back on an ack */
     if (st == KVR_OK && !done)
         return p->waiting_ack;
     if (st == KVR_OK && !p->staged && !p->gpu) /* staged: flushed by chunk */
-        st = kvr__data_flush(p->link->data, p->deadline_ns, &err);
+        st = kvr__data_flush(p->link->data, turn_bound(p), &err);
+    if (st == KVR_ERR_TIMEOUT && kvr_now_ns() < p->deadline_ns)
+        return false; /* flushed again next turn */
     unlist_active(a, p);
     answer(a, p, st, err.msg);
     if (r != NULL)

@@ -174,6 +174,12 @@ void kvr__dpeer_close(kvr__dpeer_t *p)
     free(p);
 }
 
+void kvr__dpeer_fail(kvr__dpeer_t *p, kvr_status_t st)
+{
+    if (p != NULL && p->ep != NULL)
+        kvr_ep_fail(p->ep, st);
+}
+
 kvr_status_t kvr__dpeer_map(kvr__dpeer_t *p, uint64_t base, uint64_t len,
                             const uint8_t *rkey, uint32_t rkey_len,
                             uint32_t *index, kvr_error_t *err)
@@ -259,10 +265,13 @@ kvr_status_t kvr__data_put_some(kvr__dpeer_t *p, const kvr__dseg_t *segs,
         if (segs[cur->seg].remote >= p->num_maps)
             return kvr_error_set(err, KVR_ERR_INVALID, "mapping %u",
                                  segs[cur->seg].remote);
-        const kvr_run_t *r = &runs[cur->run++];
+        const kvr_run_t *r = &runs[cur->run];
         st = kvr_xfer_put(p->ep, (const uint8_t *)segs[cur->seg].src + r->src,
                           r->len, p->maps[segs[cur->seg].remote], r->dst,
                           deadline_ns);
+        if (st != KVR_OK)
+            break; /* not posted: the cursor stays on it */
+        cur->run++;
         posted += r->len;
     }
     *moved += posted;

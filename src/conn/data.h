@@ -35,6 +35,9 @@ kvr_status_t kvr__dmem_rkey(kvr__dmem_t *m, uint8_t *rkey, uint32_t *len);
 kvr_status_t kvr__dpeer_open(kvr__data_t *d, const void *addr, size_t len,
                              kvr__dpeer_t **out, kvr_error_t *err);
 void kvr__dpeer_close(kvr__dpeer_t *p);
+/* The peer went silent past a deadline: its endpoint is declared dead, so
+ * nothing waits on it any more and closing it is a forced close. */
+void kvr__dpeer_fail(kvr__dpeer_t *p, kvr_status_t st);
 /* Opens [base, base+len) of a peer region (sub-ranges of one registration
  * share its rkey); returns its index for later puts. */
 kvr_status_t kvr__dpeer_map(kvr__dpeer_t *p, uint64_t base, uint64_t len,

@@ -64,6 +64,13 @@ kvr_status_t kvr_ep_status(const kvr_ep_t *ep)
     return ep ? kvr__ep_failed(ep) : KVR_ERR_INVALID;
 }
 
+kvr_status_t kvr_ep_fail(kvr_ep_t *ep, kvr_status_t st)
+{
+    if (ep == NULL || st == KVR_OK)
+        return KVR_ERR_INVALID;
+    return kvr__ep_set_failed(ep, st);
+}
+
 static kvr_status_t mem_map(kvr_transport_t *t, void *addr, size_t len,
                             bool allocate, kvr_mem_t **out)
 {

@@ -227,6 +227,75 @@ static void test_slow_puts(void **state)
     world_free(w);
 }
 
+#define STALL_DEADLINE_MS 1500u
+#define STALL_GRACE_MS 1000u
+#define STALL_MARGIN_MS 3000u /* a loaded 2-core machine under ASan */
+#define STALLED 4u
+
+/* Puts complete (and flushes return) far past every deadline: a stopped
+ * or partitioned peer, in one process. */
+static void stalled_puts(kvr_agent_params_t *p)
+{
+    p->loopback.delay_ms = 60000;
+    p->grace_ms = STALL_GRACE_MS;
+}
+
+static void short_grace(kvr_agent_params_t *p)
+{
+    p->grace_ms = STALL_GRACE_MS;
+}
+
+/* Each rank's outcome for r came by deadline plus grace (plus a margin)
+ * after t0 (ms). */
+static void ended_by(world_t *w, const ah_req_t *r, uint64_t t0)
+{
+    for (uint32_t c = 0; c < 2; c++) {
+        ah_wait(&w->cons[c], r->id, KVR_AGENT_RELEASED,
+                STALL_DEADLINE_MS + STALL_GRACE_MS + STALL_MARGIN_MS);
+        assert_int_equal(ah_count(&w->cons[c], r->id, KVR_AGENT_LOADED), 0);
+    }
+    ah_wait(&w->prod[0][0], r->id, KVR_AGENT_SEND_FAILED,
+            STALL_DEADLINE_MS + STALL_GRACE_MS + STALL_MARGIN_MS);
+    uint64_t took = ah_now_ms() - t0;
+    if (took > STALL_DEADLINE_MS + STALL_GRACE_MS + STALL_MARGIN_MS)
+        fail_msg("the stalled request ended %llu ms after the ask",
+                 (unsigned long long)took);
+}
+
+/* A stalled stage (its puts never complete within the deadline): its
+ * STALLED requests fail on both sides by deadline plus grace (cutting one
+ * pull does not wait a grace on the silent peer before the next), while
+ * another instance's request into the same group loads; every agent is
+ * then destroyed promptly (no wait on the stalled endpoint). */
+static void test_stalled_stage(void **state)
+{
+    (void)state;
+    world_t *w = world_new();
+    start_instance(w, 0, A, 1, stalled_puts);
+    start_instance(w, 1, "prefill-b", 1, short_grace);
+    start_group_tweaked(w, 0, false, short_grace);
+    ah_req_t r[STALLED], q;
+    ah_req(&w->m, STALLED, 300, &q);
+    fill_all(w, 1, &q);
+    open_all(w, 1, &q, 0, true);
+    for (uint32_t i = 0; i < STALLED; i++) {
+        ah_req(&w->m, i, 100, &r[i]);
+        open_all(w, 0, &r[i], 0, true);
+    }
+    uint64_t t0 = ah_now_ms();
+    for (uint32_t i = 0; i < STALLED; i++)
+        recv_all(w, 0, A, &r[i], STALL_DEADLINE_MS);
+    recv_all(w, 1, "prefill-b", &q, 0);
+    expect_loaded(w, 1, &q);
+    for (uint32_t i = 0; i < STALLED; i++)
+        ended_by(w, &r[i], t0);
+    uint64_t t1 = ah_now_ms();
+    world_free(w);
+    if (ah_now_ms() - t1 > STALL_MARGIN_MS)
+        fail_msg("destroying the agents took %llu ms",
+                 (unsigned long long)(ah_now_ms() - t1));
+}
+
 /* A lost RELEASE: the stage counts the release at deadline plus grace. */
 static void test_lost_release(void **state)
 {
@@ -325,6 +394,7 @@ int main(void)
         cmocka_unit_test(test_lost_write_done),
         cmocka_unit_test(test_put_failure),
         cmocka_unit_test(test_slow_puts),
+        cmocka_unit_test(test_stalled_stage),
         cmocka_unit_test(test_lost_release),
         cmocka_unit_test(test_stage_lost),
         cmocka_unit_test(test_consumer_restart),

@@ -3,6 +3,10 @@
  * for byte; a wrong key, or a key on one side only, is refused on both
  * sides with the reason; a frame altered on the wire closes its link and
  * fails exactly the requests on it. */
+#include <arpa/inet.h>
+#include <errno.h>
+#include <netinet/in.h>
+#include <poll.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -10,6 +14,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include <cmocka.h>
 
@@ -134,6 +141,93 @@ static void test_tampered_frame(void **state)
     world_free(w);
 }
 
+/* More idle connections than the link table has seats
+ * (KVR_AGENT_MAX_LINKS), so without a budget of their own they would
+ * lock the keyed peers out. */
+#define IDLE_CONNS 1200u
+#define HANDSHAKE_MS 1500u
+
+static void key_a_short_handshake(kvr_agent_params_t *p)
+{
+    p->key = KEY_A;
+    p->handshake_timeout_ms = HANDSHAKE_MS;
+    p->connect_timeout_ms = 60000; /* not what closes the idle ones */
+}
+
+/* Room for the idle sockets, both ends, in this one process. */
+static bool raise_fd_limit(rlim_t need)
+{
+    struct rlimit r;
+    if (getrlimit(RLIMIT_NOFILE, &r) != 0)
+        return false;
+    if (r.rlim_cur >= need)
+        return true;
+    if (r.rlim_max != RLIM_INFINITY && r.rlim_max < need)
+        return false;
+    r.rlim_cur = need;
+    return setrlimit(RLIMIT_NOFILE, &r) == 0;
+}
+
+static int dial_idle(const char *addr)
+{
+    const char *colon = strrchr(addr, ':');
+    struct sockaddr_in in = {.sin_family = AF_INET,
+                             .sin_addr.s_addr = htonl(INADDR_LOOPBACK),
+                             .sin_port = htons((uint16_t)atoi(colon + 1))};
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    assert_true(fd >= 0);
+    if (connect(fd, (struct sockaddr *)&in, sizeof(in)) != 0)
+        fail_msg("idle connection to %s: %s", addr, strerror(errno));
+    return fd;
+}
+
+/* The agent closed fd: EOF or a reset, by end. */
+static bool closed_by(int fd, uint64_t end)
+{
+    for (;;) {
+        uint64_t now = ah_now_ms();
+        struct pollfd p = {.fd = fd, .events = POLLIN};
+        if (now >= end || poll(&p, 1, (int)(end - now)) <= 0)
+            return false;
+        char c;
+        ssize_t n = recv(fd, &c, 1, MSG_DONTWAIT);
+        if (n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK))
+            return true;
+    }
+}
+
+/* IDLE_CONNS connections that never send a byte are held open to a keyed
+ * producer; a keyed decode group still completes its handshakes and
+ * loads byte for byte, and every idle connection is closed: the oldest
+ * for room, the rest at the handshake limit. */
+static void test_idle_flood(void **state)
+{
+    (void)state;
+    if (!raise_fd_limit(IDLE_CONNS * 2 + 512))
+        skip(); /* cannot hold both ends of the idle sockets */
+    world_t *w = world_new();
+    start_instance(w, 0, "prefill-a", 1, key_a_short_handshake);
+    static int idle[IDLE_CONNS];
+    for (uint32_t i = 0; i < IDLE_CONNS; i++)
+        idle[i] = dial_idle(head_addr(w, 0));
+    uint64_t dialled = ah_now_ms();
+    start_group_tweaked(w, 0, false, key_a);
+    ah_req_t r;
+    ah_req(&w->m, 3, 200, &r);
+    fill_all(w, 0, &r);
+    open_all(w, 0, &r, 0, true);
+    recv_all(w, 0, "prefill-a", &r, 0);
+    expect_loaded(w, 0, &r);
+    uint64_t end = dialled + HANDSHAKE_MS + AH_WAIT_MS;
+    for (uint32_t i = 0; i < IDLE_CONNS; i++) {
+        if (!closed_by(idle[i], end))
+            fail_msg("idle connection %u still open %llu ms after the last "
+                     "was made", i, (unsigned long long)(ah_now_ms() - dialled));
+        close(idle[i]);
+    }
+    world_free(w);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -141,6 +235,7 @@ int main(void)
         cmocka_unit_test(test_wrong_key),
         cmocka_unit_test(test_key_on_one_side),
         cmocka_unit_test(test_tampered_frame),
+        cmocka_unit_test(test_idle_flood),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -1,0 +1,150 @@
+/* kvrelay store layer: the offload tier (docs/store.md, docs/design.md §17).
+ * Chunks of `chunk` tokens keyed by a namespace key and the prefix hash chain
+ * up to the chunk's end, kept in canonical form (independent of any rank
+ * layout) in a bounded host-memory tier over a local-disk tier. Every chunk
+ * carries a BLAKE2b checksum; a chunk that fails it is reported and treated
+ * as a miss, never loaded. Not thread-safe: one store per thread. */
+#ifndef KVRELAY_STORE_H
+#define KVRELAY_STORE_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "kvrelay/completion.h"
+#include "kvrelay/plan.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+KVR_API_BEGIN
+
+#define KVR_STORE_NS_BYTES 16
+#define KVR_STORE_SUM_BYTES 32
+/* file name: <ns 32 hex>-<chain 64 hex>-p<part>.kvc */
+#define KVR_STORE_NAME_MAX 128
+
+/* Identity of one stored chunk: namespace, the prefix hash chain over
+ * chunk-sized blocks up to the chunk's end, and the part (the PP stage whose
+ * layers it holds). */
+typedef struct kvr_chunk_key {
+    uint8_t ns[KVR_STORE_NS_BYTES];
+    kvr_block_hash_t chain;
+    uint32_t part;
+} kvr_chunk_key_t;
+
+typedef struct kvr_store_opts {
+    const char *dir;     /* disk tier directory (created); NULL: host only */
+    uint64_t host_bytes; /* host tier bound; 0: no host tier */
+    bool verify_host;    /* re-check the checksum on host-tier hits too */
+    bool quick_scan;     /* the open scan checks headers and sizes only
+                            (payload checksums are still checked on every
+                            load and by kvr_store_verify) */
+} kvr_store_opts_t;
+
+typedef struct kvr_store_stats {
+    uint64_t host_bytes, host_chunks;   /* held now */
+    uint64_t host_hits, disk_hits, misses;
+    uint64_t corrupt;                   /* chunks found corrupt on load */
+    uint64_t evictions;
+    uint64_t scan_ok;                   /* valid chunks found by the scan */
+    uint64_t scan_dropped_temp;         /* unfinished writes removed */
+    uint64_t scan_dropped_corrupt;      /* renamed to *.corrupt by the scan */
+    uint64_t saved_bytes, loaded_bytes; /* chunk payload bytes */
+} kvr_store_stats_t;
+
+typedef struct kvr_store kvr_store_t;
+
+/* Opens (creating the directory) and scans the disk tier: unfinished temp
+ * files are removed and corrupt chunks renamed to <name>.corrupt, both
+ * counted in the stats. */
+kvr_status_t kvr_store_open(const kvr_store_opts_t *opts, kvr_store_t **out,
+                            kvr_error_t *err);
+void kvr_store_close(kvr_store_t *st);
+void kvr_store_stats(const kvr_store_t *st, kvr_store_stats_t *out);
+/* "host+disk (uring)" or similar: what the store runs with. */
+const char *kvr_store_backend(const kvr_store_t *st);
+
+/* Raw chunks. put copies len payload bytes into the host tier (LRU) and,
+ * with a directory, writes them to disk durably (temp name, fsync, rename);
+ * a failed disk write (KVR_ERR_IO naming errno, e.g. a full disk) leaves
+ * no chunk on disk. get copies the payload into buf: KVR_ERR_NOT_FOUND on a
+ * miss or on a corrupt chunk (counted in stats.corrupt), KVR_ERR_BUFFER_SMALL
+ * when cap < its length (*len says it). */
+kvr_status_t kvr_store_put(kvr_store_t *st, const kvr_chunk_key_t *key,
+                           const void *data, uint64_t len, kvr_error_t *err);
+kvr_status_t kvr_store_get(kvr_store_t *st, const kvr_chunk_key_t *key,
+                           void *buf, uint64_t cap, uint64_t *len,
+                           kvr_error_t *err);
+bool kvr_store_contains(kvr_store_t *st, const kvr_chunk_key_t *key);
+
+/* Checks every chunk file in dir against its checksum without changing
+ * anything; calls bad(name, why, arg) for each corrupt or unfinished one.
+ * *num_ok and *num_bad (either may be NULL) get the counts. */
+typedef void (*kvr_store_bad_fn)(const char *name, const char *why,
+                                 void *arg);
+kvr_status_t kvr_store_verify(const char *dir, kvr_store_bad_fn bad,
+                              void *arg, uint64_t *num_ok, uint64_t *num_bad,
+                              kvr_error_t *err);
+
+/* Namespace key of a store: BLAKE2b of the offload key of desc taken at the
+ * canonical layout (W = I = tp = 1, no replication, no preshuffle: a chunk
+ * does not depend on them) and of the model geometry: every region's role,
+ * layer and token widths, plus the speculative config text (NULL: none). */
+kvr_status_t kvr_store_namespace(const kvr_offload_desc_t *desc,
+                                 const kvr_region_desc_t *regions,
+                                 size_t num_regions, const char *spec_config,
+                                 uint8_t out[KVR_STORE_NS_BYTES],
+                                 kvr_error_t *err);
+
+/* Chain hashes of the full chunks of tokens (chunk-sized hash blocks, so
+ * they do not depend on any rank layout); out needs num_tokens / chunk. */
+kvr_status_t kvr_store_chains(const uint32_t *tokens, size_t num_tokens,
+                              uint64_t chunk, kvr_block_hash_t *out,
+                              size_t cap, size_t *num, kvr_error_t *err);
+
+/* ---- save and load through the planner -------------------------------- */
+
+/* A region of one side and where it lives in this process. */
+typedef struct kvr_store_region {
+    kvr_region_desc_t desc;
+    void *base;
+} kvr_store_region_t;
+
+/* One request of one side: its layout (a producer for a save: W_p = 1, any
+ * bs_p; a consumer for a load: any W, I, replication, preshuffle, at the
+ * store's bs), its regions (a save: the PP stage's layers; MLA and INDEX)
+ * and its full block table. */
+typedef struct kvr_store_io {
+    const uint8_t *ns;                /* KVR_STORE_NS_BYTES */
+    uint32_t part;                    /* PP stage */
+    uint32_t block_size;              /* the store's canonical bs */
+    uint64_t chunk;                   /* tokens per chunk, multiple of bs*W */
+    const kvr_block_hash_t *chains;   /* one per full chunk of the request */
+    size_t num_chains;
+    const kvr_layout_t *lay;
+    uint32_t rank;                    /* consumer DCP rank (load) */
+    const kvr_store_region_t *regions;
+    size_t num_regions;
+    const uint32_t *blocks;           /* the side's block table */
+    size_t num_blocks;
+} kvr_store_io_t;
+
+/* Saves chunks [0, num_chains) of the request (each in canonical form), in
+ * order; chunks already present are skipped. On an error the chunks before
+ * the failing one stay saved (each whole) and the save stops there. *saved
+ * (may be NULL) gets the number written. */
+kvr_status_t kvr_store_save(kvr_store_t *st, const kvr_store_io_t *io,
+                            size_t *saved, kvr_error_t *err);
+/* Loads the longest run of leading chunks present and valid into the
+ * consumer rank's regions; *tokens gets its length (floor(hit / chunk) *
+ * chunk). A chunk is checked against its checksum before any of its bytes
+ * are scattered; a corrupt one ends the hit there. */
+kvr_status_t kvr_store_load(kvr_store_t *st, const kvr_store_io_t *io,
+                            uint64_t *tokens, kvr_error_t *err);
+
+KVR_API_END
+#ifdef __cplusplus
+}
+#endif
+#endif

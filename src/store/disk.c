@@ -1,0 +1,309 @@
+/* The disk tier (docs/store.md): one directory of chunk files. A chunk is
+ * written to a temp name, fsynced, renamed and the directory fsynced, so a
+ * crash leaves either the whole chunk or a temp file the next open removes.
+ * Large transfers go through io_uring when liburing is present and the
+ * kernel allows it, else through plain pread/pwrite. */
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/uio.h>
+#include <unistd.h>
+#ifdef KVR_HAVE_URING
+#include <liburing.h>
+#endif
+
+#include "base_internal.h"
+#include "store_internal.h"
+
+#define PIECE (4u << 20) /* bytes per I/O request */
+#define DEPTH 16u        /* requests in flight */
+
+typedef enum { IO_READ, IO_WRITE } io_dir_t;
+
+static kvr_status_t plain_io(int fd, io_dir_t dir, uint8_t *buf, uint64_t len,
+                             uint64_t off, kvr_error_t *err)
+{
+    uint64_t done = 0;
+    while (done < len) {
+        size_t n = len - done > (1u << 30) ? (1u << 30) : len - done;
+        ssize_t r = dir == IO_WRITE ? pwrite(fd, buf + done, n, off + done)
+                                    : pread(fd, buf + done, n, off + done);
+        if (r < 0 && errno == EINTR)
+            continue;
+        if (r < 0)
+            return kvr_error_set(err, KVR_ERR_IO, "%s at %llu: %s",
+                                 dir == IO_WRITE ? "write" : "read",
+                                 (unsigned long long)(off + done),
+                                 strerror(errno));
+        if (r == 0)
+            return kvr_error_set(err, KVR_ERR_IO, "short read at %llu",
+                                 (unsigned long long)(off + done));
+        done += (uint64_t)r;
+    }
+    return KVR_OK;
+}
+
+#ifdef KVR_HAVE_URING
+/* DEPTH pieces in flight; a short transfer finishes with plain I/O. */
+static kvr_status_t uring_io(struct io_uring *ring, int fd, io_dir_t dir,
+                             uint8_t *buf, uint64_t len, uint64_t off,
+                             kvr_error_t *err)
+{
+    uint64_t next = 0;
+    unsigned inflight = 0;
+    kvr_status_t s = KVR_OK;
+    while (next < len || inflight > 0) {
+        while (next < len && inflight < DEPTH) {
+            struct io_uring_sqe *sqe = io_uring_get_sqe(ring);
+            if (sqe == NULL)
+                break;
+            unsigned n = len - next > PIECE ? PIECE : (unsigned)(len - next);
+            if (dir == IO_WRITE)
+                io_uring_prep_write(sqe, fd, buf + next, n, off + next);
+            else
+                io_uring_prep_read(sqe, fd, buf + next, n, off + next);
+            sqe->user_data = next;
+            next += n;
+            inflight++;
+        }
+        if (inflight == 0)
+            break;
+        int r = io_uring_submit_and_wait(ring, 1);
+        if (r < 0 && r != -EINTR)
+            return kvr_error_set(err, KVR_ERR_IO, "io_uring submit: %s",
+                                 strerror(-r));
+        struct io_uring_cqe *cqe;
+        while (io_uring_peek_cqe(ring, &cqe) == 0) {
+            uint64_t at = cqe->user_data;
+            int res = cqe->res;
+            io_uring_cqe_seen(ring, cqe);
+            inflight--;
+            uint64_t want = len - at > PIECE ? PIECE : len - at;
+            if (res < 0 && s == KVR_OK)
+                s = kvr_error_set(err, KVR_ERR_IO, "%s at %llu: %s",
+                                  dir == IO_WRITE ? "write" : "read",
+                                  (unsigned long long)(off + at),
+                                  strerror(-res));
+            else if (res >= 0 && (uint64_t)res < want && s == KVR_OK)
+                s = plain_io(fd, dir, buf + at + res, want - res,
+                             off + at + res, err);
+        }
+        if (s != KVR_OK)
+            next = len; /* drain what is in flight, submit nothing new */
+    }
+    return s;
+}
+#endif
+
+static kvr_status_t do_io(kvr_store_t *st, int fd, io_dir_t dir, void *buf,
+                          uint64_t len, uint64_t off, kvr_error_t *err)
+{
+#ifdef KVR_HAVE_URING
+    if (st->ring != NULL && len >= PIECE)
+        return uring_io(st->ring, fd, dir, buf, len, off, err);
+#else
+    (void)st;
+#endif
+    return plain_io(fd, dir, buf, len, off, err);
+}
+
+const char *kvr__disk_backend(const kvr_store_t *st)
+{
+    return st->ring != NULL ? "io_uring" : "pread/pwrite";
+}
+
+kvr_status_t kvr__disk_open(kvr_store_t *st, kvr_error_t *err)
+{
+    if (mkdir(st->dir, 0755) != 0 && errno != EEXIST)
+        return kvr_error_set(err, KVR_ERR_IO, "store directory %s: %s",
+                             st->dir, strerror(errno));
+    st->dir_fd = open(st->dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (st->dir_fd < 0)
+        return kvr_error_set(err, KVR_ERR_IO, "store directory %s: %s",
+                             st->dir, strerror(errno));
+#ifdef KVR_HAVE_URING
+    struct io_uring *ring = calloc(1, sizeof *ring);
+    if (ring != NULL && io_uring_queue_init(2 * DEPTH, ring, 0) == 0)
+        st->ring = ring;
+    else
+        free(ring); /* not allowed here (seccomp, old kernel): plain I/O */
+#endif
+    return KVR_OK;
+}
+
+void kvr__disk_close(kvr_store_t *st)
+{
+#ifdef KVR_HAVE_URING
+    if (st->ring != NULL) {
+        io_uring_queue_exit(st->ring);
+        free(st->ring);
+    }
+#endif
+    st->ring = NULL;
+    if (st->dir_fd >= 0)
+        close(st->dir_fd);
+    st->dir_fd = -1;
+}
+
+/* Header and payload first; writeback starts while the checksum is
+ * computed; then the checksum, then fsync. */
+static kvr_status_t write_file(kvr_store_t *st, int fd, const uint8_t *header,
+                               const void *data, uint64_t len, uint8_t *sum,
+                               const char *name, kvr_error_t *err)
+{
+    if (kvr__failpoint(KVR__FP_STORE_ENOSPC, name, strlen(name)))
+        return kvr_error_set(err, KVR_ERR_IO, "write of chunk %s: %s", name,
+                             strerror(ENOSPC));
+    kvr_status_t s = plain_io(fd, IO_WRITE, (uint8_t *)header,
+                              KVR__CHUNK_HEADER, 0, err);
+    if (s == KVR_OK)
+        s = do_io(st, fd, IO_WRITE, (void *)data, len, KVR__CHUNK_HEADER,
+                  err);
+    if (s != KVR_OK)
+        return s;
+    sync_file_range(fd, 0, 0, SYNC_FILE_RANGE_WRITE); /* a hint only */
+    kvr__chunk_sum(header, data, len, sum);
+    s = plain_io(fd, IO_WRITE, sum, KVR_STORE_SUM_BYTES,
+                 KVR__CHUNK_HEADER + len, err);
+    if (s == KVR_OK && fsync(fd) != 0)
+        s = kvr_error_set(err, KVR_ERR_IO, "fsync of chunk %s: %s", name,
+                          strerror(errno));
+    return s;
+}
+
+kvr_status_t kvr__disk_write(kvr_store_t *st, const kvr_chunk_key_t *key,
+                             const void *data, uint64_t len,
+                             uint8_t sum[KVR_STORE_SUM_BYTES],
+                             kvr_error_t *err)
+{
+    char name[KVR_STORE_NAME_MAX], tmp[KVR_STORE_NAME_MAX + 48];
+    uint8_t header[KVR__CHUNK_HEADER];
+    kvr__chunk_name(key, name);
+    kvr__chunk_header(key, len, header);
+    snprintf(tmp, sizeof tmp, ".tmp-%ld-%llu-%s", (long)getpid(),
+             (unsigned long long)st->tmp_seq++, name);
+    int fd = openat(st->dir_fd, tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC,
+                    0644);
+    if (fd < 0)
+        return kvr_error_set(err, KVR_ERR_IO, "create %s/%s: %s", st->dir,
+                             tmp, strerror(errno));
+    kvr_status_t s = write_file(st, fd, header, data, len, sum, name, err);
+    close(fd);
+    if (s == KVR_OK && renameat(st->dir_fd, tmp, st->dir_fd, name) != 0)
+        s = kvr_error_set(err, KVR_ERR_IO, "rename to %s/%s: %s", st->dir,
+                          name, strerror(errno));
+    if (s != KVR_OK) {
+        unlinkat(st->dir_fd, tmp, 0);
+        return s;
+    }
+    if (fsync(st->dir_fd) != 0)
+        return kvr_error_set(err, KVR_ERR_IO, "fsync of %s: %s", st->dir,
+                             strerror(errno));
+    return KVR_OK;
+}
+
+bool kvr__disk_has(kvr_store_t *st, const kvr_chunk_key_t *key)
+{
+    char name[KVR_STORE_NAME_MAX];
+    kvr__chunk_name(key, name);
+    return st->dir_fd >= 0 && faccessat(st->dir_fd, name, F_OK, 0) == 0;
+}
+
+/* Reads a whole chunk file: header checked against want (NULL: any),
+ * payload into a new buffer, checksum compared. */
+static kvr_status_t read_chunk(kvr_store_t *st, int fd, const char *name,
+                               const kvr_chunk_key_t *want, uint8_t **data,
+                               uint64_t *len, uint8_t *sum, kvr_error_t *err)
+{
+    struct stat sb;
+    uint8_t header[KVR__CHUNK_HEADER], stored[KVR_STORE_SUM_BYTES];
+    kvr_chunk_key_t key;
+    if (fstat(fd, &sb) != 0 || (uint64_t)sb.st_size < KVR__CHUNK_FRAME)
+        return kvr_error_set(err, KVR_ERR_VERIFY, "chunk %s: truncated "
+                             "(%lld bytes)", name, (long long)sb.st_size);
+    kvr_status_t s = plain_io(fd, IO_READ, header, sizeof header, 0, err);
+    if (s == KVR_OK)
+        s = kvr__chunk_parse(header, &key, len, err);
+    if (s != KVR_OK)
+        return kvr_error_set(err, KVR_ERR_VERIFY, "chunk %s: bad header",
+                             name);
+    if (*len != (uint64_t)sb.st_size - KVR__CHUNK_FRAME ||
+        (want != NULL && memcmp(&key, want, sizeof key) != 0))
+        return kvr_error_set(err, KVR_ERR_VERIFY, "chunk %s: header does not "
+                             "match its name or size", name);
+    *data = kvr__store_alloc(st, *len);
+    if (*data == NULL)
+        return kvr_error_set(err, KVR_ERR_NO_MEMORY, "chunk %s: %llu bytes",
+                             name, (unsigned long long)*len);
+    s = do_io(st, fd, IO_READ, *data, *len, KVR__CHUNK_HEADER, err);
+    if (s == KVR_OK)
+        s = plain_io(fd, IO_READ, stored, sizeof stored,
+                     KVR__CHUNK_HEADER + *len, err);
+    if (s == KVR_OK) {
+        kvr__chunk_sum(header, *data, *len, sum);
+        if (memcmp(sum, stored, sizeof stored) != 0)
+            s = kvr_error_set(err, KVR_ERR_VERIFY, "chunk %s: checksum "
+                              "mismatch", name);
+    }
+    if (s != KVR_OK) {
+        free(*data);
+        *data = NULL;
+    }
+    return s;
+}
+
+kvr_status_t kvr__disk_read(kvr_store_t *st, const kvr_chunk_key_t *key,
+                            uint8_t **data, uint64_t *len,
+                            uint8_t sum[KVR_STORE_SUM_BYTES],
+                            kvr_error_t *err)
+{
+    char name[KVR_STORE_NAME_MAX];
+    kvr__chunk_name(key, name);
+    int fd = openat(st->dir_fd, name, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return kvr_error_set(err, KVR_ERR_NOT_FOUND, "chunk %s: %s", name,
+                             strerror(errno));
+    kvr_status_t s = read_chunk(st, fd, name, key, data, len, sum, err);
+    close(fd);
+    return s;
+}
+
+kvr_status_t kvr__disk_check(int dirfd, const char *name, bool full,
+                             kvr_error_t *err)
+{
+    kvr_store_t tmp = {.dir_fd = dirfd, .ring = NULL};
+    uint8_t *data = NULL, sum[KVR_STORE_SUM_BYTES];
+    uint64_t len;
+    int fd = openat(dirfd, name, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return kvr_error_set(err, KVR_ERR_IO, "chunk %s: %s", name,
+                             strerror(errno));
+    kvr_chunk_key_t named;
+    char expect[KVR_STORE_NAME_MAX];
+    uint8_t header[KVR__CHUNK_HEADER];
+    uint64_t hlen;
+    kvr_status_t s = plain_io(fd, IO_READ, header, sizeof header, 0, err);
+    if (s == KVR_OK && kvr__chunk_parse(header, &named, &hlen, err) == KVR_OK) {
+        kvr__chunk_name(&named, expect);
+        struct stat sb;
+        if (strcmp(expect, name) != 0)
+            s = kvr_error_set(err, KVR_ERR_VERIFY, "chunk %s: header names "
+                              "%s", name, expect);
+        else if (!full)
+            s = fstat(fd, &sb) == 0 && (uint64_t)sb.st_size >= KVR__CHUNK_FRAME &&
+                        (uint64_t)sb.st_size - KVR__CHUNK_FRAME == hlen
+                    ? KVR_OK
+                    : kvr_error_set(err, KVR_ERR_VERIFY, "chunk %s: size does "
+                                    "not match its header", name);
+        else
+            s = read_chunk(&tmp, fd, name, &named, &data, &len, sum, err);
+    } else if (s == KVR_OK || s == KVR_ERR_IO) {
+        s = kvr_error_set(err, KVR_ERR_VERIFY, "chunk %s: bad header", name);
+    }
+    close(fd);
+    free(data);
+    return s;
+}

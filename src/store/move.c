@@ -1,0 +1,457 @@
+/* Save and load through the planner (docs/store.md). A chunk's canonical
+ * form is what a plain producer with the store's bs and an identity block
+ * table would hold for each region: MLA token-major, INDEX pages of bs
+ * tokens with the key plane (unshuffled) then the scales and no padding. A
+ * save plans producer -> canonical (W = 1), a load canonical -> consumer
+ * rank (any W, I, replication); the runs are applied here, shuffling or
+ * unshuffling index key planes in 16-token tiles when the layout
+ * preshuffles them.
+ *
+ * Payload: u32 region count, u32 0, then per region {u32 role, u32 layer,
+ * u64 bytes}, then each region's bytes in that order. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "base_internal.h"
+#include "store_internal.h"
+
+#define TABLE_ENTRY 16u
+
+typedef struct side_region {
+    kvr_role_t role;
+    uint32_t D;        /* INDEX key bytes per token */
+    uint64_t width;    /* canonical bytes per token */
+} canon_t;
+
+static kvr_status_t canon_of(const kvr_layout_t *lay,
+                             const kvr_store_region_t *r, bool consumer,
+                             canon_t *out, kvr_error_t *err)
+{
+    out->role = r->desc.role;
+    out->D = r->desc.index_dim;
+    if (r->desc.role == KVR_ROLE_MLA) {
+        out->width = kvr_region_token_bytes_side(lay, &r->desc, consumer);
+        return KVR_OK;
+    }
+    if (r->desc.role == KVR_ROLE_INDEX) {
+        out->width = r->desc.index_dim + 4ull;
+        return KVR_OK;
+    }
+    return kvr_error_set(err, KVR_ERR_NO_RELAYOUT, "store: region layer %u "
+                         "role %s has no canonical form (MLA and INDEX "
+                         "only)", r->desc.layer, kvr_role_name(r->desc.role));
+}
+
+/* The canonical region of one region for a request of `tokens` tokens. */
+static kvr_region_desc_t canon_desc(const kvr_region_desc_t *r,
+                                    const canon_t *c, uint32_t bs,
+                                    uint64_t tokens)
+{
+    kvr_region_desc_t d = {.role = r->role, .layer = r->layer,
+                           .num_blocks = tokens / bs,
+                           .page_bytes = bs * c->width,
+                           .index_dim = r->index_dim,
+                           .quant_block = r->quant_block};
+    return d;
+}
+
+/* Copies n key bytes (whole 16-token groups of D bytes) between the plain
+ * order t*D+d and the preshuffled tiles (docs/design.md §3). */
+static void tile_copy(uint8_t *dst, const uint8_t *src, uint64_t n,
+                      uint32_t D, bool to_tiles)
+{
+    uint64_t group = 16ull * D;
+    for (uint64_t g = 0; g < n; g += group)
+        for (uint32_t t = 0; t < 16; t++)
+            for (uint32_t d = 0; d < D; d += 16) {
+                uint64_t plain = g + (uint64_t)t * D + d;
+                uint64_t tile = g + (uint64_t)(d / 16) * 256 + t * 16u;
+                if (to_tiles)
+                    memcpy(dst + tile, src + plain, 16);
+                else
+                    memcpy(dst + plain, src + tile, 16);
+            }
+}
+
+typedef struct apply {
+    const uint8_t *src;
+    uint8_t *dst;
+    uint64_t src_off0, dst_off0; /* subtracted from run offsets */
+    bool canon_is_src;
+    bool shuffle;                /* INDEX under a preshuffling layout */
+    uint32_t D, bs;
+} apply_t;
+
+/* One run, split at the canonical side's plane boundaries: key planes are
+ * (un)shuffled, scale planes copied. */
+static kvr_status_t apply_index_run(const apply_t *a, uint64_t s, uint64_t d,
+                                    uint64_t len, kvr_error_t *err)
+{
+    uint64_t page = (uint64_t)a->bs * (a->D + 4), keys = (uint64_t)a->bs * a->D;
+    while (len > 0) {
+        uint64_t c = a->canon_is_src ? s : d, pos = c % page;
+        bool key = pos < keys;
+        uint64_t n = (key ? keys : page) - pos;
+        n = n < len ? n : len;
+        if (key && (pos % (16ull * a->D) != 0 || n % (16ull * a->D) != 0))
+            return kvr_error_set(err, KVR_ERR_PRESHUFFLE_BS, "store: index "
+                                 "key run at %llu (+%llu) is not whole "
+                                 "16-token groups", (unsigned long long)pos,
+                                 (unsigned long long)n);
+        if (key)
+            tile_copy(a->dst + d, a->src + s, n, a->D, a->canon_is_src);
+        else
+            memcpy(a->dst + d, a->src + s, n);
+        s += n;
+        d += n;
+        len -= n;
+    }
+    return KVR_OK;
+}
+
+static kvr_status_t apply_plan(const kvr_plan_t *plan, const apply_t *a,
+                               kvr_error_t *err)
+{
+    size_t n;
+    const kvr_run_t *runs = kvr_plan_runs(plan, &n);
+    for (size_t i = 0; i < n; i++) {
+        uint64_t s = runs[i].src - a->src_off0, d = runs[i].dst - a->dst_off0;
+        if (!a->shuffle) {
+            memcpy(a->dst + d, a->src + s, runs[i].len);
+            continue;
+        }
+        kvr_status_t st = apply_index_run(a, s, d, runs[i].len, err);
+        if (st != KVR_OK)
+            return st;
+    }
+    return KVR_OK;
+}
+
+static uint32_t *identity(uint64_t n)
+{
+    uint32_t *t = malloc((n ? n : 1) * sizeof *t);
+    for (uint64_t i = 0; t != NULL && i < n; i++)
+        t[i] = (uint32_t)i;
+    return t;
+}
+
+static kvr_status_t check_io(const kvr_store_t *st, const kvr_store_io_t *io,
+                             kvr_error_t *err)
+{
+    if (st == NULL || io == NULL || io->ns == NULL || io->lay == NULL ||
+        (io->num_chains && io->chains == NULL) ||
+        (io->num_regions && io->regions == NULL) ||
+        (io->num_blocks && io->blocks == NULL))
+        return kvr_error_set(err, KVR_ERR_INVALID, "store io: NULL argument");
+    uint64_t v = (uint64_t)io->block_size * io->lay->dcp_size;
+    if (io->block_size == 0 || io->chunk == 0 || io->chunk % v != 0)
+        return kvr_error_set(err, KVR_ERR_CHUNK_SIZE, "store chunk %llu is "
+                             "not a positive multiple of bs * W = %u * %u",
+                             (unsigned long long)io->chunk, io->block_size,
+                             io->lay->dcp_size);
+    if (io->num_chains > UINT32_MAX / io->chunk)
+        return kvr_error_set(err, KVR_ERR_INVALID, "store io: %zu chunks of "
+                             "%llu tokens exceed 2^32 tokens", io->num_chains,
+                             (unsigned long long)io->chunk);
+    return KVR_OK;
+}
+
+static kvr_chunk_key_t key_of(const kvr_store_io_t *io, size_t c)
+{
+    kvr_chunk_key_t k;
+    memset(&k, 0, sizeof k);
+    memcpy(k.ns, io->ns, KVR_STORE_NS_BYTES);
+    k.chain = io->chains[c];
+    k.part = io->part;
+    return k;
+}
+
+/* ---- save ---------------------------------------------------------------- */
+
+typedef struct save_ctx {
+    kvr_layout_t lay;       /* producer -> canonical (W = 1) */
+    kvr_region_pair_t *pairs;
+    canon_t *canon;
+    uint32_t *ident;
+    uint64_t table_bytes, data_bytes;
+} save_ctx_t;
+
+static kvr_status_t save_begin(const kvr_store_io_t *io, save_ctx_t *x,
+                               kvr_error_t *err)
+{
+    const kvr_layout_t *p = io->lay;
+    if (kvr_producer_dcp(p) != 1)
+        return kvr_error_set(err, KVR_ERR_NOT_IMPLEMENTED, "store save: "
+                             "producer W_p=%u (only W_p = 1 saves)",
+                             kvr_producer_dcp(p));
+    kvr_layout_t l = KVR_LAYOUT_INIT;
+    l.block_size = io->block_size;
+    l.preshuffle = p->preshuffle;
+    l.producer_block_size = kvr_producer_block_size(p);
+    l.producer_tp = 1;
+    x->lay = l;
+    x->pairs = calloc(io->num_regions + 1, sizeof *x->pairs);
+    x->canon = calloc(io->num_regions + 1, sizeof *x->canon);
+    x->ident = identity(io->num_chains * io->chunk / io->block_size);
+    if (!x->pairs || !x->canon || !x->ident)
+        return kvr_error_set(err, KVR_ERR_NO_MEMORY, "store save");
+    x->table_bytes = 8 + TABLE_ENTRY * io->num_regions;
+    x->data_bytes = 0;
+    for (size_t i = 0; i < io->num_regions; i++) {
+        kvr_status_t s = canon_of(&l, &io->regions[i], false, &x->canon[i],
+                                  err);
+        if (s != KVR_OK)
+            return s;
+        x->pairs[i].src = io->regions[i].desc;
+        x->pairs[i].dst = canon_desc(&io->regions[i].desc, &x->canon[i],
+                                     io->block_size,
+                                     io->num_chains * io->chunk);
+        x->data_bytes += x->canon[i].width * io->chunk;
+    }
+    return KVR_OK;
+}
+
+static void save_end(save_ctx_t *x)
+{
+    free(x->pairs);
+    free(x->canon);
+    free(x->ident);
+}
+
+static void write_table(const kvr_store_io_t *io, const save_ctx_t *x,
+                        uint8_t *buf)
+{
+    kvr__put_le(buf, io->num_regions, 4);
+    kvr__put_le(buf + 4, 0, 4);
+    for (size_t i = 0; i < io->num_regions; i++) {
+        uint8_t *e = buf + 8 + TABLE_ENTRY * i;
+        kvr__put_le(e, io->regions[i].desc.role, 4);
+        kvr__put_le(e + 4, io->regions[i].desc.layer, 4);
+        kvr__put_le(e + 8, x->canon[i].width * io->chunk, 8);
+    }
+}
+
+static kvr_status_t plan_set(const kvr_layout_t *lay, uint32_t rank,
+                             const kvr_region_pair_t *pairs, size_t n,
+                             const kvr_request_t *req, kvr_plan_set_t **out,
+                             kvr_error_t *err)
+{
+    if (kvr_layout_producer_plain(lay))
+        return kvr_plan_set_create(lay, rank, pairs, n, req, out, err);
+    return kvr_plan_set_create_pair(lay, 0, rank, pairs, n, req, out, err);
+}
+
+/* Gathers chunk c of every region into buf (table already written). */
+static kvr_status_t gather(const kvr_store_io_t *io, const save_ctx_t *x,
+                           size_t c, uint8_t *buf, kvr_error_t *err)
+{
+    uint64_t start = c * io->chunk, end = start + io->chunk;
+    kvr_request_t req = {.src_blocks = io->blocks,
+                         .num_src_blocks = io->num_blocks,
+                         .dst_blocks = x->ident,
+                         .num_dst_blocks = end / io->block_size,
+                         .num_tokens = end,
+                         .num_computed_blocks = start / io->block_size};
+    kvr_plan_set_t *set = NULL;
+    kvr_status_t s = plan_set(&x->lay, 0, x->pairs, io->num_regions, &req,
+                              &set, err);
+    uint8_t *at = buf + x->table_bytes;
+    for (size_t i = 0; s == KVR_OK && i < io->num_regions; i++) {
+        apply_t a = {.src = io->regions[i].base, .dst = at,
+                     .src_off0 = 0,
+                     .dst_off0 = start * x->canon[i].width,
+                     .canon_is_src = false,
+                     .shuffle = x->canon[i].role == KVR_ROLE_INDEX &&
+                                x->lay.preshuffle,
+                     .D = x->canon[i].D, .bs = io->block_size};
+        s = apply_plan(kvr_plan_set_plan_of(set, i), &a, err);
+        at += x->canon[i].width * io->chunk;
+    }
+    kvr_plan_set_destroy(set);
+    return s;
+}
+
+kvr_status_t kvr_store_save(kvr_store_t *st, const kvr_store_io_t *io,
+                            size_t *saved, kvr_error_t *err)
+{
+    kvr_status_t s = check_io(st, io, err);
+    if (saved)
+        *saved = 0;
+    if (s != KVR_OK)
+        return s;
+    save_ctx_t x = {0};
+    s = save_begin(io, &x, err);
+    for (size_t c = 0; s == KVR_OK && c < io->num_chains; c++) {
+        kvr_chunk_key_t key = key_of(io, c);
+        if (kvr_store_contains(st, &key))
+            continue;
+        uint64_t len = x.table_bytes + x.data_bytes;
+        uint8_t *buf = kvr__store_alloc(st, len);
+        if (buf == NULL) {
+            s = kvr_error_set(err, KVR_ERR_NO_MEMORY, "store save: chunk of "
+                              "%llu bytes", (unsigned long long)len);
+            break;
+        }
+        write_table(io, &x, buf);
+        s = gather(io, &x, c, buf, err);
+        if (s != KVR_OK) {
+            free(buf);
+            break;
+        }
+        s = kvr__store_put_owned(st, &key, buf, len, err);
+        if (s == KVR_OK && saved)
+            (*saved)++;
+    }
+    save_end(&x);
+    return s;
+}
+
+/* ---- load ---------------------------------------------------------------- */
+
+/* Finds region (role, layer) in a chunk's table: its data offset. */
+static kvr_status_t find_region(const uint8_t *data, uint64_t len,
+                                const kvr_region_desc_t *r, uint64_t want,
+                                uint64_t *off, kvr_error_t *err)
+{
+    if (len < 8)
+        return kvr_error_set(err, KVR_ERR_VERIFY, "store chunk: payload of "
+                             "%llu bytes has no table",
+                             (unsigned long long)len);
+    uint64_t n = kvr__get_le(data, 4), at = 8 + TABLE_ENTRY * n;
+    if (n > (len - 8) / TABLE_ENTRY)
+        return kvr_error_set(err, KVR_ERR_VERIFY, "store chunk: table of %llu "
+                             "regions exceeds the payload",
+                             (unsigned long long)n);
+    for (uint64_t i = 0; i < n; i++) {
+        const uint8_t *e = data + 8 + TABLE_ENTRY * i;
+        uint64_t bytes = kvr__get_le(e + 8, 8);
+        if (kvr__get_le(e, 4) == (uint64_t)r->role &&
+            kvr__get_le(e + 4, 4) == r->layer) {
+            if (bytes != want || at > len || len - at < bytes)
+                return kvr_error_set(err, KVR_ERR_LAYOUT_MISMATCH, "store "
+                                     "chunk: layer %u holds %llu bytes, "
+                                     "expected %llu", r->layer,
+                                     (unsigned long long)bytes,
+                                     (unsigned long long)want);
+            *off = at;
+            return KVR_OK;
+        }
+        if (bytes > len - at)
+            break;
+        at += bytes;
+    }
+    return kvr_error_set(err, KVR_ERR_LAYOUT_MISMATCH, "store chunk: no %s "
+                         "region for layer %u", kvr_role_name(r->role),
+                         r->layer);
+}
+
+/* Per load: the canonical source of each consumer region, and where its
+ * bytes sit in a chunk (the same in every chunk of one namespace). */
+typedef struct load_ctx {
+    kvr_layout_t lay; /* canonical producer -> consumer rank */
+    kvr_region_pair_t *pairs;
+    canon_t *canon;
+    uint64_t *off;
+    uint32_t *ident;
+} load_ctx_t;
+
+static kvr_status_t load_begin(const kvr_store_io_t *io, load_ctx_t *x,
+                               kvr_error_t *err)
+{
+    x->lay = *io->lay;
+    x->lay.producer_block_size = io->block_size;
+    x->lay.producer_dcp = 1;
+    x->lay.producer_interleave = 1;
+    size_t n = io->num_regions + 1;
+    x->pairs = calloc(n, sizeof *x->pairs);
+    x->canon = calloc(n, sizeof *x->canon);
+    x->off = calloc(n, sizeof *x->off);
+    x->ident = identity(io->num_chains * io->chunk / io->block_size);
+    if (!x->pairs || !x->canon || !x->off || !x->ident)
+        return kvr_error_set(err, KVR_ERR_NO_MEMORY, "store load");
+    uint64_t end = io->num_chains * io->chunk;
+    for (size_t i = 0; i < io->num_regions; i++) {
+        const kvr_store_region_t *r = &io->regions[i];
+        kvr_status_t s = canon_of(io->lay, r, true, &x->canon[i], err);
+        if (s != KVR_OK)
+            return s;
+        x->pairs[i].src = canon_desc(&r->desc, &x->canon[i], io->block_size,
+                                     end);
+        x->pairs[i].dst = r->desc;
+    }
+    return KVR_OK;
+}
+
+static void load_end(load_ctx_t *x)
+{
+    free(x->pairs);
+    free(x->canon);
+    free(x->off);
+    free(x->ident);
+}
+
+static kvr_status_t scatter(const kvr_store_io_t *io, load_ctx_t *x, size_t c,
+                            const uint8_t *data, uint64_t len,
+                            kvr_error_t *err)
+{
+    uint64_t start = c * io->chunk, end = start + io->chunk;
+    kvr_status_t s = KVR_OK;
+    for (size_t i = 0; s == KVR_OK && i < io->num_regions; i++)
+        s = find_region(data, len, &io->regions[i].desc,
+                        x->canon[i].width * io->chunk, &x->off[i], err);
+    if (s != KVR_OK)
+        return s;
+    kvr_request_t req = {.src_blocks = x->ident,
+                         .num_src_blocks = end / io->block_size,
+                         .dst_blocks = io->blocks,
+                         .num_dst_blocks = io->num_blocks,
+                         .num_tokens = end,
+                         .num_computed_blocks =
+                             start / kvr_virtual_block(io->lay)};
+    kvr_plan_set_t *set = NULL;
+    s = kvr_plan_set_create(&x->lay, io->rank, x->pairs, io->num_regions,
+                            &req, &set, err);
+    for (size_t i = 0; s == KVR_OK && i < io->num_regions; i++) {
+        apply_t a = {.src = data + x->off[i], .dst = io->regions[i].base,
+                     .src_off0 = start * x->canon[i].width, .dst_off0 = 0,
+                     .canon_is_src = true,
+                     .shuffle = x->canon[i].role == KVR_ROLE_INDEX &&
+                                x->lay.preshuffle,
+                     .D = x->canon[i].D, .bs = io->block_size};
+        s = apply_plan(kvr_plan_set_plan_of(set, i), &a, err);
+    }
+    kvr_plan_set_destroy(set);
+    return s;
+}
+
+kvr_status_t kvr_store_load(kvr_store_t *st, const kvr_store_io_t *io,
+                            uint64_t *tokens, kvr_error_t *err)
+{
+    if (tokens == NULL)
+        return kvr_error_set(err, KVR_ERR_INVALID, "store load: tokens NULL");
+    *tokens = 0;
+    kvr_status_t s = check_io(st, io, err);
+    if (s != KVR_OK)
+        return s;
+    if (io->block_size != io->lay->block_size)
+        return kvr_error_set(err, KVR_ERR_LAYOUT_MISMATCH, "store load: "
+                             "consumer bs %u, store bs %u",
+                             io->lay->block_size, io->block_size);
+    load_ctx_t x = {0};
+    s = load_begin(io, &x, err);
+    for (size_t c = 0; s == KVR_OK && c < io->num_chains; c++) {
+        kvr_chunk_key_t key = key_of(io, c);
+        const uint8_t *data;
+        uint64_t len;
+        kvr_error_t miss;
+        if (kvr__store_ref(st, &key, &data, &len, &miss) != KVR_OK)
+            break; /* a miss or a corrupt chunk ends the hit */
+        s = scatter(io, &x, c, data, len, err);
+        if (s == KVR_OK) {
+            *tokens = (c + 1) * io->chunk;
+            st->stats.loaded_bytes += len;
+        }
+    }
+    load_end(&x);
+    return s;
+}

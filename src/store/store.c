@@ -1,0 +1,440 @@
+/* The store (docs/store.md): a host-memory tier, bounded and LRU by bytes,
+ * over the disk tier; the scan on open, verify, namespace keys. */
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <sodium.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "store_internal.h"
+
+static bool ends_with(const char *s, const char *tail)
+{
+    size_t n = strlen(s), t = strlen(tail);
+    return n >= t && strcmp(s + n - t, tail) == 0;
+}
+
+/* ---- host tier -------------------------------------------------------- */
+
+static void unlink_entry(kvr_store_t *st, kvr__entry_t *e)
+{
+    if (e->prev) e->prev->next = e->next; else st->head = e->next;
+    if (e->next) e->next->prev = e->prev; else st->tail = e->prev;
+    e->prev = e->next = NULL;
+}
+
+static void push_front(kvr_store_t *st, kvr__entry_t *e)
+{
+    e->next = st->head;
+    e->prev = NULL;
+    if (st->head) st->head->prev = e; else st->tail = e;
+    st->head = e;
+}
+
+static void drop_entry(kvr_store_t *st, kvr__entry_t *e)
+{
+    unlink_entry(st, e);
+    st->stats.host_bytes -= e->len;
+    st->stats.host_chunks--;
+    free(e->data);
+    free(e);
+}
+
+static kvr__entry_t *find(kvr_store_t *st, const kvr_chunk_key_t *key)
+{
+    for (kvr__entry_t *e = st->head; e != NULL; e = e->next)
+        if (memcmp(&e->key, key, sizeof *key) == 0)
+            return e;
+    return NULL;
+}
+
+static void keep_spare(kvr_store_t *st, uint8_t *data, uint64_t len)
+{
+    for (int i = 0; i < KVR__SPARES; i++)
+        if (st->spare[i] == NULL) {
+            st->spare[i] = data;
+            st->spare_len[i] = len;
+            return;
+        }
+    free(data);
+}
+
+uint8_t *kvr__store_alloc(kvr_store_t *st, uint64_t len)
+{
+    for (int i = 0; i < KVR__SPARES; i++)
+        if (st->spare[i] != NULL && st->spare_len[i] == len) {
+            uint8_t *b = st->spare[i];
+            st->spare[i] = NULL;
+            return b;
+        }
+    return malloc(len ? len : 1);
+}
+
+static void evict_tail(kvr_store_t *st)
+{
+    kvr__entry_t *e = st->tail;
+    uint8_t *data = e->data;
+    uint64_t len = e->len;
+    e->data = NULL;
+    drop_entry(st, e);
+    keep_spare(st, data, len);
+    st->stats.evictions++;
+}
+
+/* Takes data; a chunk larger than the whole tier (or with no memory for
+ * its entry) is not kept: NULL, data freed. */
+static kvr__entry_t *host_insert(kvr_store_t *st, const kvr_chunk_key_t *key,
+                                 uint8_t *data, uint64_t len,
+                                 const uint8_t *sum)
+{
+    kvr__entry_t *old = find(st, key);
+    if (old != NULL)
+        drop_entry(st, old);
+    kvr__entry_t *e = calloc(1, sizeof *e);
+    if (e == NULL || len > st->opts.host_bytes) {
+        free(e);
+        free(data);
+        return NULL;
+    }
+    while (st->stats.host_bytes + len > st->opts.host_bytes)
+        evict_tail(st);
+    e->key = *key;
+    e->data = data;
+    e->len = len;
+    memcpy(e->sum, sum, KVR_STORE_SUM_BYTES);
+    push_front(st, e);
+    st->stats.host_bytes += len;
+    st->stats.host_chunks++;
+    return e;
+}
+
+/* ---- open, scan, close ------------------------------------------------- */
+
+/* Removes unfinished writes; renames corrupt chunks to <name>.corrupt. */
+static kvr_status_t scan(kvr_store_t *st, kvr_error_t *err)
+{
+    int fd = dup(st->dir_fd);
+    DIR *d = fd >= 0 ? fdopendir(fd) : NULL;
+    if (d == NULL) {
+        if (fd >= 0)
+            close(fd);
+        return kvr_error_set(err, KVR_ERR_IO, "scan %s: %s", st->dir,
+                             strerror(errno));
+    }
+    struct dirent *de;
+    while ((de = readdir(d)) != NULL) {
+        const char *n = de->d_name;
+        if (strncmp(n, ".tmp-", 5) == 0) {
+            if (unlinkat(st->dir_fd, n, 0) == 0)
+                st->stats.scan_dropped_temp++;
+            continue;
+        }
+        if (!ends_with(n, ".kvc"))
+            continue;
+        if (kvr__disk_check(st->dir_fd, n, !st->opts.quick_scan, NULL) ==
+            KVR_OK) {
+            st->stats.scan_ok++;
+            continue;
+        }
+        char bad[KVR_STORE_NAME_MAX + 16];
+        snprintf(bad, sizeof bad, "%s.corrupt", n);
+        if (renameat(st->dir_fd, n, st->dir_fd, bad) == 0)
+            st->stats.scan_dropped_corrupt++;
+    }
+    closedir(d);
+    return KVR_OK;
+}
+
+kvr_status_t kvr_store_open(const kvr_store_opts_t *opts, kvr_store_t **out,
+                            kvr_error_t *err)
+{
+    if (opts == NULL || out == NULL)
+        return kvr_error_set(err, KVR_ERR_INVALID, "store open: %s is NULL",
+                             opts == NULL ? "opts" : "out");
+    if (opts->dir == NULL && opts->host_bytes == 0)
+        return kvr_error_set(err, KVR_ERR_INVALID, "store open: no tier "
+                             "(no directory and host_bytes 0)");
+    if (sodium_init() < 0)
+        return kvr_error_set(err, KVR_ERR_INIT, "libsodium init failed");
+    kvr_store_t *st = calloc(1, sizeof *st);
+    if (st == NULL)
+        return kvr_error_set(err, KVR_ERR_NO_MEMORY, "store open");
+    st->opts = *opts;
+    st->dir_fd = -1;
+    kvr_status_t s = KVR_OK;
+    if (opts->dir != NULL) {
+        st->dir = strdup(opts->dir);
+        s = st->dir ? kvr__disk_open(st, err)
+                    : kvr_error_set(err, KVR_ERR_NO_MEMORY, "store open");
+        if (s == KVR_OK)
+            s = scan(st, err);
+    }
+    if (s != KVR_OK) {
+        kvr_store_close(st);
+        return s;
+    }
+    *out = st;
+    return KVR_OK;
+}
+
+void kvr_store_close(kvr_store_t *st)
+{
+    if (st == NULL)
+        return;
+    while (st->head != NULL)
+        drop_entry(st, st->head);
+    if (st->dir != NULL)
+        kvr__disk_close(st);
+    for (int i = 0; i < KVR__SPARES; i++)
+        free(st->spare[i]);
+    free(st->spill);
+    free(st->dir);
+    free(st);
+}
+
+void kvr_store_stats(const kvr_store_t *st, kvr_store_stats_t *out)
+{
+    *out = st->stats;
+}
+
+const char *kvr_store_backend(const kvr_store_t *st)
+{
+    if (st->dir == NULL)
+        return "host";
+    return kvr__disk_backend(st);
+}
+
+/* ---- chunks -------------------------------------------------------------- */
+
+kvr_status_t kvr__store_put_owned(kvr_store_t *st, const kvr_chunk_key_t *key,
+                                  uint8_t *data, uint64_t len,
+                                  kvr_error_t *err)
+{
+    uint8_t header[KVR__CHUNK_HEADER], sum[KVR_STORE_SUM_BYTES] = {0};
+    /* The checksum guards bytes that leave memory (the disk write computes
+     * it); a host-only tier computes it only when asked to re-check its
+     * hits (verify_host). */
+    if (st->dir == NULL && st->opts.verify_host) {
+        kvr__chunk_header(key, len, header);
+        kvr__chunk_sum(header, data, len, sum);
+    }
+    if (st->dir != NULL) {
+        kvr_status_t s = kvr__disk_write(st, key, data, len, sum, err);
+        if (s != KVR_OK) {
+            free(data);
+            return s;
+        }
+    }
+    st->stats.saved_bytes += len;
+    if (st->opts.host_bytes > 0)
+        (void)host_insert(st, key, data, len, sum); /* a cache: may drop */
+    else
+        free(data);
+    return KVR_OK;
+}
+
+kvr_status_t kvr_store_put(kvr_store_t *st, const kvr_chunk_key_t *key,
+                           const void *data, uint64_t len, kvr_error_t *err)
+{
+    if (st == NULL || key == NULL || (data == NULL && len > 0))
+        return kvr_error_set(err, KVR_ERR_INVALID, "store put: NULL argument");
+    uint8_t *copy = malloc(len ? len : 1);
+    if (copy == NULL)
+        return kvr_error_set(err, KVR_ERR_NO_MEMORY, "store put: %llu bytes",
+                             (unsigned long long)len);
+    if (len > 0)
+        memcpy(copy, data, len);
+    return kvr__store_put_owned(st, key, copy, len, err);
+}
+
+static bool host_ok(kvr_store_t *st, kvr__entry_t *e)
+{
+    if (!st->opts.verify_host)
+        return true;
+    uint8_t header[KVR__CHUNK_HEADER], sum[KVR_STORE_SUM_BYTES];
+    kvr__chunk_header(&e->key, e->len, header);
+    kvr__chunk_sum(header, e->data, e->len, sum);
+    return memcmp(sum, e->sum, sizeof sum) == 0;
+}
+
+kvr_status_t kvr__store_ref(kvr_store_t *st, const kvr_chunk_key_t *key,
+                            const uint8_t **data, uint64_t *len,
+                            kvr_error_t *err)
+{
+    char name[KVR_STORE_NAME_MAX];
+    kvr__entry_t *e = find(st, key);
+    if (e != NULL && !host_ok(st, e)) {
+        drop_entry(st, e);
+        st->stats.corrupt++;
+        e = NULL;
+        kvr__chunk_name(key, name);
+        return kvr_error_set(err, KVR_ERR_NOT_FOUND, "chunk %s: host copy "
+                             "fails its checksum", name);
+    }
+    if (e != NULL) {
+        unlink_entry(st, e);
+        push_front(st, e);
+        st->stats.host_hits++;
+    } else if (st->dir != NULL) {
+        uint8_t *buf, sum[KVR_STORE_SUM_BYTES];
+        uint64_t n;
+        kvr_status_t s = kvr__disk_read(st, key, &buf, &n, sum, err);
+        if (s != KVR_OK) {
+            st->stats.misses++;
+            if (s == KVR_ERR_VERIFY)
+                st->stats.corrupt++;
+            if (s == KVR_ERR_VERIFY && err != NULL)
+                err->code = KVR_ERR_NOT_FOUND; /* a corrupt chunk is a miss */
+            return s == KVR_ERR_VERIFY ? KVR_ERR_NOT_FOUND : s;
+        }
+        st->stats.disk_hits++;
+        if (st->opts.host_bytes >= n) {
+            e = host_insert(st, key, buf, n, sum);
+            if (e == NULL)
+                return kvr_error_set(err, KVR_ERR_NO_MEMORY, "store: no "
+                                     "memory for a host-tier entry");
+        } else {
+            /* no room in the host tier: keep it in a one-slot spill */
+            if (st->spill != NULL)
+                keep_spare(st, st->spill, st->spill_len);
+            st->spill = buf;
+            st->spill_len = n;
+            *data = buf;
+            *len = n;
+            return KVR_OK;
+        }
+    } else {
+        st->stats.misses++;
+        kvr__chunk_name(key, name);
+        return kvr_error_set(err, KVR_ERR_NOT_FOUND, "chunk %s: not stored",
+                             name);
+    }
+    *data = e->data;
+    *len = e->len;
+    return KVR_OK;
+}
+
+kvr_status_t kvr_store_get(kvr_store_t *st, const kvr_chunk_key_t *key,
+                           void *buf, uint64_t cap, uint64_t *len,
+                           kvr_error_t *err)
+{
+    if (st == NULL || key == NULL || len == NULL)
+        return kvr_error_set(err, KVR_ERR_INVALID, "store get: NULL argument");
+    const uint8_t *data;
+    kvr_status_t s = kvr__store_ref(st, key, &data, len, err);
+    if (s != KVR_OK)
+        return s;
+    if (cap < *len)
+        return kvr_error_set(err, KVR_ERR_BUFFER_SMALL, "store get: chunk of "
+                             "%llu bytes, buffer of %llu",
+                             (unsigned long long)*len,
+                             (unsigned long long)cap);
+    if (*len > 0)
+        memcpy(buf, data, *len);
+    st->stats.loaded_bytes += *len;
+    return KVR_OK;
+}
+
+bool kvr_store_contains(kvr_store_t *st, const kvr_chunk_key_t *key)
+{
+    return find(st, key) != NULL || (st->dir != NULL && kvr__disk_has(st, key));
+}
+
+/* ---- verify ---------------------------------------------------------------- */
+
+kvr_status_t kvr_store_verify(const char *dir, kvr_store_bad_fn bad,
+                              void *arg, uint64_t *num_ok, uint64_t *num_bad,
+                              kvr_error_t *err)
+{
+    uint64_t ok = 0, nbad = 0;
+    DIR *d = dir ? opendir(dir) : NULL;
+    if (d == NULL)
+        return kvr_error_set(err, dir ? KVR_ERR_IO : KVR_ERR_INVALID,
+                             "store verify %s: %s", dir ? dir : "(NULL)",
+                             dir ? strerror(errno) : "no directory");
+    struct dirent *de;
+    kvr_error_t why;
+    while ((de = readdir(d)) != NULL) {
+        const char *n = de->d_name;
+        bool tmp = strncmp(n, ".tmp-", 5) == 0;
+        if (!tmp && !ends_with(n, ".kvc"))
+            continue;
+        if (!tmp && kvr__disk_check(dirfd(d), n, true, &why) == KVR_OK) {
+            ok++;
+            continue;
+        }
+        nbad++;
+        if (bad != NULL)
+            bad(n, tmp ? "unfinished write" : why.msg, arg);
+    }
+    closedir(d);
+    if (num_ok)
+        *num_ok = ok;
+    if (num_bad)
+        *num_bad = nbad;
+    return KVR_OK;
+}
+
+/* ---- keys -------------------------------------------------------------- */
+
+static void hash_u64(crypto_generichash_state *s, uint64_t v)
+{
+    uint8_t b[8];
+    for (int i = 0; i < 8; i++)
+        b[i] = (uint8_t)(v >> (8 * i));
+    crypto_generichash_update(s, b, sizeof b);
+}
+
+kvr_status_t kvr_store_namespace(const kvr_offload_desc_t *desc,
+                                 const kvr_region_desc_t *regions,
+                                 size_t num_regions, const char *spec_config,
+                                 uint8_t out[KVR_STORE_NS_BYTES],
+                                 kvr_error_t *err)
+{
+    if (desc == NULL || out == NULL || (regions == NULL && num_regions > 0))
+        return kvr_error_set(err, KVR_ERR_INVALID, "store namespace: NULL "
+                             "argument");
+    kvr_offload_desc_t canon = *desc;
+    canon.tp = canon.dcp_size = canon.interleave = 1;
+    canon.replicate_index = canon.preshuffle = false;
+    char key[KVR_OFFLOAD_KEY_HEX_LEN + 1];
+    kvr_status_t s = kvr_offload_key(&canon, key, err);
+    if (s != KVR_OK)
+        return s;
+    crypto_generichash_state h;
+    crypto_generichash_init(&h, NULL, 0, KVR_STORE_NS_BYTES);
+    crypto_generichash_update(&h, (const uint8_t *)"kvrelay-store-1\n", 16);
+    crypto_generichash_update(&h, (const uint8_t *)key, strlen(key));
+    hash_u64(&h, num_regions);
+    for (size_t i = 0; i < num_regions; i++) {
+        const kvr_region_desc_t *r = &regions[i];
+        hash_u64(&h, r->role);
+        hash_u64(&h, r->layer);
+        hash_u64(&h, r->role == KVR_ROLE_INDEX ? 0
+                                                : r->page_bytes / desc->block_size);
+        hash_u64(&h, r->index_dim);
+        hash_u64(&h, r->quant_block ? r->quant_block : r->index_dim);
+        hash_u64(&h, r->heads);
+        hash_u64(&h, r->head_dim);
+        hash_u64(&h, r->elem_bytes);
+    }
+    const char *spec = spec_config ? spec_config : "";
+    hash_u64(&h, strlen(spec));
+    crypto_generichash_update(&h, (const uint8_t *)spec, strlen(spec));
+    crypto_generichash_final(&h, out, KVR_STORE_NS_BYTES);
+    return KVR_OK;
+}
+
+kvr_status_t kvr_store_chains(const uint32_t *tokens, size_t num_tokens,
+                              uint64_t chunk, kvr_block_hash_t *out,
+                              size_t cap, size_t *num, kvr_error_t *err)
+{
+    if (chunk == 0)
+        return kvr_error_set(err, KVR_ERR_CHUNK_SIZE, "store chains: chunk "
+                             "size 0");
+    return kvr_prefix_hashes(NULL, tokens, num_tokens, chunk, out, cap, num,
+                             err);
+}

@@ -1,0 +1,87 @@
+/* Store layer internals (docs/store.md). */
+#ifndef KVR_STORE_INTERNAL_H
+#define KVR_STORE_INTERNAL_H
+
+#include <stdint.h>
+
+#include "kvrelay/store.h"
+
+#define KVR__CHUNK_MAGIC "KVRCHNK1"
+#define KVR__CHUNK_VERSION 1u
+#define KVR__CHUNK_HEADER 80u
+#define KVR__CHUNK_FRAME (KVR__CHUNK_HEADER + KVR_STORE_SUM_BYTES)
+#define KVR__SPARES 4
+#define KVR__LEAF (4ull << 20)   /* checksum leaf */
+#define KVR__HASH_THREADS 8u
+
+/* One host-tier entry, on the LRU list (head: most recent). */
+typedef struct kvr__entry {
+    kvr_chunk_key_t key;
+    uint8_t *data;
+    uint64_t len;
+    uint8_t sum[KVR_STORE_SUM_BYTES];
+    struct kvr__entry *prev, *next;
+} kvr__entry_t;
+
+struct kvr_store {
+    kvr_store_opts_t opts;
+    char *dir;
+    int dir_fd;
+    kvr__entry_t *head, *tail;
+    kvr_store_stats_t stats;
+    uint64_t tmp_seq;
+    void *ring;   /* io_uring, when built with liburing */
+    uint8_t *spill; /* a disk hit the host tier cannot hold */
+    uint64_t spill_len;
+    /* buffers of evicted chunks, reused by the next chunks of their size:
+     * a full tier saves into memory already faulted in */
+    uint8_t *spare[KVR__SPARES];
+    uint64_t spare_len[KVR__SPARES];
+};
+
+/* chunk.c: names, header and checksum */
+void kvr__chunk_name(const kvr_chunk_key_t *key, char out[KVR_STORE_NAME_MAX]);
+void kvr__chunk_header(const kvr_chunk_key_t *key, uint64_t len,
+                       uint8_t out[KVR__CHUNK_HEADER]);
+/* Parses a header: the key it names and its payload length. */
+kvr_status_t kvr__chunk_parse(const uint8_t h[KVR__CHUNK_HEADER],
+                              kvr_chunk_key_t *key, uint64_t *len,
+                              kvr_error_t *err);
+void kvr__chunk_sum(const uint8_t header[KVR__CHUNK_HEADER],
+                    const void *data, uint64_t len,
+                    uint8_t out[KVR_STORE_SUM_BYTES]);
+
+/* disk.c: the disk tier */
+kvr_status_t kvr__disk_open(kvr_store_t *st, kvr_error_t *err);
+void kvr__disk_close(kvr_store_t *st);
+/* Writes a chunk durably and computes its checksum into sum. */
+kvr_status_t kvr__disk_write(kvr_store_t *st, const kvr_chunk_key_t *key,
+                             const void *data, uint64_t len,
+                             uint8_t sum[KVR_STORE_SUM_BYTES],
+                             kvr_error_t *err);
+/* Reads and checks one chunk into a new buffer (*data, freed by the
+ * caller). KVR_ERR_NOT_FOUND when absent; KVR_ERR_VERIFY when corrupt. */
+kvr_status_t kvr__disk_read(kvr_store_t *st, const kvr_chunk_key_t *key,
+                            uint8_t **data, uint64_t *len,
+                            uint8_t sum[KVR_STORE_SUM_BYTES],
+                            kvr_error_t *err);
+bool kvr__disk_has(kvr_store_t *st, const kvr_chunk_key_t *key);
+/* Checks one chunk file at dirfd/name: its header names it and its size
+ * matches, and with full its checksum. KVR_OK or why not in err. */
+kvr_status_t kvr__disk_check(int dirfd, const char *name, bool full,
+                             kvr_error_t *err);
+const char *kvr__disk_backend(const kvr_store_t *st);
+
+/* store.c: a chunk's payload, from the host tier or the disk (promoted);
+ * valid until the next store call. NOT_FOUND on a miss or corrupt chunk. */
+kvr_status_t kvr__store_ref(kvr_store_t *st, const kvr_chunk_key_t *key,
+                            const uint8_t **data, uint64_t *len,
+                            kvr_error_t *err);
+/* A buffer of len bytes for a chunk (a spare of that size, else malloc). */
+uint8_t *kvr__store_alloc(kvr_store_t *st, uint64_t len);
+/* Takes ownership of data (malloc'ed) on success and on failure. */
+kvr_status_t kvr__store_put_owned(kvr_store_t *st, const kvr_chunk_key_t *key,
+                                  uint8_t *data, uint64_t len,
+                                  kvr_error_t *err);
+
+#endif
