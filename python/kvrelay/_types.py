@@ -207,6 +207,8 @@ class AgentParams(ctypes.Structure):
         ("connect_timeout_ms", _u32),
         ("max_requests", _u32),
         ("cuda_device", _int),
+        ("handshake_timeout_ms", _u32),
+        ("max_unauth_links", _u32),
     ]
 
 

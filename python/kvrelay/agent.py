@@ -47,7 +47,8 @@ ALL_LAYERS = 1 << 30
 #: them against the headers
 PARAM_DEFAULTS = {"deadline_ms": 30000, "grace_ms": 5000, "lease_ms": 60000,
                   "unknown_wait_ms": 1000, "idle_close_ms": 60000,
-                  "connect_timeout_ms": 5000, "max_requests": 1024}
+                  "connect_timeout_ms": 5000, "max_requests": 1024,
+                  "handshake_timeout_ms": 3000, "max_unauth_links": 64}
 LOOPBACK_DEFAULTS = {"max_inflight": 1024, "msg_queue_max": 65536}
 # longest wait of one slice in events()/notifications(): close() from
 # another thread waits at most this long for a waiting reader
@@ -349,8 +350,8 @@ class Agent:
             is then ignored), with ``loopback`` faults for this agent's side.
         progress_thread: False to drive the agent with ``progress()``.
         deadline_ms, grace_ms, lease_ms, unknown_wait_ms, idle_close_ms,
-        connect_timeout_ms, max_requests, cuda_device, executor: as
-            kvr_agent_params_t.
+        connect_timeout_ms, handshake_timeout_ms, max_unauth_links,
+        max_requests, cuda_device, executor: as kvr_agent_params_t.
 
     Regions are added before ``start()``. Close it (or use ``with``) to stop
     its thread and links; arrays from ``alloc_region`` die with it.
@@ -376,6 +377,8 @@ class Agent:
                  unknown_wait_ms: Optional[int] = None,
                  idle_close_ms: Optional[int] = None,
                  connect_timeout_ms: Optional[int] = None,
+                 handshake_timeout_ms: Optional[int] = None,
+                 max_unauth_links: Optional[int] = None,
                  max_requests: Optional[int] = None,
                  cuda_device: int = -1) -> None:
         self._handle = 0
@@ -399,6 +402,8 @@ class Agent:
                       lease_ms=lease_ms, unknown_wait_ms=unknown_wait_ms,
                       idle_close_ms=idle_close_ms,
                       connect_timeout_ms=connect_timeout_ms,
+                      handshake_timeout_ms=handshake_timeout_ms,
+                      max_unauth_links=max_unauth_links,
                       max_requests=max_requests)
         p = T.AgentParams(
             instance_id=self.instance_id,
