@@ -512,6 +512,9 @@ kvr_agent_params_t demo_agent_params(const demo_cfg_t *cfg,
                      ? cfg->run_timeout_ms : KVR_WIRE_DEADLINE_MAX_MS;
     p.idle_close_ms = cfg->run_timeout_ms;
     p.connect_timeout_ms = 10000;
+    /* an accepted link gets as long for its handshake as a dialler waits:
+     * a demo runs dozens of processes on few cores */
+    p.handshake_timeout_ms = p.connect_timeout_ms;
     p.cuda_device = cfg->cuda_device;
     return p;
 }
