@@ -377,13 +377,15 @@ static int start_push(demo_t *d, uint32_t p, uint32_t stage, uint32_t tp,
     return start_child(d, "push", false, extra, 5, name, port);
 }
 
-/* A child that is gone before every process started (a rank that failed
- * to set up, or was killed) means the run cannot complete: start no more. */
+/* A child that failed before every process started (a rank that could not
+ * set up, or was killed) means the run cannot complete: start no more. A
+ * child that exited 0 finished its part (a prefill instance whose requests
+ * were all served while slow CUDA start-ups of later children ran). */
 static bool child_gone(demo_t *d)
 {
     reap(d, false);
     for (uint32_t i = 0; i < d->num_kids; i++)
-        if (d->kids[i].exited) {
+        if (d->kids[i].exited && d->kids[i].status != 0) {
             fprintf(stderr, "kvrelay demo: %s is gone (status %d) before every "
                     "process started; starting no more\n", d->kids[i].name,
                     d->kids[i].status);
