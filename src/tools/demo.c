@@ -274,6 +274,13 @@ bool demo_cfg_check(const demo_cfg_t *cfg, const char *cmd)
                         "one group: use --instances 1 --groups 1");
         return false;
     }
+    if (cfg->exec == KVR_AGENT_EXEC_STAGED &&
+        (cfg->use_cuda || cfg->cuda_device >= 0)) {
+        cli_usage_error(cmd, "--executor staged moves host memory; with a "
+                             "CUDA device KV moves gpu-direct (use --executor "
+                             "auto or direct)");
+        return false;
+    }
     if (cfg->producer_tp > cfg->lay.dcp_size) {
         cli_usage_error(cmd, "--producer-tp %u exceeds --dcp %u (a producer "
                              "tp rank would serve no decode rank)",

@@ -56,6 +56,9 @@ static void test_options_refused(void **state)
                      "--staging-slots", &res);
     cli_expect_usage(kvr_bin, "demo", "--pp 9 --layers 8", "--pp 9 exceeds --layers 8",
                      &res);
+    /* checked before any process starts, GPU or not */
+    cli_expect_usage(kvr_bin, "serve", "--rank 0 --cuda-device 0 --executor staged",
+                     "--executor staged moves host memory", &res);
     /* bench opens its output before the first run */
     cli_expect_usage(kvr_bin, "bench", "--out /nonexistent/dir/x.json",
                      "--out /nonexistent/dir/x.json: No such file or directory", &res);
