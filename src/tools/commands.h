@@ -19,6 +19,7 @@ int cli_cmd_demo(int argc, char **argv);
 int cli_cmd_bench(int argc, char **argv);
 int cli_cmd_capacity(int argc, char **argv);
 int cli_cmd_inspect(int argc, char **argv);
+int cli_cmd_store(int argc, char **argv);
 
 /* Prints "kvrelay <cmd>: <message>" on stderr; returns CLI_EXIT_USAGE. */
 int cli_usage_error(const char *cmd, const char *fmt, ...)

@@ -19,6 +19,7 @@ static const command_t commands[] = {
     {"bench", cli_cmd_bench, "the executors side by side through kvrelay demo"},
     {"capacity", cli_cmd_capacity, "KV blocks and tokens a decode rank holds in a budget"},
     {"inspect", cli_cmd_inspect, "diff dumped received pages against the source, per token"},
+    {"store", cli_cmd_store, "stat or verify a store's disk tier (checksums)"},
 };
 
 static int print_version(void)
