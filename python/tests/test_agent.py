@@ -20,6 +20,7 @@ from kvrelay.agent import (Agent, AgentRole, EventKind, LoopbackHub,
                            RecvState, SendState, WireSide)
 
 WAIT = 30.0  # seconds: generous, for a loaded 2-core machine
+LEASE = 60.0  # the producer agents' lease (their default lease_ms)
 PREFILL, DECODE = "prefill-a", "decode"
 # bs 16, W 2 (consumer TP 2), producer TP 1, replicated preshuffled index
 LAY = kv.Layout(block_size=16, dcp_size=2, tp=2, producer_tp=1,
@@ -152,7 +153,10 @@ class World:
             sum(self.count(i, rid, EventKind.RELEASED) for i in (2, 3))
 
     def wait_finals(self, rid: str) -> None:
-        end = time.monotonic() + WAIT
+        # a consumer rank that aborted before its pull left the stages
+        # nothing to answer: they end at the lease (the agents' default,
+        # 60 s), which a loaded machine can reach
+        end = time.monotonic() + LEASE + WAIT
         while self.finals(rid) < 4 and time.monotonic() < end:
             self.pump()
         assert self.finals(rid) == 4, (rid, self.log)
@@ -291,7 +295,7 @@ def test_one_agent_from_four_threads(world):
     for th in threads:
         th.start()
     for th in threads:
-        th.join(THREADS * PER_THREAD * WAIT)
+        th.join(THREADS * PER_THREAD * (LEASE + WAIT))
     if errors:
         raise errors[0]
     assert len(outcomes) == THREADS * PER_THREAD
