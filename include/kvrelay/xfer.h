@@ -85,7 +85,9 @@ typedef struct kvr_loopback_params {
     uint64_t corrupt_put_at; /* the k-th put lands with its first byte flipped */
     uint64_t drop_msg_at;    /* the k-th control message sent is lost */
     uint64_t dup_msg_at;     /* the k-th control message arrives twice */
-    uint32_t delay_ms;       /* puts complete and messages arrive this late */
+    uint32_t delay_ms;       /* puts complete and messages arrive this late;
+                                puts into this transport too (a stopped
+                                receiver) */
     uint64_t mem_limit;      /* bytes this transport may register (0: any);
                                 beyond it registration fails ERR_NO_SPACE */
     bool no_map;             /* refuse kvr_rmem_ptr (as UCX over tcp does) */

@@ -36,6 +36,7 @@ static inline uint64_t kvr__get_le(const void *p, size_t n)
     X(DUP_DONE, "dup-done")                                                    \
     X(BAD_BLOCKS, "bad-blocks")                                                \
     X(DIE_ASSIGN, "die-assign")                                                \
+    X(REFUSE_OFFER, "refuse-offer")                                            \
     X(STORE_ENOSPC, "store-enospc")
 
 /* clang-format off */

@@ -200,7 +200,8 @@ static void on_line(demo_t *d, child_t *k, char *line)
     } else if (strcmp(verb, "sent") == 0 && q) {
         q->sent = true;
     } else if ((strcmp(verb, "failed") == 0 || strcmp(verb, "verify-failed") == 0 ||
-                strcmp(verb, "send-failed") == 0) && q) {
+                strcmp(verb, "send-failed") == 0 ||
+                strcmp(verb, "offer-refused") == 0) && q) {
         note_failure(q, k->name, rest);
         fprintf(d->out, "  %-8s %s %s: %s\n", k->name, id, verb, rest);
     } else if (d->cfg.verbose) {

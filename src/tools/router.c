@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "base_internal.h"
 #include "kvrelay/base.h"
 
 /* ---- encoding: u8 type, then every field little-endian, strings as
@@ -350,7 +351,12 @@ static void try_place(router_t *r, rreq_t *q)
     char why[200];
     if (q->assigned || !all_joined(r) || prefix_in_flight(r, q))
         return;
-    kvr_status_t st = place(r, q, why, sizeof(why));
+    const char *id = q->offer->request;
+    kvr_status_t st = KVR_ERR_REFUSED; /* docs/failpoints.md */
+    if (kvr__failpoint(KVR__FP_REFUSE_OFFER, id, strlen(id)))
+        snprintf(why, sizeof(why), "failpoint refuse-offer");
+    else
+        st = place(r, q, why, sizeof(why));
     if (st != KVR_OK) {
         refuse(r, q, st, why);
         rreq_free(q);

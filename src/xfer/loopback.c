@@ -256,6 +256,16 @@ static kvr_status_t lb_rmem_ptr(kvr_rmem_t *rmem, uint64_t off, void **out)
     return KVR_OK;
 }
 
+/* A put is as late as the slower of its two ends: a delayed receiver
+ * models a stopped process whose memory no put reaches in time. Called
+ * with the hub locked. */
+static uint32_t put_delay_ms(const lb_tr_t *tr, const lb_ep_t *lep)
+{
+    const lb_tr_t *peer = peer_at(tr->hub, lep->peer);
+    uint32_t theirs = peer != NULL ? peer->p.delay_ms : 0;
+    return tr->p.delay_ms > theirs ? tr->p.delay_ms : theirs;
+}
+
 static kvr_status_t lb_put(kvr_ep_t *ep, const void *src, uint64_t len,
                            kvr_rmem_t *dst, uint64_t off, uint64_t deadline_ns)
 {
@@ -265,6 +275,7 @@ static kvr_status_t lb_put(kvr_ep_t *ep, const void *src, uint64_t len,
     pthread_mutex_lock(&tr->hub->lock);
     uint64_t k = ++tr->puts;
     unsigned char *p = target_of(tr, (const lb_rmem_t *)dst, off);
+    uint32_t delay = put_delay_ms(tr, lep);
     if (p != NULL && k != tr->p.fail_put_at) {
         memcpy(p, src, len);
         if (k == tr->p.corrupt_put_at)
@@ -278,8 +289,8 @@ static kvr_status_t lb_put(kvr_ep_t *ep, const void *src, uint64_t len,
         return kvr__ep_set_failed(ep, kvr__fail(ep->t, KVR_ERR_TRANSPORT,
                                                 "injected failure of put %llu",
                                                 (ull)k));
-    if (tr->p.delay_ms)
-        lep->busy_until_ns = kvr_now_ns() + tr->p.delay_ms * 1000000ull;
+    if (delay)
+        lep->busy_until_ns = kvr_now_ns() + delay * 1000000ull;
     return KVR_OK;
 }
 

@@ -296,6 +296,84 @@ static void test_stalled_stage(void **state)
                  (unsigned long long)(ah_now_ms() - t1));
 }
 
+/* Rank 0 of the decode group is stopped: no put into its memory completes
+ * within any deadline (a SIGSTOPped process, in one process). */
+static void rank0_stopped(kvr_agent_params_t *p)
+{
+    p->grace_ms = STALL_GRACE_MS;
+    if (p->topo.dcp_rank == 0)
+        p->loopback.delay_ms = 60000;
+}
+
+/* A healthy second decode group, "decode-b", on the world's hub. */
+static void start_group_b(world_t *w, ah_agent_t g[2])
+{
+    for (uint32_t c = 0; c < 2; c++) {
+        kvr_agent_params_t p = ah_consumer_params(&w->m, w->hub, "decode-b", c);
+        short_grace(&p);
+        ah_start(&w->m, &p, 0, false, &g[c]);
+    }
+}
+
+static void expect_group_loaded(world_t *w, ah_agent_t g[2], const ah_req_t *r)
+{
+    for (uint32_t c = 0; c < 2; c++) {
+        assert_int_equal(ah_wait(&g[c], r->id, KVR_AGENT_RELEASED,
+                                 AH_WAIT_MS)->status, KVR_OK);
+        assert_int_equal(ah_count(&g[c], r->id, KVR_AGENT_LOADED), 1);
+        assert_int_equal(ah_count(&g[c], r->id, KVR_AGENT_LOAD_FAILED), 0);
+        ah_verify(&w->m, stages_of(w, 0), w->pp[0], &g[c], r);
+    }
+}
+
+/* A stalled consumer rank fails only the requests it touches: r goes to
+ * the stalled group and to a healthy one at once; the stalled rank's load
+ * fails by deadline plus grace and the stage's send fails (a group
+ * failed), while the healthy group loads r byte for byte; the next
+ * request into the healthy group loads over the same stage (the stall
+ * closed no healthy link). */
+static void test_stalled_rank(void **state)
+{
+    (void)state;
+    world_t *w = world_new();
+    start_instance(w, 0, A, 1, short_grace);
+    start_group_tweaked(w, 0, false, rank0_stopped);
+    ah_agent_t g[2];
+    start_group_b(w, g);
+    ah_req_t r, q;
+    ah_req(&w->m, 1, 300, &r);
+    fill_all(w, 0, &r);
+    ah_open(&w->prod[0][0], &r, 0, 2, true);
+    uint64_t t0 = ah_now_ms();
+    recv_all(w, 0, A, &r, STALL_DEADLINE_MS);
+    for (uint32_t c = 0; c < 2; c++)
+        ah_recv(&g[c], A, head_addr(w, 0), &r, STALL_DEADLINE_MS);
+    expect_group_loaded(w, g, &r);
+    uint32_t limit = STALL_DEADLINE_MS + STALL_GRACE_MS + STALL_MARGIN_MS;
+    assert_int_not_equal(ah_wait(&w->cons[0], r.id, KVR_AGENT_LOAD_FAILED,
+                                 limit)->status, KVR_OK);
+    ah_wait(&w->cons[0], r.id, KVR_AGENT_RELEASED, limit);
+    ah_wait(&w->cons[1], r.id, KVR_AGENT_RELEASED, limit);
+    ah_wait(&w->prod[0][0], r.id, KVR_AGENT_SEND_FAILED, limit);
+    if (ah_now_ms() - t0 > limit)
+        fail_msg("the stalled rank's request ended %llu ms after the ask",
+                 (unsigned long long)(ah_now_ms() - t0));
+    assert_int_equal(terminal_sends(&w->prod[0][0], r.id), 1);
+    /* the stall touched r only: the next request into the healthy group
+     * loads over the same stage */
+    ah_req(&w->m, 2, 200, &q);
+    fill_all(w, 0, &q);
+    ah_open(&w->prod[0][0], &q, 0, 1, true);
+    for (uint32_t c = 0; c < 2; c++)
+        ah_recv(&g[c], A, head_addr(w, 0), &q, 0);
+    expect_group_loaded(w, g, &q);
+    assert_int_equal(ah_wait(&w->prod[0][0], q.id, KVR_AGENT_SENT,
+                             AH_WAIT_MS)->status, KVR_OK);
+    for (uint32_t c = 0; c < 2; c++)
+        ah_stop(&g[c]);
+    world_free(w);
+}
+
 /* A lost RELEASE: the stage counts the release at deadline plus grace. */
 static void test_lost_release(void **state)
 {
@@ -395,6 +473,7 @@ int main(void)
         cmocka_unit_test(test_put_failure),
         cmocka_unit_test(test_slow_puts),
         cmocka_unit_test(test_stalled_stage),
+        cmocka_unit_test(test_stalled_rank),
         cmocka_unit_test(test_lost_release),
         cmocka_unit_test(test_stage_lost),
         cmocka_unit_test(test_consumer_restart),

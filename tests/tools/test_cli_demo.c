@@ -16,6 +16,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -259,6 +262,41 @@ static void test_workload_mismatch_refused(void **state)
         fail_msg("serve said \"%s\"", out);
 }
 
+/* A port on 127.0.0.1 where nothing listens (bound, then closed). */
+static int closed_port(void)
+{
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET};
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t len = sizeof(a);
+    assert_true(fd >= 0);
+    assert_int_equal(bind(fd, (struct sockaddr *)&a, sizeof(a)), 0);
+    assert_int_equal(getsockname(fd, (struct sockaddr *)&a, &len), 0);
+    close(fd);
+    return ntohs(a.sin_port);
+}
+
+/* The router is unreachable (a partition, in one host): push's OFFERs are
+ * not lost silently; it reports notify-failed naming the address and
+ * exits 1 on its own, long before its --timeout. */
+static void test_offer_unreachable(void **state)
+{
+    (void)state;
+    int port = closed_port();
+    char cmd[1024], out[8192], addr[32];
+    snprintf(cmd, sizeof(cmd), "timeout %d %s push --stage 0 --routers "
+             "127.0.0.1:%d --dcp 1 --pp 1 --layers 4 --tokens 300 --requests 2 "
+             "--timeout 600 >push_unreachable.txt 2>&1", WAIT_S, kvr_bin, port);
+    int st = system(cmd);
+    assert_true(WIFEXITED(st));
+    assert_int_equal(WEXITSTATUS(st), 1);
+    cli_slurp("push_unreachable.txt", out, sizeof(out));
+    snprintf(addr, sizeof(addr), "127.0.0.1:%d", port);
+    if (strstr(out, "notify-failed") == NULL || strstr(out, addr) == NULL ||
+        strstr(out, "an offer could not reach its router") == NULL)
+        fail_msg("push said \"%s\"", out);
+}
+
 #define XPYD "--instances 3 --groups 2 --requests 12 --tokens 1500 --layers 12 " \
              "--pp 2 --dcp 2 --deadline-ms 60000 --timeout 300"
 
@@ -340,6 +378,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_sigint_reaps_children),
         cmocka_unit_test(test_no_start_after_a_rank_is_gone),
         cmocka_unit_test(test_workload_mismatch_refused),
+        cmocka_unit_test(test_offer_unreachable),
         cmocka_unit_test(test_instances_and_groups),
         cmocka_unit_test(test_abort_in_flight),
     };

@@ -180,6 +180,19 @@ static void test_write_failed(void **state)
     expect_fault("refuse:req-2@0", "ERR_REFUSED", NULL);
 }
 
+/* The router refuses req-2's OFFER: every decode rank counts it failed at
+ * once and the run ends long before --timeout; push reports the refusal
+ * (issue 15 item 6: no silent loss). */
+static void test_offer_refused(void **state)
+{
+    (void)state;
+    expect_fault("refuse-offer:req-2@0", "ERR_REFUSED", NULL);
+    char out[65536];
+    cli_slurp("demo_out.txt", out, sizeof(out));
+    if (strstr(out, "offer-refused") == NULL)
+        fail_msg("push did not report the refusal: %s", out);
+}
+
 static void test_block_ids_out_of_range(void **state)
 {
     (void)state;
@@ -418,6 +431,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_producer_killed_mid_transfer),
         cmocka_unit_test(test_consumer_killed),
         cmocka_unit_test(test_write_failed),
+        cmocka_unit_test(test_offer_refused),
         cmocka_unit_test(test_block_ids_out_of_range),
         cmocka_unit_test(test_wrong_nonce),
         cmocka_unit_test(test_duplicate_write_done),
