@@ -124,15 +124,18 @@ static void js_method(const char *name, stat_t st, double bytes,
                       double ceiling_ms, const char *note)
 {
     double gbps = bytes / (st.med * 1e6);
-    fprintf(js, "%s\n        \"%s\": {\"median_ms\": %.5f, \"min_ms\": %.5f, "
+    fprintf(js,
+            "%s\n        \"%s\": {\"median_ms\": %.5f, \"min_ms\": %.5f, "
             "\"max_ms\": %.5f, \"runs\": %d, \"GBps\": %.2f, "
-            "\"GBps_best\": %.2f, \"GBps_worst\": %.2f, \"vs_ceiling\": %.4f%s%s%s}",
+            "\"GBps_best\": %.2f, \"GBps_worst\": %.2f, \"vs_ceiling\": "
+            "%.4f%s%s%s}",
             js_first ? "" : ",", name, st.med, st.min, st.max, st.runs, gbps,
             bytes / (st.min * 1e6), bytes / (st.max * 1e6),
             ceiling_ms > 0 ? ceiling_ms / st.med : 0.0,
             note ? ", \"note\": \"" : "", note ? note : "", note ? "\"" : "");
     js_first = 0;
-    printf("  %-18s %9.4f ms  %8.2f GB/s  (min %.4f max %.4f)  %5.1f%% of ceiling\n",
+    printf("  %-18s %9.4f ms  %8.2f GB/s  (min %.4f max %.4f)  %5.1f%% of "
+           "ceiling\n",
            name, st.med, gbps, st.min, st.max,
            ceiling_ms > 0 ? 100.0 * ceiling_ms / st.med : 0.0);
 }
@@ -142,11 +145,11 @@ static void js_method(const char *name, stat_t st, double bytes,
 typedef struct {
     const char *label;
     kvr_role_t role;
-    uint32_t unit;  /* token bytes, or D */
+    uint32_t unit; /* token bytes, or D */
     uint32_t I;
     kvr_gpu_relayout_t *rl;
-    unsigned char *src;       /* device 0 */
-    unsigned char *dst[W];    /* device 1 */
+    unsigned char *src;           /* device 0 */
+    unsigned char *dst[W];        /* device 1 */
     unsigned char *flat0, *flat1; /* ceiling and staging, devices 0 and 1 */
     uint64_t bytes, rank_bytes[W], dst_bytes;
     cudaStream_t s0, s1;
@@ -199,7 +202,8 @@ static void add_run(relayout_t *b, size_t first, const unsigned char *s,
                     unsigned char *d, size_t len)
 {
     size_t k = b->runs;
-    if (k > first && (const unsigned char *)b->srcs[k - 1] + b->sizes[k - 1] == s &&
+    if (k > first &&
+        (const unsigned char *)b->srcs[k - 1] + b->sizes[k - 1] == s &&
         (unsigned char *)b->dsts[k - 1] + b->sizes[k - 1] == d) {
         b->sizes[k - 1] += len;
         return;
@@ -240,7 +244,8 @@ static void relayout_setup(relayout_t *b)
     uint32_t *sb = permutation((uint32_t)src.num_blocks);
     uint32_t *db = permutation((uint32_t)dst.num_blocks);
     kvr_gpu_request_t req = {sb, src.num_blocks, db, dst.num_blocks, TOKENS, 0};
-    KVR_OK_OR_DIE(kvr_gpu_relayout_create(&lay, &src, &dst, &req, &b->rl, &err));
+    KVR_OK_OR_DIE(
+        kvr_gpu_relayout_create(&lay, &src, &dst, &req, &b->rl, &err));
     free(sb);
     free(db);
     b->bytes = 0;
@@ -308,14 +313,16 @@ static void op_scatter(void *ctx)
 {
     relayout_t *b = ctx;
     CUDA_OK(cudaSetDevice(0));
-    KVR_OK_OR_DIE(kvr_gpu_scatter(b->rl, b->src, (void *const *)b->dst, b->s0, &err));
+    KVR_OK_OR_DIE(
+        kvr_gpu_scatter(b->rl, b->src, (void *const *)b->dst, b->s0, &err));
 }
 
 static void op_scatter_pull(void *ctx)
 {
     relayout_t *b = ctx;
     CUDA_OK(cudaSetDevice(1));
-    KVR_OK_OR_DIE(kvr_gpu_scatter(b->rl, b->src, (void *const *)b->dst, b->s1, &err));
+    KVR_OK_OR_DIE(
+        kvr_gpu_scatter(b->rl, b->src, (void *const *)b->dst, b->s1, &err));
 }
 
 static void op_pack_copy_unpack(void *ctx)
@@ -348,7 +355,8 @@ static void op_batched(void *ctx)
     memset(&attr, 0, sizeof(attr));
     attr.srcAccessOrder = cudaMemcpySrcAccessOrderStream;
     CUDA_OK(cudaSetDevice(0));
-    for (size_t at = 0; at < b->runs && batch_status == cudaSuccess; at += 65536) {
+    for (size_t at = 0; at < b->runs && batch_status == cudaSuccess;
+         at += 65536) {
         size_t n = b->runs - at < 65536 ? b->runs - at : 65536, zero = 0;
         batch_status = cudaMemcpyBatchAsync(b->dsts + at, b->srcs + at,
                                             b->sizes + at, n, &attr, &zero, 1,
@@ -362,7 +370,8 @@ static int relayout_verify(relayout_t *b, const unsigned char *want[W])
     unsigned char *got = xmalloc(b->dst_bytes);
     int ok = 1;
     for (uint32_t r = 0; r < W; r++) {
-        CUDA_OK(cudaMemcpy(got, b->dst[r], b->dst_bytes, cudaMemcpyDeviceToHost));
+        CUDA_OK(
+            cudaMemcpy(got, b->dst[r], b->dst_bytes, cudaMemcpyDeviceToHost));
         ok &= memcmp(got, want[r], b->dst_bytes) == 0;
     }
     free(got);
@@ -380,7 +389,8 @@ static void clear_dst(relayout_t *b)
 static unsigned char **reference_images(relayout_t *b)
 {
     uint64_t src_bytes = (uint64_t)TOKENS / BS * b->rl->geom.src_page;
-    unsigned char *host = xmalloc(src_bytes), **want = xmalloc(W * sizeof(*want));
+    unsigned char *host = xmalloc(src_bytes),
+                  **want = xmalloc(W * sizeof(*want));
     CUDA_OK(cudaMemcpy(host, b->src, src_bytes, cudaMemcpyDeviceToHost));
     for (uint32_t r = 0; r < W; r++) {
         want[r] = xmalloc(b->dst_bytes);
@@ -399,12 +409,14 @@ static void bench_relayout(const char *label, kvr_role_t role, uint32_t unit,
     unsigned char **want = reference_images(&b);
     printf("%s: %llu bytes, %zu coalesced runs\n", label,
            (unsigned long long)b.bytes, b.runs);
-    fprintf(js, "%s\n    {\"case\": \"%s\", \"role\": \"%s\", \"%s\": %u, "
+    fprintf(js,
+            "%s\n    {\"case\": \"%s\", \"role\": \"%s\", \"%s\": %u, "
             "\"interleave\": %u, \"dcp_size\": %d, \"block_size\": %d, "
             "\"tokens\": %d, \"bytes\": %llu, \"coalesced_runs\": %zu, "
-            "\"methods\": {", first ? "" : ",", label, kvr_role_name(role),
-            role == KVR_ROLE_MLA ? "token_bytes" : "index_dim", unit, I, W,
-            BS, TOKENS, (unsigned long long)b.bytes, b.runs);
+            "\"methods\": {",
+            first ? "" : ",", label, kvr_role_name(role),
+            role == KVR_ROLE_MLA ? "token_bytes" : "index_dim", unit, I, W, BS,
+            TOKENS, (unsigned long long)b.bytes, b.runs);
     js_first = 1;
     stat_t ceil = time_op(0, b.s0, op_ceiling, &b, 150);
     js_method("ceiling_p2p_copy", ceil, (double)b.bytes, ceil.med, NULL);
@@ -419,13 +431,15 @@ static void bench_relayout(const char *label, kvr_role_t role, uint32_t unit,
     for (int i = 0; i < 4; i++) {
         clear_dst(&b);
         batch_status = cudaSuccess;
-        stat_t st = time_op(ops[i].dev, ops[i].dev ? b.s1 : b.s0, ops[i].op,
-                            &b, ops[i].op == op_batched ? 1500 : 150);
+        stat_t st = time_op(ops[i].dev, ops[i].dev ? b.s1 : b.s0, ops[i].op, &b,
+                            ops[i].op == op_batched ? 1500 : 150);
         CUDA_OK(cudaSetDevice(0));
-        int ok = batch_status == cudaSuccess && relayout_verify(&b, (const unsigned char **)want);
+        int ok = batch_status == cudaSuccess &&
+                 relayout_verify(&b, (const unsigned char **)want);
         const char *note = batch_status != cudaSuccess
                                ? cudaGetErrorString(batch_status)
-                               : ok ? NULL : "WRONG BYTES";
+                           : ok ? NULL
+                                : "WRONG BYTES";
         js_method(ops[i].name, st, (double)b.bytes, ceil.med, note);
         if (!ok)
             printf("  %s: %s\n", ops[i].name, note);
@@ -475,9 +489,20 @@ static void topk_inputs(kvr_gpu_topk_args_t *h, uint32_t rows, uint32_t K,
         map[r] = (int32_t)r;
     for (size_t i = 0; i < (size_t)rows * max_blocks; i++)
         table[i] = (int32_t)(rng_next() % (1u << 20));
-    *h = (kvr_gpu_topk_args_t){idx, map, table, rows, K, rows, max_blocks, 0,
-                               dcp, BS, I, xmalloc((size_t)rows * K * 4),
-                               (uint64_t)rows * K, xmalloc((rows + 1) * 4),
+    *h = (kvr_gpu_topk_args_t){idx,
+                               map,
+                               table,
+                               rows,
+                               K,
+                               rows,
+                               max_blocks,
+                               0,
+                               dcp,
+                               BS,
+                               I,
+                               xmalloc((size_t)rows * K * 4),
+                               (uint64_t)rows * K,
+                               xmalloc((rows + 1) * 4),
                                xmalloc(rows * 4)};
 }
 
@@ -490,13 +515,15 @@ static void *upload(const void *h, size_t n)
     return p;
 }
 
-static int topk_verify(const kvr_gpu_topk_args_t *h, const kvr_gpu_topk_args_t *d)
+static int topk_verify(const kvr_gpu_topk_args_t *h,
+                       const kvr_gpu_topk_args_t *d)
 {
     KVR_OK_OR_DIE(kvr_gpu_topk_filter_ref(h, &err));
     uint32_t rows = h->num_rows;
     size_t n = (size_t)h->out_indptr[rows];
     int32_t *got = xmalloc((rows + 1 > n ? rows + 1 : n) * 4);
-    CUDA_OK(cudaMemcpy(got, d->out_indptr, (rows + 1) * 4, cudaMemcpyDeviceToHost));
+    CUDA_OK(
+        cudaMemcpy(got, d->out_indptr, (rows + 1) * 4, cudaMemcpyDeviceToHost));
     int ok = memcmp(got, h->out_indptr, (rows + 1) * 4) == 0;
     CUDA_OK(cudaMemcpy(got, d->out_slots, n * 4, cudaMemcpyDeviceToHost));
     ok &= memcmp(got, h->out_slots, n * 4) == 0;
@@ -527,24 +554,28 @@ static void bench_topk(uint32_t rows, uint32_t I, uint32_t dcp,
     int ok = topk_verify(&h, &t.d);
     uint64_t owned = (uint64_t)h.out_indptr[rows];
     double bytes = (double)rows * K * 4 + rows * 4.0 + owned * 4.0 +
-                   (rows + 1) * 4.0 + rows * 4.0 + (double)rows * h.max_blocks * 4;
+                   (rows + 1) * 4.0 + rows * 4.0 +
+                   (double)rows * h.max_blocks * 4;
     t.copy_bytes = (size_t)(bytes / 2);
     t.copy_src = upload(NULL, t.copy_bytes);
     t.copy_dst = upload(NULL, t.copy_bytes);
     stat_t same = time_op(0, t.s, op_copy, &t, 200);
     double gbps = bytes / (st.med * 1e6);
-    fprintf(js, "%s\n    {\"rows\": %u, \"topk\": %u, \"dcp_size\": %u, "
-            "\"interleave\": %u, \"block_size\": %d, \"owned\": %llu, "
-            "\"bytes_read_written\": %.0f, \"median_ms\": %.5f, \"min_ms\": %.5f, "
-            "\"max_ms\": %.5f, \"runs\": %d, \"GBps\": %.1f, \"correct\": %s, "
-            "\"same_bytes_copy_ms\": %.5f, \"same_bytes_copy_GBps\": %.1f, "
-            "\"vs_copy_ceiling\": %.4f, \"vs_same_bytes_copy\": %.4f}",
-            first ? "" : ",", rows, K, dcp, I, BS, (unsigned long long)owned, bytes,
-            st.med, st.min, st.max, st.runs, gbps, ok ? "true" : "false", same.med,
-            bytes / (same.med * 1e6), gbps / copy_gbps, same.med / st.med);
+    fprintf(
+        js,
+        "%s\n    {\"rows\": %u, \"topk\": %u, \"dcp_size\": %u, "
+        "\"interleave\": %u, \"block_size\": %d, \"owned\": %llu, "
+        "\"bytes_read_written\": %.0f, \"median_ms\": %.5f, \"min_ms\": %.5f, "
+        "\"max_ms\": %.5f, \"runs\": %d, \"GBps\": %.1f, \"correct\": %s, "
+        "\"same_bytes_copy_ms\": %.5f, \"same_bytes_copy_GBps\": %.1f, "
+        "\"vs_copy_ceiling\": %.4f, \"vs_same_bytes_copy\": %.4f}",
+        first ? "" : ",", rows, K, dcp, I, BS, (unsigned long long)owned, bytes,
+        st.med, st.min, st.max, st.runs, gbps, ok ? "true" : "false", same.med,
+        bytes / (same.med * 1e6), gbps / copy_gbps, same.med / st.med);
     printf("  top-k rows %6u I %2u W %u: %.4f ms %7.1f GB/s = %5.1f%% of copy "
-           "ceiling (same-bytes copy %.4f ms)%s\n", rows, I, dcp, st.med, gbps,
-           100 * gbps / copy_gbps, same.med, ok ? "" : "  WRONG");
+           "ceiling (same-bytes copy %.4f ms)%s\n",
+           rows, I, dcp, st.med, gbps, 100 * gbps / copy_gbps, same.med,
+           ok ? "" : "  WRONG");
     cudaFree((void *)t.d.token_indices);
     cudaFree((void *)t.d.token_to_seq);
     cudaFree((void *)t.d.block_table);
@@ -575,8 +606,10 @@ static double copy_ceiling(void)
     CUDA_OK(cudaMemset(t.copy_src, 1, t.copy_bytes));
     stat_t st = time_op(0, t.s, op_copy, &t, 300);
     double gbps = 2.0 * t.copy_bytes / (st.med * 1e6);
-    fprintf(js, "  \"copy_ceiling\": {\"bytes\": %llu, \"median_ms\": %.5f, "
-            "\"min_ms\": %.5f, \"max_ms\": %.5f, \"GBps_read_plus_written\": %.1f},\n",
+    fprintf(js,
+            "  \"copy_ceiling\": {\"bytes\": %llu, \"median_ms\": %.5f, "
+            "\"min_ms\": %.5f, \"max_ms\": %.5f, \"GBps_read_plus_written\": "
+            "%.1f},\n",
             (unsigned long long)t.copy_bytes, st.med, st.min, st.max, gbps);
     printf("d2d copy ceiling: %.1f GB/s (read + written)\n", gbps);
     cudaFree(t.copy_src);
@@ -597,17 +630,20 @@ static void header(int devices)
     CUDA_OK(cudaRuntimeGetVersion(&runtime));
     if (devices > 1)
         CUDA_OK(cudaDeviceCanAccessPeer(&p2p, 0, 1));
-    fprintf(js, "{\n  \"date\": \"%s\", \"card\": \"%s\", \"devices\": %d, "
-            "\"sms\": %d, \"peer_access\": %s, \"driver\": %d, \"runtime\": %d,\n",
-            date, p.name, devices, p.multiProcessorCount, p2p ? "true" : "false",
-            driver, runtime);
+    fprintf(
+        js,
+        "{\n  \"date\": \"%s\", \"card\": \"%s\", \"devices\": %d, "
+        "\"sms\": %d, \"peer_access\": %s, \"driver\": %d, \"runtime\": %d,\n",
+        date, p.name, devices, p.multiProcessorCount, p2p ? "true" : "false",
+        driver, runtime);
     printf("%s x%d, %d SMs, driver %d, runtime %d, %s\n", p.name, devices,
            p.multiProcessorCount, driver, runtime, date);
 }
 
 int main(int argc, char **argv)
 {
-    int devices = 0, relayout_only = argc == 3 && !strcmp(argv[1], "--relayout-only");
+    int devices = 0,
+        relayout_only = argc == 3 && !strcmp(argv[1], "--relayout-only");
     int topk_only = argc == 3 && !strcmp(argv[1], "--topk-only");
     if (argc != 2 && !relayout_only && !topk_only)
         DIE("usage: bench_gpu [--relayout-only | --topk-only] OUT.json");

@@ -43,8 +43,12 @@ static kvr_region_pair_t pair_of(const kvr_layout_t *lay, kvr_role_t role,
     kvr_region_pair_t p = {{.role = role, .layer = layer, .num_blocks = nsrc},
                            {.role = role, .layer = layer, .num_blocks = ndst}};
     if (role == KVR_ROLE_DENSE) {
-        kvr_region_desc_t d = {.role = role, .layer = layer, .heads = 8,
-                               .head_dim = 128, .elem_bytes = 2, .hnd = hnd};
+        kvr_region_desc_t d = {.role = role,
+                               .layer = layer,
+                               .heads = 8,
+                               .head_dim = 128,
+                               .elem_bytes = 2,
+                               .hnd = hnd};
         p.src = p.dst = d;
         p.src.num_blocks = nsrc;
         p.dst.num_blocks = ndst;
@@ -53,7 +57,8 @@ static kvr_region_pair_t pair_of(const kvr_layout_t *lay, kvr_role_t role,
     } else if (role == KVR_ROLE_MLA) {
         p.src.page_bytes = p.dst.page_bytes = lay->block_size * 576ull;
     } else {
-        p.src.index_dim = p.dst.index_dim = p.src.quant_block = p.dst.quant_block = 128;
+        p.src.index_dim = p.dst.index_dim = p.src.quant_block =
+            p.dst.quant_block = 128;
         p.src.page_bytes = kvr_index_page_tokens(lay, false) * 144;
         p.dst.page_bytes = kvr_index_page_tokens(lay, true) * 144;
     }
@@ -71,11 +76,12 @@ static size_t plan_rank(const kvr_layout_t *lay, uint32_t rank,
     size_t runs = 0;
     for (size_t i = 0; i < (nsources ? nsources : 1); i++) {
         kvr_plan_set_t *set = NULL;
-        kvr_status_t st =
-            nsources ? kvr_plan_set_create_pair(lay, sources[i], rank, pairs,
-                                                npairs, req, &set, NULL)
-                     : kvr_plan_set_create(lay, rank, pairs, npairs, req, &set,
-                                           NULL);
+        kvr_status_t st = nsources
+                              ? kvr_plan_set_create_pair(lay, sources[i], rank,
+                                                         pairs, npairs, req,
+                                                         &set, NULL)
+                              : kvr_plan_set_create(lay, rank, pairs, npairs,
+                                                    req, &set, NULL);
         if (st != KVR_OK)
             abort();
         runs += (size_t)kvr_plan_set_total_runs(set);
@@ -134,17 +140,20 @@ static json_t *run_case(const case_t *c, int reps)
     uint64_t vp = (uint64_t)lay.block_size * (c->Wp ? c->Wp : 1);
     size_t nsrc = (size_t)((c->tokens + vp - 1) / vp);
     size_t ndst = (size_t)kvr_num_dst_blocks(&lay, c->tokens);
-    uint32_t *src = malloc(nsrc * sizeof(*src)), *dst = malloc(ndst * sizeof(*dst));
+    uint32_t *src = malloc(nsrc * sizeof(*src)),
+             *dst = malloc(ndst * sizeof(*dst));
     for (size_t i = 0; i < nsrc; i++)
-        src[i] = (uint32_t)((i * 7919) % nsrc); /* scattered, injective when nsrc % 7919 */
+        src[i] = (uint32_t)((i * 7919) %
+                            nsrc); /* scattered, injective when nsrc % 7919 */
     for (size_t i = 0; i < ndst; i++)
         dst[i] = (uint32_t)(ndst - 1 - i);
     kvr_request_t req = {src, nsrc, dst, ndst, c->tokens, 0};
     size_t npairs = c->headline_set ? 104 : c->tpp ? 32 : 1;
     kvr_region_pair_t *pairs = calloc(npairs, sizeof(*pairs));
     for (size_t i = 0; i < npairs; i++) {
-        kvr_role_t role = c->tpp ? KVR_ROLE_DENSE
-                          : i < 78 ? KVR_ROLE_MLA : KVR_ROLE_INDEX;
+        kvr_role_t role = c->tpp   ? KVR_ROLE_DENSE
+                          : i < 78 ? KVR_ROLE_MLA
+                                   : KVR_ROLE_INDEX;
         pairs[i] = pair_of(&lay, role, (uint32_t)i, nsrc, ndst, c->hnd);
     }
     double *t = malloc((size_t)reps * c->W * sizeof(*t));
@@ -163,21 +172,20 @@ static json_t *run_case(const case_t *c, int reps)
         }
     qsort(t, n, sizeof(*t), cmp_d);
     double ps_per_byte = t[n / 2] * 1e6 / (double)bytes;
-    printf("%-26s W_p=%u W=%u I=%-3u TP %u->%u %7llu tokens %2zu src %8zu runs  "
-           "median %8.1f us  %7.3f ps/B\n",
-           c->name, c->Wp ? c->Wp : 1, c->W, c->I, lay.producer_tp, lay.tp,
-           (unsigned long long)c->tokens, srcs, runs, t[n / 2], ps_per_byte);
-    json_t *j = json_pack("{s:s,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:f,s:f,s:f,s:f}",
-                          "case", c->name, "W", (json_int_t)c->W, "I",
-                          (json_int_t)c->I, "tp", (json_int_t)lay.tp,
-                          "producer_tp", (json_int_t)lay.producer_tp,
-                          "producer_dcp",
-                          (json_int_t)(c->Wp ? c->Wp : 1), "tokens",
-                          (json_int_t)c->tokens, "regions", (json_int_t)npairs,
-                          "sources", (json_int_t)srcs, "runs", (json_int_t)runs,
-                          "bytes", (json_int_t)bytes, "min_us", t[0],
-                          "median_us", t[n / 2], "max_us", t[n - 1],
-                          "ps_per_byte", ps_per_byte);
+    printf(
+        "%-26s W_p=%u W=%u I=%-3u TP %u->%u %7llu tokens %2zu src %8zu runs  "
+        "median %8.1f us  %7.3f ps/B\n",
+        c->name, c->Wp ? c->Wp : 1, c->W, c->I, lay.producer_tp, lay.tp,
+        (unsigned long long)c->tokens, srcs, runs, t[n / 2], ps_per_byte);
+    json_t *j = json_pack(
+        "{s:s,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:f,s:f,s:f,s:f}", "case",
+        c->name, "W", (json_int_t)c->W, "I", (json_int_t)c->I, "tp",
+        (json_int_t)lay.tp, "producer_tp", (json_int_t)lay.producer_tp,
+        "producer_dcp", (json_int_t)(c->Wp ? c->Wp : 1), "tokens",
+        (json_int_t)c->tokens, "regions", (json_int_t)npairs, "sources",
+        (json_int_t)srcs, "runs", (json_int_t)runs, "bytes", (json_int_t)bytes,
+        "min_us", t[0], "median_us", t[n / 2], "max_us", t[n - 1],
+        "ps_per_byte", ps_per_byte);
     free(t);
     free(pairs);
     free(src);
@@ -209,8 +217,9 @@ int main(int argc, char **argv)
         {"dense-32L-128k-hnd", 1, 1, 131072, false, 0, 0, 4, true},
     };
     json_t *arr = json_array();
-    printf("planner timing, bs=64, one consumer rank's planning per measurement "
-           "(all its sources), 50 reps x W ranks\n");
+    printf(
+        "planner timing, bs=64, one consumer rank's planning per measurement "
+        "(all its sources), 50 reps x W ranks\n");
     for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++)
         json_array_append_new(arr, run_case(&cases[i], 50));
     json_t *root = json_pack("{s:s,s:i,s:o}", "bench", "plan", "block_size", 64,

@@ -53,16 +53,20 @@ static void side_init(side_t *s, uint64_t tokens, const kvr_layout_t *lay)
         s->blocks[i] = (uint32_t)(s->nblocks - 1 - i);
     s->n = 0;
     for (uint32_t l = 0; l < LAYERS; l++) {
-        kvr_region_desc_t m = {.role = KVR_ROLE_MLA, .layer = l,
+        kvr_region_desc_t m = {.role = KVR_ROLE_MLA,
+                               .layer = l,
                                .num_blocks = s->nblocks,
                                .page_bytes = BS * TB};
         s->r[s->n].desc = m;
         s->r[s->n++].base = NULL;
         if (l % 3 == 0) {
             kvr_region_desc_t x = {
-                .role = KVR_ROLE_INDEX, .layer = l, .num_blocks = s->nblocks,
+                .role = KVR_ROLE_INDEX,
+                .layer = l,
+                .num_blocks = s->nblocks,
                 .page_bytes = kvr_index_page_tokens(lay, true) * 144,
-                .index_dim = D, .quant_block = D};
+                .index_dim = D,
+                .quant_block = D};
             s->r[s->n].desc = x;
             s->r[s->n++].base = NULL;
         }
@@ -128,10 +132,15 @@ static void salt_chains(ctx_t *c)
 
 static kvr_store_io_t io_of(ctx_t *c, side_t *s)
 {
-    kvr_store_io_t io = {.ns = c->ns, .block_size = BS, .chunk = c->chunk,
-                         .chains = c->chains, .num_chains = c->nchains,
-                         .lay = &c->lay, .regions = s->r,
-                         .num_regions = s->n, .blocks = s->blocks,
+    kvr_store_io_t io = {.ns = c->ns,
+                         .block_size = BS,
+                         .chunk = c->chunk,
+                         .chains = c->chains,
+                         .num_chains = c->nchains,
+                         .lay = &c->lay,
+                         .regions = s->r,
+                         .num_regions = s->n,
+                         .blocks = s->blocks,
                          .num_blocks = s->nblocks};
     return io;
 }
@@ -248,8 +257,7 @@ static double time_seq(ctx_t *c, bool write)
     snprintf(path, sizeof path, "%s/ceiling.bin", c->dir);
     if (!write)
         drop_cache(c->dir);
-    int fd = open(path, write ? O_WRONLY | O_CREAT | O_TRUNC : O_RDONLY,
-                  0644);
+    int fd = open(path, write ? O_WRONLY | O_CREAT | O_TRUNC : O_RDONLY, 0644);
     if (fd < 0) {
         perror(path);
         exit(1);
@@ -272,30 +280,50 @@ static double time_seq(ctx_t *c, bool write)
     return t;
 }
 
-typedef enum { M_MEMCPY, M_HOST_SAVE, M_HOST_SAVE_COLD, M_HOST_LOAD,
-               M_BLAKE2B, M_CHECKSUM, M_SEQ_WRITE, M_SEQ_READ, M_DISK_SAVE,
-               M_DISK_LOAD, M_COUNT } measure_t;
-static const char *names[M_COUNT] = {"memcpy", "host_save",
-                                     "host_save_fresh_store", "host_load",
-                                     "blake2b_one_stream", "chunk_checksum",
-                                     "seq_write", "seq_read", "disk_save",
-                                     "disk_load"};
+typedef enum {
+    M_MEMCPY,
+    M_HOST_SAVE,
+    M_HOST_SAVE_COLD,
+    M_HOST_LOAD,
+    M_BLAKE2B,
+    M_CHECKSUM,
+    M_SEQ_WRITE,
+    M_SEQ_READ,
+    M_DISK_SAVE,
+    M_DISK_LOAD,
+    M_COUNT
+} measure_t;
+static const char *names[M_COUNT] = {
+    "memcpy",    "host_save",          "host_save_fresh_store",
+    "host_load", "blake2b_one_stream", "chunk_checksum",
+    "seq_write", "seq_read",           "disk_save",
+    "disk_load"};
 
 static double measure(ctx_t *c, measure_t m)
 {
     kvr_store_opts_t host = {.host_bytes = c->bytes * 2};
     kvr_store_opts_t disk = {.dir = c->dir};
     switch (m) {
-    case M_MEMCPY: return time_memcpy(c);
-    case M_HOST_SAVE: return time_save_warm(c);
-    case M_HOST_SAVE_COLD: return time_save(c, &host);
-    case M_BLAKE2B: return time_blake2b(c);
-    case M_CHECKSUM: return time_checksum(c);
-    case M_HOST_LOAD: return time_load(c, &host);
-    case M_SEQ_WRITE: return time_seq(c, true);
-    case M_SEQ_READ: return time_seq(c, false);
-    case M_DISK_SAVE: return time_save(c, &disk);
-    default: return time_load(c, &disk);
+    case M_MEMCPY:
+        return time_memcpy(c);
+    case M_HOST_SAVE:
+        return time_save_warm(c);
+    case M_HOST_SAVE_COLD:
+        return time_save(c, &host);
+    case M_BLAKE2B:
+        return time_blake2b(c);
+    case M_CHECKSUM:
+        return time_checksum(c);
+    case M_HOST_LOAD:
+        return time_load(c, &host);
+    case M_SEQ_WRITE:
+        return time_seq(c, true);
+    case M_SEQ_READ:
+        return time_seq(c, false);
+    case M_DISK_SAVE:
+        return time_save(c, &disk);
+    default:
+        return time_load(c, &disk);
     }
 }
 
@@ -322,20 +350,24 @@ static json_t *run_case(ctx_t *c, int reps, int idx, int total)
                                       gbs[m][2]));
         free(t);
     }
-    const int pairs[4][2] = {{M_HOST_SAVE, M_MEMCPY}, {M_HOST_LOAD, M_MEMCPY},
+    const int pairs[4][2] = {{M_HOST_SAVE, M_MEMCPY},
+                             {M_HOST_LOAD, M_MEMCPY},
                              {M_DISK_SAVE, M_SEQ_WRITE},
                              {M_DISK_LOAD, M_SEQ_READ}};
     json_t *ratio = json_object();
     for (int i = 0; i < 4; i++)
-        json_object_set_new(ratio, names[pairs[i][0]],
-                            json_real(gbs[pairs[i][0]][1] /
-                                      gbs[pairs[i][1]][1]));
+        json_object_set_new(
+            ratio, names[pairs[i][0]],
+            json_real(gbs[pairs[i][0]][1] / gbs[pairs[i][1]][1]));
     json_object_set_new(res, "median_ratio_to_ceiling", ratio);
-    json_object_set_new(res, "chunk_tokens", json_integer((json_int_t)c->chunk));
+    json_object_set_new(res, "chunk_tokens",
+                        json_integer((json_int_t)c->chunk));
     json_object_set_new(res, "chunk_bytes",
                         json_integer((json_int_t)(c->bytes / c->nchains)));
-    json_object_set_new(res, "request_tokens", json_integer((json_int_t)c->tokens));
-    json_object_set_new(res, "request_bytes", json_integer((json_int_t)c->bytes));
+    json_object_set_new(res, "request_tokens",
+                        json_integer((json_int_t)c->tokens));
+    json_object_set_new(res, "request_bytes",
+                        json_integer((json_int_t)c->bytes));
     fprintf(stderr, "\r%80s\r", "");
     printf("%5llu tok %6.1f MB | host save %5.2f (fresh %5.2f) load %5.2f | "
            "memcpy %5.2f | disk save %5.2f load %5.2f | seq w %5.2f r %5.2f | "
@@ -414,8 +446,8 @@ int main(int argc, char **argv)
         "layout", "78 layers MLA 576 B/token, index D=128 every third layer",
         "block_size", BS, "layers", LAYERS, "token_bytes", TB, "index_dim", D,
         "request_tokens", (int)tokens, "disk_backend", backend, "reps", reps,
-        "dir", dir, "cpus", (json_int_t)sysconf(_SC_NPROCESSORS_ONLN),
-        "cases", arr);
+        "dir", dir, "cpus", (json_int_t)sysconf(_SC_NPROCESSORS_ONLN), "cases",
+        arr);
     if (json_dump_file(root, out, JSON_INDENT(1)) != 0)
         fprintf(stderr, "bench_store: cannot write %s\n", out);
     json_decref(root);

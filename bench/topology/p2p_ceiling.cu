@@ -28,7 +28,8 @@ static double run(pair_t *p, int n, size_t bytes, int reps)
         CHECK(cudaSetDevice(p[i].src));
         CHECK(cudaEventRecord(p[i].t0, p[i].s));
         for (int r = 0; r < reps; r++)
-            CHECK(cudaMemcpyPeerAsync(p[i].b, p[i].dst, p[i].a, p[i].src, bytes, p[i].s));
+            CHECK(cudaMemcpyPeerAsync(p[i].b, p[i].dst, p[i].a, p[i].src, bytes,
+                                      p[i].s));
         CHECK(cudaEventRecord(p[i].t1, p[i].s));
     }
     float worst = 0;
@@ -66,8 +67,8 @@ int main(int argc, char **argv)
     for (int i = 0; i < n; i++) {
         run(&p[i], 1, bytes, 1); /* warm-up */
         double gbs = run(&p[i], 1, bytes, 5);
-        printf("%s{\"src\":%d,\"dst\":%d,\"gbps\":%.1f}", i ? "," : "", p[i].src,
-               p[i].dst, gbs);
+        printf("%s{\"src\":%d,\"dst\":%d,\"gbps\":%.1f}", i ? "," : "",
+               p[i].src, p[i].dst, gbs);
     }
     double all = run(p, n, bytes, 5);
     printf("],\"all_pairs_at_once_gbps\":%.1f}\n", all);

@@ -34,7 +34,8 @@ typedef struct {
 } cell_t;
 
 static const char *const kind_names[KINDS] = {"ceiling", "direct", "staged"};
-static const int kind_ids[KINDS] = {XH_CEILING, KVR_EXEC_DIRECT, KVR_EXEC_STAGED};
+static const int kind_ids[KINDS] = {XH_CEILING, KVR_EXEC_DIRECT,
+                                    KVR_EXEC_STAGED};
 
 static int cmp_double(const void *a, const void *b)
 {
@@ -62,10 +63,17 @@ static const uint32_t default_slots[] = {4, 16, 4};
 static xh_config_t config(kvr_xfer_tl_t tl, uint32_t I, const opts_t *o)
 {
     xh_config_t cfg = {
-        .tl = tl, .W = 4, .bs = 64, .I = I, .tokens = o->tokens,
-        .token_bytes = 576, .with_index = false,
+        .tl = tl,
+        .W = 4,
+        .bs = 64,
+        .I = I,
+        .tokens = o->tokens,
+        .token_bytes = 576,
+        .with_index = false,
         .slot_bytes = o->slot_bytes ? o->slot_bytes : default_slot[tl],
-        .num_slots = o->num_slots ? o->num_slots : default_slots[tl], .timeout_ms = 60000, .seed = 1,
+        .num_slots = o->num_slots ? o->num_slots : default_slots[tl],
+        .timeout_ms = 60000,
+        .seed = 1,
     };
     return cfg;
 }
@@ -126,17 +134,15 @@ static json_t *model_json(const kvr_cost_model_t *m, double probe_s)
 {
     json_t *pts = json_array();
     for (uint32_t i = 0; i < m->points && i < KVR_COST_POINTS; i++)
-        json_array_append_new(pts, json_pack("{s:f,s:f,s:f,s:f,s:f}", "bytes",
-                                             m->point_bytes[i], "put_s",
-                                             m->put_at[i], "copy_s",
-                                             m->copy_at[i], "unpack_s",
-                                             m->unpack_at[i], "stage_s",
-                                             m->stage_at[i]));
-    return json_pack("{s:f,s:f,s:f,s:f,s:f,s:b,s:f,s:o,s:f}", "put_s",
-                     m->put_s, "put_Bps", m->put_Bps, "chunk_s", m->chunk_s,
-                     "stage_Bps", m->stage_Bps, "copy_Bps", m->copy_Bps,
-                     "mapped", m->mapped, "rtt_s", m->rtt_s, "points", pts,
-                     "probe_wall_s", probe_s);
+        json_array_append_new(
+            pts,
+            json_pack("{s:f,s:f,s:f,s:f,s:f}", "bytes", m->point_bytes[i],
+                      "put_s", m->put_at[i], "copy_s", m->copy_at[i],
+                      "unpack_s", m->unpack_at[i], "stage_s", m->stage_at[i]));
+    return json_pack("{s:f,s:f,s:f,s:f,s:f,s:b,s:f,s:o,s:f}", "put_s", m->put_s,
+                     "put_Bps", m->put_Bps, "chunk_s", m->chunk_s, "stage_Bps",
+                     m->stage_Bps, "copy_Bps", m->copy_Bps, "mapped", m->mapped,
+                     "rtt_s", m->rtt_s, "points", pts, "probe_wall_s", probe_s);
 }
 
 static void print_model(const char *tl, const kvr_cost_model_t *m,
@@ -158,8 +164,8 @@ static void print_model(const char *tl, const kvr_cost_model_t *m,
 static json_t *cell_json(const xh_config_t *cfg, const cell_t *c, int reps,
                          bool *pick_ok, const char *tl)
 {
-    json_t *j = json_pack("{s:s,s:i,s:I,s:I,s:s,s:f,s:f}", "transport", tl,
-                          "I", cfg->I, "bytes", (json_int_t)c->bytes, "runs",
+    json_t *j = json_pack("{s:s,s:i,s:I,s:I,s:s,s:f,s:f}", "transport", tl, "I",
+                          cfg->I, "bytes", (json_int_t)c->bytes, "runs",
                           (json_int_t)c->runs, "pick", kvr_exec_name(c->pick),
                           "predicted_direct_s", c->pred_direct,
                           "predicted_staged_s", c->pred_staged);
@@ -174,11 +180,12 @@ static json_t *cell_json(const xh_config_t *cfg, const cell_t *c, int reps,
         json_t *secs = json_array();
         for (int r = 0; r < reps; r++)
             json_array_append_new(secs, json_real(c->secs[k][r]));
-        json_object_set_new(j, kind_names[k], json_pack(
-            "{s:o,s:[f,f,f],s:[f,f,f],s:f}", "seconds", secs,
-            "seconds_min_median_max", st[0], st[1], st[2],
-            "ratio_to_ceiling_min_median_max", rt[0], rt[1], rt[2],
-            "GBps_median", (double)c->bytes / st[1] / 1e9));
+        json_object_set_new(
+            j, kind_names[k],
+            json_pack("{s:o,s:[f,f,f],s:[f,f,f],s:f}", "seconds", secs,
+                      "seconds_min_median_max", st[0], st[1], st[2],
+                      "ratio_to_ceiling_min_median_max", rt[0], rt[1], rt[2],
+                      "GBps_median", (double)c->bytes / st[1] / 1e9));
     }
     double best = med[1] < med[2] ? med[1] : med[2];
     *pick_ok = med[c->pick] <= 1.10 * best;
@@ -196,10 +203,12 @@ static void print_row(const char *tl, uint32_t I, const json_t *cell)
                json_real_value(json_array_get(r, 1)),
                json_real_value(json_array_get(r, 2)));
     }
-    json_t *c = json_object_get(json_object_get(cell, "ceiling"), "GBps_median");
+    json_t *c = json_object_get(json_object_get(cell, "ceiling"),
+                                "GBps_median");
     printf("  %7.3f  %-6s %s\n", json_real_value(c),
            json_string_value(json_object_get(cell, "pick")),
-           json_is_true(json_object_get(cell, "pick_within_10pct")) ? "yes" : "NO");
+           json_is_true(json_object_get(cell, "pick_within_10pct")) ? "yes"
+                                                                    : "NO");
 }
 
 static int run_transport(kvr_xfer_tl_t tl, const opts_t *o, json_t *cells,
@@ -272,8 +281,8 @@ static json_t *params_json(const opts_t *o)
         "one warm-up round per kind first; consumers verify after timing",
         "ucx_version", ucp_get_version_string(), "cpus",
         (int)sysconf(_SC_NPROCESSORS_ONLN), "kernel", u.release, "build",
-        KVR_BUILD_TYPE, "ucx_tcp", "UCX_TLS=tcp TX_SEG_SIZE=256K RX_SEG_SIZE=1M",
-        "cost_probe",
+        KVR_BUILD_TYPE, "ucx_tcp",
+        "UCX_TLS=tcp TX_SEG_SIZE=256K RX_SEG_SIZE=1M", "cost_probe",
         "kvr_cost_measure once per transport (in its I = 1 session, against "
         "rank 0: 4 MiB registered scratch, the UCX-allocated staging); that "
         "model picks for every I, as a connection's probe at set-up does");
@@ -300,9 +309,10 @@ static int parse(int argc, char **argv, opts_t *o)
         else if (strcmp(argv[i], "--tcp-only") == 0)
             o->only_tcp = true;
         else {
-            fprintf(stderr, "usage: %s [--reps N] [--tokens N] [--slot-kib K] "
-                            "[--slots N] [--out FILE] [--shm-only|--tcp-only] "
-                            "[--probe-only N]\n",
+            fprintf(stderr,
+                    "usage: %s [--reps N] [--tokens N] [--slot-kib K] "
+                    "[--slots N] [--out FILE] [--shm-only|--tcp-only] "
+                    "[--probe-only N]\n",
                     argv[0]);
             return 2;
         }
@@ -325,14 +335,16 @@ int main(int argc, char **argv)
     json_t *cells = json_array(), *models = json_object();
     int wrong = 0, rc = 0;
     printf("ratio to ceiling min/median/max; ceiling GB/s median; pick\n");
-    printf("tl     I   direct              staged              ceiling  pick   right\n");
+    printf("tl     I   direct              staged              ceiling  pick   "
+           "right\n");
     if (!o.only_tcp)
         rc = run_transport(KVR_XFER_TL_SHM, &o, cells, models, &wrong);
     if (rc == 0 && !o.only_shm)
         rc = run_transport(KVR_XFER_TL_TCP, &o, cells, models, &wrong);
-    json_t *doc = json_pack("{s:s,s:s,s:o,s:o,s:o,s:i}", "bench", "xfer", "date",
-                            date, "params", params_json(&o), "cost_models",
-                            models, "cells", cells, "wrong_picks", wrong);
+    json_t *doc = json_pack("{s:s,s:s,s:o,s:o,s:o,s:i}", "bench", "xfer",
+                            "date", date, "params", params_json(&o),
+                            "cost_models", models, "cells", cells,
+                            "wrong_picks", wrong);
     const char *out = o.out ? o.out : path;
     if (o.probe_only) {
         json_decref(doc);

@@ -79,23 +79,23 @@ typedef enum kvr_agent_exec {
 /* Creation parameters. Append-only: new fields go at the end, and
  * KVR_AGENT_PARAMS_INIT gives every field its default. */
 typedef struct kvr_agent_params {
-    const void *instance_id;  /* 1..KVR_AGENT_INSTANCE_MAX bytes, copied */
+    const void *instance_id; /* 1..KVR_AGENT_INSTANCE_MAX bytes, copied */
     size_t instance_id_len;
     kvr_agent_role_t role;
-    kvr_layout_t layout;      /* the model's full layout (both sides agree) */
-    kvr_wire_topo_t topo;     /* this worker: pp/tp/dcp ranks and sizes,
+    kvr_layout_t layout;   /* the model's full layout (both sides agree) */
+    kvr_wire_topo_t topo;  /* this worker: pp/tp/dcp ranks and sizes,
                                  half-open model layer range */
-    const char *listen;       /* "host:port" ("127.0.0.1:0" picks a port);
+    const char *listen;    /* "host:port" ("127.0.0.1:0" picks a port);
                                  producers must listen, consumers may (to
                                  receive notifications) */
-    const char *advertise;    /* "host:port" peers should dial; NULL: the
+    const char *advertise; /* "host:port" peers should dial; NULL: the
                                  bound address */
-    const char *bootstrap;    /* non-head producer stages: the address of
+    const char *bootstrap; /* non-head producer stages: the address of
                                  the instance's PP head (pp 0, tp 0) */
-    const uint8_t *key;       /* 32-byte pre-shared key, or NULL */
-    bool insecure;            /* without a key, talk to non-loopback peers */
+    const uint8_t *key;    /* 32-byte pre-shared key, or NULL */
+    bool insecure;         /* without a key, talk to non-loopback peers */
     kvr_agent_tl_t tl;
-    kvr_transport_t *loopback_hub; /* non-NULL: the data plane is an
+    kvr_transport_t *loopback_hub;  /* non-NULL: the data plane is an
                                       in-process loopback transport joined to
                                       this one's hub (tests); tl is ignored */
     kvr_loopback_params_t loopback; /* its fault injection, with the hub */
@@ -108,29 +108,31 @@ typedef struct kvr_agent_params {
                                  yet opened is held before it is refused */
     uint32_t idle_close_ms;   /* a link unused this long is closed */
     uint32_t connect_timeout_ms; /* dial plus handshake */
-    uint32_t max_requests;    /* live requests per side; beyond, NO_SPACE */
-    int cuda_device;          /* -1: KV in host memory. >= 0: KV in CUDA
+    uint32_t max_requests;       /* live requests per side; beyond, NO_SPACE */
+    int cuda_device;             /* -1: KV in host memory. >= 0: KV in CUDA
                                  memory on this device, moved gpu-direct
                                  between agents of one host (CUDA IPC,
                                  docs/agent.md gpu-direct) */
     uint32_t handshake_timeout_ms; /* an accepted link not through its
                                       handshake (AUTH, with a key) by then
                                       is closed */
-    uint32_t max_unauth_links; /* accepted links still in their handshake;
+    uint32_t max_unauth_links;     /* accepted links still in their handshake;
                                   beyond, the oldest is closed (they never
                                   take the seats of handshaken links) */
 } kvr_agent_params_t;
 
 #define KVR_AGENT_PARAMS_INIT                                                  \
-    {.instance_id = NULL, .instance_id_len = 0, .role = KVR_AGENT_CONSUMER,   \
-     .layout = KVR_LAYOUT_INIT, .topo = {0, 1, 0, 1, 0, 1, 0, 1, 0},           \
-     .listen = NULL, .advertise = NULL, .bootstrap = NULL, .key = NULL,        \
-     .insecure = false, .tl = KVR_AGENT_TL_AUTO, .loopback_hub = NULL,         \
-     .loopback = KVR_LOOPBACK_PARAMS_INIT, .executor = KVR_AGENT_EXEC_AUTO,    \
-     .progress_thread = true, .deadline_ms = 30000, .grace_ms = 5000,          \
-     .lease_ms = 60000, .unknown_wait_ms = 1000, .idle_close_ms = 60000,       \
-     .connect_timeout_ms = 5000, .max_requests = 1024, .cuda_device = -1,  \
-     .handshake_timeout_ms = 3000, .max_unauth_links = 64}
+    {                                                                          \
+        .instance_id = NULL, .instance_id_len = 0, .role = KVR_AGENT_CONSUMER, \
+        .layout = KVR_LAYOUT_INIT, .topo = {0, 1, 0, 1, 0, 1, 0, 1, 0},        \
+        .listen = NULL, .advertise = NULL, .bootstrap = NULL, .key = NULL,     \
+        .insecure = false, .tl = KVR_AGENT_TL_AUTO, .loopback_hub = NULL,      \
+        .loopback = KVR_LOOPBACK_PARAMS_INIT, .executor = KVR_AGENT_EXEC_AUTO, \
+        .progress_thread = true, .deadline_ms = 30000, .grace_ms = 5000,       \
+        .lease_ms = 60000, .unknown_wait_ms = 1000, .idle_close_ms = 60000,    \
+        .connect_timeout_ms = 5000, .max_requests = 1024, .cuda_device = -1,   \
+        .handshake_timeout_ms = 3000, .max_unauth_links = 64                   \
+    }
 
 typedef struct kvr_agent kvr_agent_t;
 
@@ -188,13 +190,13 @@ uint64_t kvr_agent_incarnation(const kvr_agent_t *agent);
 /* ---- producer ---- */
 
 typedef struct kvr_agent_send {
-    const void *request_id;  /* 1..256 bytes */
+    const void *request_id; /* 1..256 bytes */
     size_t request_id_len;
     const uint32_t *src_blocks; /* this stage's full block table, copied */
     size_t num_src_blocks;
     uint64_t num_tokens;
-    uint32_t lease_ms;       /* 0: params.lease_ms */
-    uint32_t groups;         /* consumer groups that will pull (0: 1) */
+    uint32_t lease_ms; /* 0: params.lease_ms */
+    uint32_t groups;   /* consumer groups that will pull (0: 1) */
 } kvr_agent_send_t;
 
 /* The request's KV exists on this stage (or will: see send_ready) and may be
@@ -220,16 +222,16 @@ kvr_status_t kvr_agent_send_abort(kvr_agent_t *agent, const void *request_id,
 /* ---- consumer ---- */
 
 typedef struct kvr_agent_recv {
-    const void *producer_id;     /* the producer instance's id */
+    const void *producer_id; /* the producer instance's id */
     size_t producer_id_len;
     const char *producer_address; /* "host:port" of its PP head stage */
-    const void *request_id;      /* 1..256 bytes */
+    const void *request_id;       /* 1..256 bytes */
     size_t request_id_len;
-    const uint32_t *dst_blocks;  /* destination block table, copied */
+    const uint32_t *dst_blocks; /* destination block table, copied */
     size_t num_dst_blocks;
     uint64_t num_tokens;
     uint64_t num_computed_blocks; /* virtual blocks already here */
-    uint32_t deadline_ms;        /* 0: params.deadline_ms */
+    uint32_t deadline_ms;         /* 0: params.deadline_ms */
 } kvr_agent_recv_t;
 
 /* Loads a request from the producer instance's stages that serve this rank
@@ -272,16 +274,16 @@ typedef enum kvr_agent_event_kind {
 /* A copy: nothing points into the agent. */
 typedef struct kvr_agent_event {
     kvr_agent_event_kind_t kind;
-    kvr_wire_id_t producer;   /* producer instance id */
+    kvr_wire_id_t producer; /* producer instance id */
     kvr_wire_id_t request;
-    kvr_status_t status;      /* KVR_OK for SENT, LOADED, RELEASED after
+    kvr_status_t status; /* KVR_OK for SENT, LOADED, RELEASED after
                                  LOADED; else why */
     char message[KVR_ERROR_MSG_MAX];
-    uint64_t bytes;           /* LOADED: bytes received; SENT: bytes sent;
+    uint64_t bytes; /* LOADED: bytes received; SENT: bytes sent;
                                  NOTIFY_FAILED: the payload's length;
                                  PEER_REFUSED: 1 for a known peer */
     uint32_t layer_begin, layer_end; /* LAYERS_LOADED */
-    kvr_wire_id_t peer;       /* NOTIFY_FAILED: the instance notified;
+    kvr_wire_id_t peer;              /* NOTIFY_FAILED: the instance notified;
                                  PEER_REFUSED: the refused peer's */
 } kvr_agent_event_t;
 
@@ -315,13 +317,13 @@ kvr_status_t kvr_agent_notify(kvr_agent_t *agent, const void *peer_id,
 /* A notification received: who sent it (the link's authenticated
  * identity) and a copy of its payload. */
 typedef struct kvr_agent_notify {
-    kvr_wire_id_t sender;         /* the sender's instance id */
-    kvr_wire_topo_t sender_topo;  /* its pp/tp/dcp ranks and sizes */
-    kvr_wire_side_t sender_side;  /* producer or consumer, as it said */
+    kvr_wire_id_t sender;        /* the sender's instance id */
+    kvr_wire_topo_t sender_topo; /* its pp/tp/dcp ranks and sizes */
+    kvr_wire_side_t sender_side; /* producer or consumer, as it said */
     uint64_t sender_incarnation;
-    char sender_address[256];     /* the sender's listener, "" if none:
+    char sender_address[256]; /* the sender's listener, "" if none:
                                      kvr_agent_notify answers it there */
-    uint32_t dropped;             /* notifications dropped before this one
+    uint32_t dropped;         /* notifications dropped before this one
                                      because the queue was full */
     size_t len;
     uint8_t payload[KVR_AGENT_NOTIFY_MAX];

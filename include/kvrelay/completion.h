@@ -46,9 +46,8 @@ static inline kvr_completion_id_t kvr_completion_req(const void *req_id,
     return id;
 }
 
-static inline kvr_completion_id_t kvr_completion_op(const void *req_id,
-                                                    size_t len,
-                                                    int64_t generation)
+static inline kvr_completion_id_t
+kvr_completion_op(const void *req_id, size_t len, int64_t generation)
 {
     kvr_completion_id_t id = {req_id, len, true, generation};
     return id;
@@ -61,8 +60,7 @@ kvr_status_t kvr_completion_id_check(const kvr_completion_id_t *id,
 /* completion_req_key: the bare request id an id belongs to. Everything that
  * pairs completions with per-request state keys on it. */
 kvr_status_t kvr_completion_req_key(const kvr_completion_id_t *id,
-                                    kvr_completion_id_t *out,
-                                    kvr_error_t *err);
+                                    kvr_completion_id_t *out, kvr_error_t *err);
 
 /* ---- quorum (TP workers or PP stages) ---------------------------------- */
 
@@ -77,8 +75,10 @@ typedef struct kvr_quorum_params {
 } kvr_quorum_params_t;
 
 #define KVR_QUORUM_PARAMS_INIT                                                 \
-    {.members = 1, .max_pending = 16384, .tombstones = 4096,                   \
-     .tombstone_requests = true}
+    {                                                                          \
+        .members = 1, .max_pending = 16384, .tombstones = 4096,                \
+        .tombstone_requests = true                                             \
+    }
 
 typedef enum kvr_quorum_outcome {
     KVR_QUORUM_PENDING = 0, /* recorded; other members have not reported */
@@ -134,7 +134,9 @@ typedef struct kvr_pairing_params {
 } kvr_pairing_params_t;
 
 #define KVR_PAIRING_PARAMS_INIT                                                \
-    {.max_requests = 16384, .max_events = 32768, .tombstones = 4096}
+    {                                                                          \
+        .max_requests = 16384, .max_events = 32768, .tombstones = 4096         \
+    }
 
 typedef enum kvr_pair_outcome {
     KVR_PAIR_HELD = 0,      /* send held until its request's saves complete */
@@ -199,8 +201,8 @@ kvr_status_t kvr_pairing_save_done(kvr_pairing_t *p,
                                    kvr_error_t *err);
 
 /* Moves up to cap released events, oldest first, into out. */
-kvr_status_t kvr_pairing_poll(kvr_pairing_t *p, kvr_release_t *out,
-                              size_t cap, size_t *num, kvr_error_t *err);
+kvr_status_t kvr_pairing_poll(kvr_pairing_t *p, kvr_release_t *out, size_t cap,
+                              size_t *num, kvr_error_t *err);
 
 /* Forgets everything about id's request (declared saves, a held send, its
  * tombstone): for aborted requests and re-issued request ids. A held send is
@@ -238,8 +240,7 @@ kvr_status_t kvr_prefix_hashes(const kvr_block_hash_t *parent,
  * in VIRTUAL blocks = num_cached_tokens / (bs * W). Either output may be
  * NULL. Error when the hit covers more than the prompt's full blocks. */
 kvr_status_t kvr_prefix_cached(const kvr_layout_t *lay, uint64_t num_tokens,
-                               uint64_t hit_blocks,
-                               uint64_t *num_cached_tokens,
+                               uint64_t hit_blocks, uint64_t *num_cached_tokens,
                                uint64_t *num_computed_blocks, kvr_error_t *err);
 
 /* ---- offload identity (§9) --------------------------------------------- */
@@ -252,15 +253,15 @@ kvr_status_t kvr_prefix_cached(const kvr_layout_t *lay, uint64_t num_tokens,
 /* What makes offloaded pages interchangeable. interleave and preshuffle are
  * part of it because they change the bytes of a rank-local page. */
 typedef struct kvr_offload_desc {
-    const char *model_tag;  /* non-empty, <= 256 bytes, UTF-8 */
-    const char *dtype;      /* KV cache dtype, non-empty, <= 32 bytes */
-    uint32_t block_size;    /* bs */
-    uint32_t chunk_size;    /* tokens per offload chunk, multiple of bs * W */
-    uint32_t tp;            /* TP (world) size of the replica writing pages */
-    uint32_t dcp_size;      /* W */
-    uint32_t interleave;    /* I */
-    bool replicate_index;   /* DSA index cache replicated on every DCP rank */
-    bool preshuffle;        /* index key plane preshuffled */
+    const char *model_tag; /* non-empty, <= 256 bytes, UTF-8 */
+    const char *dtype;     /* KV cache dtype, non-empty, <= 32 bytes */
+    uint32_t block_size;   /* bs */
+    uint32_t chunk_size;   /* tokens per offload chunk, multiple of bs * W */
+    uint32_t tp;           /* TP (world) size of the replica writing pages */
+    uint32_t dcp_size;     /* W */
+    uint32_t interleave;   /* I */
+    bool replicate_index;  /* DSA index cache replicated on every DCP rank */
+    bool preshuffle;       /* index key plane preshuffled */
     const char *const *indexer_types; /* per indexer layer, e.g. "full" */
     size_t num_indexer_types;         /* 0..KVR_OFFLOAD_MAX_LAYERS */
 } kvr_offload_desc_t;
@@ -284,9 +285,8 @@ kvr_status_t kvr_offload_namespace(const kvr_offload_desc_t *desc, char *buf,
 
 /* Largest chunk-aligned prefix of a hit: floor(hit / chunk) * chunk, 0 for a
  * hit <= 0. chunk_size must be >= 1. */
-kvr_status_t kvr_offload_aligned_prefix(int64_t hit_tokens,
-                                        uint64_t chunk_size, uint64_t *out,
-                                        kvr_error_t *err);
+kvr_status_t kvr_offload_aligned_prefix(int64_t hit_tokens, uint64_t chunk_size,
+                                        uint64_t *out, kvr_error_t *err);
 
 KVR_API_END
 #ifdef __cplusplus

@@ -97,8 +97,7 @@ kvr_status_t kvr_gpu_ref_pack(const kvr_gpu_relayout_t *rl, uint32_t rank,
                               uint64_t len, void *staging, kvr_error_t *err);
 kvr_status_t kvr_gpu_ref_unpack(const kvr_gpu_relayout_t *rl, uint32_t rank,
                                 const void *staging, uint64_t offset,
-                                uint64_t len, void *dst_base,
-                                kvr_error_t *err);
+                                uint64_t len, void *dst_base, kvr_error_t *err);
 
 /* (CUDA) Copies the tables to the current device; needed once per device
  * before the calls below run there. Synchronous. */
@@ -108,15 +107,15 @@ kvr_status_t kvr_gpu_relayout_upload(kvr_gpu_relayout_t *rl, kvr_error_t *err);
  * launches queued on it (cudaFreeAsync). No host synchronisation, and no
  * device-wide wait of cudaFree: for callers that must not wait on other
  * streams' work (the agent). Launch with this relayout on that stream. */
-kvr_status_t kvr_gpu_relayout_upload_async(kvr_gpu_relayout_t *rl,
-                                           void *stream, kvr_error_t *err);
+kvr_status_t kvr_gpu_relayout_upload_async(kvr_gpu_relayout_t *rl, void *stream,
+                                           kvr_error_t *err);
 
 /* (CUDA) Direct scatter into every rank at once: dst_bases[r] is rank r's
  * region base, any pointer the current device can write (its own memory, a
  * peer's with peer access enabled, a CUDA IPC mapping). W <= 64. */
-kvr_status_t kvr_gpu_scatter(const kvr_gpu_relayout_t *rl,
-                             const void *src_base, void *const *dst_bases,
-                             void *stream, kvr_error_t *err);
+kvr_status_t kvr_gpu_scatter(const kvr_gpu_relayout_t *rl, const void *src_base,
+                             void *const *dst_bases, void *stream,
+                             kvr_error_t *err);
 /* (CUDA) The same for one rank. */
 kvr_status_t kvr_gpu_scatter_rank(const kvr_gpu_relayout_t *rl, uint32_t rank,
                                   const void *src_base, void *dst_base,
@@ -203,17 +202,17 @@ typedef struct kvr_gpu_topk_args {
     const int32_t *token_to_seq;  /* [num_rows] */
     const int32_t *block_table;   /* [num_reqs, max_blocks], virtual blocks */
     uint32_t num_rows;
-    uint32_t topk;                /* K >= 1; num_rows * K <= INT32_MAX */
+    uint32_t topk; /* K >= 1; num_rows * K <= INT32_MAX */
     uint32_t num_reqs;
     uint32_t max_blocks;
     uint32_t rank;
-    uint32_t dcp_size;            /* W */
-    uint32_t block_size;          /* bs */
-    uint32_t interleave;          /* I */
-    int32_t *out_slots;           /* out_capacity entries */
-    uint64_t out_capacity;        /* >= num_rows * K */
-    int32_t *out_indptr;          /* [num_rows + 1] */
-    int32_t *owned_counts;        /* [num_rows] */
+    uint32_t dcp_size;     /* W */
+    uint32_t block_size;   /* bs */
+    uint32_t interleave;   /* I */
+    int32_t *out_slots;    /* out_capacity entries */
+    uint64_t out_capacity; /* >= num_rows * K */
+    int32_t *out_indptr;   /* [num_rows + 1] */
+    int32_t *owned_counts; /* [num_rows] */
 } kvr_gpu_topk_args_t;
 
 /* Which request each query-token row belongs to, per step kind:
@@ -251,10 +250,10 @@ typedef struct kvr_gpu_slots_args {
     const int32_t *block_table; /* [num_reqs, max_blocks] */
     uint32_t num_reqs;
     uint32_t max_blocks;
-    uint32_t q_len;             /* >= 1 */
+    uint32_t q_len; /* >= 1 */
     uint32_t block_size;
     uint32_t dcp_size;
-    int64_t *out_slots;         /* [num_reqs * q_len] */
+    int64_t *out_slots; /* [num_reqs * q_len] */
 } kvr_gpu_slots_args_t;
 
 /* LSE merge of W ranks' partial attention: per (b, h), lse_i sanitised
@@ -269,8 +268,8 @@ typedef struct kvr_gpu_lse_args {
     uint32_t batch;
     uint32_t heads;
     uint32_t head_dim;
-    float *out;        /* [B, H, D] */
-    float *lse;        /* [B, H]; NULL to skip */
+    float *out; /* [B, H, D] */
+    float *lse; /* [B, H]; NULL to skip */
 } kvr_gpu_lse_args_t;
 
 kvr_status_t kvr_gpu_topk_filter_ref(const kvr_gpu_topk_args_t *a,

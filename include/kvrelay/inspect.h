@@ -19,10 +19,11 @@ KVR_API_BEGIN
 
 /* What a finding is about. */
 typedef enum kvr_inspect_kind {
-    KVR_INSPECT_WRONG = 0,  /* received token differs from the source token */
-    KVR_INSPECT_SCALE = 1,  /* received index token: scale does not match its
+    KVR_INSPECT_WRONG = 0, /* received token differs from the source token */
+    KVR_INSPECT_SCALE = 1, /* received index token: scale does not match its
                                keys (synthetic data only) */
-    KVR_INSPECT_SOURCE = 2, /* source token is not the declared synthetic data */
+    KVR_INSPECT_SOURCE =
+        2, /* source token is not the declared synthetic data */
 } kvr_inspect_kind_t;
 #define KVR_INSPECT_KINDS 3
 
@@ -75,8 +76,10 @@ typedef struct kvr_inspect_opts {
 } kvr_inspect_opts_t;
 
 #define KVR_INSPECT_OPTS_INIT                                                  \
-    {.max_report = KVR_INSPECT_DEFAULT_REPORT, .synthetic = false, .seed = 0,  \
-     .manifest_seed = true}
+    {                                                                          \
+        .max_report = KVR_INSPECT_DEFAULT_REPORT, .synthetic = false,          \
+        .seed = 0, .manifest_seed = true                                       \
+    }
 
 /* Checks every token DCP rank `rank` must hold, [k*V, N) (sharded: owned
  * tokens; replicated index: all), in dst (the consumer region image,

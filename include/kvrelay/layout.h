@@ -31,26 +31,28 @@ typedef enum kvr_role {
  * today's producer (unsharded, the consumer's block size), so a layout that
  * leaves them 0 plans exactly as before. */
 typedef struct kvr_layout {
-    uint32_t block_size;      /* bs: tokens per consumer block (and producer
+    uint32_t block_size;  /* bs: tokens per consumer block (and producer
                                  block unless producer_block_size is set) */
-    uint32_t dcp_size;        /* W: consumer DCP size */
-    uint32_t interleave;      /* I: consumer DCP interleave */
-    uint32_t tp;              /* consumer TP size; tp % W == 0 */
-    uint32_t producer_tp;     /* producer TP size; a multiple of W_p */
-    bool replicate_index;     /* INDEX replicated on every consumer DCP rank */
-    bool preshuffle;          /* INDEX key plane preshuffled (16x16 tiles) */
+    uint32_t dcp_size;    /* W: consumer DCP size */
+    uint32_t interleave;  /* I: consumer DCP interleave */
+    uint32_t tp;          /* consumer TP size; tp % W == 0 */
+    uint32_t producer_tp; /* producer TP size; a multiple of W_p */
+    bool replicate_index; /* INDEX replicated on every consumer DCP rank */
+    bool preshuffle;      /* INDEX key plane preshuffled (16x16 tiles) */
     bool producer_replicate_index; /* INDEX replicated on every producer DCP
                                       rank (meaningful when W_p > 1) */
-    uint32_t producer_dcp;        /* W_p; 0 means 1 (unsharded producer) */
-    uint32_t producer_interleave; /* I_p; 0 means 1 */
-    uint32_t producer_block_size; /* bs_p; 0 means block_size */
+    uint32_t producer_dcp;         /* W_p; 0 means 1 (unsharded producer) */
+    uint32_t producer_interleave;  /* I_p; 0 means 1 */
+    uint32_t producer_block_size;  /* bs_p; 0 means block_size */
 } kvr_layout_t;
 
 #define KVR_LAYOUT_INIT                                                        \
-    {.block_size = 64, .dcp_size = 1, .interleave = 1, .tp = 1,                \
-     .producer_tp = 1, .replicate_index = false, .preshuffle = true,           \
-     .producer_replicate_index = false, .producer_dcp = 0,                    \
-     .producer_interleave = 0, .producer_block_size = 0}
+    {                                                                          \
+        .block_size = 64, .dcp_size = 1, .interleave = 1, .tp = 1,             \
+        .producer_tp = 1, .replicate_index = false, .preshuffle = true,        \
+        .producer_replicate_index = false, .producer_dcp = 0,                  \
+        .producer_interleave = 0, .producer_block_size = 0                     \
+    }
 
 /* One registered KV tensor (normally one layer of one cache kind) on one side.
  * Token-addressable roles (MLA, DENSE) derive token bytes from page_bytes / P. */
@@ -61,7 +63,7 @@ typedef struct kvr_region_desc {
     uint64_t page_bytes;
     uint32_t index_dim;   /* INDEX: D (bytes of fp8 key per token) */
     uint32_t quant_block; /* INDEX: Q; 0 means Q == D */
-    uint64_t bytes;       /* registered length; 0 means num_blocks * page_bytes */
+    uint64_t bytes; /* registered length; 0 means num_blocks * page_bytes */
     /* DENSE head geometry (docs/design.md §18), appended; heads == 0 means
      * none: the region then moves only as identity pages. With it, a page
      * holds `kv_planes` planes (K then V), each `bs * local heads * head_dim
@@ -148,8 +150,7 @@ uint64_t kvr_region_token_bytes(const kvr_layout_t *lay,
                                 const kvr_region_desc_t *r);
 /* The same for a region of one side: page_bytes / bs_p on the producer. */
 uint64_t kvr_region_token_bytes_side(const kvr_layout_t *lay,
-                                     const kvr_region_desc_t *r,
-                                     bool consumer);
+                                     const kvr_region_desc_t *r, bool consumer);
 
 KVR_API_END
 #ifdef __cplusplus

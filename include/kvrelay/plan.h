@@ -160,13 +160,11 @@ kvr_status_t kvr_plan_create_pair(const kvr_layout_t *lay,
 
 /* A plan set for one (producer rank, consumer rank) pair. All pairs must be
  * on one axis (KVR_ERR_INVALID otherwise: make one set per axis). */
-kvr_status_t kvr_plan_set_create_pair(const kvr_layout_t *lay,
-                                      uint32_t producer_rank,
-                                      uint32_t consumer_rank,
-                                      const kvr_region_pair_t *pairs,
-                                      size_t num_pairs,
-                                      const kvr_request_t *req,
-                                      kvr_plan_set_t **out, kvr_error_t *err);
+kvr_status_t
+kvr_plan_set_create_pair(const kvr_layout_t *lay, uint32_t producer_rank,
+                         uint32_t consumer_rank, const kvr_region_pair_t *pairs,
+                         size_t num_pairs, const kvr_request_t *req,
+                         kvr_plan_set_t **out, kvr_error_t *err);
 
 /* The producer ranks consumer rank `consumer_rank` pulls a region from,
  * ascending. With req NULL: every rank it may ever pull from; with a
@@ -182,13 +180,11 @@ kvr_status_t kvr_plan_sources(const kvr_layout_t *lay,
 /* Verifier of one pair: every byte consumer rank `consumer_rank` takes from
  * producer rank `producer_rank` sits where docs/design.md §2-3 and §18 put
  * it in dst_base, against src_base (that producer rank's region). */
-kvr_status_t kvr_verify_region_pair(const kvr_layout_t *lay,
-                                    uint32_t producer_rank,
-                                    uint32_t consumer_rank,
-                                    const kvr_region_pair_t *pair,
-                                    const kvr_request_t *req,
-                                    const void *src_base, const void *dst_base,
-                                    kvr_error_t *err);
+kvr_status_t
+kvr_verify_region_pair(const kvr_layout_t *lay, uint32_t producer_rank,
+                       uint32_t consumer_rank, const kvr_region_pair_t *pair,
+                       const kvr_request_t *req, const void *src_base,
+                       const void *dst_base, kvr_error_t *err);
 
 /* Coverage proof over every pair (test mode). reqs has one request per
  * producer rank (its own source table; the same consumer table, tokens and

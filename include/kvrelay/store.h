@@ -43,9 +43,9 @@ typedef struct kvr_store_opts {
 } kvr_store_opts_t;
 
 typedef struct kvr_store_stats {
-    uint64_t host_bytes, host_chunks;   /* held now */
+    uint64_t host_bytes, host_chunks; /* held now */
     uint64_t host_hits, disk_hits, misses;
-    uint64_t corrupt;                   /* chunks found corrupt on load */
+    uint64_t corrupt; /* chunks found corrupt on load */
     uint64_t evictions;
     uint64_t scan_ok;                   /* valid chunks found by the scan */
     uint64_t scan_dropped_temp;         /* unfinished writes removed */
@@ -81,10 +81,9 @@ bool kvr_store_contains(kvr_store_t *st, const kvr_chunk_key_t *key);
 /* Checks every chunk file in dir against its checksum without changing
  * anything; calls bad(name, why, arg) for each corrupt or unfinished one.
  * *num_ok and *num_bad (either may be NULL) get the counts. */
-typedef void (*kvr_store_bad_fn)(const char *name, const char *why,
-                                 void *arg);
-kvr_status_t kvr_store_verify(const char *dir, kvr_store_bad_fn bad,
-                              void *arg, uint64_t *num_ok, uint64_t *num_bad,
+typedef void (*kvr_store_bad_fn)(const char *name, const char *why, void *arg);
+kvr_status_t kvr_store_verify(const char *dir, kvr_store_bad_fn bad, void *arg,
+                              uint64_t *num_ok, uint64_t *num_bad,
                               kvr_error_t *err);
 
 /* Namespace key of a store: BLAKE2b of the offload key of desc taken at the
@@ -100,8 +99,8 @@ kvr_status_t kvr_store_namespace(const kvr_offload_desc_t *desc,
 /* Chain hashes of the full chunks of tokens (chunk-sized hash blocks, so
  * they do not depend on any rank layout); out needs num_tokens / chunk. */
 kvr_status_t kvr_store_chains(const uint32_t *tokens, size_t num_tokens,
-                              uint64_t chunk, kvr_block_hash_t *out,
-                              size_t cap, size_t *num, kvr_error_t *err);
+                              uint64_t chunk, kvr_block_hash_t *out, size_t cap,
+                              size_t *num, kvr_error_t *err);
 
 /* ---- save and load through the planner -------------------------------- */
 
@@ -116,17 +115,17 @@ typedef struct kvr_store_region {
  * store's bs), its regions (a save: the PP stage's layers; MLA and INDEX)
  * and its full block table. */
 typedef struct kvr_store_io {
-    const uint8_t *ns;                /* KVR_STORE_NS_BYTES */
-    uint32_t part;                    /* PP stage */
-    uint32_t block_size;              /* the store's canonical bs */
-    uint64_t chunk;                   /* tokens per chunk, multiple of bs*W */
-    const kvr_block_hash_t *chains;   /* one per full chunk of the request */
+    const uint8_t *ns;              /* KVR_STORE_NS_BYTES */
+    uint32_t part;                  /* PP stage */
+    uint32_t block_size;            /* the store's canonical bs */
+    uint64_t chunk;                 /* tokens per chunk, multiple of bs*W */
+    const kvr_block_hash_t *chains; /* one per full chunk of the request */
     size_t num_chains;
     const kvr_layout_t *lay;
-    uint32_t rank;                    /* consumer DCP rank (load) */
+    uint32_t rank; /* consumer DCP rank (load) */
     const kvr_store_region_t *regions;
     size_t num_regions;
-    const uint32_t *blocks;           /* the side's block table */
+    const uint32_t *blocks; /* the side's block table */
     size_t num_blocks;
 } kvr_store_io_t;
 

@@ -28,13 +28,11 @@ float kvr_synth_index_scale(const uint8_t *key, uint32_t index_dim);
 /* Writes tokens [0, num_tokens) of a request into a producer region at base
  * (token g at its producer slot; index keys at their preshuffled position
  * and scales in the scale plane). token_ids has num_tokens entries. */
-kvr_status_t kvr_synth_fill_source(const kvr_layout_t *lay,
-                                   const kvr_region_desc_t *src,
-                                   uint64_t seed, const uint32_t *src_blocks,
-                                   size_t num_src_blocks,
-                                   const uint32_t *token_ids,
-                                   uint64_t num_tokens, void *base,
-                                   kvr_error_t *err);
+kvr_status_t
+kvr_synth_fill_source(const kvr_layout_t *lay, const kvr_region_desc_t *src,
+                      uint64_t seed, const uint32_t *src_blocks,
+                      size_t num_src_blocks, const uint32_t *token_ids,
+                      uint64_t num_tokens, void *base, kvr_error_t *err);
 
 /* Reads back token g from a consumer index page (page_tokens P, slot t) and
  * checks that its scale matches its keys. Returns KVR_ERR_VERIFY naming the

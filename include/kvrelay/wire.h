@@ -29,16 +29,16 @@ KVR_API_BEGIN
 #define KVR_WIRE_HEADER_BYTES 12u
 
 /* Caps, enforced on encode and on decode (KVR_ERR_WIRE_LIMIT). */
-#define KVR_WIRE_MAX_PAYLOAD (8u << 20)   /* bytes after the header */
-#define KVR_WIRE_REQ_ID_MAX 256u          /* request id bytes (>= 1) */
-#define KVR_WIRE_TEXT_MAX 255u            /* message text bytes, no NUL */
-#define KVR_WIRE_MAX_BLOCKS (1u << 17)    /* block ids per list */
-#define KVR_WIRE_MAX_PROMPT (1u << 20)    /* prompt token ids per OFFER */
-#define KVR_WIRE_MAX_REGIONS 1024u        /* regions per REGIONS */
-#define KVR_WIRE_RKEY_MAX 4096u           /* packed remote key bytes */
-#define KVR_WIRE_ADDR_MAX 4096u           /* transport address bytes */
-#define KVR_WIRE_MAX_SLOTS 4096u          /* staging slots per WRITE_REQUEST */
-#define KVR_WIRE_MAX_CLASSES 32u          /* region classes per HELLO */
+#define KVR_WIRE_MAX_PAYLOAD (8u << 20) /* bytes after the header */
+#define KVR_WIRE_REQ_ID_MAX 256u        /* request id bytes (>= 1) */
+#define KVR_WIRE_TEXT_MAX 255u          /* message text bytes, no NUL */
+#define KVR_WIRE_MAX_BLOCKS (1u << 17)  /* block ids per list */
+#define KVR_WIRE_MAX_PROMPT (1u << 20)  /* prompt token ids per OFFER */
+#define KVR_WIRE_MAX_REGIONS 1024u      /* regions per REGIONS */
+#define KVR_WIRE_RKEY_MAX 4096u         /* packed remote key bytes */
+#define KVR_WIRE_ADDR_MAX 4096u         /* transport address bytes */
+#define KVR_WIRE_MAX_SLOTS 4096u        /* staging slots per WRITE_REQUEST */
+#define KVR_WIRE_MAX_CLASSES 32u        /* region classes per HELLO */
 #define KVR_WIRE_DEADLINE_DEFAULT_MS 30000u
 #define KVR_WIRE_DEADLINE_MAX_MS 3600000u /* deadlines are 1..max ms */
 #define KVR_WIRE_HELLO_FRAME_MAX 1024u    /* a whole HELLO frame, bytes */
@@ -49,7 +49,7 @@ KVR_API_BEGIN
 #define KVR_WIRE_NONCE_BYTES 32u /* HELLO auth nonce */
 #define KVR_WIRE_MAC_BYTES 32u   /* HMAC-SHA256 */
 #define KVR_WIRE_KEY_BYTES 32u   /* pre-shared key */
-#define KVR_WIRE_TAG_BYTES 32u   /* session MAC after a frame: HMAC-SHA512-256 */
+#define KVR_WIRE_TAG_BYTES 32u /* session MAC after a frame: HMAC-SHA512-256 */
 
 typedef enum kvr_msg_type {
     KVR_MSG_HELLO = 1,
@@ -233,10 +233,10 @@ typedef struct kvr_msg_chunk_done {
     uint64_t transfer_id;
     uint32_t pp_rank, tp_rank;
     uint64_t write_nonce;
-    uint32_t chunk;   /* chunk index within the transfer */
-    uint32_t slot;    /* staging slot it was written to */
-    uint64_t offset;  /* byte offset of the chunk in the rank's packed stream */
-    uint64_t bytes;   /* bytes in the chunk */
+    uint32_t chunk;  /* chunk index within the transfer */
+    uint32_t slot;   /* staging slot it was written to */
+    uint64_t offset; /* byte offset of the chunk in the rank's packed stream */
+    uint64_t bytes;  /* bytes in the chunk */
 } kvr_msg_chunk_done_t;
 
 /* A non-head producer stage announces itself to its instance's PP head
@@ -266,7 +266,7 @@ typedef struct kvr_msg_notify {
     char address[KVR_WIRE_TEXT_MAX + 1]; /* the sender's own listening
                                             "host:port", or "" */
     const uint8_t *payload;
-    uint32_t len;                        /* 0..KVR_WIRE_NOTIFY_MAX */
+    uint32_t len; /* 0..KVR_WIRE_NOTIFY_MAX */
 } kvr_msg_notify_t;
 
 /* A message. Built by the caller (arrays are the caller's, priv_arena NULL)
@@ -318,7 +318,7 @@ kvr_status_t kvr_wire_decode(const void *buf, size_t len, kvr_msg_t *out,
 
 typedef struct kvr_wire_header {
     uint8_t major, minor;
-    uint16_t type; /* not checked: may be a type this side does not know */
+    uint16_t type;   /* not checked: may be a type this side does not know */
     uint32_t length; /* payload bytes */
 } kvr_wire_header_t;
 
@@ -440,15 +440,15 @@ size_t kvr_wire_session_frame_max(const kvr_wire_auth_t *auth);
  * kvr_wire_session_frame_max at its header (KVR_ERR_WIRE_LIMIT), and counts
  * the tag in *need once the peer's AUTH verified. Call it for a frame only
  * after handling the one before (an AUTH changes the framing). */
-kvr_status_t kvr_wire_session_need(const kvr_wire_auth_t *auth,
-                                   const void *buf, size_t len, size_t *need,
+kvr_status_t kvr_wire_session_need(const kvr_wire_auth_t *auth, const void *buf,
+                                   size_t len, size_t *need,
                                    kvr_wire_header_t *hdr, kvr_error_t *err);
 /* Call with every frame this side sends, in order, before sending it:
  * *tag_len is KVR_WIRE_TAG_BYTES with the tag to send right after the
  * frame, or 0 (no key; our AUTH and the frames before it). */
-kvr_status_t kvr_wire_seal(kvr_wire_auth_t *auth, const void *frame,
-                           size_t len, uint8_t tag[KVR_WIRE_TAG_BYTES],
-                           size_t *tag_len, kvr_error_t *err);
+kvr_status_t kvr_wire_seal(kvr_wire_auth_t *auth, const void *frame, size_t len,
+                           uint8_t tag[KVR_WIRE_TAG_BYTES], size_t *tag_len,
+                           kvr_error_t *err);
 /* Call with every frame received, in order, as kvr_wire_session_need
  * counted it: verifies and strips the tag; *frame_len is the frame without
  * it. A frame that does not verify (tampered, reordered, replayed, a frame

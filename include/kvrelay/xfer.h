@@ -58,22 +58,24 @@ typedef enum kvr_xfer_progress_mode {
 typedef struct kvr_ucx_params {
     kvr_xfer_tl_t tl;
     kvr_xfer_progress_mode_t progress;
-    uint64_t id;             /* carried as `sender` on every control message */
-    uint32_t keepalive_ms;   /* UCX_KEEPALIVE_INTERVAL; a killed peer is found
+    uint64_t id;           /* carried as `sender` on every control message */
+    uint32_t keepalive_ms; /* UCX_KEEPALIVE_INTERVAL; a killed peer is found
                                 within a few intervals */
     uint32_t close_timeout_ms; /* bound on ep and transport teardown */
-    uint32_t max_inflight;   /* puts in flight per endpoint before a put waits */
-    uint32_t msg_queue_max;  /* queued control messages; beyond, ERR_NO_SPACE */
-    uint32_t tcp_tx_seg;     /* UCX_TCP_TX_SEG_SIZE, bytes (0: UCX default) */
-    uint32_t tcp_rx_seg;     /* UCX_TCP_RX_SEG_SIZE, bytes (0: UCX default) */
+    uint32_t max_inflight;  /* puts in flight per endpoint before a put waits */
+    uint32_t msg_queue_max; /* queued control messages; beyond, ERR_NO_SPACE */
+    uint32_t tcp_tx_seg;    /* UCX_TCP_TX_SEG_SIZE, bytes (0: UCX default) */
+    uint32_t tcp_rx_seg;    /* UCX_TCP_RX_SEG_SIZE, bytes (0: UCX default) */
     const char *net_devices; /* UCX_NET_DEVICES, NULL: all */
 } kvr_ucx_params_t;
 
 #define KVR_UCX_PARAMS_INIT                                                    \
-    {.tl = KVR_XFER_TL_AUTO, .progress = KVR_XFER_PROGRESS_CALLER, .id = 0,    \
-     .keepalive_ms = 1000, .close_timeout_ms = 2000, .max_inflight = 1024,     \
-     .msg_queue_max = 65536, .tcp_tx_seg = 256 * 1024,                         \
-     .tcp_rx_seg = 1024 * 1024, .net_devices = NULL}
+    {                                                                          \
+        .tl = KVR_XFER_TL_AUTO, .progress = KVR_XFER_PROGRESS_CALLER, .id = 0, \
+        .keepalive_ms = 1000, .close_timeout_ms = 2000, .max_inflight = 1024,  \
+        .msg_queue_max = 65536, .tcp_tx_seg = 256 * 1024,                      \
+        .tcp_rx_seg = 1024 * 1024, .net_devices = NULL                         \
+    }
 
 /* Loopback: transports of one process joined on one hub; puts are memcpy.
  * Fault counters count this transport's operations from 1; 0 is off. */
@@ -81,19 +83,23 @@ typedef struct kvr_loopback_params {
     uint64_t id;
     uint32_t max_inflight;
     uint32_t msg_queue_max;
-    uint64_t fail_put_at;    /* the k-th put fails (ERR_TRANSPORT), ep dies */
-    uint64_t corrupt_put_at; /* the k-th put lands with its first byte flipped */
-    uint64_t drop_msg_at;    /* the k-th control message sent is lost */
-    uint64_t dup_msg_at;     /* the k-th control message arrives twice */
-    uint32_t delay_ms;       /* puts complete and messages arrive this late;
+    uint64_t fail_put_at; /* the k-th put fails (ERR_TRANSPORT), ep dies */
+    uint64_t
+        corrupt_put_at;   /* the k-th put lands with its first byte flipped */
+    uint64_t drop_msg_at; /* the k-th control message sent is lost */
+    uint64_t dup_msg_at;  /* the k-th control message arrives twice */
+    uint32_t delay_ms;    /* puts complete and messages arrive this late;
                                 puts into this transport too (a stopped
                                 receiver) */
-    uint64_t mem_limit;      /* bytes this transport may register (0: any);
+    uint64_t mem_limit;   /* bytes this transport may register (0: any);
                                 beyond it registration fails ERR_NO_SPACE */
-    bool no_map;             /* refuse kvr_rmem_ptr (as UCX over tcp does) */
+    bool no_map;          /* refuse kvr_rmem_ptr (as UCX over tcp does) */
 } kvr_loopback_params_t;
 
-#define KVR_LOOPBACK_PARAMS_INIT {.max_inflight = 1024, .msg_queue_max = 65536}
+#define KVR_LOOPBACK_PARAMS_INIT                                               \
+    {                                                                          \
+        .max_inflight = 1024, .msg_queue_max = 65536                           \
+    }
 
 /* ERR_UNSUPPORTED when kvrelay was built without UCX. err may be NULL. */
 kvr_status_t kvr_transport_ucx_create(const kvr_ucx_params_t *params,
@@ -197,9 +203,9 @@ void kvr_xfer_msg_free(kvr_xfer_msg_t *msg);
  * is destination order): the consumer's order. */
 typedef struct kvr_xfer_seg {
     const kvr_plan_t *plan;
-    const void *src;  /* producer: local source region base */
-    kvr_rmem_t *dst;  /* producer, direct: the consumer's region */
-    void *dst_local;  /* consumer, staged: local destination region base */
+    const void *src; /* producer: local source region base */
+    kvr_rmem_t *dst; /* producer, direct: the consumer's region */
+    void *dst_local; /* consumer, staged: local destination region base */
 } kvr_xfer_seg_t;
 
 /* Position in a stream; start with {0}. Seeking forward is cheap. */
@@ -212,9 +218,8 @@ typedef struct kvr_xfer_cursor {
 
 uint64_t kvr_xfer_stream_bytes(const kvr_xfer_seg_t *segs, size_t n);
 /* Copies stream bytes [pos, pos+len) from the segments' src into buf. */
-void kvr_xfer_pack(const kvr_xfer_seg_t *segs, size_t n,
-                   kvr_xfer_cursor_t *cur, uint64_t pos, void *buf,
-                   uint64_t len);
+void kvr_xfer_pack(const kvr_xfer_seg_t *segs, size_t n, kvr_xfer_cursor_t *cur,
+                   uint64_t pos, void *buf, uint64_t len);
 /* Copies buf into stream bytes [pos, pos+len) at the segments' dst_local. */
 void kvr_xfer_unpack(const kvr_xfer_seg_t *segs, size_t n,
                      kvr_xfer_cursor_t *cur, uint64_t pos, const void *buf,
@@ -262,7 +267,10 @@ typedef struct kvr_exec_params {
     const void *staging_local; /* consumer: base of its staging region */
 } kvr_exec_params_t;
 
-#define KVR_EXEC_PARAMS_INIT {.slot_bytes = 4u << 20}
+#define KVR_EXEC_PARAMS_INIT                                                   \
+    {                                                                          \
+        .slot_bytes = 4u << 20                                                 \
+    }
 
 typedef struct kvr_exec_stats {
     uint64_t bytes;
@@ -318,15 +326,15 @@ typedef struct kvr_cost_model {
     double rtt_s;     /* one small put and its flush (end of either kind) */
     uint32_t points;  /* measured sizes in the curves below (0: none) */
     double point_bytes[KVR_COST_POINTS]; /* ascending */
-    double put_at[KVR_COST_POINTS];  /* seconds per put of point_bytes[i] in
+    double put_at[KVR_COST_POINTS];      /* seconds per put of point_bytes[i] in
                                         a stream of such puts */
-    double copy_at[KVR_COST_POINTS]; /* seconds per piece of that size
+    double copy_at[KVR_COST_POINTS];     /* seconds per piece of that size
                                         gathered from cold memory (pack)
                                         into the mapped staging memory when
                                         mapped, else a local buffer */
-    double unpack_at[KVR_COST_POINTS]; /* seconds per piece scattered from
+    double unpack_at[KVR_COST_POINTS];   /* seconds per piece scattered from
                                           staging into cold memory */
-    double stage_at[KVR_COST_POINTS]; /* one put of that size alone into
+    double stage_at[KVR_COST_POINTS];    /* one put of that size alone into
                                          staging memory, less the flush's
                                          round trip (unused when mapped) */
 } kvr_cost_model_t;

@@ -47,8 +47,8 @@ void kvr__agent_log(kvr_agent_t *a, const char *fmt, ...)
     va_end(ap);
     if (getenv("KVR_AGENT_DEBUG") != NULL)
         fprintf(stderr, "kvr agent %.*s %.3f: %s\n", (int)a->instance.len,
-                a->instance.bytes, (double)(kvr_now_ns() % 100000000000ull) / 1e9,
-                a->log);
+                a->instance.bytes,
+                (double)(kvr_now_ns() % 100000000000ull) / 1e9, a->log);
 }
 
 /* ---- creation ---- */
@@ -92,7 +92,8 @@ static kvr_status_t check_times(const kvr_agent_params_t *p, kvr_error_t *err)
     if (st == KVR_OK)
         st = check_ms(p->handshake_timeout_ms, 1, "handshake timeout", err);
     if (st == KVR_OK && p->max_unauth_links == 0)
-        st = kvr_error_set(err, KVR_ERR_INVALID, "max_unauth_links is 0 "
+        st = kvr_error_set(err, KVR_ERR_INVALID,
+                           "max_unauth_links is 0 "
                            "(no peer could connect)");
     return st;
 }
@@ -104,8 +105,9 @@ static kvr_status_t check_topo(const kvr_agent_params_t *p, kvr_error_t *err)
         t->dp_rank >= t->dp_size)
         return kvr_error_set(err, KVR_ERR_RANK_RANGE,
                              "topo ranks pp %u/%u tp %u/%u dp %u/%u out of "
-                             "range", t->pp_rank, t->pp_size, t->tp_rank,
-                             t->tp_size, t->dp_rank, t->dp_size);
+                             "range",
+                             t->pp_rank, t->pp_size, t->tp_rank, t->tp_size,
+                             t->dp_rank, t->dp_size);
     if (t->layer_start >= t->layer_end)
         return kvr_error_set(err, KVR_ERR_INVALID,
                              "layer range [%u, %u) is empty", t->layer_start,
@@ -136,7 +138,8 @@ static kvr_status_t check_cuda(const kvr_agent_params_t *p, kvr_error_t *err)
     if (n == 0)
         return kvr_error_set(err, KVR_ERR_UNSUPPORTED,
                              "CUDA device %d: no CUDA device here, or kvrelay "
-                             "was built without CUDA", p->cuda_device);
+                             "was built without CUDA",
+                             p->cuda_device);
     if (p->cuda_device >= n)
         return kvr_error_set(err, KVR_ERR_INVALID,
                              "CUDA device %d out of range [0, %d)",
@@ -152,10 +155,9 @@ static kvr_status_t check_params(const kvr_agent_params_t *p, kvr_error_t *err)
 {
     if (p->instance_id == NULL || p->instance_id_len == 0 ||
         p->instance_id_len > KVR_AGENT_INSTANCE_MAX)
-        return kvr_error_set(err, KVR_ERR_INVALID,
-                             "instance id of %zu bytes (1..%u)",
-                             p->instance_id ? p->instance_id_len : 0,
-                             KVR_AGENT_INSTANCE_MAX);
+        return kvr_error_set(
+            err, KVR_ERR_INVALID, "instance id of %zu bytes (1..%u)",
+            p->instance_id ? p->instance_id_len : 0, KVR_AGENT_INSTANCE_MAX);
     if (p->role < KVR_AGENT_PRODUCER || p->role > KVR_AGENT_BOTH)
         return kvr_error_set(err, KVR_ERR_INVALID, "role %d", (int)p->role);
     kvr_status_t st = kvr_layout_check(&p->layout, err);
@@ -172,8 +174,8 @@ static kvr_status_t check_params(const kvr_agent_params_t *p, kvr_error_t *err)
     if ((p->role & KVR_AGENT_PRODUCER) && !head && p->bootstrap == NULL)
         return kvr_error_set(err, KVR_ERR_INVALID,
                              "producer stage pp %u tp %u needs the bootstrap "
-                             "address of its PP head", p->topo.pp_rank,
-                             p->topo.tp_rank);
+                             "address of its PP head",
+                             p->topo.pp_rank, p->topo.tp_rank);
     if (p->max_requests < 1 || p->max_requests > 65536)
         return kvr_error_set(err, KVR_ERR_INVALID, "max requests %u",
                              p->max_requests);
@@ -367,7 +369,8 @@ static kvr_status_t check_region(const kvr_agent_t *a,
 {
     kvr_error_t err = {0};
     if (a->started)
-        return fail(KVR_ERR_INVALID, "regions are fixed once the agent started");
+        return fail(KVR_ERR_INVALID,
+                    "regions are fixed once the agent started");
     if (a->num_regions == KVR_AGENT_MAX_REGIONS)
         return fail(KVR_ERR_NO_SPACE, "more than %u regions",
                     KVR_AGENT_MAX_REGIONS);
@@ -379,26 +382,31 @@ static kvr_status_t check_region(const kvr_agent_t *a,
                     a->p.role == KVR_AGENT_PRODUCER ? "producer" : "dual-role");
     bool staging = d->role == KVR_ROLE_STAGING;
     if (staging && (!(a->p.role & KVR_AGENT_CONSUMER) || flags))
-        return fail(KVR_ERR_INVALID, "a STAGING region belongs to a consumer "
+        return fail(KVR_ERR_INVALID,
+                    "a STAGING region belongs to a consumer "
                     "agent, unflagged (staged chunks land in the consumer's "
                     "slots)");
     if (staging && a->staging >= 0)
         return fail(KVR_ERR_EXISTS, "a second STAGING region");
     if (staging && a->p.cuda_device >= 0)
         return fail(KVR_ERR_INVALID, "a STAGING region on an agent whose KV "
-                    "is in CUDA memory (it moves gpu-direct)");
+                                     "is in CUDA memory (it moves gpu-direct)");
     if (staging && d->num_blocks < 2)
-        return fail(KVR_ERR_INVALID, "STAGING region of %llu slot(s): one "
+        return fail(KVR_ERR_INVALID,
+                    "STAGING region of %llu slot(s): one "
                     "usable slot and the cost probe's scratch need 2",
                     (unsigned long long)d->num_blocks);
-    kvr_status_t st = staging ? KVR_OK
-                              : kvr_region_check(&a->p.layout, d, consumer, &err);
+    kvr_status_t st = staging
+                          ? KVR_OK
+                          : kvr_region_check(&a->p.layout, d, consumer, &err);
     if (st != KVR_OK)
         return fail(st, "region %s layer %u: %s", kvr_role_name(d->role),
                     d->layer, err.msg);
     if (d->num_blocks == 0 || d->page_bytes > UINT64_MAX / d->num_blocks)
-        return fail(KVR_ERR_INVALID, "region layer %u: %llu blocks of %llu "
-                    "bytes", d->layer, (unsigned long long)d->num_blocks,
+        return fail(KVR_ERR_INVALID,
+                    "region layer %u: %llu blocks of %llu "
+                    "bytes",
+                    d->layer, (unsigned long long)d->num_blocks,
                     (unsigned long long)d->page_bytes);
     for (uint32_t i = 0; i < a->num_regions; i++)
         if (a->regions[i].desc.role == d->role &&
@@ -543,7 +551,8 @@ kvr_status_t kvr_agent_start(kvr_agent_t *a)
     if (a->started)
         st = kvr_error_set(&err, KVR_ERR_INVALID, "already started");
     else if (staged_consumer && a->staging < 0)
-        st = kvr_error_set(&err, KVR_ERR_INVALID, "executor STAGED: the "
+        st = kvr_error_set(&err, KVR_ERR_INVALID,
+                           "executor STAGED: the "
                            "consumer registered no STAGING region");
     order_regions(a);
     if (st == KVR_OK && a->p.cuda_device >= 0)
@@ -567,7 +576,7 @@ kvr_status_t kvr_agent_progress(kvr_agent_t *a, uint32_t timeout_ms)
 {
     if (a == NULL || a->p.progress_thread || !a->started)
         return fail(KVR_ERR_INVALID, "progress needs a started agent created "
-                    "with progress_thread = false");
+                                     "with progress_thread = false");
     if (pthread_mutex_trylock(&a->turn_lock) != 0)
         return fail(KVR_ERR_INVALID, "another thread is in kvr_agent_progress");
     kvr__loop_turn(a, timeout_ms);
@@ -652,14 +661,17 @@ static kvr_status_t enqueue(kvr_agent_t *a, kvr__cmd_t *c, uint8_t side,
                             bool open, int queued_state)
 {
     kvr__key_t k;
-    kvr__key_make(&k, side, side == KVR__SIDE_SEND ? &a->instance : &c->producer,
+    kvr__key_make(&k, side,
+                  side == KVR__SIDE_SEND ? &a->instance : &c->producer,
                   &c->request);
     kvr_status_t st = KVR_OK;
     pthread_mutex_lock(&a->lock);
     kvr__snap_t *s = snap_find(a, &k);
     if (open && s != NULL)
-        st = fail(KVR_ERR_EXISTS, "request '%.*s' is live (its last event "
-                  "not yet polled)", (int)c->request.len, c->request.bytes);
+        st = fail(KVR_ERR_EXISTS,
+                  "request '%.*s' is live (its last event "
+                  "not yet polled)",
+                  (int)c->request.len, c->request.bytes);
     else if (!open && s == NULL)
         st = fail(KVR_ERR_NOT_FOUND, "no request '%.*s'", (int)c->request.len,
                   c->request.bytes);
@@ -760,7 +772,7 @@ kvr_status_t kvr_agent_send_ready(kvr_agent_t *a, const void *req, size_t rlen,
         return st;
     if (cuda_event != NULL && a->p.cuda_device < 0)
         st = fail(KVR_ERR_UNSUPPORTED, "a CUDA event, but this agent's KV is "
-                  "in host memory");
+                                       "in host memory");
     /* now, on the calling thread: the wait orders our kernels after the
      * work the event recorded as of this call (no host synchronisation) */
     else if (cuda_event != NULL &&
@@ -814,8 +826,8 @@ kvr_status_t kvr_agent_recv(kvr_agent_t *a, const kvr_agent_recv_t *r)
     return enqueue(a, c, KVR__SIDE_RECV, true, KVR_RECV_QUEUED);
 }
 
-kvr_status_t kvr_agent_recv_abort(kvr_agent_t *a, const void *prod,
-                                  size_t plen, const void *req, size_t rlen)
+kvr_status_t kvr_agent_recv_abort(kvr_agent_t *a, const void *prod, size_t plen,
+                                  const void *req, size_t rlen)
 {
     kvr__cmd_t *c = NULL;
     if (prod == NULL)
@@ -850,9 +862,10 @@ kvr_status_t kvr_agent_notify(kvr_agent_t *a, const void *peer, size_t plen,
         return fail(KVR_ERR_INVALID, "peer instance id of %zu bytes (1..%u)",
                     peer ? plen : 0, KVR_AGENT_INSTANCE_MAX);
     if (len > KVR_AGENT_NOTIFY_MAX || (payload == NULL && len > 0))
-        return fail(KVR_ERR_INVALID, "notification payload of %zu bytes%s "
-                    "(0..%u)", len, payload ? "" : " at NULL",
-                    KVR_AGENT_NOTIFY_MAX);
+        return fail(KVR_ERR_INVALID,
+                    "notification payload of %zu bytes%s "
+                    "(0..%u)",
+                    len, payload ? "" : " at NULL", KVR_AGENT_NOTIFY_MAX);
     kvr_status_t st = new_cmd(a, KVR_AGENT_BOTH, KVR__CMD_NOTIFY, &c);
     if (st != KVR_OK)
         return st;
@@ -996,8 +1009,8 @@ void kvr__agent_notify_in(kvr_agent_t *a, kvr__notify_node_t *n)
 
 void kvr__agent_snap(kvr_agent_t *a, uint8_t side,
                      const kvr_wire_id_t *producer,
-                     const kvr_wire_id_t *request, int state,
-                     kvr_status_t st, const char *msg)
+                     const kvr_wire_id_t *request, int state, kvr_status_t st,
+                     const char *msg)
 {
     kvr__key_t k;
     kvr__key_make(&k, side, producer, request);
@@ -1125,7 +1138,7 @@ const char *kvr_agent_event_name(kvr_agent_event_kind_t kind)
 
 const char *kvr_agent_send_state_name(kvr_agent_send_state_t state)
 {
-    static const char *const names[] = {"NONE", "QUEUED", "OPEN", "READY",
+    static const char *const names[] = {"NONE", "QUEUED",  "OPEN",  "READY",
                                         "SENT", "EXPIRED", "FAILED"};
     unsigned s = (unsigned)state;
     return s < sizeof(names) / sizeof(names[0]) ? names[s] : "?";

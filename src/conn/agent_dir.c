@@ -120,7 +120,8 @@ bool kvr__pdir_ready(const kvr_agent_t *a, const kvr__pdir_t *d)
     if (!d->have_stages)
         return false;
     for (uint32_t pp = 0; pp < d->pp_size; pp++)
-        if (d->serving[pp] == NULL || d->serving[pp]->state != KVR__LINK_READY ||
+        if (d->serving[pp] == NULL ||
+            d->serving[pp]->state != KVR__LINK_READY ||
             !d->serving[pp]->regions_sent)
             return false;
     return true;
@@ -186,9 +187,9 @@ static kvr_status_t check_stage(const kvr__alink_t *l, kvr_error_t *err)
     if (d->head == l && (t->pp_rank != 0 || t->tp_rank != 0))
         return kvr_error_set(err, KVR_ERR_PEER_ROLE,
                              "bootstrap %s is stage (pp %u, tp %u) of '%.*s', "
-                             "not its PP head", l->address, t->pp_rank,
-                             t->tp_rank, (int)d->instance.len,
-                             d->instance.bytes);
+                             "not its PP head",
+                             l->address, t->pp_rank, t->tp_rank,
+                             (int)d->instance.len, d->instance.bytes);
     return KVR_OK;
 }
 
@@ -220,7 +221,8 @@ void kvr__link_on_stages(kvr_agent_t *a, kvr__alink_t *l,
     const kvr_wire_topo_t *t = &l->link->peer.topo;
     if (d == NULL || t->pp_rank != 0 || t->tp_rank != 0 ||
         m->pp_size != t->pp_size || m->tp_size != t->tp_size) {
-        kvr__alink_close(a, l, KVR_ERR_PROTO, "STAGES from %s: not a PP head, "
+        kvr__alink_close(a, l, KVR_ERR_PROTO,
+                         "STAGES from %s: not a PP head, "
                          "or PP %u x TP %u against its HELLO's %u x %u",
                          l->address, m->pp_size, m->tp_size, t->pp_size,
                          t->tp_size);
@@ -242,10 +244,12 @@ void kvr__link_on_stages(kvr_agent_t *a, kvr__alink_t *l,
     /* a serving link whose stage now has another incarnation is stale */
     for (uint32_t pp = 0; pp < d->pp_size; pp++) {
         kvr__alink_t *s = d->serving[pp];
-        const kvr_wire_stage_t *e = stage_entry(d, pp, a->p.topo.tp_rank % d->tp_size);
+        const kvr_wire_stage_t *e = stage_entry(d, pp,
+                                                a->p.topo.tp_rank % d->tp_size);
         if (s != NULL && e != NULL && s->ever_ready &&
             s->peer_incarnation != e->incarnation)
-            kvr__alink_close(a, s, KVR_ERR_PEER_DEAD, "producer stage %u "
+            kvr__alink_close(a, s, KVR_ERR_PEER_DEAD,
+                             "producer stage %u "
                              "restarted (incarnation %016llx is now %016llx)",
                              pp, (unsigned long long)s->peer_incarnation,
                              (unsigned long long)e->incarnation);
@@ -267,8 +271,10 @@ void kvr__link_lost_dir(kvr_agent_t *a, kvr__alink_t *l)
         if (d->serving[pp] == l)
             d->serving[pp] = NULL;
     bool head = l->link != NULL && l->ever_ready &&
-                l->link->peer.topo.pp_rank == 0 && l->link->peer.topo.tp_rank == 0;
-    if (l->refused || (!l->ever_ready && (d->head == NULL || !d->have_stages))) {
+                l->link->peer.topo.pp_rank == 0 &&
+                l->link->peer.topo.tp_rank == 0;
+    if (l->refused ||
+        (!l->ever_ready && (d->head == NULL || !d->have_stages))) {
         /* the head is unreachable, or a link was refused: final */
         dir_error(d, l->close_status, l->close_why);
     } else if (!l->ever_ready || head) {
@@ -288,8 +294,8 @@ void kvr__link_lost_stage(kvr_agent_t *a, kvr__alink_t *l)
     if (a->stage_table == NULL || !l->joined)
         return;
     const kvr_wire_topo_t *t = &l->link->peer.topo;
-    kvr_wire_stage_t *e = &a->stage_table[t->pp_rank * a->p.topo.tp_size +
-                                          t->tp_rank];
+    kvr_wire_stage_t *e =
+        &a->stage_table[t->pp_rank * a->p.topo.tp_size + t->tp_rank];
     if (e->incarnation != l->peer_incarnation)
         return; /* already replaced by a newer incarnation */
     memset(e, 0, sizeof(*e));
@@ -337,16 +343,17 @@ static kvr_status_t check_join(const kvr_agent_t *a, const kvr__alink_t *l,
     const kvr_wire_topo_t *t = &l->link->peer.topo, *me = &a->p.topo;
     bool peer_head = t->pp_rank == 0 && t->tp_rank == 0;
     if (a->stage_table == NULL || m->address[0] == '\0' || l->joined)
-        return kvr_error_set(err, KVR_ERR_PROTO, "JOIN without an address, "
+        return kvr_error_set(err, KVR_ERR_PROTO,
+                             "JOIN without an address, "
                              "twice, or to a stage that is not a PP head");
     if (!kvr_wire_id_equal(&l->peer_instance, &a->instance) || peer_head)
         return kvr_error_set(err, KVR_ERR_PEER_ROLE,
                              "a producer stage of '%.*s' (pp %u, tp %u) joined "
                              "stage (pp %u, tp %u) of '%.*s', which is not its "
-                             "PP head", (int)l->peer_instance.len,
-                             l->peer_instance.bytes, t->pp_rank, t->tp_rank,
-                             me->pp_rank, me->tp_rank, (int)a->instance.len,
-                             a->instance.bytes);
+                             "PP head",
+                             (int)l->peer_instance.len, l->peer_instance.bytes,
+                             t->pp_rank, t->tp_rank, me->pp_rank, me->tp_rank,
+                             (int)a->instance.len, a->instance.bytes);
     if (t->pp_size != me->pp_size || t->tp_size != me->tp_size)
         return kvr_error_set(err, KVR_ERR_LAYOUT_MISMATCH,
                              "stage says PP %u x TP %u, the head PP %u x TP %u",
@@ -363,8 +370,8 @@ void kvr__link_on_join(kvr_agent_t *a, kvr__alink_t *l, const kvr_msg_join_t *m)
         return;
     }
     l->joined = true;
-    kvr_wire_stage_t *e = &a->stage_table[t->pp_rank * a->p.topo.tp_size +
-                                          t->tp_rank];
+    kvr_wire_stage_t *e =
+        &a->stage_table[t->pp_rank * a->p.topo.tp_size + t->tp_rank];
     e->incarnation = l->peer_incarnation;
     snprintf(e->address, sizeof(e->address), "%s", m->address);
     kvr__agent_log(a, "stage (pp %u, tp %u) joined from %s", t->pp_rank,
@@ -406,7 +413,8 @@ void kvr__join_tick(kvr_agent_t *a, uint64_t now, uint64_t *next)
 static int twin_of(const kvr__alink_t *l, const kvr_region_desc_t *d)
 {
     for (uint32_t j = 0; j < l->num_maps; j++)
-        if (l->maps[j].desc.role == d->role && l->maps[j].desc.layer == d->layer)
+        if (l->maps[j].desc.role == d->role &&
+            l->maps[j].desc.layer == d->layer)
             return (int)j;
     return -1;
 }
@@ -420,7 +428,8 @@ static kvr_status_t map_one(kvr_agent_t *a, kvr__alink_t *l,
     bool staging = r->desc.role == KVR_ROLE_STAGING;
     bool device = a->p.cuda_device >= 0 || r->memory != KVR_WIRE_MEM_HOST;
     if (staging && (l->staging >= 0 || r->desc.num_blocks < 2))
-        return kvr_error_set(err, KVR_ERR_PROTO, "a second STAGING region, "
+        return kvr_error_set(err, KVR_ERR_PROTO,
+                             "a second STAGING region, "
                              "or one of %llu slot(s)",
                              (unsigned long long)r->desc.num_blocks);
     uint64_t span;
@@ -428,12 +437,14 @@ static kvr_status_t map_one(kvr_agent_t *a, kvr__alink_t *l,
         span == 0 || (r->desc.bytes != 0 && r->desc.bytes < span))
         return kvr_error_set(err, KVR_ERR_PROTO,
                              "consumer region layer %u: %llu blocks of %llu "
-                             "bytes in %llu registered bytes", r->desc.layer,
+                             "bytes in %llu registered bytes",
+                             r->desc.layer,
                              (unsigned long long)r->desc.num_blocks,
                              (unsigned long long)r->desc.page_bytes,
                              (unsigned long long)r->desc.bytes);
-    kvr_status_t st = staging ? KVR_OK
-                    : kvr_region_check(&a->p.layout, &r->desc, true, err);
+    kvr_status_t st = staging
+                          ? KVR_OK
+                          : kvr_region_check(&a->p.layout, &r->desc, true, err);
     if (st == KVR_OK && device)
         st = kvr__agpu_map(a, r, &l->maps[i], err);
     else if (st == KVR_OK)
@@ -462,14 +473,13 @@ static kvr_status_t map_regions(kvr_agent_t *a, kvr__alink_t *l,
     for (uint32_t i = 0; i < a->num_regions; i++)
         if (kvr__region_moves(&a->regions[i]) &&
             twin_of(l, &a->regions[i].desc) < 0)
-            return kvr_error_set(err, KVR_ERR_LAYOUT_MISMATCH,
-                                 "producer %s region layer %u has no twin on "
-                                 "consumer '%.*s' tp %u",
-                                 kvr_role_name(a->regions[i].desc.role),
-                                 a->regions[i].desc.layer,
-                                 (int)l->peer_instance.len,
-                                 l->peer_instance.bytes,
-                                 l->link->peer.topo.tp_rank);
+            return kvr_error_set(
+                err, KVR_ERR_LAYOUT_MISMATCH,
+                "producer %s region layer %u has no twin on "
+                "consumer '%.*s' tp %u",
+                kvr_role_name(a->regions[i].desc.role),
+                a->regions[i].desc.layer, (int)l->peer_instance.len,
+                l->peer_instance.bytes, l->link->peer.topo.tp_rank);
     return KVR_OK;
 }
 
@@ -487,8 +497,8 @@ void kvr__link_on_regions(kvr_agent_t *a, kvr__alink_t *l,
     /* gpu-direct needs no data peer: the kernels write through IPC */
     kvr_status_t st = a->p.cuda_device >= 0
                           ? KVR_OK
-                          : kvr__dpeer_open(a->data, m->address,
-                                            m->address_len, &l->data, &err);
+                          : kvr__dpeer_open(a->data, m->address, m->address_len,
+                                            &l->data, &err);
     if (st == KVR_OK)
         st = map_regions(a, l, m, &err);
     if (st != KVR_OK) {

@@ -28,11 +28,12 @@ kvr_status_t kvr__agpu_map(kvr_agent_t *a, const kvr_wire_region_t *r,
 {
     bool cuda = r->memory == KVR_WIRE_MEM_CUDA, ours = a->p.cuda_device >= 0;
     if (cuda != ours || r->desc.role == KVR_ROLE_STAGING)
-        return kvr_error_set(err, KVR_ERR_UNSUPPORTED, "consumer %s region "
+        return kvr_error_set(err, KVR_ERR_UNSUPPORTED,
+                             "consumer %s region "
                              "layer %u is in %s memory, this producer's KV is "
-                             "in %s memory", kvr_role_name(r->desc.role),
-                             r->desc.layer, cuda ? "CUDA" : "host",
-                             ours ? "CUDA" : "host");
+                             "in %s memory",
+                             kvr_role_name(r->desc.role), r->desc.layer,
+                             cuda ? "CUDA" : "host", ours ? "CUDA" : "host");
     if (r->rkey_len > sizeof(m->rkey))
         return kvr_error_set(err, KVR_ERR_PROTO, "CUDA region key of %u bytes",
                              r->rkey_len);
@@ -54,8 +55,8 @@ void kvr__agpu_unmap(kvr__amap_t *m)
 
 /* Our regions in (layer, role) order with the consumer's twins, as the
  * plan of the pull has them. */
-static kvr_status_t launch(kvr_agent_t *a, const kvr__preq_t *r,
-                           kvr__pull_t *p, kvr_error_t *err)
+static kvr_status_t launch(kvr_agent_t *a, const kvr__preq_t *r, kvr__pull_t *p,
+                           kvr_error_t *err)
 {
     uint32_t n = a->num_order;
     kvr_region_pair_t *pairs = calloc(n + 1, sizeof(*pairs));
@@ -66,25 +67,28 @@ static kvr_status_t launch(kvr_agent_t *a, const kvr__preq_t *r,
         kvr_error_set(err, st, "no memory");
     for (uint32_t i = 0; st == KVR_OK && i < n; i++) {
         const kvr__aregion_t *g = &a->regions[a->order[i]];
-        const kvr__amap_t *m = &p->link->maps[kvr__twin_index(p->link,
-                                                              &g->desc)];
+        const kvr__amap_t *m =
+            &p->link->maps[kvr__twin_index(p->link, &g->desc)];
         pairs[i] = (kvr_region_pair_t){g->desc, m->desc};
         src[i] = g->base;
         dst[i] = m->dev;
     }
-    kvr_request_t req = {r->src, r->nsrc, p->dst, p->ndst, p->num_tokens,
-                         p->num_computed};
+    kvr_request_t req = {r->src,  r->nsrc,       p->dst,
+                         p->ndst, p->num_tokens, p->num_computed};
     uint64_t bytes = 0;
     if (st == KVR_OK)
         st = kvr__gpu_job_start(a->p.cuda_device, a->stream, &a->p.layout,
                                 p->dcp_rank, pairs, src, (void *const *)dst, n,
                                 &req, &p->job, &bytes, err);
     if (st == KVR_OK)
-        kvr__agent_log(a, "pull of '%.*s' for dcp %u: kernels launched, %llu "
-                       "bytes", (int)p->request.len, p->request.bytes,
-                       p->dcp_rank, (unsigned long long)bytes);
+        kvr__agent_log(a,
+                       "pull of '%.*s' for dcp %u: kernels launched, %llu "
+                       "bytes",
+                       (int)p->request.len, p->request.bytes, p->dcp_rank,
+                       (unsigned long long)bytes);
     if (st == KVR_OK && bytes != p->bytes)
-        st = kvr_error_set(err, KVR_ERR_VERIFY, "gpu-direct launched %llu "
+        st = kvr_error_set(err, KVR_ERR_VERIFY,
+                           "gpu-direct launched %llu "
                            "bytes, the plan has %llu",
                            (unsigned long long)bytes,
                            (unsigned long long)p->bytes);

@@ -22,15 +22,16 @@
 
 #define KVR_AGENT_MAX_REGIONS 1024u
 #define KVR_AGENT_MAX_LINKS 1024u
-#define KVR_AGENT_MAX_STAGES 64u     /* pp stages of one producer instance */
-#define KVR_AGENT_MAX_GROUPS 64u     /* consumer groups per producer request */
+#define KVR_AGENT_MAX_STAGES 64u /* pp stages of one producer instance */
+#define KVR_AGENT_MAX_GROUPS 64u /* consumer groups per producer request */
 #define KVR_AGENT_ADDR_MAX 256u
-#define KVR_AGENT_SLICE_BYTES (1u << 20) /* puts posted per pull per slice */
+#define KVR_AGENT_SLICE_BYTES (1u << 20)  /* puts posted per pull per slice */
 #define KVR_AGENT_TURN_WORK_NS 2000000ull /* slices per turn, at most */
-#define KVR_AGENT_CUT_FLUSH_MS 200u /* a pull cut past its deadline: its
+#define KVR_AGENT_CUT_FLUSH_MS                                                 \
+    200u                                  /* a pull cut past its deadline: its
                                        flush, at most */
 #define KVR_AGENT_TURN_BYTES (8ull << 20) /* and at most these bytes */
-#define KVR_AGENT_MAX_SLOTS 16u      /* staging slots granted per stage */
+#define KVR_AGENT_MAX_SLOTS 16u           /* staging slots granted per stage */
 
 /* ---- small byte-keyed hash map (agent_table.c) ---- */
 
@@ -70,9 +71,9 @@ void kvr__key_make(kvr__key_t *k, uint8_t side, const kvr_wire_id_t *producer,
 typedef struct kvr__aregion {
     kvr_region_desc_t desc;
     void *base;
-    kvr__dmem_t *mem;            /* host memory: its registration */
-    bool device;                 /* CUDA memory (params.cuda_device) */
-    bool owned;                  /* allocated by kvr_agent_alloc_region */
+    kvr__dmem_t *mem; /* host memory: its registration */
+    bool device;      /* CUDA memory (params.cuda_device) */
+    bool owned;       /* allocated by kvr_agent_alloc_region */
     bool consumer_only;
 } kvr__aregion_t;
 
@@ -81,7 +82,7 @@ typedef struct kvr__aregion {
 typedef struct kvr__amap {
     kvr_region_desc_t desc;
     uint32_t mapping;
-    void *dev;                   /* the IPC mapping, or NULL */
+    void *dev; /* the IPC mapping, or NULL */
     uint8_t rkey[KVR_GPU_RKEY_BYTES];
     uint32_t rkey_len;
 } kvr__amap_t;
@@ -114,31 +115,31 @@ typedef struct kvr__pnotify {
 
 typedef struct kvr__alink {
     struct kvr__alink *next, *prev;
-    uint32_t serial;             /* for logs */
+    uint32_t serial; /* for logs */
     kvr__alink_kind_t kind;
     kvr__alink_state_t state;
-    int fd;                      /* while connecting; then link->fd */
-    kvr__link_t *link;           /* framing and auth, once connected */
+    int fd;                           /* while connecting; then link->fd */
+    kvr__link_t *link;                /* framing and auth, once connected */
     char address[KVR_AGENT_ADDR_MAX]; /* dialled address, or the peer's */
-    uint64_t deadline_ns;        /* connect plus handshake */
+    uint64_t deadline_ns;             /* connect plus handshake */
     uint64_t last_used_ns;
-    uint32_t users;              /* requests and pulls holding it */
-    bool epoll_out;              /* EPOLLOUT registered */
-    bool refused;                /* closed by a refusal (not a loss) */
+    uint32_t users; /* requests and pulls holding it */
+    bool epoll_out; /* EPOLLOUT registered */
+    bool refused;   /* closed by a refusal (not a loss) */
     bool ever_ready;
-    bool unauth;                 /* accepted, handshake not done: counted
+    bool unauth;       /* accepted, handshake not done: counted
                                     in num_unauth, not in the link table */
-    bool regions_sent;           /* consumer: REGIONS went out on it */
+    bool regions_sent; /* consumer: REGIONS went out on it */
     kvr_status_t close_status;
     char close_why[KVR_ERROR_MSG_MAX];
     /* the peer, from its HELLO (its LAYOUT, with a key) */
     kvr_wire_id_t peer_instance;
     uint64_t peer_incarnation;
-    kvr_wire_id_t claimed;       /* the instance its full HELLO named, even
+    kvr_wire_id_t claimed; /* the instance its full HELLO named, even
                                     if refused (empty: never identified) */
-    bool kv;                     /* both sides have KV regions: layouts
+    bool kv;               /* both sides have KV regions: layouts
                                     compared, KV messages allowed */
-    bool joined;                 /* head: a stage's JOIN came on it */
+    bool joined;           /* head: a stage's JOIN came on it */
     char peer_address[KVR_AGENT_ADDR_MAX]; /* its listener, from NOTIFY */
     /* notifications: the instance a NOTIFY link was dialled for, and
      * those waiting for the link to be ready */
@@ -148,7 +149,7 @@ typedef struct kvr__alink {
     kvr__dpeer_t *data;
     kvr__amap_t *maps;
     uint32_t num_maps;
-    int staging;                 /* index in maps of its STAGING region,
+    int staging; /* index in maps of its STAGING region,
                                     or -1 */
     bool regions_ready;
     /* consumer side: the producer instance it belongs to */
@@ -163,13 +164,13 @@ typedef struct kvr__pdir {
     kvr__alink_t *head;
     bool have_stages;
     uint32_t pp_size, tp_size;
-    kvr_wire_stage_t *stages;    /* from the last STAGES */
+    kvr_wire_stage_t *stages; /* from the last STAGES */
     uint32_t num_stages;
     kvr__alink_t *serving[KVR_AGENT_MAX_STAGES]; /* per pp rank */
-    kvr_status_t error;          /* the last fatal failure: the head
+    kvr_status_t error;    /* the last fatal failure: the head
                                     unreachable, or a refusal */
-    uint64_t error_ns;           /* when: requests older than it fail */
-    uint64_t next_dial_ns;       /* a stage dial failed: retry after */
+    uint64_t error_ns;     /* when: requests older than it fail */
+    uint64_t next_dial_ns; /* a stage dial failed: retry after */
     char error_msg[KVR_ERROR_MSG_MAX];
 } kvr__pdir_t;
 
@@ -195,17 +196,17 @@ typedef struct kvr__cmd {
     uint32_t groups;
     uint32_t layer_begin, layer_end;
     char address[KVR_AGENT_ADDR_MAX];
-    uint8_t *payload;            /* NOTIFY */
+    uint8_t *payload; /* NOTIFY */
     size_t payload_len;
 } kvr__cmd_t;
 
 /* ---- producer requests (agent_send.c) ---- */
 
 typedef enum kvr__pull_state {
-    KVR__PULL_HELD = 1,   /* request unknown or its layers not ready */
-    KVR__PULL_MOVING,     /* puts going out in slices */
-    KVR__PULL_ANSWERED,   /* WRITE_DONE or WRITE_FAILED sent */
-    KVR__PULL_RELEASED,   /* the consumer released it (or was lost) */
+    KVR__PULL_HELD = 1, /* request unknown or its layers not ready */
+    KVR__PULL_MOVING,   /* puts going out in slices */
+    KVR__PULL_ANSWERED, /* WRITE_DONE or WRITE_FAILED sent */
+    KVR__PULL_RELEASED, /* the consumer released it (or was lost) */
 } kvr__pull_state_t;
 
 typedef struct kvr__pull {
@@ -216,7 +217,7 @@ typedef struct kvr__pull {
     kvr_wire_id_t request;
     uint64_t nonce;
     uint32_t consumer_tp, dcp_rank;
-    uint32_t group;              /* index into the request's groups */
+    uint32_t group; /* index into the request's groups */
     uint32_t *dst;
     size_t ndst;
     uint64_t num_tokens, num_computed;
@@ -227,24 +228,24 @@ typedef struct kvr__pull {
     kvr__dcursor_t cur;
     uint64_t bytes;
     /* staged executor (agent_staged.c) */
-    kvr_wire_exec_t executor;    /* what the consumer asked */
-    uint32_t *slots;             /* granted staging slots */
+    kvr_wire_exec_t executor; /* what the consumer asked */
+    uint32_t *slots;          /* granted staging slots */
     uint32_t nslots;
-    bool staged;                 /* chosen: chunks through the slots */
-    bool waiting_ack;            /* every slot holds an unacked chunk */
-    uint64_t sent_off;           /* stream bytes sent as chunks */
-    uint32_t chunks, acked;      /* chunks sent; acked in order */
+    bool staged;            /* chosen: chunks through the slots */
+    bool waiting_ack;       /* every slot holds an unacked chunk */
+    uint64_t sent_off;      /* stream bytes sent as chunks */
+    uint32_t chunks, acked; /* chunks sent; acked in order */
     /* gpu-direct (agent_gpu.c) */
-    bool gpu;                    /* chosen: scatter kernels via CUDA IPC */
-    kvr__gpu_job_t *job;         /* launched, not yet seen complete */
-    bool ok;                     /* answered WRITE_DONE */
-    kvr_status_t status;         /* the answer, to repeat it */
+    bool gpu;            /* chosen: scatter kernels via CUDA IPC */
+    kvr__gpu_job_t *job; /* launched, not yet seen complete */
+    bool ok;             /* answered WRITE_DONE */
+    kvr_status_t status; /* the answer, to repeat it */
     char text[KVR_WIRE_TEXT_MAX + 1];
 } kvr__pull_t;
 
 typedef struct kvr__group {
     kvr_wire_id_t instance;
-    uint64_t released;           /* consumer tp ranks that released */
+    uint64_t released; /* consumer tp ranks that released */
     bool done, failed;
 } kvr__group_t;
 
@@ -256,11 +257,11 @@ typedef struct kvr__preq {
     size_t nsrc;
     uint64_t num_tokens;
     uint64_t lease_end_ns;
-    bool lease_seen;             /* a tick saw the lease over */
+    bool lease_seen; /* a tick saw the lease over */
     uint32_t groups_expected;
     kvr__group_t groups[KVR_AGENT_MAX_GROUPS];
     uint32_t num_groups;
-    uint8_t *layer_ready;        /* per layer of this stage's range */
+    uint8_t *layer_ready; /* per layer of this stage's range */
     uint32_t layers_missing;
     kvr__pull_t *pulls;
     uint64_t bytes;
@@ -270,13 +271,13 @@ typedef struct kvr__preq {
 
 /* Inputs of the producer request state machine. */
 typedef enum kvr__send_in {
-    KVR__SIN_OPEN = 1,   /* send_open processed */
-    KVR__SIN_READY,      /* send_ready covered more layers */
-    KVR__SIN_PULL,       /* a pull attached (WRITE_REQUEST) */
-    KVR__SIN_ANSWERED,   /* a pull was answered (done or failed) */
-    KVR__SIN_RELEASE,    /* a pull was released (RELEASE, loss, timeout) */
-    KVR__SIN_ABORT,      /* send_abort */
-    KVR__SIN_TICK,       /* timers: lease, pull deadlines */
+    KVR__SIN_OPEN = 1, /* send_open processed */
+    KVR__SIN_READY,    /* send_ready covered more layers */
+    KVR__SIN_PULL,     /* a pull attached (WRITE_REQUEST) */
+    KVR__SIN_ANSWERED, /* a pull was answered (done or failed) */
+    KVR__SIN_RELEASE,  /* a pull was released (RELEASE, loss, timeout) */
+    KVR__SIN_ABORT,    /* send_abort */
+    KVR__SIN_TICK,     /* timers: lease, pull deadlines */
 } kvr__send_in_t;
 
 /* ---- consumer requests (agent_recv.c) ---- */
@@ -291,10 +292,10 @@ typedef struct kvr__cstage {
     kvr_plan_set_t *plans;
     kvr__dseg_t *segs;
     size_t nsegs;
-    uint64_t unpacked;           /* staged stream bytes unpacked */
+    uint64_t unpacked;                   /* staged stream bytes unpacked */
     uint32_t slots[KVR_AGENT_MAX_SLOTS]; /* staging slots granted */
     uint32_t nslots;
-    bool waiting_slots;          /* STAGED: not sent until slots free up */
+    bool waiting_slots; /* STAGED: not sent until slots free up */
 } kvr__cstage_t;
 
 typedef struct kvr__creq {
@@ -307,7 +308,7 @@ typedef struct kvr__creq {
     uint64_t num_tokens, num_computed;
     uint64_t nonce;
     uint64_t started_ns, deadline_ns, hard_ns;
-    bool cut_done;               /* silent stages were cut at hard_ns */
+    bool cut_done; /* silent stages were cut at hard_ns */
     kvr__cstage_t stages[KVR_AGENT_MAX_STAGES];
     uint32_t num_stages;
     uint64_t bytes;
@@ -316,24 +317,24 @@ typedef struct kvr__creq {
 } kvr__creq_t;
 
 typedef enum kvr__recv_in {
-    KVR__RIN_START = 1,  /* recv processed */
-    KVR__RIN_DIR,        /* the producer's links or directory changed */
-    KVR__RIN_DONE,       /* a stage's WRITE_DONE (with its bytes) */
-    KVR__RIN_FAILED,     /* a stage's WRITE_FAILED */
-    KVR__RIN_LOST,       /* a stage's link closed */
-    KVR__RIN_ABORT,      /* recv_abort */
-    KVR__RIN_TICK,       /* deadline, deadline plus grace */
-    KVR__RIN_CHUNK,      /* a stage's CHUNK_DONE (staged executor) */
-    KVR__RIN_SLOTS,      /* staging slots were freed */
+    KVR__RIN_START = 1, /* recv processed */
+    KVR__RIN_DIR,       /* the producer's links or directory changed */
+    KVR__RIN_DONE,      /* a stage's WRITE_DONE (with its bytes) */
+    KVR__RIN_FAILED,    /* a stage's WRITE_FAILED */
+    KVR__RIN_LOST,      /* a stage's link closed */
+    KVR__RIN_ABORT,     /* recv_abort */
+    KVR__RIN_TICK,      /* deadline, deadline plus grace */
+    KVR__RIN_CHUNK,     /* a stage's CHUNK_DONE (staged executor) */
+    KVR__RIN_SLOTS,     /* staging slots were freed */
 } kvr__recv_in_t;
 
 typedef struct kvr__recv_input {
     kvr__recv_in_t kind;
-    kvr__cstage_t *stage;        /* DONE, FAILED, LOST, CHUNK */
-    uint64_t bytes;              /* DONE */
-    uint32_t chunks;             /* DONE */
-    kvr_status_t status;         /* FAILED, LOST */
-    const char *text;            /* FAILED, LOST */
+    kvr__cstage_t *stage;              /* DONE, FAILED, LOST, CHUNK */
+    uint64_t bytes;                    /* DONE */
+    uint32_t chunks;                   /* DONE */
+    kvr_status_t status;               /* FAILED, LOST */
+    const char *text;                  /* FAILED, LOST */
     const kvr_msg_chunk_done_t *chunk; /* CHUNK */
 } kvr__recv_input_t;
 
@@ -355,12 +356,12 @@ typedef struct kvr__notify_node {
     kvr_wire_side_t side;
     uint64_t incarnation;
     char address[KVR_AGENT_ADDR_MAX];
-    uint32_t dropped;            /* dropped (queue full) before this one */
+    uint32_t dropped; /* dropped (queue full) before this one */
     size_t len;
     uint8_t payload[];
 } kvr__notify_node_t;
 
-#define KVR_AGENT_NOTIFY_QUEUE 4096u          /* notifications queued */
+#define KVR_AGENT_NOTIFY_QUEUE 4096u             /* notifications queued */
 #define KVR_AGENT_NOTIFY_QUEUE_BYTES (64u << 20) /* and their bytes */
 
 typedef struct kvr__event_node {
@@ -406,9 +407,9 @@ struct kvr_agent {
     uint32_t nt_count, nt_dropped;
     size_t nt_bytes;
     kvr__map_t snap;
-    uint32_t live[3];            /* by side: snapshot entries */
-    int wake_fd;                 /* eventfd: commands or work pending */
-    int event_fd;                /* eventfd: readable while events queued */
+    uint32_t live[3]; /* by side: snapshot entries */
+    int wake_fd;      /* eventfd: commands or work pending */
+    int event_fd;     /* eventfd: readable while events queued */
 
     /* the loop */
     pthread_mutex_t turn_lock;
@@ -423,30 +424,30 @@ struct kvr_agent {
      * and stream in; set at start */
     uint32_t order[KVR_AGENT_MAX_REGIONS];
     uint32_t num_order;
-    int staging;                  /* consumer: its STAGING region, or -1 */
-    void *stream;                 /* cuda_device >= 0: the agent's stream */
-    uint8_t *slot_busy;           /* its slots granted to a stage */
-    bool slots_freed;             /* waiting stages may be sent now */
+    int staging;        /* consumer: its STAGING region, or -1 */
+    void *stream;       /* cuda_device >= 0: the agent's stream */
+    uint8_t *slot_busy; /* its slots granted to a stage */
+    bool slots_freed;   /* waiting stages may be sent now */
     kvr__alink_t *links;
     uint32_t num_links, next_serial;
-    uint32_t num_unauth;          /* links with unauth set (closed or not) */
+    uint32_t num_unauth; /* links with unauth set (closed or not) */
     kvr__pdir_t *dirs;
     kvr__map_t preq_map, creq_map;
     kvr__preq_t *preqs;
     kvr__creq_t *creqs;
     kvr__pull_t *orphans;
-    kvr__pull_t *active;          /* MOVING pulls, round robin */
+    kvr__pull_t *active;           /* MOVING pulls, round robin */
     kvr_wire_stage_t *stage_table; /* head: pp_size * tp_size entries */
-    uint64_t join_retry_ns;       /* non-head stage: next dial of the head */
+    uint64_t join_retry_ns;        /* non-head stage: next dial of the head */
     kvr__alink_t *join_link;
     kvr__frame_fault_t fault;
-    uint64_t moved_turn_max;      /* tests: most bytes put in one turn */
-    uint64_t moving_turns;        /* tests: turns that put bytes */
-    uint64_t chunks_moved;        /* tests: staged chunks sent (producer)
+    uint64_t moved_turn_max;     /* tests: most bytes put in one turn */
+    uint64_t moving_turns;       /* tests: turns that put bytes */
+    uint64_t chunks_moved;       /* tests: staged chunks sent (producer)
                                      or unpacked (consumer) */
-    char log[KVR_ERROR_MSG_MAX];  /* the loop's last notable failure */
-    uint32_t refusals;            /* tests: links closed by a refusal */
-    kvr_status_t refusal_status;  /* the last one's status and reason */
+    char log[KVR_ERROR_MSG_MAX]; /* the loop's last notable failure */
+    uint32_t refusals;           /* tests: links closed by a refusal */
+    kvr_status_t refusal_status; /* the last one's status and reason */
     char refusal_why[KVR_ERROR_MSG_MAX];
 };
 
@@ -465,8 +466,8 @@ void kvr__agent_notify_failed(kvr_agent_t *a, const kvr_wire_id_t *peer,
 void kvr__agent_notify_in(kvr_agent_t *a, kvr__notify_node_t *n);
 void kvr__agent_snap(kvr_agent_t *a, uint8_t side,
                      const kvr_wire_id_t *producer,
-                     const kvr_wire_id_t *request, int state,
-                     kvr_status_t st, const char *msg);
+                     const kvr_wire_id_t *request, int state, kvr_status_t st,
+                     const char *msg);
 void kvr__agent_wake(kvr_agent_t *a);
 kvr__cmd_t *kvr__agent_take_commands(kvr_agent_t *a);
 void kvr__cmd_free(kvr__cmd_t *c);
@@ -523,7 +524,8 @@ void kvr__link_ready_accept(kvr_agent_t *a, kvr__alink_t *l);
 void kvr__link_ready_join(kvr_agent_t *a, kvr__alink_t *l);
 void kvr__link_on_regions(kvr_agent_t *a, kvr__alink_t *l,
                           const kvr_msg_regions_t *m);
-void kvr__link_on_join(kvr_agent_t *a, kvr__alink_t *l, const kvr_msg_join_t *m);
+void kvr__link_on_join(kvr_agent_t *a, kvr__alink_t *l,
+                       const kvr_msg_join_t *m);
 void kvr__link_on_stages(kvr_agent_t *a, kvr__alink_t *l,
                          const kvr_msg_stages_t *m);
 void kvr__link_lost_dir(kvr_agent_t *a, kvr__alink_t *l);
@@ -583,8 +585,8 @@ kvr_status_t kvr__staged_choose(kvr_agent_t *a, kvr__pull_t *p,
                                 kvr_error_t *err);
 /* Producer: chunks of a staged pull while its window allows; *done once
  * the last chunk went out. */
-kvr_status_t kvr__staged_slice(kvr_agent_t *a, kvr__pull_t *p,
-                               uint64_t *moved, bool *done, kvr_error_t *err);
+kvr_status_t kvr__staged_slice(kvr_agent_t *a, kvr__pull_t *p, uint64_t *moved,
+                               bool *done, kvr_error_t *err);
 /* Is the region one that moves (neither STAGING nor consumer-only)? */
 bool kvr__region_moves(const kvr__aregion_t *r);
 
@@ -613,7 +615,7 @@ void kvr__agent_set_frame_fault(kvr_agent_t *a, kvr_msg_type_t type,
 uint64_t kvr__agent_chunks(kvr_agent_t *a);
 /* Tests: how many links this agent closed by a refusal (its own or the
  * peer's BYE), with the last one's status and reason. */
-uint32_t kvr__agent_refusals(kvr_agent_t *a, kvr_status_t *status,
-                             char *why, size_t cap);
+uint32_t kvr__agent_refusals(kvr_agent_t *a, kvr_status_t *status, char *why,
+                             size_t cap);
 
 #endif

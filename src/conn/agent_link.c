@@ -71,14 +71,15 @@ static kvr_status_t resolve(const char *address, struct addrinfo **res,
     char host[KVR_AGENT_ADDR_MAX], service[8];
     const char *colon = strrchr(address, ':');
     size_t n = colon ? (size_t)(colon - address) : 0;
-    if (colon == NULL || n == 0 || n >= sizeof(host) || strlen(colon + 1) == 0 ||
-        strlen(colon + 1) >= sizeof(service))
+    if (colon == NULL || n == 0 || n >= sizeof(host) ||
+        strlen(colon + 1) == 0 || strlen(colon + 1) >= sizeof(service))
         return kvr_error_set(err, KVR_ERR_INVALID,
                              "address '%s' is not host:port", address);
     memcpy(host, address, n);
     host[n] = '\0';
     snprintf(service, sizeof(service), "%s", colon + 1);
-    struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM,
+    struct addrinfo hints = {.ai_family = AF_UNSPEC,
+                             .ai_socktype = SOCK_STREAM,
                              .ai_flags = AI_NUMERICSERV};
     int rc = getaddrinfo(host, service, &hints, res);
     if (rc != 0)
@@ -99,9 +100,9 @@ kvr_status_t kvr__alink_dial(kvr_agent_t *a, const char *address,
                     0);
     if (fd < 0 || (connect(fd, res->ai_addr, res->ai_addrlen) != 0 &&
                    errno != EINPROGRESS))
-        st = kvr_error_set(err, errno == ECONNREFUSED ? KVR_ERR_PEER_DEAD
-                                                      : KVR_ERR_IO,
-                           "connect %s: %s", address, strerror(errno));
+        st = kvr_error_set(
+            err, errno == ECONNREFUSED ? KVR_ERR_PEER_DEAD : KVR_ERR_IO,
+            "connect %s: %s", address, strerror(errno));
     freeaddrinfo(res);
     kvr__alink_t *l = st == KVR_OK ? link_new(a, kind, address) : NULL;
     if (st == KVR_OK && l == NULL)
@@ -130,9 +131,8 @@ static kvr_status_t attach_socket(kvr_agent_t *a, kvr__alink_t *l, int fd,
                                   bool initiator)
 {
     kvr_error_t err = {0};
-    kvr_status_t st = kvr__link_create(fd, initiator,
-                                       a->has_key ? a->key : NULL, &l->link,
-                                       &err);
+    kvr_status_t st = kvr__link_create(
+        fd, initiator, a->has_key ? a->key : NULL, &l->link, &err);
     l->fd = -1;
     if (st != KVR_OK) {
         close(fd);
@@ -141,7 +141,8 @@ static kvr_status_t attach_socket(kvr_agent_t *a, kvr__alink_t *l, int fd,
     }
     l->state = KVR__LINK_HANDSHAKE;
     if (!a->has_key && !a->p.insecure && !l->link->loopback_peer) {
-        kvr__alink_close(a, l, KVR_ERR_AUTH, "refused a non-loopback peer "
+        kvr__alink_close(a, l, KVR_ERR_AUTH,
+                         "refused a non-loopback peer "
                          "without a key (configure a key, or insecure)");
         return KVR_ERR_AUTH;
     }
@@ -162,8 +163,8 @@ static void make_unauth_room(kvr_agent_t *a)
     if (live >= a->p.max_unauth_links && oldest != NULL)
         kvr__alink_close(a, oldest, KVR_ERR_PEER_DEAD,
                          "%u connections in their handshake: the oldest, "
-                         "from %s, closed for a new one", live,
-                         oldest->address);
+                         "from %s, closed for a new one",
+                         live, oldest->address);
 }
 
 /* At most max_unauth_links a turn: the ones closed for room are reaped
@@ -184,7 +185,8 @@ void kvr__alink_accept(kvr_agent_t *a)
                       sizeof(host));
         snprintf(peer, sizeof(peer), "%s:%u", host,
                  ss.ss_family == AF_INET
-                     ? ntohs(((struct sockaddr_in *)&ss)->sin_port) : 0u);
+                     ? ntohs(((struct sockaddr_in *)&ss)->sin_port)
+                     : 0u);
         make_unauth_room(a);
         kvr__alink_t *l = link_new(a, KVR__LINK_ACCEPT, peer);
         if (l == NULL) {
@@ -213,8 +215,7 @@ void kvr__alink_close(kvr_agent_t *a, kvr__alink_t *l, kvr_status_t why,
     l->close_status = why == KVR_OK ? KVR_ERR_PEER_DEAD : why;
     /* a refusal (layout, auth, role) is final for the waiting requests; a
      * loss (EOF, reset, idle close) is redialled by later ones */
-    l->refused = why != KVR_OK && why != KVR_ERR_PEER_DEAD &&
-                 why != KVR_ERR_IO;
+    l->refused = why != KVR_OK && why != KVR_ERR_PEER_DEAD && why != KVR_ERR_IO;
     bool was_ready = l->state == KVR__LINK_READY;
     l->state = KVR__LINK_CLOSED;
     if (l->refused) {
@@ -257,8 +258,9 @@ static int fault_copies(kvr_agent_t *a, kvr__link_t *k, kvr_msg_type_t type)
     kvr__agent_log(a, "fault injection: %s #%u %s", kvr_msg_type_name(type),
                    f->nth, what[f->mode]);
     k->tamper_next = f->mode == KVR__FAULT_TAMPER;
-    return f->mode == KVR__FAULT_DROP ? 0
-         : f->mode == KVR__FAULT_DUPLICATE ? 2 : 1;
+    return f->mode == KVR__FAULT_DROP        ? 0
+           : f->mode == KVR__FAULT_DUPLICATE ? 2
+                                             : 1;
 }
 
 kvr_status_t kvr__alink_send(kvr_agent_t *a, kvr__alink_t *l,
@@ -342,8 +344,8 @@ static void on_connected(kvr_agent_t *a, kvr__alink_t *l)
     if (soerr != 0) {
         close(l->fd);
         l->fd = -1;
-        kvr__alink_close(a, l, soerr == ECONNREFUSED ? KVR_ERR_PEER_DEAD
-                                                     : KVR_ERR_IO,
+        kvr__alink_close(a, l,
+                         soerr == ECONNREFUSED ? KVR_ERR_PEER_DEAD : KVR_ERR_IO,
                          "connect %s: %s", l->address, strerror(soerr));
         return;
     }
@@ -362,15 +364,18 @@ static kvr_status_t check_peer(const kvr_agent_t *a, const kvr__alink_t *l,
         return kvr_error_set(err, KVR_ERR_PEER_ROLE,
                              "peer sent no instance id or incarnation (not an "
                              "agent)");
-    if (p->topo.pp_rank >= p->topo.pp_size || p->topo.tp_rank >= p->topo.tp_size)
-        return kvr_error_set(err, KVR_ERR_PROTO, "peer ranks pp %u/%u tp %u/%u "
-                             "out of range", p->topo.pp_rank, p->topo.pp_size,
-                             p->topo.tp_rank, p->topo.tp_size);
+    if (p->topo.pp_rank >= p->topo.pp_size ||
+        p->topo.tp_rank >= p->topo.tp_size)
+        return kvr_error_set(err, KVR_ERR_PROTO,
+                             "peer ranks pp %u/%u tp %u/%u "
+                             "out of range",
+                             p->topo.pp_rank, p->topo.pp_size, p->topo.tp_rank,
+                             p->topo.tp_size);
     if (l->kind == KVR__LINK_JOIN && (!same || !peer_head))
         return kvr_error_set(err, KVR_ERR_PEER_ROLE,
                              "%s is stage (pp %u, tp %u) of instance '%.*s', "
-                             "not the PP head of '%.*s'", l->address,
-                             p->topo.pp_rank, p->topo.tp_rank,
+                             "not the PP head of '%.*s'",
+                             l->address, p->topo.pp_rank, p->topo.tp_rank,
                              (int)p->instance.len, p->instance.bytes,
                              (int)a->instance.len, a->instance.bytes);
     return KVR_OK;
@@ -412,10 +417,10 @@ static kvr_status_t take_full_hello(kvr_agent_t *a, kvr__alink_t *l,
     kvr__link_t *k = l->link;
     l->claimed = full->instance; /* known, even if refused below */
     l->kv = full->num_classes > 0 && k->ours.num_classes > 0;
-    kvr_status_t st =
-        l->kv ? kvr_wire_hello_check(&k->ours, full, peer_side_wanted(l), err)
-              : kvr_wire_hello_check_intro(&k->ours, full, peer_side_wanted(l),
-                                           err);
+    kvr_status_t st = l->kv ? kvr_wire_hello_check(&k->ours, full,
+                                                   peer_side_wanted(l), err)
+                            : kvr_wire_hello_check_intro(
+                                  &k->ours, full, peer_side_wanted(l), err);
     if (st == KVR_OK && a->has_key)
         st = kvr_wire_auth_note_layout(k->auth, full, err);
     if (st == KVR_OK)
@@ -444,8 +449,8 @@ static void on_hello(kvr_agent_t *a, kvr__alink_t *l, const kvr_msg_t *msg)
     if (st == KVR_OK && !k->initiator)
         st = build_hello(a, l, &err);
     if (st == KVR_OK && a->has_key)
-        st = kvr_wire_hello_check_intro(&k->ours, &k->peer,
-                                        peer_side_wanted(l), &err);
+        st = kvr_wire_hello_check_intro(&k->ours, &k->peer, peer_side_wanted(l),
+                                        &err);
     else if (st == KVR_OK)
         st = take_full_hello(a, l, &msg->u.hello, &err);
     if (st != KVR_OK) {
@@ -507,7 +512,6 @@ static void close_old_incarnations(kvr_agent_t *a, kvr__alink_t *l)
                              (unsigned long long)l->peer_incarnation);
 }
 
-
 static void on_ready(kvr_agent_t *a, kvr__alink_t *l)
 {
     leave_unauth(a, l);
@@ -524,17 +528,23 @@ static void on_ready(kvr_agent_t *a, kvr__alink_t *l)
                    l->link->peer.topo.tp_rank, l->link->peer.topo.dcp_rank);
     close_old_incarnations(a, l);
     switch (l->kind) {
-    case KVR__LINK_STAGE: kvr__link_ready_stage(a, l); break;
-    case KVR__LINK_JOIN: kvr__link_ready_join(a, l); break;
-    case KVR__LINK_ACCEPT: kvr__link_ready_accept(a, l); break;
-    case KVR__LINK_NOTIFY: break;
+    case KVR__LINK_STAGE:
+        kvr__link_ready_stage(a, l);
+        break;
+    case KVR__LINK_JOIN:
+        kvr__link_ready_join(a, l);
+        break;
+    case KVR__LINK_ACCEPT:
+        kvr__link_ready_accept(a, l);
+        break;
+    case KVR__LINK_NOTIFY:
+        break;
     }
     if (l->state == KVR__LINK_READY)
         kvr__notify_link_ready(a, l);
 }
 
 /* ---- frames ---- */
-
 
 /* After the handshake: what each kind of link may carry. KV messages
  * reach a producer from the consumers it accepted; any link carries
@@ -589,8 +599,8 @@ static void on_frame(kvr_agent_t *a, kvr__alink_t *l, const kvr_msg_t *m)
     kvr_error_t err = {0};
     l->last_used_ns = kvr_now_ns();
     if (m->type == KVR_MSG_BYE) {
-        kvr__alink_close(a, l, m->u.bye.status ? m->u.bye.status
-                                               : KVR_ERR_PEER_DEAD,
+        kvr__alink_close(a, l,
+                         m->u.bye.status ? m->u.bye.status : KVR_ERR_PEER_DEAD,
                          "%s said: %s", l->address,
                          m->u.bye.text[0] ? m->u.bye.text : "goodbye");
         return;
@@ -669,16 +679,18 @@ static void tick_one(kvr_agent_t *a, kvr__alink_t *l, uint64_t now,
     uint64_t at = UINT64_MAX;
     if (l->state == KVR__LINK_CONNECTING || l->state == KVR__LINK_HANDSHAKE) {
         if (now >= l->deadline_ns)
-            kvr__alink_close(a, l, KVR_ERR_TIMEOUT, "%s %s: no answer within "
-                             "%u ms", l->state == KVR__LINK_CONNECTING
-                                          ? "connect" : "handshake with",
-                             l->address, l->unauth
-                                             ? a->p.handshake_timeout_ms
-                                             : a->p.connect_timeout_ms);
+            kvr__alink_close(
+                a, l, KVR_ERR_TIMEOUT,
+                "%s %s: no answer within "
+                "%u ms",
+                l->state == KVR__LINK_CONNECTING ? "connect" : "handshake with",
+                l->address,
+                l->unauth ? a->p.handshake_timeout_ms
+                          : a->p.connect_timeout_ms);
         at = l->deadline_ns;
     } else if (l->state == KVR__LINK_READY && l->users == 0 &&
-               l->pending == NULL && (l->kind == KVR__LINK_STAGE ||
-                                      l->kind == KVR__LINK_NOTIFY)) {
+               l->pending == NULL &&
+               (l->kind == KVR__LINK_STAGE || l->kind == KVR__LINK_NOTIFY)) {
         at = l->last_used_ns + ms_ns(a->p.idle_close_ms);
         if (now >= at) {
             kvr_msg_t bye;
@@ -698,7 +710,6 @@ void kvr__alink_tick(kvr_agent_t *a, uint64_t now, uint64_t *next)
     for (kvr__alink_t *l = a->links; l != NULL; l = l->next)
         tick_one(a, l, now, next);
 }
-
 
 static void link_free(kvr_agent_t *a, kvr__alink_t *l)
 {

@@ -65,8 +65,10 @@ static kvr_status_t split(const char *spec, char *host, size_t cap,
     size_t n = colon ? (size_t)(colon - spec) : 0;
     if (colon == NULL || end == colon + 1 || *end != '\0' || p > 65535 ||
         n == 0 || n >= cap)
-        return kvr_error_set(err, KVR_ERR_INVALID, "address '%s' is not "
-                             "host:port", spec);
+        return kvr_error_set(err, KVR_ERR_INVALID,
+                             "address '%s' is not "
+                             "host:port",
+                             spec);
     memcpy(host, spec, n);
     host[n] = '\0';
     *port = (uint16_t)p;

@@ -19,10 +19,14 @@ const kvr_wire_id_t *kvr__alink_expected(const kvr_agent_t *a,
     if (l->state == KVR__LINK_READY || l->ever_ready)
         return &l->peer_instance;
     switch (l->kind) {
-    case KVR__LINK_STAGE: return l->dir ? &l->dir->instance : NULL;
-    case KVR__LINK_NOTIFY: return &l->want;
-    case KVR__LINK_JOIN: return &a->instance;
-    default: return NULL; /* accepted, not yet known */
+    case KVR__LINK_STAGE:
+        return l->dir ? &l->dir->instance : NULL;
+    case KVR__LINK_NOTIFY:
+        return &l->want;
+    case KVR__LINK_JOIN:
+        return &a->instance;
+    default:
+        return NULL; /* accepted, not yet known */
     }
 }
 
@@ -136,8 +140,10 @@ void kvr__notify_link_ready(kvr_agent_t *a, kvr__alink_t *l)
 {
     if (l->kind == KVR__LINK_NOTIFY &&
         !kvr_wire_id_equal(&l->peer_instance, &l->want)) {
-        kvr__alink_close(a, l, KVR_ERR_PEER_ROLE, "%s is instance '%.*s', not "
-                         "'%.*s'", l->address, (int)l->peer_instance.len,
+        kvr__alink_close(a, l, KVR_ERR_PEER_ROLE,
+                         "%s is instance '%.*s', not "
+                         "'%.*s'",
+                         l->address, (int)l->peer_instance.len,
                          l->peer_instance.bytes, (int)l->want.len,
                          l->want.bytes);
         return;
@@ -165,8 +171,7 @@ void kvr__notify_link_lost(kvr_agent_t *a, kvr__alink_t *l)
     l->pending_tail = NULL;
 }
 
-void kvr__notify_msg(kvr_agent_t *a, kvr__alink_t *l,
-                     const kvr_msg_notify_t *m)
+void kvr__notify_msg(kvr_agent_t *a, kvr__alink_t *l, const kvr_msg_notify_t *m)
 {
     if (m->address[0])
         snprintf(l->peer_address, sizeof(l->peer_address), "%s", m->address);

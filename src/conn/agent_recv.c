@@ -168,8 +168,8 @@ static kvr_status_t plan_stage(kvr_agent_t *a, const kvr__creq_t *r,
         pairs[n] = (kvr_region_pair_t){twin_source(a, &g->desc, nsrc), g->desc};
         s->segs[n++] = (kvr__dseg_t){NULL, NULL, 0, g->base};
     }
-    kvr_request_t req = {src, nsrc, r->dst, r->ndst, r->num_tokens,
-                         r->num_computed};
+    kvr_request_t req = {src,     nsrc,          r->dst,
+                         r->ndst, r->num_tokens, r->num_computed};
     if (st == KVR_OK)
         st = kvr_plan_set_create(&a->p.layout, a->p.topo.dcp_rank, pairs, n,
                                  &req, &s->plans, err);
@@ -200,7 +200,8 @@ static kvr_status_t check_cover(const kvr_agent_t *a, const kvr__creq_t *r,
         return kvr_error_set(err, KVR_ERR_LAYOUT_MISMATCH,
                              "%s layer %u is served by %u of the %u stages of "
                              "'%.*s' (a consumer-only layer must be declared "
-                             "so)", kvr_role_name(d->role), d->layer, hits,
+                             "so)",
+                             kvr_role_name(d->role), d->layer, hits,
                              r->num_stages, (int)r->producer.len,
                              r->producer.bytes);
     }
@@ -237,8 +238,7 @@ static kvr_status_t attach_stages(kvr_agent_t *a, kvr__creq_t *r,
         st = check_cover(a, r, err);
     for (uint32_t i = 0; st == KVR_OK && i < r->num_stages; i++) {
         const kvr_wire_topo_t *t = &r->stages[i].link->link->peer.topo;
-        st = plan_stage(a, r, &r->stages[i], t->layer_start, t->layer_end,
-                        err);
+        st = plan_stage(a, r, &r->stages[i], t->layer_start, t->layer_end, err);
     }
     return st;
 }
@@ -273,7 +273,8 @@ static void send_pull(kvr_agent_t *a, kvr__creq_t *r, kvr__cstage_t *s)
     /* failpoint bad-blocks (docs/failpoints.md): planned right, asked with
      * a last destination block id past every region */
     uint32_t *bad = NULL;
-    if (r->ndst > 0 && kvr__failpoint(KVR__FP_BAD_BLOCKS, r->id.bytes, r->id.len) &&
+    if (r->ndst > 0 &&
+        kvr__failpoint(KVR__FP_BAD_BLOCKS, r->id.bytes, r->id.len) &&
         (bad = malloc(r->ndst * sizeof(*bad))) != NULL) {
         memcpy(bad, r->dst, r->ndst * sizeof(*bad));
         bad[r->ndst - 1] = 0x7fffffffu;
@@ -288,7 +289,8 @@ static void send_pull(kvr_agent_t *a, kvr__creq_t *r, kvr__cstage_t *s)
     w->write_nonce = r->nonce;
     uint64_t now = kvr_now_ns();
     w->deadline_ms = r->deadline_ns > now
-                         ? (uint32_t)((r->deadline_ns - now) / 1000000u) + 1 : 1;
+                         ? (uint32_t)((r->deadline_ns - now) / 1000000u) + 1
+                         : 1;
     s->sent = true; /* even if the send fails: the link loss answers it */
     kvr__alink_send(a, s->link, &m);
     free(bad);
@@ -352,7 +354,8 @@ static void pulling(kvr_agent_t *a, kvr__creq_t *r, const kvr__recv_input_t *in)
         /* staged: LOADED only once every chunk was unpacked */
         if (in->bytes != s->expect_bytes ||
             s->unpacked != (in->chunks ? in->bytes : 0)) {
-            quarantine(a, r, KVR_ERR_VERIFY, "stage %u reported %llu bytes in "
+            quarantine(a, r, KVR_ERR_VERIFY,
+                       "stage %u reported %llu bytes in "
                        "%u chunks (%llu unpacked), the plan has %llu",
                        s->pp_rank, (unsigned long long)in->bytes, in->chunks,
                        (unsigned long long)s->unpacked,
@@ -388,9 +391,10 @@ static void pulling(kvr_agent_t *a, kvr__creq_t *r, const kvr__recv_input_t *in)
         return;
     case KVR__RIN_TICK:
         if (kvr_now_ns() >= r->deadline_ns)
-            quarantine(a, r, KVR_ERR_TIMEOUT, "deadline passed with %u of %u "
-                       "stages done", r->num_stages - !all_done(r),
-                       r->num_stages);
+            quarantine(a, r, KVR_ERR_TIMEOUT,
+                       "deadline passed with %u of %u "
+                       "stages done",
+                       r->num_stages - !all_done(r), r->num_stages);
         return;
     default:
         return;
@@ -435,7 +439,8 @@ static void creq_step(kvr_agent_t *a, kvr__creq_t *r,
         if (in->kind == KVR__RIN_ABORT)
             quarantine(a, r, KVR_ERR_CANCELED, "aborted by the consumer");
         else if (in->kind == KVR__RIN_TICK && kvr_now_ns() >= r->deadline_ns)
-            quarantine(a, r, KVR_ERR_TIMEOUT, "producer '%.*s' at %s: its "
+            quarantine(a, r, KVR_ERR_TIMEOUT,
+                       "producer '%.*s' at %s: its "
                        "stages were not all reachable within the deadline%s%s",
                        (int)r->producer.len, r->producer.bytes,
                        r->dir->bootstrap, r->dir->error_msg[0] ? ": " : "",
@@ -522,25 +527,29 @@ void kvr__recv_msg(kvr_agent_t *a, kvr__alink_t *l, const kvr_msg_t *m)
 {
     bool done = m->type == KVR_MSG_WRITE_DONE;
     bool chunk = m->type == KVR_MSG_CHUNK_DONE;
-    const kvr_wire_id_t *id = done ? &m->u.write_done.request_id
-                            : chunk ? &m->u.chunk_done.request_id
-                                    : &m->u.write_failed.request_id;
-    uint64_t nonce = done ? m->u.write_done.write_nonce
-                   : chunk ? m->u.chunk_done.write_nonce
-                           : m->u.write_failed.write_nonce;
-    uint32_t pp = done ? m->u.write_done.pp_rank
-                : chunk ? m->u.chunk_done.pp_rank : m->u.write_failed.pp_rank;
+    const kvr_wire_id_t *id = done    ? &m->u.write_done.request_id
+                              : chunk ? &m->u.chunk_done.request_id
+                                      : &m->u.write_failed.request_id;
+    uint64_t nonce = done    ? m->u.write_done.write_nonce
+                     : chunk ? m->u.chunk_done.write_nonce
+                             : m->u.write_failed.write_nonce;
+    uint32_t pp = done    ? m->u.write_done.pp_rank
+                  : chunk ? m->u.chunk_done.pp_rank
+                          : m->u.write_failed.pp_rank;
     kvr__creq_t *r = l->dir ? creq_find(a, &l->dir->instance, id) : NULL;
     kvr__cstage_t *s = r ? stage_of(r, l) : NULL;
     if (s == NULL || r->nonce != nonce || s->pp_rank != pp || s->answered ||
         !s->sent) {
-        kvr__agent_log(a, "ignored %s for '%.*s' from %s (unknown, foreign "
-                       "nonce or duplicate)", kvr_msg_type_name(m->type),
-                       (int)id->len, id->bytes, l->address);
+        kvr__agent_log(a,
+                       "ignored %s for '%.*s' from %s (unknown, foreign "
+                       "nonce or duplicate)",
+                       kvr_msg_type_name(m->type), (int)id->len, id->bytes,
+                       l->address);
         return;
     }
-    kvr__recv_input_t in = {.kind = done ? KVR__RIN_DONE
-                                  : chunk ? KVR__RIN_CHUNK : KVR__RIN_FAILED,
+    kvr__recv_input_t in = {.kind = done    ? KVR__RIN_DONE
+                                    : chunk ? KVR__RIN_CHUNK
+                                            : KVR__RIN_FAILED,
                             .stage = s};
     if (done) {
         in.bytes = m->u.write_done.bytes;
@@ -565,7 +574,8 @@ void kvr__recv_link_lost(kvr_agent_t *a, kvr__alink_t *l)
         s->link = NULL;
         if ((!s->sent && !s->waiting_slots) || s->answered)
             continue;
-        kvr__recv_input_t in = {.kind = KVR__RIN_LOST, .stage = s,
+        kvr__recv_input_t in = {.kind = KVR__RIN_LOST,
+                                .stage = s,
                                 .status = l->close_status,
                                 .text = l->close_why};
         creq_step(a, r, &in);

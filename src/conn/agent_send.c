@@ -78,7 +78,8 @@ static void unlist_active(kvr_agent_t *a, kvr__pull_t *p)
 static uint64_t cut_flush_by(const kvr_agent_t *a, const kvr__pull_t *p)
 {
     uint64_t now = kvr_now_ns();
-    uint64_t grace = ms_ns(a->p.grace_ms), brief = ms_ns(KVR_AGENT_CUT_FLUSH_MS);
+    uint64_t grace = ms_ns(a->p.grace_ms),
+             brief = ms_ns(KVR_AGENT_CUT_FLUSH_MS);
     if (now >= p->deadline_ns)
         return now + (grace < brief ? grace : brief);
     return now + grace < p->deadline_ns ? p->deadline_ns : now + grace;
@@ -130,7 +131,8 @@ static kvr_status_t check_counts(const kvr_agent_t *a, const kvr__preq_t *r,
 {
     uint64_t v = kvr_virtual_block(&a->p.layout), cap;
     if (p->num_tokens > r->num_tokens)
-        return kvr_error_set(err, KVR_ERR_INVALID, "pull of %llu tokens, the "
+        return kvr_error_set(err, KVR_ERR_INVALID,
+                             "pull of %llu tokens, the "
                              "request was opened with %llu",
                              (unsigned long long)p->num_tokens,
                              (unsigned long long)r->num_tokens);
@@ -143,9 +145,10 @@ static kvr_status_t check_counts(const kvr_agent_t *a, const kvr__preq_t *r,
                              (unsigned long long)p->num_tokens,
                              (unsigned long long)p->num_computed);
     if (p->dcp_rank != p->link->link->peer.topo.dcp_rank)
-        return kvr_error_set(err, KVR_ERR_INVALID, "WRITE_REQUEST names DCP "
-                             "rank %u, the link is rank %u", p->dcp_rank,
-                             p->link->link->peer.topo.dcp_rank);
+        return kvr_error_set(err, KVR_ERR_INVALID,
+                             "WRITE_REQUEST names DCP "
+                             "rank %u, the link is rank %u",
+                             p->dcp_rank, p->link->link->peer.topo.dcp_rank);
     return KVR_OK;
 }
 
@@ -171,8 +174,8 @@ static kvr_status_t plan_pull(kvr_agent_t *a, const kvr__preq_t *r,
         else
             pairs[i] = (kvr_region_pair_t){*d, p->link->maps[j].desc};
     }
-    kvr_request_t req = {r->src, r->nsrc, p->dst, p->ndst, p->num_tokens,
-                         p->num_computed};
+    kvr_request_t req = {r->src,  r->nsrc,       p->dst,
+                         p->ndst, p->num_tokens, p->num_computed};
     if (st == KVR_OK)
         st = kvr_plan_set_create(&a->p.layout, p->dcp_rank, pairs, n, &req,
                                  &p->plans, err);
@@ -193,9 +196,10 @@ static void start_pull(kvr_agent_t *a, const kvr__preq_t *r, kvr__pull_t *p)
     kvr_status_t st = plan_pull(a, r, p, &err);
     if (st == KVR_OK &&
         kvr__failpoint(KVR__FP_REFUSE, p->request.bytes, p->request.len))
-        st = kvr_error_set(&err, KVR_ERR_REFUSED, "pull of '%.*s' refused "
-                           "(failpoint refuse)", (int)p->request.len,
-                           p->request.bytes);
+        st = kvr_error_set(&err, KVR_ERR_REFUSED,
+                           "pull of '%.*s' refused "
+                           "(failpoint refuse)",
+                           (int)p->request.len, p->request.bytes);
     if (st == KVR_OK) {
         p->bytes = kvr__dseg_bytes(p->segs, p->nsegs);
         st = kvr__staged_choose(a, p, &err);
@@ -287,8 +291,10 @@ static kvr_status_t join_group(kvr_agent_t *a, kvr__preq_t *r, kvr__pull_t *p,
 {
     kvr__group_t *g = group_of(r, &p->link->peer_instance);
     if (g == NULL && r->num_groups >= r->groups_expected) {
-        snprintf(why, cap, "request already pulled by %u group(s), opened "
-                 "for %u", r->num_groups, r->groups_expected);
+        snprintf(why, cap,
+                 "request already pulled by %u group(s), opened "
+                 "for %u",
+                 r->num_groups, r->groups_expected);
         return KVR_ERR_REFUSED;
     }
     if (g == NULL) {
@@ -357,9 +363,11 @@ static void tick_pulls(kvr_agent_t *a, kvr__preq_t *r, uint64_t now)
 {
     bool lease_over = now >= r->lease_end_ns;
     for (kvr__pull_t *p = r->pulls; p != NULL; p = p->next) {
-        if ((p->state == KVR__PULL_HELD && (now >= p->deadline_ns || lease_over)) ||
+        if ((p->state == KVR__PULL_HELD &&
+             (now >= p->deadline_ns || lease_over)) ||
             (p->state == KVR__PULL_MOVING && now >= p->deadline_ns))
-            cut(a, p, KVR_ERR_TIMEOUT, p->state == KVR__PULL_HELD && lease_over
+            cut(a, p, KVR_ERR_TIMEOUT,
+                p->state == KVR__PULL_HELD && lease_over
                     ? "the lease ended before the stage's layers were ready"
                     : "deadline passed on the producer");
         if (p->state == KVR__PULL_ANSWERED && now >= p->release_by_ns)
@@ -423,8 +431,10 @@ static void preq_step(kvr_agent_t *a, kvr__preq_t *r, kvr__send_in_t in,
         return;
     }
     if (kvr_now_ns() >= r->lease_end_ns && !pulls_busy(r)) {
-        snprintf(why, sizeof(why), "lease of the sources ended with %u of %u "
-                 "group(s) done", done, r->groups_expected);
+        snprintf(why, sizeof(why),
+                 "lease of the sources ended with %u of %u "
+                 "group(s) done",
+                 done, r->groups_expected);
         finish(a, r, KVR_SEND_EXPIRED, KVR_ERR_TIMEOUT, why);
         return;
     }
@@ -565,16 +575,18 @@ static void on_write_request(kvr_agent_t *a, kvr__alink_t *l,
     }
     kvr__pull_t *p = new_pull(a, l, w);
     if (p == NULL) {
-        kvr__pull_t tmp = {.link = l, .request = w->request_id,
-                           .nonce = w->write_nonce};
+        kvr__pull_t tmp = {
+            .link = l, .request = w->request_id, .nonce = w->write_nonce};
         answer(a, &tmp, KVR_ERR_NO_MEMORY, "no memory on the producer");
         return;
     }
     uint32_t ptp = a->p.topo.tp_size;
     if (!l->regions_ready || p->consumer_tp % ptp != a->p.topo.tp_rank) {
-        answer(a, p, KVR_ERR_PROTO, !l->regions_ready
-                   ? "WRITE_REQUEST before REGIONS"
-                   : "this producer tp rank does not serve that consumer tp rank");
+        answer(
+            a, p, KVR_ERR_PROTO,
+            !l->regions_ready
+                ? "WRITE_REQUEST before REGIONS"
+                : "this producer tp rank does not serve that consumer tp rank");
         pull_free(p);
         return;
     }
@@ -682,10 +694,11 @@ static void tick_orphans(kvr_agent_t *a, uint64_t now, uint64_t *next)
         }
         *pp = o->next;
         char text[KVR_ERROR_MSG_MAX];
-        snprintf(text, sizeof(text), "request '%.*s' was never opened on "
-                 "producer '%.*s' stage (pp %u, tp %u)", (int)o->request.len,
-                 o->request.bytes, (int)a->instance.len, a->instance.bytes,
-                 a->p.topo.pp_rank, a->p.topo.tp_rank);
+        snprintf(text, sizeof(text),
+                 "request '%.*s' was never opened on "
+                 "producer '%.*s' stage (pp %u, tp %u)",
+                 (int)o->request.len, o->request.bytes, (int)a->instance.len,
+                 a->instance.bytes, a->p.topo.pp_rank, a->p.topo.tp_rank);
         answer(a, o, KVR_ERR_NOT_FOUND, text);
         pull_free(o);
     }
@@ -697,9 +710,9 @@ static uint64_t next_timer(const kvr__preq_t *r, uint64_t now)
 {
     uint64_t at = now < r->lease_end_ns ? r->lease_end_ns : UINT64_MAX;
     for (const kvr__pull_t *p = r->pulls; p != NULL; p = p->next) {
-        uint64_t t = p->state == KVR__PULL_ANSWERED ? p->release_by_ns
-                   : p->state != KVR__PULL_RELEASED ? p->deadline_ns
-                                                    : UINT64_MAX;
+        uint64_t t = p->state == KVR__PULL_ANSWERED   ? p->release_by_ns
+                     : p->state != KVR__PULL_RELEASED ? p->deadline_ns
+                                                      : UINT64_MAX;
         at = t < at ? t : at;
     }
     return at;
@@ -710,7 +723,8 @@ void kvr__send_tick(kvr_agent_t *a, uint64_t now, uint64_t *next)
     tick_orphans(a, now, next);
     for (kvr__preq_t *r = a->preqs, *n; r != NULL; r = n) {
         n = r->next;
-        if (now >= next_timer(r, now) || (now >= r->lease_end_ns && !r->lease_seen))
+        if (now >= next_timer(r, now) ||
+            (now >= r->lease_end_ns && !r->lease_seen))
             preq_step(a, r, KVR__SIN_TICK, NULL, KVR_OK);
     }
     for (kvr__preq_t *r = a->preqs; r != NULL; r = r->next) {

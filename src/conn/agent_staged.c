@@ -25,8 +25,8 @@ void kvr__staged_grant(kvr_agent_t *a, const kvr__creq_t *r, kvr__cstage_t *s)
     /* a fair share, so that every stage of the request can stage at once */
     uint64_t share = usable / (r->num_stages ? r->num_stages : 1);
     uint64_t want = chunks < share ? chunks : share ? share : 1;
-    for (uint64_t i = 0; i < usable && s->nslots < want &&
-                         s->nslots < KVR_AGENT_MAX_SLOTS; i++)
+    for (uint64_t i = 0;
+         i < usable && s->nslots < want && s->nslots < KVR_AGENT_MAX_SLOTS; i++)
         if (!a->slot_busy[i]) {
             a->slot_busy[i] = 1;
             s->slots[s->nslots++] = (uint32_t)i;
@@ -50,8 +50,7 @@ static bool granted(const kvr__cstage_t *s, uint32_t slot)
 }
 
 kvr_status_t kvr__staged_unpack(kvr_agent_t *a, kvr__cstage_t *s,
-                                const kvr_msg_chunk_done_t *m,
-                                kvr_error_t *err)
+                                const kvr_msg_chunk_done_t *m, kvr_error_t *err)
 {
     const kvr__aregion_t *g = a->staging >= 0 ? &a->regions[a->staging] : NULL;
     if (g == NULL || !granted(s, m->slot) || m->offset != s->unpacked ||
@@ -59,8 +58,8 @@ kvr_status_t kvr__staged_unpack(kvr_agent_t *a, kvr__cstage_t *s,
         m->bytes > s->expect_bytes - s->unpacked)
         return kvr_error_set(err, KVR_ERR_PROTO,
                              "bad chunk %u (slot %u, offset %llu, %llu bytes; "
-                             "expected offset %llu of %llu)", m->chunk, m->slot,
-                             (unsigned long long)m->offset,
+                             "expected offset %llu of %llu)",
+                             m->chunk, m->slot, (unsigned long long)m->offset,
                              (unsigned long long)m->bytes,
                              (unsigned long long)s->unpacked,
                              (unsigned long long)s->expect_bytes);
@@ -85,11 +84,9 @@ kvr_status_t kvr__staged_link(kvr_agent_t *a, kvr__alink_t *l,
     if (a->p.executor != KVR_AGENT_EXEC_AUTO)
         return KVR_OK; /* the choice is forced: no model needed */
     uint32_t scratch = 0;
-    kvr_status_t st = kvr__dpeer_map(l->data,
-                                     staging->base +
-                                         (d->num_blocks - 1) * d->page_bytes,
-                                     d->page_bytes, staging->rkey,
-                                     staging->rkey_len, &scratch, err);
+    kvr_status_t st = kvr__dpeer_map(
+        l->data, staging->base + (d->num_blocks - 1) * d->page_bytes,
+        d->page_bytes, staging->rkey, staging->rkey_len, &scratch, err);
     if (st == KVR_OK)
         st = kvr__data_probe(l->data, scratch, d->page_bytes, err);
     return st;
@@ -110,29 +107,36 @@ kvr_status_t kvr__staged_choose(kvr_agent_t *a, kvr__pull_t *p,
     bool any = p->executor == KVR_WIRE_EXEC_AUTO ||
                p->executor == KVR_WIRE_EXEC_GPU_DIRECT;
     if (a->p.cuda_device >= 0 && !any)
-        return kvr_error_set(err, KVR_ERR_UNSUPPORTED, "this stage's KV is in "
-                             "CUDA memory: gpu-direct only, the consumer asked "
-                             "for %s", p->executor == KVR_WIRE_EXEC_STAGED
-                                           ? "staged" : "direct puts");
+        return kvr_error_set(
+            err, KVR_ERR_UNSUPPORTED,
+            "this stage's KV is in "
+            "CUDA memory: gpu-direct only, the consumer asked "
+            "for %s",
+            p->executor == KVR_WIRE_EXEC_STAGED ? "staged" : "direct puts");
     p->gpu = a->p.cuda_device >= 0;
     if (p->gpu)
         return KVR_OK;
     if (p->executor == KVR_WIRE_EXEC_GPU_DIRECT)
-        return kvr_error_set(err, KVR_ERR_UNSUPPORTED, "gpu-direct asked of a "
+        return kvr_error_set(err, KVR_ERR_UNSUPPORTED,
+                             "gpu-direct asked of a "
                              "stage whose KV is in host memory");
     if (p->nslots == 0)
         return p->executor == KVR_WIRE_EXEC_STAGED
-                   ? kvr_error_set(err, KVR_ERR_NO_SPACE, "staged executor "
+                   ? kvr_error_set(err, KVR_ERR_NO_SPACE,
+                                   "staged executor "
                                    "asked without staging slots")
                    : KVR_OK;
     if (l->staging < 0)
-        return kvr_error_set(err, KVR_ERR_INVALID, "staging slots granted but "
+        return kvr_error_set(err, KVR_ERR_INVALID,
+                             "staging slots granted but "
                              "the consumer announced no STAGING region");
     const kvr_region_desc_t *d = &l->maps[l->staging].desc;
     for (uint32_t i = 0; i < p->nslots; i++)
         if (p->slots[i] >= d->num_blocks - 1)
-            return kvr_error_set(err, KVR_ERR_BLOCK_RANGE, "staging slot %u "
-                                 "outside the %llu usable slots", p->slots[i],
+            return kvr_error_set(err, KVR_ERR_BLOCK_RANGE,
+                                 "staging slot %u "
+                                 "outside the %llu usable slots",
+                                 p->slots[i],
                                  (unsigned long long)(d->num_blocks - 1));
     p->staged = kvr__data_choose(l->data, forced(p->executor, a->p.executor),
                                  p->segs, p->nsegs, d->page_bytes) == 2;
@@ -155,8 +159,8 @@ static kvr_status_t chunk_done(kvr_agent_t *a, kvr__pull_t *p, uint32_t slot,
     return kvr__alink_send(a, p->link, &m);
 }
 
-kvr_status_t kvr__staged_slice(kvr_agent_t *a, kvr__pull_t *p,
-                               uint64_t *moved, bool *done, kvr_error_t *err)
+kvr_status_t kvr__staged_slice(kvr_agent_t *a, kvr__pull_t *p, uint64_t *moved,
+                               bool *done, kvr_error_t *err)
 {
     kvr__alink_t *l = p->link;
     const kvr__amap_t *sm = &l->maps[l->staging];

@@ -35,8 +35,8 @@ kvr_status_t kvr__hkey_init(uint8_t hkey[KVR__HKEY_BYTES], kvr_error_t *err);
 
 /* Checks id (kvr_completion_id_check) and hashes it with hkey. */
 kvr_status_t kvr__view_of(const kvr_completion_id_t *id,
-                          const uint8_t hkey[KVR__HKEY_BYTES],
-                          kvr__view_t *out, kvr_error_t *err);
+                          const uint8_t hkey[KVR__HKEY_BYTES], kvr__view_t *out,
+                          kvr_error_t *err);
 /* The bare request id view of v (completion_req_key). */
 kvr__view_t kvr__view_req(const kvr__view_t *v,
                           const uint8_t hkey[KVR__HKEY_BYTES]);

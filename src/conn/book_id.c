@@ -25,16 +25,14 @@ kvr_status_t kvr_completion_id_check(const kvr_completion_id_t *id,
                              "(only operation ids carry one)",
                              (long long)id->generation);
     if (id->generation < 0 || id->generation > KVR_GENERATION_MAX)
-        return kvr_error_set(err, KVR_ERR_INVALID,
-                             "generation %lld outside 0..%lld",
-                             (long long)id->generation,
-                             (long long)KVR_GENERATION_MAX);
+        return kvr_error_set(
+            err, KVR_ERR_INVALID, "generation %lld outside 0..%lld",
+            (long long)id->generation, (long long)KVR_GENERATION_MAX);
     return KVR_OK;
 }
 
 kvr_status_t kvr_completion_req_key(const kvr_completion_id_t *id,
-                                    kvr_completion_id_t *out,
-                                    kvr_error_t *err)
+                                    kvr_completion_id_t *out, kvr_error_t *err)
 {
     kvr_status_t s = kvr_completion_id_check(id, err);
     if (s != KVR_OK)
@@ -65,8 +63,8 @@ static uint64_t hash_fields(const uint8_t *bytes, size_t len, bool is_op,
 }
 
 kvr_status_t kvr__view_of(const kvr_completion_id_t *id,
-                          const uint8_t hkey[KVR__HKEY_BYTES],
-                          kvr__view_t *out, kvr_error_t *err)
+                          const uint8_t hkey[KVR__HKEY_BYTES], kvr__view_t *out,
+                          kvr_error_t *err)
 {
     kvr_status_t s = kvr_completion_id_check(id, err);
     if (s != KVR_OK)
@@ -168,7 +166,7 @@ kvr_status_t kvr__fail_nomem(kvr_error_t *err, const char *what,
 kvr_status_t kvr__check_size(const char *what, size_t n, kvr_error_t *err)
 {
     if (n < 1 || n > KVR_BOOK_MAX_ENTRIES)
-        return kvr_error_set(err, KVR_ERR_INVALID, "%s %zu outside 1..%u",
-                             what, n, KVR_BOOK_MAX_ENTRIES);
+        return kvr_error_set(err, KVR_ERR_INVALID, "%s %zu outside 1..%u", what,
+                             n, KVR_BOOK_MAX_ENTRIES);
     return KVR_OK;
 }

@@ -18,8 +18,7 @@ void kvr__table_fini(kvr__table_t *t)
     memset(t, 0, sizeof(*t));
 }
 
-static void place(kvr__slot_t *slots, size_t nslots, kvr__key_t *key,
-                  void *val)
+static void place(kvr__slot_t *slots, size_t nslots, kvr__key_t *key, void *val)
 {
     size_t i = (size_t)key->hash & (nslots - 1);
     while (slots[i].key != NULL)

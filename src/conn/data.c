@@ -22,7 +22,7 @@ struct kvr__dpeer {
     kvr_ep_t *ep;
     kvr_rmem_t *maps[MAX_MAPPINGS];
     uint32_t num_maps;
-    kvr_mem_t *pack;         /* registered bounce buffer for staged chunks */
+    kvr_mem_t *pack; /* registered bounce buffer for staged chunks */
     kvr_cost_model_t model;
 };
 
@@ -34,7 +34,8 @@ kvr_status_t kvr__data_create(int tl, bool progress_thread, kvr__data_t **out,
         return kvr_error_set(err, KVR_ERR_NO_MEMORY, "no memory");
     kvr_ucx_params_t p = KVR_UCX_PARAMS_INIT;
     p.tl = (kvr_xfer_tl_t)tl;
-    p.progress = progress_thread ? KVR_XFER_PROGRESS_THREAD : KVR_XFER_PROGRESS_CALLER;
+    p.progress = progress_thread ? KVR_XFER_PROGRESS_THREAD
+                                 : KVR_XFER_PROGRESS_CALLER;
     kvr_status_t st = kvr_transport_ucx_create(&p, &d->t, err);
     if (st != KVR_OK) {
         free(d);
@@ -134,8 +135,12 @@ kvr_status_t kvr__dmem_rkey(kvr__dmem_t *m, uint8_t *rkey, uint32_t *len)
  * (docs/transport.md, "Measured UCX 1.13 behaviour"). */
 static kvr_cost_model_t default_model(int tl)
 {
-    kvr_cost_model_t m = {.put_s = 0.35e-6, .put_Bps = 5e9, .chunk_s = 50e-6,
-                          .stage_Bps = 5e9, .copy_Bps = 6e9, .mapped = false};
+    kvr_cost_model_t m = {.put_s = 0.35e-6,
+                          .put_Bps = 5e9,
+                          .chunk_s = 50e-6,
+                          .stage_Bps = 5e9,
+                          .copy_Bps = 6e9,
+                          .mapped = false};
     if (tl == 2) {
         m.put_s = 6e-6;
         m.put_Bps = 0.9e9;
@@ -185,13 +190,16 @@ kvr_status_t kvr__dpeer_map(kvr__dpeer_t *p, uint64_t base, uint64_t len,
                             uint32_t *index, kvr_error_t *err)
 {
     if (p->num_maps == MAX_MAPPINGS || rkey_len > KVR_XFER_RKEY_MAX)
-        return kvr_error_set(err, KVR_ERR_NO_SPACE, "%u mappings or rkey of %u "
-                             "bytes", p->num_maps, rkey_len);
+        return kvr_error_set(err, KVR_ERR_NO_SPACE,
+                             "%u mappings or rkey of %u "
+                             "bytes",
+                             p->num_maps, rkey_len);
     kvr_remote_region_t r = {.base = base, .length = len, .rkey_len = rkey_len};
     memcpy(r.rkey, rkey, rkey_len);
     kvr_status_t st = kvr_rmem_open(p->ep, &r, &p->maps[p->num_maps]);
     if (st != KVR_OK)
-        return kvr_error_set(err, st, "remote region at 0x%llx (%llu bytes): %s",
+        return kvr_error_set(err, st,
+                             "remote region at 0x%llx (%llu bytes): %s",
                              (unsigned long long)base, (unsigned long long)len,
                              kvr_xfer_last_error(p->d->t));
     *index = p->num_maps++;
@@ -204,10 +212,10 @@ static kvr_xfer_seg_t *to_xfer(const kvr__dpeer_t *p, const kvr__dseg_t *segs,
 {
     kvr_xfer_seg_t *x = calloc(n + 1, sizeof(*x));
     for (size_t i = 0; x != NULL && i < n; i++)
-        x[i] = (kvr_xfer_seg_t){segs[i].plan, segs[i].src,
-                                p && segs[i].remote < p->num_maps
-                                    ? p->maps[segs[i].remote] : NULL,
-                                segs[i].dst_local};
+        x[i] = (kvr_xfer_seg_t){
+            segs[i].plan, segs[i].src,
+            p && segs[i].remote < p->num_maps ? p->maps[segs[i].remote] : NULL,
+            segs[i].dst_local};
     return x;
 }
 
@@ -219,8 +227,8 @@ uint64_t kvr__dseg_bytes(const kvr__dseg_t *segs, size_t n)
     return b;
 }
 
-static kvr_status_t put_error(kvr__dpeer_t *p, kvr_status_t st, kvr_error_t *err,
-                              const char *what)
+static kvr_status_t put_error(kvr__dpeer_t *p, kvr_status_t st,
+                              kvr_error_t *err, const char *what)
 {
     return kvr_error_set(err, st, "%s: %s (%s)", what, kvr_status_name(st),
                          kvr_xfer_last_error(p->d->t));
@@ -235,7 +243,8 @@ kvr_status_t kvr__data_send_direct(kvr__dpeer_t *p, const kvr__dseg_t *segs,
         size_t nr = 0;
         const kvr_run_t *runs = kvr_plan_runs(segs[s].plan, &nr);
         if (segs[s].remote >= p->num_maps)
-            return kvr_error_set(err, KVR_ERR_INVALID, "mapping %u", segs[s].remote);
+            return kvr_error_set(err, KVR_ERR_INVALID, "mapping %u",
+                                 segs[s].remote);
         kvr_rmem_t *dst = p->maps[segs[s].remote];
         const uint8_t *src = segs[s].src;
         for (size_t i = 0; i < nr && st == KVR_OK; i++)
@@ -305,7 +314,8 @@ kvr_status_t kvr__data_send_chunk(kvr__dpeer_t *p, const kvr__dseg_t *segs,
                                   uint64_t deadline_ns, kvr_error_t *err)
 {
     if (staging >= p->num_maps)
-        return kvr_error_set(err, KVR_ERR_INVALID, "staging mapping %u", staging);
+        return kvr_error_set(err, KVR_ERR_INVALID, "staging mapping %u",
+                             staging);
     kvr_xfer_seg_t *x = to_xfer(p, segs, n);
     if (x == NULL)
         return kvr_error_set(err, KVR_ERR_NO_MEMORY, "no memory");
@@ -356,7 +366,8 @@ kvr_status_t kvr__data_probe(kvr__dpeer_t *p, uint32_t scratch,
                              uint64_t scratch_len, kvr_error_t *err)
 {
     if (scratch >= p->num_maps)
-        return kvr_error_set(err, KVR_ERR_INVALID, "scratch mapping %u", scratch);
+        return kvr_error_set(err, KVR_ERR_INVALID, "scratch mapping %u",
+                             scratch);
     kvr_cost_probe_t probe = {
         .scratch = p->maps[scratch],
         .stage_scratch = p->maps[scratch],

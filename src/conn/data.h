@@ -20,8 +20,7 @@ typedef struct kvr__dpeer kvr__dpeer_t; /* an endpoint and its remote regions */
 kvr_status_t kvr__data_create(int tl, bool progress_thread, kvr__data_t **out,
                               kvr_error_t *err);
 void kvr__data_destroy(kvr__data_t *d);
-kvr_status_t kvr__data_address(kvr__data_t *d, const void **addr,
-                               size_t *len);
+kvr_status_t kvr__data_address(kvr__data_t *d, const void **addr, size_t *len);
 
 /* Registers engine memory, or allocates (base returned through *base). */
 kvr_status_t kvr__dmem_register(kvr__data_t *d, void *base, uint64_t len,
@@ -47,9 +46,9 @@ kvr_status_t kvr__dpeer_map(kvr__dpeer_t *p, uint64_t base, uint64_t len,
 /* One region's part of a transfer. */
 typedef struct kvr__dseg {
     const kvr_plan_t *plan;
-    const void *src;   /* producer: local source base */
-    uint32_t remote;   /* producer: index of the destination mapping */
-    void *dst_local;   /* consumer: local destination base */
+    const void *src; /* producer: local source base */
+    uint32_t remote; /* producer: index of the destination mapping */
+    void *dst_local; /* consumer: local destination base */
 } kvr__dseg_t;
 
 uint64_t kvr__dseg_bytes(const kvr__dseg_t *segs, size_t n);

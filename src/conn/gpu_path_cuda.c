@@ -46,8 +46,10 @@ static kvr_status_t handle_of(const uint8_t *rkey, uint32_t len,
                               kvr_gpu_ipc_handle_t *h, kvr_error_t *err)
 {
     if (len != KVR_GPU_RKEY_BYTES)
-        return kvr_error_set(err, KVR_ERR_PROTO, "CUDA region key of %u bytes, "
-                             "expected %u", len, KVR_GPU_RKEY_BYTES);
+        return kvr_error_set(err, KVR_ERR_PROTO,
+                             "CUDA region key of %u bytes, "
+                             "expected %u",
+                             len, KVR_GPU_RKEY_BYTES);
     memcpy(h->handle, rkey, sizeof(h->handle));
     memcpy(&h->offset, rkey + sizeof(h->handle), sizeof(h->offset));
     return KVR_OK;
@@ -76,7 +78,8 @@ void kvr__gpu_close(const uint8_t *rkey, uint32_t len, void *ptr)
  * checked and uploaded once, then each region is one kernel launch. */
 static bool same_class(const kvr_region_pair_t *a, const kvr_region_pair_t *b)
 {
-    return a->src.role == b->src.role && a->src.page_bytes == b->src.page_bytes &&
+    return a->src.role == b->src.role &&
+           a->src.page_bytes == b->src.page_bytes &&
            a->dst.page_bytes == b->dst.page_bytes &&
            a->src.index_dim == b->src.index_dim &&
            a->src.num_blocks == b->src.num_blocks &&
@@ -88,7 +91,7 @@ static bool same_class(const kvr_region_pair_t *a, const kvr_region_pair_t *b)
 struct kvr__gpu_job {
     kvr_gpu_relayout_t **rl; /* one per class, alive until the job ends */
     size_t nrl;
-    void *done;              /* recorded after the last launch */
+    void *done; /* recorded after the last launch */
 };
 
 /* One class's relayout, checked and uploaded once, then one launch per
@@ -187,8 +190,7 @@ kvr_status_t kvr__gpu_use(int device, kvr_error_t *err)
     return kvr_gpu_set_device(device, err);
 }
 
-kvr_status_t kvr__gpu_stream_create(int device, void **stream,
-                                    kvr_error_t *err)
+kvr_status_t kvr__gpu_stream_create(int device, void **stream, kvr_error_t *err)
 {
     return kvr_gpu_stream_create(device, stream, err);
 }

@@ -93,8 +93,7 @@ kvr_status_t kvr__gpu_use(int device, kvr_error_t *err)
     return no_cuda(err);
 }
 
-kvr_status_t kvr__gpu_stream_create(int device, void **stream,
-                                    kvr_error_t *err)
+kvr_status_t kvr__gpu_stream_create(int device, void **stream, kvr_error_t *err)
 {
     (void)device, (void)stream;
     return no_cuda(err);

@@ -54,7 +54,8 @@ static void set_nonblocking(int fd)
 static kvr_status_t resolve(const char *host, uint16_t port,
                             struct addrinfo **res, kvr_error_t *err)
 {
-    struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM,
+    struct addrinfo hints = {.ai_family = AF_UNSPEC,
+                             .ai_socktype = SOCK_STREAM,
                              .ai_flags = AI_PASSIVE};
     char service[8];
     snprintf(service, sizeof(service), "%u", port);
@@ -97,8 +98,7 @@ kvr_status_t kvr__tcp_connect(const char *host, uint16_t port,
         return errno_status(err, "socket for", host, port);
     }
     set_nonblocking(s);
-    if (connect(s, res->ai_addr, res->ai_addrlen) != 0 &&
-        errno != EINPROGRESS)
+    if (connect(s, res->ai_addr, res->ai_addrlen) != 0 && errno != EINPROGRESS)
         st = errno_status(err, "connect", host, port);
     else
         st = wait_connected(s, host, port, timeout_ms, err);
@@ -180,8 +180,7 @@ void kvr__link_destroy(kvr__link_t *link)
     free(link);
 }
 
-void kvr__link_close(kvr__link_t *link, kvr_status_t why, const char *fmt,
-                     ...)
+void kvr__link_close(kvr__link_t *link, kvr_status_t why, const char *fmt, ...)
 {
     if (link->closed)
         return;
@@ -363,8 +362,9 @@ kvr_status_t kvr__link_read(kvr__link_t *link)
             return KVR_OK;
         /* frames already read (a BYE with the reason) are handled first */
         link->eof = true;
-        snprintf(link->eof_why, sizeof(link->eof_why), "peer closed the connection%s%s",
-                 n < 0 ? ": " : "", n < 0 ? strerror(errno) : "");
+        snprintf(link->eof_why, sizeof(link->eof_why),
+                 "peer closed the connection%s%s", n < 0 ? ": " : "",
+                 n < 0 ? strerror(errno) : "");
         return KVR_ERR_PEER_DEAD;
     }
 }

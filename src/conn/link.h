@@ -91,8 +91,7 @@ kvr_status_t kvr__link_note_peer_hello(kvr__link_t *link, kvr_error_t *err);
 void kvr__link_refuse(kvr__link_t *link, kvr_status_t status, const char *why);
 
 /* Marks the link closed with a reason (first reason wins) and shuts it. */
-void kvr__link_close(kvr__link_t *link, kvr_status_t why, const char *fmt,
-                     ...)
+void kvr__link_close(kvr__link_t *link, kvr_status_t why, const char *fmt, ...)
 #if defined(__GNUC__)
     __attribute__((format(printf, 3, 4)))
 #endif

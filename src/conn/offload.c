@@ -17,15 +17,15 @@
 
 /* Non-empty, bounded, no control characters (these strings end up in
  * logs and in the tier's model name). UTF-8 is checked by jansson. */
-static kvr_status_t check_text(const char *what, const char *text,
-                               size_t max, kvr_error_t *err)
+static kvr_status_t check_text(const char *what, const char *text, size_t max,
+                               kvr_error_t *err)
 {
     if (text == NULL || text[0] == '\0')
         return kvr_error_set(err, KVR_ERR_INVALID, "%s is empty", what);
     size_t n = strnlen(text, max + 1);
     if (n > max)
-        return kvr_error_set(err, KVR_ERR_INVALID,
-                             "%s longer than %zu bytes", what, max);
+        return kvr_error_set(err, KVR_ERR_INVALID, "%s longer than %zu bytes",
+                             what, max);
     for (size_t i = 0; i < n; i++)
         if ((unsigned char)text[i] < 0x20 || text[i] == 0x7f)
             return kvr_error_set(err, KVR_ERR_INVALID,
@@ -224,16 +224,15 @@ kvr_status_t kvr_offload_namespace(const kvr_offload_desc_t *desc, char *buf,
                      KVR_OFFLOAD_LAYOUT_VERSION, key);
     if (n < 0 || (size_t)n >= cap)
         return kvr_error_set(err, KVR_ERR_BUFFER_SMALL,
-                             "buffer of %zu bytes; the namespace needs %d",
-                             cap, n + 1);
+                             "buffer of %zu bytes; the namespace needs %d", cap,
+                             n + 1);
     snprintf(buf, cap, "%s::kvrelay-page-v%u-%s", desc->model_tag,
              KVR_OFFLOAD_LAYOUT_VERSION, key);
     return KVR_OK;
 }
 
-kvr_status_t kvr_offload_aligned_prefix(int64_t hit_tokens,
-                                        uint64_t chunk_size, uint64_t *out,
-                                        kvr_error_t *err)
+kvr_status_t kvr_offload_aligned_prefix(int64_t hit_tokens, uint64_t chunk_size,
+                                        uint64_t *out, kvr_error_t *err)
 {
     if (chunk_size < 1)
         return kvr_error_set(err, KVR_ERR_CHUNK_SIZE, "chunk size 0 < 1");

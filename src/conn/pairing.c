@@ -132,8 +132,8 @@ static void events_push(kvr_pairing_t *p, kvr_release_kind_t kind,
     p->ev_count++;
 }
 
-kvr_status_t kvr_pairing_poll(kvr_pairing_t *p, kvr_release_t *out,
-                              size_t cap, size_t *num, kvr_error_t *err)
+kvr_status_t kvr_pairing_poll(kvr_pairing_t *p, kvr_release_t *out, size_t cap,
+                              size_t *num, kvr_error_t *err)
 {
     if (p == NULL || num == NULL || (cap > 0 && out == NULL))
         return kvr_error_set(err, KVR_ERR_INVALID,
@@ -226,9 +226,8 @@ static void record_drop_if_idle(kvr_pairing_t *p, record_t *r)
 
 /* ---- feeding ---- */
 
-static kvr_status_t views(const kvr_pairing_t *p,
-                          const kvr_completion_id_t *id, kvr__view_t *v,
-                          kvr__view_t *rv, kvr_error_t *err)
+static kvr_status_t views(const kvr_pairing_t *p, const kvr_completion_id_t *id,
+                          kvr__view_t *v, kvr__view_t *rv, kvr_error_t *err)
 {
     if (p == NULL)
         return kvr_error_set(err, KVR_ERR_INVALID, "pairing is NULL");
@@ -258,7 +257,8 @@ kvr_status_t kvr_pairing_expect_save(kvr_pairing_t *p,
         kvr__view_repr(&rv, repr);
         return kvr_error_set(err, KVR_ERR_EXISTS,
                              "request %s: its send was already released, "
-                             "its blocks may be freed", repr);
+                             "its blocks may be freed",
+                             repr);
     }
     r = record_find(p, &rv);
     save_ref_t *ref = save_find(r, &v);
@@ -330,9 +330,9 @@ kvr_status_t kvr_pairing_send_done(kvr_pairing_t *p,
 }
 
 /* The last declared save of a request whose send is held: both go out. */
-static kvr_status_t release_pair(kvr_pairing_t *p, record_t *r,
-                                 save_ref_t *ref, const kvr__view_t *v,
-                                 kvr_status_t status, kvr_error_t *err)
+static kvr_status_t release_pair(kvr_pairing_t *p, record_t *r, save_ref_t *ref,
+                                 const kvr__view_t *v, kvr_status_t status,
+                                 kvr_error_t *err)
 {
     kvr__key_t *fresh;
     kvr__view_t rv = kvr__view_of_key(r->key);
@@ -359,10 +359,9 @@ static kvr_status_t save_early(kvr_pairing_t *p, const kvr__view_t *v,
 }
 
 /* Queues a SAVE alone: no held send waits on it (or others still do). */
-static kvr_status_t release_save(kvr_pairing_t *p, record_t *r,
-                                 save_ref_t *ref, const kvr__view_t *v,
-                                 const kvr__view_t *rv, kvr_status_t status,
-                                 kvr_error_t *err)
+static kvr_status_t release_save(kvr_pairing_t *p, record_t *r, save_ref_t *ref,
+                                 const kvr__view_t *v, const kvr__view_t *rv,
+                                 kvr_status_t status, kvr_error_t *err)
 {
     kvr_status_t s = events_reserve(p, 1, v, err);
     if (s != KVR_OK)

@@ -41,8 +41,7 @@ static kvr_status_t check_hash_args(const uint32_t *tokens, size_t num_tokens,
         return kvr_error_set(err, KVR_ERR_INVALID, "hash_block_size 0 < 1");
     if (num == NULL || (tokens == NULL && num_tokens > 0))
         return kvr_error_set(err, KVR_ERR_INVALID,
-                             "num or tokens (%zu of them) is NULL",
-                             num_tokens);
+                             "num or tokens (%zu of them) is NULL", num_tokens);
     if (kvr_init(err) != KVR_OK)
         return KVR_ERR_INIT;
     return KVR_OK;
@@ -80,8 +79,7 @@ kvr_status_t kvr_prefix_hashes(const kvr_block_hash_t *parent,
 }
 
 kvr_status_t kvr_prefix_cached(const kvr_layout_t *lay, uint64_t num_tokens,
-                               uint64_t hit_blocks,
-                               uint64_t *num_cached_tokens,
+                               uint64_t hit_blocks, uint64_t *num_cached_tokens,
                                uint64_t *num_computed_blocks, kvr_error_t *err)
 {
     uint64_t hbs;
@@ -101,7 +99,7 @@ kvr_status_t kvr_prefix_cached(const kvr_layout_t *lay, uint64_t num_tokens,
         *num_cached_tokens = cached;
     /* VIRTUAL blocks: one consumer block-table entry covers bs * W tokens */
     if (num_computed_blocks != NULL)
-        *num_computed_blocks =
-            cached / ((uint64_t)lay->block_size * lay->dcp_size);
+        *num_computed_blocks = cached /
+                               ((uint64_t)lay->block_size * lay->dcp_size);
     return KVR_OK;
 }

@@ -22,8 +22,7 @@ struct kvr_quorum {
     kvr__tombs_t tombs;
 };
 
-static kvr_status_t check_params(const kvr_quorum_params_t *p,
-                                 kvr_error_t *err)
+static kvr_status_t check_params(const kvr_quorum_params_t *p, kvr_error_t *err)
 {
     if (p == NULL)
         return kvr_error_set(err, KVR_ERR_INVALID, "quorum params are NULL");
@@ -134,7 +133,7 @@ static kvr_status_t complete(kvr_quorum_t *q, kvr__slot_t *slot,
                  (key == NULL && (key = kvr__key_new(v)) == NULL)))
         return kvr__fail_nomem(err, "finishing", v);
     kvr_status_t final = (e != NULL && e->status != KVR_OK) ? e->status
-                                                             : status;
+                                                            : status;
     if (e != NULL)
         kvr__table_remove(&q->pending, slot);
     if (tomb)
@@ -152,9 +151,8 @@ static kvr_status_t check_report(const kvr_quorum_t *q, uint32_t member,
     if (q == NULL)
         return kvr_error_set(err, KVR_ERR_INVALID, "quorum is NULL");
     if (member >= q->prm.members)
-        return kvr_error_set(err, KVR_ERR_INVALID,
-                             "member %u outside 0..%u", member,
-                             q->prm.members - 1);
+        return kvr_error_set(err, KVR_ERR_INVALID, "member %u outside 0..%u",
+                             member, q->prm.members - 1);
     return KVR_OK;
 }
 

@@ -7,12 +7,13 @@
 struct kvr_gpu_decode {
     int device;
     uint32_t max_rows;
-    void *mem;                 /* State, then max_rows scan flags */
-    kvr__fault_t *host_fault;  /* pinned mirror for kvr_gpu_decode_check */
-    uint32_t smem_block;       /* dynamic shared memory a row tile may take */
+    void *mem;                /* State, then max_rows scan flags */
+    kvr__fault_t *host_fault; /* pinned mirror for kvr_gpu_decode_check */
+    uint32_t smem_block;      /* dynamic shared memory a row tile may take */
 };
 
-namespace {
+namespace
+{
 
 /* Top-k scan state: block b handles row b, or tile b of rows (blocks start
  * in index order, as CUB's single-pass scans assume), and publishes its
@@ -162,7 +163,8 @@ __device__ int32_t block_scan(int32_t x, int32_t *total)
     return before + incl - x;
 }
 
-using flag_ref = cuda::atomic_ref<unsigned long long, cuda::thread_scope_device>;
+using flag_ref =
+    cuda::atomic_ref<unsigned long long, cuda::thread_scope_device>;
 
 __device__ unsigned long long flag_word(uint32_t epoch, uint32_t state,
                                         uint32_t value)
@@ -216,14 +218,17 @@ __device__ uint32_t window_sum(unsigned long long *f, int64_t end,
                 unsigned long long w = flag_ref(f[(first + k) * STRIDE])
                                            .load(cuda::memory_order_relaxed);
                 state[k] = (w >> 34) == (epoch & EPOCH_MASK)
-                               ? (uint32_t)(w >> 32) & 3 : 0;
+                               ? (uint32_t)(w >> 32) & 3
+                               : 0;
                 value[k] = (uint32_t)w;
             }
             incl_at = state[k] == FLAG_INCLUSIVE ? k : incl_at;
         }
         uint32_t incl = __ballot_sync(~0u, incl_at >= 0);
         int top = incl ? 31 - __clz(incl) : 0;
-        int from = lane > top ? 0 : lane == top ? (incl_at > 0 ? incl_at : 0) : FPL;
+        int from = lane > top    ? 0
+                   : lane == top ? (incl_at > 0 ? incl_at : 0)
+                                 : FPL;
         bool pending = false;
         uint32_t sum = 0;
 #pragma unroll
@@ -238,8 +243,9 @@ __device__ uint32_t window_sum(unsigned long long *f, int64_t end,
             return sum;
         }
         if (spin > 0) /* back off: spinning warps slow the rows they wait for */
-            __nanosleep((uint32_t)KVR_TOPK_SPIN_NS
-                        << (spin < KVR_TOPK_SPIN_STEPS ? spin : KVR_TOPK_SPIN_STEPS));
+            __nanosleep(
+                (uint32_t)KVR_TOPK_SPIN_NS
+                << (spin < KVR_TOPK_SPIN_STEPS ? spin : KVR_TOPK_SPIN_STEPS));
     }
 }
 
@@ -254,8 +260,9 @@ __device__ uint32_t look_back(uint64_t *flags, uint32_t row, uint32_t epoch,
     uint32_t lane = threadIdx.x & 31;
     if (lane == 0)
         flag_ref(f[row * STRIDE])
-            .store(flag_word(epoch, row ? FLAG_AGGREGATE : FLAG_INCLUSIVE, count),
-                   cuda::memory_order_relaxed);
+            .store(
+                flag_word(epoch, row ? FLAG_AGGREGATE : FLAG_INCLUSIVE, count),
+                cuda::memory_order_relaxed);
     uint32_t prefix = 0;
     bool found = row == 0;
     for (int64_t end = row; !found; end -= 32 * FPL)
@@ -341,8 +348,8 @@ __global__ void __launch_bounds__(TK_THREADS, KVR_TOPK_MIN_BLOCKS)
     int32_t req = j.a.token_to_seq[row];
     bool req_ok = req >= 0 && (uint32_t)req < j.a.num_reqs;
     bool single = j.a.topk <= TK_TILE;
-    const int32_t *table =
-        j.a.block_table + (uint64_t)(req_ok ? req : 0) * j.a.max_blocks;
+    const int32_t *table = j.a.block_table +
+                           (uint64_t)(req_ok ? req : 0) * j.a.max_blocks;
     int32_t v[TK_ITEMS], n = 0, count = 0;
     uint32_t own = 0;
     for (uint32_t tile = 0; tile < j.a.topk; tile += TK_TILE)
@@ -353,8 +360,8 @@ __global__ void __launch_bounds__(TK_THREADS, KVR_TOPK_MIN_BLOCKS)
     if (single)
         stage_columns(stage, 0, own, offset);
     if (threadIdx.x < 32) {
-        uint32_t start = look_back<KVR_TOPK_FLAGS_PER_LANE, 1>(flags, row, epoch,
-                                                          (uint32_t)count);
+        uint32_t start = look_back<KVR_TOPK_FLAGS_PER_LANE, 1>(
+            flags, row, epoch, (uint32_t)count);
         if (threadIdx.x == 0) {
             s_start = start;
             j.a.out_indptr[row + 1] = (int32_t)(start + count);
@@ -399,7 +406,8 @@ __global__ void __launch_bounds__(TK_THREADS, KVR_TOPK_MIN_BLOCKS)
  * times the rest), KVR_TOPK_TILE 0: the one-row-per-block kernel for every
  * shape. */
 #ifndef KVR_TOPK_TILE
-#define KVR_TOPK_TILE 1 /* 0: every launch takes topk_kernel (for comparisons) */
+#define KVR_TOPK_TILE                                                          \
+    1 /* 0: every launch takes topk_kernel (for comparisons) */
 #endif
 #ifndef KVR_TOPK_ROWS
 #define KVR_TOPK_ROWS 8
@@ -472,8 +480,8 @@ __device__ void tile_pos_fault(const TopkJob &j, uint32_t row, kvr__fault_t *f)
  * staging dropped, so the row is scanned again (only by the thread whose
  * fault is recorded). */
 template <bool POW2>
-__device__ void tile_slot_fault(const TopkJob &j, kvr__fault_t *f, int32_t entry,
-                                uint32_t row, int32_t nth)
+__device__ void tile_slot_fault(const TopkJob &j, kvr__fault_t *f,
+                                int32_t entry, uint32_t row, int32_t nth)
 {
     kvr__fault_code_t code = entry < 0 ? KVR__FAULT_BLOCK : KVR__FAULT_SLOT;
     if (atomicCAS(&f->code, 0, (int32_t)code) != 0)
@@ -515,10 +523,9 @@ __device__ __forceinline__ int32_t tile_slot(const TopkJob &j, uint32_t g,
  * *first_entry for tile_slot_fault after the loop. (`live` rather than a
  * branch around the call keeps the unrolled write loop predicated.) */
 template <bool POW2>
-__device__ __forceinline__ void tile_put_slot(const TopkJob &j, uint32_t g,
-                                              int32_t e, bool live, int32_t *out,
-                                              int32_t i, int32_t *first,
-                                              int32_t *first_entry)
+__device__ __forceinline__ void
+tile_put_slot(const TopkJob &j, uint32_t g, int32_t e, bool live, int32_t *out,
+              int32_t i, int32_t *first, int32_t *first_entry)
 {
     bool bad;
     int32_t slot = tile_slot<POW2>(j, g, e, &bad);
@@ -538,9 +545,8 @@ __device__ __forceinline__ uint32_t tile_block(const TopkJob &j, uint32_t g)
 /* N int4 of the row per lane, striped from vector c0: -1 past the row's
  * end. */
 template <int N>
-__device__ __forceinline__ void tile_load(const int4 *p, uint32_t n4,
-                                          uint32_t c0, uint32_t lane,
-                                          int4 (&x)[N])
+__device__ __forceinline__ void
+tile_load(const int4 *p, uint32_t n4, uint32_t c0, uint32_t lane, int4 (&x)[N])
 {
 #pragma unroll
     for (int u = 0; u < N; u++) {
@@ -568,7 +574,8 @@ template <bool POW2, int N, typename Sink>
 __device__ __forceinline__ int32_t tile_scan_row(const TopkJob &j, uint32_t row,
                                                  bool *bad, Sink sink)
 {
-    const int4 *p = (const int4 *)(j.a.token_indices + (uint64_t)row * j.a.topk);
+    const int4 *p = (const int4 *)(j.a.token_indices +
+                                   (uint64_t)row * j.a.topk);
     uint32_t n4 = j.a.topk >> 2, lane = threadIdx.x & 31, lt = (1u << lane) - 1;
     int32_t count = 0;
     bool seen = false;
@@ -640,7 +647,8 @@ __device__ void tile_write_staged(const TopkJob &j, const int32_t *table,
 #pragma unroll
         for (int u = 0; u < U; u++)
             e[u] = i0 + u * 32 + lane < n
-                       ? __ldg(table + tile_block<POW2>(j, g[u])) : 0;
+                       ? __ldg(table + tile_block<POW2>(j, g[u]))
+                       : 0;
 #pragma unroll
         for (int u = 0; u < U; u++) {
             int32_t i = i0 + u * 32 + lane;
@@ -664,13 +672,14 @@ __device__ void tile_write_rest(const TopkJob &j, const int32_t *table,
     bool bad_pos;
     /* One int4 per lane in flight: this rare pass must not take the
      * registers that pass one's loads hold. */
-    tile_scan_row<POW2, 1>(j, row, &bad_pos, [&](int32_t v, int32_t pos,
-                                                 bool owned) {
-        if (owned && pos >= cap)
-            tile_put_slot<POW2>(j, (uint32_t)v,
-                                __ldg(table + tile_block<POW2>(j, (uint32_t)v)),
-                                true, out, pos, &first, &first_entry);
-    });
+    tile_scan_row<POW2, 1>(
+        j, row, &bad_pos, [&](int32_t v, int32_t pos, bool owned) {
+            if (owned && pos >= cap)
+                tile_put_slot<POW2>(
+                    j, (uint32_t)v,
+                    __ldg(table + tile_block<POW2>(j, (uint32_t)v)), true, out,
+                    pos, &first, &first_entry);
+        });
     if (first >= 0)
         tile_slot_fault<POW2>(j, f, first_entry, row, first);
 }
@@ -785,7 +794,8 @@ __global__ void slots_kernel(const kvr_gpu_slots_args_t a, kvr__fault_t *f)
     a.out_slots[t] = -1;
     if (L == 0)
         return;
-    if (L < 0 || (uint64_t)L < q || kvr__ceil_div((uint64_t)L, V) > a.max_blocks) {
+    if (L < 0 || (uint64_t)L < q ||
+        kvr__ceil_div((uint64_t)L, V) > a.max_blocks) {
         if (k == 0)
             record(f, KVR__FAULT_SEQ_LEN, (int32_t)i, -1, L);
         return;
@@ -807,7 +817,8 @@ __device__ float sane(float x)
 }
 
 /* One warp per (b, h); the rank factors go to shared memory first. */
-__global__ void __launch_bounds__(LSE_THREADS) lse_kernel(const kvr_gpu_lse_args_t a)
+__global__ void __launch_bounds__(LSE_THREADS)
+    lse_kernel(const kvr_gpu_lse_args_t a)
 {
     __shared__ float factors[LSE_THREADS / 32][KVR__GPU_MAX_RANKS];
     uint32_t lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -846,7 +857,8 @@ kvr_status_t check_device(const kvr_gpu_decode_t *dec, kvr_error_t *err)
     if (dev != dec->device)
         return kvr_error_set(err, KVR_ERR_INVALID,
                              "decode state lives on device %d, current device "
-                             "is %d", dec->device, dev);
+                             "is %d",
+                             dec->device, dev);
     return KVR_OK;
 }
 
@@ -891,7 +903,8 @@ TopkJob topk_job(const kvr_gpu_topk_args_t *a)
  * more take the second read). */
 int32_t tile_cap(const kvr_gpu_decode_t *dec, const kvr_gpu_topk_args_t *a)
 {
-    uint64_t cap = ((uint64_t)a->topk * KVR_TOPK_CAP_PCT / 100 + a->dcp_size - 1) /
+    uint64_t cap = ((uint64_t)a->topk * KVR_TOPK_CAP_PCT / 100 + a->dcp_size -
+                    1) /
                    a->dcp_size;
     cap = (cap + 31) / 32 * 32;
     cap = cap < a->topk ? cap : a->topk;
@@ -938,8 +951,8 @@ extern "C" kvr_status_t kvr_gpu_decode_create(uint32_t max_rows,
      * so that several tiles fit per SM. */
     int optin = 0;
     if (e == cudaSuccess)
-        e = cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin,
-                                   dec->device);
+        e = cudaDeviceGetAttribute(
+            &optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dec->device);
     dec->smem_block = optin > 1024 ? (uint32_t)optin - 1024 : 0;
     if (e == cudaSuccess)
         e = cudaFuncSetAttribute(topk_tile_kernel<true>,
@@ -985,7 +998,8 @@ extern "C" kvr_status_t kvr_gpu_decode_check(kvr_gpu_decode_t *dec,
     cudaStream_t s = (cudaStream_t)stream;
     kvr__fault_t *f = &((State *)dec->mem)->fault;
     KVR__CUDA_TRY(cudaMemcpyAsync(dec->host_fault, f, sizeof(*f),
-                                  cudaMemcpyDeviceToHost, s), err);
+                                  cudaMemcpyDeviceToHost, s),
+                  err);
     KVR__CUDA_TRY(cudaStreamSynchronize(s), err);
     if (dec->host_fault->code == KVR__FAULT_NONE)
         return KVR_OK;
@@ -1020,16 +1034,16 @@ extern "C" kvr_status_t kvr_gpu_topk_filter(kvr_gpu_decode_t *dec,
     if (KVR_TOPK_TILE && j.vec4 && a->topk <= TR_KMAX)
         return launch_tiles(dec, j, pow2 && is_pow2(a->block_size), s, err);
     if (pow2)
-        topk_kernel<true><<<a->num_rows, TK_THREADS, 0, s>>>(
-            j, state, scan_flags(dec->mem));
+        topk_kernel<true>
+            <<<a->num_rows, TK_THREADS, 0, s>>>(j, state, scan_flags(dec->mem));
     else
-        topk_kernel<false><<<a->num_rows, TK_THREADS, 0, s>>>(
-            j, state, scan_flags(dec->mem));
+        topk_kernel<false>
+            <<<a->num_rows, TK_THREADS, 0, s>>>(j, state, scan_flags(dec->mem));
     return kvr__launch_status("topk_kernel", err);
 }
 
-extern "C" kvr_status_t kvr_gpu_rows(const kvr_gpu_rows_args_t *a,
-                                     void *stream, kvr_error_t *err)
+extern "C" kvr_status_t kvr_gpu_rows(const kvr_gpu_rows_args_t *a, void *stream,
+                                     kvr_error_t *err)
 {
     uint32_t rows = 0;
     kvr_status_t st = kvr_gpu_rows_count(a, &rows, err);

@@ -18,8 +18,8 @@ static kvr_status_t check_dcp(uint32_t bs, uint32_t W, uint32_t I,
     kvr_status_t st = kvr_layout_check_rank(&lay, rank, err);
     if (st == KVR_OK && (uint64_t)bs * W > INT32_MAX)
         return kvr_error_set(err, KVR_ERR_UNSUPPORTED,
-                             "virtual block bs %u * W %u exceeds INT32_MAX",
-                             bs, W);
+                             "virtual block bs %u * W %u exceeds INT32_MAX", bs,
+                             W);
     return st;
 }
 
@@ -37,12 +37,14 @@ kvr_status_t kvr__topk_check(const kvr_gpu_topk_args_t *a, kvr_error_t *err)
     if (cells > INT32_MAX)
         return kvr_error_set(err, KVR_ERR_INVALID,
                              "%u rows * K %u = %llu candidates exceed the "
-                             "int32 indptr", a->num_rows, a->topk, (ull)cells);
+                             "int32 indptr",
+                             a->num_rows, a->topk, (ull)cells);
     if (a->out_capacity < cells)
         return kvr_error_set(err, KVR_ERR_INVALID,
                              "out_slots holds %llu entries, %u rows * K %u "
-                             "need %llu", (ull)a->out_capacity, a->num_rows,
-                             a->topk, (ull)cells);
+                             "need %llu",
+                             (ull)a->out_capacity, a->num_rows, a->topk,
+                             (ull)cells);
     if (a->out_indptr == NULL)
         return kvr_error_set(err, KVR_ERR_INVALID, "out_indptr is NULL");
     if (a->num_rows == 0)
@@ -50,8 +52,8 @@ kvr_status_t kvr__topk_check(const kvr_gpu_topk_args_t *a, kvr_error_t *err)
     if (a->num_reqs == 0 || a->max_blocks == 0)
         return kvr_error_set(err, KVR_ERR_INVALID,
                              "%u rows but a block table of %u requests x %u "
-                             "blocks", a->num_rows, a->num_reqs,
-                             a->max_blocks);
+                             "blocks",
+                             a->num_rows, a->num_reqs, a->max_blocks);
     if (a->token_indices == NULL || a->token_to_seq == NULL ||
         a->block_table == NULL || a->out_slots == NULL ||
         a->owned_counts == NULL)
@@ -68,24 +70,28 @@ kvr_status_t kvr__fault_status(const kvr__fault_t *f, kvr_error_t *err)
     case KVR__FAULT_SEQ:
         return kvr_error_set(err, KVR_ERR_INVALID,
                              "top-k row %d: request index %d is outside the "
-                             "block table", f->row, f->value);
+                             "block table",
+                             f->row, f->value);
     case KVR__FAULT_POS:
         return kvr_error_set(err, KVR_ERR_INVALID,
                              "top-k row %d column %d: position %d is neither "
-                             "-1 nor inside the block table", f->row, f->col,
-                             f->value);
+                             "-1 nor inside the block table",
+                             f->row, f->col, f->value);
     case KVR__FAULT_BLOCK:
         return kvr_error_set(err, KVR_ERR_INVALID,
                              "row %d column %d: block-table entry %d is "
-                             "negative", f->row, f->col, f->value);
+                             "negative",
+                             f->row, f->col, f->value);
     case KVR__FAULT_SLOT:
         return kvr_error_set(err, KVR_ERR_INVALID,
                              "top-k row %d column %d: the slot in block %d "
-                             "exceeds INT32_MAX", f->row, f->col, f->value);
+                             "exceeds INT32_MAX",
+                             f->row, f->col, f->value);
     case KVR__FAULT_SEQ_LEN:
         return kvr_error_set(err, KVR_ERR_INVALID,
                              "request %d: seq_len %d is negative, below q_len "
-                             "or past the block table", f->row, f->value);
+                             "or past the block table",
+                             f->row, f->value);
     }
     return kvr_error_set(err, KVR_ERR_INVALID, "unknown fault %d", f->code);
 }
@@ -119,8 +125,8 @@ static kvr_status_t topk_row(const kvr_gpu_topk_args_t *a, uint32_t row,
         int32_t entry = table[(uint64_t)g / V];
         if (entry < 0)
             return fault(KVR__FAULT_BLOCK, row, c, entry, err);
-        uint64_t slot = kvr__dst_slot((const uint32_t *)table, (uint64_t)g,
-                                      bs, I, W);
+        uint64_t slot = kvr__dst_slot((const uint32_t *)table, (uint64_t)g, bs,
+                                      I, W);
         if (slot > INT32_MAX)
             return fault(KVR__FAULT_SLOT, row, c, entry, err);
         a->out_slots[(*pos)++] = (int32_t)slot;
@@ -150,17 +156,17 @@ kvr_status_t kvr_gpu_rows_count(const kvr_gpu_rows_args_t *a, uint32_t *rows,
                                 kvr_error_t *err)
 {
     if (a == NULL || rows == NULL)
-        return kvr_error_set(err, KVR_ERR_INVALID, "row-map arguments are NULL");
+        return kvr_error_set(err, KVR_ERR_INVALID,
+                             "row-map arguments are NULL");
     uint64_t n;
     switch (a->step) {
     case KVR_GPU_STEP_DECODE:
     case KVR_GPU_STEP_DRAFT:
         if (a->q_len != 1)
-            return kvr_error_set(err, KVR_ERR_INVALID,
-                                 "%s step has one row per request, q_len %u",
-                                 a->step == KVR_GPU_STEP_DECODE ? "decode"
-                                                                : "draft",
-                                 a->q_len);
+            return kvr_error_set(
+                err, KVR_ERR_INVALID,
+                "%s step has one row per request, q_len %u",
+                a->step == KVR_GPU_STEP_DECODE ? "decode" : "draft", a->q_len);
         if (a->step == KVR_GPU_STEP_DRAFT && a->padded_rows < a->num_reqs)
             return kvr_error_set(err, KVR_ERR_INVALID,
                                  "draft step: %u padded rows < %u requests",
@@ -192,7 +198,7 @@ kvr_status_t kvr_gpu_rows_ref(const kvr_gpu_rows_args_t *a, kvr_error_t *err)
     kvr_status_t st = kvr_gpu_rows_count(a, &rows, err);
     for (uint32_t t = 0; st == KVR_OK && t < rows; t++)
         a->out[t] = (int32_t)(a->step == KVR_GPU_STEP_VERIFY ? t / a->q_len
-                                                              : t);
+                                                             : t);
     return st;
 }
 
@@ -215,7 +221,8 @@ kvr_status_t kvr__slots_check(const kvr_gpu_slots_args_t *a, kvr_error_t *err)
         a->out_slots == NULL)
         return kvr_error_set(err, KVR_ERR_INVALID,
                              "%u requests but an empty block table or a NULL "
-                             "pointer", a->num_reqs);
+                             "pointer",
+                             a->num_reqs);
     return KVR_OK;
 }
 
@@ -231,7 +238,8 @@ static kvr_status_t slots_request(const kvr_gpu_slots_args_t *a, uint32_t i,
             out[k] = -1;
         return KVR_OK;
     }
-    if (L < 0 || (uint64_t)L < q || kvr__ceil_div((uint64_t)L, V) > a->max_blocks)
+    if (L < 0 || (uint64_t)L < q ||
+        kvr__ceil_div((uint64_t)L, V) > a->max_blocks)
         return fault(KVR__FAULT_SEQ_LEN, i, -1, L, err);
     for (uint64_t k = 0; k < q; k++) {
         uint64_t t = (uint64_t)L - q + k;

@@ -4,8 +4,7 @@
 
 #include "cuda_util.cuh"
 
-kvr_status_t kvr__cuda_status(cudaError_t e, const char *what,
-                              kvr_error_t *err)
+kvr_status_t kvr__cuda_status(cudaError_t e, const char *what, kvr_error_t *err)
 {
     if (e == cudaSuccess)
         return KVR_OK;
@@ -18,10 +17,11 @@ kvr_status_t kvr__grid_size(const void *kernel, int threads, size_t smem,
 {
     int dev = 0, sms = 0, per_sm = 0;
     KVR__CUDA_TRY(cudaGetDevice(&dev), err);
-    KVR__CUDA_TRY(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount,
-                                         dev), err);
-    KVR__CUDA_TRY(cudaOccupancyMaxActiveBlocksPerMultiprocessor(
-                      &per_sm, kernel, threads, smem), err);
+    KVR__CUDA_TRY(
+        cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev), err);
+    KVR__CUDA_TRY(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel,
+                                                                threads, smem),
+                  err);
     uint64_t need = (work + threads - 1) / threads;
     uint64_t fit = (uint64_t)sms * (per_sm > 0 ? per_sm : 1);
     *blocks = (unsigned)(need < fit ? (need ? need : 1) : fit);
@@ -74,7 +74,8 @@ static kvr_status_t allocation_base(const void *ptr, uintptr_t *base,
     cudaDriverEntryPointQueryResult found;
     KVR__CUDA_TRY(cudaGetDriverEntryPointByVersion("cuMemGetAddressRange", &fn,
                                                    12000, cudaEnableDefault,
-                                                   &found), err);
+                                                   &found),
+                  err);
     if (fn == NULL || found != cudaDriverEntryPointSuccess)
         return kvr_error_set(err, KVR_ERR_UNSUPPORTED,
                              "driver has no cuMemGetAddressRange");
@@ -115,8 +116,8 @@ kvr_status_t kvr_gpu_ipc_open(const kvr_gpu_ipc_handle_t *h, void **ptr,
     cudaIpcMemHandle_t ch;
     memcpy(&ch, h->handle, sizeof(ch));
     void *base = NULL;
-    KVR__CUDA_TRY(cudaIpcOpenMemHandle(&base, ch,
-                                       cudaIpcMemLazyEnablePeerAccess), err);
+    KVR__CUDA_TRY(
+        cudaIpcOpenMemHandle(&base, ch, cudaIpcMemLazyEnablePeerAccess), err);
     *ptr = (unsigned char *)base + h->offset;
     return KVR_OK;
 }

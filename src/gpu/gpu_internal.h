@@ -13,8 +13,8 @@ extern "C" {
 #define KVR__GPU_MAX_RANKS 64
 
 struct kvr_gpu_relayout {
-    kvr__rl_geom_t geom;  /* tables point into `tables` */
-    uint32_t *tables;     /* src [end_src] | dst [first + blocks] | order */
+    kvr__rl_geom_t geom; /* tables point into `tables` */
+    uint32_t *tables;    /* src [end_src] | dst [first + blocks] | order */
     size_t table_words;
     /* Per-device copies of `tables`, made by kvr_gpu_relayout_upload (or
      * its _async form, which frees them on device_stream); the CUDA library
@@ -31,18 +31,17 @@ kvr_status_t kvr__rl_check_range(const kvr_gpu_relayout_t *rl, uint32_t rank,
 
 /* Sorted destination blocks [s0, s1) whose stream bytes meet
  * [offset, offset + len); len > 0. */
-void kvr__rl_block_span(const kvr__rl_geom_t *g, uint32_t rank,
-                        uint64_t offset, uint64_t len, uint32_t *s0,
-                        uint32_t *s1);
+void kvr__rl_block_span(const kvr__rl_geom_t *g, uint32_t rank, uint64_t offset,
+                        uint64_t len, uint32_t *s0, uint32_t *s1);
 
 /* Data faults the decode ops record (the first one wins). */
 typedef enum {
     KVR__FAULT_NONE = 0,
-    KVR__FAULT_SEQ = 1,      /* token_to_seq outside [0, num_reqs) */
-    KVR__FAULT_POS = 2,      /* position < -1 or past the block table */
-    KVR__FAULT_BLOCK = 3,    /* negative block-table entry */
-    KVR__FAULT_SLOT = 4,     /* slot past INT32_MAX */
-    KVR__FAULT_SEQ_LEN = 5,  /* seq_len < 0, < q_len, or past the table */
+    KVR__FAULT_SEQ = 1,     /* token_to_seq outside [0, num_reqs) */
+    KVR__FAULT_POS = 2,     /* position < -1 or past the block table */
+    KVR__FAULT_BLOCK = 3,   /* negative block-table entry */
+    KVR__FAULT_SLOT = 4,    /* slot past INT32_MAX */
+    KVR__FAULT_SEQ_LEN = 5, /* seq_len < 0, < q_len, or past the table */
 } kvr__fault_code_t;
 
 typedef struct kvr__fault {
@@ -58,8 +57,7 @@ kvr_status_t kvr__fault_status(const kvr__fault_t *f, kvr_error_t *err);
 
 /* Host argument checks shared by the reference and the CUDA launchers. */
 kvr_status_t kvr__topk_check(const kvr_gpu_topk_args_t *a, kvr_error_t *err);
-kvr_status_t kvr__slots_check(const kvr_gpu_slots_args_t *a,
-                              kvr_error_t *err);
+kvr_status_t kvr__slots_check(const kvr_gpu_slots_args_t *a, kvr_error_t *err);
 kvr_status_t kvr__lse_check(const kvr_gpu_lse_args_t *a, kvr_error_t *err);
 
 #ifdef __cplusplus

@@ -99,8 +99,8 @@ kvr_status_t kvr_gpu_stream_wait(void *stream, void *event, kvr_error_t *err)
 {
     if (event == NULL)
         return kvr_error_set(err, KVR_ERR_INVALID, "event is NULL");
-    KVR__CUDA_TRY(cudaStreamWaitEvent((cudaStream_t)stream,
-                                      (cudaEvent_t)event, 0), err);
+    KVR__CUDA_TRY(
+        cudaStreamWaitEvent((cudaStream_t)stream, (cudaEvent_t)event, 0), err);
     return KVR_OK;
 }
 

@@ -19,8 +19,8 @@ static kvr_status_t role_kind(const kvr_layout_t *lay,
     if (src->role != dst->role)
         return kvr_error_set(err, KVR_ERR_ROLE_MISMATCH,
                              "producer region layer %u is %s, consumer region "
-                             "layer %u is %s", src->layer,
-                             kvr_role_name(src->role), dst->layer,
+                             "layer %u is %s",
+                             src->layer, kvr_role_name(src->role), dst->layer,
                              kvr_role_name(dst->role));
     *kind = KVR__RL_SEG;
     switch (src->role) {
@@ -33,15 +33,16 @@ static kvr_status_t role_kind(const kvr_layout_t *lay,
         else if (W > 1 && lay->interleave < lay->block_size)
             return kvr_error_set(err, KVR_ERR_SHARDED_INDEX_INTERLEAVE,
                                  "sharded index layer %u under W=%u needs "
-                                 "I == bs (I=%u, bs=%u)", src->layer, W,
-                                 lay->interleave, lay->block_size);
+                                 "I == bs (I=%u, bs=%u)",
+                                 src->layer, W, lay->interleave,
+                                 lay->block_size);
         return KVR_OK;
     case KVR_ROLE_DENSE:
         if (W > 1 || lay->tp != lay->producer_tp)
             return kvr_error_set(err, KVR_ERR_NOT_IMPLEMENTED,
                                  "dense region layer %u: no relayout for W=%u, "
-                                 "tp %u -> %u", src->layer, W,
-                                 lay->producer_tp, lay->tp);
+                                 "tp %u -> %u",
+                                 src->layer, W, lay->producer_tp, lay->tp);
         return KVR_OK;
     case KVR_ROLE_STATE:
     case KVR_ROLE_OTHER:
@@ -79,15 +80,16 @@ static kvr_status_t check_regions(const kvr_layout_t *lay,
     if (src->page_bytes != dst->page_bytes)
         return kvr_error_set(err, KVR_ERR_PAGE_GEOMETRY,
                              "%s layer %u: producer page bytes %llu, consumer "
-                             "page bytes %llu", kvr_role_name(src->role),
-                             src->layer, (ull)src->page_bytes,
-                             (ull)dst->page_bytes);
+                             "page bytes %llu",
+                             kvr_role_name(src->role), src->layer,
+                             (ull)src->page_bytes, (ull)dst->page_bytes);
     return KVR_OK;
 }
 
 static kvr_status_t check_tables(const kvr_layout_t *lay,
-                                 const kvr_gpu_request_t *req, uint64_t *end_src,
-                                 uint64_t *end_dst, kvr_error_t *err)
+                                 const kvr_gpu_request_t *req,
+                                 uint64_t *end_src, uint64_t *end_dst,
+                                 kvr_error_t *err)
 {
     uint64_t N = req->num_tokens, k = req->num_computed_blocks;
     uint64_t V = kvr_virtual_block(lay);
@@ -99,13 +101,14 @@ static kvr_status_t check_tables(const kvr_layout_t *lay,
     if (*end_src > req->num_src_blocks)
         return kvr_error_set(err, KVR_ERR_SRC_TABLE_SHORT,
                              "%llu tokens need %llu source blocks, the table "
-                             "has %zu", (ull)N, (ull)*end_src,
-                             req->num_src_blocks);
+                             "has %zu",
+                             (ull)N, (ull)*end_src, req->num_src_blocks);
     if (*end_dst > req->num_dst_blocks)
         return kvr_error_set(err, KVR_ERR_DST_TABLE_SHORT,
                              "%llu tokens need %llu destination blocks of "
-                             "%llu tokens, the table has %zu", (ull)N,
-                             (ull)*end_dst, (ull)V, req->num_dst_blocks);
+                             "%llu tokens, the table has %zu",
+                             (ull)N, (ull)*end_dst, (ull)V,
+                             req->num_dst_blocks);
     if (k != 0 && !(k * V < N && k < req->num_dst_blocks &&
                     k * lay->dcp_size < req->num_src_blocks))
         return kvr_error_set(err, KVR_ERR_INCREMENTAL,
@@ -131,16 +134,16 @@ static kvr_status_t check_ids(const uint32_t *ids, uint64_t from, uint64_t to,
         if (ids[i] >= r->num_blocks)
             return kvr_error_set(err, KVR_ERR_BLOCK_RANGE,
                                  "%s block id %u at table index %llu is "
-                                 "outside %s layer %u's %llu blocks", side,
-                                 ids[i], (ull)i, kvr_role_name(r->role),
+                                 "outside %s layer %u's %llu blocks",
+                                 side, ids[i], (ull)i, kvr_role_name(r->role),
                                  r->layer, (ull)r->num_blocks);
         top = ids[i] > top ? ids[i] : top;
     }
     if (to > from && (top + 1ull) * r->page_bytes > kvr_region_bytes(r))
         return kvr_error_set(err, KVR_ERR_RUN_OUT_OF_BOUNDS,
                              "%s %s layer %u: page of block %u ends at %llu, "
-                             "past the region's %llu bytes", side,
-                             kvr_role_name(r->role), r->layer, top,
+                             "past the region's %llu bytes",
+                             side, kvr_role_name(r->role), r->layer, top,
                              (top + 1ull) * r->page_bytes,
                              (ull)kvr_region_bytes(r));
     return KVR_OK;
@@ -163,7 +166,8 @@ static kvr_status_t sort_blocks(const uint32_t *ids, uint32_t first,
         if (s > 0 && v[s].id == v[s - 1].id)
             st = kvr_error_set(err, KVR_ERR_DUPLICATE_BLOCK,
                                "destination block id %u appears twice in the "
-                               "table", v[s].id);
+                               "table",
+                               v[s].id);
         order[s] = v[s].index;
         if (v[s].index == first + count - 1)
             *s_last = s;
@@ -193,12 +197,10 @@ static void fill_geom(const kvr_layout_t *lay, const kvr_region_desc_t *src,
         g->unit = src->role == KVR_ROLE_INDEX ? bs * (D + 4) : src->page_bytes;
 }
 
-static kvr_status_t validate(const kvr_layout_t *lay,
-                             const kvr_region_desc_t *src,
-                             const kvr_region_desc_t *dst,
-                             const kvr_gpu_request_t *req, uint32_t *kind,
-                             uint64_t *end_src, uint64_t *end_dst,
-                             kvr_error_t *err)
+static kvr_status_t
+validate(const kvr_layout_t *lay, const kvr_region_desc_t *src,
+         const kvr_region_desc_t *dst, const kvr_gpu_request_t *req,
+         uint32_t *kind, uint64_t *end_src, uint64_t *end_dst, kvr_error_t *err)
 {
     if (lay == NULL || src == NULL || dst == NULL || req == NULL)
         return kvr_error_set(err, KVR_ERR_INVALID,
@@ -223,8 +225,7 @@ kvr_status_t kvr_gpu_relayout_create(const kvr_layout_t *lay,
                                      const kvr_region_desc_t *src,
                                      const kvr_region_desc_t *dst,
                                      const kvr_gpu_request_t *req,
-                                     kvr_gpu_relayout_t **out,
-                                     kvr_error_t *err)
+                                     kvr_gpu_relayout_t **out, kvr_error_t *err)
 {
     uint32_t kind = 0;
     uint64_t end_src = 0, end_dst = 0;
@@ -299,8 +300,9 @@ kvr_status_t kvr__rl_check_range(const kvr_gpu_relayout_t *rl, uint32_t rank,
     if (offset > total || len > total - offset)
         return kvr_error_set(err, KVR_ERR_INVALID,
                              "staging range [%llu, %llu + %llu) outside rank "
-                             "%u's %llu bytes", (ull)offset, (ull)offset,
-                             (ull)len, rank, (ull)total);
+                             "%u's %llu bytes",
+                             (ull)offset, (ull)offset, (ull)len, rank,
+                             (ull)total);
     return KVR_OK;
 }
 
@@ -317,9 +319,8 @@ static uint32_t block_at(const kvr__rl_geom_t *g, uint64_t pos, uint64_t last)
     return g->s_last + 1 + (uint32_t)((pos - at - last) / full);
 }
 
-void kvr__rl_block_span(const kvr__rl_geom_t *g, uint32_t rank,
-                        uint64_t offset, uint64_t len, uint32_t *s0,
-                        uint32_t *s1)
+void kvr__rl_block_span(const kvr__rl_geom_t *g, uint32_t rank, uint64_t offset,
+                        uint64_t len, uint32_t *s0, uint32_t *s1)
 {
     uint64_t last = kvr__rl_last_bytes(g, rank);
     *s0 = block_at(g, offset, last);

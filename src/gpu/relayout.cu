@@ -9,20 +9,21 @@
  * over NVLink), loads follow the source's chunks. */
 #include "cuda_util.cuh"
 
-namespace {
+namespace
+{
 
 enum Mode : uint32_t { SCATTER_ALL, SCATTER, PACK, UNPACK };
 
 struct Job {
-    kvr__rl_geom_t g;                          /* device tables */
-    const unsigned char *src;                  /* region, or staging */
-    unsigned char *dst[KVR__GPU_MAX_RANKS];    /* SCATTER_ALL: per rank */
-    uint64_t lo, hi;                           /* stream range, pack/unpack */
-    uint64_t stride;                           /* source chunk distance */
-    kvr__div chunk;                            /* source chunk bytes */
+    kvr__rl_geom_t g;                       /* device tables */
+    const unsigned char *src;               /* region, or staging */
+    unsigned char *dst[KVR__GPU_MAX_RANKS]; /* SCATTER_ALL: per rank */
+    uint64_t lo, hi;                        /* stream range, pack/unpack */
+    uint64_t stride;                        /* source chunk distance */
+    kvr__div chunk;                         /* source chunk bytes */
     uint32_t mode, rank;
     uint32_t item0, num_items;
-    uint32_t parts;                            /* items per piece */
+    uint32_t parts; /* items per piece */
     uint32_t part_bytes;
 };
 
@@ -118,8 +119,8 @@ __device__ void copy_items(const Job &j, const Item (&it)[KVR_RL_STEP],
         if (lane < n)
             v[s][0] = __ldg((const V *)source_at(j, it[s].src, x));
         if (lane + 32 < n)
-            v[s][1] = __ldg((const V *)source_at(j, it[s].src,
-                                                 x + 32 * sizeof(V)));
+            v[s][1] = __ldg(
+                (const V *)source_at(j, it[s].src, x + 32 * sizeof(V)));
     }
 #pragma unroll
     for (int s = 0; s < KVR_RL_STEP; s++) {
@@ -178,8 +179,8 @@ template <typename V>
 kvr_status_t launch_as(Job &j, cudaStream_t stream, kvr_error_t *err)
 {
     unsigned blocks = 0;
-    kvr_status_t st = kvr__grid_size((const void *)relayout_kernel<V>,
-                                     THREADS, 0, j.num_items, &blocks, err);
+    kvr_status_t st = kvr__grid_size((const void *)relayout_kernel<V>, THREADS,
+                                     0, j.num_items, &blocks, err);
     if (st != KVR_OK)
         return st;
     relayout_kernel<V><<<blocks, THREADS, 0, stream>>>(j);
@@ -194,7 +195,8 @@ kvr_status_t device_tables(const kvr_gpu_relayout_t *rl, kvr__rl_geom_t *g,
     if (dev < 0 || dev >= KVR__GPU_MAX_DEVICES || rl->device[dev] == NULL)
         return kvr_error_set(err, KVR_ERR_INVALID,
                              "relayout tables are not on device %d: call "
-                             "kvr_gpu_relayout_upload there first", dev);
+                             "kvr_gpu_relayout_upload there first",
+                             dev);
     const uint32_t *t = (const uint32_t *)rl->device[dev];
     *g = rl->geom;
     g->src_blocks = t + (rl->geom.src_blocks - rl->tables);
@@ -228,8 +230,8 @@ kvr_status_t launch(const kvr_gpu_relayout_t *rl, Job &j, uint64_t bits,
     if ((uint64_t)(first + count) * j.parts * ranks > INT32_MAX)
         return kvr_error_set(err, KVR_ERR_UNSUPPORTED,
                              "relayout of %llu items of %u bytes exceeds the "
-                             "kernel's 2^31", (unsigned long long)items,
-                             j.part_bytes);
+                             "kernel's 2^31",
+                             (unsigned long long)items, j.part_bytes);
     j.item0 = first * j.parts;
     j.num_items = (uint32_t)items;
     cudaStream_t s = (cudaStream_t)stream;
@@ -373,8 +375,8 @@ extern "C" kvr_status_t kvr_gpu_scatter(const kvr_gpu_relayout_t *rl,
     if (rl->geom.W > KVR__GPU_MAX_RANKS)
         return kvr_error_set(err, KVR_ERR_UNSUPPORTED,
                              "scatter into %u ranks at once: at most %d, use "
-                             "kvr_gpu_scatter_rank", rl->geom.W,
-                             KVR__GPU_MAX_RANKS);
+                             "kvr_gpu_scatter_rank",
+                             rl->geom.W, KVR__GPU_MAX_RANKS);
     Job j = {};
     j.mode = SCATTER_ALL;
     j.src = (const unsigned char *)src_base;

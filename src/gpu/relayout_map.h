@@ -29,18 +29,18 @@ enum { KVR__RL_MLA = 1, KVR__RL_REPL = 2, KVR__RL_SEG = 3 };
 typedef struct kvr__rl_geom {
     const uint32_t *src_blocks; /* host or device copy of the full tables */
     const uint32_t *dst_blocks;
-    const uint32_t *order;      /* table indices [first_dst, end) by dst id */
+    const uint32_t *order; /* table indices [first_dst, end) by dst id */
     uint64_t num_tokens;
-    uint64_t unit;              /* MLA token bytes, REPL D, SEG segment bytes */
+    uint64_t unit; /* MLA token bytes, REPL D, SEG segment bytes */
     uint64_t src_page;
     uint64_t dst_page;
     uint32_t kind;
     uint32_t bs, W, I;
     uint32_t preshuffle;
-    uint32_t first_dst;         /* k */
-    uint32_t num_blocks;        /* destination blocks of the request from k */
-    uint32_t end_src;           /* ceil(N / bs) */
-    uint32_t s_last;            /* sorted position of the last block */
+    uint32_t first_dst;  /* k */
+    uint32_t num_blocks; /* destination blocks of the request from k */
+    uint32_t end_src;    /* ceil(N / bs) */
+    uint32_t s_last;     /* sorted position of the last block */
 } kvr__rl_geom_t;
 
 typedef struct kvr__rl_piece {
@@ -104,7 +104,8 @@ KVR_HD uint64_t kvr__rl_last_bytes(const kvr__rl_geom_t *g, uint32_t rank)
     uint64_t last = (uint64_t)g->first_dst + g->num_blocks - 1;
     if (g->kind == KVR__RL_MLA)
         return (kvr__local_len(g->num_tokens, rank, g->I, g->W) -
-                last * g->bs) * g->unit;
+                last * g->bs) *
+               g->unit;
     if (g->kind == KVR__RL_REPL)
         return (uint64_t)kvr__rl_pages_in(g, last) * g->bs * (g->unit + 4);
     return last * g->W + rank < g->end_src ? g->unit : 0;
@@ -127,9 +128,8 @@ KVR_HD uint64_t kvr__rl_rank_bytes(const kvr__rl_geom_t *g, uint32_t rank)
            kvr__rl_last_bytes(g, rank);
 }
 
-KVR_HD kvr__rl_piece_t kvr__rl_mla_piece(const kvr__rl_geom_t *g,
-                                         uint32_t rank, uint64_t b,
-                                         uint32_t q, uint64_t base)
+KVR_HD kvr__rl_piece_t kvr__rl_mla_piece(const kvr__rl_geom_t *g, uint32_t rank,
+                                         uint64_t b, uint32_t q, uint64_t base)
 {
     kvr__rl_piece_t p = {0, 0, 0, 0, 1, 0};
     uint64_t len_r = kvr__local_len(g->num_tokens, rank, g->I, g->W);
@@ -175,9 +175,8 @@ KVR_HD kvr__rl_piece_t kvr__rl_repl_piece(const kvr__rl_geom_t *g, uint64_t b,
     return p;
 }
 
-KVR_HD kvr__rl_piece_t kvr__rl_seg_piece(const kvr__rl_geom_t *g,
-                                         uint32_t rank, uint64_t b,
-                                         uint64_t base)
+KVR_HD kvr__rl_piece_t kvr__rl_seg_piece(const kvr__rl_geom_t *g, uint32_t rank,
+                                         uint64_t b, uint64_t base)
 {
     kvr__rl_piece_t p = {0, 0, 0, 0, 1, 0};
     uint64_t j = b * g->W + rank;
@@ -192,7 +191,7 @@ KVR_HD kvr__rl_piece_t kvr__rl_seg_piece(const kvr__rl_geom_t *g,
 
 /* Piece `piece` of `rank`'s share, in stream order. */
 KVR_HD kvr__rl_piece_t kvr__rl_piece_at(const kvr__rl_geom_t *g, uint32_t rank,
-                                     uint32_t piece)
+                                        uint32_t piece)
 {
     uint32_t per = kvr__rl_pieces_per_block(g);
     uint32_t s = piece / per, q = piece - s * per;

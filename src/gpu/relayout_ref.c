@@ -64,8 +64,7 @@ kvr_status_t kvr_gpu_ref_pack(const kvr_gpu_relayout_t *rl, uint32_t rank,
 
 kvr_status_t kvr_gpu_ref_unpack(const kvr_gpu_relayout_t *rl, uint32_t rank,
                                 const void *staging, uint64_t offset,
-                                uint64_t len, void *dst_base,
-                                kvr_error_t *err)
+                                uint64_t len, void *dst_base, kvr_error_t *err)
 {
     return ref_run(rl, rank, REF_UNPACK, staging, dst_base, offset, len, err);
 }

@@ -68,11 +68,13 @@ static kvr_status_t check_producer(const kvr_layout_t *lay, kvr_error_t *err)
     if (bs % I != 0)
         return kvr_error_set(err, KVR_ERR_INTERLEAVE_NOT_DIVISOR,
                              "producer block size %u is not a multiple of "
-                             "producer interleave %u", bs, I);
+                             "producer interleave %u",
+                             bs, I);
     if (lay->producer_tp % W != 0)
         return kvr_error_set(err, KVR_ERR_TP_NOT_DIVISIBLE,
                              "producer TP size %u is not a multiple of "
-                             "producer DCP size %u", lay->producer_tp, W);
+                             "producer DCP size %u",
+                             lay->producer_tp, W);
     return KVR_OK;
 }
 
@@ -88,8 +90,8 @@ kvr_status_t kvr_layout_check(const kvr_layout_t *lay, kvr_error_t *err)
     if (bs < 1)
         return kvr_error_set(err, KVR_ERR_BLOCK_SIZE, "block size %u < 1", bs);
     if (I < 1)
-        return kvr_error_set(err, KVR_ERR_INTERLEAVE_LT1,
-                             "interleave %u < 1", I);
+        return kvr_error_set(err, KVR_ERR_INTERLEAVE_LT1, "interleave %u < 1",
+                             I);
     if (I > bs)
         return kvr_error_set(err, KVR_ERR_INTERLEAVE_GT_BS,
                              "interleave %u > block size %u", I, bs);
@@ -233,8 +235,7 @@ uint32_t kvr_dense_first_head(const kvr_layout_t *lay,
 {
     if (r->heads == 0)
         return 0;
-    return (uint32_t)kvr__head_first(tp_rank, r->heads,
-                                     side_tp(lay, consumer));
+    return (uint32_t)kvr__head_first(tp_rank, r->heads, side_tp(lay, consumer));
 }
 
 /* 0 kv_planes means K and V, the common paged layout. */
@@ -276,21 +277,22 @@ static kvr_status_t check_dense_region(const kvr_layout_t *lay,
         return kvr_error_set(err, KVR_ERR_PAGE_GEOMETRY,
                              "%s dense region layer %u: head dim %u, element "
                              "bytes %u, planes %u (need D, E > 0, planes 1 "
-                             "or 2)", side, r->layer, r->head_dim,
-                             r->elem_bytes, r->kv_planes);
+                             "or 2)",
+                             side, r->layer, r->head_dim, r->elem_bytes,
+                             r->kv_planes);
     if ((TP <= H && H % TP != 0) || (TP > H && TP % H != 0))
         return kvr_error_set(err, KVR_ERR_DENSE_HEADS,
                              "%s dense region layer %u: %u kv heads over TP "
-                             "%u: one must divide the other", side, r->layer,
-                             H, TP);
+                             "%u: one must divide the other",
+                             side, r->layer, H, TP);
     uint64_t need = kvr_dense_page_bytes(lay, r, consumer);
     if (r->page_bytes != need)
         return kvr_error_set(err, KVR_ERR_PAGE_GEOMETRY,
                              "%s dense region layer %u: page bytes %llu, the "
                              "geometry (%u heads / TP %u, D=%u, E=%u) needs "
-                             "%llu", side, r->layer,
-                             (unsigned long long)r->page_bytes, H, TP,
-                             r->head_dim, r->elem_bytes,
+                             "%llu",
+                             side, r->layer, (unsigned long long)r->page_bytes,
+                             H, TP, r->head_dim, r->elem_bytes,
                              (unsigned long long)need);
     return KVR_OK;
 }
@@ -308,12 +310,13 @@ static kvr_status_t check_index_region(const kvr_layout_t *lay,
     uint32_t D = r->index_dim, Q = r->quant_block ? r->quant_block : D;
     if (D == 0)
         return kvr_error_set(err, KVR_ERR_PAGE_GEOMETRY,
-                             "%s index region layer %u: index dim D is 0",
-                             side, r->layer);
+                             "%s index region layer %u: index dim D is 0", side,
+                             r->layer);
     if (D % Q != 0 || D / Q != 1)
         return kvr_error_set(err, KVR_ERR_INDEX_QUANT,
                              "%s index region layer %u: D/Q must be 1 "
-                             "(D=%u, Q=%u)", side, r->layer, D, Q);
+                             "(D=%u, Q=%u)",
+                             side, r->layer, D, Q);
     if (lay->preshuffle && side_block_size(lay, consumer) % 16 != 0)
         return kvr_error_set(err, KVR_ERR_PRESHUFFLE_BS,
                              "preshuffled index needs bs %% 16 == 0 (%sbs=%u)",
@@ -351,8 +354,9 @@ kvr_status_t kvr_region_check(const kvr_layout_t *lay,
     if (__builtin_mul_overflow(r->num_blocks, r->page_bytes, &total))
         return kvr_error_set(err, KVR_ERR_PAGE_GEOMETRY,
                              "%s %s region layer %u: %llu blocks of %llu bytes "
-                             "exceed 2^64 bytes", side, kvr_role_name(r->role),
-                             r->layer, (unsigned long long)r->num_blocks,
+                             "exceed 2^64 bytes",
+                             side, kvr_role_name(r->role), r->layer,
+                             (unsigned long long)r->num_blocks,
                              (unsigned long long)r->page_bytes);
     switch (r->role) {
     case KVR_ROLE_DENSE:

@@ -149,8 +149,8 @@ KVR_HD uint64_t kvr__head_source(uint64_t h, uint64_t t, uint64_t H,
 /* Byte offset of element 0 of local head j of row s inside one plane of a
  * dense page of bs rows and Hl local heads, elements of DE = D * E bytes:
  * NHD rows are [head][dim], HND heads are [row][dim]. */
-KVR_HD uint64_t kvr__dense_off(uint64_t s, uint64_t j, uint64_t bs,
-                               uint64_t Hl, uint64_t DE, int hnd)
+KVR_HD uint64_t kvr__dense_off(uint64_t s, uint64_t j, uint64_t bs, uint64_t Hl,
+                               uint64_t DE, int hnd)
 {
     return hnd ? (j * bs + s) * DE : (s * Hl + j) * DE;
 }

@@ -57,15 +57,15 @@ static kvr_status_t check_tables(const kvr_layout_t *lay,
         return kvr_error_set(err, KVR_ERR_INVALID,
                              "num_tokens %llu exceeds the largest plannable "
                              "count: %llu blocks of %llu virtual tokens pass "
-                             "2^64", (ull)N, (ull)info->end_dst, (ull)info->V);
+                             "2^64",
+                             (ull)N, (ull)info->end_dst, (ull)info->V);
     if (!incremental_ok(lay, req, info->V))
         return kvr_error_set(err, KVR_ERR_INCREMENTAL,
                              "num_computed_blocks %llu invalid: needs k * "
                              "V=%llu < %llu tokens, k < %zu destination and "
                              "k * W=%u < %zu source blocks",
-                             (ull)k, (ull)info->V, (ull)N,
-                             req->num_dst_blocks, lay->dcp_size,
-                             req->num_src_blocks);
+                             (ull)k, (ull)info->V, (ull)N, req->num_dst_blocks,
+                             lay->dcp_size, req->num_src_blocks);
     info->first_src = k * lay->dcp_size;
     info->first_dst = k;
     return KVR_OK;
@@ -98,7 +98,8 @@ kvr_status_t kvr__check_duplicates(const kvr_request_t *req,
         if (ids[i] == ids[i - 1])
             st = kvr_error_set(err, KVR_ERR_DUPLICATE_BLOCK,
                                "destination block id %u appears twice in the "
-                               "table", ids[i]);
+                               "table",
+                               ids[i]);
     free(ids);
     return st;
 }
@@ -114,8 +115,8 @@ uint32_t kvr__max_id(const uint32_t *ids, uint64_t from, uint64_t to)
 }
 
 kvr_status_t kvr__check_request(const kvr_layout_t *lay, uint32_t rank,
-                                const kvr_request_t *req,
-                                kvr__req_info_t *info, kvr_error_t *err)
+                                const kvr_request_t *req, kvr__req_info_t *info,
+                                kvr_error_t *err)
 {
     kvr_status_t st = kvr_layout_check_rank(lay, rank, err);
     if (st != KVR_OK)
@@ -136,8 +137,10 @@ kvr_status_t kvr__check_request(const kvr_layout_t *lay, uint32_t rank,
     st = kvr__check_duplicates(req, info, err);
     if (st != KVR_OK)
         return st;
-    info->max_src_id = kvr__max_id(req->src_blocks, info->first_src, info->end_src);
-    info->max_dst_id = kvr__max_id(req->dst_blocks, info->first_dst, info->end_dst);
+    info->max_src_id = kvr__max_id(req->src_blocks, info->first_src,
+                                   info->end_src);
+    info->max_dst_id = kvr__max_id(req->dst_blocks, info->first_dst,
+                                   info->end_dst);
     return KVR_OK;
 }
 
@@ -158,8 +161,7 @@ static kvr_status_t role_rule(const kvr_layout_t *lay,
     if (role == KVR_ROLE_INDEX) {
         *kind = lay->replicate_index ? KVR__KIND_INDEX_REPL
                                      : KVR__KIND_INDEX_SHARD;
-        if (!lay->replicate_index && W > 1 &&
-            lay->interleave < lay->block_size)
+        if (!lay->replicate_index && W > 1 && lay->interleave < lay->block_size)
             return kvr_error_set(err, KVR_ERR_SHARDED_INDEX_INTERLEAVE,
                                  "sharded index layer %u under W=%u needs "
                                  "I == bs (I=%u, bs=%u); replicate it instead",
@@ -174,16 +176,17 @@ static kvr_status_t role_rule(const kvr_layout_t *lay,
                              "(dense KV is head-sharded over TP only)",
                              pair->src.layer, W);
     if (role == KVR_ROLE_DENSE && lay->tp != lay->producer_tp)
-        return kvr_error_set(err, pair->src.heads ? KVR_ERR_PAIR_REQUIRED
-                                                  : KVR_ERR_DENSE_NO_HEADS,
-                             "dense region layer %u: tp %u -> %u needs %s",
-                             pair->src.layer, lay->producer_tp, lay->tp,
-                             pair->src.heads ? "a plan per tp rank pair"
-                                             : "its head geometry");
+        return kvr_error_set(
+            err,
+            pair->src.heads ? KVR_ERR_PAIR_REQUIRED : KVR_ERR_DENSE_NO_HEADS,
+            "dense region layer %u: tp %u -> %u needs %s", pair->src.layer,
+            lay->producer_tp, lay->tp,
+            pair->src.heads ? "a plan per tp rank pair" : "its head geometry");
     if ((role == KVR_ROLE_STATE || role == KVR_ROLE_OTHER) && W > 1)
         return kvr_error_set(err, KVR_ERR_NO_RELAYOUT,
                              "%s region layer %u: no relayout exists under "
-                             "W=%u", kvr_role_name(role), pair->src.layer, W);
+                             "W=%u",
+                             kvr_role_name(role), pair->src.layer, W);
     if (role == KVR_ROLE_STAGING)
         return kvr_error_set(err, KVR_ERR_NO_RELAYOUT,
                              "staging region layer %u is not KV",
@@ -196,8 +199,8 @@ static kvr_status_t role_rule(const kvr_layout_t *lay,
  * so they compare D and Q; every other kind copies tokens or pages byte for
  * byte, so their page bytes must be equal. */
 static kvr_status_t check_twins(const kvr_layout_t *lay,
-                                const kvr_region_pair_t *pair,
-                                kvr__kind_t kind, kvr_error_t *err)
+                                const kvr_region_pair_t *pair, kvr__kind_t kind,
+                                kvr_error_t *err)
 {
     const kvr_region_desc_t *s = &pair->src, *d = &pair->dst;
     uint32_t sq = s->quant_block ? s->quant_block : s->index_dim;
@@ -268,12 +271,12 @@ kvr_status_t kvr__check_pair(const kvr_layout_t *lay,
     if (info->end_src > info->first_src &&
         info->max_src_id >= pair->src.num_blocks)
         return kvr__block_range_error(req->src_blocks, info->first_src,
-                                 info->end_src, &pair->src, "source", err);
+                                      info->end_src, &pair->src, "source", err);
     if (info->end_dst > info->first_dst &&
         info->max_dst_id >= pair->dst.num_blocks)
         return kvr__block_range_error(req->dst_blocks, info->first_dst,
-                                 info->end_dst, &pair->dst, "destination",
-                                 err);
+                                      info->end_dst, &pair->dst, "destination",
+                                      err);
     return KVR_OK;
 }
 
@@ -296,9 +299,9 @@ kvr_status_t kvr__check_plan_bounds(const kvr_plan_t *plan,
                                  "%s layer %u: run %zu (src %llu, dst %llu, "
                                  "len %llu) leaves the regions (src %llu "
                                  "bytes, dst %llu bytes)",
-                                 kvr_role_name(pair->src.role),
-                                 pair->dst.layer, i, (ull)r->src, (ull)r->dst,
-                                 (ull)r->len, (ull)src_bytes, (ull)dst_bytes);
+                                 kvr_role_name(pair->src.role), pair->dst.layer,
+                                 i, (ull)r->src, (ull)r->dst, (ull)r->len,
+                                 (ull)src_bytes, (ull)dst_bytes);
     }
     return KVR_OK;
 }

@@ -50,9 +50,10 @@ static kvr_status_t nhd_piece(const dense_geo_t *g, uint64_t sb, uint64_t rs,
 {
     const kvr__dense_map_t *m = &g->m;
     if (m->nh == m->Hp && m->nh == m->Hc)
-        return kvr__plan_push(out, sb + kvr__dense_off(rs, 0, g->bs_p, m->Hp, m->DE, 0),
-                              db + kvr__dense_off(rd, 0, g->bs_c, m->Hc, m->DE, 0),
-                              n * m->Hp * m->DE);
+        return kvr__plan_push(
+            out, sb + kvr__dense_off(rs, 0, g->bs_p, m->Hp, m->DE, 0),
+            db + kvr__dense_off(rd, 0, g->bs_c, m->Hc, m->DE, 0),
+            n * m->Hp * m->DE);
     for (uint64_t t = 0; t < n; t++) {
         kvr_status_t st = kvr__plan_push(
             out, sb + kvr__dense_off(rs + t, m->js, g->bs_p, m->Hp, m->DE, 0),
@@ -86,8 +87,11 @@ static kvr_status_t dense_expand(const void *arg, const kvr_plan_t *pieces,
                     st = nhd_piece(g, sb, rs, db, rd, r->len, out);
                 else
                     st = kvr__plan_push(
-                        out, sb + kvr__dense_off(rs, m->js + u, g->bs_p, m->Hp, m->DE, 1),
-                        db + kvr__dense_off(rd, m->jd + u, g->bs_c, m->Hc, m->DE, 1),
+                        out,
+                        sb + kvr__dense_off(rs, m->js + u, g->bs_p, m->Hp,
+                                            m->DE, 1),
+                        db + kvr__dense_off(rd, m->jd + u, g->bs_c, m->Hc,
+                                            m->DE, 1),
                         r->len * m->DE);
             }
     return st;
@@ -98,13 +102,16 @@ static kvr_status_t dense_expand(const void *arg, const kvr_plan_t *pieces,
 kvr_status_t kvr__pair_dense(const kvr__pair_t *x,
                              const kvr_region_pair_t *pair, kvr_plan_t **out)
 {
-    dense_geo_t g = {.bs_p = x->ps.bs, .bs_c = x->cs.bs,
+    dense_geo_t g = {.bs_p = x->ps.bs,
+                     .bs_c = x->cs.bs,
                      .page_p = pair->src.page_bytes,
                      .page_c = pair->dst.page_bytes};
     kvr__dense_map(x->lay, &pair->src, x->p, x->c, &g.m);
     kvr__pair_t t = *x;
     t.p = t.c = 0;
-    uint64_t per = g.m.planes * (g.m.hnd ? g.m.nh : g.m.nh == g.m.Hp ? 1 : x->cs.bs);
-    return kvr__pair_walk(&t, g.m.nh ? x->N : 0, dense_expand, &g,
-                          (size_t)per, out);
+    uint64_t per = g.m.planes * (g.m.hnd            ? g.m.nh
+                                 : g.m.nh == g.m.Hp ? 1
+                                                    : x->cs.bs);
+    return kvr__pair_walk(&t, g.m.nh ? x->N : 0, dense_expand, &g, (size_t)per,
+                          out);
 }

@@ -92,10 +92,9 @@ kvr_status_t kvr__pattern_build(const kvr__side_t *ps, uint64_t p,
         uint64_t xe = x + ps->I, ye = y + cs->I;
         uint64_t lo = max_u64(x, y), hi = min_u64(min_u64(xe, ye), pt->span);
         if (lo < hi &&
-            piece_push(pt, (kvr__piece_t){lo, hi - lo,
-                                          kvr__local(lo, ps->I, ps->W),
-                                          kvr__local(lo, cs->I, cs->W)}) !=
-                KVR_OK) {
+            piece_push(
+                pt, (kvr__piece_t){lo, hi - lo, kvr__local(lo, ps->I, ps->W),
+                                   kvr__local(lo, cs->I, cs->W)}) != KVR_OK) {
             kvr__pattern_free(pt);
             return KVR_ERR_NO_MEMORY;
         }
@@ -225,15 +224,14 @@ static kvr_status_t walk_entries(const kvr__pair_t *x, const kvr__pattern_t *pt,
 }
 
 kvr_status_t kvr__pair_walk(const kvr__pair_t *x, uint64_t end,
-                            kvr__expand_fn each,
-                            const void *arg, size_t runs_per_piece,
-                            kvr_plan_t **out)
+                            kvr__expand_fn each, const void *arg,
+                            size_t runs_per_piece, kvr_plan_t **out)
 {
     kvr__pattern_t pt;
     if (kvr__pattern_build(&x->ps, x->p, &x->cs, x->c, end, &pt) != KVR_OK)
         return KVR_ERR_NO_MEMORY;
-    kvr_plan_t *plan =
-        kvr__plan_new(pieces_estimate(&pt, x->g0, end, runs_per_piece));
+    kvr_plan_t *plan = kvr__plan_new(
+        pieces_estimate(&pt, x->g0, end, runs_per_piece));
     kvr_status_t st = plan ? KVR_OK : KVR_ERR_NO_MEMORY;
     if (st == KVR_OK && end > x->g0)
         st = walk_entries(x, &pt, end, each, arg, plan);
@@ -274,12 +272,13 @@ static kvr_status_t index_expand(const void *arg, const kvr_plan_t *pieces,
             const kvr_run_t *r = &pieces->runs[i];
             uint64_t sp = r->src / g->Pp * g->page_p, rs = r->src % g->Pp;
             uint64_t dp = r->dst / g->Pc * g->page_c, rd = r->dst % g->Pc;
-            kvr_status_t st =
-                plane == 0
-                    ? kvr__plan_push(out, sp + rs * g->D, dp + rd * g->D,
-                                     r->len * g->D)
-                    : kvr__plan_push(out, sp + g->Pp * g->D + 4 * rs,
-                                     dp + g->Pc * g->D + 4 * rd, 4 * r->len);
+            kvr_status_t st = plane == 0
+                                  ? kvr__plan_push(out, sp + rs * g->D,
+                                                   dp + rd * g->D,
+                                                   r->len * g->D)
+                                  : kvr__plan_push(
+                                        out, sp + g->Pp * g->D + 4 * rs,
+                                        dp + g->Pc * g->D + 4 * rd, 4 * r->len);
             if (st != KVR_OK)
                 return st;
         }
@@ -305,9 +304,8 @@ static kvr_status_t pair_index(const kvr__pair_t *x,
     return kvr__pair_walk(&v, end, index_expand, &g, 2, out);
 }
 
-kvr_status_t kvr__pair_plan(const kvr__pair_t *x,
-                            const kvr_region_pair_t *pair, kvr__kind_t kind,
-                            kvr_plan_t **out)
+kvr_status_t kvr__pair_plan(const kvr__pair_t *x, const kvr_region_pair_t *pair,
+                            kvr__kind_t kind, kvr_plan_t **out)
 {
     kvr_status_t st;
     switch (kind) {
@@ -366,19 +364,17 @@ static kvr_status_t set_plan(void *ctx, const kvr_region_pair_t *pair,
     return kvr__pair_plan(ctx, pair, kind, out);
 }
 
-kvr_status_t kvr_plan_set_create_pair(const kvr_layout_t *lay,
-                                      uint32_t producer_rank,
-                                      uint32_t consumer_rank,
-                                      const kvr_region_pair_t *pairs,
-                                      size_t num_pairs,
-                                      const kvr_request_t *req,
-                                      kvr_plan_set_t **out, kvr_error_t *err)
+kvr_status_t
+kvr_plan_set_create_pair(const kvr_layout_t *lay, uint32_t producer_rank,
+                         uint32_t consumer_rank, const kvr_region_pair_t *pairs,
+                         size_t num_pairs, const kvr_request_t *req,
+                         kvr_plan_set_t **out, kvr_error_t *err)
 {
     kvr__pair_t x;
     if (out == NULL || (num_pairs && pairs == NULL))
         return kvr_error_set(err, KVR_ERR_INVALID, "pairs or out is NULL");
-    kvr_status_t st =
-        kvr__pair_begin(lay, producer_rank, consumer_rank, req, &x, err);
+    kvr_status_t st = kvr__pair_begin(lay, producer_rank, consumer_rank, req,
+                                      &x, err);
     if (st != KVR_OK)
         return st;
     kvr__planner_t pl = {lay, &x, set_check, set_tokens, set_plan};

@@ -32,8 +32,7 @@ kvr_axis_t kvr_region_axis(const kvr_region_desc_t *r)
                : KVR_AXIS_DCP;
 }
 
-uint32_t kvr_axis_ranks(const kvr_layout_t *lay, kvr_axis_t axis,
-                        bool consumer)
+uint32_t kvr_axis_ranks(const kvr_layout_t *lay, kvr_axis_t axis, bool consumer)
 {
     if (axis == KVR_AXIS_TP)
         return consumer ? lay->tp : lay->producer_tp;
@@ -102,7 +101,8 @@ kvr_status_t kvr__pair_begin(const kvr_layout_t *lay, uint32_t producer,
         return kvr_error_set(err, KVR_ERR_INVALID,
                              "num_tokens %llu exceeds the largest plannable "
                              "count: %llu blocks of %llu virtual tokens pass "
-                             "2^64", (ull)x->N, (ull)x->end_dst, (ull)x->cs.V);
+                             "2^64",
+                             (ull)x->N, (ull)x->end_dst, (ull)x->cs.V);
     if (x->k0 != 0 && !(x->k0 < x->end_dst))
         return kvr_error_set(err, KVR_ERR_INCREMENTAL,
                              "num_computed_blocks %llu invalid: needs %llu * "
@@ -134,7 +134,8 @@ static kvr_status_t index_rule(const kvr_layout_t *lay, uint32_t layer,
         return kvr_error_set(err, KVR_ERR_PRODUCER_INDEX_INTERLEAVE,
                              "sharded producer index layer %u under W_p=%u "
                              "needs I_p == bs_p (I_p=%u, bs_p=%u); replicate "
-                             "it on the producer instead", layer, Wp, Ip, bsp);
+                             "it on the producer instead",
+                             layer, Wp, Ip, bsp);
     if (Wp > 1 && !kvr__consumer_index_repl(lay))
         return kvr_error_set(err, KVR_ERR_INDEX_NEEDS_REPLICATED,
                              "index layer %u: producer W_p=%u into consumer "
@@ -164,8 +165,9 @@ static kvr_status_t dense_rule(const kvr_layout_t *lay,
         return kvr_error_set(err, KVR_ERR_DENSE_NO_HEADS,
                              "dense region layer %u has no head geometry: tp "
                              "%u -> %u, bs %u -> %u needs heads, head dim and "
-                             "element bytes", r->layer, lay->producer_tp,
-                             lay->tp, bsp, lay->block_size);
+                             "element bytes",
+                             r->layer, lay->producer_tp, lay->tp, bsp,
+                             lay->block_size);
     return KVR_OK;
 }
 
@@ -221,28 +223,30 @@ static kvr_status_t pair_twins(const kvr_layout_t *lay,
     uint32_t dq = d->quant_block ? d->quant_block : d->index_dim;
     uint64_t st = kvr_region_token_bytes_side(lay, s, false);
     uint64_t dt = kvr_region_token_bytes_side(lay, d, true);
-    if (kind == KVR__KIND_INDEX_PAIR && (s->index_dim != d->index_dim || sq != dq))
+    if (kind == KVR__KIND_INDEX_PAIR &&
+        (s->index_dim != d->index_dim || sq != dq))
         return kvr_error_set(err, KVR_ERR_PAGE_GEOMETRY,
                              "index layer %u: producer D=%u Q=%u, consumer "
-                             "D=%u Q=%u", s->layer, s->index_dim, sq,
-                             d->index_dim, dq);
+                             "D=%u Q=%u",
+                             s->layer, s->index_dim, sq, d->index_dim, dq);
     if (kind == KVR__KIND_TOKEN && st != dt)
         return kvr_error_set(err, KVR_ERR_PAGE_GEOMETRY,
                              "mla layer %u: producer token bytes %llu, "
-                             "consumer token bytes %llu", s->layer, (ull)st,
-                             (ull)dt);
+                             "consumer token bytes %llu",
+                             s->layer, (ull)st, (ull)dt);
     if (s->role == KVR_ROLE_DENSE && !same_heads(s, d))
         return kvr_error_set(err, KVR_ERR_PAGE_GEOMETRY,
                              "dense layer %u: producer %u heads x %u x %u B, "
                              "consumer %u heads x %u x %u B (or planes, "
-                             "order differ)", s->layer, s->heads, s->head_dim,
-                             s->elem_bytes, d->heads, d->head_dim,
-                             d->elem_bytes);
+                             "order differ)",
+                             s->layer, s->heads, s->head_dim, s->elem_bytes,
+                             d->heads, d->head_dim, d->elem_bytes);
     if (kind == KVR__KIND_PAGE && s->page_bytes != d->page_bytes)
         return kvr_error_set(err, KVR_ERR_PAGE_GEOMETRY,
                              "%s layer %u: producer page bytes %llu, consumer "
-                             "page bytes %llu", kvr_role_name(s->role),
-                             s->layer, (ull)s->page_bytes, (ull)d->page_bytes);
+                             "page bytes %llu",
+                             kvr_role_name(s->role), s->layer,
+                             (ull)s->page_bytes, (ull)d->page_bytes);
     return KVR_OK;
 }
 
@@ -265,8 +269,8 @@ kvr_status_t kvr__pair_classify(const kvr_layout_t *lay,
 /* The producer entries a plan reads are the local blocks holding the
  * producer rank's tokens in [g0, N): local_len counts them (a page view for
  * the index; nothing when the rank does not serve this consumer). */
-void kvr__pair_src_range(const kvr__pair_t *x, kvr__kind_t kind,
-                         uint64_t *lo, uint64_t *hi)
+void kvr__pair_src_range(const kvr__pair_t *x, kvr__kind_t kind, uint64_t *lo,
+                         uint64_t *hi)
 {
     kvr__pair_t v;
     const kvr__pair_t *y = x;
@@ -279,10 +283,10 @@ void kvr__pair_src_range(const kvr__pair_t *x, kvr__kind_t kind,
     if (kind == KVR__KIND_PAGE && x->p != x->c)
         return;
     const kvr__side_t *ps = &y->ps;
-    uint64_t a = kvr__local_len(y->g0, kind == KVR__KIND_PAGE ? 0 : y->p,
-                                ps->I, ps->W);
-    uint64_t b = kvr__local_len(y->N, kind == KVR__KIND_PAGE ? 0 : y->p,
-                                ps->I, ps->W);
+    uint64_t a = kvr__local_len(y->g0, kind == KVR__KIND_PAGE ? 0 : y->p, ps->I,
+                                ps->W);
+    uint64_t b = kvr__local_len(y->N, kind == KVR__KIND_PAGE ? 0 : y->p, ps->I,
+                                ps->W);
     *lo = a / ps->bs;
     *hi = b > a ? kvr__ceil_div(b, ps->bs) : *lo;
 }
@@ -306,11 +310,10 @@ static kvr_status_t check_ranks(kvr__pair_t *x, const kvr_region_desc_t *r,
     uint32_t np = kvr_axis_ranks(x->lay, axis, false);
     uint32_t nc = kvr_axis_ranks(x->lay, axis, true);
     if (x->p >= np || x->c >= nc)
-        return kvr_error_set(err, KVR_ERR_RANK_RANGE,
-                             "%s %s rank %u out of range [0, %u)",
-                             x->p >= np ? "producer" : "consumer",
-                             axis_name(axis), x->p >= np ? x->p : x->c,
-                             x->p >= np ? np : nc);
+        return kvr_error_set(
+            err, KVR_ERR_RANK_RANGE, "%s %s rank %u out of range [0, %u)",
+            x->p >= np ? "producer" : "consumer", axis_name(axis),
+            x->p >= np ? x->p : x->c, x->p >= np ? np : nc);
     return KVR_OK;
 }
 
@@ -409,10 +412,9 @@ kvr_status_t kvr_plan_sources(const kvr_layout_t *lay,
     kvr_axis_t axis = kvr_region_axis(&pair->src);
     uint32_t np = kvr_axis_ranks(lay, axis, false);
     if (consumer_rank >= kvr_axis_ranks(lay, axis, true))
-        return kvr_error_set(err, KVR_ERR_RANK_RANGE,
-                             "consumer %s rank %u out of range [0, %u)",
-                             axis_name(axis), consumer_rank,
-                             kvr_axis_ranks(lay, axis, true));
+        return kvr_error_set(
+            err, KVR_ERR_RANK_RANGE, "consumer %s rank %u out of range [0, %u)",
+            axis_name(axis), consumer_rank, kvr_axis_ranks(lay, axis, true));
     x.lay = lay;
     x.c = consumer_rank;
     kvr__sides(lay, &x.ps, &x.cs);

@@ -128,7 +128,8 @@ static int expect_dense(const expect_t *e, uint64_t g)
                 continue;
             uint64_t js = h - kvr__head_first(p, H, TPp);
             uint64_t so = table_of(e, p)[g / e->bsp] * r->page_bytes + k * sp +
-                          kvr__dense_off(g % e->bsp, js, e->bsp, Hp, DE, r->hnd);
+                          kvr__dense_off(g % e->bsp, js, e->bsp, Hp, DE,
+                                         r->hnd);
             uint64_t dof = dpage + k * dp +
                            kvr__dense_off(g % e->bsc, h - c0, e->bsc, Hc, DE,
                                           r->hnd);
@@ -160,10 +161,19 @@ void kvr__expect_pair_foreach(const kvr_layout_t *lay, uint32_t consumer,
                               const kvr_request_t *reqs, uint32_t only,
                               kvr__kind_t kind, kvr__expect_fn fn, void *ctx)
 {
-    expect_t e = {lay, pair, consumer, reqs, only, fn, ctx,
-                  kvr_producer_block_size(lay), kvr_producer_dcp(lay),
-                  kvr_producer_interleave(lay), lay->block_size,
-                  lay->dcp_size, lay->interleave};
+    expect_t e = {lay,
+                  pair,
+                  consumer,
+                  reqs,
+                  only,
+                  fn,
+                  ctx,
+                  kvr_producer_block_size(lay),
+                  kvr_producer_dcp(lay),
+                  kvr_producer_interleave(lay),
+                  lay->block_size,
+                  lay->dcp_size,
+                  lay->interleave};
     if (kind == KVR__KIND_PAGE) {
         expect_pages(&e);
         return;

@@ -20,7 +20,8 @@ kvr_plan_t *kvr__plan_new(size_t cap)
     plan->cap = cap ? cap : 1;
     /* a capacity hint that wraps the byte count must not allocate less */
     plan->runs = plan->cap <= SIZE_MAX / sizeof(*plan->runs)
-                     ? malloc(plan->cap * sizeof(*plan->runs)) : NULL;
+                     ? malloc(plan->cap * sizeof(*plan->runs))
+                     : NULL;
     if (plan->runs == NULL) {
         free(plan);
         return NULL;
@@ -192,7 +193,8 @@ kvr_status_t kvr__plan_scaled(const kvr_plan_t *tokens, uint64_t unit,
         return KVR_ERR_NO_MEMORY;
     for (size_t i = 0; i < tokens->num_runs; i++) {
         const kvr_run_t *r = &tokens->runs[i];
-        plan->runs[i] = (kvr_run_t){r->src * unit, r->dst * unit, r->len * unit};
+        plan->runs[i] = (kvr_run_t){r->src * unit, r->dst * unit,
+                                    r->len * unit};
     }
     plan->num_runs = tokens->num_runs;
     plan->uncoalesced = tokens->uncoalesced;
@@ -220,7 +222,8 @@ static kvr_status_t push_index_repl(const kvr_layout_t *lay,
     uint64_t dst = req->dst_blocks[k] * pair->dst.page_bytes;
     kvr_status_t st = KVR_OK;
     for (int plane = 0; plane < 2 && st == KVR_OK; plane++)
-        for (uint64_t s = 0; s < W && k * W + s < end_src && st == KVR_OK; s++) {
+        for (uint64_t s = 0; s < W && k * W + s < end_src && st == KVR_OK;
+             s++) {
             uint64_t src = req->src_blocks[k * W + s] * pair->src.page_bytes;
             st = plane == 0
                      ? kvr__plan_push(plan, src, dst + s * bs * D, bs * D)
@@ -277,14 +280,16 @@ kvr_status_t kvr__plan_kind(const kvr_layout_t *lay, uint32_t rank,
     uint64_t k0 = req->num_computed_blocks;
     uint64_t end_src = kvr__ceil_div(req->num_tokens, lay->block_size);
     uint64_t end = kvr__ceil_div(req->num_tokens, kvr_virtual_block(lay));
-    kvr_plan_t *plan = kvr__plan_new(end > k0 ? 2 * lay->dcp_size * (size_t)(end - k0) : 1);
+    kvr_plan_t *plan = kvr__plan_new(
+        end > k0 ? 2 * lay->dcp_size * (size_t)(end - k0) : 1);
     uint32_t *order = kvr__dst_order(req->dst_blocks, k0, end);
     kvr_status_t st = plan && order ? KVR_OK : KVR_ERR_NO_MEMORY;
     for (uint64_t i = 0; st == KVR_OK && i + k0 < end; i++) {
         if (kind == KVR__KIND_INDEX_REPL)
             st = push_index_repl(lay, pair, req, order[i], end_src, plan);
         else if (kind == KVR__KIND_INDEX_SHARD)
-            st = push_index_shard(lay, rank, pair, req, order[i], end_src, plan);
+            st = push_index_shard(lay, rank, pair, req, order[i], end_src,
+                                  plan);
         else
             st = push_page(pair, req, order[i], plan);
     }

@@ -28,17 +28,17 @@ typedef enum {
 /* Request facts derived once per request by kvr__check_request. */
 typedef struct {
     uint64_t V;
-    uint64_t first_src;  /* k * W */
-    uint64_t end_src;    /* ceil(N / bs) */
-    uint64_t first_dst;  /* k */
-    uint64_t end_dst;    /* ceil(N / V) */
+    uint64_t first_src; /* k * W */
+    uint64_t end_src;   /* ceil(N / bs) */
+    uint64_t first_dst; /* k */
+    uint64_t end_dst;   /* ceil(N / V) */
     uint32_t max_src_id;
     uint32_t max_dst_id;
 } kvr__req_info_t;
 
 kvr_status_t kvr__check_request(const kvr_layout_t *lay, uint32_t rank,
-                                const kvr_request_t *req,
-                                kvr__req_info_t *info, kvr_error_t *err);
+                                const kvr_request_t *req, kvr__req_info_t *info,
+                                kvr_error_t *err);
 kvr_status_t kvr__check_pair(const kvr_layout_t *lay,
                              const kvr_region_pair_t *pair,
                              const kvr_request_t *req,
@@ -167,8 +167,8 @@ kvr_status_t kvr__pair_prepare(const kvr_layout_t *lay, uint32_t producer,
                                const kvr_region_pair_t *pair, kvr__pair_t *x,
                                kvr__kind_t *kind, kvr_error_t *err);
 /* Producer-table entries [lo, hi) the pair plan of this kind reads. */
-void kvr__pair_src_range(const kvr__pair_t *x, kvr__kind_t kind,
-                         uint64_t *lo, uint64_t *hi);
+void kvr__pair_src_range(const kvr__pair_t *x, kvr__kind_t kind, uint64_t *lo,
+                         uint64_t *hi);
 int kvr__consumer_index_repl(const kvr_layout_t *lay);
 /* The pair as page views of an index (pair_check.c); 0 when the producer
  * rank does not serve this consumer rank. */
@@ -214,9 +214,8 @@ kvr_status_t kvr__pair_walk(const kvr__pair_t *x, uint64_t end,
                             kvr__expand_fn each, const void *arg,
                             size_t runs_per_piece, kvr_plan_t **out);
 kvr_status_t kvr__pair_tokens(const kvr__pair_t *x, kvr_plan_t **out);
-kvr_status_t kvr__pair_plan(const kvr__pair_t *x,
-                            const kvr_region_pair_t *pair, kvr__kind_t kind,
-                            kvr_plan_t **out);
+kvr_status_t kvr__pair_plan(const kvr__pair_t *x, const kvr_region_pair_t *pair,
+                            kvr__kind_t kind, kvr_plan_t **out);
 
 /* Head-sharded dense (dense.c): the heads of the pair's producer tp rank p
  * that consumer tp rank c takes, and where they sit on each side. */

@@ -6,8 +6,8 @@
 struct kvr_plan_set {
     size_t num_pairs;
     size_t num_classes;
-    size_t *class_of;       /* per pair */
-    kvr_plan_t **plans;     /* per class */
+    size_t *class_of;   /* per pair */
+    kvr_plan_t **plans; /* per class */
     uint64_t total_bytes;
     uint64_t total_runs;
 };
@@ -120,7 +120,8 @@ static kvr_status_t finish_set(const kvr_region_pair_t *pairs,
                                    &set->total_bytes))
             return kvr_error_set(err, KVR_ERR_INVALID,
                                  "the plans of %zu region pairs total more "
-                                 "than 2^64 bytes", set->num_pairs);
+                                 "than 2^64 bytes",
+                                 set->num_pairs);
         set->total_runs += plan->num_runs;
     }
     return KVR_OK;

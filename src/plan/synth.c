@@ -66,13 +66,11 @@ static void write_index_token(const kvr_layout_t *lay, uint8_t *page,
     memcpy(page + kvr__index_scale_off(t, P, D), &s, sizeof(s));
 }
 
-kvr_status_t kvr_synth_fill_source(const kvr_layout_t *lay,
-                                   const kvr_region_desc_t *src,
-                                   uint64_t seed, const uint32_t *src_blocks,
-                                   size_t num_src_blocks,
-                                   const uint32_t *token_ids,
-                                   uint64_t num_tokens, void *base,
-                                   kvr_error_t *err)
+kvr_status_t
+kvr_synth_fill_source(const kvr_layout_t *lay, const kvr_region_desc_t *src,
+                      uint64_t seed, const uint32_t *src_blocks,
+                      size_t num_src_blocks, const uint32_t *token_ids,
+                      uint64_t num_tokens, void *base, kvr_error_t *err)
 {
     kvr_status_t st = kvr_region_check(lay, src, false, err);
     if (st != KVR_OK)
@@ -88,10 +86,9 @@ kvr_status_t kvr_synth_fill_source(const kvr_layout_t *lay,
                              src->index_dim, sizeof(key));
     for (uint64_t g = 0; g < num_tokens; g++) {
         if (src_blocks[g / bs] >= src->num_blocks)
-            return kvr_error_set(err, KVR_ERR_BLOCK_RANGE,
-                                 "source block id %u >= %llu",
-                                 src_blocks[g / bs],
-                                 (unsigned long long)src->num_blocks);
+            return kvr_error_set(
+                err, KVR_ERR_BLOCK_RANGE, "source block id %u >= %llu",
+                src_blocks[g / bs], (unsigned long long)src->num_blocks);
         uint8_t *page = mem + (uint64_t)src_blocks[g / bs] * src->page_bytes;
         if (src->role == KVR_ROLE_INDEX) {
             kvr_synth_index_key(seed, src->layer, g, token_ids[g], key,

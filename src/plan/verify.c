@@ -39,15 +39,14 @@ static int expect_index_token(const kvr_layout_t *lay,
 }
 
 /* Identity pages (W == 1): g is the page's first token, for messages. */
-static void expect_pages(const kvr_layout_t *lay,
-                         const kvr_region_pair_t *pair,
-                         const kvr_request_t *req, kvr__expect_fn fn,
-                         void *ctx)
+static void expect_pages(const kvr_layout_t *lay, const kvr_region_pair_t *pair,
+                         const kvr_request_t *req, kvr__expect_fn fn, void *ctx)
 {
     uint64_t bs = lay->block_size;
     uint64_t end = kvr__ceil_div(req->num_tokens, bs);
     for (uint64_t j = req->num_computed_blocks; j < end; j++)
-        if (fn(ctx, j * bs, "page", 0, req->src_blocks[j] * pair->src.page_bytes,
+        if (fn(ctx, j * bs, "page", 0,
+               req->src_blocks[j] * pair->src.page_bytes,
                req->dst_blocks[j] * pair->dst.page_bytes, pair->src.page_bytes))
             return;
 }
@@ -71,7 +70,8 @@ void kvr__expect_foreach(const kvr_layout_t *lay, uint32_t rank,
             stop = fn(ctx, g, "latent", 0,
                       kvr__src_slot(req->src_blocks, g, bs) * tb,
                       kvr__dst_slot(req->dst_blocks, g, bs, I, W) * tb, tb);
-        else if (kind == KVR__KIND_INDEX_REPL || (kind == KVR__KIND_INDEX_SHARD && owned))
+        else if (kind == KVR__KIND_INDEX_REPL ||
+                 (kind == KVR__KIND_INDEX_SHARD && owned))
             stop = expect_index_token(lay, pair, req, g,
                                       kind == KVR__KIND_INDEX_REPL, fn, ctx);
         if (stop)
@@ -140,7 +140,7 @@ kvr_status_t kvr_verify_region(const kvr_layout_t *lay, uint32_t rank,
 #define COVERED UINT32_MAX
 
 typedef struct {
-    uint32_t *map; /* per destination byte: source byte + 1, 0 unwritten */
+    uint32_t *map;      /* per destination byte: source byte + 1, 0 unwritten */
     uint64_t src_bytes; /* producer p's byte b is p * src_bytes + b */
     uint32_t rank;
     uint64_t tokens;
@@ -168,7 +168,8 @@ static int cover_segment(void *arg, uint64_t g, const char *part,
                               "rank %u token %llu %s byte %llu: dst byte %llu "
                               "%s (expected src byte %llu, got %lld)",
                               c->rank, (ull)g, part, (ull)i, (ull)(dof + i),
-                              got == 0 ? "never written" : "from the wrong source",
+                              got == 0 ? "never written"
+                                       : "from the wrong source",
                               (ull)(so + i), (long long)got - 1);
         return 1;
     }
@@ -194,8 +195,8 @@ static kvr_status_t paint_plan(const kvr_plan_t *plan, uint32_t rank,
         for (uint64_t b = 0; b < r->len; b++) {
             if (map[r->dst + b] != 0)
                 return kvr_error_set(err, KVR_ERR_VERIFY,
-                                     "rank %u writes dst byte %llu twice",
-                                     rank, (ull)(r->dst + b));
+                                     "rank %u writes dst byte %llu twice", rank,
+                                     (ull)(r->dst + b));
             map[r->dst + b] = (uint32_t)(id0 + r->src + b + 1);
         }
     }
@@ -256,9 +257,8 @@ typedef struct {
     uint32_t producers, consumers;
 } cover_t;
 
-static kvr_status_t cover_rank(const cover_t *cv, uint32_t rank,
-                               uint32_t *map, uint64_t *tokens,
-                               kvr_error_t *err)
+static kvr_status_t cover_rank(const cover_t *cv, uint32_t rank, uint32_t *map,
+                               uint64_t *tokens, kvr_error_t *err)
 {
     uint64_t src_bytes = kvr_region_bytes(&cv->pair->src);
     uint64_t dst_bytes = kvr_region_bytes(&cv->pair->dst);
@@ -286,8 +286,8 @@ static kvr_status_t cover_rank(const cover_t *cv, uint32_t rank,
 
 /* Token placements the W ranks must make together: N - k*V tokens once each
  * when sharded, W times when replicated; identity plans count pages. */
-static uint64_t expected_total(const kvr_layout_t *lay, const kvr_request_t *req,
-                               kvr__kind_t kind)
+static uint64_t expected_total(const kvr_layout_t *lay,
+                               const kvr_request_t *req, kvr__kind_t kind)
 {
     uint64_t bs = lay->block_size, W = lay->dcp_size;
     if (kind == KVR__KIND_PAGE)
@@ -341,13 +341,11 @@ kvr_status_t kvr_plan_check_coverage(const kvr_layout_t *lay,
 
 /* ---- pairs (docs/design.md §18) ---- */
 
-kvr_status_t kvr_verify_region_pair(const kvr_layout_t *lay,
-                                    uint32_t producer_rank,
-                                    uint32_t consumer_rank,
-                                    const kvr_region_pair_t *pair,
-                                    const kvr_request_t *req,
-                                    const void *src_base, const void *dst_base,
-                                    kvr_error_t *err)
+kvr_status_t
+kvr_verify_region_pair(const kvr_layout_t *lay, uint32_t producer_rank,
+                       uint32_t consumer_rank, const kvr_region_pair_t *pair,
+                       const kvr_request_t *req, const void *src_base,
+                       const void *dst_base, kvr_error_t *err)
 {
     kvr__pair_t x;
     kvr__kind_t kind;
@@ -358,8 +356,8 @@ kvr_status_t kvr_verify_region_pair(const kvr_layout_t *lay,
     if (st != KVR_OK)
         return st;
     verify_ctx_t v = {src_base, dst_base, pair, consumer_rank, err, KVR_OK};
-    kvr__expect_pair_foreach(lay, consumer_rank, pair, req, producer_rank,
-                             kind, verify_segment, &v);
+    kvr__expect_pair_foreach(lay, consumer_rank, pair, req, producer_rank, kind,
+                             verify_segment, &v);
     return v.st;
 }
 
@@ -374,7 +372,8 @@ static uint64_t pair_expected(const kvr_layout_t *lay, const kvr_request_t *req,
     uint64_t n = req->num_tokens > first ? req->num_tokens - first : 0;
     if (kind == KVR__KIND_PAGE)
         return (kvr__ceil_div(req->num_tokens, lay->block_size) -
-                req->num_computed_blocks) * nc;
+                req->num_computed_blocks) *
+               nc;
     if (kind == KVR__KIND_DENSE ||
         (kind == KVR__KIND_INDEX_PAIR && kvr__consumer_index_repl(lay)))
         return n * nc;
@@ -393,7 +392,8 @@ static kvr_status_t check_reqs(const kvr_request_t *reqs, uint32_t n,
             reqs[p].num_computed_blocks != reqs[0].num_computed_blocks)
             return kvr_error_set(err, KVR_ERR_INVALID,
                                  "producer rank %u's request differs from rank "
-                                 "0's on the consumer side", p);
+                                 "0's on the consumer side",
+                                 p);
     return KVR_OK;
 }
 

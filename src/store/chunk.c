@@ -99,14 +99,12 @@ static unsigned hash_threads(uint64_t count)
     return (unsigned)(t < count ? t : count);
 }
 
-void kvr__chunk_sum(const uint8_t header[KVR__CHUNK_HEADER],
-                    const void *data, uint64_t len,
-                    uint8_t out[KVR_STORE_SUM_BYTES])
+void kvr__chunk_sum(const uint8_t header[KVR__CHUNK_HEADER], const void *data,
+                    uint64_t len, uint8_t out[KVR_STORE_SUM_BYTES])
 {
     uint64_t count = len == 0 ? 1 : (len + KVR__LEAF - 1) / KVR__LEAF;
     uint8_t one[KVR_STORE_SUM_BYTES];
-    uint8_t *digests = count == 1 ? one
-                                  : malloc(count * KVR_STORE_SUM_BYTES);
+    uint8_t *digests = count == 1 ? one : malloc(count * KVR_STORE_SUM_BYTES);
     unsigned threads = hash_threads(count);
     crypto_generichash_state s;
     crypto_generichash_init(&s, NULL, 0, KVR_STORE_SUM_BYTES);
@@ -116,13 +114,16 @@ void kvr__chunk_sum(const uint8_t header[KVR__CHUNK_HEADER],
         for (uint64_t i = 0; i < count; i++) {
             uint64_t at = i * KVR__LEAF;
             uint64_t n = len - at < KVR__LEAF ? len - at : KVR__LEAF;
-            crypto_generichash(one, sizeof one, (const uint8_t *)data + at,
-                               n, NULL, 0);
+            crypto_generichash(one, sizeof one, (const uint8_t *)data + at, n,
+                               NULL, 0);
             crypto_generichash_update(&s, one, sizeof one);
         }
     } else {
-        leaves_t l = {.data = data, .len = len, .count = count,
-                      .out = digests, .stride = threads};
+        leaves_t l = {.data = data,
+                      .len = len,
+                      .count = count,
+                      .out = digests,
+                      .stride = threads};
         pthread_t tid[KVR__HASH_THREADS];
         worker_t w[KVR__HASH_THREADS];
         unsigned started = 0;

@@ -118,12 +118,12 @@ const char *kvr__disk_backend(const kvr_store_t *st)
 kvr_status_t kvr__disk_open(kvr_store_t *st, kvr_error_t *err)
 {
     if (mkdir(st->dir, 0755) != 0 && errno != EEXIST)
-        return kvr_error_set(err, KVR_ERR_IO, "store directory %s: %s",
-                             st->dir, strerror(errno));
+        return kvr_error_set(err, KVR_ERR_IO, "store directory %s: %s", st->dir,
+                             strerror(errno));
     st->dir_fd = open(st->dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
     if (st->dir_fd < 0)
-        return kvr_error_set(err, KVR_ERR_IO, "store directory %s: %s",
-                             st->dir, strerror(errno));
+        return kvr_error_set(err, KVR_ERR_IO, "store directory %s: %s", st->dir,
+                             strerror(errno));
 #ifdef KVR_HAVE_URING
     struct io_uring *ring = calloc(1, sizeof *ring);
     if (ring != NULL && io_uring_queue_init(2 * DEPTH, ring, 0) == 0)
@@ -160,8 +160,7 @@ static kvr_status_t write_file(kvr_store_t *st, int fd, const uint8_t *header,
     kvr_status_t s = plain_io(fd, IO_WRITE, (uint8_t *)header,
                               KVR__CHUNK_HEADER, 0, err);
     if (s == KVR_OK)
-        s = do_io(st, fd, IO_WRITE, (void *)data, len, KVR__CHUNK_HEADER,
-                  err);
+        s = do_io(st, fd, IO_WRITE, (void *)data, len, KVR__CHUNK_HEADER, err);
     if (s != KVR_OK)
         return s;
     sync_file_range(fd, 0, 0, SYNC_FILE_RANGE_WRITE); /* a hint only */
@@ -176,8 +175,7 @@ static kvr_status_t write_file(kvr_store_t *st, int fd, const uint8_t *header,
 
 kvr_status_t kvr__disk_write(kvr_store_t *st, const kvr_chunk_key_t *key,
                              const void *data, uint64_t len,
-                             uint8_t sum[KVR_STORE_SUM_BYTES],
-                             kvr_error_t *err)
+                             uint8_t sum[KVR_STORE_SUM_BYTES], kvr_error_t *err)
 {
     char name[KVR_STORE_NAME_MAX], tmp[KVR_STORE_NAME_MAX + 48];
     uint8_t header[KVR__CHUNK_HEADER];
@@ -188,13 +186,13 @@ kvr_status_t kvr__disk_write(kvr_store_t *st, const kvr_chunk_key_t *key,
     int fd = openat(st->dir_fd, tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC,
                     0644);
     if (fd < 0)
-        return kvr_error_set(err, KVR_ERR_IO, "create %s/%s: %s", st->dir,
-                             tmp, strerror(errno));
+        return kvr_error_set(err, KVR_ERR_IO, "create %s/%s: %s", st->dir, tmp,
+                             strerror(errno));
     kvr_status_t s = write_file(st, fd, header, data, len, sum, name, err);
     close(fd);
     if (s == KVR_OK && renameat(st->dir_fd, tmp, st->dir_fd, name) != 0)
-        s = kvr_error_set(err, KVR_ERR_IO, "rename to %s/%s: %s", st->dir,
-                          name, strerror(errno));
+        s = kvr_error_set(err, KVR_ERR_IO, "rename to %s/%s: %s", st->dir, name,
+                          strerror(errno));
     if (s != KVR_OK) {
         unlinkat(st->dir_fd, tmp, 0);
         return s;
@@ -222,18 +220,21 @@ static kvr_status_t read_chunk(kvr_store_t *st, int fd, const char *name,
     uint8_t header[KVR__CHUNK_HEADER], stored[KVR_STORE_SUM_BYTES];
     kvr_chunk_key_t key;
     if (fstat(fd, &sb) != 0 || (uint64_t)sb.st_size < KVR__CHUNK_FRAME)
-        return kvr_error_set(err, KVR_ERR_VERIFY, "chunk %s: truncated "
-                             "(%lld bytes)", name, (long long)sb.st_size);
+        return kvr_error_set(err, KVR_ERR_VERIFY,
+                             "chunk %s: truncated "
+                             "(%lld bytes)",
+                             name, (long long)sb.st_size);
     kvr_status_t s = plain_io(fd, IO_READ, header, sizeof header, 0, err);
     if (s == KVR_OK)
         s = kvr__chunk_parse(header, &key, len, err);
     if (s != KVR_OK)
-        return kvr_error_set(err, KVR_ERR_VERIFY, "chunk %s: bad header",
-                             name);
+        return kvr_error_set(err, KVR_ERR_VERIFY, "chunk %s: bad header", name);
     if (*len != (uint64_t)sb.st_size - KVR__CHUNK_FRAME ||
         (want != NULL && memcmp(&key, want, sizeof key) != 0))
-        return kvr_error_set(err, KVR_ERR_VERIFY, "chunk %s: header does not "
-                             "match its name or size", name);
+        return kvr_error_set(err, KVR_ERR_VERIFY,
+                             "chunk %s: header does not "
+                             "match its name or size",
+                             name);
     *data = kvr__store_alloc(st, *len);
     if (*data == NULL)
         return kvr_error_set(err, KVR_ERR_NO_MEMORY, "chunk %s: %llu bytes",
@@ -245,8 +246,10 @@ static kvr_status_t read_chunk(kvr_store_t *st, int fd, const char *name,
     if (s == KVR_OK) {
         kvr__chunk_sum(header, *data, *len, sum);
         if (memcmp(sum, stored, sizeof stored) != 0)
-            s = kvr_error_set(err, KVR_ERR_VERIFY, "chunk %s: checksum "
-                              "mismatch", name);
+            s = kvr_error_set(err, KVR_ERR_VERIFY,
+                              "chunk %s: checksum "
+                              "mismatch",
+                              name);
     }
     if (s != KVR_OK) {
         free(*data);
@@ -257,8 +260,7 @@ static kvr_status_t read_chunk(kvr_store_t *st, int fd, const char *name,
 
 kvr_status_t kvr__disk_read(kvr_store_t *st, const kvr_chunk_key_t *key,
                             uint8_t **data, uint64_t *len,
-                            uint8_t sum[KVR_STORE_SUM_BYTES],
-                            kvr_error_t *err)
+                            uint8_t sum[KVR_STORE_SUM_BYTES], kvr_error_t *err)
 {
     char name[KVR_STORE_NAME_MAX];
     kvr__chunk_name(key, name);
@@ -290,14 +292,19 @@ kvr_status_t kvr__disk_check(int dirfd, const char *name, bool full,
         kvr__chunk_name(&named, expect);
         struct stat sb;
         if (strcmp(expect, name) != 0)
-            s = kvr_error_set(err, KVR_ERR_VERIFY, "chunk %s: header names "
-                              "%s", name, expect);
+            s = kvr_error_set(err, KVR_ERR_VERIFY,
+                              "chunk %s: header names "
+                              "%s",
+                              name, expect);
         else if (!full)
-            s = fstat(fd, &sb) == 0 && (uint64_t)sb.st_size >= KVR__CHUNK_FRAME &&
+            s = fstat(fd, &sb) == 0 &&
+                        (uint64_t)sb.st_size >= KVR__CHUNK_FRAME &&
                         (uint64_t)sb.st_size - KVR__CHUNK_FRAME == hlen
                     ? KVR_OK
-                    : kvr_error_set(err, KVR_ERR_VERIFY, "chunk %s: size does "
-                                    "not match its header", name);
+                    : kvr_error_set(err, KVR_ERR_VERIFY,
+                                    "chunk %s: size does "
+                                    "not match its header",
+                                    name);
         else
             s = read_chunk(&tmp, fd, name, &named, &data, &len, sum, err);
     } else if (s == KVR_OK || s == KVR_ERR_IO) {

@@ -19,8 +19,8 @@
 
 typedef struct side_region {
     kvr_role_t role;
-    uint32_t D;        /* INDEX key bytes per token */
-    uint64_t width;    /* canonical bytes per token */
+    uint32_t D;     /* INDEX key bytes per token */
+    uint64_t width; /* canonical bytes per token */
 } canon_t;
 
 static kvr_status_t canon_of(const kvr_layout_t *lay,
@@ -37,9 +37,11 @@ static kvr_status_t canon_of(const kvr_layout_t *lay,
         out->width = r->desc.index_dim + 4ull;
         return KVR_OK;
     }
-    return kvr_error_set(err, KVR_ERR_NO_RELAYOUT, "store: region layer %u "
+    return kvr_error_set(err, KVR_ERR_NO_RELAYOUT,
+                         "store: region layer %u "
                          "role %s has no canonical form (MLA and INDEX "
-                         "only)", r->desc.layer, kvr_role_name(r->desc.role));
+                         "only)",
+                         r->desc.layer, kvr_role_name(r->desc.role));
 }
 
 /* The canonical region of one region for a request of `tokens` tokens. */
@@ -47,7 +49,8 @@ static kvr_region_desc_t canon_desc(const kvr_region_desc_t *r,
                                     const canon_t *c, uint32_t bs,
                                     uint64_t tokens)
 {
-    kvr_region_desc_t d = {.role = r->role, .layer = r->layer,
+    kvr_region_desc_t d = {.role = r->role,
+                           .layer = r->layer,
                            .num_blocks = tokens / bs,
                            .page_bytes = bs * c->width,
                            .index_dim = r->index_dim,
@@ -57,8 +60,8 @@ static kvr_region_desc_t canon_desc(const kvr_region_desc_t *r,
 
 /* Copies n key bytes (whole 16-token groups of D bytes) between the plain
  * order t*D+d and the preshuffled tiles (docs/design.md §3). */
-static void tile_copy(uint8_t *dst, const uint8_t *src, uint64_t n,
-                      uint32_t D, bool to_tiles)
+static void tile_copy(uint8_t *dst, const uint8_t *src, uint64_t n, uint32_t D,
+                      bool to_tiles)
 {
     uint64_t group = 16ull * D;
     for (uint64_t g = 0; g < n; g += group)
@@ -78,7 +81,7 @@ typedef struct apply {
     uint8_t *dst;
     uint64_t src_off0, dst_off0; /* subtracted from run offsets */
     bool canon_is_src;
-    bool shuffle;                /* INDEX under a preshuffling layout */
+    bool shuffle; /* INDEX under a preshuffling layout */
     uint32_t D, bs;
 } apply_t;
 
@@ -94,9 +97,11 @@ static kvr_status_t apply_index_run(const apply_t *a, uint64_t s, uint64_t d,
         uint64_t n = (key ? keys : page) - pos;
         n = n < len ? n : len;
         if (key && (pos % (16ull * a->D) != 0 || n % (16ull * a->D) != 0))
-            return kvr_error_set(err, KVR_ERR_PRESHUFFLE_BS, "store: index "
+            return kvr_error_set(err, KVR_ERR_PRESHUFFLE_BS,
+                                 "store: index "
                                  "key run at %llu (+%llu) is not whole "
-                                 "16-token groups", (unsigned long long)pos,
+                                 "16-token groups",
+                                 (unsigned long long)pos,
                                  (unsigned long long)n);
         if (key)
             tile_copy(a->dst + d, a->src + s, n, a->D, a->canon_is_src);
@@ -145,14 +150,16 @@ static kvr_status_t check_io(const kvr_store_t *st, const kvr_store_io_t *io,
         return kvr_error_set(err, KVR_ERR_INVALID, "store io: NULL argument");
     uint64_t v = (uint64_t)io->block_size * io->lay->dcp_size;
     if (io->block_size == 0 || io->chunk == 0 || io->chunk % v != 0)
-        return kvr_error_set(err, KVR_ERR_CHUNK_SIZE, "store chunk %llu is "
+        return kvr_error_set(err, KVR_ERR_CHUNK_SIZE,
+                             "store chunk %llu is "
                              "not a positive multiple of bs * W = %u * %u",
                              (unsigned long long)io->chunk, io->block_size,
                              io->lay->dcp_size);
     if (io->num_chains > UINT32_MAX / io->chunk)
-        return kvr_error_set(err, KVR_ERR_INVALID, "store io: %zu chunks of "
-                             "%llu tokens exceed 2^32 tokens", io->num_chains,
-                             (unsigned long long)io->chunk);
+        return kvr_error_set(err, KVR_ERR_INVALID,
+                             "store io: %zu chunks of "
+                             "%llu tokens exceed 2^32 tokens",
+                             io->num_chains, (unsigned long long)io->chunk);
     return KVR_OK;
 }
 
@@ -169,7 +176,7 @@ static kvr_chunk_key_t key_of(const kvr_store_io_t *io, size_t c)
 /* ---- save ---------------------------------------------------------------- */
 
 typedef struct save_ctx {
-    kvr_layout_t lay;       /* producer -> canonical (W = 1) */
+    kvr_layout_t lay; /* producer -> canonical (W = 1) */
     kvr_region_pair_t *pairs;
     canon_t *canon;
     uint32_t *ident;
@@ -181,7 +188,8 @@ static kvr_status_t save_begin(const kvr_store_io_t *io, save_ctx_t *x,
 {
     const kvr_layout_t *p = io->lay;
     if (kvr_producer_dcp(p) != 1)
-        return kvr_error_set(err, KVR_ERR_NOT_IMPLEMENTED, "store save: "
+        return kvr_error_set(err, KVR_ERR_NOT_IMPLEMENTED,
+                             "store save: "
                              "producer W_p=%u (only W_p = 1 saves)",
                              kvr_producer_dcp(p));
     kvr_layout_t l = KVR_LAYOUT_INIT;
@@ -253,17 +261,19 @@ static kvr_status_t gather(const kvr_store_io_t *io, const save_ctx_t *x,
                          .num_tokens = end,
                          .num_computed_blocks = start / io->block_size};
     kvr_plan_set_t *set = NULL;
-    kvr_status_t s = plan_set(&x->lay, 0, x->pairs, io->num_regions, &req,
-                              &set, err);
+    kvr_status_t s = plan_set(&x->lay, 0, x->pairs, io->num_regions, &req, &set,
+                              err);
     uint8_t *at = buf + x->table_bytes;
     for (size_t i = 0; s == KVR_OK && i < io->num_regions; i++) {
-        apply_t a = {.src = io->regions[i].base, .dst = at,
+        apply_t a = {.src = io->regions[i].base,
+                     .dst = at,
                      .src_off0 = 0,
                      .dst_off0 = start * x->canon[i].width,
                      .canon_is_src = false,
                      .shuffle = x->canon[i].role == KVR_ROLE_INDEX &&
                                 x->lay.preshuffle,
-                     .D = x->canon[i].D, .bs = io->block_size};
+                     .D = x->canon[i].D,
+                     .bs = io->block_size};
         s = apply_plan(kvr_plan_set_plan_of(set, i), &a, err);
         at += x->canon[i].width * io->chunk;
     }
@@ -288,8 +298,10 @@ kvr_status_t kvr_store_save(kvr_store_t *st, const kvr_store_io_t *io,
         uint64_t len = x.table_bytes + x.data_bytes;
         uint8_t *buf = kvr__store_alloc(st, len);
         if (buf == NULL) {
-            s = kvr_error_set(err, KVR_ERR_NO_MEMORY, "store save: chunk of "
-                              "%llu bytes", (unsigned long long)len);
+            s = kvr_error_set(err, KVR_ERR_NO_MEMORY,
+                              "store save: chunk of "
+                              "%llu bytes",
+                              (unsigned long long)len);
             break;
         }
         write_table(io, &x, buf);
@@ -314,12 +326,14 @@ static kvr_status_t find_region(const uint8_t *data, uint64_t len,
                                 uint64_t *off, kvr_error_t *err)
 {
     if (len < 8)
-        return kvr_error_set(err, KVR_ERR_VERIFY, "store chunk: payload of "
+        return kvr_error_set(err, KVR_ERR_VERIFY,
+                             "store chunk: payload of "
                              "%llu bytes has no table",
                              (unsigned long long)len);
     uint64_t n = kvr__get_le(data, 4), at = 8 + TABLE_ENTRY * n;
     if (n > (len - 8) / TABLE_ENTRY)
-        return kvr_error_set(err, KVR_ERR_VERIFY, "store chunk: table of %llu "
+        return kvr_error_set(err, KVR_ERR_VERIFY,
+                             "store chunk: table of %llu "
                              "regions exceeds the payload",
                              (unsigned long long)n);
     for (uint64_t i = 0; i < n; i++) {
@@ -328,10 +342,11 @@ static kvr_status_t find_region(const uint8_t *data, uint64_t len,
         if (kvr__get_le(e, 4) == (uint64_t)r->role &&
             kvr__get_le(e + 4, 4) == r->layer) {
             if (bytes != want || at > len || len - at < bytes)
-                return kvr_error_set(err, KVR_ERR_LAYOUT_MISMATCH, "store "
+                return kvr_error_set(err, KVR_ERR_LAYOUT_MISMATCH,
+                                     "store "
                                      "chunk: layer %u holds %llu bytes, "
-                                     "expected %llu", r->layer,
-                                     (unsigned long long)bytes,
+                                     "expected %llu",
+                                     r->layer, (unsigned long long)bytes,
                                      (unsigned long long)want);
             *off = at;
             return KVR_OK;
@@ -340,9 +355,10 @@ static kvr_status_t find_region(const uint8_t *data, uint64_t len,
             break;
         at += bytes;
     }
-    return kvr_error_set(err, KVR_ERR_LAYOUT_MISMATCH, "store chunk: no %s "
-                         "region for layer %u", kvr_role_name(r->role),
-                         r->layer);
+    return kvr_error_set(err, KVR_ERR_LAYOUT_MISMATCH,
+                         "store chunk: no %s "
+                         "region for layer %u",
+                         kvr_role_name(r->role), r->layer);
 }
 
 /* Per load: the canonical source of each consumer region, and where its
@@ -391,8 +407,7 @@ static void load_end(load_ctx_t *x)
 }
 
 static kvr_status_t scatter(const kvr_store_io_t *io, load_ctx_t *x, size_t c,
-                            const uint8_t *data, uint64_t len,
-                            kvr_error_t *err)
+                            const uint8_t *data, uint64_t len, kvr_error_t *err)
 {
     uint64_t start = c * io->chunk, end = start + io->chunk;
     kvr_status_t s = KVR_OK;
@@ -406,18 +421,21 @@ static kvr_status_t scatter(const kvr_store_io_t *io, load_ctx_t *x, size_t c,
                          .dst_blocks = io->blocks,
                          .num_dst_blocks = io->num_blocks,
                          .num_tokens = end,
-                         .num_computed_blocks =
-                             start / kvr_virtual_block(io->lay)};
+                         .num_computed_blocks = start /
+                                                kvr_virtual_block(io->lay)};
     kvr_plan_set_t *set = NULL;
-    s = kvr_plan_set_create(&x->lay, io->rank, x->pairs, io->num_regions,
-                            &req, &set, err);
+    s = kvr_plan_set_create(&x->lay, io->rank, x->pairs, io->num_regions, &req,
+                            &set, err);
     for (size_t i = 0; s == KVR_OK && i < io->num_regions; i++) {
-        apply_t a = {.src = data + x->off[i], .dst = io->regions[i].base,
-                     .src_off0 = start * x->canon[i].width, .dst_off0 = 0,
+        apply_t a = {.src = data + x->off[i],
+                     .dst = io->regions[i].base,
+                     .src_off0 = start * x->canon[i].width,
+                     .dst_off0 = 0,
                      .canon_is_src = true,
                      .shuffle = x->canon[i].role == KVR_ROLE_INDEX &&
                                 x->lay.preshuffle,
-                     .D = x->canon[i].D, .bs = io->block_size};
+                     .D = x->canon[i].D,
+                     .bs = io->block_size};
         s = apply_plan(kvr_plan_set_plan_of(set, i), &a, err);
     }
     kvr_plan_set_destroy(set);
@@ -434,7 +452,8 @@ kvr_status_t kvr_store_load(kvr_store_t *st, const kvr_store_io_t *io,
     if (s != KVR_OK)
         return s;
     if (io->block_size != io->lay->block_size)
-        return kvr_error_set(err, KVR_ERR_LAYOUT_MISMATCH, "store load: "
+        return kvr_error_set(err, KVR_ERR_LAYOUT_MISMATCH,
+                             "store load: "
                              "consumer bs %u, store bs %u",
                              io->lay->block_size, io->block_size);
     load_ctx_t x = {0};

@@ -21,8 +21,14 @@ static bool ends_with(const char *s, const char *tail)
 
 static void unlink_entry(kvr_store_t *st, kvr__entry_t *e)
 {
-    if (e->prev) e->prev->next = e->next; else st->head = e->next;
-    if (e->next) e->next->prev = e->prev; else st->tail = e->prev;
+    if (e->prev)
+        e->prev->next = e->next;
+    else
+        st->head = e->next;
+    if (e->next)
+        e->next->prev = e->prev;
+    else
+        st->tail = e->prev;
     e->prev = e->next = NULL;
 }
 
@@ -30,7 +36,10 @@ static void push_front(kvr_store_t *st, kvr__entry_t *e)
 {
     e->next = st->head;
     e->prev = NULL;
-    if (st->head) st->head->prev = e; else st->tail = e;
+    if (st->head)
+        st->head->prev = e;
+    else
+        st->tail = e;
     st->head = e;
 }
 
@@ -155,7 +164,8 @@ kvr_status_t kvr_store_open(const kvr_store_opts_t *opts, kvr_store_t **out,
         return kvr_error_set(err, KVR_ERR_INVALID, "store open: %s is NULL",
                              opts == NULL ? "opts" : "out");
     if (opts->dir == NULL && opts->host_bytes == 0)
-        return kvr_error_set(err, KVR_ERR_INVALID, "store open: no tier "
+        return kvr_error_set(err, KVR_ERR_INVALID,
+                             "store open: no tier "
                              "(no directory and host_bytes 0)");
     if (sodium_init() < 0)
         return kvr_error_set(err, KVR_ERR_INIT, "libsodium init failed");
@@ -210,8 +220,7 @@ const char *kvr_store_backend(const kvr_store_t *st)
 /* ---- chunks -------------------------------------------------------------- */
 
 kvr_status_t kvr__store_put_owned(kvr_store_t *st, const kvr_chunk_key_t *key,
-                                  uint8_t *data, uint64_t len,
-                                  kvr_error_t *err)
+                                  uint8_t *data, uint64_t len, kvr_error_t *err)
 {
     uint8_t header[KVR__CHUNK_HEADER], sum[KVR_STORE_SUM_BYTES] = {0};
     /* The checksum guards bytes that leave memory (the disk write computes
@@ -271,8 +280,10 @@ kvr_status_t kvr__store_ref(kvr_store_t *st, const kvr_chunk_key_t *key,
         st->stats.corrupt++;
         e = NULL;
         kvr__chunk_name(key, name);
-        return kvr_error_set(err, KVR_ERR_NOT_FOUND, "chunk %s: host copy "
-                             "fails its checksum", name);
+        return kvr_error_set(err, KVR_ERR_NOT_FOUND,
+                             "chunk %s: host copy "
+                             "fails its checksum",
+                             name);
     }
     if (e != NULL) {
         unlink_entry(st, e);
@@ -294,7 +305,8 @@ kvr_status_t kvr__store_ref(kvr_store_t *st, const kvr_chunk_key_t *key,
         if (st->opts.host_bytes >= n) {
             e = host_insert(st, key, buf, n, sum);
             if (e == NULL)
-                return kvr_error_set(err, KVR_ERR_NO_MEMORY, "store: no "
+                return kvr_error_set(err, KVR_ERR_NO_MEMORY,
+                                     "store: no "
                                      "memory for a host-tier entry");
         } else {
             /* no room in the host tier: keep it in a one-slot spill */
@@ -328,10 +340,10 @@ kvr_status_t kvr_store_get(kvr_store_t *st, const kvr_chunk_key_t *key,
     if (s != KVR_OK)
         return s;
     if (cap < *len)
-        return kvr_error_set(err, KVR_ERR_BUFFER_SMALL, "store get: chunk of "
+        return kvr_error_set(err, KVR_ERR_BUFFER_SMALL,
+                             "store get: chunk of "
                              "%llu bytes, buffer of %llu",
-                             (unsigned long long)*len,
-                             (unsigned long long)cap);
+                             (unsigned long long)*len, (unsigned long long)cap);
     if (*len > 0)
         memcpy(buf, data, *len);
     st->stats.loaded_bytes += *len;
@@ -345,8 +357,8 @@ bool kvr_store_contains(kvr_store_t *st, const kvr_chunk_key_t *key)
 
 /* ---- verify ---------------------------------------------------------------- */
 
-kvr_status_t kvr_store_verify(const char *dir, kvr_store_bad_fn bad,
-                              void *arg, uint64_t *num_ok, uint64_t *num_bad,
+kvr_status_t kvr_store_verify(const char *dir, kvr_store_bad_fn bad, void *arg,
+                              uint64_t *num_ok, uint64_t *num_bad,
                               kvr_error_t *err)
 {
     uint64_t ok = 0, nbad = 0;
@@ -395,7 +407,8 @@ kvr_status_t kvr_store_namespace(const kvr_offload_desc_t *desc,
                                  kvr_error_t *err)
 {
     if (desc == NULL || out == NULL || (regions == NULL && num_regions > 0))
-        return kvr_error_set(err, KVR_ERR_INVALID, "store namespace: NULL "
+        return kvr_error_set(err, KVR_ERR_INVALID,
+                             "store namespace: NULL "
                              "argument");
     kvr_offload_desc_t canon = *desc;
     canon.tp = canon.dcp_size = canon.interleave = 1;
@@ -413,8 +426,9 @@ kvr_status_t kvr_store_namespace(const kvr_offload_desc_t *desc,
         const kvr_region_desc_t *r = &regions[i];
         hash_u64(&h, r->role);
         hash_u64(&h, r->layer);
-        hash_u64(&h, r->role == KVR_ROLE_INDEX ? 0
-                                                : r->page_bytes / desc->block_size);
+        hash_u64(&h, r->role == KVR_ROLE_INDEX
+                         ? 0
+                         : r->page_bytes / desc->block_size);
         hash_u64(&h, r->index_dim);
         hash_u64(&h, r->quant_block ? r->quant_block : r->index_dim);
         hash_u64(&h, r->heads);
@@ -429,11 +443,12 @@ kvr_status_t kvr_store_namespace(const kvr_offload_desc_t *desc,
 }
 
 kvr_status_t kvr_store_chains(const uint32_t *tokens, size_t num_tokens,
-                              uint64_t chunk, kvr_block_hash_t *out,
-                              size_t cap, size_t *num, kvr_error_t *err)
+                              uint64_t chunk, kvr_block_hash_t *out, size_t cap,
+                              size_t *num, kvr_error_t *err)
 {
     if (chunk == 0)
-        return kvr_error_set(err, KVR_ERR_CHUNK_SIZE, "store chains: chunk "
+        return kvr_error_set(err, KVR_ERR_CHUNK_SIZE,
+                             "store chains: chunk "
                              "size 0");
     return kvr_prefix_hashes(NULL, tokens, num_tokens, chunk, out, cap, num,
                              err);

@@ -11,7 +11,7 @@
 #define KVR__CHUNK_HEADER 80u
 #define KVR__CHUNK_FRAME (KVR__CHUNK_HEADER + KVR_STORE_SUM_BYTES)
 #define KVR__SPARES 4
-#define KVR__LEAF (4ull << 20)   /* checksum leaf */
+#define KVR__LEAF (4ull << 20) /* checksum leaf */
 #define KVR__HASH_THREADS 8u
 
 /* One host-tier entry, on the LRU list (head: most recent). */
@@ -30,7 +30,7 @@ struct kvr_store {
     kvr__entry_t *head, *tail;
     kvr_store_stats_t stats;
     uint64_t tmp_seq;
-    void *ring;   /* io_uring, when built with liburing */
+    void *ring;     /* io_uring, when built with liburing */
     uint8_t *spill; /* a disk hit the host tier cannot hold */
     uint64_t spill_len;
     /* buffers of evicted chunks, reused by the next chunks of their size:
@@ -47,9 +47,8 @@ void kvr__chunk_header(const kvr_chunk_key_t *key, uint64_t len,
 kvr_status_t kvr__chunk_parse(const uint8_t h[KVR__CHUNK_HEADER],
                               kvr_chunk_key_t *key, uint64_t *len,
                               kvr_error_t *err);
-void kvr__chunk_sum(const uint8_t header[KVR__CHUNK_HEADER],
-                    const void *data, uint64_t len,
-                    uint8_t out[KVR_STORE_SUM_BYTES]);
+void kvr__chunk_sum(const uint8_t header[KVR__CHUNK_HEADER], const void *data,
+                    uint64_t len, uint8_t out[KVR_STORE_SUM_BYTES]);
 
 /* disk.c: the disk tier */
 kvr_status_t kvr__disk_open(kvr_store_t *st, kvr_error_t *err);
@@ -63,8 +62,7 @@ kvr_status_t kvr__disk_write(kvr_store_t *st, const kvr_chunk_key_t *key,
  * caller). KVR_ERR_NOT_FOUND when absent; KVR_ERR_VERIFY when corrupt. */
 kvr_status_t kvr__disk_read(kvr_store_t *st, const kvr_chunk_key_t *key,
                             uint8_t **data, uint64_t *len,
-                            uint8_t sum[KVR_STORE_SUM_BYTES],
-                            kvr_error_t *err);
+                            uint8_t sum[KVR_STORE_SUM_BYTES], kvr_error_t *err);
 bool kvr__disk_has(kvr_store_t *st, const kvr_chunk_key_t *key);
 /* Checks one chunk file at dirfd/name: its header names it and its size
  * matches, and with full its checksum. KVR_OK or why not in err. */

@@ -24,7 +24,8 @@ bool cli_check_plan(const char *cmd, const kvr_layout_t *lay, uint32_t rank,
 {
     kvr_error_t err = {0};
     kvr_plan_set_t *set = NULL;
-    if (kvr_plan_set_create(lay, rank, pairs, num_pairs, req, &set, &err) != KVR_OK) {
+    if (kvr_plan_set_create(lay, rank, pairs, num_pairs, req, &set, &err) !=
+        KVR_OK) {
         cli_usage_error(cmd, "%s (%s)", err.msg, kvr_status_name(err.code));
         return false;
     }
@@ -35,8 +36,7 @@ bool cli_check_plan(const char *cmd, const kvr_layout_t *lay, uint32_t rank,
     return true;
 }
 
-bool cli_parse_u64(const char *text, uint64_t min, uint64_t max,
-                        uint64_t *out)
+bool cli_parse_u64(const char *text, uint64_t min, uint64_t max, uint64_t *out)
 {
     if (text == NULL || *text < '0' || *text > '9')
         return false;
@@ -70,8 +70,7 @@ static bool parse_widths(char *spec, uint64_t *w, uint64_t *q, uint32_t *count)
     return cli_parse_u64(spec, 1, 1ull << 32, w);
 }
 
-bool cli_parse_region(const char *text, kvr_region_desc_t *out,
-                           uint32_t *count)
+bool cli_parse_region(const char *text, kvr_region_desc_t *out, uint32_t *count)
 {
     char buf[128];
     const char *colon = strchr(text, ':');
@@ -135,7 +134,8 @@ static bool random_prefix(uint64_t seed, uint32_t *ids, size_t n, uint64_t pool)
     size_t cap = 4;
     while (cap < 2 * n + 2)
         cap *= 2;
-    moved_t m = {calloc(cap, sizeof(uint64_t)), calloc(cap, sizeof(uint32_t)), cap - 1};
+    moved_t m = {calloc(cap, sizeof(uint64_t)), calloc(cap, sizeof(uint32_t)),
+                 cap - 1};
     bool ok = m.keys != NULL && m.vals != NULL;
     uint64_t state = seed;
     for (size_t i = 0; ok && i < n; i++) {
@@ -149,8 +149,8 @@ static bool random_prefix(uint64_t seed, uint32_t *ids, size_t n, uint64_t pool)
     return ok;
 }
 
-static bool parse_list(const char *text, uint32_t **ids, size_t *n,
-                       char *msg, size_t msg_len)
+static bool parse_list(const char *text, uint32_t **ids, size_t *n, char *msg,
+                       size_t msg_len)
 {
     size_t cap = 1;
     for (const char *c = text; *c; c++)
@@ -188,7 +188,8 @@ static bool generated_table(const char *text, uint64_t need, uint64_t pool,
         return false;
     }
     uint32_t *out = malloc((size_t)(need + 1) * sizeof(*out));
-    if (out == NULL || (random && !random_prefix(seed, out, (size_t)need, pool))) {
+    if (out == NULL ||
+        (random && !random_prefix(seed, out, (size_t)need, pool))) {
         snprintf(msg, msg_len, "no memory for a table of %llu block ids",
                  (unsigned long long)need);
         free(out);
@@ -215,7 +216,8 @@ bool cli_parse_table(const char *text, uint64_t need, uint64_t pool_size,
     }
     /* ids are u32 below UINT32_MAX, so a table holds at most UINT32_MAX */
     if (need > UINT32_MAX) {
-        snprintf(msg, msg_len, "a table of %llu block ids is beyond u32 block ids",
+        snprintf(msg, msg_len,
+                 "a table of %llu block ids is beyond u32 block ids",
                  (unsigned long long)need);
         return false;
     }
@@ -224,9 +226,10 @@ bool cli_parse_table(const char *text, uint64_t need, uint64_t pool_size,
     if (size > UINT32_MAX)
         size = UINT32_MAX;
     if (size < need) {
-        snprintf(msg, msg_len, "a pool of %llu blocks is smaller than the %llu "
-                 "blocks the tokens need", (unsigned long long)size,
-                 (unsigned long long)need);
+        snprintf(msg, msg_len,
+                 "a pool of %llu blocks is smaller than the %llu "
+                 "blocks the tokens need",
+                 (unsigned long long)size, (unsigned long long)need);
         return false;
     }
     if (!generated_table(text, need, size, ids, msg, msg_len))

@@ -37,7 +37,8 @@ static int bench_option(void *ctx, const char *name, const char *value)
     if (strcmp(name, "reps") != 0)
         return 0;
     if (!cli_parse_u64(value, 1, MAX_REPS, &b->reps)) {
-        cli_usage_error("bench", "--reps: '%s' is not in [1, %d]", value, MAX_REPS);
+        cli_usage_error("bench", "--reps: '%s' is not in [1, %d]", value,
+                        MAX_REPS);
         return -1;
     }
     return 1;
@@ -57,7 +58,8 @@ static double run_demo(const bench_t *b, const char *executor)
         len += snprintf(cmd + len, sizeof(cmd) - (size_t)len, " '%s'", args[i]);
     if (len <= 0 || (size_t)len >= sizeof(cmd) - 64)
         return -1;
-    snprintf(cmd + len, sizeof(cmd) - (size_t)len, " --executor=%s 2>/dev/null", executor);
+    snprintf(cmd + len, sizeof(cmd) - (size_t)len, " --executor=%s 2>/dev/null",
+             executor);
     FILE *p = popen(cmd, "r");
     char line[65536];
     double gbps = -1;
@@ -88,26 +90,26 @@ static int report(const bench_t *b, double rates[2][MAX_REPS])
     }
     double best = med[0] > med[1] ? med[0] : med[1];
     json_t *arr = json_array();
-    printf("%-8s %10s %10s %10s %14s\n", "executor", "min GB/s", "median", "max",
-           "vs best median");
+    printf("%-8s %10s %10s %10s %14s\n", "executor", "min GB/s", "median",
+           "max", "vs best median");
     for (int e = 0; e < 2; e++) {
-        printf("%-8s %10.3f %10.3f %10.3f %14.2f\n", names[e], rates[e][0], med[e],
-               rates[e][b->reps - 1], med[e] / best);
-        json_array_append_new(arr, json_pack("{s:s,s:f,s:f,s:f,s:f}", "executor",
-                                             names[e], "min_gbps", rates[e][0],
-                                             "median_gbps", med[e], "max_gbps",
-                                             rates[e][b->reps - 1], "ratio_to_best",
-                                             med[e] / best));
+        printf("%-8s %10.3f %10.3f %10.3f %14.2f\n", names[e], rates[e][0],
+               med[e], rates[e][b->reps - 1], med[e] / best);
+        json_array_append_new(arr, json_pack("{s:s,s:f,s:f,s:f,s:f}",
+                                             "executor", names[e], "min_gbps",
+                                             rates[e][0], "median_gbps", med[e],
+                                             "max_gbps", rates[e][b->reps - 1],
+                                             "ratio_to_best", med[e] / best));
     }
-    json_t *root = json_pack("{s:s,s:I,s:I,s:I,s:I,s:I,s:o}", "bench", "executors",
-                             "reps", (json_int_t)b->reps, "W",
-                             (json_int_t)b->cfg.lay.dcp_size, "I",
-                             (json_int_t)b->cfg.lay.interleave, "tokens",
-                             (json_int_t)b->cfg.tokens, "requests",
-                             (json_int_t)b->cfg.requests, "results", arr);
+    json_t *root = json_pack(
+        "{s:s,s:I,s:I,s:I,s:I,s:I,s:o}", "bench", "executors", "reps",
+        (json_int_t)b->reps, "W", (json_int_t)b->cfg.lay.dcp_size, "I",
+        (json_int_t)b->cfg.lay.interleave, "tokens", (json_int_t)b->cfg.tokens,
+        "requests", (json_int_t)b->cfg.requests, "results", arr);
     int rc = CLI_EXIT_OK;
-    if (b->out_file != NULL && (json_dumpf(root, b->out_file, JSON_INDENT(1)) != 0 ||
-                                fputc('\n', b->out_file) == EOF)) {
+    if (b->out_file != NULL &&
+        (json_dumpf(root, b->out_file, JSON_INDENT(1)) != 0 ||
+         fputc('\n', b->out_file) == EOF)) {
         fprintf(stderr, "kvrelay bench: cannot write %s\n", b->out);
         rc = CLI_EXIT_FAILED;
     }
@@ -124,7 +126,7 @@ int cli_cmd_bench(int argc, char **argv)
     demo_cfg_init(&b->cfg);
     b->reps = 3;
     int rc = demo_parse(argc, argv, &b->cfg, "bench", bench_usage, NULL,
-                            bench_option, b);
+                        bench_option, b);
     if (rc < 0 && b->out != NULL && (b->out_file = fopen(b->out, "w")) == NULL)
         rc = cli_usage_error("bench", "--out %s: %s", b->out, strerror(errno));
     for (uint64_t r = 0; rc < 0 && r < b->reps; r++)
@@ -139,7 +141,8 @@ int cli_cmd_bench(int argc, char **argv)
     if (rc < 0)
         rc = report(b, rates);
     if (b->out_file != NULL && fclose(b->out_file) != 0 && rc == CLI_EXIT_OK) {
-        fprintf(stderr, "kvrelay bench: cannot write %s: %s\n", b->out, strerror(errno));
+        fprintf(stderr, "kvrelay bench: cannot write %s: %s\n", b->out,
+                strerror(errno));
         rc = CLI_EXIT_FAILED;
     }
     if (b->out_file != NULL && rc != CLI_EXIT_OK)

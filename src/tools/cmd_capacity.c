@@ -13,8 +13,10 @@
 #define MAX_SPECS 64
 
 static const char capacity_usage[] =
-    "usage: kvrelay capacity [--json] --budget SIZE [--block-size BS] [--dcp W]\n"
-    "                        [--replicate-index] --region mla:TOKEN_BYTES[xLAYERS]\n"
+    "usage: kvrelay capacity [--json] --budget SIZE [--block-size BS] [--dcp "
+    "W]\n"
+    "                        [--replicate-index] --region "
+    "mla:TOKEN_BYTES[xLAYERS]\n"
     "                        [--region index:D[xLAYERS]] ...\n"
     "Blocks per rank = floor(budget / bytes per block), where a block holds\n"
     "bs tokens of every MLA layer and one index page of every index layer:\n"
@@ -58,11 +60,20 @@ static const struct {
     const char *suffix;
     uint64_t mult;
 } size_units[] = {
-    {"", 1}, {"B", 1},
-    {"K", 1ull << 10}, {"KiB", 1ull << 10}, {"KB", 1000ull},
-    {"M", 1ull << 20}, {"MiB", 1ull << 20}, {"MB", 1000000ull},
-    {"G", 1ull << 30}, {"GiB", 1ull << 30}, {"GB", 1000000000ull},
-    {"T", 1ull << 40}, {"TiB", 1ull << 40}, {"TB", 1000000000000ull},
+    {"", 1},
+    {"B", 1},
+    {"K", 1ull << 10},
+    {"KiB", 1ull << 10},
+    {"KB", 1000ull},
+    {"M", 1ull << 20},
+    {"MiB", 1ull << 20},
+    {"MB", 1000000ull},
+    {"G", 1ull << 30},
+    {"GiB", 1ull << 30},
+    {"GB", 1000000000ull},
+    {"T", 1ull << 40},
+    {"TiB", 1ull << 40},
+    {"TB", 1000000000000ull},
 };
 
 /* "80GiB", "85899345920", "80G": a whole number and an optional unit. */
@@ -89,9 +100,10 @@ static int number_option(int opt, const char *arg, cap_opts_t *o)
     uint64_t max = opt == O_BS ? (1u << 20) : (1u << 16);
     uint64_t v;
     if (!cli_parse_u64(arg, 1, max, &v))
-        return cli_usage_error("capacity", "--%s: '%s' is not a number "
-                                    "in [1, %llu]", name, arg,
-                                    (unsigned long long)max);
+        return cli_usage_error("capacity",
+                               "--%s: '%s' is not a number "
+                               "in [1, %llu]",
+                               name, arg, (unsigned long long)max);
     if (opt == O_BS)
         o->bs = v;
     else
@@ -103,17 +115,21 @@ static int region_option(const char *arg, cap_opts_t *o)
 {
     if (o->num_specs == MAX_SPECS)
         return cli_usage_error("capacity", "more than %d --region options",
-                                    MAX_SPECS);
+                               MAX_SPECS);
     cap_spec_t *s = &o->specs[o->num_specs];
     if (!cli_parse_region(arg, &s->tmpl, &s->layers) ||
         (s->tmpl.role != KVR_ROLE_MLA && s->tmpl.role != KVR_ROLE_INDEX))
-        return cli_usage_error("capacity", "--region '%s': expected "
-                                    "mla:TOKEN_BYTES[xLAYERS] or "
-                                    "index:D[xLAYERS]", arg);
-    if (s->tmpl.role == KVR_ROLE_INDEX && s->tmpl.quant_block != s->tmpl.index_dim)
-        return cli_usage_error("capacity", "--region '%s': index D/Q must "
-                                    "be 1 (D=%u, Q=%u)", arg,
-                                    s->tmpl.index_dim, s->tmpl.quant_block);
+        return cli_usage_error("capacity",
+                               "--region '%s': expected "
+                               "mla:TOKEN_BYTES[xLAYERS] or "
+                               "index:D[xLAYERS]",
+                               arg);
+    if (s->tmpl.role == KVR_ROLE_INDEX &&
+        s->tmpl.quant_block != s->tmpl.index_dim)
+        return cli_usage_error("capacity",
+                               "--region '%s': index D/Q must "
+                               "be 1 (D=%u, Q=%u)",
+                               arg, s->tmpl.index_dim, s->tmpl.quant_block);
     o->num_specs++;
     return CLI_EXIT_OK;
 }
@@ -122,12 +138,11 @@ static int check_capacity_args(int argc, char **argv, const cap_opts_t *o)
 {
     if (optind < argc)
         return cli_usage_error("capacity", "unexpected argument '%s'",
-                                    argv[optind]);
+                               argv[optind]);
     if (!o->have_budget)
         return cli_usage_error("capacity", "--budget is required");
     if (o->num_specs == 0)
-        return cli_usage_error("capacity",
-                                    "at least one --region is required");
+        return cli_usage_error("capacity", "at least one --region is required");
     return -1;
 }
 
@@ -142,20 +157,33 @@ static int parse_capacity_args(int argc, char **argv, cap_opts_t *o)
         switch (opt) {
         case O_BUDGET:
             if (!parse_size(optarg, &o->budget))
-                return cli_usage_error("capacity", "--budget: '%s' is not "
-                                            "a size (e.g. 85899345920, 80GiB, "
-                                            "80G, 86GB)", optarg);
+                return cli_usage_error("capacity",
+                                       "--budget: '%s' is not "
+                                       "a size (e.g. 85899345920, 80GiB, "
+                                       "80G, 86GB)",
+                                       optarg);
             o->have_budget = true;
             break;
-        case O_REGION: rc = region_option(optarg, o); break;
-        case O_REPL: o->replicate = true; break;
-        case O_JSON: o->json = true; break;
-        case O_HELP: fputs(capacity_usage, stdout); return CLI_EXIT_OK;
+        case O_REGION:
+            rc = region_option(optarg, o);
+            break;
+        case O_REPL:
+            o->replicate = true;
+            break;
+        case O_JSON:
+            o->json = true;
+            break;
+        case O_HELP:
+            fputs(capacity_usage, stdout);
+            return CLI_EXIT_OK;
         case '?':
-            return cli_usage_error("capacity", "unknown or incomplete "
-                                        "option '%s' (see --help)",
-                                        argv[optind - 1]);
-        default: rc = number_option(opt, optarg, o); break;
+            return cli_usage_error("capacity",
+                                   "unknown or incomplete "
+                                   "option '%s' (see --help)",
+                                   argv[optind - 1]);
+        default:
+            rc = number_option(opt, optarg, o);
+            break;
         }
         if (rc != CLI_EXIT_OK)
             return rc;
@@ -202,13 +230,12 @@ static bool compute(const cap_opts_t *o, bool repl, cap_result_t *out)
 
 static json_t *result_json(const cap_result_t *r)
 {
-    return json_pack("{s:I,s:I,s:I,s:I,s:I,s:I}", "mla_bytes_per_block",
-                     (json_int_t)r->mla, "index_bytes_per_block",
-                     (json_int_t)r->index, "bytes_per_block",
-                     (json_int_t)r->per_block, "blocks_per_rank",
-                     (json_int_t)r->blocks, "tokens_per_rank",
-                     (json_int_t)r->tokens_rank, "tokens_per_group",
-                     (json_int_t)r->tokens_group);
+    return json_pack(
+        "{s:I,s:I,s:I,s:I,s:I,s:I}", "mla_bytes_per_block", (json_int_t)r->mla,
+        "index_bytes_per_block", (json_int_t)r->index, "bytes_per_block",
+        (json_int_t)r->per_block, "blocks_per_rank", (json_int_t)r->blocks,
+        "tokens_per_rank", (json_int_t)r->tokens_rank, "tokens_per_group",
+        (json_int_t)r->tokens_group);
 }
 
 static json_t *specs_json(const cap_opts_t *o)
@@ -218,16 +245,19 @@ static json_t *specs_json(const cap_opts_t *o)
         const cap_spec_t *s = &o->specs[i];
         uint64_t b = 0;
         spec_bytes(o, s, o->replicate, &b);
-        json_t *e = json_pack("{s:s,s:I,s:I}", "role",
-                              kvr_role_name(s->tmpl.role), "layers",
-                              (json_int_t)s->layers, "bytes_per_block",
-                              (json_int_t)b);
+        json_t *e = json_pack(
+            "{s:s,s:I,s:I}", "role", kvr_role_name(s->tmpl.role), "layers",
+            (json_int_t)s->layers, "bytes_per_block", (json_int_t)b);
         if (s->tmpl.role == KVR_ROLE_INDEX) {
-            json_object_set_new(e, "index_dim", json_integer(s->tmpl.index_dim));
-            json_object_set_new(e, "stride", json_integer((json_int_t)
-                                kvr_index_stride(s->tmpl.index_dim)));
-            json_object_set_new(e, "page_tokens", json_integer((json_int_t)
-                                (o->replicate ? o->bs * o->W : o->bs)));
+            json_object_set_new(e, "index_dim",
+                                json_integer(s->tmpl.index_dim));
+            json_object_set_new(
+                e, "stride",
+                json_integer((json_int_t)kvr_index_stride(s->tmpl.index_dim)));
+            json_object_set_new(
+                e, "page_tokens",
+                json_integer(
+                    (json_int_t)(o->replicate ? o->bs * o->W : o->bs)));
         } else {
             json_object_set_new(e, "token_bytes",
                                 json_integer((json_int_t)s->tmpl.page_bytes));
@@ -278,15 +308,17 @@ static void print_specs(const cap_opts_t *o)
         char what[96];
         spec_bytes(o, s, o->replicate, &b);
         if (s->tmpl.role == KVR_ROLE_INDEX)
-            snprintf(what, sizeof(what), "index %4u layers x %5llu tokens x "
-                     "%4llu B (D=%u, padded)", s->layers,
-                     (ull)(o->replicate ? o->bs * o->W : o->bs),
+            snprintf(what, sizeof(what),
+                     "index %4u layers x %5llu tokens x "
+                     "%4llu B (D=%u, padded)",
+                     s->layers, (ull)(o->replicate ? o->bs * o->W : o->bs),
                      (ull)kvr_index_stride(s->tmpl.index_dim),
                      s->tmpl.index_dim);
         else
-            snprintf(what, sizeof(what), "mla   %4u layers x %5llu tokens x "
-                     "%4llu B", s->layers, (ull)o->bs,
-                     (ull)s->tmpl.page_bytes);
+            snprintf(what, sizeof(what),
+                     "mla   %4u layers x %5llu tokens x "
+                     "%4llu B",
+                     s->layers, (ull)o->bs, (ull)s->tmpl.page_bytes);
         printf("  %-58s %14llu B\n", what, (ull)b);
     }
 }
@@ -302,17 +334,20 @@ static void print_text(const cap_opts_t *o, const cap_result_t *chosen,
     print_specs(o);
     printf("  %-58s %14llu B\n", "total", (ull)chosen->per_block);
     printf("blocks per rank:      %llu\n", (ull)chosen->blocks);
-    printf("tokens per rank:      %llu  (blocks x bs: KV slots each rank holds)\n",
-           (ull)chosen->tokens_rank);
+    printf(
+        "tokens per rank:      %llu  (blocks x bs: KV slots each rank holds)\n",
+        (ull)chosen->tokens_rank);
     printf("tokens per DCP group: %llu  (blocks x bs x W: context the %llu "
-           "ranks hold together)\n", (ull)chosen->tokens_group, (ull)o->W);
+           "ranks hold together)\n",
+           (ull)chosen->tokens_group, (ull)o->W);
     uint64_t lost = shard->blocks - repl->blocks;
     printf("replication cost: a replicated index holds %llu blocks per rank, a "
-           "sharded one %llu:\n", (ull)repl->blocks, (ull)shard->blocks);
+           "sharded one %llu:\n",
+           (ull)repl->blocks, (ull)shard->blocks);
     printf("  -%llu blocks, -%llu tokens per rank, -%llu tokens per group "
-               "(ratio %.4f, %.1f%% fewer)\n", (ull)lost, (ull)(lost * o->bs),
-           (ull)(lost * o->bs * o->W), ratio(repl, shard),
-           100.0 * (1.0 - ratio(repl, shard)));
+           "(ratio %.4f, %.1f%% fewer)\n",
+           (ull)lost, (ull)(lost * o->bs), (ull)(lost * o->bs * o->W),
+           ratio(repl, shard), 100.0 * (1.0 - ratio(repl, shard)));
     if (o->W > 1 && !o->replicate)
         puts("note: a sharded index under W > 1 needs I == bs");
 }
@@ -328,13 +363,16 @@ int cli_cmd_capacity(int argc, char **argv)
     cap_result_t repl, shard;
     if (!compute(&o, true, &repl) || !compute(&o, false, &shard))
         return cli_usage_error("capacity", "bytes per block or tokens "
-                                    "overflow 64 bits for these shapes");
+                                           "overflow 64 bits for these shapes");
     const cap_result_t *chosen = o.replicate ? &repl : &shard;
     if (chosen->blocks == 0)
-        return cli_usage_error("capacity", "--budget %llu bytes holds no block "
-                               "(one block takes %llu bytes); sizes take a unit, "
-                               "e.g. 80G, 80GiB, 512M", (unsigned long long)o.budget,
-                               (unsigned long long)chosen->per_block);
+        return cli_usage_error(
+            "capacity",
+            "--budget %llu bytes holds no block "
+            "(one block takes %llu bytes); sizes take a unit, "
+            "e.g. 80G, 80GiB, 512M",
+            (unsigned long long)o.budget,
+            (unsigned long long)chosen->per_block);
     if (o.json)
         print_json(&o, chosen, &repl, &shard);
     else

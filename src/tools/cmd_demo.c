@@ -45,8 +45,8 @@ typedef struct {
 
 typedef struct {
     uint32_t verified_ranks, loaded_ranks, aborted_ranks;
-    bool released;      /* the router freed its blocks */
-    char outcome[32];   /* the router's outcome */
+    bool released;    /* the router freed its blocks */
+    char outcome[32]; /* the router's outcome */
     uint64_t bytes, computed_blocks;
     uint64_t start_ns, end_ns; /* first WRITE_REQUEST out, last rank loaded */
     char failure[KVR_ERROR_MSG_MAX];
@@ -169,7 +169,8 @@ static void on_line(demo_t *d, child_t *k, char *line)
     sscanf(line, "%31s %63s %n", verb, id, &used);
     const char *rest = used > 0 ? line + used : "";
     req_state_t *q = req_of(d, id);
-    if (strcmp(verb, "offered") == 0 && sscanf(rest, "%llu %llu", &a, &b) == 2) {
+    if (strcmp(verb, "offered") == 0 &&
+        sscanf(rest, "%llu %llu", &a, &b) == 2) {
         if (d->first_offer_ns == 0 || b < d->first_offer_ns)
             d->first_offer_ns = b;
     } else if (strcmp(verb, "loaded") == 0 && q &&
@@ -192,16 +193,19 @@ static void on_line(demo_t *d, child_t *k, char *line)
         if (sp != NULL)
             *sp = '\0';
         if (q->aborted_ranks > 0 || d->cfg.verbose)
-            fprintf(d->out, "  %-8s %s blocks released (%s)\n", k->name, id, rest);
+            fprintf(d->out, "  %-8s %s blocks released (%s)\n", k->name, id,
+                    rest);
     } else if (strcmp(verb, "verified") == 0 && q) {
         q->verified_ranks++;
-        fprintf(d->out, "  %-8s %s verified byte-exact (%u/%u ranks)\n", k->name, id,
-               q->verified_ranks, d->cfg.lay.dcp_size);
+        fprintf(d->out, "  %-8s %s verified byte-exact (%u/%u ranks)\n",
+                k->name, id, q->verified_ranks, d->cfg.lay.dcp_size);
     } else if (strcmp(verb, "sent") == 0 && q) {
         q->sent = true;
-    } else if ((strcmp(verb, "failed") == 0 || strcmp(verb, "verify-failed") == 0 ||
+    } else if ((strcmp(verb, "failed") == 0 ||
+                strcmp(verb, "verify-failed") == 0 ||
                 strcmp(verb, "send-failed") == 0 ||
-                strcmp(verb, "offer-refused") == 0) && q) {
+                strcmp(verb, "offer-refused") == 0) &&
+               q) {
         note_failure(q, k->name, rest);
         fprintf(d->out, "  %-8s %s %s: %s\n", k->name, id, verb, rest);
     } else if (d->cfg.verbose) {
@@ -244,7 +248,8 @@ static void reap(demo_t *d, bool block)
         k->exited = true;
         k->status = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
         if (k->status != 0)
-            fprintf(d->out, "  %-8s exited with status %d\n", k->name, k->status);
+            fprintf(d->out, "  %-8s exited with status %d\n", k->name,
+                    k->status);
     }
 }
 
@@ -313,8 +318,8 @@ static int child_device(const demo_t *d, bool consumer, uint32_t index)
     return consumer && n > 1 ? 1 : 0;
 }
 
-static void child_name(const demo_t *d, bool consumer, uint32_t who,
-                       uint32_t r, uint32_t tp, char *buf, size_t len)
+static void child_name(const demo_t *d, bool consumer, uint32_t who, uint32_t r,
+                       uint32_t tp, char *buf, size_t len)
 {
     char pre[16] = "";
     if (consumer && d->cfg.groups > 1)
@@ -355,7 +360,8 @@ static int start_serve(demo_t *d, uint32_t g, uint32_t rank, int router,
     snprintf(extra[1], sizeof(extra[1]), "--rank=%u", rank);
     snprintf(extra[2], sizeof(extra[2]), "--group=%u", g);
     snprintf(extra[3], sizeof(extra[3]), "--listen=127.0.0.1:0");
-    snprintf(extra[4], sizeof(extra[4]), "--expect=%u", demo_count(&d->cfg, g, true));
+    snprintf(extra[4], sizeof(extra[4]), "--expect=%u",
+             demo_count(&d->cfg, g, true));
     snprintf(extra[5], sizeof(extra[5]), "--router=127.0.0.1:%d", router);
     child_name(d, true, g, rank, 0, name, sizeof(name));
     return start_child(d, "serve", true, extra, rank > 0 ? 6 : 5, name, port);
@@ -387,9 +393,10 @@ static bool child_gone(demo_t *d)
     reap(d, false);
     for (uint32_t i = 0; i < d->num_kids; i++)
         if (d->kids[i].exited && d->kids[i].status != 0) {
-            fprintf(stderr, "kvrelay demo: %s is gone (status %d) before every "
-                    "process started; starting no more\n", d->kids[i].name,
-                    d->kids[i].status);
+            fprintf(stderr,
+                    "kvrelay demo: %s is gone (status %d) before every "
+                    "process started; starting no more\n",
+                    d->kids[i].name, d->kids[i].status);
             return true;
         }
     return got_signal != 0;
@@ -407,14 +414,17 @@ static bool start_decode(demo_t *d, char *routers, size_t cap)
             if (child_gone(d))
                 return false;
             if (start_serve(d, g, r, router, &port) != 0) {
-                fprintf(stderr, "kvrelay demo: decode group %u rank %u did not "
-                        "start\n", g, r);
+                fprintf(stderr,
+                        "kvrelay demo: decode group %u rank %u did not "
+                        "start\n",
+                        g, r);
                 return false;
             }
             router = r == 0 ? port : router;
         }
         size_t len = strlen(routers);
-        snprintf(routers + len, cap - len, "%s127.0.0.1:%d", g ? "," : "", router);
+        snprintf(routers + len, cap - len, "%s127.0.0.1:%d", g ? "," : "",
+                 router);
     }
     return true;
 }
@@ -429,12 +439,13 @@ static bool start_all(demo_t *d)
         for (uint32_t st = 0; st < d->cfg.pp; st++)
             for (uint32_t t = 0; t < d->cfg.producer_tp; t++) {
                 bool first = st == 0 && t == 0;
-                if (child_gone(d) ||
-                    start_push(d, p, st, t, routers, head,
-                               first ? &head : NULL) != 0) {
+                if (child_gone(d) || start_push(d, p, st, t, routers, head,
+                                                first ? &head : NULL) != 0) {
                     if (!got_signal)
-                        fprintf(stderr, "kvrelay demo: prefill instance %u "
-                                "stage %u tp %u did not start\n", p, st, t);
+                        fprintf(stderr,
+                                "kvrelay demo: prefill instance %u "
+                                "stage %u tp %u did not start\n",
+                                p, st, t);
                     return false;
                 }
             }
@@ -498,31 +509,34 @@ static void print_json(const demo_t *d, const totals_t *t)
         demo_request_id(r, id, sizeof(id));
         const req_state_t *q = &d->reqs[r];
         double secs = q->end_ns > q->start_ns && q->start_ns
-                          ? (double)(q->end_ns - q->start_ns) / 1e9 : 0;
-        json_t *e = json_pack(
-            "{s:s,s:I,s:I,s:I,s:I,s:I,s:b,s:s,s:f,s:f}", "id", id, "tokens",
-            (json_int_t)demo_tokens(&d->cfg, r), "computed_blocks",
-            (json_int_t)q->computed_blocks, "loaded_ranks",
-            (json_int_t)q->loaded_ranks, "verified_ranks",
-            (json_int_t)q->verified_ranks, "bytes", (json_int_t)q->bytes, "sent",
-            q->sent, "failure", q->failure, "seconds", secs, "gbps",
-            secs > 0 ? (double)q->bytes / secs / 1e9 : 0.0);
-        json_object_set_new(e, "instance", json_integer(demo_instance_of(&d->cfg, r)));
-        json_object_set_new(e, "group", json_integer(demo_group_of(&d->cfg, r)));
+                          ? (double)(q->end_ns - q->start_ns) / 1e9
+                          : 0;
+        json_t *e = json_pack("{s:s,s:I,s:I,s:I,s:I,s:I,s:b,s:s,s:f,s:f}", "id",
+                              id, "tokens", (json_int_t)demo_tokens(&d->cfg, r),
+                              "computed_blocks", (json_int_t)q->computed_blocks,
+                              "loaded_ranks", (json_int_t)q->loaded_ranks,
+                              "verified_ranks", (json_int_t)q->verified_ranks,
+                              "bytes", (json_int_t)q->bytes, "sent", q->sent,
+                              "failure", q->failure, "seconds", secs, "gbps",
+                              secs > 0 ? (double)q->bytes / secs / 1e9 : 0.0);
+        json_object_set_new(e, "instance",
+                            json_integer(demo_instance_of(&d->cfg, r)));
+        json_object_set_new(e, "group",
+                            json_integer(demo_group_of(&d->cfg, r)));
         json_object_set_new(e, "aborted", json_boolean(q->aborted_ranks > 0));
         json_object_set_new(e, "released", json_boolean(q->released));
         json_array_append_new(reqs, e);
     }
     for (uint32_t i = 0; i < d->num_kids; i++)
-        json_array_append_new(kids, json_pack("{s:s,s:i}", "name", d->kids[i].name,
-                                              "exit", d->kids[i].status));
-    json_t *root = json_pack("{s:o,s:o,s:I,s:I,s:I,s:I,s:f,s:f,s:b}", "requests",
-                             reqs, "children", kids, "verified",
-                             (json_int_t)t->verified, "expected",
-                             (json_int_t)t->expected, "aborted",
-                             (json_int_t)t->aborted, "bytes", (json_int_t)t->bytes,
-                             "seconds", t->seconds, "gbps", t->gbps, "ok",
-                             totals_ok(t));
+        json_array_append_new(kids,
+                              json_pack("{s:s,s:i}", "name", d->kids[i].name,
+                                        "exit", d->kids[i].status));
+    json_t *root = json_pack(
+        "{s:o,s:o,s:I,s:I,s:I,s:I,s:f,s:f,s:b}", "requests", reqs, "children",
+        kids, "verified", (json_int_t)t->verified, "expected",
+        (json_int_t)t->expected, "aborted", (json_int_t)t->aborted, "bytes",
+        (json_int_t)t->bytes, "seconds", t->seconds, "gbps", t->gbps, "ok",
+        totals_ok(t));
     char *text = json_dumps(root, JSON_COMPACT);
     if (text != NULL)
         puts(text);
@@ -553,13 +567,13 @@ static json_t *manifest_regions(const demo_t *d)
             json_array_append_new(files, json_string(name));
         }
         demo_image_name(name, sizeof(name), -1, &s);
-        json_t *e = json_pack("{s:s,s:I,s:{s:I,s:I},s:{s:I,s:I},s:s,s:o}", "role",
-                              kvr_role_name(s.role), "layer", (json_int_t)s.layer,
-                              "src", "num_blocks", (json_int_t)s.num_blocks,
-                              "page_bytes", (json_int_t)s.page_bytes, "dst",
-                              "num_blocks", (json_int_t)t.num_blocks, "page_bytes",
-                              (json_int_t)t.page_bytes, "src_file", name,
-                              "dst_files", files);
+        json_t *e = json_pack(
+            "{s:s,s:I,s:{s:I,s:I},s:{s:I,s:I},s:s,s:o}", "role",
+            kvr_role_name(s.role), "layer", (json_int_t)s.layer, "src",
+            "num_blocks", (json_int_t)s.num_blocks, "page_bytes",
+            (json_int_t)s.page_bytes, "dst", "num_blocks",
+            (json_int_t)t.num_blocks, "page_bytes", (json_int_t)t.page_bytes,
+            "src_file", name, "dst_files", files);
         if (s.role == KVR_ROLE_INDEX) {
             json_object_set_new(e, "index_dim", json_integer(s.index_dim));
             json_object_set_new(e, "quant_block", json_integer(s.quant_block));
@@ -582,18 +596,22 @@ static json_t *manifest_requests(const demo_t *d)
         return json_array();
     }
     uint32_t *src = calloc(demo_src_pool(&d->cfg, 0) + 1, sizeof(*src));
-    json_array_foreach(reqs, i, q) {
+    json_array_foreach(reqs, i, q)
+    {
         uint32_t r = 0;
         const char *id = json_string_value(json_object_get(q, "id"));
-        if (src == NULL || id == NULL || !demo_parse_request_id(id, strlen(id), &r))
+        if (src == NULL || id == NULL ||
+            !demo_parse_request_id(id, strlen(id), &r))
             continue;
         uint64_t N = demo_tokens(&d->cfg, r);
         demo_src_blocks(&d->cfg, r, src);
-        json_object_set_new(q, "src_blocks",
-                            u32_array(src, (size_t)kvr_num_src_blocks(&d->cfg.lay, N)));
+        json_object_set_new(
+            q, "src_blocks",
+            u32_array(src, (size_t)kvr_num_src_blocks(&d->cfg.lay, N)));
         json_t *ids = json_array();
         for (uint64_t g = 0; g < N; g++)
-            json_array_append_new(ids, json_integer(demo_token_id(&d->cfg, r, g)));
+            json_array_append_new(ids,
+                                  json_integer(demo_token_id(&d->cfg, r, g)));
         json_object_set_new(q, "token_ids", ids);
     }
     free(src);
@@ -605,10 +623,10 @@ static void write_manifest(const demo_t *d)
     const kvr_layout_t *l = &d->cfg.lay;
     json_t *root = json_pack(
         "{s:s,s:i,s:{s:I,s:I,s:I,s:I,s:I,s:b,s:b},s:I,s:o,s:o}", "format",
-        "kvrelay-dump", "version", 1, "layout", "block_size", (json_int_t)l->block_size,
-        "dcp", (json_int_t)l->dcp_size, "interleave", (json_int_t)l->interleave, "tp",
-        (json_int_t)l->dcp_size, "producer_tp", (json_int_t)d->cfg.producer_tp,
-        "replicate_index", l->replicate_index,
+        "kvrelay-dump", "version", 1, "layout", "block_size",
+        (json_int_t)l->block_size, "dcp", (json_int_t)l->dcp_size, "interleave",
+        (json_int_t)l->interleave, "tp", (json_int_t)l->dcp_size, "producer_tp",
+        (json_int_t)d->cfg.producer_tp, "replicate_index", l->replicate_index,
         "preshuffle", l->preshuffle, "seed", (json_int_t)d->cfg.seed, "regions",
         manifest_regions(d), "requests", manifest_requests(d));
     char path[4096];
@@ -616,8 +634,8 @@ static void write_manifest(const demo_t *d)
     if (root == NULL || json_dump_file(root, path, JSON_COMPACT) != 0)
         fprintf(stderr, "kvrelay demo: cannot write %s\n", path);
     else
-        fprintf(d->out, "dump written to %s (kvrelay inspect %s)\n", d->cfg.dump_dir,
-               d->cfg.dump_dir);
+        fprintf(d->out, "dump written to %s (kvrelay inspect %s)\n",
+                d->cfg.dump_dir, d->cfg.dump_dir);
     json_decref(root);
 }
 
@@ -628,27 +646,35 @@ static int demo_run(demo_t *d)
         snprintf(prod, sizeof(prod), "%u x ", d->cfg.instances);
     if (d->cfg.groups > 1)
         snprintf(cons, sizeof(cons), "%u x ", d->cfg.groups);
-    fprintf(d->out, "kvrelay demo: %sPP%u prefill (%u layers) -> %sW=%u I=%u "
-           "decode, %s index, %u requests of ~%llu tokens over %s%s\n", prod,
-           d->cfg.pp, d->cfg.layers, cons, d->cfg.lay.dcp_size,
-           d->cfg.lay.interleave,
-           d->cfg.lay.replicate_index ? "replicated" : "sharded", d->cfg.requests,
-           (unsigned long long)d->cfg.tokens,
-           d->cfg.tl == KVR_AGENT_TL_TCP ? "UCX tcp" : d->cfg.tl == KVR_AGENT_TL_SHM
-                                                          ? "UCX shm" : "UCX",
-           d->cfg.use_cuda ? " control, CUDA gpu-direct data (KV in GPU memory)" : "");
+    fprintf(d->out,
+            "kvrelay demo: %sPP%u prefill (%u layers) -> %sW=%u I=%u "
+            "decode, %s index, %u requests of ~%llu tokens over %s%s\n",
+            prod, d->cfg.pp, d->cfg.layers, cons, d->cfg.lay.dcp_size,
+            d->cfg.lay.interleave,
+            d->cfg.lay.replicate_index ? "replicated" : "sharded",
+            d->cfg.requests, (unsigned long long)d->cfg.tokens,
+            d->cfg.tl == KVR_AGENT_TL_TCP   ? "UCX tcp"
+            : d->cfg.tl == KVR_AGENT_TL_SHM ? "UCX shm"
+                                            : "UCX",
+            d->cfg.use_cuda
+                ? " control, CUDA gpu-direct data (KV in GPU memory)"
+                : "");
     fflush(d->out);
     uint64_t deadline = kvr_now_ns() +
-                        ((uint64_t)d->cfg.run_timeout_ms + 20000ull) * 1000000ull;
+                        ((uint64_t)d->cfg.run_timeout_ms + 20000ull) *
+                            1000000ull;
     bool started = start_all(d);
     int unused = 0;
     if (started && !pump(d, deadline, -1, &unused))
-        fprintf(d->out, "kvrelay demo: children still running at the deadline; killing\n");
+        fprintf(
+            d->out,
+            "kvrelay demo: children still running at the deadline; killing\n");
     kill_all(d);
     for (uint32_t i = 0; i < d->num_kids; i++)
         close(d->kids[i].fd);
     if (got_signal) {
-        fprintf(stderr, "kvrelay demo: signal %d: every child killed and reaped\n",
+        fprintf(stderr,
+                "kvrelay demo: signal %d: every child killed and reaped\n",
                 (int)got_signal);
         return 128 + (int)got_signal;
     }
@@ -665,8 +691,9 @@ static int demo_run(demo_t *d)
     else if (t.aborted > 0)
         fprintf(d->out, "aborted %u requests, blocks of %u not released\n",
                 t.aborted, t.unreleased);
-    fprintf(d->out, "verified %u/%u requests byte-exact, %llu bytes, %.2f GB/s\n", t.verified,
-           t.expected, (unsigned long long)t.bytes, t.gbps);
+    fprintf(d->out,
+            "verified %u/%u requests byte-exact, %llu bytes, %.2f GB/s\n",
+            t.verified, t.expected, (unsigned long long)t.bytes, t.gbps);
     return started && totals_ok(&t) ? CLI_EXIT_OK : CLI_EXIT_FAILED;
 }
 
@@ -678,14 +705,14 @@ int cli_cmd_demo(int argc, char **argv)
     demo_cfg_init(&d->cfg);
     static const char *const flags[] = {"json", NULL};
     int rc = demo_parse(argc, argv, &d->cfg, "demo", demo_usage, flags,
-                            demo_option, d);
-    if (rc < 0 && d->cfg.dump_dir != NULL && mkdir(d->cfg.dump_dir, 0755) != 0 &&
-        errno != EEXIST)
+                        demo_option, d);
+    if (rc < 0 && d->cfg.dump_dir != NULL &&
+        mkdir(d->cfg.dump_dir, 0755) != 0 && errno != EEXIST)
         rc = cli_usage_error("demo", "--dump %s: %s", d->cfg.dump_dir,
-                                  strerror(errno));
+                             strerror(errno));
     if (rc < 0 && d->cfg.use_cuda && kvr_agent_cuda_devices() == 0)
         rc = cli_usage_error("demo", "--device cuda: no usable CUDA device "
-                                  "(or kvrelay was built without CUDA)");
+                                     "(or kvrelay was built without CUDA)");
     if (rc < 0) {
         d->out = d->json ? stderr : stdout;
         catch_signals();

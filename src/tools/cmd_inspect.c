@@ -12,7 +12,8 @@
 typedef unsigned long long ull;
 
 static const char inspect_usage[] =
-    "usage: kvrelay inspect [--json] [--max-report N] [--seed S | --no-synthetic]\n"
+    "usage: kvrelay inspect [--json] [--max-report N] [--seed S | "
+    "--no-synthetic]\n"
     "                       DIR\n"
     "Reads DIR/manifest.json (written by `kvrelay demo --dump DIR` or the\n"
     "Python package) and the page images it names; checks the tokens\n"
@@ -40,13 +41,14 @@ static const struct option inspect_options[] = {
     {0, 0, 0, 0},
 };
 
-static int number(const char *name, const char *arg, uint64_t min,
-                  uint64_t max, uint64_t *out)
+static int number(const char *name, const char *arg, uint64_t min, uint64_t max,
+                  uint64_t *out)
 {
     if (!cli_parse_u64(arg, min, max, out))
-        return cli_usage_error("inspect", "--%s: '%s' is not a number in "
-                                    "[%llu, %llu]", name, arg, (ull)min,
-                                    (ull)max);
+        return cli_usage_error("inspect",
+                               "--%s: '%s' is not a number in "
+                               "[%llu, %llu]",
+                               name, arg, (ull)min, (ull)max);
     return CLI_EXIT_OK;
 }
 
@@ -58,31 +60,42 @@ static int parse_inspect_args(int argc, char **argv, inspect_args_t *a)
     opterr = 0;
     while ((opt = getopt_long(argc, argv, "", inspect_options, NULL)) != -1) {
         switch (opt) {
-        case O_JSON: a->json = true; break;
-        case O_NOSYNTH: a->no_synth = true; break;
-        case O_MAX: rc = number("max-report", optarg, 1, 1000, &a->max_report); break;
+        case O_JSON:
+            a->json = true;
+            break;
+        case O_NOSYNTH:
+            a->no_synth = true;
+            break;
+        case O_MAX:
+            rc = number("max-report", optarg, 1, 1000, &a->max_report);
+            break;
         case O_SEED:
             rc = number("seed", optarg, 0, INT64_MAX, &a->seed);
             a->have_seed = true;
             break;
-        case O_HELP: fputs(inspect_usage, stdout); return CLI_EXIT_OK;
+        case O_HELP:
+            fputs(inspect_usage, stdout);
+            return CLI_EXIT_OK;
         default:
-            return cli_usage_error("inspect", "unknown or incomplete "
-                                        "option '%s' (see --help)",
-                                        argv[optind - 1]);
+            return cli_usage_error("inspect",
+                                   "unknown or incomplete "
+                                   "option '%s' (see --help)",
+                                   argv[optind - 1]);
         }
         if (rc != CLI_EXIT_OK)
             return rc;
     }
     if (a->have_seed && a->no_synth)
         return cli_usage_error("inspect", "--seed and --no-synthetic "
-                                    "exclude each other");
+                                          "exclude each other");
     if (optind == argc)
         return cli_usage_error("inspect", "the dump directory DIR is "
-                                    "required");
+                                          "required");
     if (optind + 1 != argc)
-        return cli_usage_error("inspect", "one dump directory expected, "
-                                    "got '%s' too", argv[argc - 1]);
+        return cli_usage_error("inspect",
+                               "one dump directory expected, "
+                               "got '%s' too",
+                               argv[argc - 1]);
     a->dir = argv[optind];
     return -1;
 }
@@ -118,8 +131,8 @@ static void print_diff(const kvr_inspect_report_t *rep,
            kvr_inspect_report_request_id(rep, d->request), d->rank,
            kvr_inspect_part_name(d->part));
     if (d->parts != d->part)
-        printf(" (also %s)", d->parts & ~d->part & KVR_INSPECT_PART_SCALE
-                                 ? "scale" : "key");
+        printf(" (also %s)",
+               d->parts & ~d->part & KVR_INSPECT_PART_SCALE ? "scale" : "key");
     printf(" byte %llu ", (ull)d->byte);
     printf(where[d->kind], (ull)d->dst_offset, (ull)d->src_offset);
     printf(": expected 0x%02x found 0x%02x;", d->expected[0], d->found[0]);
@@ -173,11 +186,12 @@ static void print_text(const char *dir, const kvr_inspect_report_t *rep)
         source += r->found[KVR_INSPECT_SOURCE];
         differ += r->found[0] + r->found[1] + r->found[2] != 0;
     }
-    printf("summary: %s: %llu of %zu regions differ; %llu of %llu tokens wrong, "
-           "%llu scales inconsistent, %llu source tokens not synthetic\n",
-           differ ? "DIFFERENCES" : "clean", (ull)differ,
-           kvr_inspect_report_num_regions(rep), (ull)wrong, (ull)checked,
-           (ull)scale, (ull)source);
+    printf(
+        "summary: %s: %llu of %zu regions differ; %llu of %llu tokens wrong, "
+        "%llu scales inconsistent, %llu source tokens not synthetic\n",
+        differ ? "DIFFERENCES" : "clean", (ull)differ,
+        kvr_inspect_report_num_regions(rep), (ull)wrong, (ull)checked,
+        (ull)scale, (ull)source);
 }
 
 int cli_cmd_inspect(int argc, char **argv)
@@ -198,7 +212,7 @@ int cli_cmd_inspect(int argc, char **argv)
     kvr_error_t err = {0};
     if (kvr_inspect_dump(a.dir, &opts, &rep, &err) != KVR_OK)
         return cli_usage_error("inspect", "%s (%s)", err.msg,
-                                    kvr_status_name(err.code));
+                               kvr_status_name(err.code));
     if (a.json) {
         char *text = kvr_inspect_report_json(rep);
         if (text != NULL)

@@ -50,9 +50,30 @@ typedef struct {
     const char *src_text, *dst_text;
 } plan_opts_t;
 
-enum { O_BS = 256, O_DCP, O_RANK, O_I, O_TOKENS, O_K, O_REPL, O_NOSHUF, O_TP,
-       O_PTP, O_SRC, O_DST, O_SRCN, O_DSTN, O_REGION, O_JSON, O_HELP, O_TPR,
-       O_PDCP, O_PI, O_PBS, O_PREPL };
+enum {
+    O_BS = 256,
+    O_DCP,
+    O_RANK,
+    O_I,
+    O_TOKENS,
+    O_K,
+    O_REPL,
+    O_NOSHUF,
+    O_TP,
+    O_PTP,
+    O_SRC,
+    O_DST,
+    O_SRCN,
+    O_DSTN,
+    O_REGION,
+    O_JSON,
+    O_HELP,
+    O_TPR,
+    O_PDCP,
+    O_PI,
+    O_PBS,
+    O_PREPL
+};
 
 static const struct option plan_options[] = {
     {"block-size", required_argument, 0, O_BS},
@@ -82,40 +103,82 @@ static const struct option plan_options[] = {
 
 static int number_option(int opt, const char *arg, plan_opts_t *o)
 {
-    static const char *const names[] = {"block-size", "dcp", "rank",
-                                        "interleave", "tokens",
-                                        "computed-blocks", "tp", "producer-tp",
-                                        "src-num-blocks", "dst-num-blocks",
-                                        "tp-rank", "producer-dcp",
+    static const char *const names[] = {"block-size",
+                                        "dcp",
+                                        "rank",
+                                        "interleave",
+                                        "tokens",
+                                        "computed-blocks",
+                                        "tp",
+                                        "producer-tp",
+                                        "src-num-blocks",
+                                        "dst-num-blocks",
+                                        "tp-rank",
+                                        "producer-dcp",
                                         "producer-interleave",
                                         "producer-block-size"};
-    static const int ids[] = {O_BS, O_DCP, O_RANK, O_I, O_TOKENS, O_K, O_TP,
-                              O_PTP, O_SRCN, O_DSTN, O_TPR, O_PDCP, O_PI,
-                              O_PBS};
+    static const int ids[] = {O_BS,  O_DCP,  O_RANK, O_I,    O_TOKENS,
+                              O_K,   O_TP,   O_PTP,  O_SRCN, O_DSTN,
+                              O_TPR, O_PDCP, O_PI,   O_PBS};
     size_t i = 0;
     while (ids[i] != opt)
         i++;
     uint64_t max = (opt == O_TOKENS || opt == O_K) ? (1ull << 40) : UINT32_MAX;
     uint64_t v;
     if (!cli_parse_u64(arg, 0, max, &v))
-        return cli_usage_error("plan", "--%s: '%s' is not a number in "
-                                    "[0, %llu]", names[i], arg,
-                                    (unsigned long long)max);
+        return cli_usage_error("plan",
+                               "--%s: '%s' is not a number in "
+                               "[0, %llu]",
+                               names[i], arg, (unsigned long long)max);
     switch (opt) {
-    case O_BS: o->lay.block_size = (uint32_t)v; o->have[0] = true; break;
-    case O_DCP: o->lay.dcp_size = (uint32_t)v; o->have[1] = true; break;
-    case O_RANK: o->rank = (uint32_t)v; o->have[2] = true; break;
-    case O_I: o->lay.interleave = (uint32_t)v; break;
-    case O_TOKENS: o->tokens = v; o->have[3] = true; break;
-    case O_K: o->computed = v; break;
-    case O_TP: o->lay.tp = (uint32_t)v; o->have_tp = true; break;
-    case O_PTP: o->lay.producer_tp = (uint32_t)v; o->have_ptp = true; break;
-    case O_SRCN: o->src_num_blocks = v; break;
-    case O_TPR: o->tp_rank = (uint32_t)v; break;
-    case O_PDCP: o->lay.producer_dcp = (uint32_t)v; break;
-    case O_PI: o->lay.producer_interleave = (uint32_t)v; break;
-    case O_PBS: o->lay.producer_block_size = (uint32_t)v; break;
-    default: o->dst_num_blocks = v; break;
+    case O_BS:
+        o->lay.block_size = (uint32_t)v;
+        o->have[0] = true;
+        break;
+    case O_DCP:
+        o->lay.dcp_size = (uint32_t)v;
+        o->have[1] = true;
+        break;
+    case O_RANK:
+        o->rank = (uint32_t)v;
+        o->have[2] = true;
+        break;
+    case O_I:
+        o->lay.interleave = (uint32_t)v;
+        break;
+    case O_TOKENS:
+        o->tokens = v;
+        o->have[3] = true;
+        break;
+    case O_K:
+        o->computed = v;
+        break;
+    case O_TP:
+        o->lay.tp = (uint32_t)v;
+        o->have_tp = true;
+        break;
+    case O_PTP:
+        o->lay.producer_tp = (uint32_t)v;
+        o->have_ptp = true;
+        break;
+    case O_SRCN:
+        o->src_num_blocks = v;
+        break;
+    case O_TPR:
+        o->tp_rank = (uint32_t)v;
+        break;
+    case O_PDCP:
+        o->lay.producer_dcp = (uint32_t)v;
+        break;
+    case O_PI:
+        o->lay.producer_interleave = (uint32_t)v;
+        break;
+    case O_PBS:
+        o->lay.producer_block_size = (uint32_t)v;
+        break;
+    default:
+        o->dst_num_blocks = v;
+        break;
     }
     return CLI_EXIT_OK;
 }
@@ -124,15 +187,17 @@ static int region_option(const char *arg, plan_opts_t *o)
 {
     if (o->num_specs == MAX_SPECS)
         return cli_usage_error("plan", "more than %d --region options",
-                                    MAX_SPECS);
+                               MAX_SPECS);
     spec_t *s = &o->specs[o->num_specs];
     bool heads = strncmp(arg, "dense:", 6) == 0 && strchr(arg + 6, ':');
     if (heads ? !cli_parse_dense(arg, &s->tmpl, &s->count)
               : !cli_parse_region(arg, &s->tmpl, &s->count))
-        return cli_usage_error("plan", "--region '%s': expected "
-                                    "mla:TOKEN_BYTES[xCOUNT], index:D[:Q][xCOUNT], "
-                                    "dense:TOKEN_BYTES, dense:H:D:E[:hnd][xCOUNT], "
-                                    "state:PAGE_BYTES or other:PAGE_BYTES", arg);
+        return cli_usage_error("plan",
+                               "--region '%s': expected "
+                               "mla:TOKEN_BYTES[xCOUNT], index:D[:Q][xCOUNT], "
+                               "dense:TOKEN_BYTES, dense:H:D:E[:hnd][xCOUNT], "
+                               "state:PAGE_BYTES or other:PAGE_BYTES",
+                               arg);
     o->num_specs++;
     return CLI_EXIT_OK;
 }
@@ -145,25 +210,51 @@ static int parse_plan_args(int argc, char **argv, plan_opts_t *o)
     opterr = 0;
     while ((opt = getopt_long(argc, argv, "", plan_options, NULL)) != -1) {
         switch (opt) {
-        case O_REGION: rc = region_option(optarg, o); break;
-        case O_REPL: o->lay.replicate_index = true; rc = 0; break;
-        case O_PREPL: o->lay.producer_replicate_index = true; rc = 0; break;
-        case O_NOSHUF: o->lay.preshuffle = false; rc = 0; break;
-        case O_SRC: o->src_text = optarg; rc = 0; break;
-        case O_DST: o->dst_text = optarg; rc = 0; break;
-        case O_JSON: o->json = true; rc = 0; break;
-        case O_HELP: fputs(plan_usage, stdout); return CLI_EXIT_OK;
+        case O_REGION:
+            rc = region_option(optarg, o);
+            break;
+        case O_REPL:
+            o->lay.replicate_index = true;
+            rc = 0;
+            break;
+        case O_PREPL:
+            o->lay.producer_replicate_index = true;
+            rc = 0;
+            break;
+        case O_NOSHUF:
+            o->lay.preshuffle = false;
+            rc = 0;
+            break;
+        case O_SRC:
+            o->src_text = optarg;
+            rc = 0;
+            break;
+        case O_DST:
+            o->dst_text = optarg;
+            rc = 0;
+            break;
+        case O_JSON:
+            o->json = true;
+            rc = 0;
+            break;
+        case O_HELP:
+            fputs(plan_usage, stdout);
+            return CLI_EXIT_OK;
         case '?':
-            return cli_usage_error("plan", "unknown or incomplete option "
-                                        "'%s' (see --help)", argv[optind - 1]);
-        default: rc = number_option(opt, optarg, o); break;
+            return cli_usage_error("plan",
+                                   "unknown or incomplete option "
+                                   "'%s' (see --help)",
+                                   argv[optind - 1]);
+        default:
+            rc = number_option(opt, optarg, o);
+            break;
         }
         if (rc != CLI_EXIT_OK)
             return rc;
     }
     if (optind < argc)
         return cli_usage_error("plan", "unexpected argument '%s'",
-                                    argv[optind]);
+                               argv[optind]);
     static const char *const req[] = {"--block-size", "--dcp", "--rank",
                                       "--tokens"};
     for (int i = 0; i < 4; i++)
@@ -247,7 +338,7 @@ static int build_pairs(const plan_opts_t *o, plan_input_t *in)
         total += o->specs[s].count;
     if (total > MAX_REGIONS)
         return cli_usage_error("plan", "%zu regions exceed the limit of %d",
-                                    total, MAX_REGIONS);
+                               total, MAX_REGIONS);
     in->pairs = calloc(total, sizeof(*in->pairs));
     if (in->pairs == NULL)
         return cli_usage_error("plan", "out of memory");
@@ -267,7 +358,7 @@ typedef struct {
 } plan_out_t;
 
 static cli_totals_t spec_totals(const plan_out_t *out, size_t first,
-                                     uint32_t count)
+                                uint32_t count)
 {
     cli_totals_t t = {0, 0, 0};
     for (size_t i = first; i < first + count; i++) {
@@ -280,20 +371,21 @@ static cli_totals_t spec_totals(const plan_out_t *out, size_t first,
 
 static json_t *json_region(const spec_t *sp, cli_totals_t t)
 {
-    json_t *r = json_pack("{s:s,s:I,s:I,s:I,s:I}", "role",
-                          kvr_role_name(sp->tmpl.role), "count",
-                          (json_int_t)sp->count, "runs", (json_int_t)t.runs,
-                          "runs_uncoalesced", (json_int_t)t.uncoalesced,
-                          "bytes", (json_int_t)t.bytes);
+    json_t *r = json_pack(
+        "{s:s,s:I,s:I,s:I,s:I}", "role", kvr_role_name(sp->tmpl.role), "count",
+        (json_int_t)sp->count, "runs", (json_int_t)t.runs, "runs_uncoalesced",
+        (json_int_t)t.uncoalesced, "bytes", (json_int_t)t.bytes);
     if (sp->tmpl.role == KVR_ROLE_INDEX)
         json_object_set_new(r, "index_dim", json_integer(sp->tmpl.index_dim));
     else if (sp->tmpl.heads != 0) {
         json_object_set_new(r, "heads", json_integer(sp->tmpl.heads));
         json_object_set_new(r, "head_dim", json_integer(sp->tmpl.head_dim));
         json_object_set_new(r, "elem_bytes", json_integer(sp->tmpl.elem_bytes));
-        json_object_set_new(r, "order", json_string(sp->tmpl.hnd ? "hnd" : "nhd"));
+        json_object_set_new(r, "order",
+                            json_string(sp->tmpl.hnd ? "hnd" : "nhd"));
     } else
-        json_object_set_new(r, "width", json_integer((json_int_t)sp->tmpl.page_bytes));
+        json_object_set_new(r, "width",
+                            json_integer((json_int_t)sp->tmpl.page_bytes));
     return r;
 }
 
@@ -311,10 +403,10 @@ static void json_pairs(const plan_opts_t *o, const cli_pair_plan_t *pp,
     for (size_t i = 0; i < pp->num_sources; i++) {
         const cli_source_t *s = &pp->sources[i];
         json_array_append_new(
-            src, json_pack("{s:I,s:s,s:I,s:I}", "producer_rank",
-                           (json_int_t)s->rank, "axis", axis_word(s->axis),
-                           "runs", (json_int_t)s->runs, "bytes",
-                           (json_int_t)s->bytes));
+            src,
+            json_pack("{s:I,s:s,s:I,s:I}", "producer_rank", (json_int_t)s->rank,
+                      "axis", axis_word(s->axis), "runs", (json_int_t)s->runs,
+                      "bytes", (json_int_t)s->bytes));
     }
     json_object_set_new(root, "sources", src);
     json_object_set_new(root, "tp_rank", json_integer(o->tp_rank));
@@ -337,8 +429,8 @@ static void print_json(const plan_opts_t *o, const plan_out_t *out,
     size_t first = 0;
     for (size_t s = 0; s < o->num_specs; s++) {
         const spec_t *sp = &o->specs[s];
-        json_array_append_new(regions,
-                              json_region(sp, spec_totals(out, first, sp->count)));
+        json_array_append_new(
+            regions, json_region(sp, spec_totals(out, first, sp->count)));
         first += sp->count;
     }
     json_t *root = json_pack(
@@ -428,8 +520,8 @@ static int plan_single(const plan_opts_t *o, const plan_input_t *in,
     for (size_t i = 0; i < in->num_pairs; i++) {
         const kvr_plan_t *p = kvr_plan_set_plan_of(set, i);
         out->per_pair[i] = (cli_totals_t){kvr_plan_num_runs(p),
-                                               kvr_plan_runs_uncoalesced(p),
-                                               kvr_plan_bytes(p)};
+                                          kvr_plan_runs_uncoalesced(p),
+                                          kvr_plan_bytes(p)};
     }
     out->total_runs = kvr_plan_set_total_runs(set);
     out->total_bytes = kvr_plan_set_total_bytes(set);
@@ -459,17 +551,17 @@ static int digest_hex(const plan_opts_t *o, const plan_input_t *in,
 
 static int run_plan(const plan_opts_t *o, plan_input_t *in)
 {
-    kvr_request_t req = {in->src, in->nsrc, in->dst, in->ndst, o->tokens,
-                         o->computed};
+    kvr_request_t req = {in->src,  in->nsrc,  in->dst,
+                         in->ndst, o->tokens, o->computed};
     cli_pair_plan_t pp = {0};
     plan_out_t out = {0};
     kvr_error_t err = {0};
     int rc = -1;
     if (cli_plan_needs_pairs(&o->lay, in->pairs, in->num_pairs)) {
         if (cli_plan_pairs(&o->lay, o->rank, o->tp_rank, in->pairs,
-                                in->num_pairs, &req, &pp, &err) != KVR_OK)
+                           in->num_pairs, &req, &pp, &err) != KVR_OK)
             return cli_usage_error("plan", "%s (%s)", err.msg,
-                                        kvr_status_name(err.code));
+                                   kvr_status_name(err.code));
         out = (plan_out_t){pp.per_pair, pp.total_runs, pp.total_bytes, &pp};
     } else {
         out.per_pair = calloc(in->num_pairs + 1, sizeof(*out.per_pair));

@@ -17,7 +17,8 @@
 
 static const char push_usage[] =
     "usage: kvrelay push --stage S [--instance P] [--tp-rank T]\n"
-    "                    (--routers HOST:PORT[,HOST:PORT...] | --head HOST:PORT)\n"
+    "                    (--routers HOST:PORT[,HOST:PORT...] | --head "
+    "HOST:PORT)\n"
     "                    [--listen HOST:PORT] [options]\n"
     "One PP prefill stage of prefill instance P. The PP head (stage 0, tp\n"
     "rank 0) lists the routers of the decode groups (group g's rank 0, in\n"
@@ -47,7 +48,8 @@ static int parse_routers(push_opts_t *o, const char *value)
             cli_usage_error("push", "--routers: '%s' is not HOST:PORT", tok);
             return -1;
         }
-        snprintf(o->routers[o->num_routers++], sizeof(o->routers[0]), "%s", tok);
+        snprintf(o->routers[o->num_routers++], sizeof(o->routers[0]), "%s",
+                 tok);
     }
     return 1;
 }
@@ -70,13 +72,14 @@ static int push_option(void *ctx, const char *name, const char *value)
         return 1;
     }
     uint32_t *field = strcmp(name, "tp-rank") == 0    ? &o->tp_rank
-                    : strcmp(name, "stage") == 0      ? &o->stage
-                    : strcmp(name, "instance") == 0   ? &o->instance
+                      : strcmp(name, "stage") == 0    ? &o->stage
+                      : strcmp(name, "instance") == 0 ? &o->instance
                                                       : NULL;
     if (field == NULL)
         return 0;
     if (!cli_parse_u64(value, 0, 63, &v)) {
-        cli_usage_error("push", "--%s: '%s' is not a number in [0, 63]", name, value);
+        cli_usage_error("push", "--%s: '%s' is not a number in [0, 63]", name,
+                        value);
         return -1;
     }
     *field = (uint32_t)v;
@@ -104,13 +107,19 @@ static bool is_head(const push_t *s)
     return s->o.stage == 0 && s->o.tp_rank == 0;
 }
 
-static kvr_status_t create_agent(push_t *s, const uint8_t *key, kvr_error_t *err)
+static kvr_status_t create_agent(push_t *s, const uint8_t *key,
+                                 kvr_error_t *err)
 {
     demo_stage_layers(&s->cfg, s->o.stage, &s->start, &s->end);
-    kvr_wire_topo_t topo = {.pp_rank = s->o.stage, .pp_size = s->cfg.pp,
-                            .tp_rank = s->o.tp_rank, .tp_size = s->cfg.producer_tp,
-                            .dp_rank = 0, .dp_size = 1, .layer_start = s->start,
-                            .layer_end = s->end, .dcp_rank = 0};
+    kvr_wire_topo_t topo = {.pp_rank = s->o.stage,
+                            .pp_size = s->cfg.pp,
+                            .tp_rank = s->o.tp_rank,
+                            .tp_size = s->cfg.producer_tp,
+                            .dp_rank = 0,
+                            .dp_size = 1,
+                            .layer_start = s->start,
+                            .layer_end = s->end,
+                            .dcp_rank = 0};
     demo_instance_id(false, s->o.instance, s->instance, sizeof(s->instance));
     kvr_agent_params_t p = demo_agent_params(&s->cfg, KVR_AGENT_PRODUCER, &topo,
                                              key, s->instance);
@@ -128,7 +137,8 @@ static kvr_status_t fill_region(push_t *s, const kvr_region_desc_t *d,
     if (kvr_agent_alloc_region(s->agent, d, 0, &base) != KVR_OK)
         return kvr_error_set(err, KVR_ERR_NO_MEMORY, "%s",
                              kvr_agent_last_error(s->agent));
-    void *host = s->cfg.cuda_device >= 0 ? calloc(1, kvr_region_bytes(d)) : base;
+    void *host = s->cfg.cuda_device >= 0 ? calloc(1, kvr_region_bytes(d))
+                                         : base;
     if (host == NULL)
         return kvr_error_set(err, KVR_ERR_NO_MEMORY, "no host buffer");
     memset(host, 0, kvr_region_bytes(d));
@@ -149,15 +159,18 @@ static kvr_status_t fill_region(push_t *s, const kvr_region_desc_t *d,
     }
     if (st == KVR_OK && host != base &&
         kvr_agent_copy(s->agent, base, host, kvr_region_bytes(d)) != KVR_OK)
-        st = kvr_error_set(err, KVR_ERR_CUDA, "%s", kvr_agent_last_error(s->agent));
+        st = kvr_error_set(err, KVR_ERR_CUDA, "%s",
+                           kvr_agent_last_error(s->agent));
     return st;
 }
 
 static kvr_status_t fill_regions(push_t *s, kvr_error_t *err)
 {
     uint32_t n = demo_region(&s->cfg, 0, false, s->o.instance, NULL);
-    uint32_t *src = calloc(demo_src_pool(&s->cfg, s->o.instance) + 1, sizeof(*src));
-    uint32_t *ids = calloc(demo_tokens(&s->cfg, s->cfg.requests) + 1, sizeof(*ids));
+    uint32_t *src = calloc(demo_src_pool(&s->cfg, s->o.instance) + 1,
+                           sizeof(*src));
+    uint32_t *ids = calloc(demo_tokens(&s->cfg, s->cfg.requests) + 1,
+                           sizeof(*ids));
     kvr_status_t st = src && ids ? KVR_OK : KVR_ERR_NO_MEMORY;
     for (uint32_t i = 0; st == KVR_OK && i < n; i++) {
         kvr_region_desc_t d;
@@ -174,7 +187,8 @@ static kvr_status_t fill_regions(push_t *s, kvr_error_t *err)
  * stage with this stage's own source table, all its layers ready. */
 static kvr_status_t open_all(push_t *s, kvr_error_t *err)
 {
-    uint32_t *src = calloc(demo_src_pool(&s->cfg, s->o.instance) + 1, sizeof(*src));
+    uint32_t *src = calloc(demo_src_pool(&s->cfg, s->o.instance) + 1,
+                           sizeof(*src));
     kvr_status_t st = src ? KVR_OK : KVR_ERR_NO_MEMORY;
     for (uint32_t r = 0; st == KVR_OK && r < s->cfg.requests; r++) {
         if (demo_instance_of(&s->cfg, r) != s->o.instance)
@@ -183,8 +197,9 @@ static kvr_status_t open_all(push_t *s, kvr_error_t *err)
         demo_request_id(r, id, sizeof(id));
         uint64_t N = demo_tokens(&s->cfg, r);
         demo_src_blocks(&s->cfg, r, src);
-        kvr_agent_send_t o = {id, strlen(id), src,
-                              (size_t)kvr_num_src_blocks(&s->cfg.lay, N), N, 0, 1};
+        kvr_agent_send_t o = {
+            id, strlen(id), src, (size_t)kvr_num_src_blocks(&s->cfg.lay, N),
+            N,  0,          1};
         if (kvr_agent_send_open(s->agent, &o) != KVR_OK ||
             kvr_agent_send_ready(s->agent, id, strlen(id), s->start, s->end,
                                  NULL) != KVR_OK)
@@ -221,7 +236,7 @@ static void offer(push_t *s, uint32_t r, rt_msg_t *m, uint32_t *prompt)
     demo_instance_id(true, g, router, sizeof(router));
     size_t len = rt_encode(m, buf);
     if (len > 0 && kvr_agent_notify(s->agent, router, strlen(router),
-                                     s->o.routers[g], buf, len) == KVR_OK) {
+                                    s->o.routers[g], buf, len) == KVR_OK) {
         printf("offered %s %llu %llu\n", m->request, (unsigned long long)N,
                (unsigned long long)kvr_now_ns());
     } else {
@@ -247,7 +262,8 @@ static void offer_all(push_t *s)
 static void stop_with(push_t *s, const char *what, const kvr_agent_event_t *e)
 {
     if (!s->fatal)
-        snprintf(s->fatal_why, sizeof(s->fatal_why), "%s: %s", what, e->message);
+        snprintf(s->fatal_why, sizeof(s->fatal_why), "%s: %s", what,
+                 e->message);
     s->fatal = true;
 }
 
@@ -267,8 +283,8 @@ static void on_event(push_t *s, const kvr_agent_event_t *e)
         bool canceled = abort_wanted && e->status == KVR_ERR_CANCELED;
         s->canceled += canceled;
         s->failed += !canceled;
-        printf("send-%s %.*s %s %s\n", canceled ? "canceled" : "failed", idl, id,
-               kvr_status_name(e->status), e->message);
+        printf("send-%s %.*s %s %s\n", canceled ? "canceled" : "failed", idl,
+               id, kvr_status_name(e->status), e->message);
     } else if (e->kind == KVR_AGENT_NOTIFY_FAILED) {
         printf("notify-failed %.*s %s %s\n", (int)e->peer.len, e->peer.bytes,
                kvr_status_name(e->status), e->message);
@@ -322,8 +338,8 @@ static int push_loop(push_t *s)
     uint64_t end = kvr_deadline_ns(s->cfg.run_timeout_ms);
     if (is_head(s))
         offer_all(s);
-    while (!push_stop && !s->fatal && s->sent + s->failed + s->canceled < s->mine &&
-           kvr_now_ns() < end)
+    while (!push_stop && !s->fatal &&
+           s->sent + s->failed + s->canceled < s->mine && kvr_now_ns() < end)
         pump(s, 20);
     pump(s, 5);
     if (s->fatal)
@@ -333,7 +349,7 @@ static int push_loop(push_t *s)
         char name[128];
         demo_image_name(name, sizeof(name), -1, &s->descs[i]);
         demo_write_file(s->cfg.dump_dir, name, s->mirrors[i],
-                            kvr_region_bytes(&s->descs[i]));
+                        kvr_region_bytes(&s->descs[i]));
     }
     printf("summary instance=%u stage=%u sent=%u failed=%u canceled=%u\n",
            s->o.instance, s->o.stage, s->sent, s->failed, s->canceled);
@@ -354,7 +370,8 @@ static int push_run(push_t *s)
     if (st == KVR_OK)
         st = fill_regions(s, &err);
     if (st == KVR_OK && kvr_agent_start(s->agent) != KVR_OK)
-        st = kvr_error_set(&err, KVR_ERR_IO, "%s", kvr_agent_last_error(s->agent));
+        st = kvr_error_set(&err, KVR_ERR_IO, "%s",
+                           kvr_agent_last_error(s->agent));
     if (st == KVR_OK)
         st = open_all(s, &err);
     if (st == KVR_OK) {
@@ -386,12 +403,15 @@ static int check_opts(push_t *s)
         return cli_usage_error("push", "--instance %u out of range [0, %u)",
                                s->o.instance, s->cfg.instances);
     if (is_head(s) && s->o.num_routers != s->cfg.groups)
-        return cli_usage_error("push", "--routers lists %u routers, --groups "
-                               "is %u", s->o.num_routers, s->cfg.groups);
+        return cli_usage_error("push",
+                               "--routers lists %u routers, --groups "
+                               "is %u",
+                               s->o.num_routers, s->cfg.groups);
     if (!is_head(s) && s->o.head[0] == '\0')
-        return cli_usage_error("push", "stage %u tp %u needs --head HOST:PORT "
-                               "(its instance's stage 0)", s->o.stage,
-                               s->o.tp_rank);
+        return cli_usage_error("push",
+                               "stage %u tp %u needs --head HOST:PORT "
+                               "(its instance's stage 0)",
+                               s->o.stage, s->o.tp_rank);
     return -1;
 }
 
@@ -403,7 +423,7 @@ int cli_cmd_push(int argc, char **argv)
     demo_cfg_init(&s->cfg);
     snprintf(s->o.listen, sizeof(s->o.listen), "127.0.0.1:0");
     int rc = demo_parse(argc, argv, &s->cfg, "push", push_usage, NULL,
-                            push_option, &s->o);
+                        push_option, &s->o);
     if (rc < 0)
         rc = check_opts(s);
     if (rc < 0) {

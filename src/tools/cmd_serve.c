@@ -41,7 +41,7 @@ static void on_signal(int sig)
 }
 
 bool cli_parse_hostport(const char *text, char *host, size_t cap,
-                             uint16_t *port)
+                        uint16_t *port)
 {
     const char *colon = text ? strrchr(text, ':') : NULL;
     uint64_t p;
@@ -104,8 +104,8 @@ typedef struct {
     serve_opts_t o;
     char instance[KVR_AGENT_INSTANCE_MAX + 1];
     kvr_agent_t *agent;
-    router_t *router;                     /* rank 0 */
-    char members[64][256];                /* rank 0: each rank's listener */
+    router_t *router;      /* rank 0 */
+    char members[64][256]; /* rank 0: each rank's listener */
     kvr_region_desc_t descs[DEMO_MAX_LAYERS * 2];
     void *bases[DEMO_MAX_LAYERS * 2];
     void *mirrors[DEMO_MAX_LAYERS * 2]; /* host view (device: a copy) */
@@ -125,7 +125,8 @@ static kvr_status_t setup_regions(serve_t *s, kvr_error_t *err)
     for (uint32_t i = 0; i < s->num_regions; i++) {
         demo_region(&s->cfg, i, true, s->o.group, &s->descs[i]);
         uint64_t len = kvr_region_bytes(&s->descs[i]);
-        if (kvr_agent_alloc_region(s->agent, &s->descs[i], 0, &s->bases[i]) != KVR_OK)
+        if (kvr_agent_alloc_region(s->agent, &s->descs[i], 0, &s->bases[i]) !=
+            KVR_OK)
             return kvr_error_set(err, KVR_ERR_NO_MEMORY, "region %u: %s", i,
                                  kvr_agent_last_error(s->agent));
         s->mirrors[i] = s->cfg.cuda_device >= 0 ? calloc(1, len) : s->bases[i];
@@ -137,7 +138,8 @@ static kvr_status_t setup_regions(serve_t *s, kvr_error_t *err)
             return kvr_error_set(err, KVR_ERR_CUDA, "%s",
                                  kvr_agent_last_error(s->agent));
     }
-    kvr_region_desc_t st = {.role = KVR_ROLE_STAGING, .layer = 0,
+    kvr_region_desc_t st = {.role = KVR_ROLE_STAGING,
+                            .layer = 0,
                             .num_blocks = s->cfg.staging_slots + 1u,
                             .page_bytes = s->cfg.slot_bytes};
     void *base = NULL;
@@ -148,12 +150,18 @@ static kvr_status_t setup_regions(serve_t *s, kvr_error_t *err)
     return KVR_OK;
 }
 
-static kvr_status_t create_agent(serve_t *s, const uint8_t *key, kvr_error_t *err)
+static kvr_status_t create_agent(serve_t *s, const uint8_t *key,
+                                 kvr_error_t *err)
 {
     uint32_t W = s->cfg.lay.dcp_size;
-    kvr_wire_topo_t topo = {.pp_rank = 0, .pp_size = 1, .tp_rank = s->o.rank,
-                            .tp_size = W, .dp_rank = 0, .dp_size = 1,
-                            .layer_start = 0, .layer_end = s->cfg.layers,
+    kvr_wire_topo_t topo = {.pp_rank = 0,
+                            .pp_size = 1,
+                            .tp_rank = s->o.rank,
+                            .tp_size = W,
+                            .dp_rank = 0,
+                            .dp_size = 1,
+                            .layer_start = 0,
+                            .layer_end = s->cfg.layers,
                             .dcp_rank = s->o.rank};
     demo_instance_id(true, s->o.group, s->instance, sizeof(s->instance));
     kvr_agent_params_t p = demo_agent_params(&s->cfg, KVR_AGENT_CONSUMER, &topo,
@@ -187,9 +195,10 @@ static void note_dump(serve_t *s, const lreq_t *q)
     json_t *dst = json_array();
     for (size_t i = 0; i < q->ndst; i++)
         json_array_append_new(dst, json_integer(q->dst[i]));
-    json_array_append_new(s->dumped, json_pack(
-        "{s:s,s:I,s:I,s:o}", "id", q->id, "num_tokens", (json_int_t)q->tokens,
-        "num_computed_blocks", (json_int_t)q->computed, "dst_blocks", dst));
+    json_array_append_new(
+        s->dumped, json_pack("{s:s,s:I,s:I,s:o}", "id", q->id, "num_tokens",
+                             (json_int_t)q->tokens, "num_computed_blocks",
+                             (json_int_t)q->computed, "dst_blocks", dst));
 }
 
 static void write_dump(serve_t *s)
@@ -199,13 +208,14 @@ static void write_dump(serve_t *s)
         char name[128];
         demo_image_name(name, sizeof(name), (int)s->o.rank, &s->descs[i]);
         demo_write_file(s->cfg.dump_dir, name, s->mirrors[i],
-                            kvr_region_bytes(&s->descs[i]));
+                        kvr_region_bytes(&s->descs[i]));
     }
     if (s->dumped == NULL)
         return;
     char *text = json_dumps(s->dumped, JSON_COMPACT);
     if (text != NULL)
-        demo_write_file(s->cfg.dump_dir, "requests-r0.json", text, strlen(text));
+        demo_write_file(s->cfg.dump_dir, "requests-r0.json", text,
+                        strlen(text));
     free(text);
     json_decref(s->dumped);
 }
@@ -255,10 +265,12 @@ static void send_payload(serve_t *s, const char *peer, const char *address,
 {
     static uint8_t buf[KVR_AGENT_NOTIFY_MAX];
     size_t len = rt_encode(m, buf);
-    if (len == 0 || kvr_agent_notify(s->agent, peer, strlen(peer), address,
-                                     buf, len) != KVR_OK)
-        fprintf(stderr, "kvrelay serve: group %u rank %u: cannot notify %s: "
-                "%s\n", s->o.group, s->o.rank, address,
+    if (len == 0 || kvr_agent_notify(s->agent, peer, strlen(peer), address, buf,
+                                     len) != KVR_OK)
+        fprintf(stderr,
+                "kvrelay serve: group %u rank %u: cannot notify %s: "
+                "%s\n",
+                s->o.group, s->o.rank, address,
                 len ? kvr_agent_last_error(s->agent) : "message too large");
 }
 
@@ -298,15 +310,18 @@ static void start_load(serve_t *s, lreq_t *q)
 {
     if (kvr__failpoint(KVR__FP_DIE_ASSIGN, q->id, strlen(q->id)))
         kvr__failpoint_exit(); /* a decode rank killed (docs/failpoints.md) */
-    kvr_agent_recv_t r = {q->producer, strlen(q->producer), q->address,
-                          q->id, strlen(q->id), q->dst, q->ndst, q->tokens,
-                          q->computed, 0};
+    kvr_agent_recv_t r = {q->producer,   strlen(q->producer),
+                          q->address,    q->id,
+                          strlen(q->id), q->dst,
+                          q->ndst,       q->tokens,
+                          q->computed,   0};
     q->started_ns = kvr_now_ns();
     q->loading = true;
     if (kvr_agent_recv(s->agent, &r) == KVR_OK)
         return;
     /* refused at the call: no event will come, so it ends here */
-    printf("failed %s %s %s\n", q->id, "ERR_INVALID", kvr_agent_last_error(s->agent));
+    printf("failed %s %s %s\n", q->id, "ERR_INVALID",
+           kvr_agent_last_error(s->agent));
     s->failed++;
     s->released++;
     q->released = true;
@@ -416,9 +431,11 @@ static void note_refusal(serve_t *s, const kvr_agent_event_t *e)
         snprintf(peer, sizeof(peer), "%.*s", (int)e->peer.len, e->peer.bytes);
     printf("refused %s %s %s %s\n", peer, known ? "known" : "unknown",
            kvr_status_name(e->status), e->message);
-    fprintf(stderr, "kvrelay serve: group %u rank %u: handshake with %s peer "
-            "%s failed: %s\n", s->o.group, s->o.rank,
-            known ? "a" : "an unauthenticated", peer, e->message);
+    fprintf(stderr,
+            "kvrelay serve: group %u rank %u: handshake with %s peer "
+            "%s failed: %s\n",
+            s->o.group, s->o.rank, known ? "a" : "an unauthenticated", peer,
+            e->message);
     /* only a peer we talk to at all counts: one without the key must not
      * be able to stop a keyed serve */
     if (known && s->refused++ == 0)
@@ -442,7 +459,8 @@ static void on_outcome(serve_t *s, lreq_t *q, const kvr_agent_event_t *e)
         printf("aborted %s\n", q->id);
     } else {
         s->failed++;
-        printf("failed %s %s %s\n", q->id, kvr_status_name(e->status), e->message);
+        printf("failed %s %s %s\n", q->id, kvr_status_name(e->status),
+               e->message);
     }
 }
 
@@ -457,10 +475,13 @@ static void on_event(serve_t *s, const kvr_agent_event_t *e)
         printf("notify-failed %.*s %s %s\n", (int)e->peer.len, e->peer.bytes,
                kvr_status_name(e->status), e->message);
         if (s->router == NULL)
-            snprintf(s->stop_why, sizeof(s->stop_why), "the router is "
-                     "unreachable: %s", e->message);
+            snprintf(s->stop_why, sizeof(s->stop_why),
+                     "the router is "
+                     "unreachable: %s",
+                     e->message);
     } else if (q != NULL && q->used &&
-               (e->kind == KVR_AGENT_LOADED || e->kind == KVR_AGENT_LOAD_FAILED)) {
+               (e->kind == KVR_AGENT_LOADED ||
+                e->kind == KVR_AGENT_LOAD_FAILED)) {
         on_outcome(s, q, e);
     } else if (q != NULL && q->used && e->kind == KVR_AGENT_RELEASED) {
         q->released = true;
@@ -488,7 +509,8 @@ static bool watch_loads(serve_t *s)
     for (uint32_t i = 0; i < DEMO_MAX_REQUESTS; i++) {
         lreq_t *q = &s->reqs[i];
         bool want_abort = q->abort && !q->abort_sent;
-        if (!q->used || !q->loading || q->released || (q->pulling && !want_abort))
+        if (!q->used || !q->loading || q->released ||
+            (q->pulling && !want_abort))
             continue;
         kvr_agent_req_status_t st;
         if (kvr_agent_status(s->agent, q->producer, strlen(q->producer), q->id,
@@ -526,8 +548,10 @@ static bool refused_out(serve_t *s)
     if (s->refused == 0 && s->stop_why[0] == '\0')
         return false;
     if (s->refused > 0 && s->stop_why[0] == '\0')
-        snprintf(s->stop_why, sizeof(s->stop_why), "%u peer(s) refused at "
-                 "handshake (first: %s)", s->refused, s->first_refusal);
+        snprintf(s->stop_why, sizeof(s->stop_why),
+                 "%u peer(s) refused at "
+                 "handshake (first: %s)",
+                 s->refused, s->first_refusal);
     return true;
 }
 
@@ -586,16 +610,18 @@ static int serve_loop(serve_t *s)
     if (s->cfg.dump_dir != NULL)
         write_dump(s);
     printf("summary group=%u rank=%u loaded=%u verified=%u failed=%u "
-           "aborted=%u bytes=%llu%s\n", s->o.group, s->o.rank, s->loaded,
-           s->verified, s->failed, s->aborted, (unsigned long long)s->bytes,
-           finished(s) ? "" : " (incomplete)");
+           "aborted=%u bytes=%llu%s\n",
+           s->o.group, s->o.rank, s->loaded, s->verified, s->failed, s->aborted,
+           (unsigned long long)s->bytes, finished(s) ? "" : " (incomplete)");
     if (s->router != NULL)
         printf("pool group=%u blocks_in_use=%u\n", s->o.group,
                router_blocks_in_use(s->router));
     fflush(stdout);
     if (stopped)
-        fprintf(stderr, "kvrelay serve: group %u rank %u: the run cannot "
-                "complete: %s\n", s->o.group, s->o.rank, s->stop_why);
+        fprintf(stderr,
+                "kvrelay serve: group %u rank %u: the run cannot "
+                "complete: %s\n",
+                s->o.group, s->o.rank, s->stop_why);
     bool ok = finished(s) && s->failed == 0 && s->verified == s->loaded &&
               s->loaded + s->aborted == s->expect &&
               (s->router == NULL || router_blocks_in_use(s->router) == 0);
@@ -612,10 +638,12 @@ static kvr_status_t start(serve_t *s, kvr_error_t *err)
                                   demo_dst_pool(&s->cfg, s->o.group), timeout,
                                   &ops);
         if (s->router == NULL)
-            return kvr_error_set(err, KVR_ERR_NO_MEMORY, "no memory for the router");
+            return kvr_error_set(err, KVR_ERR_NO_MEMORY,
+                                 "no memory for the router");
     }
     if (kvr_agent_start(s->agent) != KVR_OK)
-        return kvr_error_set(err, KVR_ERR_IO, "%s", kvr_agent_last_error(s->agent));
+        return kvr_error_set(err, KVR_ERR_IO, "%s",
+                             kvr_agent_last_error(s->agent));
     const char *addr = kvr_agent_address(s->agent);
     const char *colon = strrchr(addr, ':');
     printf("listening %s\n", colon ? colon + 1 : "0");
@@ -658,18 +686,20 @@ int cli_cmd_serve(int argc, char **argv)
     demo_cfg_init(&s->cfg);
     snprintf(s->o.listen, sizeof(s->o.listen), "127.0.0.1:0");
     int rc = demo_parse(argc, argv, &s->cfg, "serve", serve_usage, NULL,
-                            serve_option, &s->o);
+                        serve_option, &s->o);
     if (rc < 0 && !s->o.have_rank)
         rc = cli_usage_error("serve", "--rank is required");
     if (rc < 0 && s->o.rank >= s->cfg.lay.dcp_size)
         rc = cli_usage_error("serve", "--rank %u out of range [0, %u)",
-                                  s->o.rank, s->cfg.lay.dcp_size);
+                             s->o.rank, s->cfg.lay.dcp_size);
     if (rc < 0 && s->o.group >= s->cfg.groups)
         rc = cli_usage_error("serve", "--group %u out of range [0, %u)",
                              s->o.group, s->cfg.groups);
     if (rc < 0 && s->o.rank > 0 && s->o.router[0] == '\0')
-        rc = cli_usage_error("serve", "rank %u needs --router HOST:PORT (its "
-                             "group's rank 0)", s->o.rank);
+        rc = cli_usage_error("serve",
+                             "rank %u needs --router HOST:PORT (its "
+                             "group's rank 0)",
+                             s->o.rank);
     if (rc < 0) {
         signal(SIGTERM, on_signal);
         signal(SIGINT, on_signal);

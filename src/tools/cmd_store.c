@@ -145,12 +145,12 @@ static void print_stat_json(const char *dir, const store_scan_t *sc,
     json_t *ns = json_array();
     for (size_t i = 0; i < sc->num_ns; i++)
         json_array_append_new(ns, json_string(sc->ns[i]));
-    json_t *root = json_pack(
-        "{s:s,s:I,s:I,s:I,s:o,s:I,s:I,s:O}", "dir", dir, "chunks",
-        (json_int_t)sc->chunks, "good", (json_int_t)ok, "bytes",
-        (json_int_t)sc->bytes, "namespaces", ns, "unfinished",
-        (json_int_t)sc->temps, "set_aside", (json_int_t)sc->set_aside, "bad",
-        sc->bad);
+    json_t *root = json_pack("{s:s,s:I,s:I,s:I,s:o,s:I,s:I,s:O}", "dir", dir,
+                             "chunks", (json_int_t)sc->chunks, "good",
+                             (json_int_t)ok, "bytes", (json_int_t)sc->bytes,
+                             "namespaces", ns, "unfinished",
+                             (json_int_t)sc->temps, "set_aside",
+                             (json_int_t)sc->set_aside, "bad", sc->bad);
     json_dumpf(root, stdout, JSON_INDENT(2));
     putchar('\n');
     json_decref(root);
@@ -163,8 +163,10 @@ static int check_dir(const char *dir)
     if (stat(dir, &sb) != 0)
         return cli_usage_error("store", "DIR '%s': %s", dir, strerror(errno));
     if (!S_ISDIR(sb.st_mode))
-        return cli_usage_error("store", "DIR '%s' is not a directory, so not "
-                               "a store", dir);
+        return cli_usage_error("store",
+                               "DIR '%s' is not a directory, so not "
+                               "a store",
+                               dir);
     return CLI_EXIT_OK;
 }
 
@@ -211,27 +213,32 @@ int cli_cmd_store(int argc, char **argv)
         return cli_usage_error("store", "expected 'stat' or 'verify'");
     bool verify = strcmp(argv[1], "verify") == 0;
     if (!verify && strcmp(argv[1], "stat") != 0)
-        return cli_usage_error("store", "unknown subcommand '%s' (expected "
-                               "'stat' or 'verify')", argv[1]);
+        return cli_usage_error("store",
+                               "unknown subcommand '%s' (expected "
+                               "'stat' or 'verify')",
+                               argv[1]);
     bool json = false;
     int opt;
     opterr = 0;
     optind = 1;
-    while ((opt = getopt_long(argc - 1, argv + 1, "", store_options, NULL)) != -1) {
+    while ((opt = getopt_long(argc - 1, argv + 1, "", store_options, NULL)) !=
+           -1) {
         if (opt == O_HELP) {
             fputs(store_usage, stdout);
             return CLI_EXIT_OK;
         }
         if (opt != O_JSON || verify)
-            return cli_usage_error("store", "%s: unknown or incomplete option "
-                                   "'%s'", argv[1], argv[optind]);
+            return cli_usage_error("store",
+                                   "%s: unknown or incomplete option "
+                                   "'%s'",
+                                   argv[1], argv[optind]);
         json = true;
     }
     if (optind + 1 >= argc)
         return cli_usage_error("store", "%s: DIR is required", argv[1]);
     if (optind + 2 < argc)
-        return cli_usage_error("store", "%s: unexpected argument '%s'",
-                               argv[1], argv[optind + 2]);
+        return cli_usage_error("store", "%s: unexpected argument '%s'", argv[1],
+                               argv[optind + 2]);
     int rc = check_dir(argv[optind + 1]);
     return rc != CLI_EXIT_OK ? rc : run_store(verify, json, argv[optind + 1]);
 }

@@ -30,13 +30,12 @@ int cli_usage_error(const char *cmd, const char *fmt, ...)
 
 /* Strict unsigned parsing of an option value; false on anything but digits
  * within [min, max]. */
-bool cli_parse_u64(const char *text, uint64_t min, uint64_t max,
-                        uint64_t *out);
+bool cli_parse_u64(const char *text, uint64_t min, uint64_t max, uint64_t *out);
 
 /* Parses "mla:576x78", "index:128[:128]x26", "dense:256", "state:4096",
  * "other:4096" into a producer region template and a count. */
 bool cli_parse_region(const char *text, kvr_region_desc_t *out,
-                           uint32_t *count);
+                      uint32_t *count);
 
 /* Block table option: "identity" (NULL too), "a,b,c" or "random:SEED".
  * identity gives ids 0..need-1; random the first `need` ids of a seeded
@@ -59,6 +58,6 @@ bool cli_check_plan(const char *cmd, const kvr_layout_t *lay, uint32_t rank,
 
 /* "HOST:PORT" (the last colon splits). */
 bool cli_parse_hostport(const char *text, char *host, size_t cap,
-                             uint16_t *port);
+                        uint16_t *port);
 
 #endif

@@ -14,9 +14,11 @@ const char demo_options_help[] =
     "layout and workload (the same on every process):\n"
     "  --block-size BS (64)  --dcp W (4)  --interleave I (1)\n"
     "  --replicate-index (default) | --sharded-index   --no-preshuffle\n"
-    "  --pp STAGES (4)  --producer-tp T (1)  --layers L (78)  --index-every K (3)\n"
+    "  --pp STAGES (4)  --producer-tp T (1)  --layers L (78)  --index-every K "
+    "(3)\n"
     "  --index-dim D (128)\n"
-    "  --token-bytes B (576)  --requests R (4)  --tokens N (3000)  --seed S (1)\n"
+    "  --token-bytes B (576)  --requests R (4)  --tokens N (3000)  --seed S "
+    "(1)\n"
     "  --instances P (1 prefill instance of --pp stages; request i: i mod P)\n"
     "  --groups G (1 decode group of --dcp ranks; request i: i mod G)\n"
     "  --abort N (0; the consumer aborts every Nth request in flight)\n"
@@ -25,7 +27,8 @@ const char demo_options_help[] =
     "  --transport auto|shm|tcp (auto)  --executor auto|direct|staged (auto)\n"
     "  --staging-slots N (8)  --slot-bytes BYTES (4194304)\n"
     "  --key-file PATH (32-byte hex pre-shared key)  --insecure\n"
-    "  --fault KIND:REQUEST_ID[@WHO]  (die-mid, refuse, wrong-nonce, dup-done:\n"
+    "  --fault KIND:REQUEST_ID[@WHO]  (die-mid, refuse, wrong-nonce, "
+    "dup-done:\n"
     "       push stage WHO; bad-blocks, die-assign, refuse-offer: serve rank\n"
     "       WHO (the router is rank 0); all if no @)\n"
     "  --dump DIR (region images + manifest.json for `kvrelay inspect`)\n"
@@ -83,7 +86,8 @@ static int parse_enum(const char *cmd, const char *name, const char *value,
             return 1;
         }
     cli_usage_error(cmd, "--%s: '%s' is not one of %s|%s%s%s", name, value,
-                         names[0], names[1], n > 2 ? "|" : "", n > 2 ? names[2] : "");
+                    names[0], names[1], n > 2 ? "|" : "",
+                    n > 2 ? names[2] : "");
     return -1;
 }
 
@@ -93,7 +97,8 @@ static int parse_fault(demo_cfg_t *cfg, const char *cmd, const char *value)
     const char *colon = strchr(value, ':');
     const char *at = colon ? strchr(colon, '@') : NULL;
     uint64_t target = 0;
-    size_t idlen = colon ? (at ? (size_t)(at - colon - 1) : strlen(colon + 1)) : 0;
+    size_t idlen = colon ? (at ? (size_t)(at - colon - 1) : strlen(colon + 1))
+                         : 0;
     bool target_ok = at == NULL || cli_parse_u64(at + 1, 0, 63, &target);
     char kinds[256] = "";
     const char *name;
@@ -112,8 +117,10 @@ static int parse_fault(demo_cfg_t *cfg, const char *cmd, const char *value)
         snprintf(kinds + used, sizeof(kinds) - used, "%s%s", k ? ", " : "",
                  name);
     }
-    cli_usage_error(cmd, "--fault '%s': expected KIND:REQUEST_ID[@WHO], KIND one "
-                    "of %s", value, kinds);
+    cli_usage_error(cmd,
+                    "--fault '%s': expected KIND:REQUEST_ID[@WHO], KIND one "
+                    "of %s",
+                    value, kinds);
     return -1;
 }
 
@@ -124,7 +131,10 @@ typedef struct {
     uint64_t min, max;
 } num_opt_t;
 
-#define NUM(n, f, w, lo, hi) {n, offsetof(demo_cfg_t, f), w, lo, hi}
+#define NUM(n, f, w, lo, hi)                                                   \
+    {                                                                          \
+        n, offsetof(demo_cfg_t, f), w, lo, hi                                  \
+    }
 static const num_opt_t num_opts[] = {
     NUM("block-size", lay.block_size, 4, 1, 1024),
     NUM("dcp", lay.dcp_size, 4, 1, 64),
@@ -152,8 +162,8 @@ static int number(demo_cfg_t *cfg, const char *cmd, const num_opt_t *o,
     uint64_t v;
     if (!cli_parse_u64(value, o->min, o->max, &v)) {
         cli_usage_error(cmd, "--%s: '%s' is not a number in [%llu, %llu]",
-                             o->name, value, (unsigned long long)o->min,
-                             (unsigned long long)o->max);
+                        o->name, value, (unsigned long long)o->min,
+                        (unsigned long long)o->max);
         return -1;
     }
     char *field = (char *)cfg + o->offset;
@@ -194,17 +204,18 @@ int demo_cfg_option(demo_cfg_t *cfg, const char *cmd, const char *name,
     } else if (strcmp(name, "cuda-device") == 0) {
         uint64_t d;
         if (!cli_parse_u64(value, 0, 63, &d)) {
-            cli_usage_error(cmd, "--cuda-device: '%s' is not in [0, 63]", value);
+            cli_usage_error(cmd, "--cuda-device: '%s' is not in [0, 63]",
+                            value);
             return -1;
         }
         cfg->cuda_device = (int)d;
-    }
-    else if (strcmp(name, "fault") == 0)
+    } else if (strcmp(name, "fault") == 0)
         return parse_fault(cfg, cmd, value);
     else if (strcmp(name, "timeout") == 0) {
         uint64_t s;
         if (!cli_parse_u64(value, 1, 86400, &s)) {
-            cli_usage_error(cmd, "--timeout: '%s' is not seconds in [1, 86400]", value);
+            cli_usage_error(cmd, "--timeout: '%s' is not seconds in [1, 86400]",
+                            value);
             return -1;
         }
         cfg->run_timeout_ms = (uint32_t)(s * 1000);
@@ -267,12 +278,13 @@ bool demo_cfg_check(const demo_cfg_t *cfg, const char *cmd)
         return false;
     }
     if (cfg->pp > cfg->layers) {
-        cli_usage_error(cmd, "--pp %u exceeds --layers %u", cfg->pp, cfg->layers);
+        cli_usage_error(cmd, "--pp %u exceeds --layers %u", cfg->pp,
+                        cfg->layers);
         return false;
     }
     if (cfg->dump_dir != NULL && (cfg->instances > 1 || cfg->groups > 1)) {
         cli_usage_error(cmd, "--dump writes the images of one instance and "
-                        "one group: use --instances 1 --groups 1");
+                             "one group: use --instances 1 --groups 1");
         return false;
     }
     if (cfg->exec == KVR_AGENT_EXEC_STAGED &&
@@ -283,9 +295,10 @@ bool demo_cfg_check(const demo_cfg_t *cfg, const char *cmd)
         return false;
     }
     if (cfg->producer_tp > cfg->lay.dcp_size) {
-        cli_usage_error(cmd, "--producer-tp %u exceeds --dcp %u (a producer "
-                             "tp rank would serve no decode rank)",
-                             cfg->producer_tp, cfg->lay.dcp_size);
+        cli_usage_error(cmd,
+                        "--producer-tp %u exceeds --dcp %u (a producer "
+                        "tp rank would serve no decode rank)",
+                        cfg->producer_tp, cfg->lay.dcp_size);
         return false;
     }
     return plan_check(cfg, cmd);
@@ -296,15 +309,18 @@ int demo_cfg_args(const demo_cfg_t *cfg, char **argv, int max)
     static char vals[32][40];
     static char fault[128];
     int n = 0, v = 0;
-    for (size_t i = 0; i < sizeof(num_opts) / sizeof(num_opts[0]) && n + 2 < max; i++) {
+    for (size_t i = 0;
+         i < sizeof(num_opts) / sizeof(num_opts[0]) && n + 2 < max; i++) {
         const char *field = (const char *)cfg + num_opts[i].offset;
-        uint64_t x = num_opts[i].width == 4 ? *(const uint32_t *)(const void *)field
-                                            : *(const uint64_t *)(const void *)field;
+        uint64_t x = num_opts[i].width == 4
+                         ? *(const uint32_t *)(const void *)field
+                         : *(const uint64_t *)(const void *)field;
         snprintf(vals[v], sizeof(vals[v]), "--%s=%llu", num_opts[i].name,
                  (unsigned long long)x);
         argv[n++] = vals[v++];
     }
-    argv[n++] = cfg->lay.replicate_index ? "--replicate-index" : "--sharded-index";
+    argv[n++] = cfg->lay.replicate_index ? "--replicate-index"
+                                         : "--sharded-index";
     if (!cfg->lay.preshuffle)
         argv[n++] = "--no-preshuffle";
     if (!cfg->reuse)
@@ -313,7 +329,8 @@ int demo_cfg_args(const demo_cfg_t *cfg, char **argv, int max)
         argv[n++] = "--insecure";
     if (cfg->verbose)
         argv[n++] = "--verbose";
-    snprintf(vals[v], sizeof(vals[v]), "--timeout=%u", cfg->run_timeout_ms / 1000);
+    snprintf(vals[v], sizeof(vals[v]), "--timeout=%u",
+             cfg->run_timeout_ms / 1000);
     argv[n++] = vals[v++];
     snprintf(vals[v], sizeof(vals[v]), "--transport=%s", tl_names[cfg->tl]);
     argv[n++] = vals[v++];
@@ -331,15 +348,16 @@ int demo_cfg_args(const demo_cfg_t *cfg, char **argv, int max)
         int len = snprintf(fault, sizeof(fault), "--fault=%s:%s", cfg->fault,
                            cfg->fault_key);
         if (cfg->fault_target >= 0 && len > 0 && (size_t)len < sizeof(fault))
-            snprintf(fault + len, sizeof(fault) - (size_t)len, "@%d", cfg->fault_target);
+            snprintf(fault + len, sizeof(fault) - (size_t)len, "@%d",
+                     cfg->fault_target);
         argv[n++] = fault;
     }
     return n;
 }
 
 /* PP split: the remainder goes to the middle stages (78 / 4: 19 20 20 19). */
-void demo_stage_layers(const demo_cfg_t *cfg, uint32_t stage,
-                           uint32_t *start, uint32_t *end)
+void demo_stage_layers(const demo_cfg_t *cfg, uint32_t stage, uint32_t *start,
+                       uint32_t *end)
 {
     uint32_t base = cfg->layers / cfg->pp, rem = cfg->layers % cfg->pp;
     uint32_t first_extra = (cfg->pp - rem) / 2, s = 0;
@@ -370,7 +388,9 @@ uint32_t demo_token_id(const demo_cfg_t *cfg, uint32_t req, uint64_t pos)
     uint64_t shared = (cfg->tokens / 2) / V * V;
     if (cfg->reuse && req > 0 && req + 1 == cfg->requests && pos < shared)
         req = 0;
-    return (uint32_t)(mix(mix(cfg->seed ^ 0x70ce) ^ ((uint64_t)req << 40) ^ pos) % 151000u);
+    return (
+        uint32_t)(mix(mix(cfg->seed ^ 0x70ce) ^ ((uint64_t)req << 40) ^ pos) %
+                  151000u);
 }
 
 void demo_request_id(uint32_t req, char *buf, size_t len)
@@ -407,7 +427,8 @@ uint32_t demo_count(const demo_cfg_t *cfg, uint32_t who, bool by_group)
 {
     uint32_t n = 0;
     for (uint32_t r = 0; r < cfg->requests; r++)
-        n += (by_group ? demo_group_of(cfg, r) : demo_instance_of(cfg, r)) == who;
+        n += (by_group ? demo_group_of(cfg, r) : demo_instance_of(cfg, r)) ==
+             who;
     return n;
 }
 
@@ -476,7 +497,9 @@ void demo_src_blocks(const demo_cfg_t *cfg, uint32_t req, uint32_t *out)
 uint32_t demo_region(const demo_cfg_t *cfg, uint32_t i, bool consumer,
                      uint32_t who, kvr_region_desc_t *desc)
 {
-    uint32_t nidx = cfg->index_every ? (cfg->layers + cfg->index_every - 1) / cfg->index_every : 0;
+    uint32_t nidx = cfg->index_every ? (cfg->layers + cfg->index_every - 1) /
+                                           cfg->index_every
+                                     : 0;
     if (desc == NULL)
         return cfg->layers + nidx;
     kvr_region_desc_t d = {0};
@@ -517,7 +540,8 @@ kvr_agent_params_t demo_agent_params(const demo_cfg_t *cfg,
     p.deadline_ms = cfg->deadline_ms;
     /* sources stay for the whole run: a lease is not what ends a demo */
     p.lease_ms = cfg->run_timeout_ms < KVR_WIRE_DEADLINE_MAX_MS
-                     ? cfg->run_timeout_ms : KVR_WIRE_DEADLINE_MAX_MS;
+                     ? cfg->run_timeout_ms
+                     : KVR_WIRE_DEADLINE_MAX_MS;
     p.idle_close_ms = cfg->run_timeout_ms;
     p.connect_timeout_ms = 10000;
     /* an accepted link gets as long for its handshake as a dialler waits:
@@ -531,7 +555,8 @@ kvr_agent_params_t demo_agent_params(const demo_cfg_t *cfg,
  * requests=2") names the option to fix. */
 static void settings_text(const demo_cfg_t *cfg, char *buf, size_t len)
 {
-    snprintf(buf, len, "requests=%u tokens=%llu seed=%llu reuse=%s layers=%u "
+    snprintf(buf, len,
+             "requests=%u tokens=%llu seed=%llu reuse=%s layers=%u "
              "index-every=%u pp=%u instances=%u groups=%u abort=%u",
              cfg->requests, (unsigned long long)cfg->tokens,
              (unsigned long long)cfg->seed, cfg->reuse ? "yes" : "no",
@@ -540,8 +565,8 @@ static void settings_text(const demo_cfg_t *cfg, char *buf, size_t len)
 }
 
 kvr_status_t demo_agent_create(const demo_cfg_t *cfg,
-                               const kvr_agent_params_t *p,
-                               kvr_agent_t **agent, kvr_error_t *err)
+                               const kvr_agent_params_t *p, kvr_agent_t **agent,
+                               kvr_error_t *err)
 {
     char text[KVR_WIRE_TEXT_MAX + 1];
     kvr_status_t st = kvr_agent_create(p, agent, err);
@@ -554,8 +579,8 @@ kvr_status_t demo_agent_create(const demo_cfg_t *cfg,
     return KVR_OK;
 }
 
-kvr_status_t demo_load_key(const demo_cfg_t *cfg, uint8_t *key,
-                               bool *have, kvr_error_t *err)
+kvr_status_t demo_load_key(const demo_cfg_t *cfg, uint8_t *key, bool *have,
+                           kvr_error_t *err)
 {
     *have = false;
     if (cfg->key_file == NULL)
@@ -582,12 +607,14 @@ static kvr_status_t mismatch(kvr_error_t *err, const kvr_region_desc_t *d,
 }
 
 static kvr_status_t verify_index_token(const demo_cfg_t *cfg, uint32_t rank,
-                                       const kvr_region_desc_t *d, const uint8_t *base,
+                                       const kvr_region_desc_t *d,
+                                       const uint8_t *base,
                                        const demo_load_t *ev, uint64_t g,
                                        uint32_t tok, kvr_error_t *err)
 {
     const kvr_layout_t *lay = &cfg->lay;
-    uint64_t bs = lay->block_size, W = lay->dcp_size, V = bs * W, D = d->index_dim;
+    uint64_t bs = lay->block_size, W = lay->dcp_size, V = bs * W,
+             D = d->index_dim;
     bool repl = lay->replicate_index;
     uint64_t td = repl ? g % V : kvr__local(g, lay->interleave, W) % bs;
     uint64_t P = repl ? V : bs;
@@ -598,12 +625,13 @@ static kvr_status_t verify_index_token(const demo_cfg_t *cfg, uint32_t rank,
         got[i] = page[kvr__index_key_off(td, i, D, lay->preshuffle)];
     if (memcmp(key, got, D) != 0)
         return mismatch(err, d, rank, g, "key", key, got, D,
-                        (uint64_t)(page - base) + kvr__index_key_off(td, 0, D, lay->preshuffle));
+                        (uint64_t)(page - base) +
+                            kvr__index_key_off(td, 0, D, lay->preshuffle));
     float want = kvr_synth_index_scale(key, (uint32_t)D);
     uint64_t so = kvr__index_scale_off(td, P, D);
     if (memcmp(&want, page + so, 4) != 0)
-        return mismatch(err, d, rank, g, "scale", (const uint8_t *)&want, page + so,
-                        4, (uint64_t)(page - base) + so);
+        return mismatch(err, d, rank, g, "scale", (const uint8_t *)&want,
+                        page + so, 4, (uint64_t)(page - base) + so);
     return KVR_OK;
 }
 
@@ -620,12 +648,15 @@ static kvr_status_t verify_region(const demo_cfg_t *cfg, uint32_t rank,
         uint32_t tok = demo_token_id(cfg, req, g);
         kvr_status_t st = KVR_OK;
         if (d->role == KVR_ROLE_MLA && owned) {
-            uint64_t off = kvr__dst_slot(ev->dst, g, bs, I, W) * cfg->token_bytes;
-            kvr_synth_latent(cfg->seed, d->layer, g, tok, want, cfg->token_bytes);
+            uint64_t off = kvr__dst_slot(ev->dst, g, bs, I, W) *
+                           cfg->token_bytes;
+            kvr_synth_latent(cfg->seed, d->layer, g, tok, want,
+                             cfg->token_bytes);
             if (memcmp(want, base + off, cfg->token_bytes) != 0)
                 st = mismatch(err, d, rank, g, "latent", want, base + off,
                               cfg->token_bytes, off);
-        } else if (d->role == KVR_ROLE_INDEX && (lay->replicate_index || owned)) {
+        } else if (d->role == KVR_ROLE_INDEX &&
+                   (lay->replicate_index || owned)) {
             st = verify_index_token(cfg, rank, d, base, ev, g, tok, err);
         }
         if (st != KVR_OK)
@@ -640,7 +671,8 @@ static kvr_status_t check_ids(const uint32_t *ids, uint64_t n,
 {
     for (uint64_t i = 0; i < n; i++)
         if (ids[i] >= d->num_blocks)
-            return kvr_error_set(err, KVR_ERR_BLOCK_RANGE, "destination block "
+            return kvr_error_set(err, KVR_ERR_BLOCK_RANGE,
+                                 "destination block "
                                  "id %u outside %s layer %u's %llu blocks",
                                  ids[i], kvr_role_name(d->role), d->layer,
                                  (unsigned long long)d->num_blocks);
@@ -648,20 +680,22 @@ static kvr_status_t check_ids(const uint32_t *ids, uint64_t n,
 }
 
 kvr_status_t demo_verify(const demo_cfg_t *cfg, uint32_t rank,
-                             const kvr_region_desc_t *descs, void *const *bases,
-                             uint32_t num_regions, const demo_load_t *ev,
-                             kvr_error_t *err)
+                         const kvr_region_desc_t *descs, void *const *bases,
+                         uint32_t num_regions, const demo_load_t *ev,
+                         kvr_error_t *err)
 {
     uint64_t need = kvr_num_dst_blocks(&cfg->lay, ev->num_tokens);
     if (ev->ndst < need || cfg->token_bytes > 65536)
-        return kvr_error_set(err, KVR_ERR_INVALID, "%llu tokens need %llu "
+        return kvr_error_set(err, KVR_ERR_INVALID,
+                             "%llu tokens need %llu "
                              "destination blocks, the table has %zu",
                              (unsigned long long)ev->num_tokens,
                              (unsigned long long)need, ev->ndst);
     for (uint32_t i = 0; i < num_regions; i++) {
         kvr_status_t st = check_ids(ev->dst, need, &descs[i], err);
         if (st == KVR_OK)
-            st = verify_region(cfg, rank, ev->req, &descs[i], bases[i], ev, err);
+            st = verify_region(cfg, rank, ev->req, &descs[i], bases[i], ev,
+                               err);
         if (st != KVR_OK)
             return st;
     }
@@ -676,9 +710,13 @@ static bool in_list(const char *const *list, const char *name)
     return false;
 }
 
-static const char *const shared_flags[] = {"replicate-index", "sharded-index",
-                                           "no-preshuffle", "no-reuse",
-                                           "insecure", "verbose", NULL};
+static const char *const shared_flags[] = {"replicate-index",
+                                           "sharded-index",
+                                           "no-preshuffle",
+                                           "no-reuse",
+                                           "insecure",
+                                           "verbose",
+                                           NULL};
 
 static int one_option(int argc, char **argv, int *i, demo_cfg_t *cfg,
                       const char *cmd, const char *const *own_flags,
@@ -707,8 +745,8 @@ static int one_option(int argc, char **argv, int *i, demo_cfg_t *cfg,
 }
 
 int demo_parse(int argc, char **argv, demo_cfg_t *cfg, const char *cmd,
-                   const char *usage, const char *const *own_flags,
-                   demo_own_fn own, void *ctx)
+               const char *usage, const char *const *own_flags, demo_own_fn own,
+               void *ctx)
 {
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "--help") == 0) {
@@ -726,17 +764,18 @@ int demo_parse(int argc, char **argv, demo_cfg_t *cfg, const char *cmd,
 }
 
 void demo_image_name(char *buf, size_t len, int rank,
-                         const kvr_region_desc_t *d)
+                     const kvr_region_desc_t *d)
 {
     if (rank < 0)
-        snprintf(buf, len, "src-L%03u-%s.bin", d->layer, kvr_role_name(d->role));
+        snprintf(buf, len, "src-L%03u-%s.bin", d->layer,
+                 kvr_role_name(d->role));
     else
         snprintf(buf, len, "dst-r%d-L%03u-%s.bin", rank, d->layer,
                  kvr_role_name(d->role));
 }
 
 bool demo_write_file(const char *dir, const char *name, const void *data,
-                         uint64_t len)
+                     uint64_t len)
 {
     char path[4096];
     snprintf(path, sizeof(path), "%s/%s", dir, name);

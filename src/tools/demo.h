@@ -15,19 +15,19 @@
 
 typedef struct demo_cfg {
     kvr_layout_t lay;
-    uint32_t pp;           /* producer stages */
-    uint32_t producer_tp;  /* producer TP ranks per stage */
-    uint32_t layers;       /* model layers, all with an MLA region */
-    uint32_t index_every;  /* layers with layer % index_every == 0 have INDEX */
+    uint32_t pp;          /* producer stages */
+    uint32_t producer_tp; /* producer TP ranks per stage */
+    uint32_t layers;      /* model layers, all with an MLA region */
+    uint32_t index_every; /* layers with layer % index_every == 0 have INDEX */
     uint32_t index_dim;
     uint32_t token_bytes;
     uint32_t requests;
-    uint32_t instances;    /* prefill instances (request i: i mod P) */
-    uint32_t groups;       /* decode groups (request i: i mod G) */
-    uint32_t abort_every;  /* the consumer aborts every Nth request (0 no) */
+    uint32_t instances;   /* prefill instances (request i: i mod P) */
+    uint32_t groups;      /* decode groups (request i: i mod G) */
+    uint32_t abort_every; /* the consumer aborts every Nth request (0 no) */
     uint64_t tokens;
     uint64_t seed;
-    bool reuse;            /* the last request reuses request 0's prefix */
+    bool reuse; /* the last request reuses request 0's prefix */
     uint32_t deadline_ms;
     uint32_t run_timeout_ms;
     kvr_agent_tl_t tl;
@@ -60,8 +60,8 @@ bool demo_cfg_check(const demo_cfg_t *cfg, const char *cmd);
 int demo_cfg_args(const demo_cfg_t *cfg, char **argv, int max);
 extern const char demo_options_help[];
 
-void demo_stage_layers(const demo_cfg_t *cfg, uint32_t stage,
-                           uint32_t *start, uint32_t *end);
+void demo_stage_layers(const demo_cfg_t *cfg, uint32_t stage, uint32_t *start,
+                       uint32_t *end);
 uint64_t demo_tokens(const demo_cfg_t *cfg, uint32_t req);
 uint32_t demo_token_id(const demo_cfg_t *cfg, uint32_t req, uint64_t pos);
 void demo_request_id(uint32_t req, char *buf, size_t len);
@@ -98,10 +98,10 @@ kvr_agent_params_t demo_agent_params(const demo_cfg_t *cfg,
  * the layout (the workload every process derives its requests from), sent
  * in HELLO so that a mismatch is refused at handshake naming the option. */
 kvr_status_t demo_agent_create(const demo_cfg_t *cfg,
-                               const kvr_agent_params_t *p,
-                               kvr_agent_t **agent, kvr_error_t *err);
-kvr_status_t demo_load_key(const demo_cfg_t *cfg, uint8_t *key,
-                               bool *have, kvr_error_t *err);
+                               const kvr_agent_params_t *p, kvr_agent_t **agent,
+                               kvr_error_t *err);
+kvr_status_t demo_load_key(const demo_cfg_t *cfg, uint8_t *key, bool *have,
+                           kvr_error_t *err);
 /* A request loaded on one rank: what verification needs. */
 typedef struct demo_load {
     uint32_t req;
@@ -113,9 +113,9 @@ typedef struct demo_load {
  * token the rank holds, at the position the layout math gives; index scales
  * against their keys. */
 kvr_status_t demo_verify(const demo_cfg_t *cfg, uint32_t rank,
-                             const kvr_region_desc_t *descs, void *const *bases,
-                             uint32_t num_regions, const demo_load_t *ld,
-                             kvr_error_t *err);
+                         const kvr_region_desc_t *descs, void *const *bases,
+                         uint32_t num_regions, const demo_load_t *ld,
+                         kvr_error_t *err);
 
 /* Parses argv: shared options plus the command's own (own returns 1 if it
  * took the option, 0 if unknown, -1 on a bad value). own_flags lists the
@@ -123,13 +123,13 @@ kvr_status_t demo_verify(const demo_cfg_t *cfg, uint32_t rank,
  * code (0 after --help). */
 typedef int (*demo_own_fn)(void *ctx, const char *name, const char *value);
 int demo_parse(int argc, char **argv, demo_cfg_t *cfg, const char *cmd,
-                   const char *usage, const char *const *own_flags,
-                   demo_own_fn own, void *ctx);
+               const char *usage, const char *const *own_flags, demo_own_fn own,
+               void *ctx);
 /* Dump files (docs/dump-format.md): "src-L003-mla.bin" (rank < 0) or
  * "dst-r1-L003-mla.bin". */
 void demo_image_name(char *buf, size_t len, int rank,
-                         const kvr_region_desc_t *d);
+                     const kvr_region_desc_t *d);
 /* Writes len bytes to DIR/name; false with a message on stderr. */
 bool demo_write_file(const char *dir, const char *name, const void *data,
-                         uint64_t len);
+                     uint64_t len);
 #endif

@@ -36,9 +36,12 @@ typedef struct {
 const char *kvr_inspect_part_name(uint32_t part)
 {
     switch (part) {
-    case KVR_INSPECT_PART_LATENT: return "latent";
-    case KVR_INSPECT_PART_KEY: return "key";
-    case KVR_INSPECT_PART_SCALE: return "scale";
+    case KVR_INSPECT_PART_LATENT:
+        return "latent";
+    case KVR_INSPECT_PART_KEY:
+        return "key";
+    case KVR_INSPECT_PART_SCALE:
+        return "scale";
     }
     return "?";
 }
@@ -46,9 +49,12 @@ const char *kvr_inspect_part_name(uint32_t part)
 const char *kvr_inspect_kind_name(kvr_inspect_kind_t kind)
 {
     switch (kind) {
-    case KVR_INSPECT_WRONG: return "wrong";
-    case KVR_INSPECT_SCALE: return "scale";
-    case KVR_INSPECT_SOURCE: return "source";
+    case KVR_INSPECT_WRONG:
+        return "wrong";
+    case KVR_INSPECT_SCALE:
+        return "scale";
+    case KVR_INSPECT_SOURCE:
+        return "source";
     }
     return "?";
 }
@@ -79,7 +85,8 @@ static uint64_t first_diff(const ictx_t *c, uint32_t part, const loc_t *a,
                            const loc_t *b)
 {
     uint64_t len = part_len(c, part);
-    uint64_t seg = part == KVR_INSPECT_PART_KEY && c->lay->preshuffle ? 16 : len;
+    uint64_t seg = part == KVR_INSPECT_PART_KEY && c->lay->preshuffle ? 16
+                                                                      : len;
     for (uint64_t i = 0; i < len; i += seg) {
         const uint8_t *x = a->base + byte_off(c, part, a, i);
         const uint8_t *y = b->base + byte_off(c, part, b, i);
@@ -108,12 +115,18 @@ static void record(const ictx_t *c, kvr_inspect_kind_t kind, uint64_t g,
 {
     kvr_inspect_result_t *res = c->res;
     res->found[kind]++;
-    if (res->num_diffs >= res->diffs_cap || kept(res, kind) >= c->opts->max_report)
+    if (res->num_diffs >= res->diffs_cap ||
+        kept(res, kind) >= c->opts->max_report)
         return;
-    kvr_inspect_diff_t d = {.kind = kind, .rank = c->rank, .parts = parts,
-                            .token = g, .part = part, .byte = byte};
+    kvr_inspect_diff_t d = {.kind = kind,
+                            .rank = c->rank,
+                            .parts = parts,
+                            .token = g,
+                            .part = part,
+                            .byte = byte};
     uint64_t len = part_len(c, part) - byte;
-    d.excerpt_len = (uint32_t)(len < KVR_INSPECT_EXCERPT ? len : KVR_INSPECT_EXCERPT);
+    d.excerpt_len = (uint32_t)(len < KVR_INSPECT_EXCERPT ? len
+                                                         : KVR_INSPECT_EXCERPT);
     for (uint32_t j = 0; j < d.excerpt_len; j++) {
         d.expected[j] = want->base[byte_off(c, part, want, byte + j)];
         d.found[j] = got->base[byte_off(c, part, got, byte + j)];
@@ -128,9 +141,8 @@ static void record(const ictx_t *c, kvr_inspect_kind_t kind, uint64_t g,
 static void compare_token(const ictx_t *c, kvr_inspect_kind_t kind, uint64_t g,
                           const loc_t *want, const loc_t *got)
 {
-    static const uint32_t parts[] = {KVR_INSPECT_PART_LATENT,
-                                     KVR_INSPECT_PART_KEY,
-                                     KVR_INSPECT_PART_SCALE};
+    static const uint32_t parts[] = {
+        KVR_INSPECT_PART_LATENT, KVR_INSPECT_PART_KEY, KVR_INSPECT_PART_SCALE};
     bool index = c->pair->src.role == KVR_ROLE_INDEX;
     uint32_t bad = 0, first = 0;
     uint64_t first_byte = 0;
@@ -215,12 +227,15 @@ static kvr_status_t check_pair(const kvr_layout_t *lay,
 {
     const kvr_region_desc_t *s = &p->src, *d = &p->dst;
     if (s->role != d->role)
-        return kvr_error_set(err, KVR_ERR_ROLE_MISMATCH, "producer region is "
+        return kvr_error_set(err, KVR_ERR_ROLE_MISMATCH,
+                             "producer region is "
                              "%s, consumer region is %s",
                              kvr_role_name(s->role), kvr_role_name(d->role));
     if (s->role != KVR_ROLE_MLA && s->role != KVR_ROLE_INDEX)
-        return kvr_error_set(err, KVR_ERR_INVALID, "inspect decodes mla and "
-                             "index regions, not %s", kvr_role_name(s->role));
+        return kvr_error_set(err, KVR_ERR_INVALID,
+                             "inspect decodes mla and "
+                             "index regions, not %s",
+                             kvr_role_name(s->role));
     kvr_status_t st = kvr_region_check(lay, s, false, err);
     if (st == KVR_OK)
         st = kvr_region_check(lay, d, true, err);
@@ -228,25 +243,29 @@ static kvr_status_t check_pair(const kvr_layout_t *lay,
         return st;
     if (s->role == KVR_ROLE_MLA) {
         if (s->page_bytes != d->page_bytes)
-            return kvr_error_set(err, KVR_ERR_PAGE_GEOMETRY, "mla layer %u: "
+            return kvr_error_set(err, KVR_ERR_PAGE_GEOMETRY,
+                                 "mla layer %u: "
                                  "producer page bytes %llu, consumer %llu",
                                  s->layer, (ull)s->page_bytes,
                                  (ull)d->page_bytes);
         return KVR_OK;
     }
     if (s->index_dim != d->index_dim)
-        return kvr_error_set(err, KVR_ERR_PAGE_GEOMETRY, "index layer %u: "
-                             "producer D=%u, consumer D=%u", s->layer,
-                             s->index_dim, d->index_dim);
+        return kvr_error_set(err, KVR_ERR_PAGE_GEOMETRY,
+                             "index layer %u: "
+                             "producer D=%u, consumer D=%u",
+                             s->layer, s->index_dim, d->index_dim);
     if (!lay->replicate_index && lay->dcp_size > 1 &&
         lay->interleave != lay->block_size)
         return kvr_error_set(err, KVR_ERR_SHARDED_INDEX_INTERLEAVE,
                              "sharded index under W=%u needs I == bs (I=%u, "
-                             "bs=%u)", lay->dcp_size, lay->interleave,
-                             lay->block_size);
+                             "bs=%u)",
+                             lay->dcp_size, lay->interleave, lay->block_size);
     if (synthetic && s->index_dim > MAX_INDEX_DIM)
-        return kvr_error_set(err, KVR_ERR_INVALID, "index D=%u > %d is not "
-                             "synthetic data", s->index_dim, MAX_INDEX_DIM);
+        return kvr_error_set(err, KVR_ERR_INVALID,
+                             "index D=%u > %d is not "
+                             "synthetic data",
+                             s->index_dim, MAX_INDEX_DIM);
     return KVR_OK;
 }
 
@@ -258,11 +277,13 @@ static kvr_status_t check_image(const kvr_region_desc_t *r, const void *base,
     if (base == NULL)
         return kvr_error_set(err, KVR_ERR_INVALID, "%s image is NULL", side);
     if (__builtin_mul_overflow(r->num_blocks, r->page_bytes, &need))
-        return kvr_error_set(err, KVR_ERR_INVALID, "%s region: %llu blocks x "
-                             "%llu bytes overflows", side, (ull)r->num_blocks,
-                             (ull)r->page_bytes);
+        return kvr_error_set(err, KVR_ERR_INVALID,
+                             "%s region: %llu blocks x "
+                             "%llu bytes overflows",
+                             side, (ull)r->num_blocks, (ull)r->page_bytes);
     if (len < need)
-        return kvr_error_set(err, KVR_ERR_INVALID, "%s image holds %llu bytes, "
+        return kvr_error_set(err, KVR_ERR_INVALID,
+                             "%s image holds %llu bytes, "
                              "its region needs %llu blocks x %llu = %llu",
                              side, (ull)len, (ull)r->num_blocks,
                              (ull)r->page_bytes, (ull)need);
@@ -275,10 +296,11 @@ static kvr_status_t check_ids(const uint32_t *ids, uint64_t from, uint64_t to,
 {
     for (uint64_t i = from; i < to; i++)
         if (ids[i] >= r->num_blocks)
-            return kvr_error_set(err, KVR_ERR_BLOCK_RANGE, "%s block id %u at "
+            return kvr_error_set(err, KVR_ERR_BLOCK_RANGE,
+                                 "%s block id %u at "
                                  "table index %llu is outside the region's "
-                                 "%llu blocks", side, ids[i], (ull)i,
-                                 (ull)r->num_blocks);
+                                 "%llu blocks",
+                                 side, ids[i], (ull)i, (ull)r->num_blocks);
     return KVR_OK;
 }
 
@@ -287,30 +309,36 @@ static kvr_status_t check_request(const kvr_layout_t *lay,
                                   const kvr_region_pair_t *p,
                                   const kvr_request_t *q, kvr_error_t *err)
 {
-    uint64_t N = q->num_tokens, k = q->num_computed_blocks, bs = lay->block_size;
+    uint64_t N = q->num_tokens, k = q->num_computed_blocks,
+             bs = lay->block_size;
     uint64_t V = bs * lay->dcp_size, kV, kW;
     if ((q->num_src_blocks && !q->src_blocks) ||
         (q->num_dst_blocks && !q->dst_blocks) || N > (1ull << 48))
-        return kvr_error_set(err, KVR_ERR_INVALID, "request: NULL block table "
-                             "or %llu tokens", (ull)N);
+        return kvr_error_set(err, KVR_ERR_INVALID,
+                             "request: NULL block table "
+                             "or %llu tokens",
+                             (ull)N);
     uint64_t end_src = kvr__ceil_div(N, bs), end_dst = kvr__ceil_div(N, V);
     if (end_src > q->num_src_blocks || end_dst > q->num_dst_blocks)
-        return kvr_error_set(err, end_src > q->num_src_blocks
-                                      ? KVR_ERR_SRC_TABLE_SHORT
-                                      : KVR_ERR_DST_TABLE_SHORT,
+        return kvr_error_set(err,
+                             end_src > q->num_src_blocks
+                                 ? KVR_ERR_SRC_TABLE_SHORT
+                                 : KVR_ERR_DST_TABLE_SHORT,
                              "%llu tokens need %llu source and %llu "
                              "destination blocks; the tables have %zu and %zu",
                              (ull)N, (ull)end_src, (ull)end_dst,
                              q->num_src_blocks, q->num_dst_blocks);
     if (k != 0 && (__builtin_mul_overflow(k, V, &kV) || kV >= N ||
                    __builtin_mul_overflow(k, (uint64_t)lay->dcp_size, &kW)))
-        return kvr_error_set(err, KVR_ERR_INCREMENTAL, "num_computed_blocks "
-                             "%llu x V=%llu is not below %llu tokens", (ull)k,
-                             (ull)V, (ull)N);
+        return kvr_error_set(err, KVR_ERR_INCREMENTAL,
+                             "num_computed_blocks "
+                             "%llu x V=%llu is not below %llu tokens",
+                             (ull)k, (ull)V, (ull)N);
     kvr_status_t st = check_ids(q->src_blocks, k * lay->dcp_size, end_src,
                                 &p->src, "source", err);
-    return st != KVR_OK ? st : check_ids(q->dst_blocks, k, end_dst, &p->dst,
-                                         "destination", err);
+    return st != KVR_OK ? st
+                        : check_ids(q->dst_blocks, k, end_dst, &p->dst,
+                                    "destination", err);
 }
 
 static kvr_status_t check_all(const kvr_layout_t *lay, uint32_t rank,
@@ -321,7 +349,8 @@ static kvr_status_t check_all(const kvr_layout_t *lay, uint32_t rank,
 {
     if (pair == NULL || req == NULL || res == NULL ||
         (res->diffs_cap && res->diffs == NULL))
-        return kvr_error_set(err, KVR_ERR_INVALID, "NULL region pair, request "
+        return kvr_error_set(err, KVR_ERR_INVALID,
+                             "NULL region pair, request "
                              "or result");
     kvr_status_t st = kvr_layout_check_rank(lay, rank, err);
     if (st == KVR_OK)
@@ -413,8 +442,10 @@ kvr_status_t kvr_inspect_source(const kvr_layout_t *lay,
     ictx_t c = make_ctx(lay, 0, pair, req, &o, res);
     uint8_t *buf = malloc(c.tb + c.D + 4);
     if (buf == NULL)
-        return kvr_error_set(err, KVR_ERR_NO_MEMORY, "no memory for a %llu-byte "
-                             "token", (ull)(c.tb + c.D + 4));
+        return kvr_error_set(err, KVR_ERR_NO_MEMORY,
+                             "no memory for a %llu-byte "
+                             "token",
+                             (ull)(c.tb + c.D + 4));
     for (uint64_t g = first_token(&c); g < req->num_tokens; g++) {
         synth_token(&c, g, token_ids[g], buf);
         loc_t want = {.base = buf, .plain = true}, got = src_loc(&c, src, g);

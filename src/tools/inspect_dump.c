@@ -74,9 +74,10 @@ static kvr_status_t get_u64(json_t *obj, const char *where, const char *key,
     if (v == NULL)
         return bad(err, where, key, "missing");
     json_int_t x = json_is_integer(v) ? json_integer_value(v) : -1;
-    if (!json_is_integer(v) || x < 0 || (uint64_t)x < min || (uint64_t)x > max) {
-        snprintf(what, sizeof(what), "not an integer in [%llu, %llu]",
-                 (ull)min, (ull)max);
+    if (!json_is_integer(v) || x < 0 || (uint64_t)x < min ||
+        (uint64_t)x > max) {
+        snprintf(what, sizeof(what), "not an integer in [%llu, %llu]", (ull)min,
+                 (ull)max);
         return bad(err, where, key, what);
     }
     *out = (uint64_t)x;
@@ -113,8 +114,10 @@ static kvr_status_t str_value(json_t *v, const char *where, size_t max,
                              v ? "not a string" : "missing");
     size_t n = json_string_length(v);
     if (n == 0 || n > max || memchr(json_string_value(v), '\0', n) != NULL)
-        return kvr_error_set(err, KVR_ERR_INVALID, "manifest %s: empty, longer "
-                             "than %zu bytes or holding NUL", where, max);
+        return kvr_error_set(err, KVR_ERR_INVALID,
+                             "manifest %s: empty, longer "
+                             "than %zu bytes or holding NUL",
+                             where, max);
     *out = strdup(json_string_value(v));
     return *out ? KVR_OK : kvr_error_set(err, KVR_ERR_NO_MEMORY, "no memory");
 }
@@ -161,8 +164,10 @@ static kvr_status_t get_u32s(json_t *obj, const char *where, const char *key,
     *n = json_array_size(arr);
     *out = *n ? malloc(*n * sizeof(**out)) : NULL;
     if (*n && *out == NULL)
-        return kvr_error_set(err, KVR_ERR_NO_MEMORY, "no memory for %zu ids", *n);
-    json_array_foreach(arr, i, v) {
+        return kvr_error_set(err, KVR_ERR_NO_MEMORY, "no memory for %zu ids",
+                             *n);
+    json_array_foreach(arr, i, v)
+    {
         json_int_t x = json_is_integer(v) ? json_integer_value(v) : -1;
         if (x < 0 || x > (json_int_t)UINT32_MAX) {
             free(*out);
@@ -182,18 +187,21 @@ static kvr_status_t parse_layout(json_t *root, kvr_layout_t *lay,
     json_t *o;
     kvr_status_t st = get_obj(root, "", "layout", &o, err);
     if (st == KVR_OK)
-        st = get_u32(o, "layout", "block_size", 1, 1u << 20, &lay->block_size, err);
+        st = get_u32(o, "layout", "block_size", 1, 1u << 20, &lay->block_size,
+                     err);
     if (st == KVR_OK)
         st = get_u32(o, "layout", "dcp", 1, MAX_DCP, &lay->dcp_size, err);
     if (st == KVR_OK)
-        st = get_u32(o, "layout", "interleave", 1, UINT32_MAX, &lay->interleave, err);
+        st = get_u32(o, "layout", "interleave", 1, UINT32_MAX, &lay->interleave,
+                     err);
     if (st == KVR_OK)
         st = get_u32(o, "layout", "tp", 1, UINT32_MAX, &lay->tp, err);
     if (st == KVR_OK)
         st = get_u32(o, "layout", "producer_tp", 1, UINT32_MAX,
                      &lay->producer_tp, err);
     if (st == KVR_OK)
-        st = get_bool(o, "layout", "replicate_index", &lay->replicate_index, err);
+        st = get_bool(o, "layout", "replicate_index", &lay->replicate_index,
+                      err);
     if (st == KVR_OK)
         st = get_bool(o, "layout", "preshuffle", &lay->preshuffle, err);
     return st != KVR_OK ? st : kvr_layout_check(lay, err);
@@ -205,7 +213,8 @@ static kvr_status_t check_name(const char *name, const char *where,
 {
     if (strchr(name, '/') != NULL || strcmp(name, ".") == 0 ||
         strcmp(name, "..") == 0 || strlen(name) > NAME_MAX)
-        return kvr_error_set(err, KVR_ERR_INVALID, "manifest %s: '%s' is not "
+        return kvr_error_set(err, KVR_ERR_INVALID,
+                             "manifest %s: '%s' is not "
                              "a plain file name inside the dump directory",
                              where, name);
     return KVR_OK;
@@ -219,13 +228,17 @@ static kvr_status_t parse_side(json_t *reg, const char *where, const char *key,
     snprintf(w, sizeof(w), "%s.%s", where, key);
     kvr_status_t st = get_obj(reg, where, key, &o, err);
     if (st == KVR_OK)
-        st = get_u64(o, w, "num_blocks", 1, UINT32_MAX + 1ull, &d->num_blocks, err);
+        st = get_u64(o, w, "num_blocks", 1, UINT32_MAX + 1ull, &d->num_blocks,
+                     err);
     if (st == KVR_OK)
-        st = get_u64(o, w, "page_bytes", 1, MAX_IMAGE_BYTES, &d->page_bytes, err);
+        st = get_u64(o, w, "page_bytes", 1, MAX_IMAGE_BYTES, &d->page_bytes,
+                     err);
     if (st == KVR_OK && d->num_blocks > MAX_IMAGE_BYTES / d->page_bytes)
-        st = kvr_error_set(err, KVR_ERR_INVALID, "manifest %s: %llu blocks x "
-                           "%llu bytes exceeds %llu", w, (ull)d->num_blocks,
-                           (ull)d->page_bytes, (ull)MAX_IMAGE_BYTES);
+        st = kvr_error_set(err, KVR_ERR_INVALID,
+                           "manifest %s: %llu blocks x "
+                           "%llu bytes exceeds %llu",
+                           w, (ull)d->num_blocks, (ull)d->page_bytes,
+                           (ull)MAX_IMAGE_BYTES);
     return st;
 }
 
@@ -234,8 +247,9 @@ static kvr_status_t parse_role(json_t *reg, const char *where,
 {
     char *role = NULL;
     kvr_status_t st = get_str(reg, where, "role", 16, &role, err);
-    if (st == KVR_OK && (kvr_role_parse(role, &d->role) != KVR_OK ||
-                         (d->role != KVR_ROLE_MLA && d->role != KVR_ROLE_INDEX)))
+    if (st == KVR_OK &&
+        (kvr_role_parse(role, &d->role) != KVR_OK ||
+         (d->role != KVR_ROLE_MLA && d->role != KVR_ROLE_INDEX)))
         st = bad(err, where, "role", "not \"mla\" or \"index\"");
     free(role);
     if (st == KVR_OK)
@@ -254,15 +268,17 @@ static kvr_status_t parse_files(json_t *reg, const char *where, uint32_t W,
 {
     json_t *arr;
     char w[96];
-    kvr_status_t st = get_str(reg, where, "src_file", NAME_MAX, &r->src_file, err);
+    kvr_status_t st = get_str(reg, where, "src_file", NAME_MAX, &r->src_file,
+                              err);
     if (st == KVR_OK)
         st = check_name(r->src_file, where, err);
     if (st == KVR_OK)
         st = get_array(reg, where, "dst_files", W, &arr, err);
     if (st == KVR_OK && json_array_size(arr) != W)
-        st = kvr_error_set(err, KVR_ERR_INVALID, "manifest %s.dst_files: %zu "
-                           "files for W=%u DCP ranks", where,
-                           json_array_size(arr), W);
+        st = kvr_error_set(err, KVR_ERR_INVALID,
+                           "manifest %s.dst_files: %zu "
+                           "files for W=%u DCP ranks",
+                           where, json_array_size(arr), W);
     if (st == KVR_OK && (r->dst_files = calloc(W, sizeof(char *))) == NULL)
         st = kvr_error_set(err, KVR_ERR_NO_MEMORY, "no memory");
     for (uint32_t i = 0; st == KVR_OK && i < W; i++) {
@@ -292,9 +308,11 @@ static kvr_status_t parse_region(json_t *reg, size_t i, const kvr_layout_t *lay,
         st = parse_side(reg, where, "dst", &r->pair.dst, err);
     if (st == KVR_OK)
         st = parse_files(reg, where, lay->dcp_size, r, err);
-    if (st == KVR_OK && kvr_region_check(lay, &r->pair.src, false, err) != KVR_OK)
+    if (st == KVR_OK &&
+        kvr_region_check(lay, &r->pair.src, false, err) != KVR_OK)
         st = err ? err->code : KVR_ERR_INVALID;
-    if (st == KVR_OK && kvr_region_check(lay, &r->pair.dst, true, err) != KVR_OK)
+    if (st == KVR_OK &&
+        kvr_region_check(lay, &r->pair.dst, true, err) != KVR_OK)
         st = err ? err->code : KVR_ERR_INVALID;
     return st;
 }
@@ -310,20 +328,24 @@ static kvr_status_t parse_request(json_t *q, size_t i, dump_request_t *r,
                              where);
     kvr_status_t st = get_str(q, where, "id", MAX_ID_BYTES, &r->id, err);
     if (st == KVR_OK)
-        st = get_u64(q, where, "num_tokens", 0, MAX_TOKENS, &r->req.num_tokens, err);
+        st = get_u64(q, where, "num_tokens", 0, MAX_TOKENS, &r->req.num_tokens,
+                     err);
     if (st == KVR_OK)
         st = get_u64(q, where, "num_computed_blocks", 0, UINT32_MAX,
                      &r->req.num_computed_blocks, err);
     if (st == KVR_OK)
-        st = get_u32s(q, where, "src_blocks", &r->src, &r->req.num_src_blocks, err);
+        st = get_u32s(q, where, "src_blocks", &r->src, &r->req.num_src_blocks,
+                      err);
     if (st == KVR_OK)
-        st = get_u32s(q, where, "dst_blocks", &r->dst, &r->req.num_dst_blocks, err);
+        st = get_u32s(q, where, "dst_blocks", &r->dst, &r->req.num_dst_blocks,
+                      err);
     if (st == KVR_OK && json_object_get(q, "token_ids") != NULL) {
         st = get_u32s(q, where, "token_ids", &r->token_ids, &ntok, err);
         if (st == KVR_OK && ntok != r->req.num_tokens)
-            st = kvr_error_set(err, KVR_ERR_INVALID, "manifest %s.token_ids: "
-                               "%zu ids for %llu tokens", where, ntok,
-                               (ull)r->req.num_tokens);
+            st = kvr_error_set(err, KVR_ERR_INVALID,
+                               "manifest %s.token_ids: "
+                               "%zu ids for %llu tokens",
+                               where, ntok, (ull)r->req.num_tokens);
     }
     r->req.src_blocks = r->src;
     r->req.dst_blocks = r->dst;
@@ -362,12 +384,15 @@ static kvr_status_t parse_lists(json_t *root, kvr_inspect_report_t *rep,
     rep->requests = calloc(json_array_size(reqs) + 1, sizeof(*rep->requests));
     if (rep->regions == NULL || rep->requests == NULL)
         return kvr_error_set(err, KVR_ERR_NO_MEMORY, "no memory");
-    json_array_foreach(regs, i, v) {
+    json_array_foreach(regs, i, v)
+    {
         rep->num_regions = i + 1;
-        if ((st = parse_region(v, i, &rep->lay, &rep->regions[i], err)) != KVR_OK)
+        if ((st = parse_region(v, i, &rep->lay, &rep->regions[i], err)) !=
+            KVR_OK)
             return st;
     }
-    json_array_foreach(reqs, i, v) {
+    json_array_foreach(reqs, i, v)
+    {
         rep->num_requests = i + 1;
         if ((st = parse_request(v, i, &rep->requests[i], err)) != KVR_OK)
             return st;
@@ -381,21 +406,24 @@ static kvr_status_t load_manifest(const char *dir, kvr_inspect_report_t *rep,
     char path[PATH_MAX];
     struct stat sb;
     json_error_t jerr;
-    if ((size_t)snprintf(path, sizeof(path), "%s/manifest.json", dir) >= sizeof(path))
-        return kvr_error_set(err, KVR_ERR_INVALID, "dump directory path too long");
+    if ((size_t)snprintf(path, sizeof(path), "%s/manifest.json", dir) >=
+        sizeof(path))
+        return kvr_error_set(err, KVR_ERR_INVALID,
+                             "dump directory path too long");
     if (stat(path, &sb) != 0 || !S_ISREG(sb.st_mode))
         return kvr_error_set(err, KVR_ERR_IO, "%s: no such file", path);
     if ((uint64_t)sb.st_size > MANIFEST_MAX_BYTES)
-        return kvr_error_set(err, KVR_ERR_INVALID, "%s: %llu bytes exceeds the "
-                             "%llu-byte limit", path, (ull)sb.st_size,
-                             (ull)MANIFEST_MAX_BYTES);
+        return kvr_error_set(err, KVR_ERR_INVALID,
+                             "%s: %llu bytes exceeds the "
+                             "%llu-byte limit",
+                             path, (ull)sb.st_size, (ull)MANIFEST_MAX_BYTES);
     json_t *root = json_load_file(path, JSON_REJECT_DUPLICATES, &jerr);
     if (root == NULL)
         return kvr_error_set(err, KVR_ERR_INVALID, "%s: line %d column %d: %s",
                              path, jerr.line, jerr.column, jerr.text);
-    kvr_status_t st = json_is_object(root) ? parse_header(root, rep, err)
-                                           : bad(err, "", "(root)",
-                                                 "not an object");
+    kvr_status_t st = json_is_object(root)
+                          ? parse_header(root, rep, err)
+                          : bad(err, "", "(root)", "not an object");
     if (st == KVR_OK)
         st = parse_lists(root, rep, err);
     json_decref(root);
@@ -419,9 +447,10 @@ static kvr_status_t map_image(const char *dir, const char *name,
     if (fstat(fd, &sb) != 0 || !S_ISREG(sb.st_mode))
         st = kvr_error_set(err, KVR_ERR_IO, "%s: not a regular file", path);
     else if ((uint64_t)sb.st_size != want || want > SIZE_MAX)
-        st = kvr_error_set(err, KVR_ERR_INVALID, "%s: %llu bytes, the manifest "
-                           "says %llu blocks x %llu = %llu", path,
-                           (ull)sb.st_size, (ull)d->num_blocks,
+        st = kvr_error_set(err, KVR_ERR_INVALID,
+                           "%s: %llu bytes, the manifest "
+                           "says %llu blocks x %llu = %llu",
+                           path, (ull)sb.st_size, (ull)d->num_blocks,
                            (ull)d->page_bytes, (ull)want);
     if (st == KVR_OK) {
         m->p = mmap(NULL, (size_t)want, PROT_READ, MAP_PRIVATE, fd, 0);
@@ -474,12 +503,12 @@ static kvr_status_t check_region(kvr_inspect_report_t *rep, size_t i,
         size_t from = r->res.num_diffs;
         for (uint32_t w = 0; w < rep->lay.dcp_size && st == KVR_OK; w++)
             st = kvr_inspect_buffers(&rep->lay, w, &r->pair, &rq->req, src->p,
-                                     src->len, dst[w].p, dst[w].len,
-                                     &rep->opts, &r->res, err);
+                                     src->len, dst[w].p, dst[w].len, &rep->opts,
+                                     &r->res, err);
         if (st == KVR_OK && rep->opts.synthetic && rq->token_ids != NULL)
             st = kvr_inspect_source(&rep->lay, &r->pair, &rq->req,
-                                    rq->token_ids, src->p, src->len,
-                                    &rep->opts, &r->res, err);
+                                    rq->token_ids, src->p, src->len, &rep->opts,
+                                    &r->res, err);
         tag_request(&r->res, from, q);
         st = blame(st, rq, i, r, err);
     }
@@ -512,10 +541,9 @@ static kvr_status_t run_region(kvr_inspect_report_t *rep, const char *dir,
         return kvr_error_set(err, KVR_ERR_NO_MEMORY, "no memory");
     r->res.diffs_cap = KVR_INSPECT_KINDS * rep->opts.max_report;
     r->res.diffs = calloc(r->res.diffs_cap, sizeof(*r->res.diffs));
-    kvr_status_t st = r->res.diffs ? map_image(dir, r->src_file, &r->pair.src,
-                                               &src, err)
-                                   : kvr_error_set(err, KVR_ERR_NO_MEMORY,
-                                                   "no memory");
+    kvr_status_t st = r->res.diffs
+                          ? map_image(dir, r->src_file, &r->pair.src, &src, err)
+                          : kvr_error_set(err, KVR_ERR_NO_MEMORY, "no memory");
     for (uint32_t w = 0; w < W && st == KVR_OK; w++)
         st = map_image(dir, r->dst_files[w], &r->pair.dst, &dst[w], err);
     if (st == KVR_OK)
@@ -664,7 +692,8 @@ static json_t *diff_json(const kvr_inspect_report_t *rep,
     json_t *parts = json_array();
     for (uint32_t bit = 1; bit <= KVR_INSPECT_PART_SCALE; bit <<= 1)
         if (d->parts & bit)
-            json_array_append_new(parts, json_string(kvr_inspect_part_name(bit)));
+            json_array_append_new(parts,
+                                  json_string(kvr_inspect_part_name(bit)));
     return json_pack("{s:s,s:s,s:I,s:I,s:s,s:o,s:I,s:I,s:I,s:s,s:s}", "kind",
                      kvr_inspect_kind_name(d->kind), "request",
                      rep->requests[d->request].id, "rank", (json_int_t)d->rank,
@@ -693,7 +722,8 @@ static json_t *region_json(const kvr_inspect_report_t *rep, size_t i)
         (json_int_t)res->checked[KVR_INSPECT_SOURCE], "source_wrong",
         (json_int_t)res->found[KVR_INSPECT_SOURCE], "diffs", diffs);
     if (r->pair.dst.role == KVR_ROLE_INDEX)
-        json_object_set_new(o, "index_dim", json_integer(r->pair.dst.index_dim));
+        json_object_set_new(o, "index_dim",
+                            json_integer(r->pair.dst.index_dim));
     return o;
 }
 
@@ -717,9 +747,10 @@ static json_t *summary_json(const kvr_inspect_report_t *rep)
                      (json_int_t)checked[KVR_INSPECT_WRONG], "tokens_wrong",
                      (json_int_t)found[KVR_INSPECT_WRONG], "scales_checked",
                      (json_int_t)checked[KVR_INSPECT_SCALE],
-                     "scales_inconsistent", (json_int_t)found[KVR_INSPECT_SCALE],
-                     "source_checked", (json_int_t)checked[KVR_INSPECT_SOURCE],
-                     "source_wrong", (json_int_t)found[KVR_INSPECT_SOURCE]);
+                     "scales_inconsistent",
+                     (json_int_t)found[KVR_INSPECT_SCALE], "source_checked",
+                     (json_int_t)checked[KVR_INSPECT_SOURCE], "source_wrong",
+                     (json_int_t)found[KVR_INSPECT_SOURCE]);
 }
 
 char *kvr_inspect_report_json(const kvr_inspect_report_t *rep)
@@ -731,10 +762,11 @@ char *kvr_inspect_report_json(const kvr_inspect_report_t *rep)
     for (size_t i = 0; i < rep->num_regions; i++)
         json_array_append_new(regions, region_json(rep, i));
     json_t *layout = json_pack(
-        "{s:I,s:I,s:I,s:I,s:I,s:b,s:b}", "block_size", (json_int_t)l->block_size,
-        "dcp", (json_int_t)l->dcp_size, "interleave", (json_int_t)l->interleave,
-        "tp", (json_int_t)l->tp, "producer_tp", (json_int_t)l->producer_tp,
-        "replicate_index", l->replicate_index, "preshuffle", l->preshuffle);
+        "{s:I,s:I,s:I,s:I,s:I,s:b,s:b}", "block_size",
+        (json_int_t)l->block_size, "dcp", (json_int_t)l->dcp_size, "interleave",
+        (json_int_t)l->interleave, "tp", (json_int_t)l->tp, "producer_tp",
+        (json_int_t)l->producer_tp, "replicate_index", l->replicate_index,
+        "preshuffle", l->preshuffle);
     json_t *root = json_pack(
         "{s:s,s:I,s:b,s:o,s:b,s:o,s:I,s:o,s:o,s:o}", "format",
         "kvrelay-inspect", "version", (json_int_t)1, "clean",

@@ -17,8 +17,10 @@ static const command_t commands[] = {
     {"serve", cli_cmd_serve, "one decode rank (consumer); rank 0 leads"},
     {"push", cli_cmd_push, "one prefill stage (producer)"},
     {"bench", cli_cmd_bench, "the executors side by side through kvrelay demo"},
-    {"capacity", cli_cmd_capacity, "KV blocks and tokens a decode rank holds in a budget"},
-    {"inspect", cli_cmd_inspect, "diff dumped received pages against the source, per token"},
+    {"capacity", cli_cmd_capacity,
+     "KV blocks and tokens a decode rank holds in a budget"},
+    {"inspect", cli_cmd_inspect,
+     "diff dumped received pages against the source, per token"},
     {"store", cli_cmd_store, "stat or verify a store's disk tier (checksums)"},
 };
 
@@ -32,10 +34,12 @@ static int print_version(void)
 static void usage(FILE *out)
 {
     fputs("usage: kvrelay <command> [options]   (kvrelay <command> --help)\n"
-          "commands:\n", out);
+          "commands:\n",
+          out);
     for (size_t i = 0; i < sizeof(commands) / sizeof(commands[0]); i++)
         fprintf(out, "  %-10s %s\n", commands[i].name, commands[i].summary);
-    fprintf(out, "  %-10s %s\n", "version", "print the version (also --version)");
+    fprintf(out, "  %-10s %s\n", "version",
+            "print the version (also --version)");
 }
 
 int main(int argc, char **argv)

@@ -14,8 +14,7 @@
 #include "commands.h"
 
 /* "H:D:E[:hnd][xCOUNT]" after "dense:" (E: bytes per element). */
-bool cli_parse_dense(const char *text, kvr_region_desc_t *out,
-                          uint32_t *count)
+bool cli_parse_dense(const char *text, kvr_region_desc_t *out, uint32_t *count)
 {
     char buf[128];
     if (strncmp(text, "dense:", 6) != 0 || strlen(text) >= sizeof(buf))
@@ -47,7 +46,7 @@ bool cli_parse_dense(const char *text, kvr_region_desc_t *out,
 }
 
 bool cli_plan_needs_pairs(const kvr_layout_t *lay,
-                               const kvr_region_pair_t *pairs, size_t n)
+                          const kvr_region_pair_t *pairs, size_t n)
 {
     if (!kvr_layout_producer_plain(lay))
         return true;
@@ -67,8 +66,8 @@ void cli_pair_plan_free(cli_pair_plan_t *pp)
 /* Producer ranks of one axis that consumer rank c pulls anything from. */
 static kvr_status_t axis_sources(const kvr_layout_t *lay, kvr_axis_t axis,
                                  uint32_t c, const kvr_region_pair_t *pairs,
-                                 size_t n, const kvr_request_t *req,
-                                 bool *used, kvr_error_t *err)
+                                 size_t n, const kvr_request_t *req, bool *used,
+                                 kvr_error_t *err)
 {
     uint32_t np = kvr_axis_ranks(lay, axis, false);
     uint32_t *ranks = malloc((np + 1) * sizeof(*ranks));
@@ -100,13 +99,13 @@ static size_t axis_pairs(kvr_axis_t axis, const kvr_region_pair_t *pairs,
     return m;
 }
 
-static kvr_status_t add_source(cli_pair_plan_t *pp, kvr_axis_t axis,
-                               uint32_t p, const kvr_plan_set_t *set,
-                               const size_t *index, size_t m)
+static kvr_status_t add_source(cli_pair_plan_t *pp, kvr_axis_t axis, uint32_t p,
+                               const kvr_plan_set_t *set, const size_t *index,
+                               size_t m)
 {
     cli_source_t *s = &pp->sources[pp->num_sources++];
     *s = (cli_source_t){axis, p, kvr_plan_set_total_runs(set),
-                             kvr_plan_set_total_bytes(set)};
+                        kvr_plan_set_total_bytes(set)};
     for (size_t i = 0; i < m; i++) {
         const kvr_plan_t *plan = kvr_plan_set_plan_of(set, i);
         cli_totals_t *t = &pp->per_pair[index[i]];
@@ -150,10 +149,9 @@ static kvr_status_t plan_axis(const kvr_layout_t *lay, kvr_axis_t axis,
 }
 
 kvr_status_t cli_plan_pairs(const kvr_layout_t *lay, uint32_t dcp_rank,
-                                 uint32_t tp_rank,
-                                 const kvr_region_pair_t *pairs, size_t n,
-                                 const kvr_request_t *req,
-                                 cli_pair_plan_t *pp, kvr_error_t *err)
+                            uint32_t tp_rank, const kvr_region_pair_t *pairs,
+                            size_t n, const kvr_request_t *req,
+                            cli_pair_plan_t *pp, kvr_error_t *err)
 {
     memset(pp, 0, sizeof(*pp));
     size_t cap = (size_t)kvr_axis_ranks(lay, KVR_AXIS_DCP, false) +
@@ -164,8 +162,8 @@ kvr_status_t cli_plan_pairs(const kvr_layout_t *lay, uint32_t dcp_rank,
         cli_pair_plan_free(pp);
         return kvr_error_set(err, KVR_ERR_NO_MEMORY, "no memory");
     }
-    kvr_status_t st = plan_axis(lay, KVR_AXIS_DCP, dcp_rank, pairs, n, req,
-                                pp, err);
+    kvr_status_t st = plan_axis(lay, KVR_AXIS_DCP, dcp_rank, pairs, n, req, pp,
+                                err);
     if (st == KVR_OK)
         st = plan_axis(lay, KVR_AXIS_TP, tp_rank, pairs, n, req, pp, err);
     if (st != KVR_OK)

@@ -28,22 +28,20 @@ typedef struct {
 
 /* Parses "dense:H:D:E[:hnd][xCOUNT]" into a head-sharded dense template
  * (page bytes are left to the caller: they depend on the side's TP). */
-bool cli_parse_dense(const char *text, kvr_region_desc_t *out,
-                          uint32_t *count);
+bool cli_parse_dense(const char *text, kvr_region_desc_t *out, uint32_t *count);
 
 /* Whether the consumer rank has more than today's single producer: a
  * producer of its own DCP or block size, or a dense TP reshard. */
 bool cli_plan_needs_pairs(const kvr_layout_t *lay,
-                               const kvr_region_pair_t *pairs, size_t n);
+                          const kvr_region_pair_t *pairs, size_t n);
 
 /* Plans everything consumer DCP rank dcp_rank (for DCP-planned regions)
  * and TP rank tp_rank (head-sharded dense) take, source by source. req's
  * source table serves every producer rank (the shared DCP table). */
 kvr_status_t cli_plan_pairs(const kvr_layout_t *lay, uint32_t dcp_rank,
-                                 uint32_t tp_rank,
-                                 const kvr_region_pair_t *pairs, size_t n,
-                                 const kvr_request_t *req,
-                                 cli_pair_plan_t *pp, kvr_error_t *err);
+                            uint32_t tp_rank, const kvr_region_pair_t *pairs,
+                            size_t n, const kvr_request_t *req,
+                            cli_pair_plan_t *pp, kvr_error_t *err);
 void cli_pair_plan_free(cli_pair_plan_t *pp);
 
 #endif

@@ -128,11 +128,11 @@ bool rt_decode(const uint8_t *buf, size_t len, rt_msg_t *m)
 
 typedef struct {
     bool used, assigned;
-    rt_msg_t *offer;     /* the OFFER (its hashes are the prefix) */
+    rt_msg_t *offer; /* the OFFER (its hashes are the prefix) */
     uint32_t *dst;
     size_t ndst;
     uint64_t computed;
-    uint64_t released;   /* ranks that reported, bit per rank */
+    uint64_t released; /* ranks that reported, bit per rank */
     kvr_status_t outcome;
     uint64_t deadline_ns;
 } rreq_t;
@@ -248,9 +248,11 @@ static kvr_status_t place(router_t *r, rreq_t *q, char *why, size_t cap)
     uint64_t V = kvr_virtual_block(&r->lay);
     uint64_t ndst = kvr_num_dst_blocks(&r->lay, o->tokens);
     if (o->tokens == 0 || ndst > r->num_blocks) {
-        snprintf(why, cap, "offer of %llu tokens needs %llu blocks, the "
-                 "decode pool has %u", (unsigned long long)o->tokens,
-                 (unsigned long long)ndst, r->num_blocks);
+        snprintf(why, cap,
+                 "offer of %llu tokens needs %llu blocks, the "
+                 "decode pool has %u",
+                 (unsigned long long)o->tokens, (unsigned long long)ndst,
+                 r->num_blocks);
         return KVR_ERR_NO_SPACE;
     }
     q->ndst = (size_t)ndst;
@@ -272,8 +274,10 @@ static kvr_status_t place(router_t *r, rreq_t *q, char *why, size_t cap)
     if (got < q->ndst) {
         for (uint64_t i = 0; i < got; i++)
             r->refs[q->dst[i]]--;
-        snprintf(why, cap, "decode pool of %u blocks has no room for %zu "
-                 "more", r->num_blocks, q->ndst - (size_t)k);
+        snprintf(why, cap,
+                 "decode pool of %u blocks has no room for %zu "
+                 "more",
+                 r->num_blocks, q->ndst - (size_t)k);
         return KVR_ERR_NO_SPACE;
     }
     q->computed = k;
@@ -299,7 +303,8 @@ static void assign(router_t *r, rreq_t *q)
     for (uint32_t rank = 0; rank < r->ranks; rank++)
         for (uint32_t off = 0; off == 0 || off < m->total; off += RT_IDS_MAX) {
             m->offset = off;
-            m->count = m->total - off < RT_IDS_MAX ? m->total - off : RT_IDS_MAX;
+            m->count = m->total - off < RT_IDS_MAX ? m->total - off
+                                                   : RT_IDS_MAX;
             memcpy(m->ids, q->dst + off, m->count * sizeof(*m->ids));
             r->ops.to_rank(r->ops.ctx, rank, m);
         }
@@ -316,8 +321,10 @@ static void refuse(router_t *r, rreq_t *q, kvr_status_t st, const char *why)
         memcpy(m->request, q->offer->request, sizeof(m->request));
         m->status = (uint32_t)st;
         snprintf(m->text, sizeof(m->text), "%s", why);
-        printf("refused-offer %s %s %s\n", m->request, kvr_status_name(st), why);
-        r->ops.to_producer(r->ops.ctx, q->offer->producer, q->offer->address, m);
+        printf("refused-offer %s %s %s\n", m->request, kvr_status_name(st),
+               why);
+        r->ops.to_producer(r->ops.ctx, q->offer->producer, q->offer->address,
+                           m);
         /* the ranks count it as ended too: none waits for it */
         for (uint32_t rank = 0; rank < r->ranks; rank++)
             r->ops.to_rank(r->ops.ctx, rank, m);
@@ -376,11 +383,13 @@ static rreq_t *find(router_t *r, const char *id)
 void router_offer(router_t *r, const rt_msg_t *offer)
 {
     if (find(r, offer->request) != NULL) {
-        printf("refused-offer %s ERR_EXISTS already live here\n", offer->request);
+        printf("refused-offer %s ERR_EXISTS already live here\n",
+               offer->request);
         return;
     }
     rreq_t *q = NULL;
-    for (size_t i = 0; q == NULL && i < sizeof(r->reqs) / sizeof(r->reqs[0]); i++)
+    for (size_t i = 0; q == NULL && i < sizeof(r->reqs) / sizeof(r->reqs[0]);
+         i++)
         if (!r->reqs[i].used)
             q = &r->reqs[i];
     rt_msg_t *copy = q ? malloc(sizeof(*copy)) : NULL;

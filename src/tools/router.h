@@ -32,8 +32,8 @@ typedef enum rt_type {
 } rt_type_t;
 
 #define RT_ID_MAX 256u
-#define RT_IDS_MAX 3000u  /* destination ids per ASSIGN part */
-#define RT_HASH_MAX 400u  /* prefix block hashes per OFFER */
+#define RT_IDS_MAX 3000u /* destination ids per ASSIGN part */
+#define RT_HASH_MAX 400u /* prefix block hashes per OFFER */
 
 typedef struct rt_msg {
     rt_type_t type;

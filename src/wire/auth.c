@@ -26,7 +26,8 @@
 #define AUTH_LABEL_LEN (sizeof(AUTH_LABEL) - 1)
 #define SESSION_LABEL "kvrelay-session-v1"
 #define SESSION_CONTEXT "kvrsessn" /* crypto_kdf context: 8 bytes */
-#define TRANSCRIPT_MAX (sizeof(SESSION_LABEL) + 2 + 2 * (4 + KVR_WIRE_HELLO_FRAME_MAX))
+#define TRANSCRIPT_MAX                                                         \
+    (sizeof(SESSION_LABEL) + 2 + 2 * (4 + KVR_WIRE_HELLO_FRAME_MAX))
 #define SUBKEY_I2A 1 /* initiator -> acceptor */
 #define SUBKEY_A2I 2
 #define KEY_FILE_MAX 256
@@ -42,9 +43,9 @@ typedef struct {
 
 /* One direction of the session MAC. */
 typedef struct {
-    bool on;        /* frames carry a tag */
-    bool broken;    /* rx: a frame did not verify; the session is over */
-    uint64_t seq;   /* of the next frame */
+    bool on;      /* frames carry a tag */
+    bool broken;  /* rx: a frame did not verify; the session is over */
+    uint64_t seq; /* of the next frame */
     uint8_t key[crypto_auth_hmacsha512256_KEYBYTES];
 } session_dir_t;
 
@@ -130,18 +131,17 @@ static kvr_status_t check_note(const kvr_wire_auth_t *a, const kvr_msg_t *m,
                              kvr_msg_type_name(m->type),
                              ours ? "sent by us" : "from the peer");
     if (other->noted && other->ours == ours)
-        return kvr_error_set(err, KVR_ERR_PROTO,
-                             "HELLO and HELLO_ACK both %s",
+        return kvr_error_set(err, KVR_ERR_PROTO, "HELLO and HELLO_ACK both %s",
                              ours ? "sent by us" : "from the peer");
     if (ours && m->u.hello.has_key != a->has_key)
-        return kvr_error_set(err, KVR_ERR_INVALID,
-                             "our HELLO says has_key %d but a key is %s",
-                             m->u.hello.has_key,
-                             a->has_key ? "configured" : "not configured");
+        return kvr_error_set(
+            err, KVR_ERR_INVALID, "our HELLO says has_key %d but a key is %s",
+            m->u.hello.has_key, a->has_key ? "configured" : "not configured");
     if (other->noted && sodium_memcmp(other->nonce, m->u.hello.nonce,
                                       KVR_WIRE_NONCE_BYTES) == 0)
-        return kvr_error_set(err, KVR_ERR_AUTH,
-                             "both HELLOs carry the same nonce (reflected HELLO)");
+        return kvr_error_set(
+            err, KVR_ERR_AUTH,
+            "both HELLOs carry the same nonce (reflected HELLO)");
     return KVR_OK;
 }
 
@@ -159,7 +159,8 @@ kvr_status_t kvr_wire_auth_note_hello(kvr_wire_auth_t *auth, const void *frame,
     if (s != KVR_OK)
         return s;
     if (m.type != KVR_MSG_HELLO && m.type != KVR_MSG_HELLO_ACK)
-        s = kvr_error_set(err, KVR_ERR_PROTO, "expected HELLO or HELLO_ACK, got %s",
+        s = kvr_error_set(err, KVR_ERR_PROTO,
+                          "expected HELLO or HELLO_ACK, got %s",
                           kvr_msg_type_name(m.type));
     if (s == KVR_OK)
         s = check_note(auth, &m, ours, err);
@@ -346,8 +347,8 @@ kvr_status_t kvr_wire_gate(const kvr_wire_auth_t *auth, kvr_msg_type_t type,
         return kvr_error_set(err, KVR_ERR_PROTO, "message type %d unknown",
                              (int)type);
     if (!both_noted(auth))
-        return kvr_error_set(err, KVR_ERR_PROTO,
-                             "%s before the HELLO exchange", name);
+        return kvr_error_set(err, KVR_ERR_PROTO, "%s before the HELLO exchange",
+                             name);
     if (auth->has_key && !auth->authed)
         return kvr_error_set(err, KVR_ERR_AUTH, "%s before authentication",
                              name);
@@ -382,8 +383,8 @@ static uint16_t frame_type(const uint8_t *frame)
     return (uint16_t)(frame[6] | frame[7] << 8);
 }
 
-kvr_status_t kvr_wire_session_need(const kvr_wire_auth_t *auth,
-                                   const void *buf, size_t len, size_t *need,
+kvr_status_t kvr_wire_session_need(const kvr_wire_auth_t *auth, const void *buf,
+                                   size_t len, size_t *need,
                                    kvr_wire_header_t *hdr, kvr_error_t *err)
 {
     if (auth == NULL || need == NULL)
@@ -424,9 +425,9 @@ static void frame_tag(const session_dir_t *d, const uint8_t *frame, size_t len,
     sodium_memzero(&st, sizeof(st));
 }
 
-kvr_status_t kvr_wire_seal(kvr_wire_auth_t *auth, const void *frame,
-                           size_t len, uint8_t tag[KVR_WIRE_TAG_BYTES],
-                           size_t *tag_len, kvr_error_t *err)
+kvr_status_t kvr_wire_seal(kvr_wire_auth_t *auth, const void *frame, size_t len,
+                           uint8_t tag[KVR_WIRE_TAG_BYTES], size_t *tag_len,
+                           kvr_error_t *err)
 {
     if (auth == NULL || frame == NULL || tag == NULL || tag_len == NULL)
         return kvr_error_set(err, KVR_ERR_INVALID, "NULL argument");
@@ -481,14 +482,17 @@ kvr_status_t kvr_wire_open(kvr_wire_auth_t *auth, const void *buf, size_t len,
     if (!whole || crypto_verify_32(tag, b + n) != 0) {
         char t[16];
         auth->rx.broken = true;
-        return kvr_error_set(err, KVR_ERR_AUTH,
-                             "frame %" PRIu64 " after the peer's AUTH (%s, "
-                             "%zu bytes): %s", auth->rx.seq + 1,
-                             len >= 8 ? type_text(frame_type(b), t, sizeof(t))
-                                      : "no header",
-                             len, whole ? "MAC does not verify (tampered, "
-                             "reordered, replayed, or a frame before it is "
-                             "missing)" : "truncated: not a frame and a tag");
+        return kvr_error_set(
+            err, KVR_ERR_AUTH,
+            "frame %" PRIu64 " after the peer's AUTH (%s, "
+            "%zu bytes): %s",
+            auth->rx.seq + 1,
+            len >= 8 ? type_text(frame_type(b), t, sizeof(t)) : "no header",
+            len,
+            whole ? "MAC does not verify (tampered, "
+                    "reordered, replayed, or a frame before it is "
+                    "missing)"
+                  : "truncated: not a frame and a tag");
     }
     auth->rx.seq++;
     *frame_len = n;
@@ -515,9 +519,9 @@ kvr_status_t kvr_wire_key_parse(const char *text, size_t len,
                                  (unsigned char)text[i], i);
     size_t digits = len - start;
     if (digits != 2 * KVR_WIRE_KEY_BYTES)
-        return kvr_error_set(err, KVR_ERR_INVALID,
-                             "key: %zu hex digits, expected %u (%u bytes)",
-                             digits, 2 * KVR_WIRE_KEY_BYTES, KVR_WIRE_KEY_BYTES);
+        return kvr_error_set(
+            err, KVR_ERR_INVALID, "key: %zu hex digits, expected %u (%u bytes)",
+            digits, 2 * KVR_WIRE_KEY_BYTES, KVR_WIRE_KEY_BYTES);
     size_t bin_len = 0;
     if (sodium_hex2bin(key, KVR_WIRE_KEY_BYTES, text + start, digits, NULL,
                        &bin_len, NULL) != 0 ||

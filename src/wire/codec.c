@@ -17,15 +17,15 @@
 #define ARENA_ALIGN 16u
 
 typedef struct {
-    uint8_t *out;         /* encode: output; NULL while measuring */
-    const uint8_t *in;    /* decode: payload */
+    uint8_t *out;      /* encode: output; NULL while measuring */
+    const uint8_t *in; /* decode: payload */
     size_t pos, end;
-    char *arena;          /* decode: arrays go here; NULL while measuring */
-    size_t arena_pos;     /* arena bytes used (or needed) */
-    kvr_status_t bad;     /* out-of-range value: ERR_INVALID or ERR_PROTO */
-    const char *msg;      /* message name, for errors */
-    const char *outer;    /* enclosing array field, or NULL */
-    uint32_t index;       /* element index within outer */
+    char *arena;       /* decode: arrays go here; NULL while measuring */
+    size_t arena_pos;  /* arena bytes used (or needed) */
+    kvr_status_t bad;  /* out-of-range value: ERR_INVALID or ERR_PROTO */
+    const char *msg;   /* message name, for errors */
+    const char *outer; /* enclosing array field, or NULL */
+    uint32_t index;    /* element index within outer */
     kvr_error_t *err;
 } cur_t;
 
@@ -52,10 +52,18 @@ static uint64_t load_int(const void *p, size_t mem)
     uint32_t v32;
     uint64_t v64;
     switch (mem) {
-    case 1: memcpy(&v8, p, 1); return v8;
-    case 2: memcpy(&v16, p, 2); return v16;
-    case 4: memcpy(&v32, p, 4); return v32;
-    default: memcpy(&v64, p, 8); return v64;
+    case 1:
+        memcpy(&v8, p, 1);
+        return v8;
+    case 2:
+        memcpy(&v16, p, 2);
+        return v16;
+    case 4:
+        memcpy(&v32, p, 4);
+        return v32;
+    default:
+        memcpy(&v64, p, 8);
+        return v64;
     }
 }
 
@@ -66,10 +74,18 @@ static void store_int(void *p, size_t mem, uint64_t v)
     uint16_t v16 = (uint16_t)v;
     uint32_t v32 = (uint32_t)v;
     switch (mem) {
-    case 1: memcpy(p, &v8, 1); break;
-    case 2: memcpy(p, &v16, 2); break;
-    case 4: memcpy(p, &v32, 4); break;
-    default: memcpy(p, &v, 8); break;
+    case 1:
+        memcpy(p, &v8, 1);
+        break;
+    case 2:
+        memcpy(p, &v16, 2);
+        break;
+    case 4:
+        memcpy(p, &v32, 4);
+        break;
+    default:
+        memcpy(p, &v, 8);
+        break;
     }
 }
 
@@ -98,8 +114,9 @@ static kvr_status_t check_range(const cur_t *c, const kvr__field_t *f,
 {
     if (v >= f->lo && v <= f->hi)
         return KVR_OK;
-    return ferr(c, f, c->bad, "value %" PRIu64 " outside [%" PRIu64 ", %" PRIu64 "]",
-                v, f->lo, f->hi);
+    return ferr(c, f, c->bad,
+                "value %" PRIu64 " outside [%" PRIu64 ", %" PRIu64 "]", v,
+                f->lo, f->hi);
 }
 
 static kvr_status_t enc_string(cur_t *c, const kvr__field_t *f, const void *p,
@@ -142,8 +159,8 @@ static kvr_status_t enc_array(cur_t *c, const kvr__field_t *f, const char *rec)
 {
     uint32_t n = (uint32_t)load_int(rec + f->count_off, 4);
     if (n > f->hi)
-        return ferr(c, f, KVR_ERR_WIRE_LIMIT, "count %" PRIu32 " > cap %" PRIu64,
-                    n, f->hi);
+        return ferr(c, f, KVR_ERR_WIRE_LIMIT,
+                    "count %" PRIu32 " > cap %" PRIu64, n, f->hi);
     const char *p = rec + f->off;
     if (f->kind != KVR__F_INLINE)
         memcpy(&p, rec + f->off, sizeof(p));
@@ -194,9 +211,10 @@ static kvr_status_t take(cur_t *c, const kvr__field_t *f, size_t n,
                          const uint8_t **p)
 {
     if (n > c->end - c->pos)
-        return ferr(c, f, KVR_ERR_PROTO,
-                    "truncated: needs %zu bytes at payload offset %zu, %zu left",
-                    n, c->pos, c->end - c->pos);
+        return ferr(
+            c, f, KVR_ERR_PROTO,
+            "truncated: needs %zu bytes at payload offset %zu, %zu left", n,
+            c->pos, c->end - c->pos);
     *p = c->in + c->pos;
     c->pos += n;
     return KVR_OK;
@@ -230,8 +248,8 @@ static kvr_status_t dec_string(cur_t *c, const kvr__field_t *f,
     if (s != KVR_OK)
         return s;
     if (*n > f->hi)
-        return ferr(c, f, KVR_ERR_WIRE_LIMIT, "length %" PRIu64 " > cap %" PRIu64,
-                    *n, f->hi);
+        return ferr(c, f, KVR_ERR_WIRE_LIMIT,
+                    "length %" PRIu64 " > cap %" PRIu64, *n, f->hi);
     if (*n < f->lo)
         return ferr(c, f, KVR_ERR_PROTO, "empty");
     return take(c, f, (size_t)*n, p);
@@ -290,9 +308,12 @@ static kvr_status_t dec_items(cur_t *c, const kvr__field_t *f, char *arr,
 static size_t item_size(const kvr__field_t *f)
 {
     switch (f->kind) {
-    case KVR__F_U32S: return 4;
-    case KVR__F_BYTES: return 1;
-    default: return f->sub->size;
+    case KVR__F_U32S:
+        return 4;
+    case KVR__F_BYTES:
+        return 1;
+    default:
+        return f->sub->size;
     }
 }
 
@@ -303,8 +324,8 @@ static kvr_status_t dec_array(cur_t *c, const kvr__field_t *f, char *rec)
     if (s != KVR_OK)
         return s;
     if (n > f->hi)
-        return ferr(c, f, KVR_ERR_WIRE_LIMIT, "count %" PRIu64 " > cap %" PRIu64,
-                    n, f->hi);
+        return ferr(c, f, KVR_ERR_WIRE_LIMIT,
+                    "count %" PRIu64 " > cap %" PRIu64, n, f->hi);
     char *arr;
     if (f->kind == KVR__F_INLINE)
         arr = rec ? rec + f->off : NULL;
@@ -365,18 +386,20 @@ static kvr_status_t check_header(const uint8_t *b, kvr_wire_header_t *h,
     uint32_t magic = (uint32_t)kvr__get_le(b, 4);
     if (magic != KVR_WIRE_MAGIC)
         return kvr_error_set(err, KVR_ERR_PROTO,
-                             "frame magic 0x%08" PRIx32 ", expected 0x%08x (\"KVRW\")",
+                             "frame magic 0x%08" PRIx32
+                             ", expected 0x%08x (\"KVRW\")",
                              magic, KVR_WIRE_MAGIC);
     h->major = b[4];
     h->minor = b[5];
     h->type = (uint16_t)kvr__get_le(b + 6, 2);
     h->length = (uint32_t)kvr__get_le(b + 8, 4);
     if (h->major != KVR_WIRE_VERSION_MAJOR)
-        return kvr_error_set(err, KVR_ERR_VERSION,
-                             "frame version %u.%u: major version %u not supported "
-                             "(this side speaks %u.%u)",
-                             h->major, h->minor, h->major, KVR_WIRE_VERSION_MAJOR,
-                             KVR_WIRE_VERSION_MINOR);
+        return kvr_error_set(
+            err, KVR_ERR_VERSION,
+            "frame version %u.%u: major version %u not supported "
+            "(this side speaks %u.%u)",
+            h->major, h->minor, h->major, KVR_WIRE_VERSION_MAJOR,
+            KVR_WIRE_VERSION_MINOR);
     if (h->length > KVR_WIRE_MAX_PAYLOAD)
         return kvr_error_set(err, KVR_ERR_WIRE_LIMIT,
                              "frame length %" PRIu32 " > cap %u", h->length,
@@ -434,8 +457,12 @@ static kvr_status_t decode_pass(const kvr__rec_t *r, const uint8_t *payload,
                                 uint32_t length, char *arena, void *rec,
                                 size_t *arena_used, kvr_error_t *err)
 {
-    cur_t c = {.in = payload, .end = length, .arena = arena,
-               .bad = KVR_ERR_PROTO, .msg = r->name, .err = err};
+    cur_t c = {.in = payload,
+               .end = length,
+               .arena = arena,
+               .bad = KVR_ERR_PROTO,
+               .msg = r->name,
+               .err = err};
     kvr_status_t s = dec_rec(&c, r, rec);
     if (s == KVR_OK && c.pos != c.end)
         return kvr_error_set(err, KVR_ERR_PROTO,
@@ -465,8 +492,8 @@ kvr_status_t kvr_wire_decode(const void *buf, size_t len, kvr_msg_t *out,
     memset(&m, 0, sizeof(m));
     m.type = (kvr_msg_type_t)h.type;
     if (need && (m.priv_arena = malloc(need)) == NULL)
-        return kvr_error_set(err, KVR_ERR_NO_MEMORY, "%s: no memory for %zu bytes",
-                             r->name, need);
+        return kvr_error_set(err, KVR_ERR_NO_MEMORY,
+                             "%s: no memory for %zu bytes", r->name, need);
     s = decode_pass(r, payload, h.length, m.priv_arena, &m.u, &used, err);
     assert(s == KVR_OK && used == need);
     *out = m;
@@ -484,8 +511,8 @@ static kvr_status_t payload_size(const kvr_msg_t *msg, const kvr__rec_t **r,
     if (*r == NULL)
         return kvr_error_set(err, KVR_ERR_INVALID, "message type %d unknown",
                              (int)msg->type);
-    cur_t c = {.end = SIZE_MAX, .bad = KVR_ERR_INVALID, .msg = (*r)->name,
-               .err = err};
+    cur_t c = {
+        .end = SIZE_MAX, .bad = KVR_ERR_INVALID, .msg = (*r)->name, .err = err};
     kvr_status_t s = enc_rec(&c, *r, (const char *)&msg->u);
     if (s == KVR_OK && c.pos > KVR_WIRE_MAX_PAYLOAD)
         s = kvr_error_set(err, KVR_ERR_WIRE_LIMIT, "%s: payload %zu > cap %u",
@@ -522,8 +549,11 @@ kvr_status_t kvr_wire_encode(const kvr_msg_t *msg, void *buf, size_t cap,
         return kvr_error_set(err, KVR_ERR_BUFFER_SMALL,
                              "%s needs %zu bytes, buffer has %zu", r->name,
                              total, cap);
-    cur_t c = {.out = buf, .end = total, .bad = KVR_ERR_INVALID,
-               .msg = r->name, .err = err};
+    cur_t c = {.out = buf,
+               .end = total,
+               .bad = KVR_ERR_INVALID,
+               .msg = r->name,
+               .err = err};
     put_le(&c, KVR_WIRE_MAGIC, 4);
     put_le(&c, KVR_WIRE_VERSION_MAJOR, 1);
     put_le(&c, KVR_WIRE_VERSION_MINOR, 1);

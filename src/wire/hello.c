@@ -53,7 +53,8 @@ kvr_status_t kvr_wire_hello_init(kvr_msg_hello_t *hello, kvr_wire_side_t side,
         (num_regions && regions == NULL))
         return kvr_error_set(err, KVR_ERR_INVALID, "NULL argument");
     if (side != KVR_WIRE_PRODUCER && side != KVR_WIRE_CONSUMER)
-        return kvr_error_set(err, KVR_ERR_INVALID, "side %d unknown", (int)side);
+        return kvr_error_set(err, KVR_ERR_INVALID, "side %d unknown",
+                             (int)side);
     if (kvr_init(err) != KVR_OK)
         return KVR_ERR_INIT;
     kvr_msg_hello_t h;
@@ -65,9 +66,8 @@ kvr_status_t kvr_wire_hello_init(kvr_msg_hello_t *hello, kvr_wire_side_t side,
     h.layout_version = KVR_LAYOUT_VERSION;
     h.layout = *lay;
     uint64_t check;
-    kvr_status_t s = kvr_layout_digest_side(lay, regions, num_regions,
-                                            side == KVR_WIRE_CONSUMER,
-                                            &h.digest, err);
+    kvr_status_t s = kvr_layout_digest_side(
+        lay, regions, num_regions, side == KVR_WIRE_CONSUMER, &h.digest, err);
     if (s == KVR_OK)
         s = collect_classes(&h, lay, regions, num_regions, err);
     if (s == KVR_OK)
@@ -75,9 +75,10 @@ kvr_status_t kvr_wire_hello_init(kvr_msg_hello_t *hello, kvr_wire_side_t side,
     if (s != KVR_OK)
         return s;
     if (check != h.digest)
-        return kvr_error_set(err, KVR_ERR_INVALID,
-                             "region classes do not reproduce the layout digest "
-                             "(wire and plan disagree on the digest's fields)");
+        return kvr_error_set(
+            err, KVR_ERR_INVALID,
+            "region classes do not reproduce the layout digest "
+            "(wire and plan disagree on the digest's fields)");
     randombytes_buf(h.nonce, sizeof(h.nonce));
     *hello = h;
     return KVR_OK;
@@ -99,9 +100,9 @@ static const char *side_name(kvr_wire_side_t side)
 }
 
 #define MISMATCH(err, what, fmt, a, b)                                         \
-    kvr_error_set(err, KVR_ERR_LAYOUT_MISMATCH,                               \
-                  "layout mismatch: " what " " fmt " vs " fmt " (here vs peer)", \
-                  a, b)
+    kvr_error_set(                                                             \
+        err, KVR_ERR_LAYOUT_MISMATCH,                                          \
+        "layout mismatch: " what " " fmt " vs " fmt " (here vs peer)", a, b)
 
 static kvr_status_t cmp_flag(const char *yes, const char *no, const char *what,
                              bool a, bool b, kvr_error_t *err)
@@ -117,7 +118,8 @@ static void class_text(const kvr_wire_class_t *k, char *buf, size_t cap)
 {
     const char *name = kvr_role_name(k->role);
     if (k->role == KVR_ROLE_INDEX)
-        snprintf(buf, cap, "index D %" PRIu64 " Q %" PRIu64, k->width, k->quant);
+        snprintf(buf, cap, "index D %" PRIu64 " Q %" PRIu64, k->width,
+                 k->quant);
     else if (k->role == KVR_ROLE_MLA || k->role == KVR_ROLE_DENSE)
         snprintf(buf, cap, "%s token bytes %" PRIu64, name, k->width);
     else
@@ -165,8 +167,7 @@ static const kvr_wire_class_t *find_class(const kvr_msg_hello_t *h,
  * consumer holds; a class the consumer lacks, or holds with other widths,
  * is a real mismatch. */
 static kvr_status_t producer_classes(const kvr_msg_hello_t *a,
-                                     const kvr_msg_hello_t *b,
-                                     kvr_error_t *err)
+                                     const kvr_msg_hello_t *b, kvr_error_t *err)
 {
     bool here_producer = a->side == KVR_WIRE_PRODUCER;
     const kvr_msg_hello_t *prod = here_producer ? a : b;
@@ -239,8 +240,8 @@ static kvr_status_t cmp_layout(const kvr_msg_hello_t *a,
     uint64_t theirs = 0;
     s = classes_digest(b, &theirs, err);
     if (s == KVR_OK && theirs != b->digest)
-        return MISMATCH(err, "digest (raw fields agree)", "%016" PRIx64,
-                        theirs, b->digest);
+        return MISMATCH(err, "digest (raw fields agree)", "%016" PRIx64, theirs,
+                        b->digest);
     return s;
 }
 
@@ -278,7 +279,8 @@ static bool first_difference(const char *a, const char *b, const char **tok,
     size_t klen = 0;
     for (const char *s = a; (s = next_setting(s, tok, tlen, &klen)) != NULL;) {
         *other = find_setting(b, *tok, klen, olen);
-        if (*other == NULL || *olen != *tlen || memcmp(*other, *tok, *tlen) != 0)
+        if (*other == NULL || *olen != *tlen ||
+            memcmp(*other, *tok, *tlen) != 0)
             return true;
     }
     return false;
@@ -290,20 +292,25 @@ static kvr_status_t cmp_settings(const kvr_msg_hello_t *a,
 {
     const char *x = NULL, *y = NULL;
     size_t xl = 0, yl = 0;
-    bool here_first = first_difference(a->settings, b->settings, &x, &xl, &y, &yl);
-    if (!here_first && !first_difference(b->settings, a->settings, &y, &yl, &x, &xl))
+    bool here_first = first_difference(a->settings, b->settings, &x, &xl, &y,
+                                       &yl);
+    if (!here_first &&
+        !first_difference(b->settings, a->settings, &y, &yl, &x, &xl))
         return KVR_OK;
     return kvr_error_set(err, KVR_ERR_LAYOUT_MISMATCH,
                          "settings differ: %.*s vs %.*s (here vs peer)",
-                         x ? (int)xl : 7, x ? x : "(unset)",
-                         y ? (int)yl : 7, y ? y : "(unset)");
+                         x ? (int)xl : 7, x ? x : "(unset)", y ? (int)yl : 7,
+                         y ? y : "(unset)");
 }
 
 /* The peer's own topology must make sense before anything is planned. */
 static kvr_status_t check_topo(const kvr_msg_hello_t *p, kvr_error_t *err)
 {
     const kvr_wire_topo_t *t = &p->topo;
-    const struct { const char *name; uint32_t rank, size; } r[] = {
+    const struct {
+        const char *name;
+        uint32_t rank, size;
+    } r[] = {
         {"pp", t->pp_rank, t->pp_size},
         {"tp", t->tp_rank, t->tp_size},
         {"dp", t->dp_rank, t->dp_size},

@@ -8,7 +8,9 @@
 
 #define MEMBER_SIZE(T, m) sizeof(((T *)0)->m)
 #define F_INT(T, m, w, l, h)                                                   \
-    {#m, KVR__F_INT, w, MEMBER_SIZE(T, m), offsetof(T, m), 0, l, h, NULL}
+    {                                                                          \
+#m, KVR__F_INT, w, MEMBER_SIZE(T, m), offsetof(T, m), 0, l, h, NULL    \
+    }
 #define F_U32(T, m) F_INT(T, m, 4, 0, UINT32_MAX)
 #define F_U64(T, m) F_INT(T, m, 8, 0, UINT64_MAX)
 #define F_BOOL(T, m) F_INT(T, m, 1, 0, 1)
@@ -16,13 +18,21 @@
 #define F_STATUS(T, m, l) F_INT(T, m, 4, l, INT32_MAX)
 #define F_DEADLINE(T, m) F_INT(T, m, 4, 1, KVR_WIRE_DEADLINE_MAX_MS)
 #define F_ID(T, m)                                                             \
-    {#m, KVR__F_ID, 0, 0, offsetof(T, m), 0, 1, KVR_WIRE_REQ_ID_MAX, NULL}
+    {                                                                          \
+#m, KVR__F_ID, 0, 0, offsetof(T, m), 0, 1, KVR_WIRE_REQ_ID_MAX, NULL   \
+    }
 #define F_TEXT(T, m)                                                           \
-    {#m, KVR__F_TEXT, 0, 0, offsetof(T, m), 0, 0, KVR_WIRE_TEXT_MAX, NULL}
+    {                                                                          \
+#m, KVR__F_TEXT, 0, 0, offsetof(T, m), 0, 0, KVR_WIRE_TEXT_MAX, NULL   \
+    }
 #define F_FIXED(T, m)                                                          \
-    {#m, KVR__F_FIXED, 0, 0, offsetof(T, m), 0, 0, MEMBER_SIZE(T, m), NULL}
+    {                                                                          \
+#m, KVR__F_FIXED, 0, 0, offsetof(T, m), 0, 0, MEMBER_SIZE(T, m), NULL  \
+    }
 #define F_ARRAY(kind, T, m, n, cap, sub)                                       \
-    {#m, kind, 0, 0, offsetof(T, m), offsetof(T, n), 0, cap, sub}
+    {                                                                          \
+#m, kind, 0, 0, offsetof(T, m), offsetof(T, n), 0, cap, sub            \
+    }
 #define F_U32S(T, m, n, cap) F_ARRAY(KVR__F_U32S, T, m, n, cap, NULL)
 
 /* Every request-scoped message starts with these. */
@@ -32,14 +42,17 @@
 #define F_SOURCE(T) F_U32(T, pp_rank), F_U32(T, tp_rank), F_NONCE(T)
 
 #define REC(label, T, fields)                                                  \
-    {label, fields, sizeof(fields) / sizeof(fields[0]), sizeof(T)}
+    {                                                                          \
+        label, fields, sizeof(fields) / sizeof(fields[0]), sizeof(T)           \
+    }
 
 static const kvr__field_t class_fields[] = {
     F_INT(kvr_wire_class_t, role, 1, KVR_ROLE_MLA, KVR_ROLE_OTHER),
     F_U64(kvr_wire_class_t, width),
     F_U64(kvr_wire_class_t, quant),
 };
-static const kvr__rec_t class_rec = REC("class", kvr_wire_class_t, class_fields);
+static const kvr__rec_t class_rec = REC("class", kvr_wire_class_t,
+                                        class_fields);
 
 #define H kvr_msg_hello_t
 static const kvr__field_t hello_fields[] = {
@@ -75,9 +88,10 @@ static const kvr__field_t hello_fields[] = {
 };
 #undef H
 static const kvr__rec_t hello_rec = REC("HELLO", kvr_msg_hello_t, hello_fields);
-static const kvr__rec_t hello_ack_rec =
-    REC("HELLO_ACK", kvr_msg_hello_t, hello_fields);
-static const kvr__rec_t layout_rec = REC("LAYOUT", kvr_msg_hello_t, hello_fields);
+static const kvr__rec_t hello_ack_rec = REC("HELLO_ACK", kvr_msg_hello_t,
+                                            hello_fields);
+static const kvr__rec_t layout_rec = REC("LAYOUT", kvr_msg_hello_t,
+                                         hello_fields);
 
 static const kvr__field_t auth_fields[] = {F_FIXED(kvr_msg_auth_t, mac)};
 static const kvr__rec_t auth_rec = REC("AUTH", kvr_msg_auth_t, auth_fields);
@@ -102,8 +116,8 @@ static const kvr__field_t region_fields[] = {
     F_INT(R, memory, 1, KVR_WIRE_MEM_HOST, KVR_WIRE_MEM_CUDA),
 };
 #undef R
-static const kvr__rec_t region_rec =
-    REC("region", kvr_wire_region_t, region_fields);
+static const kvr__rec_t region_rec = REC("region", kvr_wire_region_t,
+                                         region_fields);
 
 static const kvr__field_t regions_fields[] = {
     F_ARRAY(KVR__F_RECS, kvr_msg_regions_t, regions, num_regions,
@@ -111,8 +125,8 @@ static const kvr__field_t regions_fields[] = {
     F_ARRAY(KVR__F_BYTES, kvr_msg_regions_t, address, address_len,
             KVR_WIRE_ADDR_MAX, NULL),
 };
-static const kvr__rec_t regions_rec =
-    REC("REGIONS", kvr_msg_regions_t, regions_fields);
+static const kvr__rec_t regions_rec = REC("REGIONS", kvr_msg_regions_t,
+                                          regions_fields);
 
 #define O kvr_msg_offer_t
 static const kvr__field_t offer_fields[] = {
@@ -132,8 +146,8 @@ static const kvr__field_t assign_fields[] = {
     F_DEADLINE(A, deadline_ms),
 };
 #undef A
-static const kvr__rec_t assign_rec =
-    REC("ASSIGN", kvr_msg_assign_t, assign_fields);
+static const kvr__rec_t assign_rec = REC("ASSIGN", kvr_msg_assign_t,
+                                         assign_fields);
 
 #define W kvr_msg_write_request_t
 static const kvr__field_t write_request_fields[] = {
@@ -149,52 +163,64 @@ static const kvr__field_t write_request_fields[] = {
     F_DEADLINE(W, deadline_ms),
 };
 #undef W
-static const kvr__rec_t write_request_rec =
-    REC("WRITE_REQUEST", kvr_msg_write_request_t, write_request_fields);
+static const kvr__rec_t write_request_rec = REC(
+    "WRITE_REQUEST", kvr_msg_write_request_t, write_request_fields);
 
 #define D kvr_msg_write_done_t
 static const kvr__field_t write_done_fields[] = {
-    F_HEAD(D), F_SOURCE(D), F_U64(D, bytes), F_U32(D, chunks),
+    F_HEAD(D),
+    F_SOURCE(D),
+    F_U64(D, bytes),
+    F_U32(D, chunks),
 };
 #undef D
-static const kvr__rec_t write_done_rec =
-    REC("WRITE_DONE", kvr_msg_write_done_t, write_done_fields);
+static const kvr__rec_t write_done_rec = REC("WRITE_DONE", kvr_msg_write_done_t,
+                                             write_done_fields);
 
 #define F kvr_msg_write_failed_t
 static const kvr__field_t write_failed_fields[] = {
-    F_HEAD(F), F_SOURCE(F), F_STATUS(F, status, 1), F_TEXT(F, text),
+    F_HEAD(F),
+    F_SOURCE(F),
+    F_STATUS(F, status, 1),
+    F_TEXT(F, text),
 };
 #undef F
-static const kvr__rec_t write_failed_rec =
-    REC("WRITE_FAILED", kvr_msg_write_failed_t, write_failed_fields);
+static const kvr__rec_t write_failed_rec = REC(
+    "WRITE_FAILED", kvr_msg_write_failed_t, write_failed_fields);
 
 #define L kvr_msg_release_t
 static const kvr__field_t release_fields[] = {
-    F_HEAD(L), F_U32(L, consumer_rank), F_NONCE(L), F_STATUS(L, outcome, 0),
+    F_HEAD(L),
+    F_U32(L, consumer_rank),
+    F_NONCE(L),
+    F_STATUS(L, outcome, 0),
 };
 #undef L
-static const kvr__rec_t release_rec =
-    REC("RELEASE", kvr_msg_release_t, release_fields);
+static const kvr__rec_t release_rec = REC("RELEASE", kvr_msg_release_t,
+                                          release_fields);
 
 #define C kvr_msg_chunk_done_t
 static const kvr__field_t chunk_done_fields[] = {
-    F_HEAD(C),        F_SOURCE(C),      F_U32(C, chunk),
-    F_U32(C, slot),   F_U64(C, offset), F_U64(C, bytes),
+    F_HEAD(C),      F_SOURCE(C),      F_U32(C, chunk),
+    F_U32(C, slot), F_U64(C, offset), F_U64(C, bytes),
 };
 #undef C
-static const kvr__rec_t chunk_done_rec =
-    REC("CHUNK_DONE", kvr_msg_chunk_done_t, chunk_done_fields);
+static const kvr__rec_t chunk_done_rec = REC("CHUNK_DONE", kvr_msg_chunk_done_t,
+                                             chunk_done_fields);
 
 static const kvr__field_t join_fields[] = {F_TEXT(kvr_msg_join_t, address)};
 static const kvr__rec_t join_rec = REC("JOIN", kvr_msg_join_t, join_fields);
 
 #define S kvr_wire_stage_t
 static const kvr__field_t stage_fields[] = {
-    F_U32(S, pp_rank), F_U32(S, tp_rank), F_U64(S, incarnation),
+    F_U32(S, pp_rank),
+    F_U32(S, tp_rank),
+    F_U64(S, incarnation),
     F_TEXT(S, address),
 };
 #undef S
-static const kvr__rec_t stage_rec = REC("stage", kvr_wire_stage_t, stage_fields);
+static const kvr__rec_t stage_rec = REC("stage", kvr_wire_stage_t,
+                                        stage_fields);
 
 static const kvr__field_t stages_fields[] = {
     F_INT(kvr_msg_stages_t, pp_size, 4, 1, UINT32_MAX),
@@ -202,16 +228,16 @@ static const kvr__field_t stages_fields[] = {
     F_ARRAY(KVR__F_RECS, kvr_msg_stages_t, stages, num_stages,
             KVR_WIRE_MAX_STAGES, &stage_rec),
 };
-static const kvr__rec_t stages_rec =
-    REC("STAGES", kvr_msg_stages_t, stages_fields);
+static const kvr__rec_t stages_rec = REC("STAGES", kvr_msg_stages_t,
+                                         stages_fields);
 
 static const kvr__field_t notify_fields[] = {
     F_TEXT(kvr_msg_notify_t, address),
     F_ARRAY(KVR__F_BYTES, kvr_msg_notify_t, payload, len, KVR_WIRE_NOTIFY_MAX,
             NULL),
 };
-static const kvr__rec_t notify_rec =
-    REC("NOTIFY", kvr_msg_notify_t, notify_fields);
+static const kvr__rec_t notify_rec = REC("NOTIFY", kvr_msg_notify_t,
+                                         notify_fields);
 
 static const kvr__rec_t *const schemas[] = {
     [KVR_MSG_HELLO] = &hello_rec,
@@ -241,7 +267,8 @@ const kvr__rec_t *kvr__schema(uint16_t type)
 
 const char *kvr_msg_type_name(kvr_msg_type_t type)
 {
-    const kvr__rec_t *r =
-        ((unsigned)type <= UINT16_MAX) ? kvr__schema((uint16_t)type) : NULL;
+    const kvr__rec_t *r = ((unsigned)type <= UINT16_MAX)
+                              ? kvr__schema((uint16_t)type)
+                              : NULL;
     return r ? r->name : NULL;
 }

@@ -33,7 +33,7 @@ typedef struct {
     bool mapped;          /* staging memory reachable through kvr_rmem_ptr */
     uint32_t points;
     uint64_t size[KVR_COST_POINTS];
-    uint32_t puts[KVR_COST_POINTS];       /* puts per timed batch */
+    uint32_t puts[KVR_COST_POINTS];      /* puts per timed batch */
     kvr_plan_t *pieces[KVR_COST_POINTS]; /* copy batch: every other piece */
 } probe_t;
 
@@ -72,8 +72,9 @@ static uint64_t source_bytes(uint64_t large)
     long llc = 0;
 #endif
     uint64_t want = 2 * (llc > 0 ? (uint64_t)llc : LLC_GUESS_BYTES);
-    want = want < SRC_MIN_BYTES ? SRC_MIN_BYTES
-                                : want > SRC_MAX_BYTES ? SRC_MAX_BYTES : want;
+    want = want < SRC_MIN_BYTES   ? SRC_MIN_BYTES
+           : want > SRC_MAX_BYTES ? SRC_MAX_BYTES
+                                  : want;
     return want < 4 * large ? 4 * large : want;
 }
 
@@ -97,7 +98,8 @@ static kvr_status_t ladder(probe_t *pr)
     for (uint32_t i = 0; i < pr->points; i++) {
         uint64_t s = pr->size[i], n = pr->batch_bytes / s;
         n = n < 2 ? 2 : n;
-        pr->puts[i] = (uint32_t)(n > pr->p->small_count ? pr->p->small_count : n);
+        pr->puts[i] = (uint32_t)(n > pr->p->small_count ? pr->p->small_count
+                                                        : n);
         if (pr->puts[i] < 2)
             pr->puts[i] = 2;
         kvr_run_t *runs = malloc(n * sizeof(*runs));
@@ -291,7 +293,8 @@ kvr_status_t kvr_cost_measure(kvr_ep_t *ep, const kvr_cost_probe_t *probe,
         return kvr_error_set(err, KVR_ERR_INVALID,
                              "probe scratch smaller than %llu bytes",
                              (ull)probe->large_bytes);
-    probe_t pr = {.ep = ep, .p = probe,
+    probe_t pr = {.ep = ep,
+                  .p = probe,
                   .stage = probe->stage_scratch ? probe->stage_scratch
                                                 : probe->scratch,
                   .batch_bytes = probe->large_bytes / 4,
@@ -334,8 +337,8 @@ static double curve(const kvr_cost_model_t *m, const double *at, double s,
         return flat ? at[0] : at[0] * s / x[0];
     for (uint32_t i = 1; i < n; i++)
         if (s <= x[i])
-            return at[i - 1] + (at[i] - at[i - 1]) * (s - x[i - 1]) /
-                                   (x[i] - x[i - 1]);
+            return at[i - 1] +
+                   (at[i] - at[i - 1]) * (s - x[i - 1]) / (x[i] - x[i - 1]);
     return at[n - 1] + (s - x[n - 1]) * per_byte(tail_Bps);
 }
 
@@ -362,8 +365,8 @@ static void run_costs(const kvr_cost_model_t *m, double runs, double bytes,
     c->put += runs * curve(m, m->put_at, mean, true, m->put_Bps);
     c->pack += runs * curve(m, m->copy_at, mean, false,
                             m->point_bytes[n - 1] / m->copy_at[n - 1]);
-    c->unpack += runs * curve(m, un, mean, false,
-                              m->point_bytes[n - 1] / un[n - 1]);
+    c->unpack += runs *
+                 curve(m, un, mean, false, m->point_bytes[n - 1] / un[n - 1]);
 }
 
 /* Seconds to put one chunk of `bytes` into staging memory (no flush). */

@@ -29,7 +29,8 @@ void kvr__exec_msg_encode(const kvr__exec_msg_t *m,
     kvr__put_le(out + 24, m->slot, 4);
 }
 
-kvr_status_t kvr__exec_msg_decode(const kvr_xfer_msg_t *msg, kvr__exec_msg_t *out)
+kvr_status_t kvr__exec_msg_decode(const kvr_xfer_msg_t *msg,
+                                  kvr__exec_msg_t *out)
 {
     if (msg->len != KVR__EXEC_MSG_BYTES)
         return KVR_ERR_PROTO;
@@ -46,7 +47,8 @@ kvr_status_t kvr__exec_send_ctl(kvr_ep_t *ep, uint32_t type,
 {
     unsigned char buf[KVR__EXEC_MSG_BYTES];
     kvr__exec_msg_encode(m, buf);
-    kvr_status_t st = kvr_xfer_send_msg(ep, type, buf, sizeof(buf), deadline_ns);
+    kvr_status_t st = kvr_xfer_send_msg(ep, type, buf, sizeof(buf),
+                                        deadline_ns);
     if (st == KVR_OK)
         stats->msgs++;
     return st;
@@ -75,7 +77,8 @@ kvr_status_t kvr__exec_recv_ctl(kvr_ep_t *ep, uint64_t transfer_id,
     match_t m = {.transfer_id = transfer_id,
                  .types = types | KVR__BIT(KVR__MSG_ABORT)};
     kvr_xfer_msg_t *msg = NULL;
-    kvr_status_t st = kvr_xfer_recv_msg(ep->t, match_ctl, &m, &msg, deadline_ns);
+    kvr_status_t st = kvr_xfer_recv_msg(ep->t, match_ctl, &m, &msg,
+                                        deadline_ns);
     if (st == KVR_OK) {
         *type = msg->type;
         kvr__exec_msg_decode(msg, out);
@@ -139,7 +142,8 @@ static kvr_status_t direct_send(kvr_ep_t *ep, const kvr_xfer_seg_t *segs,
     kvr__exec_msg_t done = {.transfer_id = p->transfer_id,
                             .bytes = stats->bytes};
     if (st == KVR_OK)
-        st = kvr__exec_send_ctl(ep, KVR__MSG_DONE, &done, p->deadline_ns, stats);
+        st = kvr__exec_send_ctl(ep, KVR__MSG_DONE, &done, p->deadline_ns,
+                                stats);
     if (st == KVR_OK) /* DONE must leave even if the caller stops progressing */
         st = kvr_xfer_drain(ep, p->deadline_ns);
     return st;
@@ -153,9 +157,8 @@ static kvr_status_t direct_recv(kvr_ep_t *ep, const kvr_xfer_seg_t *segs,
 {
     uint32_t type;
     kvr__exec_msg_t m;
-    kvr_status_t st = kvr__exec_recv_ctl(ep, p->transfer_id,
-                                         KVR__BIT(KVR__MSG_DONE),
-                                         p->deadline_ns, &type, &m);
+    kvr_status_t st = kvr__exec_recv_ctl(
+        ep, p->transfer_id, KVR__BIT(KVR__MSG_DONE), p->deadline_ns, &type, &m);
     if (st != KVR_OK)
         return st;
     uint64_t want = kvr_xfer_stream_bytes(segs, n);
@@ -177,7 +180,8 @@ static kvr_status_t check_args(kvr_ep_t *ep, kvr_exec_kind_t kind,
     if (kind != KVR_EXEC_DIRECT && kind != KVR_EXEC_STAGED)
         return kvr_error_set(err, KVR_ERR_INVALID,
                              "executor %d: pick direct or staged (see "
-                             "kvr_cost_choose)", (int)kind);
+                             "kvr_cost_choose)",
+                             (int)kind);
     for (size_t i = 0; i < n; i++) {
         const kvr_xfer_seg_t *s = &segs[i];
         bool ok = s->plan != NULL &&
@@ -185,9 +189,9 @@ static kvr_status_t check_args(kvr_ep_t *ep, kvr_exec_kind_t kind,
                                   (kind == KVR_EXEC_STAGED || s->dst != NULL)
                             : kind == KVR_EXEC_DIRECT || s->dst_local != NULL);
         if (!ok)
-            return kvr_error_set(err, KVR_ERR_INVALID,
-                                 "segment %zu lacks its plan or %s base", i,
-                                 producer ? "source/destination" : "destination");
+            return kvr_error_set(
+                err, KVR_ERR_INVALID, "segment %zu lacks its plan or %s base",
+                i, producer ? "source/destination" : "destination");
     }
     if (kind == KVR_EXEC_STAGED)
         return kvr__staged_check(p, producer, err);
@@ -201,8 +205,8 @@ static kvr_status_t run(kvr_ep_t *ep, kvr_exec_kind_t kind,
                         const kvr_exec_params_t *p, bool producer,
                         kvr_exec_stats_t *stats, kvr_error_t *err)
 {
-    static const char *const what[2][2] = {
-        {"direct receive", "staged receive"}, {"direct send", "staged send"}};
+    static const char *const what[2][2] = {{"direct receive", "staged receive"},
+                                           {"direct send", "staged send"}};
     kvr_exec_stats_t s = {0};
     kvr_status_t st = check_args(ep, kind, segs, n, p, producer, err);
     if (st != KVR_OK)

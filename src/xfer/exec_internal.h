@@ -4,7 +4,7 @@
 
 #include "xfer_internal.h"
 
-#define KVR__BIT(type) (1u << ((type) - KVR_XFER_MSG_RESERVED))
+#define KVR__BIT(type) (1u << ((type)-KVR_XFER_MSG_RESERVED))
 
 kvr_status_t kvr__exec_send_ctl(kvr_ep_t *ep, uint32_t type,
                                 const kvr__exec_msg_t *m, uint64_t deadline_ns,

@@ -46,7 +46,8 @@ kvr_status_t kvr__staged_check(const kvr_exec_params_t *p, bool producer,
                 return kvr_error_set(err, KVR_ERR_INVALID,
                                      "staging slot %llu granted twice", (ull)s);
     }
-    if (producer && p->pack_buf != NULL && kvr_mem_len(p->pack_buf) < p->slot_bytes)
+    if (producer && p->pack_buf != NULL &&
+        kvr_mem_len(p->pack_buf) < p->slot_bytes)
         return kvr_error_set(err, KVR_ERR_INVALID,
                              "pack buffer of %zu bytes < slot of %llu",
                              kvr_mem_len(p->pack_buf), (ull)p->slot_bytes);
@@ -83,7 +84,8 @@ static void staged_fini(staged_t *s)
 static uint64_t chunk_len(const staged_t *s, uint64_t c)
 {
     uint64_t off = c * s->p->slot_bytes;
-    return s->total - off < s->p->slot_bytes ? s->total - off : s->p->slot_bytes;
+    return s->total - off < s->p->slot_bytes ? s->total - off
+                                             : s->p->slot_bytes;
 }
 
 /* Mapped staging first (no put at all), then the caller's registered
@@ -132,7 +134,8 @@ static kvr_status_t wait_ack(staged_t *s, uint64_t chunk)
 static kvr_status_t send_chunk(staged_t *s, uint64_t c)
 {
     const kvr_exec_params_t *p = s->p;
-    kvr_status_t st = c >= p->num_slots ? wait_ack(s, c - p->num_slots) : KVR_OK;
+    kvr_status_t st = c >= p->num_slots ? wait_ack(s, c - p->num_slots)
+                                        : KVR_OK;
     uint64_t len = chunk_len(s, c);
     uint32_t slot = p->slots[c % p->num_slots];
     uint64_t roff = (uint64_t)slot * p->slot_bytes;
@@ -149,8 +152,8 @@ static kvr_status_t send_chunk(staged_t *s, uint64_t c)
             st = kvr_xfer_flush(s->ep, p->deadline_ns);
         s->stats->puts++;
     }
-    kvr__exec_msg_t m = {.transfer_id = p->transfer_id, .chunk = c,
-                         .bytes = len, .slot = slot};
+    kvr__exec_msg_t m = {
+        .transfer_id = p->transfer_id, .chunk = c, .bytes = len, .slot = slot};
     if (st == KVR_OK)
         st = kvr__exec_send_ctl(s->ep, KVR__MSG_CHUNK, &m, p->deadline_ns,
                                 s->stats);
@@ -171,10 +174,11 @@ kvr_status_t kvr__staged_send(kvr_ep_t *ep, const kvr_xfer_seg_t *segs,
         st = pick_buffer(&s);
     for (uint64_t c = 0; c < s.chunks && st == KVR_OK; c++)
         st = send_chunk(&s, c);
-    kvr__exec_msg_t done = {.transfer_id = p->transfer_id, .chunk = s.chunks,
-                            .bytes = s.total};
+    kvr__exec_msg_t done = {
+        .transfer_id = p->transfer_id, .chunk = s.chunks, .bytes = s.total};
     if (st == KVR_OK)
-        st = kvr__exec_send_ctl(ep, KVR__MSG_DONE, &done, p->deadline_ns, stats);
+        st = kvr__exec_send_ctl(ep, KVR__MSG_DONE, &done, p->deadline_ns,
+                                stats);
     for (uint64_t c = 0; c < s.chunks && st == KVR_OK; c++)
         st = wait_ack(&s, c);
     staged_fini(&s);
@@ -191,13 +195,14 @@ static kvr_status_t on_chunk(staged_t *s, const kvr__exec_msg_t *m)
         m->slot != p->slots[c % p->num_slots])
         return kvr__fail(s->ep->t, KVR_ERR_PROTO,
                          "CHUNK %llu (%llu bytes, slot %u) does not match a "
-                         "plan of %llu chunks", (ull)c, (ull)m->bytes, m->slot,
-                         (ull)s->chunks);
+                         "plan of %llu chunks",
+                         (ull)c, (ull)m->bytes, m->slot, (ull)s->chunks);
     if (!s->flags[c]) {
         atomic_thread_fence(memory_order_acquire);
         const unsigned char *src = (const unsigned char *)p->staging_local +
                                    (uint64_t)m->slot * p->slot_bytes;
-        kvr_xfer_unpack(s->segs, s->n, &s->cur, c * p->slot_bytes, src, m->bytes);
+        kvr_xfer_unpack(s->segs, s->n, &s->cur, c * p->slot_bytes, src,
+                        m->bytes);
         s->flags[c] = 1;
         s->settled++;
         s->stats->chunks++;
@@ -213,8 +218,9 @@ static kvr_status_t on_done(staged_t *s, const kvr__exec_msg_t *m)
     if (m->bytes != s->total || m->chunk != s->chunks)
         return kvr__fail(s->ep->t, KVR_ERR_PROTO,
                          "DONE reports %llu bytes in %llu chunks, the plan has "
-                         "%llu in %llu", (ull)m->bytes, (ull)m->chunk,
-                         (ull)s->total, (ull)s->chunks);
+                         "%llu in %llu",
+                         (ull)m->bytes, (ull)m->chunk, (ull)s->total,
+                         (ull)s->chunks);
     return KVR_OK;
 }
 
@@ -229,7 +235,8 @@ kvr_status_t kvr__staged_recv(kvr_ep_t *ep, const kvr_xfer_seg_t *segs,
         uint32_t type;
         kvr__exec_msg_t m;
         st = kvr__exec_recv_ctl(ep, p->transfer_id,
-                                KVR__BIT(KVR__MSG_CHUNK) | KVR__BIT(KVR__MSG_DONE),
+                                KVR__BIT(KVR__MSG_CHUNK) |
+                                    KVR__BIT(KVR__MSG_DONE),
                                 p->deadline_ns, &type, &m);
         if (st == KVR_OK && type == KVR__MSG_CHUNK)
             st = on_chunk(&s, &m);

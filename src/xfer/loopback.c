@@ -122,8 +122,9 @@ static kvr_status_t lb_ep_create(kvr_transport_t *t, const void *addr,
                  peer_at(tr->hub, a[1]) != NULL;
     pthread_mutex_unlock(&tr->hub->lock);
     if (!known)
-        return kvr__fail(t, KVR_ERR_PEER_DEAD,
-                         "loopback address names no live transport of this hub");
+        return kvr__fail(
+            t, KVR_ERR_PEER_DEAD,
+            "loopback address names no live transport of this hub");
     lb_ep_t *ep = calloc(1, sizeof(*ep));
     if (ep == NULL)
         return KVR_ERR_NO_MEMORY;
@@ -182,11 +183,11 @@ static void lb_dereg(kvr_mem_t *mem)
     free(m);
 }
 
-static kvr_status_t lb_pack_rkey(const kvr_mem_t *mem,
-                                 kvr_remote_region_t *out)
+static kvr_status_t lb_pack_rkey(const kvr_mem_t *mem, kvr_remote_region_t *out)
 {
     lb_tr_t *tr = tr_of(mem->t);
-    lb_rkey_t k = {.magic = LB_MAGIC, .peer = tr->index,
+    lb_rkey_t k = {.magic = LB_MAGIC,
+                   .peer = tr->index,
                    .mem_id = ((const lb_mem_t *)mem)->id,
                    .nonce = tr->hub->nonce};
     memcpy(out->rkey, &k, sizeof(k));

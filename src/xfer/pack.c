@@ -88,9 +88,8 @@ static void copy_stream(const kvr_xfer_seg_t *segs, size_t n,
     }
 }
 
-void kvr_xfer_pack(const kvr_xfer_seg_t *segs, size_t n,
-                   kvr_xfer_cursor_t *cur, uint64_t pos, void *buf,
-                   uint64_t len)
+void kvr_xfer_pack(const kvr_xfer_seg_t *segs, size_t n, kvr_xfer_cursor_t *cur,
+                   uint64_t pos, void *buf, uint64_t len)
 {
     copy_stream(segs, n, cur, pos, buf, len, true);
 }

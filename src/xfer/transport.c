@@ -35,9 +35,9 @@ kvr_status_t kvr__fail(kvr_transport_t *t, kvr_status_t code, const char *fmt,
     return code;
 }
 
-kvr_status_t kvr__transport_init(kvr_transport_t *t,
-                                 const kvr__xfer_ops_t *ops, uint64_t id,
-                                 uint32_t max_inflight, uint32_t queue_max)
+kvr_status_t kvr__transport_init(kvr_transport_t *t, const kvr__xfer_ops_t *ops,
+                                 uint64_t id, uint32_t max_inflight,
+                                 uint32_t queue_max)
 {
     pthread_condattr_t attr;
     t->ops = ops;
@@ -124,9 +124,9 @@ void kvr__msg_deliver(kvr_transport_t *t, uint64_t sender, uint32_t type,
 
 /* With t->lock held: unlinks the first ready match; *next_ready is the
  * earliest delivery time of a matching message not ready yet. */
-static kvr__queued_msg_t *take_match(kvr_transport_t *t, kvr_xfer_msg_match_fn match,
-                                     void *ctx, uint64_t now,
-                                     uint64_t *next_ready)
+static kvr__queued_msg_t *take_match(kvr_transport_t *t,
+                                     kvr_xfer_msg_match_fn match, void *ctx,
+                                     uint64_t now, uint64_t *next_ready)
 {
     kvr__queued_msg_t *prev = NULL;
     for (kvr__queued_msg_t *q = t->head; q != NULL; prev = q, q = q->next) {

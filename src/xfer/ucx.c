@@ -225,7 +225,8 @@ static kvr_status_t configure(ucx_tr_t *tr, ucp_config_t *cfg)
     bool tcp = p->tl != KVR_XFER_TL_SHM;
     if (st == KVR_OK && p->tl != KVR_XFER_TL_TCP)
         st = set_opt(tr, cfg, "MM_ERROR_HANDLING", "y");
-    snprintf(num, sizeof(num), "%ums", p->keepalive_ms ? p->keepalive_ms : 1000);
+    snprintf(num, sizeof(num), "%ums",
+             p->keepalive_ms ? p->keepalive_ms : 1000);
     if (st == KVR_OK)
         st = set_opt(tr, cfg, "KEEPALIVE_INTERVAL", num);
     snprintf(num, sizeof(num), "%u", p->tcp_tx_seg);

@@ -38,7 +38,8 @@ kvr_status_t kvr__ucx_ep_create(kvr_transport_t *t, const void *addr,
         .err_mode = UCP_ERR_HANDLING_MODE_PEER,
         .err_handler = {.cb = ep_error_cb, .arg = ep},
     };
-    ucs_status_t s = ucp_ep_create(kvr__ucx_tr(t)->worker, &ep_params, &ep->uep);
+    ucs_status_t s = ucp_ep_create(kvr__ucx_tr(t)->worker, &ep_params,
+                                   &ep->uep);
     if (s != UCS_OK) {
         free(ep);
         return kvr__ucx_status(t, s, "ucp_ep_create");
@@ -122,11 +123,11 @@ kvr_status_t kvr__ucx_reg(kvr_transport_t *t, void *addr, size_t len,
         ucp_mem_unmap(tr->ctx, m->memh);
     if (s != UCS_OK) {
         free(m);
-        return kvr__ucx_status(t, s, allocate ? "ucp_mem_map(allocate)"
-                                              : "ucp_mem_map(register)");
+        return kvr__ucx_status(
+            t, s, allocate ? "ucp_mem_map(allocate)" : "ucp_mem_map(register)");
     }
-    m->base = (kvr_mem_t){.t = t, .addr = allocate ? attr.address : addr,
-                          .len = len};
+    m->base = (kvr_mem_t){
+        .t = t, .addr = allocate ? attr.address : addr, .len = len};
     *out = &m->base;
     return KVR_OK;
 }
@@ -143,7 +144,8 @@ kvr_status_t kvr__ucx_pack_rkey(const kvr_mem_t *mem, kvr_remote_region_t *out)
     const ucx_mem_t *m = (const ucx_mem_t *)mem;
     void *buf = NULL;
     size_t size = 0;
-    ucs_status_t s = ucp_rkey_pack(kvr__ucx_tr(mem->t)->ctx, m->memh, &buf, &size);
+    ucs_status_t s = ucp_rkey_pack(kvr__ucx_tr(mem->t)->ctx, m->memh, &buf,
+                                   &size);
     if (s != UCS_OK)
         return kvr__ucx_status(mem->t, s, "ucp_rkey_pack");
     kvr_status_t st = KVR_OK;
@@ -185,7 +187,8 @@ void kvr__ucx_rmem_close(kvr_rmem_t *rmem)
 kvr_status_t kvr__ucx_rmem_ptr(kvr_rmem_t *rmem, uint64_t off, void **out)
 {
     void *p = NULL;
-    ucs_status_t s = ucp_rkey_ptr(((ucx_rmem_t *)rmem)->rkey, rmem->base + off, &p);
+    ucs_status_t s = ucp_rkey_ptr(((ucx_rmem_t *)rmem)->rkey, rmem->base + off,
+                                  &p);
     if (s != UCS_OK)
         return kvr__fail(rmem->ep->t, KVR_ERR_UNSUPPORTED,
                          "region not mapped into this process: %s",
@@ -240,7 +243,8 @@ kvr_status_t kvr__ucx_put(kvr_ep_t *ep, const void *src, uint64_t len,
                                atomic_load(&uep->inflight))
                    : st;
     ucp_request_param_t prm = {
-        .op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA,
+        .op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK |
+                        UCP_OP_ATTR_FIELD_USER_DATA,
         .cb.send = put_done,
         .user_data = uep,
     };
@@ -279,7 +283,8 @@ kvr_status_t kvr__ucx_flush(kvr_ep_t *ep, uint64_t deadline_ns)
     if (kvr__ep_failed(ep) != KVR_OK)
         return kvr__ep_failed(ep);
     ucp_request_param_t prm = {
-        .op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA,
+        .op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK |
+                        UCP_OP_ATTR_FIELD_USER_DATA,
         .cb.send = flush_done,
         .user_data = uep,
     };
@@ -292,8 +297,9 @@ kvr_status_t kvr__ucx_flush(kvr_ep_t *ep, uint64_t deadline_ns)
     }
     kvr_status_t st = kvr__wait(ep->t, flushed, &w, deadline_ns);
     if (st == KVR_ERR_TIMEOUT)
-        return kvr__fail(ep->t, st, "flush not complete at the deadline "
-                                    "(%u puts in flight)",
+        return kvr__fail(ep->t, st,
+                         "flush not complete at the deadline "
+                         "(%u puts in flight)",
                          atomic_load(&uep->inflight));
     return st != KVR_OK ? st : kvr__ep_failed(ep);
 }
@@ -357,8 +363,8 @@ kvr_status_t kvr__ucx_send_msg(kvr_ep_t *ep, uint32_t type, const void *data,
     atomic_fetch_add(&b->ep->msgs_pending, 1);
     void *req = ucp_am_send_nbx(b->ep->uep, KVR__UCX_AM_ID, b->hdr,
                                 sizeof(b->hdr), b->data, len, &prm);
-    kvr_status_t st =
-        posted(b->ep, req, "ucp_am_send_nbx", &b->ep->msgs_pending);
+    kvr_status_t st = posted(b->ep, req, "ucp_am_send_nbx",
+                             &b->ep->msgs_pending);
     if (req == NULL || UCS_PTR_IS_ERR(req))
         free(b);
     return st;
@@ -372,12 +378,12 @@ ucs_status_t kvr__ucx_am_recv(void *arg, const void *header, size_t hlen,
     if (hlen != KVR__UCX_AM_HDR || len > KVR_XFER_MSG_MAX ||
         (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV)) {
         kvr__fail(&tr->base, KVR_ERR_PROTO,
-                  "dropped a control message: header %zu bytes, data %zu",
-                  hlen, len);
+                  "dropped a control message: header %zu bytes, data %zu", hlen,
+                  len);
         return UCS_OK;
     }
     const unsigned char *h = header;
-    kvr__msg_deliver(&tr->base, kvr__get_le(h, 8), (uint32_t)kvr__get_le(h + 8, 4),
-                     data, len, 0);
+    kvr__msg_deliver(&tr->base, kvr__get_le(h, 8),
+                     (uint32_t)kvr__get_le(h + 8, 4), data, len, 0);
     return UCS_OK;
 }

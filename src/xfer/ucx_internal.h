@@ -24,7 +24,7 @@ typedef struct ucx_tr {
     pthread_t thread;
     bool thread_started;
     _Atomic bool stop;
-    _Atomic bool sleeping;       /* the progress thread sits in poll() */
+    _Atomic bool sleeping;        /* the progress thread sits in poll() */
     _Atomic uint64_t outstanding; /* posted requests not yet completed */
     uint64_t last_event_ns;       /* last time progress did something */
     struct ucx_ep *graveyard;     /* endpoints whose close timed out: freed
@@ -35,7 +35,7 @@ typedef struct ucx_tr {
 typedef struct ucx_ep {
     kvr_ep_t base;
     ucp_ep_h uep;
-    _Atomic uint32_t inflight; /* puts */
+    _Atomic uint32_t inflight;     /* puts */
     _Atomic uint32_t msgs_pending; /* control messages not yet sent */
     _Atomic uint64_t flushes_done;
     uint64_t flushes_posted;
@@ -75,8 +75,7 @@ void kvr__ucx_ep_destroy(kvr_ep_t *ep);
 kvr_status_t kvr__ucx_reg(kvr_transport_t *t, void *addr, size_t len,
                           bool allocate, kvr_mem_t **out);
 void kvr__ucx_dereg(kvr_mem_t *mem);
-kvr_status_t kvr__ucx_pack_rkey(const kvr_mem_t *mem,
-                                kvr_remote_region_t *out);
+kvr_status_t kvr__ucx_pack_rkey(const kvr_mem_t *mem, kvr_remote_region_t *out);
 kvr_status_t kvr__ucx_rmem_open(kvr_ep_t *ep, const kvr_remote_region_t *desc,
                                 kvr_rmem_t **out);
 void kvr__ucx_rmem_close(kvr_rmem_t *rmem);

@@ -21,8 +21,8 @@ typedef struct kvr__xfer_ops {
     /* Makes progress; when wait_until_ns is in the future and nothing
      * happened, sleeps until an event or that time. */
     kvr_status_t (*progress)(kvr_transport_t *t, uint64_t wait_until_ns);
-    kvr_status_t (*ep_create)(kvr_transport_t *t, const void *addr,
-                              size_t len, kvr_ep_t **out);
+    kvr_status_t (*ep_create)(kvr_transport_t *t, const void *addr, size_t len,
+                              kvr_ep_t **out);
     void (*ep_destroy)(kvr_ep_t *ep);
     kvr_status_t (*reg)(kvr_transport_t *t, void *addr, size_t len,
                         bool allocate, kvr_mem_t **out);
@@ -73,14 +73,14 @@ struct kvr_rmem {
 };
 
 /* Base setup and teardown, called by each backend's create and close. */
-kvr_status_t kvr__transport_init(kvr_transport_t *t,
-                                 const kvr__xfer_ops_t *ops, uint64_t id,
-                                 uint32_t max_inflight, uint32_t queue_max);
+kvr_status_t kvr__transport_init(kvr_transport_t *t, const kvr__xfer_ops_t *ops,
+                                 uint64_t id, uint32_t max_inflight,
+                                 uint32_t queue_max);
 void kvr__transport_fini(kvr_transport_t *t);
 
 /* Records detail on t and returns code. */
-kvr_status_t kvr__fail(kvr_transport_t *t, kvr_status_t code,
-                       const char *fmt, ...)
+kvr_status_t kvr__fail(kvr_transport_t *t, kvr_status_t code, const char *fmt,
+                       ...)
 #if defined(__GNUC__)
     __attribute__((format(printf, 3, 4)))
 #endif
@@ -113,15 +113,16 @@ enum {
 
 typedef struct kvr__exec_msg {
     uint64_t transfer_id;
-    uint64_t chunk;  /* CHUNK, ACK; DONE: number of chunks */
-    uint64_t bytes;  /* CHUNK: chunk bytes; DONE: total bytes */
-    uint32_t slot;   /* CHUNK; ABORT: status code */
+    uint64_t chunk; /* CHUNK, ACK; DONE: number of chunks */
+    uint64_t bytes; /* CHUNK: chunk bytes; DONE: total bytes */
+    uint32_t slot;  /* CHUNK; ABORT: status code */
 } kvr__exec_msg_t;
 
 #define KVR__EXEC_MSG_BYTES 28u
 
 void kvr__exec_msg_encode(const kvr__exec_msg_t *m,
                           unsigned char out[KVR__EXEC_MSG_BYTES]);
-kvr_status_t kvr__exec_msg_decode(const kvr_xfer_msg_t *msg, kvr__exec_msg_t *out);
+kvr_status_t kvr__exec_msg_decode(const kvr_xfer_msg_t *msg,
+                                  kvr__exec_msg_t *out);
 
 #endif

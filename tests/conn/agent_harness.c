@@ -46,8 +46,12 @@ int ah_silent_listener(char *addr, size_t cap)
 
 ah_model_t ah_model(void)
 {
-    ah_model_t m = {.lay = KVR_LAYOUT_INIT, .layers = 4, .index_dim = 64,
-                    .token_bytes = 96, .src_pool = 256, .dst_pool = 160};
+    ah_model_t m = {.lay = KVR_LAYOUT_INIT,
+                    .layers = 4,
+                    .index_dim = 64,
+                    .token_bytes = 96,
+                    .src_pool = 256,
+                    .dst_pool = 160};
     m.lay.block_size = 16;
     m.lay.dcp_size = 2;
     m.lay.interleave = 1;
@@ -86,9 +90,12 @@ kvr_agent_params_t ah_producer_params(const ah_model_t *m, kvr_transport_t *hub,
     kvr_agent_params_t p = base_params(m, hub, instance);
     p.role = KVR_AGENT_PRODUCER;
     p.listen = "127.0.0.1:0";
-    p.topo = (kvr_wire_topo_t){.pp_rank = pp, .pp_size = pp_size,
-                               .tp_rank = 0, .tp_size = m->lay.producer_tp,
-                               .dp_rank = 0, .dp_size = 1,
+    p.topo = (kvr_wire_topo_t){.pp_rank = pp,
+                               .pp_size = pp_size,
+                               .tp_rank = 0,
+                               .tp_size = m->lay.producer_tp,
+                               .dp_rank = 0,
+                               .dp_size = 1,
                                .layer_start = pp * m->layers / pp_size,
                                .layer_end = (pp + 1) * m->layers / pp_size};
     return p;
@@ -99,17 +106,23 @@ kvr_agent_params_t ah_consumer_params(const ah_model_t *m, kvr_transport_t *hub,
 {
     kvr_agent_params_t p = base_params(m, hub, instance);
     p.role = KVR_AGENT_CONSUMER;
-    p.topo = (kvr_wire_topo_t){.pp_rank = 0, .pp_size = 1, .tp_rank = rank,
-                               .tp_size = m->lay.tp, .dp_rank = 0,
-                               .dp_size = 1, .layer_start = 0,
-                               .layer_end = m->layers, .dcp_rank = rank};
+    p.topo = (kvr_wire_topo_t){.pp_rank = 0,
+                               .pp_size = 1,
+                               .tp_rank = rank,
+                               .tp_size = m->lay.tp,
+                               .dp_rank = 0,
+                               .dp_size = 1,
+                               .layer_start = 0,
+                               .layer_end = m->layers,
+                               .dcp_rank = rank};
     return p;
 }
 
 static kvr_region_desc_t region(const ah_model_t *m, kvr_role_t role,
                                 uint32_t layer, bool consumer)
 {
-    kvr_region_desc_t d = {.role = role, .layer = layer,
+    kvr_region_desc_t d = {.role = role,
+                           .layer = layer,
                            .num_blocks = consumer ? m->dst_pool : m->src_pool};
     if (role == KVR_ROLE_MLA) {
         d.page_bytes = (uint64_t)m->lay.block_size * m->token_bytes;
@@ -126,9 +139,9 @@ static void add(ah_agent_t *x, const kvr_region_desc_t *d, bool only)
     assert_true(x->n < AH_MAX_REGIONS);
     x->desc[x->n] = *d;
     x->consumer_only[x->n] = only;
-    assert_int_equal(kvr_agent_alloc_region(x->agent, d,
-                                            only ? KVR_AGENT_REGION_CONSUMER_ONLY : 0,
-                                            &x->base[x->n]),
+    assert_int_equal(kvr_agent_alloc_region(
+                         x->agent, d, only ? KVR_AGENT_REGION_CONSUMER_ONLY : 0,
+                         &x->base[x->n]),
                      KVR_OK);
     memset(x->base[x->n], 0, kvr_region_bytes(d));
     x->n++;
@@ -201,10 +214,9 @@ void ah_fill(const ah_model_t *m, ah_agent_t *prod, const ah_req_t *r)
         ids[g] = r->seq * 100000u + (uint32_t)g;
     for (uint32_t i = 0; i < prod->n; i++) {
         kvr_error_t err = {0};
-        kvr_status_t st = kvr_synth_fill_source(&m->lay, &prod->desc[i],
-                                                1234 + r->seq, r->src, r->nsrc,
-                                                ids, r->tokens, prod->base[i],
-                                                &err);
+        kvr_status_t st = kvr_synth_fill_source(
+            &m->lay, &prod->desc[i], 1234 + r->seq, r->src, r->nsrc, ids,
+            r->tokens, prod->base[i], &err);
         if (st != KVR_OK)
             fail_msg("fill: %s", err.msg);
     }
@@ -214,8 +226,8 @@ void ah_fill(const ah_model_t *m, ah_agent_t *prod, const ah_req_t *r)
 void ah_open(ah_agent_t *prod, const ah_req_t *r, uint32_t lease_ms,
              uint32_t groups, bool ready)
 {
-    kvr_agent_send_t s = {r->id, strlen(r->id), r->src, r->nsrc, r->tokens,
-                          lease_ms, groups};
+    kvr_agent_send_t s = {r->id,     strlen(r->id), r->src, r->nsrc,
+                          r->tokens, lease_ms,      groups};
     assert_int_equal(kvr_agent_send_open(prod->agent, &s), KVR_OK);
     if (ready)
         assert_int_equal(kvr_agent_send_ready(prod->agent, r->id, strlen(r->id),
@@ -226,9 +238,9 @@ void ah_open(ah_agent_t *prod, const ah_req_t *r, uint32_t lease_ms,
 void ah_recv(ah_agent_t *cons, const char *producer, const char *address,
              const ah_req_t *r, uint32_t deadline_ms)
 {
-    kvr_agent_recv_t q = {producer, strlen(producer), address, r->id,
-                          strlen(r->id), r->dst, r->ndst, r->tokens,
-                          r->computed, deadline_ms};
+    kvr_agent_recv_t q = {producer,      strlen(producer), address, r->id,
+                          strlen(r->id), r->dst,           r->ndst, r->tokens,
+                          r->computed,   deadline_ms};
     kvr_status_t st = kvr_agent_recv(cons->agent, &q);
     if (st != KVR_OK)
         fail_msg("recv: %s", kvr_agent_last_error(cons->agent));
@@ -270,7 +282,8 @@ const kvr_agent_event_t *ah_wait(ah_agent_t *x, const char *id,
                 return &x->log[i];
         if (ah_now_ms() > end)
             break;
-        struct pollfd p = {.fd = kvr_agent_event_fd(x->agent), .events = POLLIN};
+        struct pollfd p = {.fd = kvr_agent_event_fd(x->agent),
+                           .events = POLLIN};
         poll(&p, 1, 20);
     }
     for (uint32_t i = 0; i < x->nlog; i++)
@@ -298,8 +311,8 @@ void ah_settle(ah_agent_t *const *xs, uint32_t n, uint32_t ms)
 void ah_verify(const ah_model_t *m, ah_agent_t *const *stages,
                uint32_t num_stages, const ah_agent_t *cons, const ah_req_t *r)
 {
-    kvr_request_t req = {r->src, r->nsrc, r->dst, r->ndst, r->tokens,
-                         r->computed};
+    kvr_request_t req = {r->src,  r->nsrc,   r->dst,
+                         r->ndst, r->tokens, r->computed};
     uint32_t checked = 0;
     for (uint32_t i = 0; i < cons->n; i++) {
         if (cons->consumer_only[i])
@@ -326,9 +339,8 @@ void ah_verify(const ah_model_t *m, ah_agent_t *const *stages,
 
 /* ---- worlds ---- */
 
-
-void start_instance(world_t *w, uint32_t k, const char *name,
-                           uint32_t pp, ah_tweak_t tweak)
+void start_instance(world_t *w, uint32_t k, const char *name, uint32_t pp,
+                    ah_tweak_t tweak)
 {
     w->pp[k] = pp;
     for (uint32_t s = 0; s < pp; s++) {
@@ -398,20 +410,23 @@ void expect_loaded(world_t *w, uint32_t k, const ah_req_t *r)
                                              KVR_AGENT_RELEASED, AH_WAIT_MS);
         assert_int_equal(e->status, KVR_OK);
         assert_int_equal(ah_count(&w->cons[c], r->id, KVR_AGENT_LOADED), 1);
-        assert_int_equal(ah_count(&w->cons[c], r->id, KVR_AGENT_LOAD_FAILED), 0);
+        assert_int_equal(ah_count(&w->cons[c], r->id, KVR_AGENT_LOAD_FAILED),
+                         0);
         ah_verify(&w->m, stages_of(w, k), w->pp[k], &w->cons[c], r);
     }
     for (uint32_t s = 0; s < w->pp[k]; s++)
-        assert_int_equal(ah_wait(&w->prod[k][s], r->id, KVR_AGENT_SENT,
-                                 AH_WAIT_MS)->status, KVR_OK);
+        assert_int_equal(
+            ah_wait(&w->prod[k][s], r->id, KVR_AGENT_SENT, AH_WAIT_MS)->status,
+            KVR_OK);
 }
 
 /* A consumer request that ended: exactly one LOAD_FAILED with st, then
  * exactly one RELEASED, and no LOADED. */
 const kvr_agent_event_t *expect_failed(ah_agent_t *c, const char *id,
-                                              kvr_status_t st)
+                                       kvr_status_t st)
 {
-    const kvr_agent_event_t *e = ah_wait(c, id, KVR_AGENT_LOAD_FAILED, AH_WAIT_MS);
+    const kvr_agent_event_t *e = ah_wait(c, id, KVR_AGENT_LOAD_FAILED,
+                                         AH_WAIT_MS);
     if (e->status != st)
         fail_msg("'%s': %s (%s), expected %s", id, kvr_status_name(e->status),
                  e->message, kvr_status_name(st));
@@ -440,8 +455,8 @@ void fill_all(world_t *w, uint32_t k, const ah_req_t *r)
         ah_fill(&w->m, &w->prod[k][s], r);
 }
 
-void open_all(world_t *w, uint32_t k, const ah_req_t *r,
-                     uint32_t lease_ms, bool ready)
+void open_all(world_t *w, uint32_t k, const ah_req_t *r, uint32_t lease_ms,
+              bool ready)
 {
     for (uint32_t s = 0; s < w->pp[k]; s++)
         ah_open(&w->prod[k][s], r, lease_ms, 1, ready);
@@ -479,15 +494,14 @@ uint32_t one_rank_failed(world_t *w, const ah_req_t *r)
         }
     }
     if (loaded != 1 || failed != 1)
-        fail_msg("'%s': %u ranks loaded and %u failed, expected 1 and 1",
-                 r->id, loaded, failed);
+        fail_msg("'%s': %u ranks loaded and %u failed, expected 1 and 1", r->id,
+                 loaded, failed);
     return rank;
 }
 
-void recv_all(world_t *w, uint32_t k, const char *name,
-                     const ah_req_t *r, uint32_t deadline_ms)
+void recv_all(world_t *w, uint32_t k, const char *name, const ah_req_t *r,
+              uint32_t deadline_ms)
 {
     for (uint32_t c = 0; c < 2; c++)
         ah_recv(&w->cons[c], name, head_addr(w, k), r, deadline_ms);
 }
-

@@ -17,11 +17,11 @@
 
 typedef struct ah_model {
     kvr_layout_t lay;
-    uint32_t layers;      /* MLA on every layer, INDEX on even ones */
+    uint32_t layers; /* MLA on every layer, INDEX on even ones */
     uint32_t index_dim;
     uint32_t token_bytes;
-    uint32_t src_pool;    /* blocks per producer region */
-    uint32_t dst_pool;    /* blocks per consumer region */
+    uint32_t src_pool;      /* blocks per producer region */
+    uint32_t dst_pool;      /* blocks per consumer region */
     uint32_t staging_slots; /* consumers: a STAGING region of this many */
     uint64_t slot_bytes;    /* slots of this size (0 slots: none) */
 } ah_model_t;
@@ -29,7 +29,7 @@ typedef struct ah_model {
 typedef struct ah_agent {
     kvr_agent_t *agent;
     bool consumer;
-    uint32_t rank;        /* consumer: dcp rank; producer: pp rank */
+    uint32_t rank; /* consumer: dcp rank; producer: pp rank */
     kvr_region_desc_t desc[AH_MAX_REGIONS];
     void *base[AH_MAX_REGIONS];
     bool consumer_only[AH_MAX_REGIONS];
@@ -107,7 +107,7 @@ typedef struct world {
     kvr_transport_t *hub;
     ah_agent_t prod[2][4]; /* [instance][pp stage] */
     uint32_t pp[2];
-    ah_agent_t cons[2];    /* one decode group, dcp ranks 0 and 1 */
+    ah_agent_t cons[2]; /* one decode group, dcp ranks 0 and 1 */
 } world_t;
 
 world_t *world_new(void);

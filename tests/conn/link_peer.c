@@ -3,11 +3,13 @@
 kvr_status_t link_peer_handshake(kvr__link_t *l, const kvr_msg_t *m,
                                  kvr_error_t *err)
 {
-    kvr_wire_side_t want = l->ours.side == KVR_WIRE_PRODUCER ? KVR_WIRE_CONSUMER
-                                                             : KVR_WIRE_PRODUCER;
+    kvr_wire_side_t want = l->ours.side == KVR_WIRE_PRODUCER
+                               ? KVR_WIRE_CONSUMER
+                               : KVR_WIRE_PRODUCER;
     bool key = kvr_wire_auth_has_key(l->auth);
     kvr_status_t st = kvr_wire_gate(l->auth, m->type, err);
-    if (st == KVR_OK && (m->type == KVR_MSG_HELLO || m->type == KVR_MSG_HELLO_ACK)) {
+    if (st == KVR_OK &&
+        (m->type == KVR_MSG_HELLO || m->type == KVR_MSG_HELLO_ACK)) {
         l->peer = m->u.hello;
         l->hello_recv = true;
         st = kvr__link_note_peer_hello(l, err);

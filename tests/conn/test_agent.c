@@ -15,7 +15,6 @@
 #include "agent_harness.h"
 #include "agent_internal.h"
 
-
 static void test_pp2_to_dcp2(void **state)
 {
     (void)state;
@@ -36,8 +35,9 @@ static void test_pp2_to_dcp2(void **state)
         expect_loaded(w, 0, &r[i]);
     /* the key is free again once its last event was polled */
     kvr_agent_req_status_t st;
-    assert_int_equal(kvr_agent_status(w->cons[0].agent, "prefill-a", 9, "req-0",
-                                      5, &st), KVR_ERR_NOT_FOUND);
+    assert_int_equal(
+        kvr_agent_status(w->cons[0].agent, "prefill-a", 9, "req-0", 5, &st),
+        KVR_ERR_NOT_FOUND);
     world_free(w);
 }
 
@@ -60,16 +60,19 @@ static void test_pull_before_open_and_ready(void **state)
     for (uint32_t c = 0; c < 2; c++)
         assert_int_equal(ah_count(&w->cons[c], r.id, KVR_AGENT_LOADED), 0);
     kvr_agent_req_status_t st;
-    assert_int_equal(kvr_agent_status(w->prod[0][1].agent, "prefill-a", 9,
-                                      r.id, strlen(r.id), &st), KVR_OK);
+    assert_int_equal(kvr_agent_status(w->prod[0][1].agent, "prefill-a", 9, r.id,
+                                      strlen(r.id), &st),
+                     KVR_OK);
     assert_int_equal(st.send, KVR_SEND_OPEN);
     assert_int_equal(kvr_agent_status(w->cons[0].agent, "prefill-a", 9, r.id,
-                                      strlen(r.id), &st), KVR_OK);
+                                      strlen(r.id), &st),
+                     KVR_OK);
     assert_int_equal(st.recv, KVR_RECV_PULLING);
     for (uint32_t s = 0; s < 2; s++) /* each stage its own layers */
         assert_int_equal(kvr_agent_send_ready(w->prod[0][s].agent, r.id,
                                               strlen(r.id), 2 * s, 2 * s + 2,
-                                              NULL), KVR_OK);
+                                              NULL),
+                         KVR_OK);
     expect_loaded(w, 0, &r);
     world_free(w);
 }
@@ -165,8 +168,8 @@ static void test_consumer_only_layer(void **state)
             expect_loaded(w, 0, &r);
         } else {
             for (uint32_t c = 0; c < 2; c++) {
-                const kvr_agent_event_t *e =
-                    expect_failed(&w->cons[c], r.id, KVR_ERR_LAYOUT_MISMATCH);
+                const kvr_agent_event_t *e = expect_failed(
+                    &w->cons[c], r.id, KVR_ERR_LAYOUT_MISMATCH);
                 assert_non_null(strstr(e->message, "layer 4"));
             }
             for (uint32_t s = 0; s < 2; s++)
@@ -198,8 +201,8 @@ static void test_cuda_refusals(void **state)
     assert_int_equal(kvr_agent_send_ready(w->prod[0][0].agent, r.id,
                                           strlen(r.id), 0, 4, &fake_event),
                      KVR_ERR_UNSUPPORTED);
-    assert_non_null(strstr(kvr_agent_last_error(w->prod[0][0].agent),
-                           "host memory"));
+    assert_non_null(
+        strstr(kvr_agent_last_error(w->prod[0][0].agent), "host memory"));
     world_free(w);
 }
 

@@ -18,8 +18,8 @@
 
 static const char *A = "prefill-a";
 
-static void one_stage_world(world_t **out, ah_tweak_t ptweak,
-                            ah_tweak_t ctweak, uint32_t pp)
+static void one_stage_world(world_t **out, ah_tweak_t ptweak, ah_tweak_t ctweak,
+                            uint32_t pp)
 {
     world_t *w = world_new();
     start_instance(w, 0, A, pp, ptweak);
@@ -49,20 +49,24 @@ static void test_abort_dialing_and_queued(void **state)
     ah_settle(all, 1, 200);
     kvr_agent_req_status_t st;
     assert_int_equal(kvr_agent_status(w->cons[0].agent, A, strlen(A), r.id,
-                                      strlen(r.id), &st), KVR_OK);
+                                      strlen(r.id), &st),
+                     KVR_OK);
     assert_int_equal(st.recv, KVR_RECV_DIALING);
     assert_int_equal(kvr_agent_recv_abort(w->cons[0].agent, A, strlen(A), r.id,
-                                          strlen(r.id)), KVR_OK);
+                                          strlen(r.id)),
+                     KVR_OK);
     expect_failed(&w->cons[0], r.id, KVR_ERR_CANCELED);
     /* queued: recv and abort back to back */
     ah_req(&w->m, 2, 64, &r);
     ah_recv(&w->cons[1], A, addr, &r, 0);
     assert_int_equal(kvr_agent_recv_abort(w->cons[1].agent, A, strlen(A), r.id,
-                                          strlen(r.id)), KVR_OK);
+                                          strlen(r.id)),
+                     KVR_OK);
     expect_failed(&w->cons[1], r.id, KVR_ERR_CANCELED);
     /* after its outcome, an abort is a no-op; an unknown key is refused */
     assert_int_equal(kvr_agent_recv_abort(w->cons[1].agent, A, strlen(A), r.id,
-                                          strlen(r.id)), KVR_ERR_NOT_FOUND);
+                                          strlen(r.id)),
+                     KVR_ERR_NOT_FOUND);
     close(fd);
     world_free(w);
 }
@@ -84,7 +88,8 @@ static void test_abort_pulling(void **state)
     ah_settle(all, 2, 300);
     for (uint32_t c = 0; c < 2; c++)
         assert_int_equal(kvr_agent_recv_abort(w->cons[c].agent, A, strlen(A),
-                                              r.id, strlen(r.id)), KVR_OK);
+                                              r.id, strlen(r.id)),
+                         KVR_OK);
     for (uint32_t c = 0; c < 2; c++)
         expect_failed(&w->cons[c], r.id, KVR_ERR_CANCELED);
     for (uint32_t s = 0; s < 2; s++) {
@@ -112,8 +117,10 @@ static void test_producer_abort(void **state)
     kvr_agent_send_abort(w->prod[0][0].agent, r.id, strlen(r.id));
     for (uint32_t c = 0; c < 2; c++)
         expect_failed(&w->cons[c], r.id, KVR_ERR_CANCELED);
-    assert_int_equal(ah_wait(&w->prod[0][0], r.id, KVR_AGENT_SEND_FAILED,
-                             AH_WAIT_MS)->status, KVR_ERR_CANCELED);
+    assert_int_equal(
+        ah_wait(&w->prod[0][0], r.id, KVR_AGENT_SEND_FAILED, AH_WAIT_MS)
+            ->status,
+        KVR_ERR_CANCELED);
     /* open, abort at once: SEND_FAILED, once */
     ah_req(&w->m, 5, 120, &r);
     open_all(w, 0, &r, 0, true);
@@ -318,8 +325,9 @@ static void start_group_b(world_t *w, ah_agent_t g[2])
 static void expect_group_loaded(world_t *w, ah_agent_t g[2], const ah_req_t *r)
 {
     for (uint32_t c = 0; c < 2; c++) {
-        assert_int_equal(ah_wait(&g[c], r->id, KVR_AGENT_RELEASED,
-                                 AH_WAIT_MS)->status, KVR_OK);
+        assert_int_equal(
+            ah_wait(&g[c], r->id, KVR_AGENT_RELEASED, AH_WAIT_MS)->status,
+            KVR_OK);
         assert_int_equal(ah_count(&g[c], r->id, KVR_AGENT_LOADED), 1);
         assert_int_equal(ah_count(&g[c], r->id, KVR_AGENT_LOAD_FAILED), 0);
         ah_verify(&w->m, stages_of(w, 0), w->pp[0], &g[c], r);
@@ -350,8 +358,9 @@ static void test_stalled_rank(void **state)
         ah_recv(&g[c], A, head_addr(w, 0), &r, STALL_DEADLINE_MS);
     expect_group_loaded(w, g, &r);
     uint32_t limit = STALL_DEADLINE_MS + STALL_GRACE_MS + STALL_MARGIN_MS;
-    assert_int_not_equal(ah_wait(&w->cons[0], r.id, KVR_AGENT_LOAD_FAILED,
-                                 limit)->status, KVR_OK);
+    assert_int_not_equal(
+        ah_wait(&w->cons[0], r.id, KVR_AGENT_LOAD_FAILED, limit)->status,
+        KVR_OK);
     ah_wait(&w->cons[0], r.id, KVR_AGENT_RELEASED, limit);
     ah_wait(&w->cons[1], r.id, KVR_AGENT_RELEASED, limit);
     ah_wait(&w->prod[0][0], r.id, KVR_AGENT_SEND_FAILED, limit);
@@ -367,8 +376,9 @@ static void test_stalled_rank(void **state)
     for (uint32_t c = 0; c < 2; c++)
         ah_recv(&g[c], A, head_addr(w, 0), &q, 0);
     expect_group_loaded(w, g, &q);
-    assert_int_equal(ah_wait(&w->prod[0][0], q.id, KVR_AGENT_SENT,
-                             AH_WAIT_MS)->status, KVR_OK);
+    assert_int_equal(
+        ah_wait(&w->prod[0][0], q.id, KVR_AGENT_SENT, AH_WAIT_MS)->status,
+        KVR_OK);
     for (uint32_t c = 0; c < 2; c++)
         ah_stop(&g[c]);
     world_free(w);

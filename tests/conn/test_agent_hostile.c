@@ -24,7 +24,7 @@
 #include "link_peer.h"
 
 static const uint8_t KEY[KVR_WIRE_KEY_BYTES] = {
-    1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16,
+    1,  2,  3,  4,  5,  6,  7,  8,  9,  10, 11, 12, 13, 14, 15, 16,
     17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30, 31, 32};
 
 #define EVIL "evil-prefill"
@@ -44,14 +44,18 @@ static uint32_t producer_regions(const ah_model_t *m, kvr_region_desc_t *d)
 {
     uint32_t n = 0;
     for (uint32_t l = 0; l < m->layers; l++) {
-        d[n++] = (kvr_region_desc_t){.role = KVR_ROLE_MLA, .layer = l,
+        d[n++] = (kvr_region_desc_t){.role = KVR_ROLE_MLA,
+                                     .layer = l,
                                      .num_blocks = m->src_pool,
                                      .page_bytes = (uint64_t)m->lay.block_size *
                                                    m->token_bytes};
         if (l % 2 == 0)
             d[n++] = (kvr_region_desc_t){
-                .role = KVR_ROLE_INDEX, .layer = l, .num_blocks = m->src_pool,
-                .index_dim = m->index_dim, .quant_block = m->index_dim,
+                .role = KVR_ROLE_INDEX,
+                .layer = l,
+                .num_blocks = m->src_pool,
+                .index_dim = m->index_dim,
+                .quant_block = m->index_dim,
                 .page_bytes = kvr_index_page_tokens(&m->lay, false) *
                               kvr_index_stride(m->index_dim)};
     }
@@ -66,26 +70,33 @@ static void evil_accept(evil_t *e, const ah_model_t *m)
     assert_true(fd >= 0);
     kvr_error_t err = {0};
     assert_int_equal(kvr__link_create(fd, false, KEY, &e->link, &err), KVR_OK);
-    kvr_wire_topo_t topo = {.pp_rank = 0, .pp_size = 1, .tp_rank = 0,
-                            .tp_size = 1, .dp_size = 1, .layer_start = 0,
+    kvr_wire_topo_t topo = {.pp_rank = 0,
+                            .pp_size = 1,
+                            .tp_rank = 0,
+                            .tp_size = 1,
+                            .dp_size = 1,
+                            .layer_start = 0,
                             .layer_end = m->layers};
     kvr_region_desc_t d[AH_MAX_REGIONS];
     uint32_t n = producer_regions(m, d);
-    assert_int_equal(kvr_wire_hello_init(&e->link->ours, KVR_WIRE_PRODUCER, &topo,
-                                         &m->lay, d, n, &err), KVR_OK);
+    assert_int_equal(kvr_wire_hello_init(&e->link->ours, KVR_WIRE_PRODUCER,
+                                         &topo, &m->lay, d, n, &err),
+                     KVR_OK);
     e->link->ours.has_key = true;
-    assert_int_equal(kvr_wire_id_set(&e->link->ours.instance, EVIL, strlen(EVIL),
-                                     NULL), KVR_OK);
+    assert_int_equal(
+        kvr_wire_id_set(&e->link->ours.instance, EVIL, strlen(EVIL), NULL),
+        KVR_OK);
     e->link->ours.incarnation = INCARNATION;
 }
 
 static void send_stages(evil_t *e)
 {
-    kvr_wire_stage_t s = {.pp_rank = 0, .tp_rank = 0, .incarnation = INCARNATION};
+    kvr_wire_stage_t s = {
+        .pp_rank = 0, .tp_rank = 0, .incarnation = INCARNATION};
     snprintf(s.address, sizeof(s.address), "%s", e->address);
     kvr_msg_t m = {.type = KVR_MSG_STAGES};
-    m.u.stages = (kvr_msg_stages_t){.pp_size = 1, .tp_size = 1, .stages = &s,
-                                    .num_stages = 1};
+    m.u.stages = (kvr_msg_stages_t){
+        .pp_size = 1, .tp_size = 1, .stages = &s, .num_stages = 1};
     assert_int_equal(kvr__link_send(e->link, &m), KVR_OK);
 }
 
@@ -159,7 +170,8 @@ static int setup(void **state)
     kvr_agent_params_t p = ah_consumer_params(&f->m, f->hub, "decode", 0);
     tweak_key(&p);
     ah_start(&f->m, &p, 0, false, &f->cons);
-    f->evil.listen_fd = ah_silent_listener(f->evil.address, sizeof(f->evil.address));
+    f->evil.listen_fd = ah_silent_listener(f->evil.address,
+                                           sizeof(f->evil.address));
     *state = f;
     return 0;
 }
@@ -189,12 +201,14 @@ static void expect_never_loaded(fixture_t *f, const char *id, uint64_t claim)
     if (f->evil.link == NULL)
         evil_accept(&f->evil, &f->m);
     for (uint64_t end = ah_now_ms() + AH_WAIT_MS;
-         ah_count(&f->cons, id, KVR_AGENT_RELEASED) == 0 && ah_now_ms() < end;) {
+         ah_count(&f->cons, id, KVR_AGENT_RELEASED) == 0 &&
+         ah_now_ms() < end;) {
         evil_step(&f->evil);
         ah_collect(&f->cons);
     }
     assert_int_equal(ah_count(&f->cons, id, KVR_AGENT_LOADED), 0);
-    const kvr_agent_event_t *ev = ah_wait(&f->cons, id, KVR_AGENT_LOAD_FAILED, 1000);
+    const kvr_agent_event_t *ev = ah_wait(&f->cons, id, KVR_AGENT_LOAD_FAILED,
+                                          1000);
     assert_int_not_equal(ev->status, KVR_OK);
     printf("%s: %s %s\n", id, kvr_status_name(ev->status), ev->message);
     assert_non_null(strstr(ev->message, "bytes"));
@@ -219,8 +233,9 @@ static void test_huge_token_count_refused(void **state)
 {
     fixture_t *f = *state;
     static const uint32_t dst[2] = {0, 1};
-    kvr_agent_recv_t r = {EVIL, strlen(EVIL), f->evil.address, "wrap", 4,
-                          dst, 2, UINT64_MAX, 0, 5000};
+    kvr_agent_recv_t r = {
+        EVIL, strlen(EVIL), f->evil.address, "wrap", 4, dst, 2, UINT64_MAX,
+        0,    5000};
     kvr_status_t st = kvr_agent_recv(f->cons.agent, &r);
     if (st == KVR_OK) {
         ah_wait(&f->cons, "wrap", KVR_AGENT_RELEASED, AH_WAIT_MS);
@@ -235,7 +250,8 @@ static void test_huge_token_count_refused(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test_setup_teardown(test_zero_bytes_done_fails, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_zero_bytes_done_fails, setup,
+                                        teardown),
         cmocka_unit_test_setup_teardown(test_huge_token_count_refused, setup,
                                         teardown),
     };

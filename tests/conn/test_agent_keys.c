@@ -23,8 +23,10 @@
 #include "agent_harness.h"
 #include "agent_internal.h"
 
-static const uint8_t KEY_A[KVR_WIRE_KEY_BYTES] = "kvrelay agent test key A.......";
-static const uint8_t KEY_B[KVR_WIRE_KEY_BYTES] = "kvrelay agent test key B.......";
+static const uint8_t KEY_A[KVR_WIRE_KEY_BYTES] =
+    "kvrelay agent test key A.......";
+static const uint8_t KEY_B[KVR_WIRE_KEY_BYTES] =
+    "kvrelay agent test key B.......";
 
 static void key_a(kvr_agent_params_t *p)
 {
@@ -45,8 +47,8 @@ static void test_keyed_instances(void **state)
     kvr_status_t st;
     char why[KVR_ERROR_MSG_MAX];
     for (uint32_t c = 0; c < 2; c++)
-        assert_int_equal(kvr__agent_refusals(w->cons[c].agent, &st, why,
-                                             sizeof(why)), 0);
+        assert_int_equal(
+            kvr__agent_refusals(w->cons[c].agent, &st, why, sizeof(why)), 0);
     world_free(w);
 }
 
@@ -127,9 +129,10 @@ static void test_tampered_frame(void **state)
     assert_non_null(strstr(e->message, "stage 1"));
     assert_non_null(strstr(e->message, "WRITE_DONE"));
     for (uint32_t s = 0; s < 2; s++) { /* a group failed on both stages */
-        assert_int_not_equal(ah_wait(&w->prod[0][s], r.id,
-                                     KVR_AGENT_SEND_FAILED, AH_WAIT_MS)->status,
-                             KVR_OK);
+        assert_int_not_equal(
+            ah_wait(&w->prod[0][s], r.id, KVR_AGENT_SEND_FAILED, AH_WAIT_MS)
+                ->status,
+            KVR_OK);
         assert_int_equal(ah_count(&w->prod[0][s], r.id, KVR_AGENT_SENT), 0);
     }
     ah_req_t q;
@@ -222,7 +225,8 @@ static void test_idle_flood(void **state)
     for (uint32_t i = 0; i < IDLE_CONNS; i++) {
         if (!closed_by(idle[i], end))
             fail_msg("idle connection %u still open %llu ms after the last "
-                     "was made", i, (unsigned long long)(ah_now_ms() - dialled));
+                     "was made",
+                     i, (unsigned long long)(ah_now_ms() - dialled));
         close(idle[i]);
     }
     world_free(w);

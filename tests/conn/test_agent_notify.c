@@ -16,8 +16,10 @@
 #include "agent_harness.h"
 #include "agent_internal.h"
 
-static const uint8_t KEY_A[KVR_WIRE_KEY_BYTES] = "kvrelay agent test key A.......";
-static const uint8_t KEY_B[KVR_WIRE_KEY_BYTES] = "kvrelay agent test key B.......";
+static const uint8_t KEY_A[KVR_WIRE_KEY_BYTES] =
+    "kvrelay agent test key A.......";
+static const uint8_t KEY_B[KVR_WIRE_KEY_BYTES] =
+    "kvrelay agent test key B.......";
 
 static void key_a(kvr_agent_params_t *p)
 {
@@ -158,7 +160,8 @@ static void test_router(void **state)
         big[i] = (uint8_t)(i * 7);
     assert_int_equal(kvr_agent_notify(r, "prefill-a", 9,
                                       kvr_agent_address(w->prod[0][0].agent),
-                                      big, sizeof(big)), KVR_OK);
+                                      big, sizeof(big)),
+                     KVR_OK);
     assert_int_equal(kvr_agent_notify(r, "prefill-a", 9, NULL, NULL, 0),
                      KVR_OK);
     kvr_agent_notify_t *n = take(w->prod[0][0].agent);
@@ -178,8 +181,9 @@ static void test_notify_arguments(void **state)
     start_group(w, 0, false);
     kvr_agent_t *a = w->cons[0].agent;
     static uint8_t big[KVR_AGENT_NOTIFY_MAX + 1];
-    assert_int_equal(kvr_agent_notify(a, "x", 1, "127.0.0.1:9", big,
-                                      sizeof(big)), KVR_ERR_INVALID);
+    assert_int_equal(
+        kvr_agent_notify(a, "x", 1, "127.0.0.1:9", big, sizeof(big)),
+        KVR_ERR_INVALID);
     assert_non_null(strstr(kvr_agent_last_error(a), "16385"));
     assert_int_equal(kvr_agent_notify(a, "x", 1, "127.0.0.1:9", NULL, 3),
                      KVR_ERR_INVALID);

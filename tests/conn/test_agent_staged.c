@@ -210,7 +210,8 @@ static void test_abort_while_staging(void **state)
     while (kvr__agent_chunks(w->cons[0].agent) < 2 && ah_now_ms() < end)
         ah_settle((ah_agent_t *[]){&w->cons[0]}, 1, 5);
     assert_int_equal(kvr_agent_recv_abort(w->cons[0].agent, A, strlen(A), r.id,
-                                          strlen(r.id)), KVR_OK);
+                                          strlen(r.id)),
+                     KVR_OK);
     expect_failed(&w->cons[0], r.id, KVR_ERR_CANCELED);
     uint64_t after = kvr__agent_chunks(w->cons[0].agent);
     ah_settle((ah_agent_t *[]){&w->cons[0]}, 1, 200);
@@ -219,8 +220,10 @@ static void test_abort_while_staging(void **state)
      * the request ends as failed */
     ah_recv(&w->cons[1], A, head_addr(w, 0), &r, 0);
     ah_wait(&w->cons[1], r.id, KVR_AGENT_RELEASED, AH_WAIT_MS);
-    assert_int_equal(ah_wait(&w->prod[0][0], r.id, KVR_AGENT_SEND_FAILED,
-                             AH_WAIT_MS)->status, KVR_ERR_CANCELED);
+    assert_int_equal(
+        ah_wait(&w->prod[0][0], r.id, KVR_AGENT_SEND_FAILED, AH_WAIT_MS)
+            ->status,
+        KVR_ERR_CANCELED);
     world_free(w);
 }
 
@@ -233,8 +236,8 @@ static void test_staging_rules(void **state)
     kvr_agent_params_t p = ah_producer_params(&w->m, w->hub, A, 0, 1);
     kvr_agent_t *a = NULL;
     assert_int_equal(kvr_agent_create(&p, &a, &err), KVR_OK);
-    kvr_region_desc_t d = {.role = KVR_ROLE_STAGING, .num_blocks = 4,
-                           .page_bytes = 4096};
+    kvr_region_desc_t d = {
+        .role = KVR_ROLE_STAGING, .num_blocks = 4, .page_bytes = 4096};
     void *base = NULL;
     assert_int_equal(kvr_agent_alloc_region(a, &d, 0, &base), KVR_ERR_INVALID);
     assert_non_null(strstr(kvr_agent_last_error(a), "STAGING"));

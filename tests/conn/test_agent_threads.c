@@ -103,8 +103,8 @@ static void run_one(shared_t *sh, uint32_t t, uint32_t k, unsigned *seed)
      * producer to its lease */
     kvr_agent_req_status_t now;
     while (abort_it &&
-           kvr_agent_status(w->cons[0].agent, A, strlen(A), r.id,
-                            strlen(r.id), &now) == KVR_OK &&
+           kvr_agent_status(w->cons[0].agent, A, strlen(A), r.id, strlen(r.id),
+                            &now) == KVR_OK &&
            now.recv < KVR_RECV_PULLING) {
         poll_all(sh);
         poll(NULL, 0, 1);
@@ -178,8 +178,8 @@ static void no_thread(kvr_agent_params_t *p)
     p->progress_thread = false;
 }
 
-static bool drive(world_t *w, ah_agent_t *const *xs, uint32_t n,
-                  const char *id, uint32_t ms)
+static bool drive(world_t *w, ah_agent_t *const *xs, uint32_t n, const char *id,
+                  uint32_t ms)
 {
     uint64_t end = ah_now_ms() + ms;
     while (ah_now_ms() < end) {
@@ -226,7 +226,8 @@ static void test_no_thread_bounded_turns(void **state)
     assert_true(drive(w, xs, 3, r.id, AH_WAIT_MS));
     expect_loaded(w, 0, &r);
     kvr_agent_t *p = w->prod[0][0].agent;
-    assert_true(p->moved_turn_max <= KVR_AGENT_TURN_BYTES + KVR_AGENT_SLICE_BYTES);
+    assert_true(p->moved_turn_max <=
+                KVR_AGENT_TURN_BYTES + KVR_AGENT_SLICE_BYTES);
     assert_true(p->moving_turns >= 2);
     world_free(w);
 }

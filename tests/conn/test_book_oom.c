@@ -138,8 +138,7 @@ static void test_quorum_oom(void **state)
          quorum_destroy},
         {quorum_setup, op_new_key, quorum_counts, check_new_key,
          quorum_destroy},
-        {quorum_setup, op_cancel, quorum_counts, check_cancel,
-         quorum_destroy},
+        {quorum_setup, op_cancel, quorum_counts, check_cancel, quorum_destroy},
     };
     for (size_t i = 0; i < sizeof(sc) / sizeof(sc[0]); i++)
         run(&sc[i]);
@@ -149,8 +148,9 @@ static void test_quorum_oom(void **state)
 
 static void feed(kvr_pairing_t *p, bool is_send, kvr_completion_id_t id)
 {
-    kvr_status_t s = is_send ? kvr_pairing_send_done(p, &id, KVR_OK, NULL, NULL)
-                             : kvr_pairing_save_done(p, &id, KVR_OK, NULL, NULL);
+    kvr_status_t s = is_send
+                         ? kvr_pairing_send_done(p, &id, KVR_OK, NULL, NULL)
+                         : kvr_pairing_save_done(p, &id, KVR_OK, NULL, NULL);
     assert_int_equal(s, KVR_OK);
 }
 
@@ -274,9 +274,14 @@ static void test_create_and_key_oom(void **state)
 {
     (void)state;
     static const char *const types[] = {"full"};
-    kvr_offload_desc_t d = {.model_tag = "m", .dtype = "fp8", .block_size = 16,
-                            .chunk_size = 64, .tp = 4, .dcp_size = 4,
-                            .interleave = 1, .indexer_types = types,
+    kvr_offload_desc_t d = {.model_tag = "m",
+                            .dtype = "fp8",
+                            .block_size = 16,
+                            .chunk_size = 64,
+                            .tp = 4,
+                            .dcp_size = 4,
+                            .interleave = 1,
+                            .indexer_types = types,
                             .num_indexer_types = 1};
     kvr_quorum_params_t qp = KVR_QUORUM_PARAMS_INIT;
     kvr_pairing_params_t pp = KVR_PAIRING_PARAMS_INIT;
@@ -293,8 +298,8 @@ static void test_create_and_key_oom(void **state)
         oom_disarm();
         assert_true(a == KVR_OK || (a == KVR_ERR_NO_MEMORY && q == NULL));
         assert_true(b == KVR_OK || (b == KVR_ERR_NO_MEMORY && p == NULL));
-        assert_true(c == KVR_OK || (c == KVR_ERR_NO_MEMORY &&
-                                    strcmp(key, "x") == 0));
+        assert_true(c == KVR_OK ||
+                    (c == KVR_ERR_NO_MEMORY && strcmp(key, "x") == 0));
         kvr_quorum_destroy(q);
         kvr_pairing_destroy(p);
     }

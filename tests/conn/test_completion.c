@@ -105,8 +105,8 @@ static void test_req_key(void **state)
     kvr_error_t err = {0};
     op.generation = -2;
     key.req_id_len = 99;
-    expect_err(kvr_completion_req_key(&op, &key, &err), &err,
-               KVR_ERR_INVALID, "generation -2");
+    expect_err(kvr_completion_req_key(&op, &key, &err), &err, KVR_ERR_INVALID,
+               "generation -2");
     assert_int_equal(key.req_id_len, 99); /* untouched on error */
 }
 
@@ -147,8 +147,7 @@ static void test_failure_dominates(void **state)
     report(q, ID("a"), 1, KVR_OK, KVR_QUORUM_PENDING, KVR_ERR_TRANSPORT);
     report(q, ID("a"), 2, KVR_OK, KVR_QUORUM_DONE, KVR_ERR_TRANSPORT);
     /* the first failure is the one reported */
-    report(q, ID("b"), 2, KVR_ERR_TIMEOUT, KVR_QUORUM_PENDING,
-           KVR_ERR_TIMEOUT);
+    report(q, ID("b"), 2, KVR_ERR_TIMEOUT, KVR_QUORUM_PENDING, KVR_ERR_TIMEOUT);
     report(q, ID("b"), 0, KVR_ERR_PEER_DEAD, KVR_QUORUM_PENDING,
            KVR_ERR_TIMEOUT);
     report(q, ID("b"), 1, KVR_OK, KVR_QUORUM_DONE, KVR_ERR_TIMEOUT);
@@ -315,8 +314,7 @@ static void test_errors(void **state)
                KVR_ERR_INVALID, "generation -5");
     expect_err(kvr_quorum_report(NULL, &id, 0, KVR_OK, NULL, &err), &err,
                KVR_ERR_INVALID, "NULL");
-    expect_err(kvr_quorum_cancel(q, NULL, &err), &err, KVR_ERR_INVALID,
-               "NULL");
+    expect_err(kvr_quorum_cancel(q, NULL, &err), &err, KVR_ERR_INVALID, "NULL");
     expect_err(kvr_quorum_forget(NULL, &id, &err), &err, KVR_ERR_INVALID,
                "NULL");
     assert_int_equal(kvr_quorum_num_pending(q), 0);
@@ -341,8 +339,9 @@ static void test_many_keys(void **state)
             assert_int_equal(
                 kvr_quorum_report(q, &id, member, KVR_OK, &res, NULL), KVR_OK);
             done += res.outcome == KVR_QUORUM_DONE;
-            assert_int_equal(res.outcome, m + 1 == MEMBERS ? KVR_QUORUM_DONE
-                                                           : KVR_QUORUM_PENDING);
+            assert_int_equal(res.outcome, m + 1 == MEMBERS
+                                              ? KVR_QUORUM_DONE
+                                              : KVR_QUORUM_PENDING);
         }
     }
     assert_int_equal(done, KEYS);

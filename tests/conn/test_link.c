@@ -41,7 +41,8 @@ static void end_open(side_t *e, bool initiator, const uint8_t *key,
     assert_int_equal(socketpair(AF_UNIX, SOCK_STREAM, 0, sv), 0);
     fcntl(sv[1], F_SETFL, fcntl(sv[1], F_GETFL) | O_NONBLOCK);
     memset(e, 0, sizeof(*e));
-    assert_int_equal(kvr__link_create(sv[0], initiator, key, &e->l, NULL), KVR_OK);
+    assert_int_equal(kvr__link_create(sv[0], initiator, key, &e->l, NULL),
+                     KVR_OK);
     e->relay = sv[1];
     kvr_sample_hello(&e->l->ours); /* fresh nonce; the same layout both sides */
     e->l->ours.side = side;
@@ -212,7 +213,8 @@ static void test_reordered_and_replayed_frames_close(void **state)
     kvr_error_t err = {0};
     assert_int_equal(service(&b, &err), KVR_ERR_AUTH);
     assert_int_equal(b.num_got, 1); /* the first copy only */
-    assert_non_null(strstr(b.l->close_why, "frame 3 after the peer's AUTH (WRITE_DONE"));
+    assert_non_null(
+        strstr(b.l->close_why, "frame 3 after the peer's AUTH (WRITE_DONE"));
     end_close(&a);
     end_close(&b);
 }
@@ -270,8 +272,9 @@ static void test_preauth_large_frame(void **state)
         memcpy(junk + 8, &len, 4);
         ssize_t sent = send(b.relay, junk, sizeof(junk), MSG_NOSIGNAL);
         assert_true(sent > 4096);
-        expect_bye(&b, KVR_ERR_WIRE_LIMIT,
-                   "OFFER frame of 8388619 bytes before the peer authenticated");
+        expect_bye(
+            &b, KVR_ERR_WIRE_LIMIT,
+            "OFFER frame of 8388619 bytes before the peer authenticated");
         assert_true(b.l->rx_cap <= 4096);
         end_close(&b);
     }
@@ -285,7 +288,8 @@ static void test_malformed_and_version_get_bye(void **state)
     m.u.hello.side = KVR_WIRE_PRODUCER;
     uint8_t frame[KVR_WIRE_HELLO_FRAME_MAX];
     size_t len = 0;
-    assert_int_equal(kvr_wire_encode(&m, frame, sizeof(frame), &len, NULL), KVR_OK);
+    assert_int_equal(kvr_wire_encode(&m, frame, sizeof(frame), &len, NULL),
+                     KVR_OK);
     struct {
         size_t at;
         uint8_t value;

@@ -25,11 +25,11 @@
 #define NREQ 4u
 #define BS 16u
 #define TOKEN_BYTES 4096u
-#define TOKENS 1024u        /* 64 blocks, 4 MiB a request */
+#define TOKENS 1024u /* 64 blocks, 4 MiB a request */
 #define POOL (NREQ * 64u)
-#define DEADLINE_MS 6000u   /* the transfer alone needs about 3.5 s */
+#define DEADLINE_MS 6000u /* the transfer alone needs about 3.5 s */
 #define GRACE_MS 1500u
-#define MARGIN_MS 3000u     /* a loaded 2-core machine */
+#define MARGIN_MS 3000u /* a loaded 2-core machine */
 #define DESTROY_MS 5000u
 #define CUT_AFTER_MS 1200u
 #define RATE "40mbit"
@@ -115,8 +115,11 @@ static kvr_agent_t *start_agent(bool producer)
     p.instance_id_len = strlen(name);
     p.role = producer ? KVR_AGENT_PRODUCER : KVR_AGENT_CONSUMER;
     p.layout.block_size = BS;
-    p.topo = (kvr_wire_topo_t){.pp_size = 1, .tp_size = 1, .dp_size = 1,
-                               .layer_start = 0, .layer_end = 1};
+    p.topo = (kvr_wire_topo_t){.pp_size = 1,
+                               .tp_size = 1,
+                               .dp_size = 1,
+                               .layer_start = 0,
+                               .layer_end = 1};
     p.listen = producer ? "10.214.0.1:" PORT : NULL;
     p.insecure = true; /* a veth of this test's own */
     p.tl = KVR_AGENT_TL_TCP;
@@ -129,8 +132,10 @@ static kvr_agent_t *start_agent(bool producer)
         printf("kvr_agent_create: %s\n", err.msg);
         return NULL;
     }
-    kvr_region_desc_t d = {.role = KVR_ROLE_MLA, .layer = 0,
-                           .num_blocks = POOL, .page_bytes = BS * TOKEN_BYTES};
+    kvr_region_desc_t d = {.role = KVR_ROLE_MLA,
+                           .layer = 0,
+                           .num_blocks = POOL,
+                           .page_bytes = BS * TOKEN_BYTES};
     void *base = NULL;
     if (kvr_agent_alloc_region(a, &d, 0, &base) != KVR_OK ||
         kvr_agent_start(a) != KVR_OK) {
@@ -196,15 +201,16 @@ static int child(bool producer, int ready_fd, int go_fd)
         table(i, blocks);
         kvr_status_t st;
         if (producer) {
-            kvr_agent_send_t s = {id, strlen(id), blocks, TOKENS / BS, TOKENS,
-                                  0, 1};
+            kvr_agent_send_t s = {id,     strlen(id), blocks, TOKENS / BS,
+                                  TOKENS, 0,          1};
             st = kvr_agent_send_open(a, &s);
             if (st == KVR_OK)
                 st = kvr_agent_send_ready(a, id, strlen(id), 0, 1, NULL);
         } else {
-            kvr_agent_recv_t q = {"prefill", 7, "10.214.0.1:" PORT, id,
-                                  strlen(id), blocks, TOKENS / BS, TOKENS, 0,
-                                  0};
+            kvr_agent_recv_t q = {
+                "prefill",  7,      "10.214.0.1:" PORT, id,
+                strlen(id), blocks, TOKENS / BS,        TOKENS,
+                0,          0};
             st = kvr_agent_recv(a, &q);
         }
         if (st != KVR_OK) {
@@ -312,7 +318,8 @@ int main(void)
     if (rc == 0)
         rc = run();
     teardown();
-    printf("%s\n", rc == 0 ? "1 passed, 0 failed" : rc == 77 ? "skipped"
-                                                             : "0 passed, 1 failed");
+    printf("%s\n", rc == 0    ? "1 passed, 0 failed"
+                   : rc == 77 ? "skipped"
+                              : "0 passed, 1 failed");
     return rc;
 }

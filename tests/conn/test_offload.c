@@ -77,8 +77,8 @@ static void test_golden(void **state)
     char ns[128];
     d = base();
     assert_int_equal(kvr_offload_namespace(&d, ns, sizeof(ns), NULL), KVR_OK);
-    assert_string_equal(ns,
-                        "glm-5.2::kvrelay-page-v3-2bc96a45246819dee77c79e340586ac0");
+    assert_string_equal(
+        ns, "glm-5.2::kvrelay-page-v3-2bc96a45246819dee77c79e340586ac0");
 }
 
 static void test_sizing(void **state)
@@ -102,7 +102,8 @@ static void test_sizing(void **state)
     char ns[20];
     assert_int_equal(kvr_offload_namespace(&d, ns, sizeof(ns), &err),
                      KVR_ERR_BUFFER_SMALL);
-    assert_non_null(strstr(err.msg, "buffer of 20 bytes; the namespace needs 58"));
+    assert_non_null(
+        strstr(err.msg, "buffer of 20 bytes; the namespace needs 58"));
 }
 
 #define NVARIANTS 14
@@ -117,20 +118,51 @@ static void test_every_field_matters(void **state)
     for (int v = 0; v < NVARIANTS; v++) {
         kvr_offload_desc_t d = base();
         switch (v) {
-        case 1: d.model_tag = "glm-5.1"; break;
-        case 2: d.dtype = "bf16"; break;
-        case 3: d.block_size = 32; break;
-        case 4: d.chunk_size = 512; break;
-        case 5: d.tp = 8; break;
-        case 6: d.dcp_size = 2; d.tp = 4; break;
-        case 7: d.replicate_index = false; break;
-        case 8: d.num_indexer_types = 2; d.indexer_types = two; break;
-        case 9: d.indexer_types = swapped; break;
-        case 10: d.num_indexer_types = 0; d.indexer_types = NULL; break;
-        case 11: d.interleave = 2; break;
-        case 12: d.preshuffle = false; break;
-        case 13: d.dcp_size = 1; d.chunk_size = 256; break;
-        default: break;
+        case 1:
+            d.model_tag = "glm-5.1";
+            break;
+        case 2:
+            d.dtype = "bf16";
+            break;
+        case 3:
+            d.block_size = 32;
+            break;
+        case 4:
+            d.chunk_size = 512;
+            break;
+        case 5:
+            d.tp = 8;
+            break;
+        case 6:
+            d.dcp_size = 2;
+            d.tp = 4;
+            break;
+        case 7:
+            d.replicate_index = false;
+            break;
+        case 8:
+            d.num_indexer_types = 2;
+            d.indexer_types = two;
+            break;
+        case 9:
+            d.indexer_types = swapped;
+            break;
+        case 10:
+            d.num_indexer_types = 0;
+            d.indexer_types = NULL;
+            break;
+        case 11:
+            d.interleave = 2;
+            break;
+        case 12:
+            d.preshuffle = false;
+            break;
+        case 13:
+            d.dcp_size = 1;
+            d.chunk_size = 256;
+            break;
+        default:
+            break;
         }
         key_of(&d, keys[v]);
         for (int u = 0; u < v; u++)
@@ -203,8 +235,9 @@ static void test_invalid(void **state)
     expect_bad(&d, KVR_ERR_INVALID, "dtype is empty");
     d = base();
     d.chunk_size = 100;
-    expect_bad(&d, KVR_ERR_CHUNK_SIZE,
-               "chunk size 100 is not a positive multiple of bs * W = 64 * 4 = 256");
+    expect_bad(
+        &d, KVR_ERR_CHUNK_SIZE,
+        "chunk size 100 is not a positive multiple of bs * W = 64 * 4 = 256");
     d.chunk_size = 0;
     expect_bad(&d, KVR_ERR_CHUNK_SIZE, "chunk size 0");
     d.chunk_size = 64; /* a multiple of bs but not of bs * W */

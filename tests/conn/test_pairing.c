@@ -386,7 +386,8 @@ static void flow(kvr_quorum_t *sends, kvr_quorum_t *saves, kvr_pairing_t *p,
         return;
     kvr_status_t s = is_send
                          ? kvr_pairing_send_done(p, &id, res.status, NULL, NULL)
-                         : kvr_pairing_save_done(p, &id, res.status, NULL, NULL);
+                         : kvr_pairing_save_done(p, &id, res.status, NULL,
+                                                 NULL);
     assert_int_equal(s, KVR_OK);
 }
 

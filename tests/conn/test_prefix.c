@@ -30,19 +30,23 @@ static void test_golden(void **state)
     assert_int_equal(kvr_prefix_hashes(NULL, tok, 9, 4, h, 3, &n, NULL),
                      KVR_OK);
     assert_int_equal(n, 2); /* the ninth token is a partial block */
-    hex_equal(&h[0],
-              "d8faa8ec8c0500567ca87b56e4bb666d69cb512e638103891defea24e88cbc92");
-    hex_equal(&h[1],
-              "d1637bc3762f67abb1ac6b35e87c7ddaee8d04b0c3879d2d3afb2f6dc3f6a56a");
+    hex_equal(
+        &h[0],
+        "d8faa8ec8c0500567ca87b56e4bb666d69cb512e638103891defea24e88cbc92");
+    hex_equal(
+        &h[1],
+        "d1637bc3762f67abb1ac6b35e87c7ddaee8d04b0c3879d2d3afb2f6dc3f6a56a");
     /* byte order: token ids are u32 little-endian */
     const uint32_t wide[] = {0xdeadbeefu, 0, 1, 0xffffffffu};
     assert_int_equal(kvr_prefix_hashes(NULL, wide, 4, 2, h, 3, &n, NULL),
                      KVR_OK);
     assert_int_equal(n, 2);
-    hex_equal(&h[0],
-              "9043dbcdc3acab7685f1ddefec249d52ffacb9207f4aa777c5b4260f2287674c");
-    hex_equal(&h[1],
-              "b7539288879734bacd8450d668952b82e2906a90e6bef0d6d1d116d2ee81dea4");
+    hex_equal(
+        &h[0],
+        "9043dbcdc3acab7685f1ddefec249d52ffacb9207f4aa777c5b4260f2287674c");
+    hex_equal(
+        &h[1],
+        "b7539288879734bacd8450d668952b82e2906a90e6bef0d6d1d116d2ee81dea4");
 }
 
 /* Hashing in pieces with a parent equals hashing at once (a received
@@ -60,19 +64,18 @@ static void test_parent_chain(void **state)
                                        BLOCKS, &n, NULL),
                      KVR_OK);
     assert_int_equal(n, BLOCKS);
-    assert_int_equal(kvr_prefix_hashes(NULL, tok, 2 * HBS, HBS, part, 2, &m,
-                                       NULL),
-                     KVR_OK);
+    assert_int_equal(
+        kvr_prefix_hashes(NULL, tok, 2 * HBS, HBS, part, 2, &m, NULL), KVR_OK);
     assert_int_equal(kvr_prefix_hashes(&part[1], tok + 2 * HBS,
-                                       sizeof(tok) / 4 - 2 * HBS, HBS,
-                                       part + 2, 3, &m, NULL),
+                                       sizeof(tok) / 4 - 2 * HBS, HBS, part + 2,
+                                       3, &m, NULL),
                      KVR_OK);
     assert_int_equal(m, 3);
     assert_memory_equal(all, part, sizeof(all));
     /* a different parent gives different hashes */
-    assert_int_equal(kvr_prefix_hashes(&part[0], tok + 2 * HBS, HBS, HBS,
-                                       part, 1, &m, NULL),
-                     KVR_OK);
+    assert_int_equal(
+        kvr_prefix_hashes(&part[0], tok + 2 * HBS, HBS, HBS, part, 1, &m, NULL),
+        KVR_OK);
     assert_memory_not_equal(&part[0], &all[2], sizeof(part[0]));
 }
 
@@ -193,16 +196,15 @@ static void test_cached_errors(void **state)
     kvr_error_t err = {0};
     uint64_t tokens = 7, blocks = 7;
     /* 1000 tokens hold 3 full hash blocks of 256 */
-    assert_int_equal(
-        kvr_prefix_cached(&lay, 1000, 4, &tokens, &blocks, &err),
-        KVR_ERR_INVALID);
+    assert_int_equal(kvr_prefix_cached(&lay, 1000, 4, &tokens, &blocks, &err),
+                     KVR_ERR_INVALID);
     assert_non_null(strstr(err.msg, "hit of 4 blocks exceeds the 3 full "
                                     "blocks of 256 tokens"));
     assert_int_equal(tokens, 7);
     assert_int_equal(blocks, 7);
-    assert_int_equal(kvr_prefix_cached(&lay, 1000, UINT64_MAX, &tokens,
-                                       &blocks, &err),
-                     KVR_ERR_INVALID);
+    assert_int_equal(
+        kvr_prefix_cached(&lay, 1000, UINT64_MAX, &tokens, &blocks, &err),
+        KVR_ERR_INVALID);
     lay.dcp_size = 0;
     assert_int_equal(kvr_prefix_cached(&lay, 1000, 1, &tokens, &blocks, &err),
                      KVR_ERR_DCP_LT1);

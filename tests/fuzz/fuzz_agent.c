@@ -29,14 +29,14 @@
 #define LAYERS 2u
 #define BS 16u
 #define TOKEN_BYTES 32u
-#define POOL 64u          /* blocks per region, both sides */
-#define SLICE 16u         /* an honest request's blocks: its own slice */
+#define POOL 64u  /* blocks per region, both sides */
+#define SLICE 16u /* an honest request's blocks: its own slice */
 #define MAX_REQS 4u
 #define MAX_OPS 48u
 #define DEADLINE_MS 300u
 #define GRACE_MS 150u
 #define LEASE_MS 600u
-#define END_MS 8000u      /* every request ends by then, or it is a bug */
+#define END_MS 8000u /* every request ends by then, or it is a bug */
 
 typedef struct world {
     kvr_transport_t *hub;
@@ -53,9 +53,9 @@ typedef struct freq {
     uint64_t tokens, computed;
     uint32_t src[SLICE], dst[POOL];
     uint32_t nsrc, ndst;
-    bool honest;      /* its own disjoint slice, computed 0 */
-    bool forged_done; /* a WRITE_DONE with its nonce was injected */
-    bool must_fail;   /* ... one short of (or beyond) the planned bytes,
+    bool honest;             /* its own disjoint slice, computed 0 */
+    bool forged_done;        /* a WRITE_DONE with its nonce was injected */
+    bool must_fail;          /* ... one short of (or beyond) the planned bytes,
                          while the stage had not answered */
     bool sending, receiving; /* accepted by send_open / recv */
     uint32_t send_ends, loaded, load_failed, released;
@@ -73,10 +73,11 @@ static uint64_t now_ms(void)
 
 static void die(const char *what, const freq_t *r)
 {
-    fprintf(stderr, "fuzz_agent: %s: request '%s' (%llu tokens, %llu "
+    fprintf(stderr,
+            "fuzz_agent: %s: request '%s' (%llu tokens, %llu "
             "computed, %u dst blocks): loaded %u, failed %u, released %u, "
-            "send ends %u\n", what, r ? r->id : "-",
-            r ? (unsigned long long)r->tokens : 0ull,
+            "send ends %u\n",
+            what, r ? r->id : "-", r ? (unsigned long long)r->tokens : 0ull,
             r ? (unsigned long long)r->computed : 0ull, r ? r->ndst : 0,
             r ? r->loaded : 0, r ? r->load_failed : 0, r ? r->released : 0,
             r ? r->send_ends : 0);
@@ -95,9 +96,14 @@ static kvr_agent_params_t params(const char *name, kvr_agent_role_t role)
     p.instance_id_len = strlen(name);
     p.role = role;
     p.layout.block_size = BS;
-    p.topo = (kvr_wire_topo_t){.pp_rank = 0, .pp_size = 1, .tp_rank = 0,
-                               .tp_size = 1, .dp_rank = 0, .dp_size = 1,
-                               .layer_start = 0, .layer_end = LAYERS};
+    p.topo = (kvr_wire_topo_t){.pp_rank = 0,
+                               .pp_size = 1,
+                               .tp_rank = 0,
+                               .tp_size = 1,
+                               .dp_rank = 0,
+                               .dp_size = 1,
+                               .layer_start = 0,
+                               .layer_end = LAYERS};
     p.loopback_hub = W.hub;
     p.progress_thread = false;
     p.deadline_ms = DEADLINE_MS;
@@ -120,7 +126,8 @@ static kvr_agent_t *start(const char *name, kvr_agent_role_t role,
         abort();
     }
     for (uint32_t l = 0; l < LAYERS; l++) {
-        kvr_region_desc_t d = {.role = KVR_ROLE_MLA, .layer = l,
+        kvr_region_desc_t d = {.role = KVR_ROLE_MLA,
+                               .layer = l,
                                .num_blocks = POOL,
                                .page_bytes = BS * TOKEN_BYTES};
         void *base = NULL;
@@ -223,8 +230,8 @@ static void verify_bytes(const freq_t *r)
             for (uint32_t b = 0; b < TOKEN_BYTES; b++) {
                 uint64_t in_page = (t % BS) * TOKEN_BYTES + b;
                 uint32_t sb = r->src[t / BS], db = r->dst[t / BS];
-                uint8_t got = W.dst[l][(uint64_t)db * BS * TOKEN_BYTES +
-                                       in_page];
+                uint8_t got =
+                    W.dst[l][(uint64_t)db * BS * TOKEN_BYTES + in_page];
                 if (got != pattern(l, sb, in_page))
                     die("LOADED without its bytes in place", r);
             }
@@ -264,10 +271,14 @@ static uint64_t take_u64(cursor_t *c)
 static uint64_t take_count(cursor_t *c, uint64_t small)
 {
     switch (take(c, 8)) {
-    case 0: return take_u64(c);
-    case 1: return UINT64_MAX - take(c, 256);
-    case 2: return (1ull << take(c, 64)) + take(c, 3) - 1;
-    default: return small;
+    case 0:
+        return take_u64(c);
+    case 1:
+        return UINT64_MAX - take(c, 256);
+    case 2:
+        return (1ull << take(c, 64)) + take(c, 3) - 1;
+    default:
+        return small;
     }
 }
 
@@ -291,12 +302,19 @@ static void make_req(cursor_t *c, uint32_t i, freq_t *r)
 
 static void open_req(freq_t *r)
 {
-    kvr_agent_send_t s = {r->id, strlen(r->id), r->src, r->nsrc, r->tokens,
-                          0, 1};
+    kvr_agent_send_t s = {r->id, strlen(r->id), r->src, r->nsrc, r->tokens, 0,
+                          1};
     r->sending = kvr_agent_send_open(W.prod, &s) == KVR_OK;
-    kvr_agent_recv_t q = {"fuzz-prefill", strlen("fuzz-prefill"),
-                          kvr_agent_address(W.prod), r->id, strlen(r->id),
-                          r->dst, r->ndst, r->tokens, r->computed, 0};
+    kvr_agent_recv_t q = {"fuzz-prefill",
+                          strlen("fuzz-prefill"),
+                          kvr_agent_address(W.prod),
+                          r->id,
+                          strlen(r->id),
+                          r->dst,
+                          r->ndst,
+                          r->tokens,
+                          r->computed,
+                          0};
     if (r->honest)
         for (uint32_t l = 0; l < LAYERS; l++)
             for (uint32_t k = 0; k < r->ndst; k++)
@@ -310,7 +328,8 @@ static void open_req(freq_t *r)
 static const kvr__creq_t *live_creq(const freq_t *r)
 {
     for (const kvr__creq_t *q = W.cons->creqs; q != NULL; q = q->next)
-        if (q->id.len == strlen(r->id) && !memcmp(q->id.bytes, r->id, q->id.len))
+        if (q->id.len == strlen(r->id) &&
+            !memcmp(q->id.bytes, r->id, q->id.len))
             return q;
     return NULL;
 }
@@ -339,10 +358,14 @@ static uint64_t pick_bytes(cursor_t *c, const freq_t *r)
     uint64_t plan = q != NULL && q->num_stages > 0 ? q->stages[0].expect_bytes
                                                    : 0;
     switch (take(c, 4)) {
-    case 0: return plan;
-    case 1: return plan + take(c, 3) - 1;
-    case 2: return take_count(c, take(c, 255));
-    default: return plan / (1 + take(c, 4));
+    case 0:
+        return plan;
+    case 1:
+        return plan + take(c, 3) - 1;
+    case 2:
+        return take_count(c, take(c, 255));
+    default:
+        return plan / (1 + take(c, 4));
     }
 }
 
@@ -366,9 +389,8 @@ static void note_forged(freq_t *r, const kvr_msg_write_done_t *d)
 static void inject_to_consumer(cursor_t *c, freq_t *reqs, uint32_t n,
                                uint32_t what)
 {
-    static const kvr_msg_type_t types[] = {KVR_MSG_WRITE_DONE,
-                                           KVR_MSG_WRITE_FAILED,
-                                           KVR_MSG_CHUNK_DONE};
+    static const kvr_msg_type_t types[] = {
+        KVR_MSG_WRITE_DONE, KVR_MSG_WRITE_FAILED, KVR_MSG_CHUNK_DONE};
     kvr_msg_t m;
     kvr_msg_init(&m, types[what]);
     freq_t *r = NULL;
@@ -377,20 +399,27 @@ static void inject_to_consumer(cursor_t *c, freq_t *reqs, uint32_t n,
     uint64_t nonce = pick_nonce(c, r);
     uint32_t pp = take(c, 8) == 0 ? take(c, 4) : 0;
     if (what == 0) {
-        m.u.write_done = (kvr_msg_write_done_t){
-            .request_id = id, .pp_rank = pp, .write_nonce = nonce,
-            .bytes = pick_bytes(c, r), .chunks = take(c, 3)};
+        m.u.write_done = (kvr_msg_write_done_t){.request_id = id,
+                                                .pp_rank = pp,
+                                                .write_nonce = nonce,
+                                                .bytes = pick_bytes(c, r),
+                                                .chunks = take(c, 3)};
         note_forged(r, &m.u.write_done);
     } else if (what == 1) {
         m.u.write_failed = (kvr_msg_write_failed_t){
-            .request_id = id, .pp_rank = pp, .write_nonce = nonce,
+            .request_id = id,
+            .pp_rank = pp,
+            .write_nonce = nonce,
             .status = take(c, 2) ? KVR_ERR_TIMEOUT : (kvr_status_t)take(c, 64)};
         snprintf(m.u.write_failed.text, sizeof(m.u.write_failed.text),
                  "injected");
     } else {
         m.u.chunk_done = (kvr_msg_chunk_done_t){
-            .request_id = id, .pp_rank = pp, .write_nonce = nonce,
-            .chunk = take(c, 4), .slot = take(c, 4),
+            .request_id = id,
+            .pp_rank = pp,
+            .write_nonce = nonce,
+            .chunk = take(c, 4),
+            .slot = take(c, 4),
             .offset = take_count(c, take(c, 255)),
             .bytes = take_count(c, take(c, 255))};
     }
@@ -413,8 +442,11 @@ static void inject_to_producer(cursor_t *c, freq_t *reqs, uint32_t n,
         for (uint32_t k = 0; k < nb; k++)
             blocks[k] = take(c, 8) == 0 ? (uint32_t)take_u64(c) : take(c, POOL);
         m.u.write_request = (kvr_msg_write_request_t){
-            .request_id = id, .src_blocks = blocks, .num_src_blocks = nb,
-            .dst_blocks = blocks, .num_dst_blocks = nb,
+            .request_id = id,
+            .src_blocks = blocks,
+            .num_src_blocks = nb,
+            .dst_blocks = blocks,
+            .num_dst_blocks = nb,
             .num_tokens = take_count(c, take(c, 255)),
             .num_computed_blocks = take_count(c, take(c, 2)),
             .dcp_rank = take(c, 8) == 0 ? take(c, 4) : 0,
@@ -424,13 +456,17 @@ static void inject_to_producer(cursor_t *c, freq_t *reqs, uint32_t n,
     } else if (what == 1) {
         kvr_msg_init(&m, KVR_MSG_RELEASE);
         m.u.release = (kvr_msg_release_t){
-            .request_id = id, .write_nonce = nonce,
+            .request_id = id,
+            .write_nonce = nonce,
             .outcome = take(c, 2) ? KVR_OK : KVR_ERR_VERIFY};
     } else {
         kvr_msg_init(&m, KVR_MSG_CHUNK_DONE);
         m.u.chunk_done = (kvr_msg_chunk_done_t){
-            .request_id = id, .write_nonce = nonce, .chunk = take(c, 4),
-            .slot = take(c, 4), .bytes = take_count(c, take(c, 255))};
+            .request_id = id,
+            .write_nonce = nonce,
+            .chunk = take(c, 4),
+            .slot = take(c, 4),
+            .bytes = take_count(c, take(c, 255))};
     }
     kvr__alink_inject(W.prod, KVR__LINK_ACCEPT, &m);
 }

@@ -11,7 +11,6 @@
 #include "fuzz_cursor.h"
 #include "kvrelay/plan.h"
 
-
 static uint64_t take_u64(cursor_t *c)
 {
     uint64_t v = 0;
@@ -124,7 +123,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
      * rank's own runs are bounds-checked against a registered length */
     for (uint32_t r = 0; r < lay.dcp_size; r++) {
         st = kvr_plan_create(&lay, r, &pair, &req, &plans[r], &err);
-        if (st == KVR_ERR_RUN_OUT_OF_BOUNDS && (pair.src.bytes || pair.dst.bytes))
+        if (st == KVR_ERR_RUN_OUT_OF_BOUNDS &&
+            (pair.src.bytes || pair.dst.bytes))
             goto out;
         if (st != KVR_OK) {
             fprintf(stderr, "rank %u refused: %s\n", r, err.msg);

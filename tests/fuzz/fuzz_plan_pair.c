@@ -13,7 +13,6 @@
 
 #define MAXR 8
 
-
 static void build_layout(cursor_t *c, kvr_layout_t *lay)
 {
     static const uint32_t bss[] = {1, 2, 3, 4, 8, 16, 32, 0};
@@ -57,7 +56,8 @@ static void build_region(cursor_t *c, const kvr_layout_t *lay,
             d->page_bytes = kvr_dense_page_bytes(lay, d, side);
         else
             d->page_bytes = (side ? lay->block_size
-                                  : kvr_producer_block_size(lay)) * tb;
+                                  : kvr_producer_block_size(lay)) *
+                            tb;
         d->page_bytes += take(c, 32) == 0;
     }
 }
@@ -83,7 +83,8 @@ static void check_sources(const kvr_layout_t *lay,
     for (uint32_t c = 0; c < nc; c++) {
         uint32_t ranks[MAXR];
         size_t n = 0, k = 0;
-        if (kvr_plan_sources(lay, pair, c, req, ranks, MAXR, &n, NULL) != KVR_OK)
+        if (kvr_plan_sources(lay, pair, c, req, ranks, MAXR, &n, NULL) !=
+            KVR_OK)
             abort();
         for (uint32_t p = 0; p < np; p++)
             if (kvr_plan_bytes(plans[p * nc + c]) > 0 &&

@@ -46,11 +46,12 @@ void topk_case_make(topk_case_t *t, const topk_shape_t *s, uint64_t *rng)
     memset(t, 0, sizeof(*t));
     kvr_gpu_topk_args_t *a = &t->a;
     uint32_t table_rows = s->step == KVR_GPU_STEP_DRAFT ? s->padded_rows
-                                                         : s->num_reqs;
+                                                        : s->num_reqs;
     uint32_t V = s->bs * s->W, rows = 0;
     int32_t *map = xmalloc(((size_t)table_rows * s->q_len + 1) * sizeof(*map));
-    kvr_gpu_rows_args_t ra = {s->step, s->num_reqs, s->q_len, s->padded_rows,
-                              map, table_rows * s->q_len + 1};
+    kvr_gpu_rows_args_t ra = {s->step,  s->num_reqs,
+                              s->q_len, s->padded_rows,
+                              map,      table_rows * s->q_len + 1};
     CHECK_KVR(kvr_gpu_rows_count(&ra, &rows, &err));
     CHECK_KVR(kvr_gpu_rows_ref(&ra, &err));
     a->max_blocks = 1 + rng_below(rng, 40);
@@ -149,7 +150,12 @@ void lse_case_make(lse_case_t *c, uint32_t W, uint32_t B, uint32_t H,
             outs[i * D + d] = isfinite(lses[i])
                                   ? (float)rng_below(rng, 20001) / 1e4f - 1.0f
                                   : NAN;
-    *a = (kvr_gpu_lse_args_t){outs, lses, W, B, H, D,
+    *a = (kvr_gpu_lse_args_t){outs,
+                              lses,
+                              W,
+                              B,
+                              H,
+                              D,
                               xmalloc(BH * D * sizeof(float)),
                               xmalloc(BH * sizeof(float))};
 }

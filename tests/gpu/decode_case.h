@@ -6,9 +6,9 @@
 #include "gpu_test.h"
 
 typedef struct topk_case {
-    kvr_gpu_topk_args_t a;  /* host pointers into the arrays below */
-    int32_t *seq_lens;      /* [num_reqs] */
-    uint64_t cells;         /* num_rows * K */
+    kvr_gpu_topk_args_t a; /* host pointers into the arrays below */
+    int32_t *seq_lens;     /* [num_reqs] */
+    uint64_t cells;        /* num_rows * K */
 } topk_case_t;
 
 typedef struct topk_shape {

@@ -21,8 +21,9 @@ case_shape_t case_random_shape(uint64_t *rng)
     static const uint32_t BS[] = {4, 16, 64};
     case_shape_t s = {0};
     uint32_t pick = rng_below(rng, 20);
-    s.role = pick < 10 ? KVR_ROLE_MLA : pick < 17 ? KVR_ROLE_INDEX
-                                                  : KVR_ROLE_DENSE;
+    s.role = pick < 10   ? KVR_ROLE_MLA
+             : pick < 17 ? KVR_ROLE_INDEX
+                         : KVR_ROLE_DENSE;
     s.W = WS[rng_below(rng, 5)];
     s.bs = s.role == KVR_ROLE_INDEX ? BS[1 + rng_below(rng, 2)]
                                     : BS[rng_below(rng, 3)];
@@ -33,13 +34,14 @@ case_shape_t case_random_shape(uint64_t *rng)
     if (s.role == KVR_ROLE_INDEX) {
         s.replicate = rng_below(rng, 3) != 0;
         s.preshuffle = rng_below(rng, 2);
-        s.unit = s.preshuffle ? 16 * (1 + rng_below(rng, 8)) : 20 + rng_below(rng, 120);
+        s.unit = s.preshuffle ? 16 * (1 + rng_below(rng, 8))
+                              : 20 + rng_below(rng, 120);
         if (!s.replicate && s.W > 1)
             s.I = s.bs;
     }
     uint64_t V = (uint64_t)s.bs * s.W;
     s.tokens = rng_below(rng, 4) == 0 ? V * (1 + rng_below(rng, 4))
-                                       : rng_below(rng, (uint32_t)(6 * V + 6));
+                                      : rng_below(rng, (uint32_t)(6 * V + 6));
     if (s.tokens > 0 && rng_below(rng, 3) == 0)
         s.computed = rng_below(rng, (uint32_t)((s.tokens - 1) / V + 1));
     return s;
@@ -94,8 +96,8 @@ void case_make(relayout_case_t *c, const case_shape_t *s, uint64_t *rng)
     c->dst = region(s, 1, ndst + 4);
     c->src_blocks = random_ids(rng, c->src.num_blocks);
     c->dst_blocks = random_ids(rng, c->dst.num_blocks);
-    c->req = (kvr_gpu_request_t){c->src_blocks, nsrc, c->dst_blocks, ndst,
-                                 s->tokens, s->computed};
+    c->req = (kvr_gpu_request_t){c->src_blocks, nsrc,      c->dst_blocks,
+                                 ndst,          s->tokens, s->computed};
     c->src_bytes = c->src.num_blocks * c->src.page_bytes;
     c->dst_bytes = c->dst.num_blocks * c->dst.page_bytes;
     c->src_img = xmalloc(c->src_bytes);
@@ -117,8 +119,8 @@ static void expect_index_page(const relayout_case_t *c, uint64_t j,
 {
     uint64_t bs = c->lay.block_size, D = c->src.index_dim;
     int pre = c->lay.preshuffle;
-    const unsigned char *sp =
-        c->src_img + c->req.src_blocks[j] * c->src.page_bytes;
+    const unsigned char *sp = c->src_img +
+                              c->req.src_blocks[j] * c->src.page_bytes;
     for (uint64_t t = 0; t < bs; t++) {
         for (uint64_t d = 0; d < D; d++)
             dp[kvr__index_key_off(at + t, d, D, pre)] =
@@ -134,8 +136,8 @@ static void expect_index(const relayout_case_t *c, uint32_t rank,
     uint64_t bs = c->lay.block_size, W = c->lay.dcp_size;
     uint64_t end = kvr__ceil_div(c->req.num_tokens, bs);
     for (uint64_t j = c->req.num_computed_blocks * W; j < end; j++) {
-        unsigned char *dp =
-            dst_img + c->req.dst_blocks[j / W] * c->dst.page_bytes;
+        unsigned char *dp = dst_img +
+                            c->req.dst_blocks[j / W] * c->dst.page_bytes;
         if (c->lay.replicate_index)
             expect_index_page(c, j, dp, (j % W) * bs, bs * W);
         else if (kvr__owner(j * bs, c->lay.interleave, W) == rank)

@@ -19,7 +19,7 @@ typedef struct case_shape {
     kvr_role_t role;
     uint32_t bs, W, I;
     int replicate, preshuffle;
-    uint64_t unit;    /* token bytes (MLA, DENSE, ...) or index D */
+    uint64_t unit; /* token bytes (MLA, DENSE, ...) or index D */
     uint64_t tokens;
     uint64_t computed; /* num_computed_blocks */
 } case_shape_t;

@@ -30,8 +30,16 @@
         CHECK(e_ == cudaSuccess, "%s: %s", #call, cudaGetErrorString(e_));     \
     } while (0)
 
-enum { LAYERS = 4, TOKEN_BYTES = 96, INDEX_DIM = 64, SRC_POOL = 64,
-       DST_POOL = 48, RANKS = 2, REQS = 2, MAX_REGIONS = 8 };
+enum {
+    LAYERS = 4,
+    TOKEN_BYTES = 96,
+    INDEX_DIM = 64,
+    SRC_POOL = 64,
+    DST_POOL = 48,
+    RANKS = 2,
+    REQS = 2,
+    MAX_REGIONS = 8
+};
 static const uint64_t TOKENS[REQS] = {300, 173};
 static const char *const IDS[REQS] = {"req-event", "req-plain"};
 
@@ -86,7 +94,8 @@ static void make_req(const kvr_layout_t *lay, uint32_t i, req_t *r)
 static kvr_region_desc_t region(const kvr_layout_t *lay, kvr_role_t role,
                                 uint32_t layer, bool consumer)
 {
-    kvr_region_desc_t d = {.role = role, .layer = layer,
+    kvr_region_desc_t d = {.role = role,
+                           .layer = layer,
                            .num_blocks = consumer ? DST_POOL : SRC_POOL};
     if (role == KVR_ROLE_MLA) {
         d.page_bytes = (uint64_t)lay->block_size * TOKEN_BYTES;
@@ -107,7 +116,8 @@ static void add_regions(const kvr_layout_t *lay, side_t *s, bool consumer)
                                          l, consumer);
             s->desc[s->n] = d;
             CHECK(kvr_agent_alloc_region(s->agent, &d, 0, &s->base[s->n]) ==
-                      KVR_OK, "alloc: %s", kvr_agent_last_error(s->agent));
+                      KVR_OK,
+                  "alloc: %s", kvr_agent_last_error(s->agent));
             CUDA_OK(cudaMemset(s->base[s->n], 0xee, kvr_region_bytes(&d)));
             s->n++;
         }
@@ -138,7 +148,8 @@ static unsigned char *source_image(const kvr_layout_t *lay,
     for (uint64_t g = 0; g < r->tokens; g++)
         ids[g] = i * 100000u + (uint32_t)g;
     CHECK(kvr_synth_fill_source(lay, d, 77 + i, r->src, r->nsrc, ids, r->tokens,
-                                img, &err) == KVR_OK, "fill: %s", err.msg);
+                                img, &err) == KVR_OK,
+          "fill: %s", err.msg);
     return img;
 }
 
@@ -177,9 +188,14 @@ static int rank_main(uint32_t rank, int in_fd, int out_fd)
     p.instance_id_len = 6;
     p.role = KVR_AGENT_CONSUMER;
     p.layout = lay;
-    p.topo = (kvr_wire_topo_t){.pp_rank = 0, .pp_size = 1, .tp_rank = rank,
-                               .tp_size = RANKS, .dp_rank = 0, .dp_size = 1,
-                               .layer_start = 0, .layer_end = LAYERS,
+    p.topo = (kvr_wire_topo_t){.pp_rank = 0,
+                               .pp_size = 1,
+                               .tp_rank = rank,
+                               .tp_size = RANKS,
+                               .dp_rank = 0,
+                               .dp_size = 1,
+                               .layer_start = 0,
+                               .layer_end = LAYERS,
                                .dcp_rank = rank};
     side_t s;
     create(&s, &p);
@@ -189,8 +205,9 @@ static int rank_main(uint32_t rank, int in_fd, int out_fd)
     req_t r[REQS];
     for (uint32_t i = 0; i < REQS; i++) {
         make_req(&lay, i, &r[i]);
-        kvr_agent_recv_t q = {"prefill", 7, addr, IDS[i], strlen(IDS[i]),
-                              r[i].dst, r[i].ndst, r[i].tokens, 0, 0};
+        kvr_agent_recv_t q = {
+            "prefill", 7,         addr,        IDS[i], strlen(IDS[i]),
+            r[i].dst,  r[i].ndst, r[i].tokens, 0,      0};
         CHECK(kvr_agent_recv(s.agent, &q) == KVR_OK, "recv: %s",
               kvr_agent_last_error(s.agent));
     }
@@ -211,17 +228,19 @@ static int rank_main(uint32_t rank, int in_fd, int out_fd)
             CUDA_OK(cudaMemcpy(dst, s.base[k], kvr_region_bytes(&s.desc[k]),
                                cudaMemcpyDeviceToHost));
             kvr_region_pair_t pair = {sd, s.desc[k]};
-            kvr_request_t req = {r[i].src, r[i].nsrc, r[i].dst, r[i].ndst,
-                                 r[i].tokens, 0};
+            kvr_request_t req = {r[i].src,  r[i].nsrc,   r[i].dst,
+                                 r[i].ndst, r[i].tokens, 0};
             kvr_error_t err = {0};
             CHECK(kvr_verify_region(&lay, rank, &pair, &req, src, dst, &err) ==
-                      KVR_OK, "rank %u '%s' %s layer %u: %s", rank, IDS[i],
+                      KVR_OK,
+                  "rank %u '%s' %s layer %u: %s", rank, IDS[i],
                   kvr_role_name(s.desc[k].role), s.desc[k].layer, err.msg);
             free(src);
             free(dst);
         }
     printf("test_gpu_agent: rank %u verified %u requests, %llu bytes "
-           "gpu-direct\n", rank, REQS, (unsigned long long)bytes);
+           "gpu-direct\n",
+           rank, REQS, (unsigned long long)bytes);
     fflush(stdout); /* the child leaves through _exit */
     kvr_agent_destroy(s.agent);
     return 0;
@@ -292,9 +311,14 @@ static int producer_main(const int *to_rank, const int *from_rank,
     p.role = KVR_AGENT_PRODUCER;
     p.layout = lay;
     p.listen = "127.0.0.1:0";
-    p.topo = (kvr_wire_topo_t){.pp_rank = 0, .pp_size = 1, .tp_rank = 0,
-                               .tp_size = 1, .dp_rank = 0, .dp_size = 1,
-                               .layer_start = 0, .layer_end = LAYERS};
+    p.topo = (kvr_wire_topo_t){.pp_rank = 0,
+                               .pp_size = 1,
+                               .tp_rank = 0,
+                               .tp_size = 1,
+                               .dp_rank = 0,
+                               .dp_size = 1,
+                               .layer_start = 0,
+                               .layer_end = LAYERS};
     side_t s;
     create(&s, &p);
     add_regions(&lay, &s, false);
@@ -303,8 +327,8 @@ static int producer_main(const int *to_rank, const int *from_rank,
     req_t r[REQS];
     for (uint32_t i = 0; i < REQS; i++) {
         make_req(&lay, i, &r[i]);
-        kvr_agent_send_t o = {IDS[i], strlen(IDS[i]), r[i].src, r[i].nsrc,
-                              r[i].tokens, 0, 1};
+        kvr_agent_send_t o = {
+            IDS[i], strlen(IDS[i]), r[i].src, r[i].nsrc, r[i].tokens, 0, 1};
         CHECK(kvr_agent_send_open(s.agent, &o) == KVR_OK, "open: %s",
               kvr_agent_last_error(s.agent));
     }
@@ -313,7 +337,8 @@ static int producer_main(const int *to_rank, const int *from_rank,
         CHECK(write(to_rank[k], addr, strlen(addr) + 1) > 0, "pipe");
     for (int k = 0; k < RANKS; k++) {
         char one = 0;
-        CHECK(read(from_rank[k], &one, 1) == 1 && one == 1, "rank %d failed", k);
+        CHECK(read(from_rank[k], &one, 1) == 1 && one == 1, "rank %d failed",
+              k);
     }
     usleep(300 * 1000); /* their pulls arrive and are held (not ready) */
     cudaStream_t engine;
@@ -329,8 +354,8 @@ static int producer_main(const int *to_rank, const int *from_rank,
                                      scratch_len, done);
     uint64_t t0 = now_ms();
     CHECK(kvr_agent_send_ready(s.agent, IDS[0], strlen(IDS[0]), 0, LAYERS,
-                               use_event ? done : NULL) == KVR_OK, "ready: %s",
-          kvr_agent_last_error(s.agent));
+                               use_event ? done : NULL) == KVR_OK,
+          "ready: %s", kvr_agent_last_error(s.agent));
     wait_event(s.agent, IDS[0], KVR_AGENT_SENT);
     printf("test_gpu_agent: '%s' sent %llu ms after send_ready (%s)\n", IDS[0],
            (unsigned long long)(now_ms() - t0),
@@ -341,8 +366,8 @@ static int producer_main(const int *to_rank, const int *from_rank,
     CUDA_OK(cudaStreamSynchronize(engine));
     free_pinned(pinned, s.n);
     CHECK(kvr_agent_send_ready(s.agent, IDS[1], strlen(IDS[1]), 0, LAYERS,
-                               NULL) == KVR_OK, "ready: %s",
-          kvr_agent_last_error(s.agent));
+                               NULL) == KVR_OK,
+          "ready: %s", kvr_agent_last_error(s.agent));
     wait_event(s.agent, IDS[1], KVR_AGENT_SENT);
     kvr_agent_destroy(s.agent);
     CUDA_OK(cudaFree(scratch));

@@ -37,8 +37,8 @@ static kvr_gpu_topk_args_t topk_device(const topk_case_t *t)
     size_t rows = t->a.num_rows, cells = t->cells * sizeof(int32_t);
     d.token_indices = to_device(t->a.token_indices, cells);
     d.token_to_seq = to_device(t->a.token_to_seq, rows * sizeof(int32_t));
-    d.block_table = to_device(t->a.block_table, (size_t)t->a.num_reqs *
-                                                     t->a.max_blocks * 4);
+    d.block_table = to_device(t->a.block_table,
+                              (size_t)t->a.num_reqs * t->a.max_blocks * 4);
     d.out_slots = to_device(NULL, cells);
     d.out_indptr = to_device(NULL, (rows + 1) * sizeof(int32_t));
     d.owned_counts = to_device(NULL, (rows + 1) * sizeof(int32_t));
@@ -163,14 +163,17 @@ static void check_topk_table_fault(kvr_gpu_decode_t *dec, uint64_t *rng,
     int row = -1, col = -1, value = 0;
     int n = bad < 0 ? sscanf(got.msg, "row %d column %d: block-table entry %d",
                              &row, &col, &value)
-                    : sscanf(got.msg, "top-k row %d column %d: the slot in block %d",
+                    : sscanf(got.msg,
+                             "top-k row %d column %d: the slot in block %d",
                              &row, &col, &value);
     CHECK(n == 3 && value == bad && row >= 0 && (uint32_t)row < t.a.num_rows &&
               col >= 0 && (uint32_t)col < s.K,
           "GPU fault \"%s\", reference \"%s\"", got.msg, want.msg);
     int32_t g = idx[(uint64_t)row * s.K + (uint32_t)col];
     CHECK(g >= 0 && (uint32_t)g / s.I % W == s.rank &&
-              (uint64_t)t.a.token_to_seq[row] * t.a.max_blocks + (uint32_t)g / V == at,
+              (uint64_t)t.a.token_to_seq[row] * t.a.max_blocks +
+                      (uint32_t)g / V ==
+                  at,
           "GPU fault \"%s\" names a candidate off the poisoned entry", got.msg);
     CHECK_KVR(kvr_gpu_decode_check(dec, NULL, &err));
     free_topk(&d);
@@ -181,37 +184,47 @@ static void check_topk_all(void)
 {
     static const uint32_t WS[] = {1, 2, 3, 4, 8}, IS[] = {1, 4, 64, 2};
     static const uint32_t KS[] = {2048, 100, 5000, 7, 2047};
-    static const kvr_gpu_step_t STEPS[] = {KVR_GPU_STEP_DECODE,
-                                           KVR_GPU_STEP_VERIFY,
-                                           KVR_GPU_STEP_DRAFT};
+    static const kvr_gpu_step_t STEPS[] = {
+        KVR_GPU_STEP_DECODE, KVR_GPU_STEP_VERIFY, KVR_GPU_STEP_DRAFT};
     uint64_t rng = 0x746f706bull;
     kvr_gpu_decode_t *dec = NULL;
     CHECK_KVR(kvr_gpu_decode_create(40000, &dec, &err));
     int n = 0;
     for (int i = 0; i < 240; i++, n++) {
-        topk_shape_t s = {STEPS[i % 3], 1 + rng_below(&rng, 200), 1, 0,
-                          KS[rng_below(&rng, 5)], WS[rng_below(&rng, 5)],
-                          IS[rng_below(&rng, 4)], 64, 0, 20 * rng_below(&rng, 3),
+        topk_shape_t s = {STEPS[i % 3],
+                          1 + rng_below(&rng, 200),
+                          1,
+                          0,
+                          KS[rng_below(&rng, 5)],
+                          WS[rng_below(&rng, 5)],
+                          IS[rng_below(&rng, 4)],
+                          64,
+                          0,
+                          20 * rng_below(&rng, 3),
                           10 * (i % 2)};
         s.q_len = s.step == KVR_GPU_STEP_VERIFY ? 1 + rng_below(&rng, 4) : 1;
         s.padded_rows = s.num_reqs + rng_below(&rng, 9);
         s.rank = rng_below(&rng, s.W);
         check_topk(dec, &s, &rng, i % 20 == 0);
     }
-    topk_shape_t big = {KVR_GPU_STEP_DECODE, 4096, 1, 0, 2048, 4, 1, 64, 3, 10, 0};
+    topk_shape_t big = {
+        KVR_GPU_STEP_DECODE, 4096, 1, 0, 2048, 4, 1, 64, 3, 10, 0};
     check_topk(dec, &big, &rng, 1);
     /* Rows owning more than a slice of shared memory holds, at every W. */
     for (uint32_t i = 0; i < 5; i++, n++) {
-        topk_shape_t own = {KVR_GPU_STEP_VERIFY, 300, 3, 0, KS[i], WS[i],
-                            IS[i % 4], 64, WS[i] - 1, 5, 30};
+        topk_shape_t own = {
+            KVR_GPU_STEP_VERIFY, 300, 3,         0, KS[i], WS[i],
+            IS[i % 4],           64,  WS[i] - 1, 5, 30};
         check_topk(dec, &own, &rng, i == 0);
     }
     /* More tiles than the device holds at once: blocks look back over
      * tiles whose blocks have finished. */
-    topk_shape_t many = {KVR_GPU_STEP_DECODE, 8192, 1, 0, 128, 8, 4, 16, 5, 10, 20};
+    topk_shape_t many = {
+        KVR_GPU_STEP_DECODE, 8192, 1, 0, 128, 8, 4, 16, 5, 10, 20};
     check_topk(dec, &many, &rng, 1);
     /* 40000 short rows: 5000 tiles, many waves of blocks. */
-    topk_shape_t waves = {KVR_GPU_STEP_DECODE, 40000, 1, 0, 16, 2, 1, 16, 1, 10, 20};
+    topk_shape_t waves = {
+        KVR_GPU_STEP_DECODE, 40000, 1, 0, 16, 2, 1, 16, 1, 10, 20};
     check_topk(dec, &waves, &rng, 1);
     n += 2;
     check_topk_fault(dec, &rng);
@@ -255,7 +268,8 @@ static void check_slots(kvr_gpu_decode_t *dec, uint64_t *rng)
         slots_case_make(&c, 1 + rng_below(rng, 300), QS[i % 3], i % 2 ? 64 : 16,
                         WS[(i / 3) % 4], rng);
         if (i == 47)
-            ((int32_t *)c.a.seq_lens)[0] = (int32_t)c.a.q_len - 1 + (c.a.q_len == 1);
+            ((int32_t *)c.a.seq_lens)[0] = (int32_t)c.a.q_len - 1 +
+                                           (c.a.q_len == 1);
         kvr_error_t want = {0}, got = {0};
         kvr_status_t ref = kvr_gpu_index_slots_ref(&c.a, &want);
         kvr_gpu_slots_args_t d = c.a;
@@ -303,8 +317,9 @@ static void check_lse(uint64_t *rng)
         CHECK_KVR(kvr_gpu_lse_merge(&d, NULL, &err));
         float *out = to_host(d.out, BH * D * 4), *lse = to_host(d.lse, BH * 4);
         for (uint64_t k = 0; k < BH * D; k++)
-            CHECK(close_enough(out[k], c.a.out[k]), "W=%llu out[%llu] %g, want %g",
-                  (unsigned long long)W, (unsigned long long)k, out[k], c.a.out[k]);
+            CHECK(close_enough(out[k], c.a.out[k]),
+                  "W=%llu out[%llu] %g, want %g", (unsigned long long)W,
+                  (unsigned long long)k, out[k], c.a.out[k]);
         for (uint64_t k = 0; k < BH; k++)
             CHECK(close_enough(lse[k], c.a.lse[k]), "lse[%llu] %g, want %g",
                   (unsigned long long)k, lse[k], c.a.lse[k]);

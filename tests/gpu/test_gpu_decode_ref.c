@@ -1,11 +1,11 @@
 /* Reference decode ops: a worked example, brute force against a simulation
  * of DCP storage, every fault and check, the step row maps, index slots and
  * the LSE merge against dense attention. */
+#include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
-#include <math.h>
 #include <string.h>
 
 #include <cmocka.h>
@@ -15,15 +15,16 @@
 /* W = 2, I = 2, bs = 4 (V = 8): rank 0 owns positions whose g / 2 is even. */
 static const int32_t EX_TABLE[] = {5, 9, 2, 7, 1, 3};
 static const int32_t EX_MAP[] = {0, 1, 1};
-static const int32_t EX_IDX[] = {3, 0, -1, 17, 9, 22,     /* request 0 */
-                                 -1, -1, -1, -1, -1, -1,  /* empty row */
-                                 1, 4, 12, 2, 23, 5};     /* request 1 */
+static const int32_t EX_IDX[] = {3,  0,  -1, 17, 9,  22, /* request 0 */
+                                 -1, -1, -1, -1, -1, -1, /* empty row */
+                                 1,  4,  12, 2,  23, 5}; /* request 1 */
 
 static kvr_gpu_topk_args_t example(uint32_t rank, int32_t *out, int32_t *indptr,
                                    int32_t *counts)
 {
-    return (kvr_gpu_topk_args_t){EX_IDX, EX_MAP, EX_TABLE, 3, 6, 2, 3, rank,
-                                 2, 4, 2, out, 18, indptr, counts};
+    return (kvr_gpu_topk_args_t){EX_IDX, EX_MAP, EX_TABLE, 3,      6,
+                                 2,      3,      rank,     2,      4,
+                                 2,      out,    18,       indptr, counts};
 }
 
 static void test_topk_example(void **state)
@@ -83,16 +84,23 @@ static void test_topk_brute_force(void **state)
 {
     (void)state;
     static const uint32_t WS[] = {1, 2, 4, 8}, IS[] = {1, 2, 4, 16};
-    static const kvr_gpu_step_t STEPS[] = {KVR_GPU_STEP_DECODE,
-                                           KVR_GPU_STEP_VERIFY,
-                                           KVR_GPU_STEP_DRAFT};
+    static const kvr_gpu_step_t STEPS[] = {
+        KVR_GPU_STEP_DECODE, KVR_GPU_STEP_VERIFY, KVR_GPU_STEP_DRAFT};
     uint64_t rng = 42;
     uint32_t *owner = xmalloc(40 * 16 * 8 * sizeof(*owner));
     uint64_t *local = xmalloc(40 * 16 * 8 * sizeof(*local));
     for (int i = 0; i < 200; i++) {
-        topk_shape_t s = {STEPS[i % 3], 1 + rng_below(&rng, 6), 1, 0,
-                          1 + rng_below(&rng, 70), WS[rng_below(&rng, 4)],
-                          IS[rng_below(&rng, 4)], 16, 0, 25, 20 * (i % 2)};
+        topk_shape_t s = {STEPS[i % 3],
+                          1 + rng_below(&rng, 6),
+                          1,
+                          0,
+                          1 + rng_below(&rng, 70),
+                          WS[rng_below(&rng, 4)],
+                          IS[rng_below(&rng, 4)],
+                          16,
+                          0,
+                          25,
+                          20 * (i % 2)};
         s.q_len = s.step == KVR_GPU_STEP_VERIFY ? 1 + rng_below(&rng, 4) : 1;
         s.padded_rows = s.num_reqs + rng_below(&rng, 3);
         s.rank = rng_below(&rng, s.W);
@@ -185,7 +193,8 @@ static void test_row_maps(void **state)
     kvr_error_t err = {0};
     a = (kvr_gpu_rows_args_t){KVR_GPU_STEP_DECODE, 3, 2, 0, out, 16};
     assert_int_equal(kvr_gpu_rows_ref(&a, &err), KVR_ERR_INVALID);
-    assert_non_null(strstr(err.msg, "decode step has one row per request, q_len 2"));
+    assert_non_null(
+        strstr(err.msg, "decode step has one row per request, q_len 2"));
     a = (kvr_gpu_rows_args_t){KVR_GPU_STEP_DRAFT, 3, 1, 2, out, 16};
     assert_int_equal(kvr_gpu_rows_ref(&a, &err), KVR_ERR_INVALID);
     assert_non_null(strstr(err.msg, "2 padded rows < 3 requests"));
@@ -224,8 +233,8 @@ static void test_index_slots(void **state)
 }
 
 /* Softmax attention of one query over `n` keys with scalar values. */
-static void attend(const double *score, const double *value, int n,
-                   double *out, double *lse)
+static void attend(const double *score, const double *value, int n, double *out,
+                   double *lse)
 {
     double m = -INFINITY, s = 0, o = 0;
     for (int i = 0; i < n; i++)
@@ -250,7 +259,8 @@ static void test_lse_matches_dense(void **state)
         for (int k = 0; k < 64; k++) {
             score[k] = (double)rng_below(&rng, 2000) / 100.0 - 10.0;
             value[k] = (double)rng_below(&rng, 2000) / 1000.0 - 1.0;
-            uint32_t r = rng_below(&rng, W > 1 ? W - 1 : 1); /* last rank empty */
+            uint32_t r = rng_below(&rng,
+                                   W > 1 ? W - 1 : 1); /* last rank empty */
             part_s[r][n[r]] = score[k];
             part_v[r][n[r]++] = value[k];
         }
@@ -271,7 +281,8 @@ static void test_lse_matches_dense(void **state)
 static void test_lse_empty_ranks(void **state)
 {
     (void)state;
-    float outs[] = {0.5f, NAN, -2.0f, NAN}, lses[] = {1.0f, NAN, 1.0f, INFINITY};
+    float outs[] = {0.5f, NAN, -2.0f, NAN},
+          lses[] = {1.0f, NAN, 1.0f, INFINITY};
     float out[1], lse[1];
     kvr_gpu_lse_args_t a = {outs, lses, 4, 1, 1, 1, out, lse};
     CHECK_KVR(kvr_gpu_lse_merge_ref(&a, &err));

@@ -77,7 +77,8 @@ static void producer(int in_fd, int out_fd)
     kvr_gpu_relayout_t *rl = NULL;
     void *src = NULL, *dst = NULL;
     CUDA_OK(cudaSetDevice(0));
-    CHECK_KVR(kvr_gpu_relayout_create(&c.lay, &c.src, &c.dst, &c.req, &rl, &err));
+    CHECK_KVR(
+        kvr_gpu_relayout_create(&c.lay, &c.src, &c.dst, &c.req, &rl, &err));
     CHECK_KVR(kvr_gpu_relayout_upload(rl, &err));
     CUDA_OK(cudaMalloc(&src, c.src_bytes));
     CUDA_OK(cudaMemcpy(src, c.src_img, c.src_bytes, cudaMemcpyHostToDevice));

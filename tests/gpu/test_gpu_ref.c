@@ -21,9 +21,9 @@ static kvr_region_pair_t pair_of(const relayout_case_t *c)
 static kvr_request_t request_of(const relayout_case_t *c)
 {
     const kvr_gpu_request_t *r = &c->req;
-    return (kvr_request_t){r->src_blocks, r->num_src_blocks, r->dst_blocks,
-                           r->num_dst_blocks, r->num_tokens,
-                           r->num_computed_blocks};
+    return (kvr_request_t){r->src_blocks, r->num_src_blocks,
+                           r->dst_blocks, r->num_dst_blocks,
+                           r->num_tokens, r->num_computed_blocks};
 }
 
 /* The plan's runs, concatenated in plan order. */
@@ -53,8 +53,8 @@ static void check_chunks(const relayout_case_t *c, const kvr_gpu_relayout_t *rl,
     case_poison(img, c->dst_bytes, rank);
     for (uint64_t end = total; end > 0;) {
         uint64_t off = end > chunk ? end - chunk : 0;
-        CHECK_KVR(kvr_gpu_ref_pack(rl, rank, c->src_img, off, end - off, buf,
-                                   &err));
+        CHECK_KVR(
+            kvr_gpu_ref_pack(rl, rank, c->src_img, off, end - off, buf, &err));
         assert_memory_equal(buf, stream + off, end - off);
         CHECK_KVR(kvr_gpu_ref_unpack(rl, rank, buf, off, end - off, img, &err));
         end = off;
@@ -135,8 +135,8 @@ static base_t base_case(void)
     b.lay.interleave = 4;
     b.lay.tp = 2;
     b.lay.producer_tp = 2;
-    b.src = (kvr_region_desc_t){.role = KVR_ROLE_MLA, .num_blocks = 8,
-                                .page_bytes = 16 * 64};
+    b.src = (kvr_region_desc_t){
+        .role = KVR_ROLE_MLA, .num_blocks = 8, .page_bytes = 16 * 64};
     b.dst = b.src;
     b.dst.num_blocks = 4;
     b.req = (kvr_gpu_request_t){b.src_blocks, 8, b.dst_blocks, 4, 100, 0};
@@ -205,8 +205,10 @@ static void test_index_checks(void **state)
 {
     (void)state;
     base_t b = base_case();
-    b.src = (kvr_region_desc_t){.role = KVR_ROLE_INDEX, .num_blocks = 8,
-                                .index_dim = 128, .page_bytes = 16 * 144};
+    b.src = (kvr_region_desc_t){.role = KVR_ROLE_INDEX,
+                                .num_blocks = 8,
+                                .index_dim = 128,
+                                .page_bytes = 16 * 144};
     b.dst = b.src;
     b.dst.num_blocks = 4;
     expect_error(&b, KVR_ERR_SHARDED_INDEX_INTERLEAVE, "needs I == bs");
@@ -234,16 +236,19 @@ static void test_limits_and_ranges(void **state)
     kvr_gpu_request_t req = {ids, 32769, ids, 32769, 1ull << 31, 0};
     kvr_error_t err = {0};
     kvr_gpu_relayout_t *rl = NULL;
-    assert_int_equal(kvr_gpu_relayout_create(&b.lay, &b.src, &b.dst, &req, &rl,
-                                             &err), KVR_ERR_UNSUPPORTED);
+    assert_int_equal(
+        kvr_gpu_relayout_create(&b.lay, &b.src, &b.dst, &req, &rl, &err),
+        KVR_ERR_UNSUPPORTED);
     assert_non_null(strstr(err.msg, "2147483648 tokens"));
 
     b = base_case();
     b.req.src_blocks = b.src_blocks; /* base_case's copies are gone */
     b.req.dst_blocks = b.dst_blocks;
-    assert_int_equal(kvr_gpu_relayout_create(&b.lay, &b.src, &b.dst, &b.req,
-                                             &rl, &err), KVR_OK);
-    assert_int_equal(kvr_gpu_relayout_bytes(rl, 0) + kvr_gpu_relayout_bytes(rl, 1),
+    assert_int_equal(
+        kvr_gpu_relayout_create(&b.lay, &b.src, &b.dst, &b.req, &rl, &err),
+        KVR_OK);
+    assert_int_equal(kvr_gpu_relayout_bytes(rl, 0) +
+                         kvr_gpu_relayout_bytes(rl, 1),
                      100 * 64);
     assert_int_equal(kvr_gpu_relayout_bytes(rl, 2), 0);
     unsigned char buf[64];

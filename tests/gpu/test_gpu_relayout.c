@@ -22,7 +22,8 @@ typedef struct {
     unsigned char *ptr;
 } dbuf_t;
 
-static dbuf_t dbuf_make(int dev, const void *host, uint64_t bytes, uint32_t shift)
+static dbuf_t dbuf_make(int dev, const void *host, uint64_t bytes,
+                        uint32_t shift)
 {
     dbuf_t b;
     CUDA_OK(cudaSetDevice(dev));
@@ -71,7 +72,8 @@ static void check_scatter_all(run_t *t, uint32_t shift)
     dbuf_t dst[8];
     void *bases[8];
     for (uint32_t r = 0; r < W; r++) {
-        dst[r] = dbuf_make((int)(r % devices), t->poison, t->c->dst_bytes, shift);
+        dst[r] = dbuf_make((int)(r % devices), t->poison, t->c->dst_bytes,
+                           shift);
         bases[r] = dst[r].ptr;
     }
     CHECK_KVR(kvr_gpu_scatter(t->rl, t->src.ptr, bases, NULL, &err));
@@ -107,11 +109,14 @@ static void check_pack_unpack(run_t *t, uint32_t r, uint64_t *rng)
     unsigned char *want = xmalloc(total);
     CHECK_KVR(kvr_gpu_ref_pack(t->rl, r, t->c->src_img, 0, total, want, &err));
     dbuf_t stage = dbuf_make(0, NULL, total, 0);
-    CHECK_KVR(kvr_gpu_pack(t->rl, r, t->src.ptr, 0, total, stage.ptr, NULL, &err));
+    CHECK_KVR(
+        kvr_gpu_pack(t->rl, r, t->src.ptr, 0, total, stage.ptr, NULL, &err));
     CUDA_OK(cudaDeviceSynchronize());
     check_device_image(&stage, want, total, "pack", t->name, r);
     dbuf_t dst = dbuf_make((int)(r % devices), t->poison, t->c->dst_bytes, 0);
-    uint64_t chunk = rng_below(rng, 2) ? 4096 : 1 + rng_below(rng, (uint32_t)(total / 2 + 1));
+    uint64_t chunk = rng_below(rng, 2)
+                         ? 4096
+                         : 1 + rng_below(rng, (uint32_t)(total / 2 + 1));
     for (uint64_t end = total; end > 0;) {
         uint64_t off = end > chunk ? end - chunk : 0;
         CHECK_KVR(kvr_gpu_unpack(t->rl, r, stage.ptr + off, off, end - off,
@@ -119,7 +124,8 @@ static void check_pack_unpack(run_t *t, uint32_t r, uint64_t *rng)
         end = off;
     }
     CUDA_OK(cudaDeviceSynchronize());
-    check_device_image(&dst, t->expect[r], t->c->dst_bytes, "unpack", t->name, r);
+    check_device_image(&dst, t->expect[r], t->c->dst_bytes, "unpack", t->name,
+                       r);
     dbuf_free(&dst);
     dbuf_free(&stage);
     free(want);
@@ -139,9 +145,14 @@ static void run_case(const case_shape_t *shape, uint64_t *rng, int thorough)
     relayout_case_t c;
     char name[160];
     case_make(&c, shape, rng);
-    run_t t = {&c, NULL, {0}, NULL, xmalloc(c.dst_bytes),
+    run_t t = {&c,
+               NULL,
+               {0},
+               NULL,
+               xmalloc(c.dst_bytes),
                case_name(shape, name, sizeof(name))};
-    CHECK_KVR(kvr_gpu_relayout_create(&c.lay, &c.src, &c.dst, &c.req, &t.rl, &err));
+    CHECK_KVR(
+        kvr_gpu_relayout_create(&c.lay, &c.src, &c.dst, &c.req, &t.rl, &err));
     upload_everywhere(t.rl);
     case_poison(t.poison, c.dst_bytes, 3);
     t.expect = xmalloc(shape->W * sizeof(*t.expect));
@@ -183,7 +194,8 @@ static void check_errors(void)
     CHECK(st == KVR_ERR_INVALID && strstr(err.msg, "kvr_gpu_relayout_upload"),
           "scatter before upload: %s", err.msg);
     CHECK(kvr_gpu_relayout_upload(rl, &err) == KVR_OK, "%s", err.msg);
-    st = kvr_gpu_pack(rl, 0, p, 1, kvr_gpu_relayout_bytes(rl, 0), p, NULL, &err);
+    st = kvr_gpu_pack(rl, 0, p, 1, kvr_gpu_relayout_bytes(rl, 0), p, NULL,
+                      &err);
     CHECK(st == KVR_ERR_INVALID, "pack past the stream: %s", err.msg);
     st = kvr_gpu_scatter_rank(rl, 2, p, p, NULL, &err);
     CHECK(st == KVR_ERR_RANK_RANGE, "rank 2 of 2: %s", err.msg);

@@ -48,7 +48,9 @@ static void check_case(uint32_t bs, uint32_t W, uint32_t I)
     kvr_layout_t lay = dcp_layout(bs, W, I);
     assert_int_equal(kvr_layout_check(&lay, NULL), KVR_OK);
     uint64_t V = (uint64_t)bs * W, maxlen = 3 * V + 4;
-    sim_t s = {malloc(maxlen * sizeof(uint32_t)), malloc(maxlen * sizeof(uint64_t)), {0}};
+    sim_t s = {malloc(maxlen * sizeof(uint32_t)),
+               malloc(maxlen * sizeof(uint64_t)),
+               {0}};
     uint32_t *table = malloc((maxlen / V + 2) * sizeof(uint32_t));
     for (uint64_t b = 0; b < maxlen / V + 2; b++)
         table[b] = (uint32_t)(7 * b + 3); /* distinct, non-contiguous */
@@ -59,7 +61,8 @@ static void check_case(uint32_t bs, uint32_t W, uint32_t I)
         assert_int_equal(kvr_global_index(&lay, s.local[g], s.owner[g]), g);
         assert_int_equal(s.local[g] / bs, g / V);
         uint64_t vb = g % V;
-        uint64_t alt = (uint64_t)table[g / V] * bs + (vb / ((uint64_t)W * I)) * I + vb % I;
+        uint64_t alt = (uint64_t)table[g / V] * bs +
+                       (vb / ((uint64_t)W * I)) * I + vb % I;
         assert_int_equal(kvr__dst_slot(table, g, bs, I, W), alt);
     }
     for (uint64_t L = 0; L <= maxlen; L++) {
@@ -145,7 +148,7 @@ static void test_extreme_lengths(void **state)
 {
     (void)state;
     kvr_layout_t lay = dcp_layout(64, 4, 1);
-    const uint64_t lens[] = {UINT64_MAX, UINT64_MAX - 1, UINT64_MAX - 62,
+    const uint64_t lens[] = {UINT64_MAX,      UINT64_MAX - 1,   UINT64_MAX - 62,
                              UINT64_MAX - 63, UINT64_MAX - 255, 1ull << 63};
     for (size_t i = 0; i < sizeof(lens) / sizeof(lens[0]); i++) {
         uint64_t L = lens[i];

@@ -22,8 +22,13 @@ static void test_class_round_trip(void **state)
          .index_dim = 128,
          .quant_block = 0},
         {.role = KVR_ROLE_STATE, .num_blocks = 2, .page_bytes = 100},
-        {.role = KVR_ROLE_DENSE, .num_blocks = 2, .page_bytes = 16 * 8 * 64 * 2 * 2,
-         .heads = 8, .head_dim = 64, .elem_bytes = 2, .hnd = true},
+        {.role = KVR_ROLE_DENSE,
+         .num_blocks = 2,
+         .page_bytes = 16 * 8 * 64 * 2 * 2,
+         .heads = 8,
+         .head_dim = 64,
+         .elem_bytes = 2,
+         .hnd = true},
     };
     const kvr_region_class_t want[] = {
         {KVR_ROLE_MLA, 576, 0},

@@ -25,9 +25,13 @@ static inline kvr_region_pair_t fx_mla(const kvr_layout_t *lay, uint64_t tb,
                                        uint64_t src_blocks, uint64_t dst_blocks)
 {
     kvr_region_pair_t p = {
-        .src = {.role = KVR_ROLE_MLA, .layer = 0, .num_blocks = src_blocks,
+        .src = {.role = KVR_ROLE_MLA,
+                .layer = 0,
+                .num_blocks = src_blocks,
                 .page_bytes = lay->block_size * tb},
-        .dst = {.role = KVR_ROLE_MLA, .layer = 0, .num_blocks = dst_blocks,
+        .dst = {.role = KVR_ROLE_MLA,
+                .layer = 0,
+                .num_blocks = dst_blocks,
                 .page_bytes = lay->block_size * tb},
     };
     return p;
@@ -39,12 +43,18 @@ static inline kvr_region_pair_t fx_index(const kvr_layout_t *lay, uint32_t D,
 {
     uint64_t C = kvr_index_stride(D);
     kvr_region_pair_t p = {
-        .src = {.role = KVR_ROLE_INDEX, .layer = 1, .num_blocks = src_blocks,
-                .page_bytes = lay->block_size * C, .index_dim = D,
+        .src = {.role = KVR_ROLE_INDEX,
+                .layer = 1,
+                .num_blocks = src_blocks,
+                .page_bytes = lay->block_size * C,
+                .index_dim = D,
                 .quant_block = D},
-        .dst = {.role = KVR_ROLE_INDEX, .layer = 1, .num_blocks = dst_blocks,
+        .dst = {.role = KVR_ROLE_INDEX,
+                .layer = 1,
+                .num_blocks = dst_blocks,
                 .page_bytes = kvr_index_page_tokens(lay, true) * C,
-                .index_dim = D, .quant_block = D},
+                .index_dim = D,
+                .quant_block = D},
     };
     return p;
 }

@@ -33,13 +33,15 @@ static base_t base(void)
     return b;
 }
 
-static void expect(base_t *b, uint32_t rank, kvr_status_t code, const char *needle)
+static void expect(base_t *b, uint32_t rank, kvr_status_t code,
+                   const char *needle)
 {
     kvr_plan_t *p = NULL;
     kvr_error_t err = {0};
     b->req.src_blocks = b->src;
     b->req.dst_blocks = b->dst;
-    kvr_status_t st = kvr_plan_create(&b->lay, rank, &b->pair, &b->req, &p, &err);
+    kvr_status_t st = kvr_plan_create(&b->lay, rank, &b->pair, &b->req, &p,
+                                      &err);
     if (st != code)
         fail_msg("expected %s, got %s: %s", kvr_status_name(code),
                  kvr_status_name(st), err.msg);
@@ -91,7 +93,8 @@ static void test_request_checks(void **state)
     expect(&b, 0, KVR_ERR_BLOCK_RANGE, "source block id 16 at table index 5");
     b = base();
     b.dst[2] = 9;
-    expect(&b, 0, KVR_ERR_BLOCK_RANGE, "destination block id 9 at table index 2");
+    expect(&b, 0, KVR_ERR_BLOCK_RANGE,
+           "destination block id 9 at table index 2");
     b = base();
     b.dst[3] = b.dst[0];
     expect(&b, 0, KVR_ERR_DUPLICATE_BLOCK, "block id 3");
@@ -110,24 +113,29 @@ static void test_extreme_counts(void **state)
     for (size_t i = 0; i < sizeof(huge) / sizeof(huge[0]); i++) {
         base_t b = base();
         b.req.num_tokens = huge[i];
-        expect(&b, 0, KVR_ERR_SRC_TABLE_SHORT, "source blocks of 16, the table has 16");
+        expect(&b, 0, KVR_ERR_SRC_TABLE_SHORT,
+               "source blocks of 16, the table has 16");
         b.req.num_src_blocks = b.req.num_dst_blocks = 0;
         expect(&b, 1, KVR_ERR_SRC_TABLE_SHORT, "the table has 0");
     }
     base_t b = base();
     b.req.num_tokens = UINT64_MAX;
-    expect(&b, 0, KVR_ERR_SRC_TABLE_SHORT,
-           "18446744073709551615 tokens need 1152921504606846976 source blocks");
+    expect(
+        &b, 0, KVR_ERR_SRC_TABLE_SHORT,
+        "18446744073709551615 tokens need 1152921504606846976 source blocks");
     b = base();
     b.req.num_computed_blocks = UINT64_MAX;
-    expect(&b, 0, KVR_ERR_INCREMENTAL, "num_computed_blocks 18446744073709551615");
+    expect(&b, 0, KVR_ERR_INCREMENTAL,
+           "num_computed_blocks 18446744073709551615");
     b = base();
     b.req.num_computed_blocks = (1ull << 58) + 1; /* k * V wraps to 64 < N */
-    expect(&b, 0, KVR_ERR_INCREMENTAL, "num_computed_blocks 288230376151711745");
+    expect(&b, 0, KVR_ERR_INCREMENTAL,
+           "num_computed_blocks 288230376151711745");
     /* a region whose blocks x page bytes wrap to exactly what the plan needs */
     b = base();
     b.pair.dst.num_blocks = (1ull << 54) + 4;
-    expect(&b, 0, KVR_ERR_PAGE_GEOMETRY, "18014398509481988 blocks of 9216 bytes");
+    expect(&b, 0, KVR_ERR_PAGE_GEOMETRY,
+           "18014398509481988 blocks of 9216 bytes");
     b = base();
     b.pair.src.num_blocks = 1ull << 60;
     expect(&b, 0, KVR_ERR_PAGE_GEOMETRY, "1152921504606846976 blocks");
@@ -141,8 +149,9 @@ static void test_extreme_counts_plan_set(void **state)
     kvr_request_t req = {NULL, 0, NULL, 0, UINT64_MAX, 0};
     kvr_plan_set_t *set = NULL;
     kvr_error_t err = {0};
-    assert_int_equal(kvr_plan_set_create(&b.lay, 0, &b.pair, 1, &req, &set, &err),
-                     KVR_ERR_SRC_TABLE_SHORT);
+    assert_int_equal(
+        kvr_plan_set_create(&b.lay, 0, &b.pair, 1, &req, &set, &err),
+        KVR_ERR_SRC_TABLE_SHORT);
     assert_null(set);
     assert_non_null(strstr(err.msg, "18446744073709551615 tokens"));
     kvr_run_t runs[2] = {{0, 0, 8}, {UINT64_MAX - 1, 16, 4}};
@@ -211,7 +220,8 @@ static void test_identity_pages(void **state)
     assert_int_equal(kvr_plan_bytes(p), 3 * 16 * 64);
     const kvr_plan_t *plans[1] = {p};
     kvr_error_t err = {0};
-    assert_int_equal(kvr_plan_check_coverage(&lay, &pair, &req, plans, &err), KVR_OK);
+    assert_int_equal(kvr_plan_check_coverage(&lay, &pair, &req, plans, &err),
+                     KVR_OK);
     kvr_plan_destroy(p);
 }
 
@@ -235,18 +245,23 @@ static void test_verifier_catches_token_windows(void **state)
     fx_fill(s, sb, &seed);
     kvr_plan_apply_host(bad, s, d);
     kvr_error_t err = {0};
-    assert_int_equal(kvr_verify_region(&lay, 2, &pair, &req, s, d, &err), KVR_ERR_VERIFY);
+    assert_int_equal(kvr_verify_region(&lay, 2, &pair, &req, s, d, &err),
+                     KVR_ERR_VERIFY);
     assert_non_null(strstr(err.msg, "token 0 wrong"));
     const kvr_plan_t *plans[4] = {bad, bad, bad, bad};
-    assert_int_equal(kvr_plan_check_coverage(&lay, &pair, &req, plans, &err), KVR_ERR_VERIFY);
+    assert_int_equal(kvr_plan_check_coverage(&lay, &pair, &req, plans, &err),
+                     KVR_ERR_VERIFY);
     /* the planner's own plan passes */
     kvr_plan_t *good = NULL;
-    assert_int_equal(kvr_plan_create(&lay, 2, &pair, &req, &good, NULL), KVR_OK);
+    assert_int_equal(kvr_plan_create(&lay, 2, &pair, &req, &good, NULL),
+                     KVR_OK);
     memset(d, 0, db);
     kvr_plan_apply_host(good, s, d);
-    assert_int_equal(kvr_verify_region(&lay, 2, &pair, &req, s, d, &err), KVR_OK);
+    assert_int_equal(kvr_verify_region(&lay, 2, &pair, &req, s, d, &err),
+                     KVR_OK);
     d[db / 2 + 7] ^= 1; /* a single flipped byte names its token */
-    assert_int_equal(kvr_verify_region(&lay, 2, &pair, &req, s, d, &err), KVR_ERR_VERIFY);
+    assert_int_equal(kvr_verify_region(&lay, 2, &pair, &req, s, d, &err),
+                     KVR_ERR_VERIFY);
     assert_non_null(strstr(err.msg, "wrong"));
     kvr_plan_destroy(good);
     kvr_plan_destroy(bad);
@@ -254,7 +269,8 @@ static void test_verifier_catches_token_windows(void **state)
     free(d);
 }
 
-static void coverage_rejects(const kvr_run_t *runs, size_t n, const char *needle)
+static void coverage_rejects(const kvr_run_t *runs, size_t n,
+                             const char *needle)
 {
     kvr_layout_t lay = fx_layout(4, 2, 1, 0, 0);
     uint32_t src[2] = {0, 1}, dst[1] = {0};
@@ -265,7 +281,8 @@ static void coverage_rejects(const kvr_run_t *runs, size_t n, const char *needle
     assert_int_equal(kvr_plan_from_runs(runs, n, &p1), KVR_OK);
     const kvr_plan_t *plans[2] = {p0, p1};
     kvr_error_t err = {0};
-    assert_int_not_equal(kvr_plan_check_coverage(&lay, &pair, &req, plans, &err), KVR_OK);
+    assert_int_not_equal(
+        kvr_plan_check_coverage(&lay, &pair, &req, plans, &err), KVR_OK);
     if (strstr(err.msg, needle) == NULL)
         fail_msg("\"%s\" lacks \"%s\"", err.msg, needle);
     kvr_plan_destroy(p0);
@@ -278,7 +295,8 @@ static void test_coverage_rejects_bad_plans(void **state)
     /* rank 1 owns odd tokens 1,3,5,7 -> local 0..3, src token g at g*2 */
     kvr_run_t good[4] = {{2, 0, 2}, {6, 2, 2}, {10, 4, 2}, {14, 6, 2}};
     kvr_run_t missing[3] = {{2, 0, 2}, {6, 2, 2}, {10, 4, 2}};
-    kvr_run_t twice[5] = {{2, 0, 2}, {6, 2, 2}, {10, 4, 2}, {14, 6, 2}, {14, 6, 1}};
+    kvr_run_t twice[5] = {
+        {2, 0, 2}, {6, 2, 2}, {10, 4, 2}, {14, 6, 2}, {14, 6, 1}};
     kvr_run_t swapped[4] = {{6, 0, 2}, {2, 2, 2}, {10, 4, 2}, {14, 6, 2}};
     kvr_run_t outside[1] = {{0, 7, 2}};
     coverage_rejects(missing, 3, "never written");
@@ -288,7 +306,8 @@ static void test_coverage_rejects_bad_plans(void **state)
     (void)good;
 }
 
-static uint64_t digest_of(const kvr_layout_t *lay, const kvr_region_desc_t *r, size_t n)
+static uint64_t digest_of(const kvr_layout_t *lay, const kvr_region_desc_t *r,
+                          size_t n)
 {
     uint64_t d = 0;
     assert_int_equal(kvr_layout_digest(lay, r, n, &d, NULL), KVR_OK);
@@ -299,13 +318,15 @@ static void test_digest_fields(void **state)
 {
     (void)state;
     kvr_layout_t lay = fx_layout(64, 4, 1, 1, 1);
-    kvr_region_pair_t m = fx_mla(&lay, 576, 100, 100), x = fx_index(&lay, 128, 100, 100);
+    kvr_region_pair_t m = fx_mla(&lay, 576, 100, 100),
+                      x = fx_index(&lay, 128, 100, 100);
     kvr_region_desc_t regs[3] = {m.src, x.src, m.src};
     uint64_t d0 = digest_of(&lay, regs, 3);
     regs[2].layer = 7;
     regs[2].num_blocks = 3;
-    assert_true(digest_of(&lay, regs, 3) == d0);  /* layers and counts excluded */
-    assert_true(digest_of(&lay, regs, 2) == d0);  /* a set, not a list */
+    assert_true(digest_of(&lay, regs, 3) ==
+                d0); /* layers and counts excluded */
+    assert_true(digest_of(&lay, regs, 2) == d0); /* a set, not a list */
     kvr_region_desc_t swapped[2] = {x.src, m.src};
     assert_true(digest_of(&lay, swapped, 2) == d0);
     kvr_layout_t l2 = lay;

@@ -17,8 +17,8 @@
 
 #include "plan_fixture.h"
 
-#define MAXR 8     /* ranks per side on either axis */
-#define MAXT 1024  /* table entries */
+#define MAXR 8    /* ranks per side on either axis */
+#define MAXT 1024 /* table entries */
 
 typedef struct {
     kvr_layout_t lay;
@@ -84,14 +84,20 @@ static void make_tables(pscen_t *s, uint64_t N, uint64_t k, int minimal)
 static uint64_t pick_tokens(const kvr_layout_t *lay, unsigned *seed)
 {
     uint64_t V = kvr_virtual_block(lay);
-    uint64_t Vp = (uint64_t)kvr_producer_block_size(lay) * kvr_producer_dcp(lay);
+    uint64_t Vp = (uint64_t)kvr_producer_block_size(lay) *
+                  kvr_producer_dcp(lay);
     uint64_t big = (V > Vp ? V : Vp) * 3;
     switch (rand_r(seed) % 6) {
-    case 0: return 0;
-    case 1: return 1;
-    case 2: return V;
-    case 3: return big;
-    default: return 1 + (uint64_t)rand_r(seed) % (big + 5);
+    case 0:
+        return 0;
+    case 1:
+        return 1;
+    case 2:
+        return V;
+    case 3:
+        return big;
+    default:
+        return 1 + (uint64_t)rand_r(seed) % (big + 5);
     }
 }
 
@@ -103,7 +109,8 @@ static uint64_t pick_k(const kvr_layout_t *lay, uint64_t N, unsigned *seed)
     return (uint64_t)rand_r(seed) % entries;
 }
 
-static void check_sources(const pscen_t *s, uint32_t c, kvr_plan_t *const *plans)
+static void check_sources(const pscen_t *s, uint32_t c,
+                          kvr_plan_t *const *plans)
 {
     uint32_t ranks[MAXR], any[MAXR];
     size_t n = 0, nany = 0, want = 0;
@@ -117,7 +124,8 @@ static void check_sources(const pscen_t *s, uint32_t c, kvr_plan_t *const *plans
         int has = kvr_plan_bytes(plans[p * s->nc + c]) > 0;
         if (has && (want >= n || ranks[want] != p))
             fail_msg("%s: consumer %u: producer %u has bytes but is not "
-                     "source %zu of %zu", s->what, c, p, want, n);
+                     "source %zu of %zu",
+                     s->what, c, p, want, n);
         want += has;
         int listed = 0;
         for (size_t i = 0; i < nany; i++)
@@ -136,7 +144,8 @@ static void check_sources(const pscen_t *s, uint32_t c, kvr_plan_t *const *plans
 static void execute_and_verify(const pscen_t *s, kvr_plan_t *const *plans,
                                unsigned *seed)
 {
-    size_t sb = kvr_region_bytes(&s->pair.src), db = kvr_region_bytes(&s->pair.dst);
+    size_t sb = kvr_region_bytes(&s->pair.src),
+           db = kvr_region_bytes(&s->pair.dst);
     unsigned char *src[MAXR], *dst = malloc(db);
     for (uint32_t p = 0; p < s->np; p++) {
         src[p] = malloc(sb);
@@ -218,8 +227,9 @@ static void describe(pscen_t *s, const char *kind)
     const kvr_layout_t *l = &s->lay;
     snprintf(s->what, sizeof(s->what),
              "%s W_p=%u I_p=%u bs_p=%u%s -> W=%u I=%u bs=%u%s TP %u->%u "
-             "H=%u N=%llu k=%llu%s", kind, kvr_producer_dcp(l),
-             kvr_producer_interleave(l), kvr_producer_block_size(l),
+             "H=%u N=%llu k=%llu%s",
+             kind, kvr_producer_dcp(l), kvr_producer_interleave(l),
+             kvr_producer_block_size(l),
              l->producer_replicate_index ? " repl" : "", l->dcp_size,
              l->interleave, l->block_size, l->replicate_index ? " repl" : "",
              l->producer_tp, l->tp, s->pair.src.heads,
@@ -304,7 +314,9 @@ static void dense_case(pscen_t *s)
     set_sides(&s->lay, 1, 1, bsp, 1, 1, bs);
     s->lay.producer_tp = pick(tps, n, &s->seed);
     s->lay.tp = pick(tps, n, &s->seed);
-    kvr_region_desc_t d = {.role = KVR_ROLE_DENSE, .layer = 2, .heads = H,
+    kvr_region_desc_t d = {.role = KVR_ROLE_DENSE,
+                           .layer = 2,
+                           .heads = H,
                            .head_dim = 1 + (uint32_t)rand_r(&s->seed) % 4,
                            .elem_bytes = 1 + (uint32_t)rand_r(&s->seed) % 2,
                            .kv_planes = (uint32_t)rand_r(&s->seed) % 3,
@@ -365,8 +377,10 @@ static void test_named_cases(void **state)
                 set_sides(&s.lay, 1, 1, 16, 1, 1, 16);
                 s.lay.producer_tp = tp[a][0];
                 s.lay.tp = tp[a][1];
-                kvr_region_desc_t d = {.role = KVR_ROLE_DENSE, .heads = heads[h],
-                                       .head_dim = 8, .elem_bytes = 2,
+                kvr_region_desc_t d = {.role = KVR_ROLE_DENSE,
+                                       .heads = heads[h],
+                                       .head_dim = 8,
+                                       .elem_bytes = 2,
                                        .hnd = hnd};
                 s.pair.src = s.pair.dst = d;
                 s.pair.src.page_bytes = kvr_dense_page_bytes(&s.lay, &d, false);
@@ -432,14 +446,16 @@ static void test_equals_today(void **state)
             st.src.role = st.dst.role = KVR_ROLE_STATE;
             same_plan(&lay, 0, 0, 0, &st, &req);
             /* head-sharded dense at equal TP: tp rank t's pages to t */
-            kvr_region_desc_t d = {.role = KVR_ROLE_DENSE, .heads = 4,
-                                   .head_dim = 2, .elem_bytes = 2};
+            kvr_region_desc_t d = {.role = KVR_ROLE_DENSE,
+                                   .heads = 4,
+                                   .head_dim = 2,
+                                   .elem_bytes = 2};
             lay.tp = lay.producer_tp = 2;
             kvr_region_pair_t dn = {d, d};
             dn.src.num_blocks = ns + 2;
             dn.dst.num_blocks = nd + 2;
-            dn.src.page_bytes = dn.dst.page_bytes =
-                kvr_dense_page_bytes(&lay, &d, true);
+            dn.src.page_bytes = dn.dst.page_bytes = kvr_dense_page_bytes(
+                &lay, &d, true);
             same_plan(&lay, 0, 1, 1, &dn, &req);
         }
     }

@@ -47,8 +47,11 @@ static pb_t dense_base(void)
     b.lay = fx_layout(16, 1, 1, 0, 1);
     b.lay.producer_tp = 4;
     b.lay.tp = 2;
-    kvr_region_desc_t d = {.role = KVR_ROLE_DENSE, .layer = 5, .heads = 8,
-                           .head_dim = 16, .elem_bytes = 2};
+    kvr_region_desc_t d = {.role = KVR_ROLE_DENSE,
+                           .layer = 5,
+                           .heads = 8,
+                           .head_dim = 16,
+                           .elem_bytes = 2};
     b.pair.src = b.pair.dst = d;
     b.pair.src.num_blocks = 32;
     b.pair.dst.num_blocks = 8;
@@ -120,7 +123,8 @@ static void test_producer_layout(void **state)
     expect_pair(&b, KVR_ERR_TP_NOT_DIVISIBLE, "producer TP size 3");
     b = base();
     b.p = 2;
-    expect_pair(&b, KVR_ERR_RANK_RANGE, "producer DCP rank 2 out of range [0, 2)");
+    expect_pair(&b, KVR_ERR_RANK_RANGE,
+                "producer DCP rank 2 out of range [0, 2)");
     b = base();
     b.c = 4;
     expect_pair(&b, KVR_ERR_RANK_RANGE, "consumer DCP rank 4");
@@ -221,7 +225,8 @@ static void test_dense_combinations(void **state)
     expect_pair(&b, KVR_ERR_DENSE_NO_HEADS, "tp 4 -> 2");
     b = dense_base();
     b.p = 4;
-    expect_pair(&b, KVR_ERR_RANK_RANGE, "producer TP rank 4 out of range [0, 4)");
+    expect_pair(&b, KVR_ERR_RANK_RANGE,
+                "producer TP rank 4 out of range [0, 4)");
     b = dense_base();
     b.pair.dst.role = KVR_ROLE_MLA;
     expect_pair(&b, KVR_ERR_ROLE_MISMATCH, "consumer region layer 5 is mla");
@@ -258,19 +263,21 @@ static void test_set_axes_and_sources(void **state)
     kvr_plan_set_t *set = NULL;
     kvr_error_t err = {0};
     own_tables(&b);
-    assert_int_equal(kvr_plan_set_create_pair(&b.lay, 0, 0, two, 2, &b.req,
-                                              &set, &err), KVR_ERR_INVALID);
+    assert_int_equal(
+        kvr_plan_set_create_pair(&b.lay, 0, 0, two, 2, &b.req, &set, &err),
+        KVR_ERR_INVALID);
     assert_non_null(strstr(err.msg, "one set per axis"));
     assert_null(set);
     /* TP 4 -> 2 with 8 heads: tp rank 1 takes heads 4-7 from ranks 2, 3 */
     b = dense_base();
     uint32_t ranks[4];
     size_t n = 0;
-    assert_int_equal(kvr_plan_sources(&b.lay, &b.pair, 1, NULL, ranks, 1, &n,
-                                      &err), KVR_ERR_BUFFER_SMALL);
+    assert_int_equal(
+        kvr_plan_sources(&b.lay, &b.pair, 1, NULL, ranks, 1, &n, &err),
+        KVR_ERR_BUFFER_SMALL);
     assert_int_equal(n, 2);
-    assert_int_equal(kvr_plan_sources(&b.lay, &b.pair, 1, NULL, ranks, 4, &n,
-                                      &err), KVR_OK);
+    assert_int_equal(
+        kvr_plan_sources(&b.lay, &b.pair, 1, NULL, ranks, 4, &n, &err), KVR_OK);
     assert_int_equal(n, 2);
     assert_int_equal(ranks[0], 2);
     assert_int_equal(ranks[1], 3);
@@ -281,19 +288,20 @@ static void test_set_axes_and_sources(void **state)
     b.pair.src.heads = b.pair.dst.heads = 2;
     b.pair.src.page_bytes = kvr_dense_page_bytes(&b.lay, &b.pair.src, false);
     b.pair.dst.page_bytes = kvr_dense_page_bytes(&b.lay, &b.pair.dst, true);
-    assert_int_equal(kvr_plan_sources(&b.lay, &b.pair, 1, NULL, ranks, 4, &n,
-                                      &err), KVR_OK);
+    assert_int_equal(
+        kvr_plan_sources(&b.lay, &b.pair, 1, NULL, ranks, 4, &n, &err), KVR_OK);
     assert_int_equal(n, 1);
     assert_int_equal(ranks[0], 1);
     /* MLA W_p 2 -> W 4 at I 1: consumer 2 owns tokens 4k + 2, all even */
     b = base();
-    assert_int_equal(kvr_plan_sources(&b.lay, &b.pair, 2, NULL, ranks, 4, &n,
-                                      &err), KVR_OK);
+    assert_int_equal(
+        kvr_plan_sources(&b.lay, &b.pair, 2, NULL, ranks, 4, &n, &err), KVR_OK);
     assert_int_equal(n, 1);
     assert_int_equal(ranks[0], 0);
     b.req.num_tokens = 2; /* consumer 2 holds nothing of 2 tokens */
-    assert_int_equal(kvr_plan_sources(&b.lay, &b.pair, 2, &b.req, ranks, 4,
-                                      &n, &err), KVR_OK);
+    assert_int_equal(
+        kvr_plan_sources(&b.lay, &b.pair, 2, &b.req, ranks, 4, &n, &err),
+        KVR_OK);
     assert_int_equal(n, 0);
 }
 
@@ -310,27 +318,31 @@ static void test_coverage_rejects(void **state)
         for (uint32_t c = 0; c < 4; c++)
             assert_int_equal(kvr_plan_create_pair(&b.lay, p, c, &b.pair,
                                                   &reqs[p], &plans[p * 4 + c],
-                                                  &err), KVR_OK);
+                                                  &err),
+                             KVR_OK);
     const kvr_plan_t *const *cp = (const kvr_plan_t *const *)plans;
-    assert_int_equal(kvr_plan_check_coverage_pair(&b.lay, &b.pair, reqs, cp,
-                                                  &err), KVR_OK);
+    assert_int_equal(
+        kvr_plan_check_coverage_pair(&b.lay, &b.pair, reqs, cp, &err), KVR_OK);
     kvr_plan_t *t = plans[0]; /* producer 0's plan for consumer 0 as 1's */
     plans[0] = plans[4];
     plans[4] = t;
-    assert_int_equal(kvr_plan_check_coverage_pair(&b.lay, &b.pair, reqs, cp,
-                                                  &err), KVR_ERR_VERIFY);
+    assert_int_equal(
+        kvr_plan_check_coverage_pair(&b.lay, &b.pair, reqs, cp, &err),
+        KVR_ERR_VERIFY);
     kvr_plan_t *empty = NULL;
     assert_int_equal(kvr_plan_from_runs(NULL, 0, &empty), KVR_OK);
     plans[4] = plans[0];
     plans[0] = empty;
-    assert_int_equal(kvr_plan_check_coverage_pair(&b.lay, &b.pair, reqs, cp,
-                                                  &err), KVR_ERR_VERIFY);
+    assert_int_equal(
+        kvr_plan_check_coverage_pair(&b.lay, &b.pair, reqs, cp, &err),
+        KVR_ERR_VERIFY);
     assert_non_null(strstr(err.msg, "never written"));
     plans[0] = t;
     kvr_plan_destroy(empty);
     reqs[1].num_tokens = 100;
-    assert_int_equal(kvr_plan_check_coverage_pair(&b.lay, &b.pair, reqs, cp,
-                                                  &err), KVR_ERR_INVALID);
+    assert_int_equal(
+        kvr_plan_check_coverage_pair(&b.lay, &b.pair, reqs, cp, &err),
+        KVR_ERR_INVALID);
     for (int i = 0; i < 8; i++)
         kvr_plan_destroy(plans[i]);
 }
@@ -376,8 +388,9 @@ static void test_extreme_counts(void **state)
     b.req.num_tokens = 100;
     b.req.num_computed_blocks = UINT64_MAX;
     own_tables(&b);
-    assert_int_equal(kvr_plan_sources(&b.lay, &b.pair, 0, &b.req, ranks, 2,
-                                      &n, NULL), KVR_OK);
+    assert_int_equal(
+        kvr_plan_sources(&b.lay, &b.pair, 0, &b.req, ranks, 2, &n, NULL),
+        KVR_OK);
     assert_int_equal(n, 0);
 }
 
@@ -412,8 +425,8 @@ static void test_digest_fields(void **state)
     assert_true(digest(&l2, &ps, 1, false) != d0);
     /* head geometry and, with it only, the TP sizes */
     kvr_layout_t ld = fx_layout(16, 1, 1, 0, 1);
-    kvr_region_desc_t d = {.role = KVR_ROLE_DENSE, .heads = 8, .head_dim = 16,
-                           .elem_bytes = 2};
+    kvr_region_desc_t d = {
+        .role = KVR_ROLE_DENSE, .heads = 8, .head_dim = 16, .elem_bytes = 2};
     d.page_bytes = kvr_dense_page_bytes(&ld, &d, true);
     uint64_t e0 = digest(&ld, &d, 1, true);
     kvr_layout_t lt = ld;

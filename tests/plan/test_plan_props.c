@@ -41,15 +41,17 @@ static void check_pair(const scenario_t *s, const kvr_region_pair_t *pair,
     kvr_error_t err = {0};
     uint64_t total = 0;
     for (uint32_t r = 0; r < lay->dcp_size; r++) {
-        kvr_status_t st = kvr_plan_create(lay, r, pair, &s->req, &plans[r], &err);
+        kvr_status_t st = kvr_plan_create(lay, r, pair, &s->req, &plans[r],
+                                          &err);
         if (st != KVR_OK)
             fail_msg("plan rank %u: %s", r, err.msg);
         total += kvr_plan_bytes(plans[r]);
     }
     if (kvr_plan_check_coverage(lay, pair, &s->req,
-                                (const kvr_plan_t *const *)plans, &err) != KVR_OK)
-        fail_msg("coverage bs=%u W=%u I=%u N=%llu k=%llu: %s",
-                 lay->block_size, lay->dcp_size, lay->interleave,
+                                (const kvr_plan_t *const *)plans,
+                                &err) != KVR_OK)
+        fail_msg("coverage bs=%u W=%u I=%u N=%llu k=%llu: %s", lay->block_size,
+                 lay->dcp_size, lay->interleave,
                  (unsigned long long)s->req.num_tokens,
                  (unsigned long long)s->req.num_computed_blocks, err.msg);
     size_t sb = kvr_region_bytes(&pair->src), db = kvr_region_bytes(&pair->dst);
@@ -82,11 +84,13 @@ static void check_mla_counts(const scenario_t *s, uint64_t tb)
     uint64_t V = kvr_virtual_block(&s->lay);
     for (uint32_t r = 0; r < s->lay.dcp_size; r++) {
         kvr_plan_t *p = NULL;
-        assert_int_equal(kvr_plan_create(&s->lay, r, &pair, &s->req, &p, NULL), KVR_OK);
+        assert_int_equal(kvr_plan_create(&s->lay, r, &pair, &s->req, &p, NULL),
+                         KVR_OK);
         uint64_t owned = owned_after(&s->lay, r, N, k);
         assert_int_equal(kvr_plan_bytes(p), owned * tb);
         uint64_t chunks = 0;
-        for (uint64_t c = k * V + (uint64_t)r * I; c < N; c += (uint64_t)I * s->lay.dcp_size)
+        for (uint64_t c = k * V + (uint64_t)r * I; c < N;
+             c += (uint64_t)I * s->lay.dcp_size)
             chunks++;
         assert_int_equal(kvr_plan_runs_uncoalesced(p), chunks);
         if (N % V == 0)
@@ -102,10 +106,12 @@ static void check_mla_counts(const scenario_t *s, uint64_t tb)
 static void check_index_counts(const scenario_t *s)
 {
     kvr_region_pair_t pair = fx_index(&s->lay, 128, 300, 80);
-    uint64_t N = s->req.num_tokens, first = s->req.num_computed_blocks * s->lay.dcp_size;
+    uint64_t N = s->req.num_tokens,
+             first = s->req.num_computed_blocks * s->lay.dcp_size;
     uint64_t pages = kvr_num_src_blocks(&s->lay, N) - first;
     kvr_plan_t *p = NULL;
-    assert_int_equal(kvr_plan_create(&s->lay, 0, &pair, &s->req, &p, NULL), KVR_OK);
+    assert_int_equal(kvr_plan_create(&s->lay, 0, &pair, &s->req, &p, NULL),
+                     KVR_OK);
     assert_int_equal(kvr_plan_runs_uncoalesced(p), 2 * pages);
     assert_int_equal(kvr_plan_bytes(p), pages * s->lay.block_size * (128 + 4));
     kvr_plan_destroy(p);
@@ -161,7 +167,8 @@ static void test_whole_block_interleave(void **state)
     kvr_region_pair_t pair = fx_mla(&s.lay, 576, 300, 80);
     for (uint32_t r = 0; r < 4; r++) {
         kvr_plan_t *p = NULL;
-        assert_int_equal(kvr_plan_create(&s.lay, r, &pair, &s.req, &p, NULL), KVR_OK);
+        assert_int_equal(kvr_plan_create(&s.lay, r, &pair, &s.req, &p, NULL),
+                         KVR_OK);
         size_t n;
         const kvr_run_t *runs = kvr_plan_runs(p, &n);
         for (size_t i = 0; i < n; i++)
@@ -202,9 +209,11 @@ static void test_incremental_slice(void **state)
     kvr_region_pair_t pair = fx_mla(&s.lay, 8, 300, 80);
     for (uint32_t r = 0; r < 4; r++) {
         kvr_plan_t *full = NULL, *inc = NULL;
-        assert_int_equal(kvr_plan_create(&s.lay, r, &pair, &s.req, &full, NULL), KVR_OK);
+        assert_int_equal(kvr_plan_create(&s.lay, r, &pair, &s.req, &full, NULL),
+                         KVR_OK);
         s.req.num_computed_blocks = 2;
-        assert_int_equal(kvr_plan_create(&s.lay, r, &pair, &s.req, &inc, NULL), KVR_OK);
+        assert_int_equal(kvr_plan_create(&s.lay, r, &pair, &s.req, &inc, NULL),
+                         KVR_OK);
         s.req.num_computed_blocks = 0;
         assert_int_equal(kvr_plan_bytes(full) - kvr_plan_bytes(inc),
                          kvr_local_len(&s.lay, 128, r) * 8);
@@ -233,20 +242,24 @@ static void test_plan_set_classes(void **state)
     pairs[5] = fx_index(&s.lay, 128, 300, 80);
     kvr_plan_set_t *set = NULL;
     kvr_error_t err = {0};
-    assert_int_equal(kvr_plan_set_create(&s.lay, 1, pairs, 6, &s.req, &set, &err), KVR_OK);
+    assert_int_equal(
+        kvr_plan_set_create(&s.lay, 1, pairs, 6, &s.req, &set, &err), KVR_OK);
     assert_int_equal(kvr_plan_set_num_classes(set), 3);
     assert_int_equal(kvr_plan_set_class_of(set, 2), 0);
     assert_int_equal(kvr_plan_set_class_of(set, 5), 2);
-    const kvr_plan_t *a = kvr_plan_set_plan_of(set, 0), *b = kvr_plan_set_plan_of(set, 3);
+    const kvr_plan_t *a = kvr_plan_set_plan_of(set, 0),
+                     *b = kvr_plan_set_plan_of(set, 3);
     assert_int_equal(kvr_plan_bytes(b), 2 * kvr_plan_bytes(a));
     assert_int_equal(kvr_plan_num_runs(a), kvr_plan_num_runs(b));
     uint64_t want = 3 * kvr_plan_bytes(a) + kvr_plan_bytes(b) +
                     2 * kvr_plan_bytes(kvr_plan_set_plan_of(set, 4));
     assert_int_equal(kvr_plan_set_total_bytes(set), want);
     kvr_plan_t *single = NULL;
-    assert_int_equal(kvr_plan_create(&s.lay, 1, &pairs[3], &s.req, &single, NULL), KVR_OK);
+    assert_int_equal(
+        kvr_plan_create(&s.lay, 1, &pairs[3], &s.req, &single, NULL), KVR_OK);
     size_t n1, n2;
-    const kvr_run_t *r1 = kvr_plan_runs(single, &n1), *r2 = kvr_plan_runs(b, &n2);
+    const kvr_run_t *r1 = kvr_plan_runs(single, &n1),
+                    *r2 = kvr_plan_runs(b, &n2);
     assert_int_equal(n1, n2);
     assert_memory_equal(r1, r2, n1 * sizeof(*r1));
     kvr_plan_destroy(single);

@@ -40,16 +40,22 @@ static void test_fill_transfer_verify(void **state)
     size_t sb = kvr_region_bytes(&pair.src), db = kvr_region_bytes(&pair.dst);
     uint8_t *s = calloc(sb, 1), *d = calloc(db, 1);
     kvr_error_t err = {0};
-    assert_int_equal(kvr_synth_fill_source(&lay, &pair.src, 9, src, 8, ids, 120, s, &err), KVR_OK);
+    assert_int_equal(
+        kvr_synth_fill_source(&lay, &pair.src, 9, src, 8, ids, 120, s, &err),
+        KVR_OK);
     kvr_plan_t *p = NULL;
     assert_int_equal(kvr_plan_create(&lay, 3, &pair, &req, &p, &err), KVR_OK);
     kvr_plan_apply_host(p, s, d);
-    assert_int_equal(kvr_verify_region(&lay, 3, &pair, &req, s, d, &err), KVR_OK);
+    assert_int_equal(kvr_verify_region(&lay, 3, &pair, &req, s, d, &err),
+                     KVR_OK);
     /* token 70 lives in dst block dst[1] = 0, slot 70 % 64 = 6, page of 64 */
     const uint8_t *page = d + 0 * pair.dst.page_bytes;
-    assert_int_equal(kvr_synth_check_index_token(&lay, page, 64, 6, 128, 70, &err), KVR_OK);
+    assert_int_equal(
+        kvr_synth_check_index_token(&lay, page, 64, 6, 128, 70, &err), KVR_OK);
     ((uint8_t *)page)[64 * 128 + 6 * 4 + 3] ^= 0x40;
-    assert_int_equal(kvr_synth_check_index_token(&lay, page, 64, 6, 128, 70, &err), KVR_ERR_VERIFY);
+    assert_int_equal(
+        kvr_synth_check_index_token(&lay, page, 64, 6, 128, 70, &err),
+        KVR_ERR_VERIFY);
     assert_non_null(strstr(err.msg, "token 70"));
     kvr_plan_destroy(p);
     free(s);

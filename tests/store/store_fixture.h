@@ -32,14 +32,18 @@ static inline size_t sf_layer_regions(const sf_model_t *m, uint32_t first,
     size_t n = 0;
     uint64_t P = consumer ? kvr_index_page_tokens(lay, true) : m->bs;
     for (uint32_t l = first; l < end; l++) {
-        out[n++] = (kvr_region_desc_t){.role = KVR_ROLE_MLA, .layer = l,
+        out[n++] = (kvr_region_desc_t){.role = KVR_ROLE_MLA,
+                                       .layer = l,
                                        .num_blocks = m->pool,
                                        .page_bytes = (uint64_t)m->bs * m->tb};
         if (l % 3 == 0)
-            out[n++] = (kvr_region_desc_t){
-                .role = KVR_ROLE_INDEX, .layer = l, .num_blocks = m->pool,
-                .page_bytes = P * kvr_index_stride(m->D),
-                .index_dim = m->D, .quant_block = m->D};
+            out[n++] = (kvr_region_desc_t){.role = KVR_ROLE_INDEX,
+                                           .layer = l,
+                                           .num_blocks = m->pool,
+                                           .page_bytes = P *
+                                                         kvr_index_stride(m->D),
+                                           .index_dim = m->D,
+                                           .quant_block = m->D};
     }
     return n;
 }

@@ -195,8 +195,7 @@ static void test_flipped_byte(void **state)
     kvr_store_stats_t s;
     kvr_store_stats(st, &s);
     assert_int_equal(s.corrupt, 1);
-    assert_int_equal(kvr_store_get(st, &good, back, 50000, &len, &err),
-                     KVR_OK);
+    assert_int_equal(kvr_store_get(st, &good, back, 50000, &len, &err), KVR_OK);
     bad_list_t bl = {0};
     uint64_t ok = 0, nbad = 0;
     assert_int_equal(kvr_store_verify(dir, on_bad, &bl, &ok, &nbad, &err),
@@ -380,13 +379,14 @@ static void test_bad_input(void **state)
     kvr_store_opts_t nodir = {.dir = "/proc/no/such/dir"};
     assert_int_equal(kvr_store_open(&nodir, &st, &err), KVR_ERR_IO);
     assert_non_null(strstr(err.msg, "/proc/no/such/dir"));
-    assert_int_equal(kvr_store_verify("/proc/no/such/dir", NULL, NULL, NULL,
-                                      NULL, &err), KVR_ERR_IO);
+    assert_int_equal(
+        kvr_store_verify("/proc/no/such/dir", NULL, NULL, NULL, NULL, &err),
+        KVR_ERR_IO);
 
     kvr_store_opts_t o = {.host_bytes = 1 << 20};
     assert_int_equal(kvr_store_open(&o, &st, &err), KVR_OK);
-    sf_model_t m = {.layers = 1, .pp = 1, .bs = 16, .tb = 64, .D = 128,
-                    .pool = 8};
+    sf_model_t m = {
+        .layers = 1, .pp = 1, .bs = 16, .tb = 64, .D = 128, .pool = 8};
     kvr_layout_t lay = KVR_LAYOUT_INIT;
     lay.block_size = 16;
     unsigned seed = 1;
@@ -394,13 +394,18 @@ static void test_bad_input(void **state)
     sf_side_init(&s, &m, &lay, false, 0, 1, 4, &seed);
     uint8_t ns[KVR_STORE_NS_BYTES] = {0};
     kvr_block_hash_t chains[2] = {{{0}}, {{1}}};
-    kvr_store_io_t io = {.ns = ns, .block_size = 16, .chunk = 24,
-                         .chains = chains, .num_chains = 2, .lay = &lay,
-                         .regions = s.regions, .num_regions = s.num_regions,
-                         .blocks = s.blocks, .num_blocks = s.num_blocks};
+    kvr_store_io_t io = {.ns = ns,
+                         .block_size = 16,
+                         .chunk = 24,
+                         .chains = chains,
+                         .num_chains = 2,
+                         .lay = &lay,
+                         .regions = s.regions,
+                         .num_regions = s.num_regions,
+                         .blocks = s.blocks,
+                         .num_blocks = s.num_blocks};
     size_t saved;
-    assert_int_equal(kvr_store_save(st, &io, &saved, &err),
-                     KVR_ERR_CHUNK_SIZE);
+    assert_int_equal(kvr_store_save(st, &io, &saved, &err), KVR_ERR_CHUNK_SIZE);
     assert_non_null(strstr(err.msg, "24"));
     io.chunk = 32;
     s.regions[0].desc.role = KVR_ROLE_STATE;
@@ -438,8 +443,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_large_chunk, setup, teardown),
         cmocka_unit_test_setup_teardown(test_flipped_byte, setup, teardown),
         cmocka_unit_test_setup_teardown(test_torn_files, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_killed_mid_save, setup,
-                                        teardown),
+        cmocka_unit_test_setup_teardown(test_killed_mid_save, setup, teardown),
         cmocka_unit_test_setup_teardown(test_full_disk, setup, teardown),
         cmocka_unit_test_setup_teardown(test_lru_by_bytes, setup, teardown),
         cmocka_unit_test(test_bad_input),

@@ -12,12 +12,12 @@
 #include "store_fixture.h"
 
 #define BS 16
-#define CHUNK 64u   /* bs * 4: loads into W = 1, 2 and 4 */
-#define NTOK 202u   /* three full chunks and a tail */
+#define CHUNK 64u /* bs * 4: loads into W = 1, 2 and 4 */
+#define NTOK 202u /* three full chunks and a tail */
 #define SEED 0x5eedull
 
-static const sf_model_t model = {.layers = 8, .pp = 4, .bs = BS, .tb = 576,
-                                 .D = 128, .pool = 48};
+static const sf_model_t model = {
+    .layers = 8, .pp = 4, .bs = BS, .tb = 576, .D = 128, .pool = 48};
 
 typedef struct world {
     kvr_store_t *st;
@@ -43,25 +43,34 @@ static kvr_layout_t layout(uint32_t W, uint32_t I, bool repl, bool shuf)
 
 static void namespace_of(const sf_model_t *m, uint8_t *ns)
 {
-    kvr_offload_desc_t d = {.model_tag = "test-dsa", .dtype = "fp8",
-                            .block_size = BS, .chunk_size = CHUNK, .tp = 4,
-                            .dcp_size = 4, .interleave = 1};
+    kvr_offload_desc_t d = {.model_tag = "test-dsa",
+                            .dtype = "fp8",
+                            .block_size = BS,
+                            .chunk_size = CHUNK,
+                            .tp = 4,
+                            .dcp_size = 4,
+                            .interleave = 1};
     kvr_region_desc_t r[SF_MAX_REGIONS];
     kvr_layout_t l = layout(1, 1, false, false);
     size_t n = sf_layer_regions(m, 0, m->layers, &l, false, r);
     kvr_error_t err;
-    assert_int_equal(kvr_store_namespace(&d, r, n, "mtp:1", ns, &err),
-                     KVR_OK);
+    assert_int_equal(kvr_store_namespace(&d, r, n, "mtp:1", ns, &err), KVR_OK);
 }
 
 static kvr_store_io_t io_of(world_t *w, const sf_side_t *s, uint32_t part,
                             uint32_t rank)
 {
-    kvr_store_io_t io = {.ns = w->ns, .part = part, .block_size = BS,
-                         .chunk = CHUNK, .chains = w->chains,
-                         .num_chains = w->num_chains, .lay = &s->lay,
-                         .rank = rank, .regions = s->regions,
-                         .num_regions = s->num_regions, .blocks = s->blocks,
+    kvr_store_io_t io = {.ns = w->ns,
+                         .part = part,
+                         .block_size = BS,
+                         .chunk = CHUNK,
+                         .chains = w->chains,
+                         .num_chains = w->num_chains,
+                         .lay = &s->lay,
+                         .rank = rank,
+                         .regions = s->regions,
+                         .num_regions = s->num_regions,
+                         .blocks = s->blocks,
                          .num_blocks = s->num_blocks};
     return io;
 }
@@ -141,14 +150,13 @@ static void verify_rank(const world_t *w, const sf_side_t *c, uint32_t rank,
         if (kvr_verify_region(&c->lay, rank, &pair, &req, sr->base, dr->base,
                               &err) != KVR_OK)
             fail_msg("W=%u I=%u repl=%d rank %u layer %u %s: %s",
-                     c->lay.dcp_size, c->lay.interleave,
-                     c->lay.replicate_index, rank, dr->desc.layer,
-                     kvr_role_name(dr->desc.role), err.msg);
+                     c->lay.dcp_size, c->lay.interleave, c->lay.replicate_index,
+                     rank, dr->desc.layer, kvr_role_name(dr->desc.role),
+                     err.msg);
     }
 }
 
-static void load_case(world_t *w, uint32_t W, uint32_t I, bool repl,
-                      bool shuf)
+static void load_case(world_t *w, uint32_t W, uint32_t I, bool repl, bool shuf)
 {
     kvr_layout_t cl = layout(W, I, repl, shuf);
     size_t ndst = (NTOK + BS * W - 1) / (BS * W);

@@ -10,7 +10,8 @@
 /* Runs `sh -c cmd` (cmd should exec kvrelay serve) with stdout piped and
  * reads up to its "listening PORT" line; *rest (NULL: the pipe is closed)
  * receives the pipe for the event lines after it. */
-static inline pid_t start_listening_rest(const char *cmd, int *port, FILE **rest)
+static inline pid_t start_listening_rest(const char *cmd, int *port,
+                                         FILE **rest)
 {
     int p[2];
     assert_int_equal(pipe(p), 0);
@@ -25,7 +26,8 @@ static inline pid_t start_listening_rest(const char *cmd, int *port, FILE **rest
     FILE *f = fdopen(p[0], "r");
     char line[256] = "";
     *port = 0;
-    while (fgets(line, sizeof(line), f) != NULL && sscanf(line, "listening %d", port) != 1)
+    while (fgets(line, sizeof(line), f) != NULL &&
+           sscanf(line, "listening %d", port) != 1)
         ;
     if (rest != NULL)
         *rest = f;

@@ -43,8 +43,8 @@ static json_int_t get(json_t *o, const char *path)
 
 static double ratio(json_t *root)
 {
-    return json_real_value(json_object_get(
-        json_object_get(root, "replication_cost"), "ratio"));
+    return json_real_value(
+        json_object_get(json_object_get(root, "replication_cost"), "ratio"));
 }
 
 /* DeepSeek-V3.2 shapes, W = 4, 80 GiB = 85899345920 B per rank:
@@ -83,8 +83,9 @@ static void test_headline_replicated(void **state)
 static void test_headline_sharded(void **state)
 {
     (void)state;
-    json_t *r = capacity_json("--budget 85899345920 --dcp 4 --region mla:576x61 "
-                              "--region index:128x61");
+    json_t *r = capacity_json(
+        "--budget 85899345920 --dcp 4 --region mla:576x61 "
+        "--region index:128x61");
     assert_int_equal(get(r, "block_size"), 64); /* default */
     assert_false(json_is_true(json_object_get(r, "replicate_index")));
     assert_int_equal(get(r, "blocks_per_rank"), 30559);
@@ -148,11 +149,14 @@ static void test_budget_below_one_block(void **state)
     (void)state;
     cli_expect_usage(kvr_bin, "capacity", "--budget 80 --region mla:576x61",
                      "--budget 80 bytes holds no block (one block takes "
-                     "2248704 bytes)", &res);
+                     "2248704 bytes)",
+                     &res);
     assert_non_null(strstr(res.err, "80G"));
     /* W = 4: sharded 36864 B per block, replicated 64 x 4 x 144 + 36864 */
-    cli_expect_usage(kvr_bin, "capacity", "--budget 40000 --dcp 4 --replicate-index "
-                     "--region mla:576 --region index:128", "holds no block", &res);
+    cli_expect_usage(kvr_bin, "capacity",
+                     "--budget 40000 --dcp 4 --replicate-index "
+                     "--region mla:576 --region index:128",
+                     "holds no block", &res);
     json_t *r = capacity_json("--budget 36864 --region mla:576");
     assert_int_equal(get(r, "blocks_per_rank"), 1);
     assert_true(ratio(r) == 1.0);
@@ -166,8 +170,10 @@ static void test_budget_below_one_block(void **state)
 static void test_text(void **state)
 {
     (void)state;
-    cli_run(kvr_bin, "capacity", "--budget 80GiB --dcp 4 --replicate-index "
-            "--region mla:576x61 --region index:128x61", &res);
+    cli_run(kvr_bin, "capacity",
+            "--budget 80GiB --dcp 4 --replicate-index "
+            "--region mla:576x61 --region index:128x61",
+            &res);
     assert_int_equal(res.status, 0);
     assert_non_null(strstr(res.out, "index replicated"));
     assert_non_null(strstr(res.out, "blocks per rank:      19099\n"));
@@ -200,7 +206,8 @@ static void test_errors(void **state)
     expect_usage("--budget 1G --wat --region mla:576", "'--wat'");
     expect_usage("--budget 1G --region mla:576 extra", "unexpected argument");
     expect_usage("--budget 1G --block-size 1048576 --dcp 65536 "
-                 "--region mla:4294967296x1048576", "overflow");
+                 "--region mla:4294967296x1048576",
+                 "overflow");
 }
 
 int main(int argc, char **argv)

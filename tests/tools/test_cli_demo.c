@@ -5,8 +5,10 @@
  * serve is refused at handshake on both sides, naming the option; several
  * prefill instances into several decode groups verify every request, and
  * with --abort the aborted ones have their blocks released. */
+#include <arpa/inet.h>
 #include <dirent.h>
 #include <errno.h>
+#include <netinet/in.h>
 #include <setjmp.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -16,8 +18,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <arpa/inet.h>
-#include <netinet/in.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -35,7 +35,8 @@ static const char *kvr_bin;
  * never a speed. */
 #define WAIT_S 120
 
-#define SMALL "--dcp 2 --requests 2 --tokens 300 --deadline-ms 60000 --timeout 300"
+#define SMALL                                                                  \
+    "--dcp 2 --requests 2 --tokens 300 --deadline-ms 60000 --timeout 300"
 
 static void sleep_ms(long ms)
 {
@@ -47,8 +48,8 @@ static void sleep_ms(long ms)
 static json_t *demo_json(const char *args, int *code)
 {
     char cmd[1024];
-    snprintf(cmd, sizeof(cmd), "%s demo --json %s >demo_json.txt 2>demo_err.txt",
-             kvr_bin, args);
+    snprintf(cmd, sizeof(cmd),
+             "%s demo --json %s >demo_json.txt 2>demo_err.txt", kvr_bin, args);
     int st = system(cmd);
     *code = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
     json_error_t jerr;
@@ -56,7 +57,8 @@ static json_t *demo_json(const char *args, int *code)
     if (root == NULL) {
         char out[8192];
         cli_slurp("demo_json.txt", out, sizeof(out));
-        fail_msg("demo %s: stdout is not one JSON value (%s): %s", args, jerr.text, out);
+        fail_msg("demo %s: stdout is not one JSON value (%s): %s", args,
+                 jerr.text, out);
     }
     return root;
 }
@@ -78,8 +80,8 @@ static void expect_verified(const char *args)
 static void test_stage_without_index(void **state)
 {
     (void)state;
-    expect_verified(SMALL " --layers 8 --pp 4");       /* stage 2: layers 4, 5 */
-    expect_verified(SMALL " --layers 4 --pp 4");       /* stages 1, 2 */
+    expect_verified(SMALL " --layers 8 --pp 4"); /* stage 2: layers 4, 5 */
+    expect_verified(SMALL " --layers 4 --pp 4"); /* stages 1, 2 */
     expect_verified(SMALL " --layers 40 --index-every 30 --pp 4"); /* stage 1 */
 }
 
@@ -112,7 +114,8 @@ static int children_of(pid_t parent, pid_t *out, int cap)
         cli_slurp(path, buf, sizeof(buf));
         char *paren = strrchr(buf, ')');
         int ppid = 0;
-        if (paren != NULL && sscanf(paren + 2, "%*c %d", &ppid) == 1 && ppid == parent)
+        if (paren != NULL && sscanf(paren + 2, "%*c %d", &ppid) == 1 &&
+            ppid == parent)
             out[n++] = pid;
     }
     if (d != NULL)
@@ -165,7 +168,8 @@ static int wait_for(pid_t pid, int secs)
  * deadline, so the children are still busy when the signal comes. */
 static void signal_demo(int sig)
 {
-    pid_t demo = start_demo(SMALL " --layers 4 --pp 2 --fault wrong-nonce:req-0");
+    pid_t demo = start_demo(SMALL
+                            " --layers 4 --pp 2 --fault wrong-nonce:req-0");
     pid_t kids[16];
     int n = wait_children(demo, 4, kids, 16);
     assert_int_equal(n, 4);
@@ -215,12 +219,14 @@ static void test_no_start_after_a_rank_is_gone(void **state)
     char out[65536];
     cli_slurp("demo_bg.txt", out, sizeof(out));
     char *brace = strchr(out, '{');
-    json_t *root = brace ? json_loads(brace, JSON_DISABLE_EOF_CHECK, NULL) : NULL;
+    json_t *root = brace ? json_loads(brace, JSON_DISABLE_EOF_CHECK, NULL)
+                         : NULL;
     if (root == NULL)
         fail_msg("no JSON summary: %s", out);
     json_t *kid;
     size_t i;
-    json_array_foreach(json_object_get(root, "children"), i, kid) {
+    json_array_foreach(json_object_get(root, "children"), i, kid)
+    {
         const char *name = json_string_value(json_object_get(kid, "name"));
         if (strncmp(name, "stage", 5) == 0)
             fail_msg("%s was started after rank 0 was gone: %s", name, out);
@@ -235,14 +241,18 @@ static void test_workload_mismatch_refused(void **state)
 {
     (void)state;
     char cmd[1024], line[512];
-    snprintf(cmd, sizeof(cmd), "exec %s serve --rank 0 --dcp 1 --pp 1 --layers 4 "
-             "--tokens 300 --expect 4 --timeout 600 2>serve_mismatch.txt", kvr_bin);
+    snprintf(cmd, sizeof(cmd),
+             "exec %s serve --rank 0 --dcp 1 --pp 1 --layers 4 "
+             "--tokens 300 --expect 4 --timeout 600 2>serve_mismatch.txt",
+             kvr_bin);
     int port = 0;
     FILE *f = NULL;
     pid_t serve = start_listening_rest(cmd, &port, &f);
-    snprintf(cmd, sizeof(cmd), "%s push --stage 0 --routers 127.0.0.1:%d --dcp 1 "
+    snprintf(cmd, sizeof(cmd),
+             "%s push --stage 0 --routers 127.0.0.1:%d --dcp 1 "
              "--pp 1 --layers 4 --tokens 300 --requests 2 --timeout 600 "
-             ">push_mismatch.txt 2>&1", kvr_bin, port);
+             ">push_mismatch.txt 2>&1",
+             kvr_bin, port);
     int st = system(cmd);
     assert_true(WIFEXITED(st));
     assert_int_equal(WEXITSTATUS(st), 1);
@@ -287,9 +297,11 @@ static void test_offer_unreachable(void **state)
     (void)state;
     int port = closed_port();
     char cmd[1024], out[8192], addr[32];
-    snprintf(cmd, sizeof(cmd), "timeout %d %s push --stage 0 --routers "
+    snprintf(cmd, sizeof(cmd),
+             "timeout %d %s push --stage 0 --routers "
              "127.0.0.1:%d --dcp 1 --pp 1 --layers 4 --tokens 300 --requests 2 "
-             "--timeout 600 >push_unreachable.txt 2>&1", WAIT_S, kvr_bin, port);
+             "--timeout 600 >push_unreachable.txt 2>&1",
+             WAIT_S, kvr_bin, port);
     int st = system(cmd);
     assert_true(WIFEXITED(st));
     assert_int_equal(WEXITSTATUS(st), 1);
@@ -300,8 +312,9 @@ static void test_offer_unreachable(void **state)
         fail_msg("push said \"%s\"", out);
 }
 
-#define XPYD "--instances 3 --groups 2 --requests 12 --tokens 1500 --layers 12 " \
-             "--pp 2 --dcp 2 --deadline-ms 60000 --timeout 300"
+#define XPYD                                                                   \
+    "--instances 3 --groups 2 --requests 12 --tokens 1500 --layers 12 "        \
+    "--pp 2 --dcp 2 --deadline-ms 60000 --timeout 300"
 
 /* Requests spread over 3 prefill instances and 2 decode groups (request i
  * on instance i mod 3, group i mod 2; the prefix-reusing last one where
@@ -316,11 +329,14 @@ static void test_instances_and_groups(void **state)
     assert_int_equal(json_integer_value(json_object_get(root, "verified")), 12);
     assert_int_equal(json_integer_value(json_object_get(root, "aborted")), 0);
     size_t i;
-    json_array_foreach(json_object_get(root, "requests"), i, q) {
-        assert_int_equal(json_integer_value(json_object_get(q, "instance")), i % 3);
+    json_array_foreach(json_object_get(root, "requests"), i, q)
+    {
+        assert_int_equal(json_integer_value(json_object_get(q, "instance")),
+                         i % 3);
         assert_int_equal(json_integer_value(json_object_get(q, "group")),
                          i == 11 ? 0 : i % 2);
-        assert_int_equal(json_integer_value(json_object_get(q, "verified_ranks")), 2);
+        assert_int_equal(
+            json_integer_value(json_object_get(q, "verified_ranks")), 2);
     }
     q = json_array_get(json_object_get(root, "requests"), 11);
     assert_true(json_integer_value(json_object_get(q, "computed_blocks")) > 0);
@@ -347,25 +363,32 @@ static void test_abort_in_flight(void **state)
     }
     int aborted = 0;
     size_t i;
-    json_array_foreach(json_object_get(root, "requests"), i, q) {
+    json_array_foreach(json_object_get(root, "requests"), i, q)
+    {
         bool a = json_is_true(json_object_get(q, "aborted"));
         if (a) {
             assert_int_equal((i + 1) % 3, 0);
             assert_true(json_is_true(json_object_get(q, "released")));
             aborted++;
         } else {
-            assert_int_equal(json_integer_value(json_object_get(q, "verified_ranks")), 2);
+            assert_int_equal(
+                json_integer_value(json_object_get(q, "verified_ranks")), 2);
         }
     }
     assert_true(aborted >= 1); /* four chances to catch a pull in flight */
-    assert_int_equal(json_integer_value(json_object_get(root, "aborted")), aborted);
-    assert_int_equal(json_integer_value(json_object_get(root, "verified")), 12 - aborted);
-    assert_int_equal(json_integer_value(json_object_get(root, "expected")), 12 - aborted);
+    assert_int_equal(json_integer_value(json_object_get(root, "aborted")),
+                     aborted);
+    assert_int_equal(json_integer_value(json_object_get(root, "verified")),
+                     12 - aborted);
+    assert_int_equal(json_integer_value(json_object_get(root, "expected")),
+                     12 - aborted);
     json_decref(root);
     char err[65536], want[128];
     cli_slurp("demo_err.txt", err, sizeof(err));
-    snprintf(want, sizeof(want), "aborted %d requests, blocks released\n"
-             "verified %d/%d requests byte-exact", aborted, 12 - aborted, 12 - aborted);
+    snprintf(want, sizeof(want),
+             "aborted %d requests, blocks released\n"
+             "verified %d/%d requests byte-exact",
+             aborted, 12 - aborted, 12 - aborted);
     if (strstr(err, want) == NULL)
         fail_msg("no \"%s\" in %s", want, err);
 }

@@ -98,7 +98,8 @@ static void test_clean(void **state)
     cli_run(kvr_bin, "inspect", "dump-good", &res);
     assert_int_equal(res.status, 0);
     assert_non_null(strstr(res.out, "synthetic data, seed 7"));
-    assert_non_null(strstr(res.out, "region 0 mla layer 3: 286 tokens checked, 0 wrong"));
+    assert_non_null(
+        strstr(res.out, "region 0 mla layer 3: 286 tokens checked, 0 wrong"));
     assert_non_null(strstr(res.out, "summary: clean"));
 }
 
@@ -120,7 +121,8 @@ static void test_mla_shifted_by_one(void **state)
     assert_false(json_is_true(json_object_get(r, "clean")));
     assert_int_equal(geti(region(r, 0), "tokens_wrong"), MLA_TOKENS);
     assert_int_equal(geti(region(r, 1), "tokens_wrong"), 0);
-    assert_int_equal(json_array_size(json_object_get(region(r, 0), "diffs")), 5);
+    assert_int_equal(json_array_size(json_object_get(region(r, 0), "diffs")),
+                     5);
     const td_request_t *q = &d.reqs[0];
     for (size_t i = 0; i < 5; i++) { /* rank 0 owns 0, 4, 8, 12, 16 */
         json_t *x = diff(r, 0, i);
@@ -152,7 +154,8 @@ static void test_mla_shifted_by_one(void **state)
     assert_non_null(strstr(res.out, "wrong token 0 (req-0, rank 0): latent"));
     assert_non_null(strstr(res.out, "wrong token 4 (req-0, rank 0): latent"));
     assert_null(strstr(res.out, "wrong token 8 "));
-    assert_non_null(strstr(res.out, "summary: DIFFERENCES: 1 of 2 regions differ"));
+    assert_non_null(
+        strstr(res.out, "summary: DIFFERENCES: 1 of 2 regions differ"));
 }
 
 /* The run that carries token 37 to its owner, rank 1, is missing. */
@@ -221,16 +224,17 @@ static void test_index_as_token_windows(void **state)
     assert_string_equal(gets(x, "part"), "scale");
     json_t *s = NULL;
     size_t i;
-    json_array_foreach(json_object_get(idx, "diffs"), i, s)
-        if (strcmp(gets(s, "kind"), "scale") == 0)
-            break;
+    json_array_foreach(json_object_get(idx, "diffs"), i,
+                       s) if (strcmp(gets(s, "kind"), "scale") == 0) break;
     assert_non_null(s);
     assert_int_equal(geti(s, "token"), 0);
-    assert_int_equal(geti(s, "dst_offset"), TD_BS * TD_W * TD_D); /* scale plane */
+    assert_int_equal(geti(s, "dst_offset"),
+                     TD_BS * TD_W * TD_D); /* scale plane */
     json_decref(r);
     cli_run(kvr_bin, "inspect", "dump-windows", &res);
     assert_non_null(strstr(res.out, "wrong token 0 (req-0, rank 0): scale"));
-    assert_non_null(strstr(res.out, "scale/key mismatch 0 (req-0, rank 0): scale"));
+    assert_non_null(
+        strstr(res.out, "scale/key mismatch 0 (req-0, rank 0): scale"));
     /* Without the synthetic declaration only the byte diff remains. */
     r = inspect_json("--no-synthetic dump-windows", 1);
     assert_int_equal(geti(region(r, 1), "scales_checked"), 0);
@@ -274,19 +278,27 @@ static json_t *at(json_t *root, const char *list, size_t i)
     return json_array_get(json_object_get(root, list), i);
 }
 
-static void e_format(json_t *m) { json_object_set_new(m, "format", json_string("x")); }
-static void e_version(json_t *m) { json_object_set_new(m, "version", json_integer(2)); }
+static void e_format(json_t *m)
+{
+    json_object_set_new(m, "format", json_string("x"));
+}
+static void e_version(json_t *m)
+{
+    json_object_set_new(m, "version", json_integer(2));
+}
 static void e_dcp(json_t *m)
 {
     json_object_set_new(json_object_get(m, "layout"), "dcp", json_integer(0));
 }
 static void e_interleave(json_t *m)
 {
-    json_object_set_new(json_object_get(m, "layout"), "interleave", json_integer(3));
+    json_object_set_new(json_object_get(m, "layout"), "interleave",
+                        json_integer(3));
 }
 static void e_bool(json_t *m)
 {
-    json_object_set_new(json_object_get(m, "layout"), "preshuffle", json_integer(1));
+    json_object_set_new(json_object_get(m, "layout"), "preshuffle",
+                        json_integer(1));
 }
 static void e_files(json_t *m)
 {
@@ -294,7 +306,8 @@ static void e_files(json_t *m)
 }
 static void e_escape(json_t *m)
 {
-    json_object_set_new(at(m, "regions", 0), "src_file", json_string("../x.bin"));
+    json_object_set_new(at(m, "regions", 0), "src_file",
+                        json_string("../x.bin"));
 }
 static void e_missing(json_t *m)
 {
@@ -315,7 +328,8 @@ static void e_size(json_t *m)
 static void e_tokens_page(json_t *m)
 {
     json_t *r = at(m, "regions", 0);
-    json_object_set_new(json_object_get(r, "src"), "page_bytes", json_integer(1000));
+    json_object_set_new(json_object_get(r, "src"), "page_bytes",
+                        json_integer(1000));
 }
 static void e_role(json_t *m)
 {
@@ -340,14 +354,18 @@ static void e_token_ids(json_t *m)
 }
 static void e_computed(json_t *m)
 {
-    json_object_set_new(at(m, "requests", 0), "num_computed_blocks", json_integer(5));
+    json_object_set_new(at(m, "requests", 0), "num_computed_blocks",
+                        json_integer(5));
 }
 static void e_short(json_t *m)
 {
     json_object_set_new(at(m, "requests", 1), "num_tokens", json_integer(2000));
     json_object_del(at(m, "requests", 1), "token_ids");
 }
-static void e_regions(json_t *m) { json_object_set_new(m, "regions", json_string("x")); }
+static void e_regions(json_t *m)
+{
+    json_object_set_new(m, "regions", json_string("x"));
+}
 
 static const struct {
     edit_fn edit;
@@ -363,7 +381,8 @@ static const struct {
     {e_missing, "missing.bin: cannot open"},
     {e_huge, "regions[0].src: 4294967296 blocks x 1099511627776 bytes exceeds"},
     {e_size, "bytes, the manifest says 9 blocks"},
-    {e_tokens_page, "page bytes 1000 is not a positive multiple of block size 16"},
+    {e_tokens_page,
+     "page bytes 1000 is not a positive multiple of block size 16"},
     {e_role, "regions[1].role: not \"mla\" or \"index\""},
     {e_dim, "regions[1].index_dim: not an integer"},
     {e_block, "request 'req-0', region 0 (mla layer 3): source block id 99"},
@@ -407,8 +426,10 @@ static void test_usage(void **state)
 {
     (void)state;
     cli_expect_usage(kvr_bin, "inspect", "", "DIR is required", &res);
-    cli_expect_usage(kvr_bin, "inspect", "a b", "one dump directory expected", &res);
-    cli_expect_usage(kvr_bin, "inspect", "--max-report 0 a", "--max-report: '0'", &res);
+    cli_expect_usage(kvr_bin, "inspect", "a b", "one dump directory expected",
+                     &res);
+    cli_expect_usage(kvr_bin, "inspect", "--max-report 0 a",
+                     "--max-report: '0'", &res);
     cli_expect_usage(kvr_bin, "inspect", "--seed 1 --no-synthetic a",
                      "exclude each other", &res);
     cli_expect_usage(kvr_bin, "inspect", "--wat a", "'--wat'", &res);

@@ -22,7 +22,8 @@ static void test_version(void **state)
     for (int i = 0; i < 2; i++) {
         cli_run(kvr_bin, forms[i], "", &res);
         assert_int_equal(res.status, 0);
-        if (strncmp(res.out, "kvrelay ", 8) != 0 || strstr(res.out, "wire protocol") == NULL)
+        if (strncmp(res.out, "kvrelay ", 8) != 0 ||
+            strstr(res.out, "wire protocol") == NULL)
             fail_msg("%s printed \"%s\"", forms[i], res.out);
     }
     cli_run(kvr_bin, "--help", "", &res);
@@ -34,17 +35,22 @@ static void test_version(void **state)
 static void test_layout_refused_at_once(void **state)
 {
     (void)state;
-    const char *needle = "sharded index layer 0 under W=4 needs I == bs (I=1, "
-                         "bs=64); replicate it instead (ERR_SHARDED_INDEX_INTERLEAVE)";
-    cli_expect_usage(kvr_bin, "demo", "--sharded-index --timeout 600", needle, &res);
+    const char *needle =
+        "sharded index layer 0 under W=4 needs I == bs (I=1, "
+        "bs=64); replicate it instead (ERR_SHARDED_INDEX_INTERLEAVE)";
+    cli_expect_usage(kvr_bin, "demo", "--sharded-index --timeout 600", needle,
+                     &res);
     cli_expect_usage(kvr_bin, "serve", "--rank 0 --sharded-index --timeout 600",
                      needle, &res);
-    cli_expect_usage(kvr_bin, "push", "--stage 0 --sharded-index --timeout 600 "
+    cli_expect_usage(kvr_bin, "push",
+                     "--stage 0 --sharded-index --timeout 600 "
                      "--routers 127.0.0.1:1",
                      needle, &res);
     cli_expect_usage(kvr_bin, "bench", "--sharded-index", needle, &res);
-    cli_expect_usage(kvr_bin, "plan", "--block-size 64 --dcp 4 --rank 0 --tokens 3000 "
-                     "--region index:128", "needs I == bs", &res);
+    cli_expect_usage(kvr_bin, "plan",
+                     "--block-size 64 --dcp 4 --rank 0 --tokens 3000 "
+                     "--region index:128",
+                     "needs I == bs", &res);
 }
 
 static void test_options_refused(void **state)
@@ -54,14 +60,16 @@ static void test_options_refused(void **state)
                      "--staging-slots: '0' is not a number in [1, 1024]", &res);
     cli_expect_usage(kvr_bin, "serve", "--rank 0 --staging-slots 0",
                      "--staging-slots", &res);
-    cli_expect_usage(kvr_bin, "demo", "--pp 9 --layers 8", "--pp 9 exceeds --layers 8",
-                     &res);
+    cli_expect_usage(kvr_bin, "demo", "--pp 9 --layers 8",
+                     "--pp 9 exceeds --layers 8", &res);
     /* checked before any process starts, GPU or not */
-    cli_expect_usage(kvr_bin, "serve", "--rank 0 --cuda-device 0 --executor staged",
+    cli_expect_usage(kvr_bin, "serve",
+                     "--rank 0 --cuda-device 0 --executor staged",
                      "--executor staged moves host memory", &res);
     /* bench opens its output before the first run */
     cli_expect_usage(kvr_bin, "bench", "--out /nonexistent/dir/x.json",
-                     "--out /nonexistent/dir/x.json: No such file or directory", &res);
+                     "--out /nonexistent/dir/x.json: No such file or directory",
+                     &res);
 }
 
 int main(int argc, char **argv)

@@ -34,7 +34,8 @@ static void slurp(const char *path, char *buf, size_t cap)
 static void run(const char *args, result_t *r)
 {
     char cmd[2048];
-    snprintf(cmd, sizeof(cmd), "%s plan %s >cli_out.txt 2>cli_err.txt", kvr_bin, args);
+    snprintf(cmd, sizeof(cmd), "%s plan %s >cli_out.txt 2>cli_err.txt", kvr_bin,
+             args);
     int st = system(cmd);
     r->status = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
     slurp("cli_out.txt", r->out, sizeof(r->out));
@@ -57,9 +58,11 @@ static void test_json_headline(void **state)
     char digest0[17] = "";
     for (uint32_t rank = 0; rank < 4; rank++) {
         char args[512];
-        snprintf(args, sizeof(args), "--json --block-size 64 --dcp 4 --rank %u "
+        snprintf(args, sizeof(args),
+                 "--json --block-size 64 --dcp 4 --rank %u "
                  "--tokens 3001 --replicate-index --region mla:576x78 "
-                 "--region index:128x26", rank);
+                 "--region index:128x26",
+                 rank);
         result_t r;
         run(args, &r);
         assert_int_equal(r.status, 0);
@@ -73,7 +76,8 @@ static void test_json_headline(void **state)
         json_t *regs = json_object_get(root, "regions");
         assert_int_equal(json_array_size(regs), 2);
         json_t *mla = json_array_get(regs, 0), *idx = json_array_get(regs, 1);
-        assert_string_equal(json_string_value(json_object_get(mla, "role")), "mla");
+        assert_string_equal(json_string_value(json_object_get(mla, "role")),
+                            "mla");
         assert_int_equal(get_int(mla, "count"), 78);
         uint64_t owned = kvr_local_len(&lay, 3001, rank);
         assert_int_equal(get_int(mla, "bytes"), (json_int_t)(owned * 576 * 78));
@@ -102,16 +106,20 @@ static void test_headline_stage(void **state)
     json_int_t mla_sum = 0;
     for (int rank = 0; rank < 4; rank++) {
         char args[512];
-        snprintf(args, sizeof(args), "--json --block-size 16 --dcp 4 --rank %d "
+        snprintf(args, sizeof(args),
+                 "--json --block-size 16 --dcp 4 --rank %d "
                  "--tokens 48 --replicate-index --region mla:576x20 "
-                 "--region index:128x7", rank);
+                 "--region index:128x7",
+                 rank);
         result_t r;
         run(args, &r);
         assert_int_equal(r.status, 0);
         json_t *root = json_loads(r.out, 0, NULL);
         assert_non_null(root);
-        assert_int_equal(get_int(root, "total_bytes"), 20 * 576 * 12 + 7 * (128 + 4) * 48);
-        mla_sum += get_int(json_array_get(json_object_get(root, "regions"), 0), "bytes");
+        assert_int_equal(get_int(root, "total_bytes"),
+                         20 * 576 * 12 + 7 * (128 + 4) * 48);
+        mla_sum += get_int(json_array_get(json_object_get(root, "regions"), 0),
+                           "bytes");
         json_decref(root);
     }
     assert_int_equal(mla_sum, 20 * 576 * 48);
@@ -122,7 +130,8 @@ static void test_text_output(void **state)
     (void)state;
     result_t r;
     run("--block-size 16 --dcp 2 --rank 0 --tokens 40 --interleave 16 "
-        "--region mla:576 --src-blocks random:5 --dst-blocks 4,1", &r);
+        "--region mla:576 --src-blocks random:5 --dst-blocks 4,1",
+        &r);
     assert_int_equal(r.status, 0);
     assert_non_null(strstr(r.out, "layout digest"));
     assert_non_null(strstr(r.out, "block tables: given"));
@@ -161,10 +170,13 @@ static void test_errors(void **state)
     expect_usage(args, "block id 'x'");
     snprintf(args, sizeof(args), "%s --rank 0 --computed-blocks 9", base);
     expect_usage(args, "num_computed_blocks 9");
-    snprintf(args, sizeof(args), "%s --rank 0 --dst-num-blocks 3 --dst-blocks 5", base);
+    snprintf(args, sizeof(args),
+             "%s --rank 0 --dst-num-blocks 3 --dst-blocks 5", base);
     expect_usage(args, "destination block id 5");
-    expect_usage("--dcp 4 --rank 0 --tokens 5 --region mla:576", "--block-size is required");
-    expect_usage("--block-size 64 --dcp 1 --rank 0 --tokens 5 --wat", "'--wat'");
+    expect_usage("--dcp 4 --rank 0 --tokens 5 --region mla:576",
+                 "--block-size is required");
+    expect_usage("--block-size 64 --dcp 1 --rank 0 --tokens 5 --wat",
+                 "'--wat'");
     snprintf(args, sizeof(args), "%s --rank 0 --region state:4096", base);
     expect_usage(args, "no relayout");
 }
@@ -175,25 +187,31 @@ static void test_errors(void **state)
 static void test_random_tables_honour_pools(void **state)
 {
     (void)state;
-    const char *base = "--block-size 64 --dcp 4 --rank 1 --tokens 4096 --region mla:576";
+    const char *base =
+        "--block-size 64 --dcp 4 --rank 1 --tokens 4096 --region mla:576";
     char args[512];
     result_t r;
     for (int seed = 1; seed <= 5; seed++) { /* 16 of 17 ids: nothing to spare */
-        snprintf(args, sizeof(args), "%s --dst-blocks random:%d --dst-num-blocks 17 "
-                 "--src-blocks random:%d --src-num-blocks 65", base, seed, seed);
+        snprintf(args, sizeof(args),
+                 "%s --dst-blocks random:%d --dst-num-blocks 17 "
+                 "--src-blocks random:%d --src-num-blocks 65",
+                 base, seed, seed);
         run(args, &r);
         if (r.status != 0)
             fail_msg("'%s' exited %d: %s", args, r.status, r.err);
     }
-    snprintf(args, sizeof(args), "%s --dst-blocks random:3 --dst-num-blocks 4000000000",
-             base);
+    snprintf(args, sizeof(args),
+             "%s --dst-blocks random:3 --dst-num-blocks 4000000000", base);
     run(args, &r);
     assert_int_equal(r.status, 0);
-    snprintf(args, sizeof(args), "%s --dst-blocks random:3 --dst-num-blocks 10", base);
-    expect_usage(args, "--dst-blocks: a pool of 10 blocks is smaller than the 16 "
-                       "blocks the tokens need");
+    snprintf(args, sizeof(args), "%s --dst-blocks random:3 --dst-num-blocks 10",
+             base);
+    expect_usage(args,
+                 "--dst-blocks: a pool of 10 blocks is smaller than the 16 "
+                 "blocks the tokens need");
     expect_usage("--block-size 1 --dcp 1 --rank 0 --tokens 1099511627776 "
-                 "--region mla:576", "is beyond u32 block ids");
+                 "--region mla:576",
+                 "is beyond u32 block ids");
 }
 
 #if defined(__SANITIZE_ADDRESS__)
@@ -218,7 +236,8 @@ static void test_table_beyond_memory(void **state)
 #else
     const char *limit = "ulimit -v 1048576;";
 #endif
-    snprintf(cmd, sizeof(cmd), "%s %s plan --block-size 64 --dcp 1 --rank 0 "
+    snprintf(cmd, sizeof(cmd),
+             "%s %s plan --block-size 64 --dcp 1 --rank 0 "
              "--tokens 68719476736 --region mla:576 >cli_out.txt 2>cli_err.txt",
              limit, kvr_bin);
     int st = system(cmd);
@@ -226,7 +245,10 @@ static void test_table_beyond_memory(void **state)
     slurp("cli_err.txt", err, sizeof(err));
     if (!WIFEXITED(st) || WEXITSTATUS(st) != 2)
         fail_msg("exit %d: %s", WIFEXITED(st) ? WEXITSTATUS(st) : -1, err);
-    if (strstr(err, "--src-blocks: no memory for a table of 1073741824 block ids\n") == NULL)
+    if (strstr(
+            err,
+            "--src-blocks: no memory for a table of 1073741824 block ids\n") ==
+        NULL)
         fail_msg("stderr \"%s\"", err);
 }
 
@@ -249,7 +271,8 @@ static json_t *pairs_json(const char *args, json_int_t *src_ranks, size_t cap,
     for (size_t i = 0; i < *n; i++) {
         json_t *s = json_array_get(src, i);
         src_ranks[i] = get_int(s, "producer_rank");
-        assert_string_equal(json_string_value(json_object_get(s, "axis")), axis);
+        assert_string_equal(json_string_value(json_object_get(s, "axis")),
+                            axis);
         assert_true(i == 0 || src_ranks[i] > src_ranks[i - 1]);
         assert_true(get_int(s, "bytes") > 0);
         runs += get_int(s, "runs");
@@ -277,9 +300,11 @@ static void test_sharded_producer(void **state)
                 snprintf(args, sizeof(args),
                          "--json --block-size 16 --dcp %u --interleave %u "
                          "--rank %u --producer-dcp %u --producer-interleave %u "
-                         "--tokens 1001 --replicate-index --producer-replicate-index "
+                         "--tokens 1001 --replicate-index "
+                         "--producer-replicate-index "
                          "--region mla:576x3 "
-                         "--region index:128", w[a][1], I[b], c, w[a][0], I[b]);
+                         "--region index:128",
+                         w[a][1], I[b], c, w[a][0], I[b]);
                 json_t *root = pairs_json(args, ranks, 8, &n, "dcp");
                 json_t *regs = json_object_get(root, "regions");
                 mla += get_int(json_array_get(regs, 0), "bytes");
@@ -305,22 +330,26 @@ static void test_tp_reshard(void **state)
     size_t n;
     json_t *root = pairs_json("--json --block-size 16 --dcp 1 --rank 0 "
                               "--tokens 100 --producer-tp 4 --tp 2 --tp-rank 1 "
-                              "--region dense:8:128:2x4", ranks, 8, &n, "tp");
+                              "--region dense:8:128:2x4",
+                              ranks, 8, &n, "tp");
     assert_int_equal(n, 2);
     assert_int_equal(ranks[0], 2);
     assert_int_equal(ranks[1], 3);
     assert_int_equal(get_int(root, "total_bytes"), 100 * 4 * 128 * 2 * 2 * 4);
     json_t *reg = json_array_get(json_object_get(root, "regions"), 0);
     assert_int_equal(get_int(reg, "heads"), 8);
-    assert_string_equal(json_string_value(json_object_get(reg, "order")), "nhd");
+    assert_string_equal(json_string_value(json_object_get(reg, "order")),
+                        "nhd");
     /* NHD: one run per token per plane per source */
     assert_int_equal(get_int(reg, "runs_uncoalesced"), 100 * 2 * 2 * 4);
     json_decref(root);
     for (unsigned t = 0; t < 8; t++) {
         char args[512];
-        snprintf(args, sizeof(args), "--json --block-size 16 --dcp 1 --rank 0 "
+        snprintf(args, sizeof(args),
+                 "--json --block-size 16 --dcp 1 --rank 0 "
                  "--tokens 100 --producer-tp 2 --tp 8 --tp-rank %u "
-                 "--region dense:2:64:2:hnd", t);
+                 "--region dense:2:64:2:hnd",
+                 t);
         root = pairs_json(args, ranks, 8, &n, "tp");
         assert_int_equal(n, 1);
         assert_int_equal(ranks[0], t / 4); /* head t / 4 lives on rank t / 4 */
@@ -340,7 +369,8 @@ static void test_pairs_text_and_errors(void **state)
     assert_int_equal(r.status, 0);
     assert_null(strstr(r.out, "sources"));
     run("--block-size 16 --dcp 4 --rank 1 --tokens 400 --producer-dcp 2 "
-        "--region mla:576", &r);
+        "--region mla:576",
+        &r);
     assert_int_equal(r.status, 0);
     assert_non_null(strstr(r.out, "source: producer dcp rank 1:"));
     assert_null(strstr(r.out, "source: producer dcp rank 0:"));
@@ -353,12 +383,15 @@ static void test_pairs_text_and_errors(void **state)
     snprintf(args, sizeof(args), "%s --producer-tp 4 --region dense:6:128:2",
              base);
     expect_usage(args, "ERR_DENSE_HEADS");
-    snprintf(args, sizeof(args), "%s --producer-tp 4 --tp-rank 1 "
-             "--region dense:8:128:2", base);
+    snprintf(args, sizeof(args),
+             "%s --producer-tp 4 --tp-rank 1 "
+             "--region dense:8:128:2",
+             base);
     expect_usage(args, "consumer TP rank 1 out of range");
-    expect_usage("--block-size 16 --dcp 4 --rank 0 --tokens 100 --interleave 16 "
-                 "--producer-dcp 2 --producer-interleave 16 --region index:128",
-                 "ERR_INDEX_NEEDS_REPLICATED");
+    expect_usage(
+        "--block-size 16 --dcp 4 --rank 0 --tokens 100 --interleave 16 "
+        "--producer-dcp 2 --producer-interleave 16 --region index:128",
+        "ERR_INDEX_NEEDS_REPLICATED");
     expect_usage("--block-size 16 --dcp 4 --rank 0 --tokens 100 "
                  "--replicate-index --producer-dcp 2 --region index:128",
                  "ERR_PRODUCER_INDEX_INTERLEAVE");

@@ -61,7 +61,8 @@ static int setup(void **state)
                                key_of(0xcd, 1)};
     int rc = 0;
     for (int i = 0; i < 3 && rc == 0; i++)
-        rc = kvr_store_put(st, &keys[i], data, PAYLOAD, &err) == KVR_OK ? 0 : -1;
+        rc = kvr_store_put(st, &keys[i], data, PAYLOAD, &err) == KVR_OK ? 0
+                                                                        : -1;
     kvr_store_close(st);
     return rc;
 }
@@ -101,8 +102,8 @@ static void run_verify(int expect)
     snprintf(args, sizeof args, "verify %s", dir);
     cli_run(kvr_bin, "store", args, &res);
     if (res.status != expect)
-        fail_msg("verify exited %d, not %d: %s%s", res.status, expect,
-                 res.out, res.err);
+        fail_msg("verify exited %d, not %d: %s%s", res.status, expect, res.out,
+                 res.err);
 }
 
 static void test_clean_store(void **state)
@@ -189,8 +190,10 @@ static void test_bad_usage(void **state)
     cli_expect_usage(kvr_bin, "store", "stat /nonexistent/kvr-store",
                      "/nonexistent/kvr-store", &res);
     cli_expect_usage(kvr_bin, "store", "verify", "DIR is required", &res);
-    cli_expect_usage(kvr_bin, "store", "stat /dev/null", "'/dev/null' is not "
-                     "a directory", &res);
+    cli_expect_usage(kvr_bin, "store", "stat /dev/null",
+                     "'/dev/null' is not "
+                     "a directory",
+                     &res);
     cli_expect_usage(kvr_bin, "store", "check /tmp", "'check'", &res);
     cli_expect_usage(kvr_bin, "store", "verify --json /tmp", "'--json'", &res);
     cli_run(kvr_bin, "store", "verify --help", &res);

@@ -3,18 +3,18 @@
  * the affected request failed within its deadline, every other request
  * verified, and every surviving process exiting cleanly (under ASan, a leak
  * makes a child exit 23 and fails the test). */
+#include <arpa/inet.h>
+#include <ifaddrs.h>
+#include <netinet/in.h>
 #include <setjmp.h>
+#include <signal.h>
 #include <stdarg.h>
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <arpa/inet.h>
-#include <ifaddrs.h>
-#include <netinet/in.h>
-#include <signal.h>
-#include <stdbool.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -34,8 +34,9 @@ static const char *kvr_bin;
 #define TIMEOUT_S 300
 #define STR_(x) #x
 #define STR(x) STR_(x)
-#define SMALL "--requests 3 --tokens 700 --layers 6 --pp 2 --dcp 2 " \
-              "--deadline-ms " STR(DEADLINE_S) "000 --timeout " STR(TIMEOUT_S)
+#define SMALL                                                                  \
+    "--requests 3 --tokens 700 --layers 6 --pp 2 --dcp 2 "                     \
+    "--deadline-ms " STR(DEADLINE_S) "000 --timeout " STR(TIMEOUT_S)
 
 static double now_s(void)
 {
@@ -48,7 +49,8 @@ static double now_s(void)
 static json_t *run_demo(const char *args, int *code, double *secs)
 {
     char cmd[1024];
-    snprintf(cmd, sizeof(cmd), "%s demo --json %s > demo_out.txt 2>&1", kvr_bin, args);
+    snprintf(cmd, sizeof(cmd), "%s demo --json %s > demo_out.txt 2>&1", kvr_bin,
+             args);
     double t0 = now_s();
     int st = system(cmd);
     *secs = now_s() - t0;
@@ -75,12 +77,14 @@ static json_t *req(json_t *root, int i)
 
 static int verified_ranks(json_t *root, int i)
 {
-    return (int)json_integer_value(json_object_get(req(root, i), "verified_ranks"));
+    return (int)json_integer_value(
+        json_object_get(req(root, i), "verified_ranks"));
 }
 
 static int loaded_ranks(json_t *root, int i)
 {
-    return (int)json_integer_value(json_object_get(req(root, i), "loaded_ranks"));
+    return (int)json_integer_value(
+        json_object_get(req(root, i), "loaded_ranks"));
 }
 
 static const char *failure(json_t *root, int i)
@@ -94,7 +98,8 @@ static void check_children(json_t *root, const char *killed)
 {
     json_t *kids = json_object_get(root, "children"), *k;
     size_t i;
-    json_array_foreach(kids, i, k) {
+    json_array_foreach(kids, i, k)
+    {
         const char *name = json_string_value(json_object_get(k, "name"));
         int exit_code = (int)json_integer_value(json_object_get(k, "exit"));
         if (killed != NULL && strcmp(name, killed) == 0)
@@ -117,7 +122,9 @@ static void expect_ok(const char *args)
      * ranks the PP head sees only its own ranks' releases, so its offer may
      * come before the group cached the prefix (a miss moves everything) */
     if (strstr(args, "--producer-tp") == NULL)
-        assert_int_equal(json_integer_value(json_object_get(req(root, 2), "computed_blocks")), 2);
+        assert_int_equal(json_integer_value(
+                             json_object_get(req(root, 2), "computed_blocks")),
+                         2);
     check_children(root, NULL);
     json_decref(root);
 }
@@ -131,12 +138,14 @@ static void test_matrix(void **state)
     expect_ok(SMALL " --transport tcp --executor staged --slot-bytes 262144");
     expect_ok(SMALL " --interleave 64 --sharded-index");
     expect_ok(SMALL " --interleave 16 --executor staged");
-    expect_ok(SMALL " --producer-tp 2"); /* rank t served by producer tp t % 2 */
+    expect_ok(SMALL
+              " --producer-tp 2"); /* rank t served by producer tp t % 2 */
 }
 
 /* The faulted request (req-2, offered last) fails with `status` within the
  * deadline; req-0 and req-1 verify on every rank. */
-static void expect_fault(const char *fault, const char *status, const char *killed)
+static void expect_fault(const char *fault, const char *status,
+                         const char *killed)
 {
     char args[512];
     snprintf(args, sizeof(args), SMALL " --fault %s", fault);
@@ -154,7 +163,8 @@ static void expect_fault(const char *fault, const char *status, const char *kill
     }
     assert_true(verified_ranks(root, 2) < 2);
     if (status != NULL && strstr(failure(root, 2), status) == NULL)
-        fail_msg("--fault %s: failure \"%s\" lacks %s", fault, failure(root, 2), status);
+        fail_msg("--fault %s: failure \"%s\" lacks %s", fault, failure(root, 2),
+                 status);
     /* ended by the request's deadline, not the run's --timeout; the
      * margin is for load, not a speed requirement */
     assert_true(secs < TIMEOUT_S / 2);
@@ -224,7 +234,8 @@ static void test_dump_inspect(void **state)
     assert_int_equal(code, 0);
     json_decref(root);
     char cmd[512];
-    snprintf(cmd, sizeof(cmd), "%s inspect dump_dir > inspect_out.txt 2>&1", kvr_bin);
+    snprintf(cmd, sizeof(cmd), "%s inspect dump_dir > inspect_out.txt 2>&1",
+             kvr_bin);
     int st = system(cmd);
     assert_true(WIFEXITED(st) && WEXITSTATUS(st) == 0);
     FILE *f = fopen("dump_dir/dst-r1-L002-mla.bin", "r+b");
@@ -252,8 +263,10 @@ static void test_bench(void **state)
 {
     (void)state;
     char cmd[1024];
-    snprintf(cmd, sizeof(cmd), "%s bench --reps 1 --out bench_out.json "
-             "--requests 2 --tokens 500 --layers 4 --pp 2 --dcp 2 > /dev/null", kvr_bin);
+    snprintf(cmd, sizeof(cmd),
+             "%s bench --reps 1 --out bench_out.json "
+             "--requests 2 --tokens 500 --layers 4 --pp 2 --dcp 2 > /dev/null",
+             kvr_bin);
     int st = system(cmd);
     assert_true(WIFEXITED(st) && WEXITSTATUS(st) == 0);
     json_t *root = json_load_file("bench_out.json", 0, NULL);
@@ -264,8 +277,10 @@ static void test_bench(void **state)
     st = system(cmd);
     assert_true(WIFEXITED(st) && WEXITSTATUS(st) == 2);
     /* a bad --out fails before the first run (before: after all of them) */
-    snprintf(cmd, sizeof(cmd), "%s bench --reps 1 --out /nonexistent/dir/x.json "
-             "--requests 2 --tokens 500 --layers 4 --pp 2 --dcp 2 > bench_out.txt 2>&1",
+    snprintf(cmd, sizeof(cmd),
+             "%s bench --reps 1 --out /nonexistent/dir/x.json "
+             "--requests 2 --tokens 500 --layers 4 --pp 2 --dcp 2 > "
+             "bench_out.txt 2>&1",
              kvr_bin);
     st = system(cmd);
     assert_true(WIFEXITED(st) && WEXITSTATUS(st) == 2);
@@ -307,9 +322,11 @@ static void test_non_loopback_refused(void **state)
     int port;
     pid_t serve = start_serve("--listen 0.0.0.0:0", &port);
     char cmd[1024];
-    snprintf(cmd, sizeof(cmd), "%s push --stage 0 --routers %s:%d --dcp 1 --pp 1 "
-             "--layers 4 --requests 1 --tokens 300 --timeout 20 > push_out.txt 2>&1",
-             kvr_bin, ip, port);
+    snprintf(
+        cmd, sizeof(cmd),
+        "%s push --stage 0 --routers %s:%d --dcp 1 --pp 1 "
+        "--layers 4 --requests 1 --tokens 300 --timeout 20 > push_out.txt 2>&1",
+        kvr_bin, ip, port);
     int st = system(cmd);
     kill(serve, SIGTERM);
     int sst;
@@ -327,9 +344,11 @@ static void test_non_loopback_refused(void **state)
 static pid_t start_serve(const char *extra, int *port)
 {
     char cmd[1024];
-    snprintf(cmd, sizeof(cmd), "exec %s serve --rank 0 --dcp 1 --pp 1 --layers 4 "
-             "--requests 1 --tokens 300 --expect 1 --timeout %d %s 2>serve_err.txt",
-             kvr_bin, TIMEOUT_S, extra);
+    snprintf(
+        cmd, sizeof(cmd),
+        "exec %s serve --rank 0 --dcp 1 --pp 1 --layers 4 "
+        "--requests 1 --tokens 300 --expect 1 --timeout %d %s 2>serve_err.txt",
+        kvr_bin, TIMEOUT_S, extra);
     return start_listening(cmd, port);
 }
 
@@ -360,9 +379,11 @@ static void expect_refused(const char *serve_extra, const char *push_extra,
     int port;
     pid_t serve = start_serve(serve_extra, &port);
     char cmd[1024];
-    snprintf(cmd, sizeof(cmd), "%s push --stage 0 --routers 127.0.0.1:%d --dcp 1 "
+    snprintf(cmd, sizeof(cmd),
+             "%s push --stage 0 --routers 127.0.0.1:%d --dcp 1 "
              "--pp 1 --layers 4 --requests 1 --tokens 300 --timeout %d %s "
-             "> push_out.txt 2>&1", kvr_bin, port, TIMEOUT_S, push_extra);
+             "> push_out.txt 2>&1",
+             kvr_bin, port, TIMEOUT_S, push_extra);
     int st = system(cmd);
     /* an unknown peer's refusal leaves the serve running: a few seconds
      * show it did not stop over it */
@@ -395,15 +416,21 @@ static void test_mismatched_layout(void **state)
 {
     (void)state;
     expect_refused("--interleave 1", "--interleave 4", "interleave", true);
-    expect_refused("--block-size 64", "--block-size 32 --interleave 1", "block", true);
+    expect_refused("--block-size 64", "--block-size 32 --interleave 1", "block",
+                   true);
 }
 
 static void test_wrong_key(void **state)
 {
     (void)state;
-    write_key("key_a.hex", "000102030405060708090a0b0c0d0e0f101112131415161718191a1b1c1d1e1f");
-    write_key("key_b.hex", "ff0102030405060708090a0b0c0d0e0f101112131415161718191a1b1c1d1e1f");
-    expect_refused("--key-file key_a.hex", "--key-file key_b.hex", "AUTH", false);
+    write_key(
+        "key_a.hex",
+        "000102030405060708090a0b0c0d0e0f101112131415161718191a1b1c1d1e1f");
+    write_key(
+        "key_b.hex",
+        "ff0102030405060708090a0b0c0d0e0f101112131415161718191a1b1c1d1e1f");
+    expect_refused("--key-file key_a.hex", "--key-file key_b.hex", "AUTH",
+                   false);
     expect_refused("--key-file key_a.hex", "", "pre-shared key", false);
     expect_refused("", "--key-file key_a.hex", "pre-shared key", true);
     /* same key: the layout is compared after AUTH, and the reason arrives */
@@ -416,10 +443,12 @@ static void test_wrong_key(void **state)
 static void test_keyed_matrix(void **state)
 {
     (void)state;
-    write_key("key_a.hex", "000102030405060708090a0b0c0d0e0f101112131415161718191a1b1c1d1e1f");
+    write_key(
+        "key_a.hex",
+        "000102030405060708090a0b0c0d0e0f101112131415161718191a1b1c1d1e1f");
     expect_ok(SMALL " --key-file key_a.hex");
     expect_ok(SMALL " --key-file key_a.hex --executor staged --staging-slots 2 "
-              "--slot-bytes 65536");
+                    "--slot-bytes 65536");
     expect_ok(SMALL " --key-file key_a.hex --producer-tp 2");
 }
 

@@ -44,12 +44,12 @@ static inline void cli_run(const char *bin, const char *command,
     do {                                                                       \
         cli_run(bin, command, args, r);                                        \
         if ((r)->status != 2)                                                  \
-            fail_msg("'%s' exited %d: %s", args, (r)->status, (r)->err);      \
+            fail_msg("'%s' exited %d: %s", args, (r)->status, (r)->err);       \
         if (strstr((r)->err, needle) == NULL)                                  \
-            fail_msg("stderr \"%s\" lacks \"%s\"", (r)->err, needle);        \
-        const char *nl_ = strchr((r)->err, '\n');                             \
+            fail_msg("stderr \"%s\" lacks \"%s\"", (r)->err, needle);          \
+        const char *nl_ = strchr((r)->err, '\n');                              \
         assert_non_null(nl_);                                                  \
-        assert_string_equal(nl_ + 1, ""); /* exactly one line */              \
+        assert_string_equal(nl_ + 1, ""); /* exactly one line */               \
     } while (0)
 
 #endif

@@ -59,8 +59,9 @@ static inline void td_request(td_request_t *q, const char *id, uint64_t N,
         q->dst[i] = ((first_dst + i) * 3) % TD_DST_BLOCKS;
     for (uint32_t g = 0; g < 256; g++)
         q->tok[g] = 1000 + g * 7 + (uint32_t)k;
-    q->req = (kvr_request_t){q->src, (N + TD_BS - 1) / TD_BS, q->dst,
-                             (N + TD_BS * TD_W - 1) / (TD_BS * TD_W), N, k};
+    q->req = (kvr_request_t){q->src, (N + TD_BS - 1) / TD_BS,
+                             q->dst, (N + TD_BS * TD_W - 1) / (TD_BS * TD_W),
+                             N,      k};
 }
 
 static inline void td_init(td_dump_t *d)
@@ -70,13 +71,16 @@ static inline void td_init(td_dump_t *d)
     d->lay.block_size = TD_BS;
     d->lay.dcp_size = d->lay.tp = TD_W;
     d->lay.replicate_index = true;
-    kvr_region_desc_t m = {.role = KVR_ROLE_MLA, .layer = 3,
+    kvr_region_desc_t m = {.role = KVR_ROLE_MLA,
+                           .layer = 3,
                            .num_blocks = TD_SRC_BLOCKS,
                            .page_bytes = TD_BS * TD_TB};
-    kvr_region_desc_t x = {.role = KVR_ROLE_INDEX, .layer = 3,
+    kvr_region_desc_t x = {.role = KVR_ROLE_INDEX,
+                           .layer = 3,
                            .num_blocks = TD_SRC_BLOCKS,
                            .page_bytes = TD_BS * kvr_index_stride(TD_D),
-                           .index_dim = TD_D, .quant_block = TD_D};
+                           .index_dim = TD_D,
+                           .quant_block = TD_D};
     d->pairs[0] = (kvr_region_pair_t){m, m};
     d->pairs[1] = (kvr_region_pair_t){x, x};
     d->pairs[0].dst.num_blocks = d->pairs[1].dst.num_blocks = TD_DST_BLOCKS;
@@ -94,8 +98,8 @@ static inline void td_init(td_dump_t *d)
             const td_request_t *rq = &d->reqs[q];
             kvr_status_t st = kvr_synth_fill_source(
                 &d->lay, &d->pairs[r].src, TD_SEED, rq->src,
-                rq->req.num_src_blocks, rq->tok, rq->req.num_tokens,
-                d->src[r], NULL);
+                rq->req.num_src_blocks, rq->tok, rq->req.num_tokens, d->src[r],
+                NULL);
             if (st != KVR_OK)
                 abort();
         }
@@ -161,7 +165,8 @@ static inline json_t *td_region_json(const td_dump_t *d, size_t r,
     char name[64];
     json_t *files = json_array();
     for (uint32_t w = 0; w < TD_W; w++) {
-        snprintf(name, sizeof(name), "dst-r%u-L%03u-%s.bin", w, p->dst.layer, role);
+        snprintf(name, sizeof(name), "dst-r%u-L%03u-%s.bin", w, p->dst.layer,
+                 role);
         td_write_file(dir, name, d->dst[r][w], td_bytes(&p->dst));
         json_array_append_new(files, json_string(name));
     }
@@ -201,11 +206,11 @@ static inline void td_write(const td_dump_t *d, const char *dir)
     json_t *root = json_pack(
         "{s:s,s:i,s:{s:I,s:I,s:I,s:I,s:I,s:b,s:b},s:I,s:o,s:o}", "format",
         "kvrelay-dump", "version", 1, "layout", "block_size",
-        (json_int_t)l->block_size, "dcp", (json_int_t)l->dcp_size,
-        "interleave", (json_int_t)l->interleave, "tp", (json_int_t)l->tp,
-        "producer_tp", (json_int_t)l->producer_tp, "replicate_index",
-        l->replicate_index, "preshuffle", l->preshuffle, "seed",
-        (json_int_t)TD_SEED, "regions", regions, "requests", reqs);
+        (json_int_t)l->block_size, "dcp", (json_int_t)l->dcp_size, "interleave",
+        (json_int_t)l->interleave, "tp", (json_int_t)l->tp, "producer_tp",
+        (json_int_t)l->producer_tp, "replicate_index", l->replicate_index,
+        "preshuffle", l->preshuffle, "seed", (json_int_t)TD_SEED, "regions",
+        regions, "requests", reqs);
     char path[512];
     snprintf(path, sizeof(path), "%s/manifest.json", dir);
     if (root == NULL || json_dump_file(root, path, JSON_INDENT(1)) != 0)

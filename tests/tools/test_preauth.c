@@ -4,10 +4,10 @@
  * version, and no memory for frames larger than a HELLO: twenty peers each
  * sending 8 MiB - 1 of one frame leave the server's RSS about where it was
  * (before: +159 MiB). */
+#include <arpa/inet.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <netinet/in.h>
-#include <arpa/inet.h>
 #include <poll.h>
 #include <setjmp.h>
 #include <signal.h>
@@ -30,9 +30,11 @@
 #include "wire_ends.h"
 #include "wire_samples.h"
 
-#define KEY_HEX "000102030405060708090a0b0c0d0e0f101112131415161718191a1b1c1d1e1f"
-#define COMMON "--dcp 1 --pp 1 --layers 4 --requests 1 --tokens 300 --timeout 60 " \
-               "--key-file preauth_key.hex"
+#define KEY_HEX                                                                \
+    "000102030405060708090a0b0c0d0e0f101112131415161718191a1b1c1d1e1f"
+#define COMMON                                                                 \
+    "--dcp 1 --pp 1 --layers 4 --requests 1 --tokens 300 --timeout 60 "        \
+    "--key-file preauth_key.hex"
 #define DEADLINE_S 30.0
 #define PEERS 20
 
@@ -57,8 +59,10 @@ static void write_key(void)
 static pid_t start_serve(int *port)
 {
     char cmd[1024];
-    snprintf(cmd, sizeof(cmd), "exec %s serve --rank 0 --expect 1 --interleave 4 "
-             "--listen 127.0.0.1:0 " COMMON, kvr_bin);
+    snprintf(cmd, sizeof(cmd),
+             "exec %s serve --rank 0 --expect 1 --interleave 4 "
+             "--listen 127.0.0.1:0 " COMMON,
+             kvr_bin);
     return start_listening(cmd, port);
 }
 
@@ -72,7 +76,8 @@ static void stop(pid_t pid)
 static int dial(int port)
 {
     int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
+    struct sockaddr_in a = {.sin_family = AF_INET,
+                            .sin_port = htons((uint16_t)port)};
     a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
     assert_int_equal(connect(fd, (struct sockaddr *)&a, sizeof(a)), 0);
     fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK);
@@ -107,7 +112,8 @@ static void send_msg(int fd, const kvr_msg_t *m)
 
 /* A HELLO of ours: the sample layout (interleave 1), which a keyed peer
  * must not learn it differs from before AUTH. */
-static void send_hello(int fd, kvr_msg_type_t type, kvr_wire_side_t side, bool blank)
+static void send_hello(int fd, kvr_msg_type_t type, kvr_wire_side_t side,
+                       bool blank)
 {
     kvr_msg_t m;
     kvr_msg_init(&m, type);
@@ -137,7 +143,8 @@ static int check_frames(const uint8_t *b, size_t n, char *bye, size_t bye_cap)
     while (pos < n) {
         size_t need = 0;
         kvr_msg_t m;
-        assert_int_equal(kvr_wire_frame_need(b + pos, n - pos, &need, NULL, NULL), KVR_OK);
+        assert_int_equal(
+            kvr_wire_frame_need(b + pos, n - pos, &need, NULL, NULL), KVR_OK);
         assert_true(need <= n - pos);
         assert_int_equal(kvr_wire_decode(b + pos, need, &m, NULL), KVR_OK);
         assert_int_not_equal(m.type, KVR_MSG_LAYOUT);
@@ -195,8 +202,10 @@ static void test_push_discloses_nothing(void **state)
     assert_int_equal(listen(lfd, 4), 0);
     getsockname(lfd, (struct sockaddr *)&a, &alen);
     char cmd[1024];
-    snprintf(cmd, sizeof(cmd), "%s push --stage 0 --routers 127.0.0.1:%u " COMMON
-             " > push_out.txt 2>&1", kvr_bin, ntohs(a.sin_port));
+    snprintf(cmd, sizeof(cmd),
+             "%s push --stage 0 --routers 127.0.0.1:%u " COMMON
+             " > push_out.txt 2>&1",
+             kvr_bin, ntohs(a.sin_port));
     pid_t pid = fork();
     if (pid == 0) {
         execl("/bin/sh", "sh", "-c", cmd, (char *)NULL);
@@ -211,7 +220,8 @@ static void test_push_discloses_nothing(void **state)
     send_msg(fd, &auth);
     size_t n = read_all(fd, buf, sizeof(buf));
     char bye[300] = "";
-    assert_int_equal(check_frames(buf, n, bye, sizeof(bye)), 3); /* HELLO, AUTH, BYE */
+    assert_int_equal(check_frames(buf, n, bye, sizeof(bye)),
+                     3); /* HELLO, AUTH, BYE */
     assert_non_null(strstr(bye, "AUTH does not verify"));
     int st;
     waitpid(pid, &st, 0);
@@ -290,7 +300,8 @@ static bool send_until(int fd, const uint8_t *buf, size_t n, size_t cycle)
 static void send_big(int fd)
 {
     static const uint8_t zeros[1 << 16];
-    uint8_t h[KVR_WIRE_HEADER_BYTES] = {'K', 'V', 'R', 'W', KVR_WIRE_VERSION_MAJOR};
+    uint8_t h[KVR_WIRE_HEADER_BYTES] = {'K', 'V', 'R', 'W',
+                                        KVR_WIRE_VERSION_MAJOR};
     uint32_t len = KVR_WIRE_MAX_PAYLOAD - 1;
     h[6] = KVR_MSG_REGIONS;
     memcpy(h + 8, &len, 4);
@@ -319,8 +330,8 @@ static void test_preauth_memory_bounded(void **state)
     stop(serve);
     assert_true(before > 0 && after > 0);
     if (after - before > 32 * 1024)
-        fail_msg("RSS grew by %ld KiB with %d unauthenticated peers", after - before,
-                 PEERS);
+        fail_msg("RSS grew by %ld KiB with %d unauthenticated peers",
+                 after - before, PEERS);
 }
 
 int main(int argc, char **argv)

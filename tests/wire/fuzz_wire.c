@@ -29,7 +29,8 @@ static void check_hello(const uint8_t *data, size_t size, const kvr_msg_t *m)
         have_ours = 1;
     }
     kvr_error_t err = {0};
-    kvr_status_t s = kvr_wire_hello_check(&ours, &m->u.hello, m->u.hello.side, &err);
+    kvr_status_t s = kvr_wire_hello_check(&ours, &m->u.hello, m->u.hello.side,
+                                          &err);
     CHECK(s == KVR_OK || err.code == s);
     s = kvr_wire_hello_check_intro(&ours, &m->u.hello, m->u.hello.side, &err);
     CHECK(s == KVR_OK || err.code == s);
@@ -55,8 +56,10 @@ static struct {
 
 static void note_both(kvr_wire_auth_t *a, bool initiator)
 {
-    CHECK(kvr_wire_auth_note_hello(a, S.hello[0], S.len[0], initiator, NULL) == KVR_OK);
-    CHECK(kvr_wire_auth_note_hello(a, S.hello[1], S.len[1], !initiator, NULL) == KVR_OK);
+    CHECK(kvr_wire_auth_note_hello(a, S.hello[0], S.len[0], initiator, NULL) ==
+          KVR_OK);
+    CHECK(kvr_wire_auth_note_hello(a, S.hello[1], S.len[1], !initiator, NULL) ==
+          KVR_OK);
 }
 
 static void session_setup(void)
@@ -73,15 +76,16 @@ static void session_setup(void)
         m.u.hello.has_key = true;
         m.u.hello.side = i == 0 ? KVR_WIRE_PRODUCER : KVR_WIRE_CONSUMER;
         kvr_wire_hello_blank(&m.u.hello, &m.u.hello);
-        CHECK(kvr_wire_encode(&m, S.hello[i], sizeof(S.hello[i]), &S.len[i], NULL) == KVR_OK);
+        CHECK(kvr_wire_encode(&m, S.hello[i], sizeof(S.hello[i]), &S.len[i],
+                              NULL) == KVR_OK);
     }
     kvr_wire_auth_t *a = NULL;
     CHECK(kvr_wire_auth_create(S.key, &a, NULL) == KVR_OK);
     note_both(a, true);
     kvr_msg_init(&S.auth, KVR_MSG_AUTH);
     CHECK(kvr_wire_auth_sign(a, &S.auth.u.auth, NULL) == KVR_OK);
-    CHECK(kvr_wire_encode(&S.auth, S.auth_frame, sizeof(S.auth_frame), &S.auth_len,
-                          NULL) == KVR_OK);
+    CHECK(kvr_wire_encode(&S.auth, S.auth_frame, sizeof(S.auth_frame),
+                          &S.auth_len, NULL) == KVR_OK);
     kvr_wire_auth_destroy(a);
 }
 
@@ -94,7 +98,8 @@ static void session_ends(kvr_wire_auth_t **tx, kvr_wire_auth_t **rx)
     session_setup();
     CHECK(kvr_wire_auth_create(S.key, tx, NULL) == KVR_OK);
     note_both(*tx, true);
-    CHECK(kvr_wire_seal(*tx, S.auth_frame, S.auth_len, tag, &tag_len, NULL) == KVR_OK);
+    CHECK(kvr_wire_seal(*tx, S.auth_frame, S.auth_len, tag, &tag_len, NULL) ==
+          KVR_OK);
     CHECK(tag_len == 0);
     CHECK(kvr_wire_auth_create(S.key, rx, NULL) == KVR_OK);
     note_both(*rx, false);
@@ -110,8 +115,8 @@ static void read_stream(kvr_wire_auth_t *auth, const uint8_t *data, size_t size)
         size_t need = 0, len = 0;
         kvr_error_t err = {0};
         size_t max = kvr_wire_session_frame_max(auth);
-        kvr_status_t s = kvr_wire_session_need(auth, data + pos, size - pos, &need,
-                                               NULL, &err);
+        kvr_status_t s = kvr_wire_session_need(auth, data + pos, size - pos,
+                                               &need, NULL, &err);
         CHECK(s != KVR_OK || need <= max);
         if (s != KVR_OK || need > size - pos) {
             CHECK(s == KVR_OK || (err.code == s && err.msg[0] != '\0'));
@@ -151,7 +156,8 @@ static void check_sealed(const uint8_t *data, size_t size)
     memcpy(buf, data, size);
     for (int round = 0; round < 2; round++) {
         session_ends(&tx, &rx);
-        CHECK(kvr_wire_seal(tx, buf, size, buf + size, &tag_len, NULL) == KVR_OK);
+        CHECK(kvr_wire_seal(tx, buf, size, buf + size, &tag_len, NULL) ==
+              KVR_OK);
         CHECK(tag_len == KVR_WIRE_TAG_BYTES);
         size_t at = (data[size - 1] * 131u + size) % (size + tag_len);
         buf[at] ^= (uint8_t)(round * (1 + data[0] % 255));

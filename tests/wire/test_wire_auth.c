@@ -18,13 +18,13 @@
 static const char key_hex[] =
     "000102030405060708090a0b0c0d0e0f101112131415161718191a1b1c1d1e1f";
 
-
 static void test_key_parse(void **state)
 {
     (void)state;
     uint8_t key[KVR_WIRE_KEY_BYTES];
     kvr_error_t err = {0};
-    assert_int_equal(kvr_wire_key_parse(key_hex, strlen(key_hex), key, &err), KVR_OK);
+    assert_int_equal(kvr_wire_key_parse(key_hex, strlen(key_hex), key, &err),
+                     KVR_OK);
     assert_int_equal(key[0], 0);
     assert_int_equal(key[31], 0x1f);
     char text[100];
@@ -33,12 +33,12 @@ static void test_key_parse(void **state)
     expect(kvr_wire_key_parse(key_hex, 62, key, &err), &err, KVR_ERR_INVALID,
            "key: 62 hex digits, expected 64 (32 bytes)");
     snprintf(text, sizeof(text), "%s00", key_hex);
-    expect(kvr_wire_key_parse(text, strlen(text), key, &err), &err, KVR_ERR_INVALID,
-           "66 hex digits");
+    expect(kvr_wire_key_parse(text, strlen(text), key, &err), &err,
+           KVR_ERR_INVALID, "66 hex digits");
     snprintf(text, sizeof(text), "%s", key_hex);
     text[10] = 'g';
-    expect(kvr_wire_key_parse(text, strlen(text), key, &err), &err, KVR_ERR_INVALID,
-           "bad hex character 0x67 at offset 10");
+    expect(kvr_wire_key_parse(text, strlen(text), key, &err), &err,
+           KVR_ERR_INVALID, "bad hex character 0x67 at offset 10");
     expect(kvr_wire_key_parse("", 0, key, &err), &err, KVR_ERR_INVALID,
            "0 hex digits");
 }
@@ -98,8 +98,10 @@ static void test_auth_ok(void **state)
     assert_int_equal(kvr_wire_decode(a.frame, a.len, &la, NULL), KVR_OK);
     assert_int_equal(kvr_wire_decode(b.frame, b.len, &lb, NULL), KVR_OK);
     assert_int_equal(kvr_wire_gate(a.auth, KVR_MSG_LAYOUT, NULL), KVR_OK);
-    assert_int_equal(kvr_wire_auth_note_layout(a.auth, &lb.u.hello, NULL), KVR_OK);
-    assert_int_equal(kvr_wire_auth_note_layout(b.auth, &la.u.hello, NULL), KVR_OK);
+    assert_int_equal(kvr_wire_auth_note_layout(a.auth, &lb.u.hello, NULL),
+                     KVR_OK);
+    assert_int_equal(kvr_wire_auth_note_layout(b.auth, &la.u.hello, NULL),
+                     KVR_OK);
     assert_true(kvr_wire_auth_ready(a.auth));
     assert_true(kvr_wire_auth_ready(b.auth));
     assert_int_equal(kvr_wire_gate(a.auth, KVR_MSG_REGIONS, NULL), KVR_OK);
@@ -229,7 +231,8 @@ static void test_note_errors(void **state)
     /* our HELLO must announce the key we hold */
     expect(kvr_wire_auth_note_hello(a.auth, b.frame, b.len, true, &err), &err,
            KVR_ERR_INVALID, "has_key 0 but a key is configured");
-    assert_int_equal(kvr_wire_auth_note_hello(a.auth, a.frame, a.len, true, NULL), KVR_OK);
+    assert_int_equal(
+        kvr_wire_auth_note_hello(a.auth, a.frame, a.len, true, NULL), KVR_OK);
     expect(kvr_wire_auth_note_hello(a.auth, a.frame, a.len, true, &err), &err,
            KVR_ERR_PROTO, "HELLO noted twice");
     /* both sides initiated */

@@ -84,10 +84,12 @@ static void test_request_id_cap(void **state)
     kvr_msg_t m;
     kvr_sample_msg(KVR_MSG_WRITE_DONE, &m);
     m.u.write_done.request_id.len = KVR_WIRE_REQ_ID_MAX + 1;
-    expect_encode(&m, KVR_ERR_WIRE_LIMIT, "WRITE_DONE.request_id: length 257 > cap 256");
+    expect_encode(&m, KVR_ERR_WIRE_LIMIT,
+                  "WRITE_DONE.request_id: length 257 > cap 256");
     tb_t *t = start(KVR_MSG_WRITE_DONE);
     le(t, KVR_WIRE_REQ_ID_MAX + 1, 2);
-    expect_decode(t, KVR_ERR_WIRE_LIMIT, "WRITE_DONE.request_id: length 257 > cap 256");
+    expect_decode(t, KVR_ERR_WIRE_LIMIT,
+                  "WRITE_DONE.request_id: length 257 > cap 256");
     t = start(KVR_MSG_WRITE_DONE);
     le(t, 0, 2);
     expect_decode(t, KVR_ERR_PROTO, "WRITE_DONE.request_id: empty");
@@ -121,19 +123,22 @@ static void test_offer_caps(void **state)
     head(t);
     le(t, 300, 8);
     le(t, KVR_WIRE_MAX_BLOCKS + 1, 4);
-    expect_decode(t, KVR_ERR_WIRE_LIMIT, "OFFER.src_blocks: count 131073 > cap 131072");
+    expect_decode(t, KVR_ERR_WIRE_LIMIT,
+                  "OFFER.src_blocks: count 131073 > cap 131072");
     t = start(KVR_MSG_OFFER);
     head(t);
     le(t, 300, 8);
     le(t, 0, 4);
     le(t, KVR_WIRE_MAX_PROMPT + 1, 4);
-    expect_decode(t, KVR_ERR_WIRE_LIMIT, "OFFER.prompt: count 1048577 > cap 1048576");
+    expect_decode(t, KVR_ERR_WIRE_LIMIT,
+                  "OFFER.prompt: count 1048577 > cap 1048576");
     t = start(KVR_MSG_OFFER); /* a count within the cap but past the data */
     head(t);
     le(t, 300, 8);
     le(t, 1000, 4);
     le(t, 1, 4);
-    expect_decode(t, KVR_ERR_PROTO, "OFFER.src_blocks: truncated: needs 4000 bytes");
+    expect_decode(t, KVR_ERR_PROTO,
+                  "OFFER.src_blocks: truncated: needs 4000 bytes");
 }
 
 static void test_assign_caps(void **state)
@@ -150,7 +155,8 @@ static void test_assign_caps(void **state)
     le(t, 0, 4);
     le(t, 0, 8);
     le(t, 0, 4);
-    expect_decode(t, KVR_ERR_PROTO, "ASSIGN.deadline_ms: value 0 outside [1, 3600000]");
+    expect_decode(t, KVR_ERR_PROTO,
+                  "ASSIGN.deadline_ms: value 0 outside [1, 3600000]");
 }
 
 /* WRITE_REQUEST up to its staging slots count. */
@@ -191,7 +197,8 @@ static void test_write_request_caps(void **state)
                   KVR_ERR_WIRE_LIMIT, "WRITE_REQUEST.dst_blocks: count 131073");
     tb_t *t = write_request_prefix(1, 1, 2);
     le(t, KVR_WIRE_MAX_SLOTS + 1, 4);
-    expect_decode(t, KVR_ERR_WIRE_LIMIT, "WRITE_REQUEST.staging_slots: count 4097 > cap 4096");
+    expect_decode(t, KVR_ERR_WIRE_LIMIT,
+                  "WRITE_REQUEST.staging_slots: count 4097 > cap 4096");
     expect_decode(write_request_prefix(1, 1, 4), KVR_ERR_PROTO,
                   "WRITE_REQUEST.executor: value 4 outside [0, 3]");
     t = write_request_prefix(1, 1, 1);
@@ -263,16 +270,20 @@ static void test_regions_at_cap(void **state)
     kvr_msg_free(&d);
     free(buf);
     r[5].rkey_len = KVR_WIRE_RKEY_MAX + 1;
-    expect_encode(&m, KVR_ERR_WIRE_LIMIT, "REGIONS.regions[5].rkey: count 4097 > cap 4096");
+    expect_encode(&m, KVR_ERR_WIRE_LIMIT,
+                  "REGIONS.regions[5].rkey: count 4097 > cap 4096");
     r[5].rkey_len = 0;
     r[7].desc.role = (kvr_role_t)9;
-    expect_encode(&m, KVR_ERR_INVALID, "REGIONS.regions[7].desc.role: value 9 outside [1, 6]");
+    expect_encode(&m, KVR_ERR_INVALID,
+                  "REGIONS.regions[7].desc.role: value 9 outside [1, 6]");
     m.u.regions.num_regions = KVR_WIRE_MAX_REGIONS + 1;
-    expect_encode(&m, KVR_ERR_WIRE_LIMIT, "REGIONS.regions: count 1025 > cap 1024");
+    expect_encode(&m, KVR_ERR_WIRE_LIMIT,
+                  "REGIONS.regions: count 1025 > cap 1024");
     m.u.regions.num_regions = 0;
     m.u.regions.address = rkey;
     m.u.regions.address_len = KVR_WIRE_ADDR_MAX + 1;
-    expect_encode(&m, KVR_ERR_WIRE_LIMIT, "REGIONS.address: count 4097 > cap 4096");
+    expect_encode(&m, KVR_ERR_WIRE_LIMIT,
+                  "REGIONS.address: count 4097 > cap 4096");
     free(rkey);
     free(r);
 }
@@ -281,13 +292,13 @@ static void test_regions_at_cap(void **state)
 static void region_prefix(tb_t *t, uint8_t role)
 {
     le(t, role, 1);
-    le(t, 3, 4);          /* layer */
-    le(t, 10, 8);         /* num_blocks */
-    le(t, 64 * 576, 8);   /* page_bytes */
-    le(t, 0, 4);          /* index_dim */
-    le(t, 0, 4);          /* quant_block */
-    le(t, 0, 8);          /* bytes */
-    le(t, 0x1000, 8);     /* base */
+    le(t, 3, 4);        /* layer */
+    le(t, 10, 8);       /* num_blocks */
+    le(t, 64 * 576, 8); /* page_bytes */
+    le(t, 0, 4);        /* index_dim */
+    le(t, 0, 4);        /* quant_block */
+    le(t, 0, 8);        /* bytes */
+    le(t, 0x1000, 8);   /* base */
 }
 
 static void test_regions_decode_caps(void **state)
@@ -295,7 +306,8 @@ static void test_regions_decode_caps(void **state)
     (void)state;
     tb_t *t = start(KVR_MSG_REGIONS);
     le(t, KVR_WIRE_MAX_REGIONS + 1, 4);
-    expect_decode(t, KVR_ERR_WIRE_LIMIT, "REGIONS.regions: count 1025 > cap 1024");
+    expect_decode(t, KVR_ERR_WIRE_LIMIT,
+                  "REGIONS.regions: count 1025 > cap 1024");
     t = start(KVR_MSG_REGIONS);
     le(t, 2, 4);
     region_prefix(t, KVR_ROLE_MLA);
@@ -303,18 +315,21 @@ static void test_regions_decode_caps(void **state)
     le(t, KVR_WIRE_MEM_HOST, 1); /* memory */
     region_prefix(t, KVR_ROLE_INDEX);
     le(t, KVR_WIRE_RKEY_MAX + 1, 4);
-    expect_decode(t, KVR_ERR_WIRE_LIMIT, "REGIONS.regions[1].rkey: count 4097 > cap 4096");
+    expect_decode(t, KVR_ERR_WIRE_LIMIT,
+                  "REGIONS.regions[1].rkey: count 4097 > cap 4096");
     t = start(KVR_MSG_REGIONS);
     le(t, 1, 4);
     region_prefix(t, 0);
-    expect_decode(t, KVR_ERR_PROTO, "REGIONS.regions[0].desc.role: value 0 outside [1, 6]");
+    expect_decode(t, KVR_ERR_PROTO,
+                  "REGIONS.regions[0].desc.role: value 0 outside [1, 6]");
     t = start(KVR_MSG_REGIONS);
     le(t, 1, 4);
     region_prefix(t, KVR_ROLE_MLA);
     le(t, 0, 4);
     le(t, KVR_WIRE_MEM_HOST, 1); /* memory */
     le(t, KVR_WIRE_ADDR_MAX + 1, 4);
-    expect_decode(t, KVR_ERR_WIRE_LIMIT, "REGIONS.address: count 4097 > cap 4096");
+    expect_decode(t, KVR_ERR_WIRE_LIMIT,
+                  "REGIONS.address: count 4097 > cap 4096");
     t = start(KVR_MSG_REGIONS); /* 1000 regions announced, 1 present */
     le(t, 1000, 4);
     region_prefix(t, KVR_ROLE_MLA);
@@ -326,7 +341,8 @@ static void test_regions_decode_caps(void **state)
     region_prefix(t, KVR_ROLE_MLA);
     le(t, 0, 4);
     le(t, 2, 1); /* neither host nor CUDA memory */
-    expect_decode(t, KVR_ERR_PROTO, "REGIONS.regions[0].memory: value 2 outside [0, 1]");
+    expect_decode(t, KVR_ERR_PROTO,
+                  "REGIONS.regions[0].memory: value 2 outside [0, 1]");
 }
 
 static void hello_prefix(tb_t *t, uint8_t side, uint8_t flag)
@@ -334,7 +350,7 @@ static void hello_prefix(tb_t *t, uint8_t side, uint8_t flag)
     le(t, KVR_WIRE_VERSION_MAJOR, 1);
     le(t, KVR_WIRE_VERSION_MINOR, 1);
     le(t, side, 1);
-    le(t, flag, 1); /* has_key */
+    le(t, flag, 1);                     /* has_key */
     for (int i = 0; i < 9 + 1 + 5; i++) /* topo, layout version, layout */
         le(t, 1, 4);
     le(t, flag, 1); /* replicate_index */
@@ -366,7 +382,8 @@ static void test_hello_caps(void **state)
     assert_int_equal(kvr_wire_encoded_size(&m, &len, NULL), KVR_OK);
     assert_true(len <= KVR_WIRE_HELLO_FRAME_MAX);
     memset(m.u.hello.settings, 's', sizeof(m.u.hello.settings));
-    expect_encode(&m, KVR_ERR_WIRE_LIMIT, "HELLO.settings: length 256 > cap 255");
+    expect_encode(&m, KVR_ERR_WIRE_LIMIT,
+                  "HELLO.settings: length 256 > cap 255");
 }
 
 /* The agent's messages: STAGES' count and sizes, the instance id's cap. */
@@ -377,7 +394,8 @@ static void test_agent_caps(void **state)
     le(t, 2, 4);
     le(t, 1, 4);
     le(t, KVR_WIRE_MAX_STAGES + 1, 4);
-    expect_decode(t, KVR_ERR_WIRE_LIMIT, "STAGES.stages: count 1025 > cap 1024");
+    expect_decode(t, KVR_ERR_WIRE_LIMIT,
+                  "STAGES.stages: count 1025 > cap 1024");
     t = start(KVR_MSG_STAGES);
     le(t, 0, 4);
     expect_decode(t, KVR_ERR_PROTO, "STAGES.pp_size: value 0 outside");
@@ -402,18 +420,21 @@ static void test_agent_caps(void **state)
     assert_int_equal(kvr_wire_encoded_size(&m, &len, NULL), KVR_OK);
     kvr_sample_msg(KVR_MSG_STAGES, &m);
     m.u.stages.num_stages = KVR_WIRE_MAX_STAGES + 1;
-    expect_encode(&m, KVR_ERR_WIRE_LIMIT, "STAGES.stages: count 1025 > cap 1024");
+    expect_encode(&m, KVR_ERR_WIRE_LIMIT,
+                  "STAGES.stages: count 1025 > cap 1024");
     t = start(KVR_MSG_NOTIFY); /* no address, a payload over the cap */
     le(t, 0, 2);
     le(t, KVR_WIRE_NOTIFY_MAX + 1, 4);
-    expect_decode(t, KVR_ERR_WIRE_LIMIT, "NOTIFY.payload: count 16385 > cap 16384");
+    expect_decode(t, KVR_ERR_WIRE_LIMIT,
+                  "NOTIFY.payload: count 16385 > cap 16384");
     static uint8_t big[KVR_WIRE_NOTIFY_MAX + 1];
     kvr_sample_msg(KVR_MSG_NOTIFY, &m);
     m.u.notify.payload = big;
     m.u.notify.len = KVR_WIRE_NOTIFY_MAX;
     assert_int_equal(kvr_wire_encoded_size(&m, &len, NULL), KVR_OK);
     m.u.notify.len = KVR_WIRE_NOTIFY_MAX + 1;
-    expect_encode(&m, KVR_ERR_WIRE_LIMIT, "NOTIFY.payload: count 16385 > cap 16384");
+    expect_encode(&m, KVR_ERR_WIRE_LIMIT,
+                  "NOTIFY.payload: count 16385 > cap 16384");
 }
 
 /* WRITE_FAILED up to its status: head, pp rank, tp rank, nonce 1. */
@@ -454,11 +475,13 @@ static void test_text_caps(void **state)
     kvr_msg_t m;
     kvr_sample_msg(KVR_MSG_WRITE_FAILED, &m);
     memset(m.u.write_failed.text, 'z', sizeof(m.u.write_failed.text));
-    expect_encode(&m, KVR_ERR_WIRE_LIMIT, "WRITE_FAILED.text: length 256 > cap 255");
+    expect_encode(&m, KVR_ERR_WIRE_LIMIT,
+                  "WRITE_FAILED.text: length 256 > cap 255");
     tb_t *t = start(KVR_MSG_WRITE_FAILED);
     failed_prefix(t);
     le(t, 0, 4);
-    expect_decode(t, KVR_ERR_PROTO, "WRITE_FAILED.status: value 0 outside [1, 2147483647]");
+    expect_decode(t, KVR_ERR_PROTO,
+                  "WRITE_FAILED.status: value 0 outside [1, 2147483647]");
 }
 
 /* The encoder's bytes are exactly the documented layout. */

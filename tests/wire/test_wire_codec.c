@@ -106,12 +106,14 @@ static void test_decoded_fields(void **state)
     uint8_t *buf = encode(&m, &len);
     assert_int_equal(kvr_wire_decode(buf, len, &d, NULL), KVR_OK);
     free(buf); /* decoded arrays must not point into the frame */
-    const kvr_msg_write_request_t *a = &m.u.write_request, *b = &d.u.write_request;
+    const kvr_msg_write_request_t *a = &m.u.write_request,
+                                  *b = &d.u.write_request;
     assert_true(kvr_wire_id_equal(&a->request_id, &b->request_id));
     assert_int_equal(b->num_src_blocks, 5);
     assert_memory_equal(a->src_blocks, b->src_blocks, 5 * sizeof(uint32_t));
     assert_memory_equal(a->dst_blocks, b->dst_blocks, 2 * sizeof(uint32_t));
-    assert_memory_equal(a->staging_slots, b->staging_slots, 3 * sizeof(uint32_t));
+    assert_memory_equal(a->staging_slots, b->staging_slots,
+                        3 * sizeof(uint32_t));
     assert_int_equal(b->executor, KVR_WIRE_EXEC_STAGED);
     assert_int_equal(b->write_nonce, a->write_nonce);
     assert_int_equal(b->deadline_ms, 1500);
@@ -235,7 +237,8 @@ static void test_frame_need(void **state)
     assert_int_equal(h.type, 200);
     kvr_error_t err = {0};
     buf[1] = 0;
-    assert_int_equal(kvr_wire_frame_need(buf, 12, &need, &h, &err), KVR_ERR_PROTO);
+    assert_int_equal(kvr_wire_frame_need(buf, 12, &need, &h, &err),
+                     KVR_ERR_PROTO);
     assert_non_null(strstr(err.msg, "frame magic"));
     free(buf);
 }
@@ -258,10 +261,12 @@ static void test_encode_errors(void **state)
     expect_encode(&m, KVR_ERR_INVALID, "type 6 unknown");
     kvr_sample_msg(KVR_MSG_WRITE_REQUEST, &m);
     m.u.write_request.src_blocks = NULL;
-    expect_encode(&m, KVR_ERR_INVALID, "WRITE_REQUEST.src_blocks: NULL with count 5");
+    expect_encode(&m, KVR_ERR_INVALID,
+                  "WRITE_REQUEST.src_blocks: NULL with count 5");
     kvr_sample_msg(KVR_MSG_WRITE_REQUEST, &m);
     m.u.write_request.deadline_ms = 0;
-    expect_encode(&m, KVR_ERR_INVALID, "deadline_ms: value 0 outside [1, 3600000]");
+    expect_encode(&m, KVR_ERR_INVALID,
+                  "deadline_ms: value 0 outside [1, 3600000]");
     m.u.write_request.deadline_ms = KVR_WIRE_DEADLINE_MAX_MS + 1;
     expect_encode(&m, KVR_ERR_INVALID, "deadline_ms: value 3600001");
     kvr_sample_msg(KVR_MSG_WRITE_REQUEST, &m);

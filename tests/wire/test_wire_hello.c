@@ -25,18 +25,27 @@ static side_cfg_t config(void)
     c.lay.dcp_size = 4;
     c.lay.tp = 4;
     c.lay.replicate_index = true;
-    c.regions[0] = (kvr_region_desc_t){.role = KVR_ROLE_MLA, .layer = 0,
-                                       .num_blocks = 100, .page_bytes = 64 * 576};
+    c.regions[0] = (kvr_region_desc_t){.role = KVR_ROLE_MLA,
+                                       .layer = 0,
+                                       .num_blocks = 100,
+                                       .page_bytes = 64 * 576};
     c.regions[1] = c.regions[0];
     c.regions[1].layer = 1; /* same class */
-    c.regions[2] = (kvr_region_desc_t){.role = KVR_ROLE_INDEX, .layer = 0,
-                                       .num_blocks = 100, .page_bytes = 64 * 144,
+    c.regions[2] = (kvr_region_desc_t){.role = KVR_ROLE_INDEX,
+                                       .layer = 0,
+                                       .num_blocks = 100,
+                                       .page_bytes = 64 * 144,
                                        .index_dim = 128};
-    c.regions[3] = (kvr_region_desc_t){.role = KVR_ROLE_STAGING,
-                                       .num_blocks = 8, .page_bytes = 1 << 20};
-    c.topo = (kvr_wire_topo_t){.pp_rank = 1, .pp_size = 4, .tp_rank = 0,
-                               .tp_size = 1, .dp_size = 1, .layer_start = 15,
-                               .layer_end = 30, .dcp_rank = 0};
+    c.regions[3] = (kvr_region_desc_t){
+        .role = KVR_ROLE_STAGING, .num_blocks = 8, .page_bytes = 1 << 20};
+    c.topo = (kvr_wire_topo_t){.pp_rank = 1,
+                               .pp_size = 4,
+                               .tp_rank = 0,
+                               .tp_size = 1,
+                               .dp_size = 1,
+                               .layer_start = 15,
+                               .layer_end = 30,
+                               .dcp_rank = 0};
     return c;
 }
 
@@ -91,8 +100,11 @@ static void test_hello_any_to_any(void **state)
     p.lay.tp = c.lay.tp = 2;
     p.lay.producer_tp = c.lay.producer_tp = 4;
     p.lay.producer_block_size = c.lay.producer_block_size = 32;
-    kvr_region_desc_t d = {.role = KVR_ROLE_DENSE, .num_blocks = 10,
-                           .heads = 8, .head_dim = 128, .elem_bytes = 2,
+    kvr_region_desc_t d = {.role = KVR_ROLE_DENSE,
+                           .num_blocks = 10,
+                           .heads = 8,
+                           .head_dim = 128,
+                           .elem_bytes = 2,
                            .hnd = true};
     p.regions[0] = c.regions[0] = d;
     p.regions[0].page_bytes = kvr_dense_page_bytes(&p.lay, &d, false);
@@ -116,7 +128,8 @@ static void test_too_many_classes(void **state)
     side_cfg_t c = config();
     kvr_region_desc_t r[KVR_WIRE_MAX_CLASSES + 1];
     for (size_t i = 0; i < KVR_WIRE_MAX_CLASSES + 1; i++)
-        r[i] = (kvr_region_desc_t){.role = KVR_ROLE_STATE, .num_blocks = 1,
+        r[i] = (kvr_region_desc_t){.role = KVR_ROLE_STATE,
+                                   .num_blocks = 1,
                                    .page_bytes = 64 * (i + 1)};
     kvr_msg_hello_t h;
     kvr_error_t err = {0};
@@ -134,9 +147,8 @@ static void test_too_many_classes(void **state)
     assert_true(len <= KVR_WIRE_HELLO_FRAME_MAX);
 }
 
-static void want_check(const kvr_msg_hello_t *ours,
-                         const kvr_msg_hello_t *peer, kvr_status_t code,
-                         const char *needle)
+static void want_check(const kvr_msg_hello_t *ours, const kvr_msg_hello_t *peer,
+                       kvr_status_t code, const char *needle)
 {
     kvr_error_t err = {0};
     kvr_status_t s = kvr_wire_hello_check(ours, peer, KVR_WIRE_PRODUCER, &err);
@@ -162,38 +174,64 @@ static void bs16(side_cfg_t *c)
     c->lay.block_size = 16;
     c->regions[0].page_bytes = c->regions[1].page_bytes = 16 * 576;
 }
-static void w2(side_cfg_t *c) { c->lay.dcp_size = 2; }
-static void i4(side_cfg_t *c) { c->lay.interleave = 4; }
-static void sharded(side_cfg_t *c) { c->lay.replicate_index = false; }
-static void plain(side_cfg_t *c) { c->lay.preshuffle = false; }
+static void w2(side_cfg_t *c)
+{
+    c->lay.dcp_size = 2;
+}
+static void i4(side_cfg_t *c)
+{
+    c->lay.interleave = 4;
+}
+static void sharded(side_cfg_t *c)
+{
+    c->lay.replicate_index = false;
+}
+static void plain(side_cfg_t *c)
+{
+    c->lay.preshuffle = false;
+}
 static void bf16(side_cfg_t *c)
 {
     c->regions[0].page_bytes = c->regions[1].page_bytes = 64 * 1152;
 }
-static void no_index(side_cfg_t *c) { c->n = 2; }
+static void no_index(side_cfg_t *c)
+{
+    c->n = 2;
+}
 static void d64(side_cfg_t *c)
 {
     c->regions[2].index_dim = 64;
     c->regions[2].page_bytes = 64 * 80;
 }
-static void tp8(side_cfg_t *c) { c->lay.tp = 8; }
-static void ptp2(side_cfg_t *c) { c->lay.producer_tp = 2; }
+static void tp8(side_cfg_t *c)
+{
+    c->lay.tp = 8;
+}
+static void ptp2(side_cfg_t *c)
+{
+    c->lay.producer_tp = 2;
+}
 static void i4_and_bs32(side_cfg_t *c)
 {
     c->lay.interleave = 4;
     c->lay.block_size = 32;
 }
-static void other_layer(side_cfg_t *c) { c->regions[1].layer = 7; }
+static void other_layer(side_cfg_t *c)
+{
+    c->regions[1].layer = 7;
+}
 
 static void test_mismatch_names_field(void **state)
 {
     (void)state;
-    expect_mismatch(bs16, "layout mismatch: block size 64 vs 16 (here vs peer)");
+    expect_mismatch(bs16,
+                    "layout mismatch: block size 64 vs 16 (here vs peer)");
     expect_mismatch(w2, "DCP size W 4 vs 2");
     expect_mismatch(i4, "interleave 1 vs 4");
     expect_mismatch(sharded, "replicated vs sharded index");
     expect_mismatch(plain, "preshuffled vs plain index keys");
-    expect_mismatch(bf16, "region class mla token bytes 576 vs mla token bytes 1152");
+    expect_mismatch(bf16,
+                    "region class mla token bytes 576 vs mla token bytes 1152");
     expect_mismatch(d64, "region class index D 128 Q 128 vs index D 64 Q 64");
     expect_mismatch(tp8, "consumer TP size 4 vs 8");
     expect_mismatch(ptp2, "producer TP size 1 vs 2");
@@ -206,7 +244,8 @@ static void test_mismatch_names_field(void **state)
     want_check(&ours, &peer, KVR_ERR_LAYOUT_MISMATCH, "layout version 1 vs 9");
     peer = hello_of(&c, KVR_WIRE_PRODUCER);
     peer.digest ^= 1;
-    want_check(&ours, &peer, KVR_ERR_LAYOUT_MISMATCH, "digest (raw fields agree)");
+    want_check(&ours, &peer, KVR_ERR_LAYOUT_MISMATCH,
+               "digest (raw fields agree)");
 }
 
 static void test_check_ok(void **state)
@@ -218,15 +257,15 @@ static void test_check_ok(void **state)
     there.topo.pp_rank = 3;
     kvr_msg_hello_t ours = hello_of(&here, KVR_WIRE_CONSUMER);
     kvr_msg_hello_t peer = hello_of(&there, KVR_WIRE_PRODUCER);
-    assert_int_equal(kvr_wire_hello_check(&ours, &peer, KVR_WIRE_PRODUCER, NULL),
-                     KVR_OK);
-    assert_int_equal(kvr_wire_hello_check(&peer, &ours, KVR_WIRE_CONSUMER, NULL),
-                     KVR_OK);
+    assert_int_equal(
+        kvr_wire_hello_check(&ours, &peer, KVR_WIRE_PRODUCER, NULL), KVR_OK);
+    assert_int_equal(
+        kvr_wire_hello_check(&peer, &ours, KVR_WIRE_CONSUMER, NULL), KVR_OK);
 }
 
 static kvr_status_t check_of(const side_cfg_t *here, kvr_wire_side_t here_side,
-                             const side_cfg_t *there, kvr_wire_side_t there_side,
-                             kvr_error_t *err)
+                             const side_cfg_t *there,
+                             kvr_wire_side_t there_side, kvr_error_t *err)
 {
     kvr_msg_hello_t ours = hello_of(here, here_side);
     kvr_msg_hello_t peer = hello_of(there, there_side);
@@ -246,14 +285,20 @@ static void test_stage_without_a_class(void **state)
     assert_int_equal(check_of(&full, C, &lean, P, &err), KVR_OK);
     assert_int_equal(check_of(&lean, P, &full, C, &err), KVR_OK);
 
-    assert_int_equal(check_of(&lean, C, &full, P, &err), KVR_ERR_LAYOUT_MISMATCH);
-    assert_non_null(strstr(err.msg, "the producer's (peer) region class index D "
-                                    "128 Q 128 has no twin on the consumer (here)"));
-    assert_int_equal(check_of(&full, P, &lean, C, &err), KVR_ERR_LAYOUT_MISMATCH);
-    assert_non_null(strstr(err.msg, "the producer's (here) region class index"));
+    assert_int_equal(check_of(&lean, C, &full, P, &err),
+                     KVR_ERR_LAYOUT_MISMATCH);
+    assert_non_null(strstr(err.msg,
+                           "the producer's (peer) region class index D "
+                           "128 Q 128 has no twin on the consumer (here)"));
+    assert_int_equal(check_of(&full, P, &lean, C, &err),
+                     KVR_ERR_LAYOUT_MISMATCH);
+    assert_non_null(
+        strstr(err.msg, "the producer's (here) region class index"));
 
-    assert_int_equal(check_of(&full, C, &lean, C, &err), KVR_ERR_LAYOUT_MISMATCH);
-    assert_non_null(strstr(err.msg, "region class 1: index D 128 Q 128 vs (none)"));
+    assert_int_equal(check_of(&full, C, &lean, C, &err),
+                     KVR_ERR_LAYOUT_MISMATCH);
+    assert_non_null(
+        strstr(err.msg, "region class 1: index D 128 Q 128 vs (none)"));
 }
 
 static void settings_check(const char *here, const char *there,
@@ -265,8 +310,9 @@ static void settings_check(const char *here, const char *there,
     strcpy(ours.settings, here);
     strcpy(peer.settings, there);
     if (needle == NULL)
-        assert_int_equal(kvr_wire_hello_check(&ours, &peer, KVR_WIRE_PRODUCER,
-                                              NULL), KVR_OK);
+        assert_int_equal(
+            kvr_wire_hello_check(&ours, &peer, KVR_WIRE_PRODUCER, NULL),
+            KVR_OK);
     else
         want_check(&ours, &peer, KVR_ERR_LAYOUT_MISMATCH, needle);
 }
@@ -317,13 +363,14 @@ static void test_version_role_key_topo(void **state)
 
     peer = hello_of(&c, KVR_WIRE_PRODUCER);
     kvr_error_t err = {0};
-    assert_int_equal(kvr_wire_hello_check(&ours, &peer, KVR_WIRE_CONSUMER, &err),
-                     KVR_ERR_PEER_ROLE);
+    assert_int_equal(
+        kvr_wire_hello_check(&ours, &peer, KVR_WIRE_CONSUMER, &err),
+        KVR_ERR_PEER_ROLE);
     assert_non_null(strstr(err.msg, "peer is a producer, expected a consumer"));
 
     peer.has_key = true;
     want_check(&ours, &peer, KVR_ERR_AUTH,
-                 "pre-shared key: not configured here, configured on the peer");
+               "pre-shared key: not configured here, configured on the peer");
 
     peer = hello_of(&c, KVR_WIRE_PRODUCER);
     peer.topo.pp_rank = 4;
@@ -333,7 +380,8 @@ static void test_version_role_key_topo(void **state)
     want_check(&ours, &peer, KVR_ERR_PROTO, "peer dcp rank 4 >= dcp size 4");
     peer = hello_of(&c, KVR_WIRE_PRODUCER);
     peer.topo.layer_end = peer.topo.layer_start;
-    want_check(&ours, &peer, KVR_ERR_PROTO, "peer layer range [15, 15) is empty");
+    want_check(&ours, &peer, KVR_ERR_PROTO,
+               "peer layer range [15, 15) is empty");
 }
 
 /* A HELLO survives the wire, so the check works on decoded messages. */
@@ -356,8 +404,9 @@ static void test_hello_on_the_wire(void **state)
     assert_int_equal(d.u.hello.topo.layer_end, 30);
     assert_memory_equal(d.u.hello.nonce, m.u.hello.nonce, KVR_WIRE_NONCE_BYTES);
     kvr_msg_hello_t ours = hello_of(&c, KVR_WIRE_PRODUCER);
-    assert_int_equal(kvr_wire_hello_check(&ours, &d.u.hello, KVR_WIRE_CONSUMER, NULL),
-                     KVR_OK);
+    assert_int_equal(
+        kvr_wire_hello_check(&ours, &d.u.hello, KVR_WIRE_CONSUMER, NULL),
+        KVR_OK);
     kvr_msg_free(&d);
 }
 

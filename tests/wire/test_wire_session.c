@@ -27,7 +27,9 @@ typedef struct {
 } stream_t;
 
 static const kvr_msg_type_t sent_types[] = {
-    KVR_MSG_WRITE_REQUEST, KVR_MSG_WRITE_DONE, KVR_MSG_RELEASE,
+    KVR_MSG_WRITE_REQUEST,
+    KVR_MSG_WRITE_DONE,
+    KVR_MSG_RELEASE,
 };
 #define NUM_SENT (sizeof(sent_types) / sizeof(sent_types[0]))
 
@@ -37,11 +39,13 @@ static void put(end_t *from, stream_t *s, kvr_msg_type_t type)
     kvr_msg_t m;
     kvr_sample_msg(type, &m);
     size_t len = 0, tag_len = 0;
-    assert_int_equal(kvr_wire_encode(&m, s->b + s->n, STREAM_MAX - s->n, &len, NULL),
-                     KVR_OK);
+    assert_int_equal(
+        kvr_wire_encode(&m, s->b + s->n, STREAM_MAX - s->n, &len, NULL),
+        KVR_OK);
     uint8_t *frame = s->b + s->n;
-    assert_int_equal(kvr_wire_seal(from->auth, frame, len, frame + len, &tag_len, NULL),
-                     KVR_OK);
+    assert_int_equal(
+        kvr_wire_seal(from->auth, frame, len, frame + len, &tag_len, NULL),
+        KVR_OK);
     s->at[s->frames++] = s->n;
     s->n += len + tag_len;
 }
@@ -64,8 +68,8 @@ static kvr_status_t take_from(end_t *to, const uint8_t *b, size_t n,
     size_t pos = 0;
     for (;; *used = pos) {
         size_t need = 0, len = 0;
-        kvr_status_t s = kvr_wire_session_need(to->auth, b + pos, n - pos, &need,
-                                               NULL, err);
+        kvr_status_t s = kvr_wire_session_need(to->auth, b + pos, n - pos,
+                                               &need, NULL, err);
         if (s != KVR_OK || need > n - pos)
             return s;
         s = kvr_wire_open(to->auth, b + pos, need, &len, err);
@@ -169,8 +173,10 @@ static void test_tamper_refused(void **state)
         size_t got = 0;
         kvr_status_t st = take(&b, t.b, t.n, &got, &err);
         assert_int_equal(got, frame);
-        if (off >= 8 && off < 12) /* length: waits for bytes that never verify */
-            assert_true(st == KVR_OK || st == KVR_ERR_AUTH || st == KVR_ERR_WIRE_LIMIT);
+        if (off >= 8 &&
+            off < 12) /* length: waits for bytes that never verify */
+            assert_true(st == KVR_OK || st == KVR_ERR_AUTH ||
+                        st == KVR_ERR_WIRE_LIMIT);
         else if (off < 5) /* magic, major version: refused at the header */
             assert_true(st == KVR_ERR_PROTO || st == KVR_ERR_VERSION);
         else {
@@ -198,7 +204,8 @@ static void test_reorder_replay_drop_refused(void **state)
     size_t l0 = s.at[1] - s.at[0], l1 = s.at[2] - s.at[1];
     memcpy(buf, s.b + s.at[1], l1);
     memcpy(buf + l1, s.b, l0);
-    expect_take(&b, buf, l0 + l1, 0, "frame 1 after the peer's AUTH (WRITE_DONE");
+    expect_take(&b, buf, l0 + l1, 0,
+                "frame 1 after the peer's AUTH (WRITE_DONE");
     end_free(&a);
     end_free(&b);
 
@@ -206,7 +213,8 @@ static void test_reorder_replay_drop_refused(void **state)
     put_all(&a, &s);
     memcpy(buf, s.b, l0);
     memcpy(buf + l0, s.b, l0);
-    expect_take(&b, buf, 2 * l0, 1, "frame 2 after the peer's AUTH (WRITE_REQUEST");
+    expect_take(&b, buf, 2 * l0, 1,
+                "frame 2 after the peer's AUTH (WRITE_REQUEST");
     end_free(&a);
     end_free(&b);
 
@@ -318,7 +326,8 @@ static void test_no_key_unchanged(void **state)
 }
 
 /* A header as a peer would send it: only the 12 bytes, announcing length. */
-static void header(uint8_t h[KVR_WIRE_HEADER_BYTES], uint16_t type, uint32_t len)
+static void header(uint8_t h[KVR_WIRE_HEADER_BYTES], uint16_t type,
+                   uint32_t len)
 {
     const uint8_t magic[4] = {'K', 'V', 'R', 'W'};
     memcpy(h, magic, 4);
@@ -337,13 +346,15 @@ static void expect_need(const end_t *e, uint16_t type, uint32_t len,
     header(h, type, len);
     size_t need = 0;
     kvr_error_t err = {0};
-    kvr_status_t s = kvr_wire_session_need(e->auth, h, sizeof(h), &need, NULL, &err);
+    kvr_status_t s = kvr_wire_session_need(e->auth, h, sizeof(h), &need, NULL,
+                                           &err);
     if (s != code)
         fail_msg("length %u: got %s \"%s\"", len, kvr_status_name(s), err.msg);
     if (code == KVR_OK)
         assert_int_equal(need, want_need);
     else
-        assert_non_null(strstr(err.msg, "before the peer authenticated: cap 1024"));
+        assert_non_null(
+            strstr(err.msg, "before the peer authenticated: cap 1024"));
 }
 
 /* Before the peer authenticated, a frame larger than a HELLO is refused at
@@ -356,7 +367,8 @@ static void test_preauth_size(void **state)
     const uint32_t big = KVR_WIRE_MAX_PAYLOAD - 1, fit = 1024 - 12;
     end_t a, b;
     end_init(&b, key, KVR_MSG_HELLO_ACK, KVR_WIRE_PRODUCER); /* nothing yet */
-    assert_int_equal(kvr_wire_session_frame_max(b.auth), KVR_WIRE_HELLO_FRAME_MAX);
+    assert_int_equal(kvr_wire_session_frame_max(b.auth),
+                     KVR_WIRE_HELLO_FRAME_MAX);
     expect_need(&b, KVR_MSG_HELLO, fit, KVR_OK, 1024);
     expect_need(&b, KVR_MSG_HELLO, fit + 1, KVR_ERR_WIRE_LIMIT, 0);
     expect_need(&b, KVR_MSG_OFFER, big, KVR_ERR_WIRE_LIMIT, 0);
@@ -397,7 +409,8 @@ static void test_no_layout_before_auth(void **state)
     kvr_wire_hello_blank(&full.u.hello, &blank.u.hello);
     uint8_t frame[KVR_WIRE_HELLO_FRAME_MAX];
     size_t len = 0;
-    assert_int_equal(kvr_wire_encode(&blank, frame, sizeof(frame), &len, NULL), KVR_OK);
+    assert_int_equal(kvr_wire_encode(&blank, frame, sizeof(frame), &len, NULL),
+                     KVR_OK);
     assert_int_equal(kvr_wire_decode(frame, len, &d, NULL), KVR_OK);
     kvr_msg_hello_t want;
     memset(&want, 0, sizeof(want));
@@ -408,13 +421,16 @@ static void test_no_layout_before_auth(void **state)
     memcpy(want.nonce, full.u.hello.nonce, sizeof(want.nonce));
     assert_memory_equal(&d.u.hello, &want, sizeof(want));
     /* no byte of the digest is on the wire */
-    assert_null(memmem(frame, len, &full.u.hello.digest, sizeof(full.u.hello.digest)));
+    assert_null(
+        memmem(frame, len, &full.u.hello.digest, sizeof(full.u.hello.digest)));
     /* the blank HELLO passes what is checked before AUTH, nothing more */
     kvr_error_t err = {0};
     assert_int_equal(kvr_wire_hello_check_intro(&full.u.hello, &d.u.hello,
-                                                KVR_WIRE_CONSUMER, &err), KVR_OK);
+                                                KVR_WIRE_CONSUMER, &err),
+                     KVR_OK);
     assert_int_not_equal(kvr_wire_hello_check(&full.u.hello, &d.u.hello,
-                                              KVR_WIRE_CONSUMER, &err), KVR_OK);
+                                              KVR_WIRE_CONSUMER, &err),
+                         KVR_OK);
 
     uint8_t key[KVR_WIRE_KEY_BYTES];
     test_key(key);
@@ -435,7 +451,8 @@ static void test_no_layout_before_auth(void **state)
     expect(kvr_wire_auth_note_layout(b.auth, &la.u.hello, &err), &err,
            KVR_ERR_PROTO, "differ from the peer's HELLO");
     la.u.hello.nonce[0] ^= 1;
-    assert_int_equal(kvr_wire_auth_note_layout(b.auth, &la.u.hello, NULL), KVR_OK);
+    assert_int_equal(kvr_wire_auth_note_layout(b.auth, &la.u.hello, NULL),
+                     KVR_OK);
     end_free(&a);
     end_free(&b);
 

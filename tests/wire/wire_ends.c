@@ -26,8 +26,8 @@ void end_init(end_t *e, const uint8_t *key, kvr_msg_type_t type,
     kvr_sample_hello(&m.u.hello); /* fresh nonce */
     m.u.hello.side = side;
     m.u.hello.has_key = key != NULL;
-    assert_int_equal(kvr_wire_encode(&m, e->frame, sizeof(e->frame), &e->len, NULL),
-                     KVR_OK);
+    assert_int_equal(
+        kvr_wire_encode(&m, e->frame, sizeof(e->frame), &e->len, NULL), KVR_OK);
 }
 
 void end_free(end_t *e)
@@ -39,12 +39,20 @@ void handshake(end_t *a, end_t *b, const uint8_t *ka, const uint8_t *kb)
 {
     end_init(a, ka, KVR_MSG_HELLO, KVR_WIRE_CONSUMER);
     end_init(b, kb, KVR_MSG_HELLO_ACK, KVR_WIRE_PRODUCER);
-    assert_int_equal(kvr_wire_auth_note_hello(a->auth, a->frame, a->len, true, NULL), KVR_OK);
+    assert_int_equal(
+        kvr_wire_auth_note_hello(a->auth, a->frame, a->len, true, NULL),
+        KVR_OK);
     assert_int_equal(kvr_wire_gate(b->auth, KVR_MSG_HELLO, NULL), KVR_OK);
-    assert_int_equal(kvr_wire_auth_note_hello(b->auth, a->frame, a->len, false, NULL), KVR_OK);
-    assert_int_equal(kvr_wire_auth_note_hello(b->auth, b->frame, b->len, true, NULL), KVR_OK);
+    assert_int_equal(
+        kvr_wire_auth_note_hello(b->auth, a->frame, a->len, false, NULL),
+        KVR_OK);
+    assert_int_equal(
+        kvr_wire_auth_note_hello(b->auth, b->frame, b->len, true, NULL),
+        KVR_OK);
     assert_int_equal(kvr_wire_gate(a->auth, KVR_MSG_HELLO_ACK, NULL), KVR_OK);
-    assert_int_equal(kvr_wire_auth_note_hello(a->auth, b->frame, b->len, false, NULL), KVR_OK);
+    assert_int_equal(
+        kvr_wire_auth_note_hello(a->auth, b->frame, b->len, false, NULL),
+        KVR_OK);
 }
 
 /* from signs its AUTH and sends it as a frame; to verifies it. */
@@ -54,8 +62,10 @@ static void send_auth(end_t *from, end_t *to)
     uint8_t frame[64], tag[KVR_WIRE_TAG_BYTES];
     size_t len = 0, tag_len = 1;
     assert_int_equal(kvr_wire_auth_sign(from->auth, &m.u.auth, NULL), KVR_OK);
-    assert_int_equal(kvr_wire_encode(&m, frame, sizeof(frame), &len, NULL), KVR_OK);
-    assert_int_equal(kvr_wire_seal(from->auth, frame, len, tag, &tag_len, NULL), KVR_OK);
+    assert_int_equal(kvr_wire_encode(&m, frame, sizeof(frame), &len, NULL),
+                     KVR_OK);
+    assert_int_equal(kvr_wire_seal(from->auth, frame, len, tag, &tag_len, NULL),
+                     KVR_OK);
     assert_int_equal(tag_len, 0); /* AUTH itself carries no tag */
     assert_int_equal(kvr_wire_auth_verify(to->auth, &m.u.auth, NULL), KVR_OK);
 }

@@ -3,15 +3,15 @@
 #include <string.h>
 
 const kvr_msg_type_t kvr_sample_types[] = {
-    KVR_MSG_HELLO,        KVR_MSG_HELLO_ACK,     KVR_MSG_AUTH,
-    KVR_MSG_BYE,          KVR_MSG_LAYOUT,        KVR_MSG_REGIONS,
-    KVR_MSG_OFFER,        KVR_MSG_ASSIGN,        KVR_MSG_WRITE_REQUEST,
-    KVR_MSG_WRITE_DONE,   KVR_MSG_WRITE_FAILED,  KVR_MSG_RELEASE,
-    KVR_MSG_CHUNK_DONE,   KVR_MSG_JOIN,          KVR_MSG_STAGES,
+    KVR_MSG_HELLO,      KVR_MSG_HELLO_ACK,    KVR_MSG_AUTH,
+    KVR_MSG_BYE,        KVR_MSG_LAYOUT,       KVR_MSG_REGIONS,
+    KVR_MSG_OFFER,      KVR_MSG_ASSIGN,       KVR_MSG_WRITE_REQUEST,
+    KVR_MSG_WRITE_DONE, KVR_MSG_WRITE_FAILED, KVR_MSG_RELEASE,
+    KVR_MSG_CHUNK_DONE, KVR_MSG_JOIN,         KVR_MSG_STAGES,
     KVR_MSG_NOTIFY,
 };
-const size_t kvr_num_sample_types =
-    sizeof(kvr_sample_types) / sizeof(kvr_sample_types[0]);
+const size_t kvr_num_sample_types = sizeof(kvr_sample_types) /
+                                    sizeof(kvr_sample_types[0]);
 
 static const uint32_t src_blocks[] = {7, 3, 11, 0, 0xfffffffeu};
 static const uint32_t dst_blocks[] = {42, 9};
@@ -27,18 +27,31 @@ static const kvr_wire_stage_t stages[] = {
 };
 
 static const kvr_wire_region_t regions[] = {
-    {{.role = KVR_ROLE_MLA, .layer = 3, .num_blocks = 1000,
+    {{.role = KVR_ROLE_MLA,
+      .layer = 3,
+      .num_blocks = 1000,
       .page_bytes = 64 * 576},
-     0x7f0000001000ull, rkey_a,
-     sizeof(rkey_a), KVR_WIRE_MEM_HOST},
-    {{.role = KVR_ROLE_INDEX, .layer = 3, .num_blocks = 1000,
-      .page_bytes = 64 * 4 * 144, .index_dim = 128},
+     0x7f0000001000ull,
+     rkey_a,
+     sizeof(rkey_a),
+     KVR_WIRE_MEM_HOST},
+    {{.role = KVR_ROLE_INDEX,
+      .layer = 3,
+      .num_blocks = 1000,
+      .page_bytes = 64 * 4 * 144,
+      .index_dim = 128},
      0x7f0000900000ull,
-     rkey_b, sizeof(rkey_b), KVR_WIRE_MEM_CUDA},
-    {{.role = KVR_ROLE_STAGING, .num_blocks = 16, .page_bytes = 1 << 20,
+     rkey_b,
+     sizeof(rkey_b),
+     KVR_WIRE_MEM_CUDA},
+    {{.role = KVR_ROLE_STAGING,
+      .num_blocks = 16,
+      .page_bytes = 1 << 20,
       .bytes = 16 << 20},
      0x7f0010000000ull,
-     NULL, 0, KVR_WIRE_MEM_HOST},
+     NULL,
+     0,
+     KVR_WIRE_MEM_HOST},
 };
 
 void kvr_sample_hello(kvr_msg_hello_t *h)
@@ -48,9 +61,15 @@ void kvr_sample_hello(kvr_msg_hello_t *h)
     lay.tp = 4;
     lay.interleave = 1;
     lay.replicate_index = true;
-    kvr_wire_topo_t topo = {.pp_rank = 0, .pp_size = 1, .tp_rank = 2,
-                            .tp_size = 4, .dp_rank = 0, .dp_size = 1,
-                            .layer_start = 0, .layer_end = 61, .dcp_rank = 2};
+    kvr_wire_topo_t topo = {.pp_rank = 0,
+                            .pp_size = 1,
+                            .tp_rank = 2,
+                            .tp_size = 4,
+                            .dp_rank = 0,
+                            .dp_size = 1,
+                            .layer_start = 0,
+                            .layer_end = 61,
+                            .dcp_rank = 2};
     kvr_region_desc_t r[3] = {regions[0].desc, regions[1].desc,
                               regions[2].desc};
     r[1].page_bytes = 256 * 144; /* replicated: P = bs * W */
@@ -108,23 +127,29 @@ static void sample_answers(kvr_msg_t *m)
     kvr_msg_chunk_done_t *c = &m->u.chunk_done;
     switch (m->type) {
     case KVR_MSG_WRITE_DONE:
-        *d = (kvr_msg_write_done_t){.pp_rank = 3, .tp_rank = 0,
-                                    .write_nonce = 77, .bytes = 1 << 20,
+        *d = (kvr_msg_write_done_t){.pp_rank = 3,
+                                    .tp_rank = 0,
+                                    .write_nonce = 77,
+                                    .bytes = 1 << 20,
                                     .chunks = 4};
         break;
     case KVR_MSG_WRITE_FAILED:
-        *f = (kvr_msg_write_failed_t){.pp_rank = 1, .write_nonce = 78,
-                                      .status = KVR_ERR_BLOCK_RANGE};
+        *f = (kvr_msg_write_failed_t){
+            .pp_rank = 1, .write_nonce = 78, .status = KVR_ERR_BLOCK_RANGE};
         strcpy(f->text, "block id 5000 outside region of 4096 blocks");
         break;
     case KVR_MSG_RELEASE:
-        *r = (kvr_msg_release_t){.consumer_rank = 2, .write_nonce = 79,
-                                 .outcome = KVR_ERR_TIMEOUT};
+        *r = (kvr_msg_release_t){
+            .consumer_rank = 2, .write_nonce = 79, .outcome = KVR_ERR_TIMEOUT};
         break;
     default:
-        *c = (kvr_msg_chunk_done_t){.pp_rank = 2, .tp_rank = 1,
-                                    .write_nonce = 80, .chunk = 9, .slot = 5,
-                                    .offset = 9ull << 20, .bytes = 1 << 20};
+        *c = (kvr_msg_chunk_done_t){.pp_rank = 2,
+                                    .tp_rank = 1,
+                                    .write_nonce = 80,
+                                    .chunk = 9,
+                                    .slot = 5,
+                                    .offset = 9ull << 20,
+                                    .bytes = 1 << 20};
         break;
     }
     sample_head(&m->u.write_done.request_id, &m->u.write_done.transfer_id);

@@ -39,7 +39,6 @@ typedef struct {
     kvr_error_t cons_err;
 } fix_t;
 
-
 /* Deadlines of waits that succeed: generous, since a loaded 2-core machine
  * under ASan is slow and a success returns long before them anyway. Waits
  * that must time out keep their short deadlines. */
@@ -56,16 +55,19 @@ static void fix_regions(fix_t *f)
     unsigned seed = 5;
     f->lay = fx_layout(BS, W, 1, 1, 1);
     f->pairs[0] = fx_mla(&f->lay, 576, TOKENS / BS + 3, TOKENS / (BS * W) + 2);
-    f->pairs[1] = fx_index(&f->lay, 128, TOKENS / BS + 3, TOKENS / (BS * W) + 2);
+    f->pairs[1] = fx_index(&f->lay, 128, TOKENS / BS + 3,
+                           TOKENS / (BS * W) + 2);
     fx_table(f->src_ids, TOKENS / BS + 1, TOKENS / BS + 3, &seed);
     fx_table(f->dst_ids, TOKENS / (BS * W) + 1, TOKENS / (BS * W) + 2, &seed);
-    f->req = (kvr_request_t){f->src_ids, TOKENS / BS + 1, f->dst_ids,
-                             TOKENS / (BS * W) + 1, TOKENS, 0};
+    f->req = (kvr_request_t){f->src_ids, TOKENS / BS + 1,
+                             f->dst_ids, TOKENS / (BS * W) + 1,
+                             TOKENS,     0};
     for (int i = 0; i < 2; i++) {
         uint64_t len = kvr_region_bytes(&f->pairs[i].src);
         f->src[i] = malloc(len);
         fx_fill(f->src[i], len, &seed);
-        assert_int_equal(kvr_mem_alloc(f->tc, kvr_region_bytes(&f->pairs[i].dst),
+        assert_int_equal(kvr_mem_alloc(f->tc,
+                                       kvr_region_bytes(&f->pairs[i].dst),
                                        &f->dst[i]),
                          KVR_OK);
         memset(kvr_mem_addr(f->dst[i]), 0, kvr_mem_len(f->dst[i]));
@@ -95,8 +97,10 @@ static void fix_init(fix_t *f, const kvr_loopback_params_t *prod,
     const void *addr;
     size_t len;
     memset(f, 0, sizeof(*f));
-    assert_int_equal(kvr_transport_loopback_create(NULL, prod, &f->tp, NULL), KVR_OK);
-    assert_int_equal(kvr_transport_loopback_create(f->tp, NULL, &f->tc, NULL), KVR_OK);
+    assert_int_equal(kvr_transport_loopback_create(NULL, prod, &f->tp, NULL),
+                     KVR_OK);
+    assert_int_equal(kvr_transport_loopback_create(f->tp, NULL, &f->tc, NULL),
+                     KVR_OK);
     assert_int_equal(kvr_xfer_address(f->tc, &addr, &len), KVR_OK);
     assert_int_equal(kvr_ep_create(f->tp, addr, len, &f->ep_pc), KVR_OK);
     assert_int_equal(kvr_xfer_address(f->tp, &addr, &len), KVR_OK);
@@ -107,13 +111,13 @@ static void fix_init(fix_t *f, const kvr_loopback_params_t *prod,
     for (int i = 0; i < 2; i++)
         open_remote(f, f->dst[i], &f->rdst[i]);
     open_remote(f, f->stage, &f->rstage);
-    assert_int_equal(kvr_plan_set_create(&f->lay, 0, f->pairs, 2, &f->req,
-                                         &f->set, NULL),
-                     KVR_OK);
+    assert_int_equal(
+        kvr_plan_set_create(&f->lay, 0, f->pairs, 2, &f->req, &f->set, NULL),
+        KVR_OK);
     for (int i = 0; i < 2; i++) {
         const kvr_plan_t *plan = kvr_plan_set_plan_of(f->set, (size_t)i);
-        f->psegs[i] = (kvr_xfer_seg_t){.plan = plan, .src = f->src[i],
-                                       .dst = f->rdst[i]};
+        f->psegs[i] = (kvr_xfer_seg_t){
+            .plan = plan, .src = f->src[i], .dst = f->rdst[i]};
         f->csegs[i] = (kvr_xfer_seg_t){.plan = plan,
                                        .dst_local = kvr_mem_addr(f->dst[i])};
     }
@@ -203,7 +207,7 @@ static void test_staged(void **state)
     (void)state;
     staged(true, 8192, 2);
     staged(false, 8192, 2);
-    staged(false, 1000, 1); /* chunks split runs; one slot: ack per chunk */
+    staged(false, 1000, 1);    /* chunks split runs; one slot: ack per chunk */
     staged(true, 1u << 20, 4); /* one chunk holds everything */
 }
 
@@ -240,9 +244,11 @@ static void test_bounds_and_garbage(void **state)
                      KVR_ERR_RUN_OUT_OF_BOUNDS);
     assert_int_equal(kvr_xfer_put(f.ep_pc, b, 1, f.rstage, UINT64_MAX, dl),
                      KVR_ERR_RUN_OUT_OF_BOUNDS);
-    assert_int_equal(kvr_xfer_put(f.ep_pc, b, 64, f.rstage, len - 64, dl), KVR_OK);
+    assert_int_equal(kvr_xfer_put(f.ep_pc, b, 64, f.rstage, len - 64, dl),
+                     KVR_OK);
     void *p;
-    assert_int_equal(kvr_rmem_ptr(f.rstage, len, 1, &p), KVR_ERR_RUN_OUT_OF_BOUNDS);
+    assert_int_equal(kvr_rmem_ptr(f.rstage, len, 1, &p),
+                     KVR_ERR_RUN_OUT_OF_BOUNDS);
     kvr_remote_region_t desc;
     assert_int_equal(kvr_mem_pack(f.stage, &desc), KVR_OK);
     desc.length += 1; /* claims more than the region holds */
@@ -349,7 +355,8 @@ static void test_fault_no_space(void **state)
     lp.mem_limit = 1 << 20;
     kvr_transport_t *t = NULL;
     kvr_mem_t *a = NULL, *b = NULL;
-    assert_int_equal(kvr_transport_loopback_create(NULL, &lp, &t, NULL), KVR_OK);
+    assert_int_equal(kvr_transport_loopback_create(NULL, &lp, &t, NULL),
+                     KVR_OK);
     assert_int_equal(kvr_mem_alloc(t, 768 << 10, &a), KVR_OK);
     assert_int_equal(kvr_mem_alloc(t, 512 << 10, &b), KVR_ERR_NO_SPACE);
     assert_null(b);
@@ -421,9 +428,9 @@ static void test_forged_chunk(void **state)
                                        sizeof(m), kvr_deadline_ns(SUCCESS_MS)),
                      KVR_OK);
     kvr_error_t err = {0};
-    assert_int_equal(kvr_exec_recv(f.ep_cp, KVR_EXEC_STAGED, f.csegs, 2, &f.cp,
-                                   NULL, &err),
-                     KVR_ERR_PROTO);
+    assert_int_equal(
+        kvr_exec_recv(f.ep_cp, KVR_EXEC_STAGED, f.csegs, 2, &f.cp, NULL, &err),
+        KVR_ERR_PROTO);
     assert_non_null(strstr(err.msg, "does not match"));
     fix_fini(&f);
 }
@@ -433,30 +440,33 @@ static void test_cost_choose(void **state)
     (void)state;
     fix_t f;
     fix_init(&f, NULL, 4096, 1, SUCCESS_MS);
-    kvr_cost_model_t tcp = {.put_s = 6e-6, .put_Bps = 1e9, .chunk_s = 50e-6,
-                            .stage_Bps = 1e9, .copy_Bps = 6e9};
+    kvr_cost_model_t tcp = {.put_s = 6e-6,
+                            .put_Bps = 1e9,
+                            .chunk_s = 50e-6,
+                            .stage_Bps = 1e9,
+                            .copy_Bps = 6e9};
     double td, ts;
     /* I = 1: a run per token */
-    assert_int_equal(kvr_cost_choose(&tcp, KVR_EXEC_AUTO, f.psegs, 1, 1 << 20,
-                                     &td, &ts),
-                     KVR_EXEC_STAGED);
+    assert_int_equal(
+        kvr_cost_choose(&tcp, KVR_EXEC_AUTO, f.psegs, 1, 1 << 20, &td, &ts),
+        KVR_EXEC_STAGED);
     assert_true(ts < td);
-    assert_int_equal(kvr_cost_choose(&tcp, KVR_EXEC_DIRECT, f.psegs, 1, 1 << 20,
-                                     NULL, NULL),
-                     KVR_EXEC_DIRECT);
+    assert_int_equal(
+        kvr_cost_choose(&tcp, KVR_EXEC_DIRECT, f.psegs, 1, 1 << 20, NULL, NULL),
+        KVR_EXEC_DIRECT);
     kvr_run_t big = {0, 0, 8u << 20};
     kvr_plan_t *one = NULL;
     assert_int_equal(kvr_plan_from_runs(&big, 1, &one), KVR_OK);
     kvr_xfer_seg_t seg = {.plan = one};
-    assert_int_equal(kvr_cost_choose(&tcp, KVR_EXEC_AUTO, &seg, 1, 1 << 20, &td,
-                                     &ts),
-                     KVR_EXEC_DIRECT);
-    assert_int_equal(kvr_cost_choose(&tcp, KVR_EXEC_STAGED, &seg, 1, 1 << 20,
-                                     NULL, NULL),
-                     KVR_EXEC_STAGED);
-    assert_int_equal(kvr_cost_choose(NULL, KVR_EXEC_AUTO, &seg, 1, 1 << 20,
-                                     NULL, NULL),
-                     KVR_EXEC_DIRECT);
+    assert_int_equal(
+        kvr_cost_choose(&tcp, KVR_EXEC_AUTO, &seg, 1, 1 << 20, &td, &ts),
+        KVR_EXEC_DIRECT);
+    assert_int_equal(
+        kvr_cost_choose(&tcp, KVR_EXEC_STAGED, &seg, 1, 1 << 20, NULL, NULL),
+        KVR_EXEC_STAGED);
+    assert_int_equal(
+        kvr_cost_choose(NULL, KVR_EXEC_AUTO, &seg, 1, 1 << 20, NULL, NULL),
+        KVR_EXEC_DIRECT);
     kvr_plan_destroy(one);
     fix_fini(&f);
 }
@@ -480,9 +490,12 @@ static kvr_cost_model_t curve_model(double put_fixed, double put_Bps,
                                     double copy_Bps, double stage_Bps,
                                     double chunk_s, bool mapped)
 {
-    kvr_cost_model_t m = {.put_s = put_fixed, .put_Bps = put_Bps,
-                          .chunk_s = chunk_s, .stage_Bps = stage_Bps,
-                          .copy_Bps = copy_Bps, .mapped = mapped,
+    kvr_cost_model_t m = {.put_s = put_fixed,
+                          .put_Bps = put_Bps,
+                          .chunk_s = chunk_s,
+                          .stage_Bps = stage_Bps,
+                          .copy_Bps = copy_Bps,
+                          .mapped = mapped,
                           .rtt_s = 20e-6};
     for (double s = 576; s <= (4u << 20); s *= 4) {
         uint32_t i = m.points++;
@@ -497,9 +510,9 @@ static kvr_cost_model_t curve_model(double put_fixed, double put_Bps,
 static void test_cost_choose_curves(void **state)
 {
     (void)state;
-    kvr_plan_t *tok = pieces_plan(16384, 576);   /* I = 1 */
-    kvr_plan_t *blk = pieces_plan(256, 36864);   /* I = 64, same bytes */
-    kvr_plan_t *mid = pieces_plan(4096, 1440);   /* between two points */
+    kvr_plan_t *tok = pieces_plan(16384, 576); /* I = 1 */
+    kvr_plan_t *blk = pieces_plan(256, 36864); /* I = 64, same bytes */
+    kvr_plan_t *mid = pieces_plan(4096, 1440); /* between two points */
     kvr_xfer_seg_t s_tok = {.plan = tok}, s_blk = {.plan = blk},
                    s_mid = {.plan = mid};
     double td, ts;
@@ -507,12 +520,12 @@ static void test_cost_choose_curves(void **state)
     /* shared memory, staging mapped: staged costs a copy, not a put, so it
      * wins even for block-sized runs (emulated puts copy twice) */
     kvr_cost_model_t shm = curve_model(0.4e-6, 9e9, 20e9, 0, 0.8e-6, true);
-    assert_int_equal(kvr_cost_choose(&shm, KVR_EXEC_AUTO, &s_tok, 1, 256 << 10,
-                                     &td, &ts),
-                     KVR_EXEC_STAGED);
-    assert_int_equal(kvr_cost_choose(&shm, KVR_EXEC_AUTO, &s_blk, 1, 256 << 10,
-                                     &td, &ts),
-                     KVR_EXEC_STAGED);
+    assert_int_equal(
+        kvr_cost_choose(&shm, KVR_EXEC_AUTO, &s_tok, 1, 256 << 10, &td, &ts),
+        KVR_EXEC_STAGED);
+    assert_int_equal(
+        kvr_cost_choose(&shm, KVR_EXEC_AUTO, &s_blk, 1, 256 << 10, &td, &ts),
+        KVR_EXEC_STAGED);
     /* exactly the curve at a measured size: 256 puts, plus the round trip */
     assert_true(fabs(td - (256 * (0.4e-6 + 36864 / 9e9) + 20e-6)) < 1e-12);
     /* mapped: the staging put curve is never charged */
@@ -533,8 +546,8 @@ static void test_cost_choose_curves(void **state)
     for (uint32_t i = 0; i < slow.points; i++)
         slow.unpack_at[i] = 3 * slow.copy_at[i];
     kvr_cost_choose(&slow, KVR_EXEC_AUTO, &s_tok, 1, 256 << 10, NULL, &ts);
-    assert_true(fabs(ts - (3 * pack + 36 * 0.8e-6 +
-                           3 * pack * (256 << 10) / b + 20e-6)) < 1e-12);
+    assert_true(fabs(ts - (3 * pack + 36 * 0.8e-6 + 3 * pack * (256 << 10) / b +
+                           20e-6)) < 1e-12);
     /* the same model unmapped pays a put per chunk: big runs go direct */
     shm_odd.mapped = false;
     assert_int_equal(kvr_cost_choose(&shm_odd, KVR_EXEC_AUTO, &s_blk, 1,
@@ -544,27 +557,27 @@ static void test_cost_choose_curves(void **state)
     /* TCP: a put costs a syscall; staged wins on tokens, direct on blocks
      * (the pack and the chunk round trips outweigh 256 put overheads) */
     kvr_cost_model_t tcp = curve_model(1.5e-6, 3e9, 20e9, 3e9, 50e-6, false);
-    assert_int_equal(kvr_cost_choose(&tcp, KVR_EXEC_AUTO, &s_tok, 1, 1 << 20,
-                                     &td, &ts),
-                     KVR_EXEC_STAGED);
+    assert_int_equal(
+        kvr_cost_choose(&tcp, KVR_EXEC_AUTO, &s_tok, 1, 1 << 20, &td, &ts),
+        KVR_EXEC_STAGED);
     assert_true(ts < td);
-    assert_int_equal(kvr_cost_choose(&tcp, KVR_EXEC_AUTO, &s_blk, 1, 1 << 20,
-                                     &td, &ts),
-                     KVR_EXEC_DIRECT);
+    assert_int_equal(
+        kvr_cost_choose(&tcp, KVR_EXEC_AUTO, &s_blk, 1, 1 << 20, &td, &ts),
+        KVR_EXEC_DIRECT);
     assert_true(td < ts);
     /* between measured sizes (576 and 2304) the curve is linear */
     kvr_cost_choose(&tcp, KVR_EXEC_AUTO, &s_mid, 1, 1 << 20, &td, NULL);
     assert_true(fabs(td - (4096 * (1.5e-6 + 1440 / 3e9) + 20e-6)) < 1e-12);
     /* force still wins */
-    assert_int_equal(kvr_cost_choose(&tcp, KVR_EXEC_STAGED, &s_blk, 1, 1 << 20,
-                                     NULL, NULL),
-                     KVR_EXEC_STAGED);
+    assert_int_equal(
+        kvr_cost_choose(&tcp, KVR_EXEC_STAGED, &s_blk, 1, 1 << 20, NULL, NULL),
+        KVR_EXEC_STAGED);
     /* a malformed curve (sizes not ascending) is not used */
     kvr_cost_model_t bad = tcp;
     bad.point_bytes[1] = bad.point_bytes[0];
-    assert_int_equal(kvr_cost_choose(&bad, KVR_EXEC_AUTO, &s_tok, 1, 1 << 20,
-                                     &td, &ts),
-                     KVR_EXEC_DIRECT);
+    assert_int_equal(
+        kvr_cost_choose(&bad, KVR_EXEC_AUTO, &s_tok, 1, 1 << 20, &td, &ts),
+        KVR_EXEC_DIRECT);
     assert_true(td == 0 && ts == 0);
     kvr_plan_destroy(tok);
     kvr_plan_destroy(blk);
@@ -576,8 +589,10 @@ static void test_cost_measure(void **state)
     (void)state;
     fix_t f;
     fix_init(&f, NULL, 4u << 20, 1, SUCCESS_MS);
-    kvr_cost_probe_t probe = {.scratch = f.rstage, .small_bytes = 576,
-                              .small_count = 64, .large_bytes = 1 << 20,
+    kvr_cost_probe_t probe = {.scratch = f.rstage,
+                              .small_bytes = 576,
+                              .small_count = 64,
+                              .large_bytes = 1 << 20,
                               .deadline_ns = kvr_deadline_ns(SUCCESS_MS)};
     kvr_cost_model_t m;
     assert_int_equal(kvr_cost_measure(f.ep_pc, &probe, &m, NULL), KVR_OK);
@@ -590,7 +605,8 @@ static void test_cost_measure(void **state)
         assert_true(m.put_at[i] >= m.copy_at[i] && m.copy_at[i] > 0 &&
                     m.stage_at[i] == 0);
     probe.large_bytes = 64u << 20;
-    assert_int_equal(kvr_cost_measure(f.ep_pc, &probe, &m, NULL), KVR_ERR_INVALID);
+    assert_int_equal(kvr_cost_measure(f.ep_pc, &probe, &m, NULL),
+                     KVR_ERR_INVALID);
     fix_fini(&f);
 }
 

@@ -31,15 +31,19 @@ static void teardown(void)
 static int setup(void)
 {
     const char *fmt[] = {
-        "ip netns add %1$s", "ip netns add %2$s",
+        "ip netns add %1$s",
+        "ip netns add %2$s",
         "ip link add kva%3$d type veth peer name kvb%3$d",
-        "ip link set kva%3$d netns %1$s", "ip link set kvb%3$d netns %2$s",
+        "ip link set kva%3$d netns %1$s",
+        "ip link set kvb%3$d netns %2$s",
         "ip -n %1$s link set kva%3$d name kvr0",
         "ip -n %2$s link set kvb%3$d name kvr0",
         "ip -n %1$s addr add 10.213.0.1/24 dev kvr0",
         "ip -n %2$s addr add 10.213.0.2/24 dev kvr0",
-        "ip -n %1$s link set kvr0 up", "ip -n %2$s link set kvr0 up",
-        "ip -n %1$s link set lo up", "ip -n %2$s link set lo up",
+        "ip -n %1$s link set kvr0 up",
+        "ip -n %2$s link set kvr0 up",
+        "ip -n %1$s link set lo up",
+        "ip -n %2$s link set lo up",
     };
     int id = (int)(getpid() % 100000);
     snprintf(ns_a, sizeof(ns_a), "kvrA%d", id);
@@ -49,7 +53,8 @@ static int setup(void)
         snprintf(cmd, sizeof(cmd), fmt[i], ns_a, ns_b, id);
         if (sh(cmd) != 0) {
             printf("SKIP: `%s` failed (needs root, iproute2 and netns "
-                   "support)\n", cmd);
+                   "support)\n",
+                   cmd);
             return 77;
         }
     }
@@ -59,10 +64,20 @@ static int setup(void)
 static int run(uint32_t I)
 {
     xh_config_t cfg = {
-        .tl = KVR_XFER_TL_TCP, .W = 2, .bs = 64, .I = I, .token_bytes = 576,
-        .with_index = true, .slot_bytes = 64 * 1024, .num_slots = 3,
-        .timeout_ms = 20000, .seed = 3, .tokens = 64 * 2 * 4 + 9,
-        .producer_netns = ns_a, .consumer_netns = ns_b, .net_devices = "kvr0",
+        .tl = KVR_XFER_TL_TCP,
+        .W = 2,
+        .bs = 64,
+        .I = I,
+        .token_bytes = 576,
+        .with_index = true,
+        .slot_bytes = 64 * 1024,
+        .num_slots = 3,
+        .timeout_ms = 20000,
+        .seed = 3,
+        .tokens = 64 * 2 * 4 + 9,
+        .producer_netns = ns_a,
+        .consumer_netns = ns_b,
+        .net_devices = "kvr0",
     };
     xh_session_t s;
     int rc = xh_start(&s, &cfg);
@@ -93,7 +108,8 @@ int main(void)
     if (rc == 0)
         rc = run(64);
     teardown();
-    printf("%s\n", rc == 0 ? "1 passed, 0 failed" : rc == 77 ? "skipped"
-                                                             : "0 passed, 1 failed");
+    printf("%s\n", rc == 0    ? "1 passed, 0 failed"
+                   : rc == 77 ? "skipped"
+                              : "0 passed, 1 failed");
     return rc;
 }

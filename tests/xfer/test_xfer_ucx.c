@@ -4,12 +4,12 @@
 #include <pthread.h>
 #include <setjmp.h>
 #include <signal.h>
-#include <time.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <string.h>
+#include <time.h>
 
 #include <cmocka.h>
 
@@ -20,9 +20,16 @@ static kvr_xfer_tl_t g_tl = KVR_XFER_TL_SHM;
 static xh_config_t base_config(uint32_t W, uint32_t I)
 {
     xh_config_t cfg = {
-        .tl = g_tl, .W = W, .bs = 64, .I = I, .token_bytes = 576,
-        .with_index = true, .slot_bytes = 64 * 1024, .num_slots = 3,
-        .timeout_ms = 20000, .seed = 11 + I + W,
+        .tl = g_tl,
+        .W = W,
+        .bs = 64,
+        .I = I,
+        .token_bytes = 576,
+        .with_index = true,
+        .slot_bytes = 64 * 1024,
+        .num_slots = 3,
+        .timeout_ms = 20000,
+        .seed = 11 + I + W,
     };
     cfg.tokens = (uint64_t)cfg.bs * W * 5 + 37; /* ends inside a block */
     return cfg;
@@ -59,8 +66,8 @@ static void test_interleave_bs(void **state)
 {
     (void)state;
     xh_config_t cfg = base_config(2, 64);
-    cfg.dst_alloc = true;        /* UCX-allocated destination */
-    cfg.consumer_thread = true;  /* consumers progress from a thread */
+    cfg.dst_alloc = true;       /* UCX-allocated destination */
+    cfg.consumer_thread = true; /* consumers progress from a thread */
     run_rounds(&cfg);
 }
 
@@ -102,7 +109,8 @@ static void test_dead_peer(void **state)
     uint64_t t0 = kvr_now_ns();
     kvr_status_t st = KVR_OK;
     for (int i = 0; i < 200 && st == KVR_OK; i++)
-        st = xh_round(&s, i % 2 ? KVR_EXEC_STAGED : KVR_EXEC_DIRECT, NULL, NULL);
+        st = xh_round(&s, i % 2 ? KVR_EXEC_STAGED : KVR_EXEC_DIRECT, NULL,
+                      NULL);
     double secs = (double)(kvr_now_ns() - t0) * 1e-9;
     pthread_join(th, NULL);
     fprintf(stderr, "dead peer: %s after %.2f s (%s)\n", kvr_status_name(st),
@@ -148,15 +156,18 @@ static void test_probe(void **state)
     if (st != KVR_OK)
         fprintf(stderr, "probe: %s\n", s.error);
     assert_int_equal(st, KVR_OK);
-    fprintf(stderr, "probe %.3f s: rtt %.1f us, put(576) %.2f us, copy(576) "
-                    "%.3f us, mapped %d\n", secs, m.rtt_s * 1e6,
-            m.put_at[0] * 1e6, m.copy_at[0] * 1e6, m.mapped);
+    fprintf(stderr,
+            "probe %.3f s: rtt %.1f us, put(576) %.2f us, copy(576) "
+            "%.3f us, mapped %d\n",
+            secs, m.rtt_s * 1e6, m.put_at[0] * 1e6, m.copy_at[0] * 1e6,
+            m.mapped);
     assert_true(m.points >= 2 && m.points <= KVR_COST_POINTS);
     assert_true(m.rtt_s > 0 && m.put_Bps > 0 && m.copy_Bps > 0);
     assert_int_equal(m.mapped, g_tl == KVR_XFER_TL_SHM);
     for (uint32_t i = 0; i < m.points; i++) {
         assert_true(m.copy_at[i] > 0 && m.put_at[i] >= m.copy_at[i]);
-        assert_true(m.mapped ? m.stage_at[i] == 0 : m.stage_at[i] >= m.copy_at[i]);
+        assert_true(m.mapped ? m.stage_at[i] == 0
+                             : m.stage_at[i] >= m.copy_at[i]);
     }
     assert_int_equal(xh_round(&s, KVR_EXEC_STAGED, NULL, NULL), KVR_OK);
     assert_int_equal(xh_stop(&s), 0);
@@ -173,7 +184,6 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_probe),
         cmocka_unit_test(test_dead_peer),
     };
-    return cmocka_run_group_tests_name(g_tl == KVR_XFER_TL_TCP ? "ucx-tcp"
-                                                               : "ucx-shm",
-                                       tests, NULL, NULL);
+    return cmocka_run_group_tests_name(
+        g_tl == KVR_XFER_TL_TCP ? "ucx-tcp" : "ucx-shm", tests, NULL, NULL);
 }

@@ -50,7 +50,8 @@ int xh_fixture_init(const xh_config_t *cfg, xh_fixture_t *fx)
     fx->pairs[0] = fx_mla(&fx->lay, cfg->token_bytes, nsrc + 3, ndst + 2);
     fx->num_pairs = 1;
     if (cfg->with_index)
-        fx->pairs[fx->num_pairs++] = fx_index(&fx->lay, 128, nsrc + 3, ndst + 2);
+        fx->pairs[fx->num_pairs++] = fx_index(&fx->lay, 128, nsrc + 3,
+                                              ndst + 2);
     fx->src_blocks = malloc((nsrc + 1) * sizeof(uint32_t));
     fx->dst_blocks = malloc((ndst + 1) * sizeof(uint32_t));
     if (fx->src_blocks == NULL || fx->dst_blocks == NULL)
@@ -58,8 +59,8 @@ int xh_fixture_init(const xh_config_t *cfg, xh_fixture_t *fx)
     unsigned seed = (unsigned)cfg->seed;
     fx_table(fx->src_blocks, nsrc, (uint32_t)nsrc + 3, &seed);
     fx_table(fx->dst_blocks, ndst, (uint32_t)ndst + 2, &seed);
-    fx->req = (kvr_request_t){fx->src_blocks, nsrc, fx->dst_blocks, ndst,
-                              cfg->tokens, 0};
+    fx->req = (kvr_request_t){fx->src_blocks, nsrc,        fx->dst_blocks,
+                              ndst,           cfg->tokens, 0};
     for (size_t i = 0; i < fx->num_pairs; i++) {
         fx->src_len[i] = kvr_region_bytes(&fx->pairs[i].src);
         fx->dst_len[i] = kvr_region_bytes(&fx->pairs[i].dst);
@@ -86,7 +87,8 @@ static int write_all(int fd, const void *p, size_t n)
 {
     const char *c = p;
     while (n > 0) {
-        ssize_t w = send(fd, c, n, MSG_NOSIGNAL); /* a dead peer is an error, not SIGPIPE */
+        ssize_t w = send(
+            fd, c, n, MSG_NOSIGNAL); /* a dead peer is an error, not SIGPIPE */
         if (w < 0 && errno == EINTR)
             continue;
         if (w <= 0)
@@ -243,7 +245,8 @@ static kvr_status_t consumer_region(consumer_t *c, int i, uint64_t len,
 static kvr_status_t consumer_regions(consumer_t *c)
 {
     const xh_config_t *cfg = c->cfg;
-    kvr_status_t st = consumer_region(c, R_MLA, c->fx.dst_len[0], cfg->dst_alloc);
+    kvr_status_t st = consumer_region(c, R_MLA, c->fx.dst_len[0],
+                                      cfg->dst_alloc);
     if (st == KVR_OK && c->fx.num_pairs > 1) /* index: always allocated */
         st = consumer_region(c, R_INDEX, c->fx.dst_len[1], true);
     if (st == KVR_OK)
@@ -295,8 +298,8 @@ static int consumer_round(consumer_t *c, const cmd_t *cmd)
     kvr_exec_params_t p;
     for (size_t i = 0; i < c->fx.num_pairs; i++)
         memset(kvr_mem_addr(c->mems[i]), 0, kvr_mem_len(c->mems[i]));
-    size_t n = consumer_segs(&c->fx, c->set, c->ceiling, (int)cmd->kind, c->mems,
-                             segs);
+    size_t n = consumer_segs(&c->fx, c->set, c->ceiling, (int)cmd->kind,
+                             c->mems, segs);
     exec_params(c->cfg, cmd->tid, &p, slots);
     p.staging_local = kvr_mem_addr(c->mems[R_STAGING]);
     char ready = 1;
@@ -412,7 +415,8 @@ static int spawn(xh_session_t *s, uint32_t r)
         close(sv[0]);
         for (uint32_t i = 0; i < r; i++)
             close(s->fds[i]);
-        exit(consumer_main(&s->cfg, r, sv[1])); /* exit: LeakSanitizer checks the child */
+        exit(consumer_main(&s->cfg, r,
+                           sv[1])); /* exit: LeakSanitizer checks the child */
     }
     close(sv[1]);
     s->pids[r] = pid;
@@ -430,7 +434,8 @@ static int connect_rank(xh_session_t *s, uint32_t r)
     size_t mine_len;
     if (recv_blob(s->fds[r], addr, sizeof(addr), &n, deadline) != 0 ||
         recv_blob(s->fds[r], desc, sizeof(desc), &dn, deadline) != 0 ||
-        dn != sizeof(desc) || kvr_xfer_address(s->t, &mine, &mine_len) != KVR_OK ||
+        dn != sizeof(desc) ||
+        kvr_xfer_address(s->t, &mine, &mine_len) != KVR_OK ||
         send_blob(s->fds[r], mine, (uint32_t)mine_len) != 0) {
         snprintf(s->error, sizeof(s->error), "rank %u: no address exchange", r);
         return 1;
@@ -466,7 +471,8 @@ static int producer_setup(xh_session_t *s)
         if (kvr_plan_set_create(&s->fx.lay, r, s->fx.pairs, s->fx.num_pairs,
                                 &s->fx.req, &s->plans[r], &err) != KVR_OK ||
             (s->ceiling[r] = ceiling_plan(s->plans[r])) == NULL) {
-            snprintf(s->error, sizeof(s->error), "plan rank %u: %.256s", r, err.msg);
+            snprintf(s->error, sizeof(s->error), "plan rank %u: %.256s", r,
+                     err.msg);
             return 1;
         }
         uint64_t b = kvr_plan_bytes(s->ceiling[r]);
@@ -514,7 +520,8 @@ static kvr_status_t send_rank(xh_session_t *s, uint32_t r, int kind,
     if (secs != NULL)
         secs[r] = (double)(kvr_now_ns() - t0) * 1e-9;
     if (st != KVR_OK)
-        snprintf(s->error, sizeof(s->error), "producer rank %u: %.256s", r, err.msg);
+        snprintf(s->error, sizeof(s->error), "producer rank %u: %.256s", r,
+                 err.msg);
     return st;
 }
 

@@ -17,15 +17,15 @@
 
 typedef struct xh_config {
     kvr_xfer_tl_t tl;
-    bool consumer_thread;  /* consumers progress from a thread */
-    bool dst_alloc;        /* consumer MLA regions allocated by UCX */
+    bool consumer_thread; /* consumers progress from a thread */
+    bool dst_alloc;       /* consumer MLA regions allocated by UCX */
     uint32_t W, bs, I;
     uint64_t tokens;
-    uint32_t token_bytes;  /* MLA bytes per token */
-    bool with_index;       /* add a replicated DSA index region (D = 128) */
+    uint32_t token_bytes; /* MLA bytes per token */
+    bool with_index;      /* add a replicated DSA index region (D = 128) */
     uint64_t slot_bytes;
     uint32_t num_slots;
-    uint32_t timeout_ms;   /* per round */
+    uint32_t timeout_ms;                         /* per round */
     const char *producer_netns, *consumer_netns; /* ip netns names or NULL */
     const char *net_devices;
     uint64_t seed;
@@ -48,8 +48,8 @@ void xh_fixture_fini(xh_fixture_t *fx);
 
 /* Round outcome as a consumer reports it. */
 typedef struct xh_result {
-    int32_t status;  /* kvr_exec_recv */
-    int32_t verify;  /* kvr_verify_region over every region, or -1 if not run */
+    int32_t status; /* kvr_exec_recv */
+    int32_t verify; /* kvr_verify_region over every region, or -1 if not run */
     char msg[300];
 } xh_result_t;
 
