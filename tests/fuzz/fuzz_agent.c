@@ -258,30 +258,6 @@ static void check(const freq_t *reqs, uint32_t n)
 
 /* ---- requests ---- */
 
-static uint64_t take_u64(cursor_t *c)
-{
-    uint64_t v = 0;
-    for (int i = 0; i < 8; i++)
-        v = v << 8 | take(c, 256);
-    return v;
-}
-
-/* A count from the wire: mostly small, else anywhere in u64, next to 2^64,
- * or next to a power of two. */
-static uint64_t take_count(cursor_t *c, uint64_t small)
-{
-    switch (take(c, 8)) {
-    case 0:
-        return take_u64(c);
-    case 1:
-        return UINT64_MAX - take(c, 256);
-    case 2:
-        return (1ull << take(c, 64)) + take(c, 3) - 1;
-    default:
-        return small;
-    }
-}
-
 static void make_req(cursor_t *c, uint32_t i, freq_t *r)
 {
     memset(r, 0, sizeof(*r));

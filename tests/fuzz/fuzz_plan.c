@@ -11,30 +11,6 @@
 #include "fuzz_cursor.h"
 #include "kvrelay/plan.h"
 
-static uint64_t take_u64(cursor_t *c)
-{
-    uint64_t v = 0;
-    for (int i = 0; i < 8; i++)
-        v = v << 8 | take(c, 256);
-    return v;
-}
-
-/* A count from the wire: mostly small (plannable), else anywhere in u64,
- * next to 2^64, or next to a power of two (where N + bs - 1 wraps). */
-static uint64_t take_count(cursor_t *c, uint64_t small)
-{
-    switch (take(c, 8)) {
-    case 0:
-        return take_u64(c);
-    case 1:
-        return UINT64_MAX - take(c, 256);
-    case 2:
-        return (1ull << take(c, 64)) + take(c, 3) - 1;
-    default:
-        return small;
-    }
-}
-
 static void build_region(cursor_t *c, const kvr_layout_t *lay,
                          kvr_region_pair_t *pair)
 {
