@@ -31,7 +31,8 @@ const char demo_options_help[] =
     "  --fault KIND:REQUEST_ID[@WHO]  (die-mid, refuse, wrong-nonce, "
     "dup-done:\n"
     "       push stage WHO; bad-blocks, die-assign, refuse-offer: serve rank\n"
-    "       WHO (the router is rank 0); all if no @)\n"
+    "       WHO (the router is rank 0); all if no @; store-enospc:*: every\n"
+    "       chunk write fails, as on a full disk; REQUEST_ID * keys all)\n"
     "  --dump DIR (region images + manifest.json for `kvrelay inspect`)\n"
     "  --save-to DIR (stages save every request to a store while it is\n"
     "    pushed) | --load-from DIR (ranks load cached prefixes from it and\n"
@@ -78,7 +79,9 @@ kvr_status_t demo_arm_fault(const demo_cfg_t *cfg, uint32_t who,
     if (cfg->fault == NULL ||
         (cfg->fault_target >= 0 && (uint32_t)cfg->fault_target != who))
         return KVR_OK;
-    return kvr_failpoint_arm(cfg->fault, cfg->fault_key, err);
+    /* "*": every key (store-enospc is keyed by chunk file names) */
+    const char *key = strcmp(cfg->fault_key, "*") == 0 ? "" : cfg->fault_key;
+    return kvr_failpoint_arm(cfg->fault, key, err);
 }
 
 static int parse_enum(const char *cmd, const char *name, const char *value,
