@@ -153,13 +153,13 @@ kvr_status_t kvr_store_load(kvr_store_t *st, const kvr_store_io_t *io,
  * Every function is safe from any thread; events are polled. */
 
 typedef struct kvr_store_conn_params {
-    kvr_store_t *store; /* borrowed; after create, used only through the
+    kvr_store_t *store;        /* borrowed; after create, used only through the
                            connector (it serialises every store call) */
-    const uint8_t *ns;  /* KVR_STORE_NS_BYTES, copied */
-    uint32_t block_size;  /* the store's canonical bs */
-    uint64_t chunk;       /* tokens per chunk, a multiple of bs * W */
-    kvr_layout_t lay;     /* this side's layout */
-    uint32_t parts;       /* PP stages of the producer, 1..64 */
+    const uint8_t *ns;         /* KVR_STORE_NS_BYTES, copied */
+    uint32_t block_size;       /* the store's canonical bs */
+    uint64_t chunk;            /* tokens per chunk, a multiple of bs * W */
+    kvr_layout_t lay;          /* this side's layout */
+    uint32_t parts;            /* PP stages of the producer, 1..64 */
     const uint32_t *part_ends; /* parts entries, increasing: part p holds
                                   layers [part_ends[p-1], part_ends[p]) */
     const kvr_store_region_t *regions; /* this process's regions, copied:

@@ -57,9 +57,12 @@ struct kvr_store_conn {
 const char *kvr_store_event_name(kvr_store_event_kind_t kind)
 {
     switch (kind) {
-    case KVR_STORE_PART_SAVED: return "PART_SAVED";
-    case KVR_STORE_SAVED: return "SAVED";
-    case KVR_STORE_RELEASE: return "RELEASE";
+    case KVR_STORE_PART_SAVED:
+        return "PART_SAVED";
+    case KVR_STORE_SAVED:
+        return "SAVED";
+    case KVR_STORE_RELEASE:
+        return "RELEASE";
     }
     return "UNKNOWN";
 }
@@ -211,8 +214,8 @@ static void report_part(kvr_store_conn_t *c, const kvr_completion_id_t *op,
     if (kvr_quorum_report(c->saves, op, part, status, &res, NULL) != KVR_OK ||
         res.outcome != KVR_QUORUM_DONE)
         return;
-    kvr_store_event_t ev = event_of(KVR_STORE_SAVED, op->req_id,
-                                    op->req_id_len, op->generation, res.status,
+    kvr_store_event_t ev = event_of(KVR_STORE_SAVED, op->req_id, op->req_id_len,
+                                    op->generation, res.status,
                                     res.status == KVR_OK ? NULL : msg);
     push_event(c, &ev);
 }
@@ -445,9 +448,8 @@ kvr_status_t kvr_store_conn_save(kvr_store_conn_t *c,
     if (c == NULL || req == NULL || (req->num_chains && req->chains == NULL) ||
         (req->num_src_blocks && req->src_blocks == NULL))
         return kvr_error_set(err, KVR_ERR_INVALID, "store save: NULL argument");
-    kvr_completion_id_t op = kvr_completion_op(req->request_id,
-                                               req->request_id_len,
-                                               req->generation);
+    kvr_completion_id_t op = kvr_completion_op(
+        req->request_id, req->request_id_len, req->generation);
     kvr_status_t s = kvr_completion_id_check(&op, err);
     if (s != KVR_OK)
         return s;
@@ -520,8 +522,7 @@ kvr_status_t kvr_store_conn_send_done(kvr_store_conn_t *c,
 /* Loads one part; its hit in *tokens. */
 static kvr_status_t load_part(kvr_store_conn_t *c,
                               const kvr_store_load_req_t *r, uint32_t part,
-                              size_t chains, uint64_t *tokens,
-                              kvr_error_t *err)
+                              size_t chains, uint64_t *tokens, kvr_error_t *err)
 {
     kvr_store_io_t io = {.ns = c->ns,
                          .part = part,
@@ -543,8 +544,7 @@ static kvr_status_t load_parts(kvr_store_conn_t *c,
                                const kvr_store_load_req_t *r, size_t chains,
                                uint64_t *hit, kvr_error_t *err)
 {
-    kvr_completion_id_t op = kvr_completion_op(r->request_id,
-                                               r->request_id_len,
+    kvr_completion_id_t op = kvr_completion_op(r->request_id, r->request_id_len,
                                                r->generation);
     kvr_error_t first = {0};
     kvr_quorum_result_t res = {0};
@@ -583,9 +583,8 @@ kvr_status_t kvr_store_conn_load(kvr_store_conn_t *c,
     if (c == NULL || req == NULL || tokens == NULL ||
         (req->num_chains && req->chains == NULL))
         return kvr_error_set(err, KVR_ERR_INVALID, "store load: NULL argument");
-    kvr_completion_id_t op = kvr_completion_op(req->request_id,
-                                               req->request_id_len,
-                                               req->generation);
+    kvr_completion_id_t op = kvr_completion_op(
+        req->request_id, req->request_id_len, req->generation);
     kvr_status_t s = kvr_completion_id_check(&op, err);
     if (s != KVR_OK)
         return s;

@@ -701,8 +701,7 @@ static int demo_run(demo_t *d)
             "verified %u/%u requests byte-exact, %llu bytes, %.2f GB/s\n",
             t.verified, t.expected, (unsigned long long)t.bytes, t.gbps);
     bool store_ok = demo_tally_print(d->tally, d->out, t.bytes);
-    return started && totals_ok(&t) && store_ok ? CLI_EXIT_OK
-                                                : CLI_EXIT_FAILED;
+    return started && totals_ok(&t) && store_ok ? CLI_EXIT_OK : CLI_EXIT_FAILED;
 }
 
 int cli_cmd_demo(int argc, char **argv)

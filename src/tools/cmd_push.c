@@ -197,14 +197,13 @@ static kvr_status_t save_request(push_t *s, uint32_t r, const char *id,
     if (chains == NULL)
         return kvr_error_set(err, KVR_ERR_NO_MEMORY, "chains");
     kvr_status_t st = demo_store_chains(&s->cfg, r, chains, cap, &n, err);
-    kvr_store_save_req_t q = {
-        .request_id = id,
-        .request_id_len = strlen(id),
-        .chains = chains,
-        .num_chains = n,
-        .src_blocks = src,
-        .num_src_blocks = (size_t)kvr_num_src_blocks(&s->cfg.lay,
-                                                     demo_tokens(&s->cfg, r))};
+    kvr_store_save_req_t q = {.request_id = id,
+                              .request_id_len = strlen(id),
+                              .chains = chains,
+                              .num_chains = n,
+                              .src_blocks = src,
+                              .num_src_blocks = (size_t)kvr_num_src_blocks(
+                                  &s->cfg.lay, demo_tokens(&s->cfg, r))};
     if (st == KVR_OK)
         st = kvr_store_conn_save(s->saver, &q, err);
     free(chains);
@@ -304,9 +303,9 @@ static void on_event(push_t *s, const kvr_agent_event_t *e)
     uint32_t r = 0;
     bool abort_wanted = demo_parse_request_id(id, e->request.len, &r) &&
                         demo_aborts(&s->cfg, r);
-    if (s->saver != NULL && (e->kind == KVR_AGENT_SENT ||
-                             e->kind == KVR_AGENT_SEND_FAILED ||
-                             e->kind == KVR_AGENT_SEND_EXPIRED))
+    if (s->saver != NULL &&
+        (e->kind == KVR_AGENT_SENT || e->kind == KVR_AGENT_SEND_FAILED ||
+         e->kind == KVR_AGENT_SEND_EXPIRED))
         kvr_store_conn_send_done(s->saver, id, e->request.len, e->status, NULL);
     if (e->kind == KVR_AGENT_SENT) {
         s->sent++;
@@ -353,8 +352,8 @@ static void on_store_event(push_t *s, const kvr_store_event_t *e)
     if (e->kind == KVR_STORE_RELEASE)
         s->released++;
     else if (e->kind == KVR_STORE_PART_SAVED)
-        printf("saved %.*s %u %s %llu %llu %s\n", idl,
-               (const char *)e->request, e->part, kvr_status_name(e->status),
+        printf("saved %.*s %u %s %llu %llu %s\n", idl, (const char *)e->request,
+               e->part, kvr_status_name(e->status),
                (unsigned long long)e->bytes, (unsigned long long)e->chunks,
                e->message);
 }

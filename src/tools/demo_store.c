@@ -32,8 +32,7 @@ static bool load_dir_ok(const demo_cfg_t *cfg, const char *cmd)
         return false;
     }
     if (!S_ISDIR(sb.st_mode)) {
-        cli_usage_error(cmd, "--load-from %s: not a directory",
-                        cfg->load_from);
+        cli_usage_error(cmd, "--load-from %s: not a directory", cfg->load_from);
         return false;
     }
     return true;
@@ -90,10 +89,9 @@ static kvr_status_t demo_ns(const demo_cfg_t *cfg, uint8_t *ns,
 }
 
 kvr_status_t demo_store_open(const demo_cfg_t *cfg,
-                             const kvr_region_desc_t *descs,
-                             void *const *bases, uint32_t num_regions,
-                             kvr_store_t **store, kvr_store_conn_t **conn,
-                             kvr_error_t *err)
+                             const kvr_region_desc_t *descs, void *const *bases,
+                             uint32_t num_regions, kvr_store_t **store,
+                             kvr_store_conn_t **conn, kvr_error_t *err)
 {
     uint8_t ns[KVR_STORE_NS_BYTES];
     uint32_t ends[DEMO_MAX_LAYERS], start;
@@ -227,8 +225,8 @@ static void on_saved(demo_tally_t *t, FILE *out, const char *who, uint32_t r,
                 rest + used);
     kvr_completion_id_t op = kvr_completion_op(id, strlen(id), 0);
     kvr_quorum_result_t res;
-    if (kvr_quorum_report(t->saves, &op, part, good ? KVR_OK : KVR_ERR_IO,
-                          &res, NULL) == KVR_OK &&
+    if (kvr_quorum_report(t->saves, &op, part, good ? KVR_OK : KVR_ERR_IO, &res,
+                          NULL) == KVR_OK &&
         res.outcome == KVR_QUORUM_DONE) {
         q->saved = true;
         q->status = res.status;
@@ -259,8 +257,7 @@ bool demo_tally_line(demo_tally_t *t, FILE *out, const char *who,
     return true;
 }
 
-bool demo_tally_print(const demo_tally_t *t, FILE *out,
-                      uint64_t transfer_bytes)
+bool demo_tally_print(const demo_tally_t *t, FILE *out, uint64_t transfer_bytes)
 {
     if (t == NULL)
         return true;
@@ -308,9 +305,9 @@ void demo_tally_json(const demo_tally_t *t, void *json_root)
                             json_boolean(q->saved && q->status == KVR_OK));
         json_object_set_new(e, "store_bytes",
                             json_integer((json_int_t)q->store_bytes));
-        json_object_set_new(e, "store_tokens",
-                            json_integer((json_int_t)(q->store_tokens /
-                                                      t->cfg->lay.dcp_size)));
+        json_object_set_new(
+            e, "store_tokens",
+            json_integer((json_int_t)(q->store_tokens / t->cfg->lay.dcp_size)));
         saved += q->saved && q->status == KVR_OK;
         lbytes += q->store_bytes;
     }
@@ -337,10 +334,10 @@ uint64_t demo_rank_bytes(const demo_cfg_t *cfg, uint32_t rank, uint32_t req,
             demo_region(cfg, i, true, g, &pairs[i].dst);
         }
         demo_src_blocks(cfg, req, src);
-        kvr_request_t r = {src, (size_t)kvr_num_src_blocks(&lay, tokens), dst,
-                           ndst, tokens, 0};
-        if (kvr_plan_set_create(&lay, rank, pairs, n, &r, &set, NULL) ==
-            KVR_OK)
+        kvr_request_t r = {src,    (size_t)kvr_num_src_blocks(&lay, tokens),
+                           dst,    ndst,
+                           tokens, 0};
+        if (kvr_plan_set_create(&lay, rank, pairs, n, &r, &set, NULL) == KVR_OK)
             bytes = kvr_plan_set_total_bytes(set);
     }
     kvr_plan_set_destroy(set);

@@ -19,10 +19,9 @@ const char *demo_store_dir(const demo_cfg_t *cfg);
 /* Opens the store on the run's directory (quick scan: children open it
  * while others write) and a connector for this process's regions. */
 kvr_status_t demo_store_open(const demo_cfg_t *cfg,
-                             const kvr_region_desc_t *descs,
-                             void *const *bases, uint32_t num_regions,
-                             kvr_store_t **store, kvr_store_conn_t **conn,
-                             kvr_error_t *err);
+                             const kvr_region_desc_t *descs, void *const *bases,
+                             uint32_t num_regions, kvr_store_t **store,
+                             kvr_store_conn_t **conn, kvr_error_t *err);
 /* The chain hashes of request req's full chunks (*num of them, at most
  * cap). */
 kvr_status_t demo_store_chains(const demo_cfg_t *cfg, uint32_t req,

@@ -186,9 +186,9 @@ static void test_send_first_pp_quorum(void **state)
     assert_memory_equal(ev.request, "req-a", 5);
     no_event(c);
     /* a late duplicate of a finished save counts nowhere */
-    assert_int_equal(kvr_store_conn_part_saved(c, "req-a", 5, 3, 1, KVR_OK,
-                                               NULL),
-                     KVR_ERR_INVALID); /* part 1 is held here */
+    assert_int_equal(
+        kvr_store_conn_part_saved(c, "req-a", 5, 3, 1, KVR_OK, NULL),
+        KVR_ERR_INVALID); /* part 1 is held here */
     kvr_store_conn_destroy(c);
     sf_side_free(&p);
     kvr_store_close(st);
@@ -218,27 +218,25 @@ static void test_save_first_remote_parts(void **state)
     assert_int_equal(ev.kind, KVR_STORE_RELEASE);
     assert_int_equal(ev.status, KVR_ERR_PEER_DEAD);
     for (uint32_t part = 0; part < 4; part += part == 0 ? 2 : 1) {
-        assert_int_equal(kvr_store_conn_part_saved(c, "req-b", 5, 0, part,
-                                                   part == 3 ? KVR_ERR_IO
-                                                             : KVR_OK,
-                                                   NULL),
-                         KVR_OK);
+        assert_int_equal(
+            kvr_store_conn_part_saved(c, "req-b", 5, 0, part,
+                                      part == 3 ? KVR_ERR_IO : KVR_OK, NULL),
+            KVR_OK);
         if (part == 0) /* repeated: counts once */
-            assert_int_equal(kvr_store_conn_part_saved(c, "req-b", 5, 0, 0,
-                                                       KVR_OK, NULL),
-                             KVR_OK);
+            assert_int_equal(
+                kvr_store_conn_part_saved(c, "req-b", 5, 0, 0, KVR_OK, NULL),
+                KVR_OK);
     }
     ev = next_event(c);
     assert_int_equal(ev.kind, KVR_STORE_SAVED);
     assert_int_equal(ev.status, KVR_ERR_IO); /* a failed part dominates */
     /* another generation is another operation */
-    assert_int_equal(kvr_store_conn_part_saved(c, "req-b", 5, 1, 0, KVR_OK,
-                                               NULL),
-                     KVR_OK);
+    assert_int_equal(
+        kvr_store_conn_part_saved(c, "req-b", 5, 1, 0, KVR_OK, NULL), KVR_OK);
     no_event(c);
-    assert_int_equal(kvr_store_conn_part_saved(c, "req-b", 5, 0, 9, KVR_OK,
-                                               NULL),
-                     KVR_ERR_INVALID);
+    assert_int_equal(
+        kvr_store_conn_part_saved(c, "req-b", 5, 0, 9, KVR_OK, NULL),
+        KVR_ERR_INVALID);
     kvr_store_conn_destroy(c);
     sf_side_free(&p);
     kvr_store_close(st);
