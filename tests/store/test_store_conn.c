@@ -55,6 +55,14 @@ static int teardown(void **state)
     return system(cmd) == 0 ? 0 : -1;
 }
 
+static kvr_store_t *open_store(bool quick_scan)
+{
+    kvr_store_opts_t o = {.dir = dir, .quick_scan = quick_scan};
+    kvr_store_t *st = NULL;
+    assert_int_equal(kvr_store_open(&o, &st, NULL), KVR_OK);
+    return st;
+}
+
 static kvr_layout_t layout(uint32_t W, bool repl)
 {
     kvr_layout_t l = KVR_LAYOUT_INIT;
@@ -159,9 +167,7 @@ static void send_done(kvr_store_conn_t *c, const char *id, kvr_status_t st)
 static void test_send_first_pp_quorum(void **state)
 {
     (void)state;
-    kvr_store_opts_t o = {.dir = dir};
-    kvr_store_t *st;
-    assert_int_equal(kvr_store_open(&o, &st, NULL), KVR_OK);
+    kvr_store_t *st = open_store(false);
     uint8_t ns[KVR_STORE_NS_BYTES];
     namespace_of(model.tb, NULL, ns);
     sf_side_t p;
@@ -200,9 +206,7 @@ static void test_send_first_pp_quorum(void **state)
 static void test_save_first_remote_parts(void **state)
 {
     (void)state;
-    kvr_store_opts_t o = {.dir = dir};
-    kvr_store_t *st;
-    assert_int_equal(kvr_store_open(&o, &st, NULL), KVR_OK);
+    kvr_store_t *st = open_store(false);
     uint8_t ns[KVR_STORE_NS_BYTES];
     namespace_of(model.tb, NULL, ns);
     sf_side_t p;
@@ -259,26 +263,9 @@ static void save_all(kvr_store_t *st, const uint8_t *ns, sf_side_t prod[4])
 static void verify_rank(sf_side_t prod[4], const sf_side_t *c, uint32_t rank,
                         uint64_t n)
 {
-    for (size_t i = 0; i < c->num_regions; i++) {
-        const kvr_store_region_t *dr = &c->regions[i];
-        const sf_side_t *ps = &prod[dr->desc.layer / 2];
-        const kvr_store_region_t *sr = NULL;
-        for (size_t j = 0; j < ps->num_regions; j++)
-            if (ps->regions[j].desc.layer == dr->desc.layer &&
-                ps->regions[j].desc.role == dr->desc.role)
-                sr = &ps->regions[j];
-        assert_non_null(sr);
-        kvr_region_pair_t pair = {.src = sr->desc, .dst = dr->desc};
-        kvr_request_t req = {.src_blocks = ps->blocks,
-                             .num_src_blocks = ps->num_blocks,
-                             .dst_blocks = c->blocks,
-                             .num_dst_blocks = c->num_blocks,
-                             .num_tokens = n};
-        kvr_error_t err;
-        if (kvr_verify_region(&c->lay, rank, &pair, &req, sr->base, dr->base,
-                              &err) != KVR_OK)
-            fail_msg("rank %u layer %u: %s", rank, dr->desc.layer, err.msg);
-    }
+    kvr_error_t err;
+    if (sf_verify_rank(prod, 2, c, rank, n, &err) != KVR_OK)
+        fail_msg("rank %u: %s", rank, err.msg);
 }
 
 /* A consumer rank of W = 2 loads through its connector. */
@@ -322,9 +309,7 @@ static void flip_byte_of(const kvr_block_hash_t *chain, uint32_t part)
 static void test_load_quorum_corrupt_and_namespace(void **state)
 {
     (void)state;
-    kvr_store_opts_t o = {.dir = dir};
-    kvr_store_t *st;
-    assert_int_equal(kvr_store_open(&o, &st, NULL), KVR_OK);
+    kvr_store_t *st = open_store(false);
     uint8_t ns[KVR_STORE_NS_BYTES];
     namespace_of(model.tb, "mtp:1", ns);
     sf_side_t prod[4], c;
@@ -341,8 +326,7 @@ static void test_load_quorum_corrupt_and_namespace(void **state)
      * bytes that did land are exact */
     kvr_store_close(st);
     flip_byte_of(&chains[1], 2);
-    o.quick_scan = true; /* the load itself must catch it */
-    assert_int_equal(kvr_store_open(&o, &st, NULL), KVR_OK);
+    st = open_store(true); /* quick scan: the load itself must catch it */
     assert_int_equal(load_rank(st, ns, true, 0, NTOK, &c), CHUNK);
     verify_rank(prod, &c, 0, CHUNK);
     sf_side_free(&c);
@@ -362,7 +346,7 @@ static void test_load_quorum_corrupt_and_namespace(void **state)
     snprintf(cmd, sizeof cmd, "rm %s/*-p3.kvc", dir);
     kvr_store_close(st);
     assert_int_equal(system(cmd), 0);
-    assert_int_equal(kvr_store_open(&o, &st, NULL), KVR_OK);
+    st = open_store(true);
     assert_int_equal(load_rank(st, ns, true, 0, NTOK, &c), 0);
     sf_side_free(&c);
     for (int i = 0; i < 4; i++)
@@ -375,9 +359,7 @@ static void test_load_quorum_corrupt_and_namespace(void **state)
 static void test_full_disk(void **state)
 {
     (void)state;
-    kvr_store_opts_t o = {.dir = dir};
-    kvr_store_t *st;
-    assert_int_equal(kvr_store_open(&o, &st, NULL), KVR_OK);
+    kvr_store_t *st = open_store(false);
     assert_int_equal(kvr_failpoint_arm("store-enospc", "", NULL), KVR_OK);
     uint8_t ns[KVR_STORE_NS_BYTES];
     namespace_of(model.tb, NULL, ns);
