@@ -142,6 +142,123 @@ kvr_status_t kvr_store_save(kvr_store_t *st, const kvr_store_io_t *io,
 kvr_status_t kvr_store_load(kvr_store_t *st, const kvr_store_io_t *io,
                             uint64_t *tokens, kvr_error_t *err);
 
+/* ---- the store connector: saves and loads beside the transfer ----------
+ * (docs/store.md "The store connector"). The offload half of the seed's
+ * multi-connector: a producer stage saves its layers of a request on a
+ * worker thread while the agent serves the same request's pulls, and the
+ * request's sources stay held until both its send and its save completed
+ * (send/save pairing); a save of (request, generation) completes when every
+ * PP part reported (PP quorum). A consumer loads the longest cached prefix
+ * present in every part (a quorum over the parts) and pulls only the rest.
+ * Every function is safe from any thread; events are polled. */
+
+typedef struct kvr_store_conn_params {
+    kvr_store_t *store;        /* borrowed; after create, used only through the
+                           connector (it serialises every store call) */
+    const uint8_t *ns;         /* KVR_STORE_NS_BYTES, copied */
+    uint32_t block_size;       /* the store's canonical bs */
+    uint64_t chunk;            /* tokens per chunk, a multiple of bs * W */
+    kvr_layout_t lay;          /* this side's layout */
+    uint32_t parts;            /* PP stages of the producer, 1..64 */
+    const uint32_t *part_ends; /* parts entries, increasing: part p holds
+                                  layers [part_ends[p-1], part_ends[p]) */
+    const kvr_store_region_t *regions; /* this process's regions, copied:
+                                          a producer stage's layers (or
+                                          several stages'), a consumer
+                                          rank's; layers past the last part
+                                          (consumer-only) are never loaded */
+    size_t num_regions;
+} kvr_store_conn_params_t;
+
+typedef struct kvr_store_conn kvr_store_conn_t;
+
+typedef enum kvr_store_event_kind {
+    KVR_STORE_PART_SAVED = 1, /* one part (PP stage) held here finished its
+                                 save of (request, generation): status */
+    KVR_STORE_SAVED = 2,      /* every part reported (PP quorum): status is
+                                 KVR_OK or the first failure */
+    KVR_STORE_RELEASE = 3,    /* the request's send and every save declared
+                                 here completed: its sources may be freed;
+                                 status is the send's */
+} kvr_store_event_kind_t;
+
+typedef struct kvr_store_event {
+    kvr_store_event_kind_t kind;
+    uint8_t request[KVR_REQ_ID_MAX];
+    size_t request_len;
+    int64_t generation; /* saves; 0 for RELEASE */
+    uint32_t part;      /* PART_SAVED */
+    kvr_status_t status;
+    char message[KVR_ERROR_MSG_MAX];
+    uint64_t bytes;  /* PART_SAVED: chunk payload bytes written */
+    uint64_t chunks; /* PART_SAVED: chunks written (present ones skipped) */
+} kvr_store_event_t;
+
+const char *kvr_store_event_name(kvr_store_event_kind_t kind);
+
+kvr_status_t kvr_store_conn_create(const kvr_store_conn_params_t *params,
+                                   kvr_store_conn_t **out, kvr_error_t *err);
+/* Waits for the save in progress (not the queued ones: they are dropped,
+ * without events), stops the worker, frees everything. Accepts NULL. */
+void kvr_store_conn_destroy(kvr_store_conn_t *c);
+
+/* A save of this process's parts of a request: its full chunks (one chain
+ * each, kvr_store_chains) from src_blocks (the stage's block table, copied),
+ * operation id (request, generation). Declares the save to the pairing at
+ * once (the send is held from now on) and queues it for the worker. */
+typedef struct kvr_store_save_req {
+    const void *request_id;
+    size_t request_id_len;
+    int64_t generation;
+    const kvr_block_hash_t *chains;
+    size_t num_chains;
+    const uint32_t *src_blocks;
+    size_t num_src_blocks;
+} kvr_store_save_req_t;
+kvr_status_t kvr_store_conn_save(kvr_store_conn_t *c,
+                                 const kvr_store_save_req_t *req,
+                                 kvr_error_t *err);
+/* A part held by another process reported its save of (request,
+ * generation) (the engine forwards it): counts toward the PP quorum. */
+kvr_status_t kvr_store_conn_part_saved(kvr_store_conn_t *c,
+                                       const void *request_id, size_t len,
+                                       int64_t generation, uint32_t part,
+                                       kvr_status_t status, kvr_error_t *err);
+/* The request's send finished (the agent's SENT, SEND_FAILED or
+ * SEND_EXPIRED): RELEASE follows at once, or when its saves finished. */
+kvr_status_t kvr_store_conn_send_done(kvr_store_conn_t *c,
+                                      const void *request_id, size_t len,
+                                      kvr_status_t status, kvr_error_t *err);
+
+/* Non-blocking: true with *out filled when an event was queued. */
+bool kvr_store_conn_poll(kvr_store_conn_t *c, kvr_store_event_t *out);
+/* Readable while events are queued; never read or close it. */
+int kvr_store_conn_event_fd(const kvr_store_conn_t *c);
+
+/* A consumer rank's load of (request, generation): every part is loaded
+ * (checksums checked before any byte lands) and reported to a quorum over
+ * the parts; the hit is the shortest part's, at most max_tokens, chunk
+ * aligned. Bytes of later chunks of longer parts may land too: they lie
+ * past the hit, where the transfer writes. *tokens gets the hit, *bytes the
+ * payload bytes read. A part's miss or corrupt chunk only shortens the
+ * hit; an error (bad layout, bad table) fails the load with nothing
+ * counted. */
+typedef struct kvr_store_load_req {
+    const void *request_id;
+    size_t request_id_len;
+    int64_t generation;
+    const kvr_block_hash_t *chains;
+    size_t num_chains;
+    const uint32_t *dst_blocks;
+    size_t num_dst_blocks;
+    uint32_t rank;       /* this consumer's DCP rank */
+    uint64_t max_tokens; /* at most this many (e.g. the prompt less one) */
+} kvr_store_load_req_t;
+kvr_status_t kvr_store_conn_load(kvr_store_conn_t *c,
+                                 const kvr_store_load_req_t *req,
+                                 uint64_t *tokens, uint64_t *bytes,
+                                 kvr_error_t *err);
+
 KVR_API_END
 #ifdef __cplusplus
 }

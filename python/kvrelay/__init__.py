@@ -10,7 +10,9 @@ Modules: ``layout`` (Layout, RegionDesc, RegionPair, Role and the DCP math),
 ``inspect`` (per-token diff of received pages), ``dump`` (dump directories),
 ``synth`` (synthetic KV), ``capacity``, ``agent`` (``Agent``: the connector
 an engine worker embeds, any number of prefill and decode instances, callable
-from any thread).
+from any thread), ``books`` (Quorum, Pairing, prefix hashes, offload keys),
+``store`` (Store: the offload tier's chunks, saved and loaded through the
+planner).
 """
 
 from __future__ import annotations
@@ -18,6 +20,10 @@ from __future__ import annotations
 from ._buffers import RawBuffer
 from ._lib import LIB as _LIB
 from .agent import Agent, AgentRole, LoopbackHub, Topology
+from .books import (OffloadDesc, PairOutcome, PairRelease, Pairing, Quorum,
+                    QuorumOutcome, QuorumReport, ReleaseKind, aligned_prefix,
+                    offload_key, offload_namespace, prefix_cached,
+                    prefix_hashes)
 from .capacity import Capacity, CapacityOption, capacity
 from .dump import DumpRegion, DumpRequest, write_dump
 from .errors import KvrelayError, Status, status_name, status_str
@@ -26,6 +32,8 @@ from .layout import Axis, Layout, RegionDesc, RegionPair, Role, index_stride
 from .plan import (Plan, PlanSet, Request, check_coverage, check_coverage_pair,
                    layout_digest, plan, plan_pair, sources, verify_region,
                    verify_region_pair)
+from .store import (ChunkKey, Store, store_chains, store_namespace,
+                    store_verify)
 from ._types import RUN_DTYPE
 
 __version__ = "0.1.0"
@@ -42,7 +50,11 @@ def library_version() -> "str | None":
 
 
 __all__ = [
-    "Agent", "AgentRole", "Axis", "Capacity", "CapacityOption", "Diff",
+    "Agent", "AgentRole", "Axis", "Capacity", "CapacityOption", "ChunkKey",
+    "Diff", "OffloadDesc", "PairOutcome", "PairRelease", "Pairing", "Quorum",
+    "QuorumOutcome", "QuorumReport", "ReleaseKind", "Store", "aligned_prefix",
+    "offload_key", "offload_namespace", "prefix_cached", "prefix_hashes",
+    "store_chains", "store_namespace", "store_verify",
     "DumpRegion", "DumpRequest", "Inspection", "KvrelayError", "Layout",
     "LoopbackHub", "Plan", "PlanSet", "RUN_DTYPE", "RawBuffer",
     "RegionDesc", "RegionPair", "Request", "Role", "Status", "Topology",

@@ -72,6 +72,13 @@ _DESC = ctypes.POINTER(T.RegionDesc)
 _PAIR = ctypes.POINTER(T.RegionPair)
 _REQ = ctypes.POINTER(T.Request)
 _u32, _u64, _int = ctypes.c_uint32, ctypes.c_uint64, ctypes.c_int
+_CID = ctypes.POINTER(T.CompletionId)
+_HASH = ctypes.POINTER(T.BlockHash)
+_ODESC = ctypes.POINTER(T.OffloadDesc)
+_KEY = ctypes.POINTER(T.ChunkKey)
+# kvr_store_bad_fn: void (*)(const char *name, const char *why, void *arg)
+BAD_FN = ctypes.CFUNCTYPE(None, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_void_p)
+_BADFN = BAD_FN
 _sz, _b, _s = ctypes.c_size_t, ctypes.c_bool, ctypes.c_char_p
 
 # name: (restype, argtypes). Functions of layers absent from a build are
@@ -200,6 +207,58 @@ _PROTOTYPES: Dict[str, Tuple[Any, Sequence[Any]]] = {
     "kvr_agent_status": (
         _int, [_P, _s, _sz, _s, _sz, ctypes.POINTER(T.AgentReqStatus)]),
     "kvr_agent_progress": (_int, [_P, _u32]),
+    # completion.h: the books (ids as kvr_completion_id_t)
+    "kvr_quorum_create": (
+        _int, [ctypes.POINTER(T.QuorumParams), ctypes.POINTER(_P), _E]),
+    "kvr_quorum_destroy": (None, [_P]),
+    "kvr_quorum_report": (
+        _int, [_P, _CID, _u32, _int, ctypes.POINTER(T.QuorumResult), _E]),
+    "kvr_quorum_cancel": (_int, [_P, _CID, _E]),
+    "kvr_quorum_forget": (_int, [_P, _CID, _E]),
+    "kvr_quorum_num_pending": (_sz, [_P]),
+    "kvr_quorum_num_tombstones": (_sz, [_P]),
+    "kvr_pairing_create": (
+        _int, [ctypes.POINTER(T.PairingParams), ctypes.POINTER(_P), _E]),
+    "kvr_pairing_destroy": (None, [_P]),
+    "kvr_pairing_expect_save": (_int, [_P, _CID, _E]),
+    "kvr_pairing_send_done": (
+        _int, [_P, _CID, _int, ctypes.POINTER(_int), _E]),
+    "kvr_pairing_save_done": (
+        _int, [_P, _CID, _int, ctypes.POINTER(_int), _E]),
+    "kvr_pairing_poll": (
+        _int, [_P, ctypes.POINTER(T.Release), _sz, ctypes.POINTER(_sz), _E]),
+    "kvr_pairing_forget": (_int, [_P, _CID, _E]),
+    "kvr_pairing_num_requests": (_sz, [_P]),
+    "kvr_pairing_num_events": (_sz, [_P]),
+    "kvr_prefix_hashes": (
+        _int, [_HASH, c_u32p, _sz, _u64, _HASH, _sz, ctypes.POINTER(_sz), _E]),
+    "kvr_prefix_cached": (
+        _int, [_LAY, _u64, _u64, ctypes.POINTER(_u64), ctypes.POINTER(_u64),
+               _E]),
+    "kvr_offload_key": (_int, [_ODESC, ctypes.c_char * 33, _E]),
+    "kvr_offload_namespace": (_int, [_ODESC, _P, _sz, _E]),
+    "kvr_offload_aligned_prefix": (
+        _int, [ctypes.c_int64, _u64, ctypes.POINTER(_u64), _E]),
+    # store.h
+    "kvr_store_open": (
+        _int, [ctypes.POINTER(T.StoreOpts), ctypes.POINTER(_P), _E]),
+    "kvr_store_close": (None, [_P]),
+    "kvr_store_stats": (None, [_P, ctypes.POINTER(T.StoreStats)]),
+    "kvr_store_backend": (_s, [_P]),
+    "kvr_store_put": (_int, [_P, _KEY, _P, _u64, _E]),
+    "kvr_store_get": (_int, [_P, _KEY, _P, _u64, ctypes.POINTER(_u64), _E]),
+    "kvr_store_contains": (_b, [_P, _KEY]),
+    "kvr_store_verify": (
+        _int, [_s, _BADFN, _P, ctypes.POINTER(_u64), ctypes.POINTER(_u64),
+               _E]),
+    "kvr_store_namespace": (
+        _int, [_ODESC, _DESC, _sz, _s, ctypes.POINTER(ctypes.c_uint8), _E]),
+    "kvr_store_chains": (
+        _int, [c_u32p, _sz, _u64, _HASH, _sz, ctypes.POINTER(_sz), _E]),
+    "kvr_store_save": (
+        _int, [_P, ctypes.POINTER(T.StoreIO), ctypes.POINTER(_sz), _E]),
+    "kvr_store_load": (
+        _int, [_P, ctypes.POINTER(T.StoreIO), ctypes.POINTER(_u64), _E]),
     "kvr_agent_fd": (_int, [_P]),
 }
 

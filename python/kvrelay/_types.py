@@ -285,6 +285,143 @@ class AgentReqStatus(ctypes.Structure):
     ]
 
 
+REQ_ID_MAX = 256
+BLOCK_HASH_BYTES = 32
+STORE_NS_BYTES = 16
+
+
+class CompletionId(ctypes.Structure):
+    _c_name_ = "kvr_completion_id_t"
+    _c_header_ = "kvrelay/completion.h"
+    _fields_ = [
+        ("req_id", ctypes.c_void_p),
+        ("req_id_len", _size),
+        ("is_op", _bool),
+        ("generation", ctypes.c_int64),
+    ]
+
+
+class QuorumParams(ctypes.Structure):
+    _c_name_ = "kvr_quorum_params_t"
+    _c_header_ = "kvrelay/completion.h"
+    _fields_ = [
+        ("members", _u32),
+        ("max_pending", _size),
+        ("tombstones", _size),
+        ("tombstone_requests", _bool),
+    ]
+
+
+class QuorumResult(ctypes.Structure):
+    _c_name_ = "kvr_quorum_result_t"
+    _c_header_ = "kvrelay/completion.h"
+    _fields_ = [("outcome", _int), ("status", _int), ("reported", _u32)]
+
+
+class PairingParams(ctypes.Structure):
+    _c_name_ = "kvr_pairing_params_t"
+    _c_header_ = "kvrelay/completion.h"
+    _fields_ = [
+        ("max_requests", _size),
+        ("max_events", _size),
+        ("tombstones", _size),
+    ]
+
+
+class Release(ctypes.Structure):
+    _c_name_ = "kvr_release_t"
+    _c_header_ = "kvrelay/completion.h"
+    _fields_ = [
+        ("kind", _int),
+        ("status", _int),
+        ("is_op", _bool),
+        ("generation", ctypes.c_int64),
+        ("req_id_len", _size),
+        ("req_id", _u8 * REQ_ID_MAX),
+    ]
+
+
+class BlockHash(ctypes.Structure):
+    _c_name_ = "kvr_block_hash_t"
+    _c_header_ = "kvrelay/completion.h"
+    _fields_ = [("bytes", _u8 * BLOCK_HASH_BYTES)]
+
+
+class OffloadDesc(ctypes.Structure):
+    _c_name_ = "kvr_offload_desc_t"
+    _c_header_ = "kvrelay/completion.h"
+    _fields_ = [
+        ("model_tag", ctypes.c_char_p),
+        ("dtype", ctypes.c_char_p),
+        ("block_size", _u32),
+        ("chunk_size", _u32),
+        ("tp", _u32),
+        ("dcp_size", _u32),
+        ("interleave", _u32),
+        ("replicate_index", _bool),
+        ("preshuffle", _bool),
+        ("indexer_types", ctypes.POINTER(ctypes.c_char_p)),
+        ("num_indexer_types", _size),
+    ]
+
+
+class ChunkKey(ctypes.Structure):
+    _c_name_ = "kvr_chunk_key_t"
+    _c_header_ = "kvrelay/store.h"
+    _fields_ = [
+        ("ns", _u8 * STORE_NS_BYTES),
+        ("chain", BlockHash),
+        ("part", _u32),
+    ]
+
+
+class StoreOpts(ctypes.Structure):
+    _c_name_ = "kvr_store_opts_t"
+    _c_header_ = "kvrelay/store.h"
+    _fields_ = [
+        ("dir", ctypes.c_char_p),
+        ("host_bytes", _u64),
+        ("verify_host", _bool),
+        ("quick_scan", _bool),
+    ]
+
+
+class StoreStats(ctypes.Structure):
+    _c_name_ = "kvr_store_stats_t"
+    _c_header_ = "kvrelay/store.h"
+    _fields_ = [(name, _u64) for name in (
+        "host_bytes", "host_chunks", "host_hits", "disk_hits", "misses",
+        "corrupt", "evictions", "scan_ok", "scan_dropped_temp",
+        "scan_dropped_corrupt", "saved_bytes", "loaded_bytes")]
+
+
+class StoreRegion(ctypes.Structure):
+    _c_name_ = "kvr_store_region_t"
+    _c_header_ = "kvrelay/store.h"
+    _fields_ = [("desc", RegionDesc), ("base", ctypes.c_void_p)]
+
+
+class StoreIO(ctypes.Structure):
+    _c_name_ = "kvr_store_io_t"
+    _c_header_ = "kvrelay/store.h"
+    _fields_ = [
+        ("ns", ctypes.POINTER(_u8)),
+        ("part", _u32),
+        ("block_size", _u32),
+        ("chunk", _u64),
+        ("chains", ctypes.POINTER(BlockHash)),
+        ("num_chains", _size),
+        ("lay", ctypes.POINTER(Layout)),
+        ("rank", _u32),
+        ("regions", ctypes.POINTER(StoreRegion)),
+        ("num_regions", _size),
+        ("blocks", ctypes.POINTER(_u32)),
+        ("num_blocks", _size),
+    ]
+
+
 ALL = [Error, Layout, RegionDesc, RegionPair, Request, Run, InspectDiff,
        InspectResult, InspectOpts, WireTopo, WireId, LoopbackParams, AgentParams, AgentSend, AgentRecv,
-       AgentEvent, AgentNotify, AgentReqStatus]
+       AgentEvent, AgentNotify, AgentReqStatus, CompletionId, QuorumParams,
+       QuorumResult, PairingParams, Release, BlockHash, OffloadDesc, ChunkKey,
+       StoreOpts, StoreStats, StoreRegion, StoreIO]

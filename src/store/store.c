@@ -3,6 +3,7 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <signal.h>
 #include <sodium.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -122,7 +123,20 @@ static kvr__entry_t *host_insert(kvr_store_t *st, const kvr_chunk_key_t *key,
 
 /* ---- open, scan, close ------------------------------------------------- */
 
-/* Removes unfinished writes; renames corrupt chunks to <name>.corrupt. */
+/* Whether the process that wrote temp file ".tmp-<pid>-..." is gone (or
+ * is this one: it has no write in flight while it opens). Stage processes
+ * sharing one directory open it while others save. */
+static bool writer_gone(const char *name)
+{
+    char *end = NULL;
+    long pid = strtol(name + 5, &end, 10);
+    if (end == name + 5 || *end != '-' || pid <= 0 || pid == (long)getpid())
+        return true;
+    return kill((pid_t)pid, 0) != 0 && errno == ESRCH;
+}
+
+/* Removes unfinished writes of processes that are gone; renames corrupt
+ * chunks to <name>.corrupt. */
 static kvr_status_t scan(kvr_store_t *st, kvr_error_t *err)
 {
     int fd = dup(st->dir_fd);
@@ -137,6 +151,8 @@ static kvr_status_t scan(kvr_store_t *st, kvr_error_t *err)
     while ((de = readdir(d)) != NULL) {
         const char *n = de->d_name;
         if (strncmp(n, ".tmp-", 5) == 0) {
+            if (!writer_gone(n))
+                continue; /* another live process is writing it */
             if (unlinkat(st->dir_fd, n, 0) == 0)
                 st->stats.scan_dropped_temp++;
             continue;

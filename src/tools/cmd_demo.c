@@ -18,6 +18,7 @@
 
 #include "commands.h"
 #include "demo.h"
+#include "demo_store.h"
 
 #define MAX_CHILDREN 128
 #define MAX_ARGS 96
@@ -63,6 +64,7 @@ typedef struct {
     uint64_t serves_gone_ns; /* when the last serve exited */
     req_state_t reqs[DEMO_MAX_REQUESTS];
     uint64_t first_offer_ns, first_start_ns, last_load_ns;
+    demo_tally_t *tally; /* --save-to / --load-from */
 } demo_t;
 
 static int demo_option(void *ctx, const char *name, const char *value)
@@ -169,6 +171,9 @@ static void on_line(demo_t *d, child_t *k, char *line)
     sscanf(line, "%31s %63s %n", verb, id, &used);
     const char *rest = used > 0 ? line + used : "";
     req_state_t *q = req_of(d, id);
+    if (q != NULL && demo_tally_line(d->tally, d->out, k->name, verb,
+                                     (uint32_t)(q - d->reqs), rest))
+        return;
     if (strcmp(verb, "offered") == 0 &&
         sscanf(rest, "%llu %llu", &a, &b) == 2) {
         if (d->first_offer_ns == 0 || b < d->first_offer_ns)
@@ -537,6 +542,7 @@ static void print_json(const demo_t *d, const totals_t *t)
         (json_int_t)t->expected, "aborted", (json_int_t)t->aborted, "bytes",
         (json_int_t)t->bytes, "seconds", t->seconds, "gbps", t->gbps, "ok",
         totals_ok(t));
+    demo_tally_json(d->tally, root);
     char *text = json_dumps(root, JSON_COMPACT);
     if (text != NULL)
         puts(text);
@@ -694,7 +700,8 @@ static int demo_run(demo_t *d)
     fprintf(d->out,
             "verified %u/%u requests byte-exact, %llu bytes, %.2f GB/s\n",
             t.verified, t.expected, (unsigned long long)t.bytes, t.gbps);
-    return started && totals_ok(&t) ? CLI_EXIT_OK : CLI_EXIT_FAILED;
+    bool store_ok = demo_tally_print(d->tally, d->out, t.bytes);
+    return started && totals_ok(&t) && store_ok ? CLI_EXIT_OK : CLI_EXIT_FAILED;
 }
 
 int cli_cmd_demo(int argc, char **argv)
@@ -713,11 +720,17 @@ int cli_cmd_demo(int argc, char **argv)
     if (rc < 0 && d->cfg.use_cuda && kvr_agent_cuda_devices() == 0)
         rc = cli_usage_error("demo", "--device cuda: no usable CUDA device "
                                      "(or kvrelay was built without CUDA)");
+    bool store_ok = true;
+    if (rc < 0)
+        d->tally = demo_tally_create(&d->cfg, &store_ok);
+    if (!store_ok)
+        rc = CLI_EXIT_USAGE;
     if (rc < 0) {
         d->out = d->json ? stderr : stdout;
         catch_signals();
         rc = demo_run(d);
     }
+    demo_tally_destroy(d->tally);
     free(d);
     return rc;
 }

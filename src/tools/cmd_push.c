@@ -12,6 +12,7 @@
 
 #include "commands.h"
 #include "demo.h"
+#include "demo_store.h"
 #include "kvrelay/synth.h"
 #include "router.h"
 
@@ -100,6 +101,9 @@ typedef struct {
     void *bases[DEMO_MAX_LAYERS * 2];
     void *mirrors[DEMO_MAX_LAYERS * 2]; /* host view (device: the fill) */
     uint32_t num_regions;
+    kvr_store_t *store; /* --save-to, on tp rank 0 of each stage */
+    kvr_store_conn_t *saver;
+    uint32_t released; /* requests whose send and save both completed */
 } push_t;
 
 static bool is_head(const push_t *s)
@@ -183,6 +187,29 @@ static kvr_status_t fill_regions(push_t *s, kvr_error_t *err)
     return st;
 }
 
+/* --save-to: the stage's layers of request r go to the store while the
+ * request is pushed; its sources stay held until both completed. */
+static kvr_status_t save_request(push_t *s, uint32_t r, const char *id,
+                                 const uint32_t *src, kvr_error_t *err)
+{
+    size_t cap = demo_store_max_chunks(&s->cfg), n = 0;
+    kvr_block_hash_t *chains = calloc(cap, sizeof *chains);
+    if (chains == NULL)
+        return kvr_error_set(err, KVR_ERR_NO_MEMORY, "chains");
+    kvr_status_t st = demo_store_chains(&s->cfg, r, chains, cap, &n, err);
+    kvr_store_save_req_t q = {.request_id = id,
+                              .request_id_len = strlen(id),
+                              .chains = chains,
+                              .num_chains = n,
+                              .src_blocks = src,
+                              .num_src_blocks = (size_t)kvr_num_src_blocks(
+                                  &s->cfg.lay, demo_tokens(&s->cfg, r))};
+    if (st == KVR_OK)
+        st = kvr_store_conn_save(s->saver, &q, err);
+    free(chains);
+    return st;
+}
+
 /* Prefill is over for every request of the instance: open it on this
  * stage with this stage's own source table, all its layers ready. */
 static kvr_status_t open_all(push_t *s, kvr_error_t *err)
@@ -205,6 +232,8 @@ static kvr_status_t open_all(push_t *s, kvr_error_t *err)
                                  NULL) != KVR_OK)
             st = kvr_error_set(err, KVR_ERR_INVALID, "%s: %s", id,
                                kvr_agent_last_error(s->agent));
+        if (st == KVR_OK && s->saver != NULL)
+            st = save_request(s, r, id, src, err);
         s->mine++;
     }
     free(src);
@@ -274,6 +303,10 @@ static void on_event(push_t *s, const kvr_agent_event_t *e)
     uint32_t r = 0;
     bool abort_wanted = demo_parse_request_id(id, e->request.len, &r) &&
                         demo_aborts(&s->cfg, r);
+    if (s->saver != NULL &&
+        (e->kind == KVR_AGENT_SENT || e->kind == KVR_AGENT_SEND_FAILED ||
+         e->kind == KVR_AGENT_SEND_EXPIRED))
+        kvr_store_conn_send_done(s->saver, id, e->request.len, e->status, NULL);
     if (e->kind == KVR_AGENT_SENT) {
         s->sent++;
         printf("sent %.*s\n", idl, id);
@@ -312,6 +345,19 @@ static void on_notify(push_t *s, const kvr_agent_notify_t *n)
     free(m);
 }
 
+/* Store events: a part saved (a line for the demo), sources released. */
+static void on_store_event(push_t *s, const kvr_store_event_t *e)
+{
+    int idl = (int)e->request_len;
+    if (e->kind == KVR_STORE_RELEASE)
+        s->released++;
+    else if (e->kind == KVR_STORE_PART_SAVED)
+        printf("saved %.*s %u %s %llu %llu %s\n", idl, (const char *)e->request,
+               e->part, kvr_status_name(e->status),
+               (unsigned long long)e->bytes, (unsigned long long)e->chunks,
+               e->message);
+}
+
 static volatile sig_atomic_t push_stop;
 
 static void on_push_signal(int sig)
@@ -322,11 +368,16 @@ static void on_push_signal(int sig)
 
 static void pump(push_t *s, int ms)
 {
-    struct pollfd p = {.fd = kvr_agent_event_fd(s->agent), .events = POLLIN};
-    poll(&p, 1, ms);
+    struct pollfd p[2] = {
+        {.fd = kvr_agent_event_fd(s->agent), .events = POLLIN},
+        {.fd = kvr_store_conn_event_fd(s->saver), .events = POLLIN}};
+    poll(p, s->saver ? 2 : 1, ms);
     kvr_agent_event_t e;
     while (kvr_agent_poll(s->agent, &e))
         on_event(s, &e);
+    kvr_store_event_t se;
+    while (s->saver != NULL && kvr_store_conn_poll(s->saver, &se))
+        on_store_event(s, &se);
     kvr_agent_notify_t *n = malloc(sizeof(*n));
     while (n != NULL && kvr_agent_poll_notify(s->agent, n))
         on_notify(s, n);
@@ -339,7 +390,9 @@ static int push_loop(push_t *s)
     if (is_head(s))
         offer_all(s);
     while (!push_stop && !s->fatal &&
-           s->sent + s->failed + s->canceled < s->mine && kvr_now_ns() < end)
+           (s->sent + s->failed + s->canceled < s->mine ||
+            (s->saver != NULL && s->released < s->mine)) &&
+           kvr_now_ns() < end)
         pump(s, 20);
     pump(s, 5);
     if (s->fatal)
@@ -372,6 +425,9 @@ static int push_run(push_t *s)
     if (st == KVR_OK && kvr_agent_start(s->agent) != KVR_OK)
         st = kvr_error_set(&err, KVR_ERR_IO, "%s",
                            kvr_agent_last_error(s->agent));
+    if (st == KVR_OK && s->cfg.save_to != NULL && s->o.tp_rank == 0)
+        st = demo_store_open(&s->cfg, s->descs, s->mirrors, s->num_regions,
+                             &s->store, &s->saver, &err);
     if (st == KVR_OK)
         st = open_all(s, &err);
     if (st == KVR_OK) {
@@ -384,6 +440,8 @@ static int push_run(push_t *s)
         fprintf(stderr, "kvrelay push: instance %u stage %u: %s\n",
                 s->o.instance, s->o.stage, err.msg);
     kvr_agent_destroy(s->agent);
+    kvr_store_conn_destroy(s->saver);
+    kvr_store_close(s->store);
     for (uint32_t i = 0; s->cfg.cuda_device >= 0 && i < s->num_regions; i++)
         free(s->mirrors[i]);
     return rc;

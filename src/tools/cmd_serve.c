@@ -15,6 +15,7 @@
 #include "base_internal.h"
 #include "commands.h"
 #include "demo.h"
+#include "demo_store.h"
 #include "router.h"
 
 static const char serve_usage[] =
@@ -117,6 +118,8 @@ typedef struct {
     uint64_t bytes;
     json_t *dumped; /* rank 0 with --dump: the requests it loaded */
     lreq_t reqs[DEMO_MAX_REQUESTS];
+    kvr_store_t *store; /* --load-from */
+    kvr_store_conn_t *loader;
 } serve_t;
 
 static kvr_status_t setup_regions(serve_t *s, kvr_error_t *err)
@@ -305,11 +308,48 @@ static void to_router(serve_t *s, const rt_msg_t *m)
         send_payload(s, s->instance, s->o.router, m);
 }
 
+/* --load-from: the longest cached prefix present in every stage's part
+ * (checksums checked before a byte lands), at most the prompt less one
+ * token, so that the pull always has a rest; only the rest is pulled. A
+ * prefix the router already holds (computed > 0) is not loaded again. */
+static void load_cached(serve_t *s, lreq_t *q)
+{
+    size_t cap = demo_store_max_chunks(&s->cfg), n = 0;
+    kvr_block_hash_t *chains = calloc(cap, sizeof *chains);
+    kvr_error_t err = {0};
+    kvr_status_t st = chains ? demo_store_chains(&s->cfg, q->req, chains, cap,
+                                                 &n, &err)
+                             : KVR_ERR_NO_MEMORY;
+    kvr_store_load_req_t r = {.request_id = q->id,
+                              .request_id_len = strlen(q->id),
+                              .chains = chains,
+                              .num_chains = n,
+                              .dst_blocks = q->dst,
+                              .num_dst_blocks = q->ndst,
+                              .rank = s->o.rank,
+                              .max_tokens = q->tokens - 1};
+    uint64_t tokens = 0, bytes = 0;
+    if (st == KVR_OK)
+        st = kvr_store_conn_load(s->loader, &r, &tokens, &bytes, &err);
+    free(chains);
+    if (st != KVR_OK) { /* a failed load is a miss: the transfer moves all */
+        printf("store-miss %s %s %s\n", q->id, kvr_status_name(st), err.msg);
+        return;
+    }
+    q->computed = tokens / kvr_virtual_block(&s->cfg.lay);
+    uint64_t landed = demo_rank_bytes(&s->cfg, s->o.rank, q->req, q->dst,
+                                      q->ndst, tokens);
+    printf("stored %s %llu %llu %llu\n", q->id, (unsigned long long)landed,
+           (unsigned long long)tokens, (unsigned long long)bytes);
+}
+
 /* The last part of an ASSIGN came: load it. */
 static void start_load(serve_t *s, lreq_t *q)
 {
     if (kvr__failpoint(KVR__FP_DIE_ASSIGN, q->id, strlen(q->id)))
         kvr__failpoint_exit(); /* a decode rank killed (docs/failpoints.md) */
+    if (s->loader != NULL && q->computed == 0)
+        load_cached(s, q);
     kvr_agent_recv_t r = {q->producer,   strlen(q->producer),
                           q->address,    q->id,
                           strlen(q->id), q->dst,
@@ -664,6 +704,9 @@ static int serve_run(serve_t *s)
     st = create_agent(s, have_key ? key : NULL, &err);
     if (st == KVR_OK)
         st = setup_regions(s, &err);
+    if (st == KVR_OK && s->cfg.load_from != NULL)
+        st = demo_store_open(&s->cfg, s->descs, s->mirrors, s->num_regions,
+                             &s->store, &s->loader, &err);
     if (st == KVR_OK)
         st = start(s, &err);
     int rc = st == KVR_OK ? serve_loop(s) : CLI_EXIT_FAILED;
@@ -671,6 +714,8 @@ static int serve_run(serve_t *s)
         fprintf(stderr, "kvrelay serve: group %u rank %u: %s\n", s->o.group,
                 s->o.rank, err.msg);
     kvr_agent_destroy(s->agent);
+    kvr_store_conn_destroy(s->loader);
+    kvr_store_close(s->store);
     router_destroy(s->router);
     free_mirrors(s);
     for (uint32_t i = 0; i < DEMO_MAX_REQUESTS; i++)

@@ -1,5 +1,6 @@
 /* Demo deployment: configuration, synthetic requests, verification. */
 #include "demo.h"
+#include "demo_store.h"
 
 #include <stddef.h>
 #include <stdio.h>
@@ -30,8 +31,12 @@ const char demo_options_help[] =
     "  --fault KIND:REQUEST_ID[@WHO]  (die-mid, refuse, wrong-nonce, "
     "dup-done:\n"
     "       push stage WHO; bad-blocks, die-assign, refuse-offer: serve rank\n"
-    "       WHO (the router is rank 0); all if no @)\n"
+    "       WHO (the router is rank 0); all if no @; store-enospc:*: every\n"
+    "       chunk write fails, as on a full disk; REQUEST_ID * keys all)\n"
     "  --dump DIR (region images + manifest.json for `kvrelay inspect`)\n"
+    "  --save-to DIR (stages save every request to a store while it is\n"
+    "    pushed) | --load-from DIR (ranks load cached prefixes from it and\n"
+    "    pull only the rest)  --chunk TOKENS (store chunk; bs * W)\n"
     "  --device host|cuda (demo: KV in GPU memory, gpu-direct executor;\n"
     "    serve/push take --cuda-device N)\n"
     "  --verbose\n";
@@ -74,7 +79,9 @@ kvr_status_t demo_arm_fault(const demo_cfg_t *cfg, uint32_t who,
     if (cfg->fault == NULL ||
         (cfg->fault_target >= 0 && (uint32_t)cfg->fault_target != who))
         return KVR_OK;
-    return kvr_failpoint_arm(cfg->fault, cfg->fault_key, err);
+    /* "*": every key (store-enospc is keyed by chunk file names) */
+    const char *key = strcmp(cfg->fault_key, "*") == 0 ? "" : cfg->fault_key;
+    return kvr_failpoint_arm(cfg->fault, key, err);
 }
 
 static int parse_enum(const char *cmd, const char *name, const char *value,
@@ -154,6 +161,7 @@ static const num_opt_t num_opts[] = {
     NUM("deadline-ms", deadline_ms, 4, 1, 3600000),
     NUM("staging-slots", staging_slots, 4, 1, 1024),
     NUM("slot-bytes", slot_bytes, 8, 4096, 1u << 30),
+    NUM("chunk", chunk, 8, 0, 1u << 20),
 };
 
 static int number(demo_cfg_t *cfg, const char *cmd, const num_opt_t *o,
@@ -197,6 +205,10 @@ int demo_cfg_option(demo_cfg_t *cfg, const char *cmd, const char *name,
         cfg->key_file = value;
     else if (strcmp(name, "dump") == 0)
         cfg->dump_dir = value;
+    else if (strcmp(name, "save-to") == 0)
+        cfg->save_to = value;
+    else if (strcmp(name, "load-from") == 0)
+        cfg->load_from = value;
     else if (strcmp(name, "device") == 0) {
         static const char *const kinds[] = {"host", "cuda"};
         rc = parse_enum(cmd, name, value, kinds, 2, &e);
@@ -301,7 +313,7 @@ bool demo_cfg_check(const demo_cfg_t *cfg, const char *cmd)
                         cfg->producer_tp, cfg->lay.dcp_size);
         return false;
     }
-    return plan_check(cfg, cmd);
+    return demo_store_check(cfg, cmd) && plan_check(cfg, cmd);
 }
 
 int demo_cfg_args(const demo_cfg_t *cfg, char **argv, int max)
@@ -343,6 +355,10 @@ int demo_cfg_args(const demo_cfg_t *cfg, char **argv, int max)
     if (cfg->dump_dir != NULL) {
         argv[n++] = "--dump";
         argv[n++] = (char *)cfg->dump_dir;
+    }
+    if (demo_store_dir(cfg) != NULL) {
+        argv[n++] = cfg->save_to ? "--save-to" : "--load-from";
+        argv[n++] = (char *)demo_store_dir(cfg);
     }
     if (cfg->fault != NULL) {
         int len = snprintf(fault, sizeof(fault), "--fault=%s:%s", cfg->fault,

@@ -43,6 +43,11 @@ typedef struct demo_cfg {
     const char *dump_dir; /* --dump DIR: region images and a manifest */
     bool use_cuda;        /* demo --device cuda */
     int cuda_device;      /* serve/push --cuda-device N; -1 host memory */
+
+    /* the offload store (docs/store.md "In the demo") */
+    const char *save_to;   /* --save-to DIR: stages save every request */
+    const char *load_from; /* --load-from DIR: ranks load cached prefixes */
+    uint64_t chunk;        /* --chunk: store chunk tokens (0: bs * W) */
 } demo_cfg_t;
 
 void demo_cfg_init(demo_cfg_t *cfg);

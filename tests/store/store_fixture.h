@@ -97,4 +97,38 @@ static inline kvr_status_t sf_fill(sf_side_t *s, uint64_t seed,
     return KVR_OK;
 }
 
+/* Checks every region of consumer rank c against the producer stage holding
+ * its layer (stage = layer / layers_per_stage), tokens [0, n), with the
+ * plan layer's verifier; err names the layer and role. */
+static inline kvr_status_t sf_verify_rank(const sf_side_t *prod,
+                                          uint32_t layers_per_stage,
+                                          const sf_side_t *c, uint32_t rank,
+                                          uint64_t n, kvr_error_t *err)
+{
+    for (size_t i = 0; i < c->num_regions; i++) {
+        const kvr_store_region_t *dr = &c->regions[i], *sr = NULL;
+        const sf_side_t *ps = &prod[dr->desc.layer / layers_per_stage];
+        for (size_t j = 0; j < ps->num_regions; j++)
+            if (ps->regions[j].desc.layer == dr->desc.layer &&
+                ps->regions[j].desc.role == dr->desc.role)
+                sr = &ps->regions[j];
+        if (sr == NULL)
+            return kvr_error_set(err, KVR_ERR_INVALID, "layer %u: no source",
+                                 dr->desc.layer);
+        kvr_region_pair_t pair = {.src = sr->desc, .dst = dr->desc};
+        kvr_request_t req = {.src_blocks = ps->blocks,
+                             .num_src_blocks = ps->num_blocks,
+                             .dst_blocks = c->blocks,
+                             .num_dst_blocks = c->num_blocks,
+                             .num_tokens = n};
+        kvr_error_t e;
+        if (kvr_verify_region(&c->lay, rank, &pair, &req, sr->base, dr->base,
+                              &e) != KVR_OK)
+            return kvr_error_set(err, KVR_ERR_VERIFY, "layer %u %s: %s",
+                                 dr->desc.layer, kvr_role_name(dr->desc.role),
+                                 e.msg);
+    }
+    return KVR_OK;
+}
+
 #endif

@@ -231,15 +231,26 @@ static void test_torn_files(void **state)
     char path[256], tmp[300];
     chunk_path(&k, path, sizeof path);
     assert_int_equal(truncate(path, 40000), 0);
-    snprintf(tmp, sizeof tmp, "%s/.tmp-1-0-x.kvc", dir);
-    FILE *f = fopen(tmp, "w");
-    fputs("partial", f);
-    fclose(f);
+    /* an unfinished write of a process that is gone, and one of a live
+     * process (our parent) that another stage may still be writing */
+    pid_t gone = fork();
+    if (gone == 0)
+        _exit(0);
+    assert_true(gone > 0);
+    waitpid(gone, NULL, 0);
+    char live[300];
+    snprintf(tmp, sizeof tmp, "%s/.tmp-%d-0-x.kvc", dir, (int)gone);
+    snprintf(live, sizeof live, "%s/.tmp-%d-0-y.kvc", dir, (int)getppid());
+    for (int i = 0; i < 2; i++) {
+        FILE *f = fopen(i ? live : tmp, "w");
+        fputs("partial", f);
+        fclose(f);
+    }
     bad_list_t bl = {0};
     uint64_t nbad = 0;
     assert_int_equal(kvr_store_verify(dir, on_bad, &bl, NULL, &nbad, &err),
                      KVR_OK);
-    assert_int_equal(nbad, 2);
+    assert_int_equal(nbad, 3);
     /* the quick scan (headers and sizes) catches a torn file too */
     o.quick_scan = true;
     assert_int_equal(kvr_store_open(&o, &st, &err), KVR_OK);
@@ -247,9 +258,11 @@ static void test_torn_files(void **state)
     kvr_store_stats(st, &s);
     assert_int_equal(s.scan_dropped_temp, 1);
     assert_int_equal(s.scan_dropped_corrupt, 1);
-    assert_int_equal(count_files(NULL), 0);
+    assert_int_equal(count_files(NULL), 1);
+    assert_int_equal(access(live, F_OK), 0); /* its writer lives: kept */
     assert_false(kvr_store_contains(st, &k));
     kvr_store_close(st);
+    unlink(live);
     free(data);
 }
 

@@ -123,37 +123,13 @@ static sf_side_t part_view(const sf_side_t *c, uint32_t p)
     return v;
 }
 
-static const sf_side_t *producer_of(const world_t *w, uint32_t layer)
-{
-    return &w->prod[layer / 2];
-}
-
 static void verify_rank(const world_t *w, const sf_side_t *c, uint32_t rank,
                         uint64_t tokens)
 {
-    for (size_t i = 0; i < c->num_regions; i++) {
-        const kvr_store_region_t *dr = &c->regions[i];
-        const sf_side_t *ps = producer_of(w, dr->desc.layer);
-        const kvr_store_region_t *sr = NULL;
-        for (size_t j = 0; j < ps->num_regions; j++)
-            if (ps->regions[j].desc.layer == dr->desc.layer &&
-                ps->regions[j].desc.role == dr->desc.role)
-                sr = &ps->regions[j];
-        assert_non_null(sr);
-        kvr_region_pair_t pair = {.src = sr->desc, .dst = dr->desc};
-        kvr_request_t req = {.src_blocks = ps->blocks,
-                             .num_src_blocks = ps->num_blocks,
-                             .dst_blocks = c->blocks,
-                             .num_dst_blocks = c->num_blocks,
-                             .num_tokens = tokens};
-        kvr_error_t err;
-        if (kvr_verify_region(&c->lay, rank, &pair, &req, sr->base, dr->base,
-                              &err) != KVR_OK)
-            fail_msg("W=%u I=%u repl=%d rank %u layer %u %s: %s",
-                     c->lay.dcp_size, c->lay.interleave, c->lay.replicate_index,
-                     rank, dr->desc.layer, kvr_role_name(dr->desc.role),
-                     err.msg);
-    }
+    kvr_error_t err;
+    if (sf_verify_rank(w->prod, 2, c, rank, tokens, &err) != KVR_OK)
+        fail_msg("W=%u I=%u repl=%d rank %u: %s", c->lay.dcp_size,
+                 c->lay.interleave, c->lay.replicate_index, rank, err.msg);
 }
 
 static void load_case(world_t *w, uint32_t W, uint32_t I, bool repl, bool shuf)

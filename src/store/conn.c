@@ -1,0 +1,607 @@
+/* The store connector (docs/store.md "The store connector"): saves on a
+ * worker thread beside the agent's transfer, send/save pairing, the PP
+ * quorum of saves and the quorum over parts of a load. The books
+ * (kvr_pairing, kvr_quorum) are not thread-safe: `mx` guards them and the
+ * event queue; `store_mx` serialises the store, which is one-thread. */
+#include <errno.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
+
+#include "store_internal.h"
+
+#define MAX_PARTS 64u
+
+typedef struct job {
+    struct job *next;
+    uint8_t id[KVR_REQ_ID_MAX];
+    size_t id_len;
+    int64_t gen;
+    kvr_block_hash_t *chains;
+    size_t num_chains;
+    uint32_t *blocks;
+    size_t num_blocks;
+} job_t;
+
+typedef struct ev_node {
+    struct ev_node *next;
+    kvr_store_event_t ev;
+} ev_node_t;
+
+/* The regions of one part, as a slice of the sorted copy. */
+typedef struct part {
+    size_t first, count;
+} part_t;
+
+struct kvr_store_conn {
+    kvr_store_conn_params_t prm;
+    uint8_t ns[KVR_STORE_NS_BYTES];
+    kvr_store_region_t *regions; /* grouped by part */
+    part_t part[MAX_PARTS];
+    uint32_t part_ends[MAX_PARTS];
+    uint32_t local_parts;
+    pthread_mutex_t mx, store_mx;
+    pthread_cond_t cv;
+    pthread_t worker;
+    bool stop;
+    job_t *jobs, **jobs_tail;
+    kvr_pairing_t *pairing;
+    kvr_quorum_t *saves, *loads;
+    ev_node_t *evs, **evs_tail;
+    int event_fd;
+};
+
+const char *kvr_store_event_name(kvr_store_event_kind_t kind)
+{
+    switch (kind) {
+    case KVR_STORE_PART_SAVED:
+        return "PART_SAVED";
+    case KVR_STORE_SAVED:
+        return "SAVED";
+    case KVR_STORE_RELEASE:
+        return "RELEASE";
+    }
+    return "UNKNOWN";
+}
+
+/* The part holding layer, or parts when none (a consumer-only layer). */
+static uint32_t part_of(const kvr_store_conn_params_t *p, uint32_t layer)
+{
+    for (uint32_t i = 0; i < p->parts; i++)
+        if (layer < p->part_ends[i])
+            return i;
+    return p->parts;
+}
+
+static kvr_status_t check_params(const kvr_store_conn_params_t *p,
+                                 kvr_error_t *err)
+{
+    if (p == NULL || p->store == NULL || p->ns == NULL ||
+        p->part_ends == NULL || (p->num_regions && p->regions == NULL))
+        return kvr_error_set(err, KVR_ERR_INVALID,
+                             "store conn: NULL parameter");
+    if (p->parts == 0 || p->parts > MAX_PARTS)
+        return kvr_error_set(err, KVR_ERR_INVALID,
+                             "store conn: parts %u "
+                             "not in [1, %u]",
+                             p->parts, MAX_PARTS);
+    for (uint32_t i = 0; i < p->parts; i++)
+        if (p->part_ends[i] == 0 ||
+            (i > 0 && p->part_ends[i] <= p->part_ends[i - 1]))
+            return kvr_error_set(err, KVR_ERR_INVALID,
+                                 "store conn: part_ends[%u] = %u does not "
+                                 "increase",
+                                 i, p->part_ends[i]);
+    uint64_t v = (uint64_t)p->block_size * p->lay.dcp_size;
+    if (p->block_size == 0 || p->chunk == 0 || p->chunk % v != 0)
+        return kvr_error_set(err, KVR_ERR_CHUNK_SIZE,
+                             "store conn: chunk "
+                             "%llu is not a positive multiple of bs * W = %u "
+                             "* %u",
+                             (unsigned long long)p->chunk, p->block_size,
+                             p->lay.dcp_size);
+    return kvr_layout_check(&p->lay, err);
+}
+
+/* Copies the regions grouped by part; counts the parts held here. */
+static kvr_status_t group_regions(kvr_store_conn_t *c, kvr_error_t *err)
+{
+    const kvr_store_conn_params_t *p = &c->prm;
+    c->regions = calloc(p->num_regions + 1, sizeof *c->regions);
+    if (c->regions == NULL)
+        return kvr_error_set(err, KVR_ERR_NO_MEMORY, "store conn");
+    size_t n = 0;
+    for (uint32_t k = 0; k < p->parts; k++) {
+        c->part[k].first = n;
+        for (size_t i = 0; i < p->num_regions; i++)
+            if (part_of(p, p->regions[i].desc.layer) == k)
+                c->regions[n++] = p->regions[i];
+        c->part[k].count = n - c->part[k].first;
+        c->local_parts += c->part[k].count > 0;
+    }
+    c->prm.regions = c->regions;
+    c->prm.num_regions = n;
+    return KVR_OK;
+}
+
+/* ---- events -------------------------------------------------------------- */
+
+/* Under mx. The books are updated before the event is queued; an event
+ * that cannot be allocated (a process out of memory) is dropped. */
+static void push_event(kvr_store_conn_t *c, const kvr_store_event_t *ev)
+{
+    ev_node_t *n = malloc(sizeof *n);
+    if (n == NULL)
+        return;
+    n->next = NULL;
+    n->ev = *ev;
+    bool was_empty = c->evs == NULL;
+    *c->evs_tail = n;
+    c->evs_tail = &n->next;
+    if (was_empty) {
+        uint64_t one = 1;
+        (void)!write(c->event_fd, &one, sizeof one);
+    }
+}
+
+static kvr_store_event_t event_of(kvr_store_event_kind_t kind, const void *id,
+                                  size_t len, int64_t gen, kvr_status_t status,
+                                  const char *msg)
+{
+    kvr_store_event_t ev;
+    memset(&ev, 0, sizeof ev);
+    ev.kind = kind;
+    memcpy(ev.request, id, len);
+    ev.request_len = len;
+    ev.generation = gen;
+    ev.status = status;
+    snprintf(ev.message, sizeof ev.message, "%s", msg ? msg : "");
+    return ev;
+}
+
+bool kvr_store_conn_poll(kvr_store_conn_t *c, kvr_store_event_t *out)
+{
+    if (c == NULL || out == NULL)
+        return false;
+    pthread_mutex_lock(&c->mx);
+    ev_node_t *n = c->evs;
+    if (n != NULL) {
+        c->evs = n->next;
+        if (c->evs == NULL) {
+            c->evs_tail = &c->evs;
+            uint64_t v;
+            (void)!read(c->event_fd, &v, sizeof v);
+        }
+        *out = n->ev;
+    }
+    pthread_mutex_unlock(&c->mx);
+    free(n);
+    return n != NULL;
+}
+
+int kvr_store_conn_event_fd(const kvr_store_conn_t *c)
+{
+    return c ? c->event_fd : -1;
+}
+
+/* Under mx: the pairing's releases of a send become RELEASE events. */
+static void drain_pairing(kvr_store_conn_t *c)
+{
+    kvr_release_t r[4];
+    size_t n = 0;
+    do {
+        if (kvr_pairing_poll(c->pairing, r, 4, &n, NULL) != KVR_OK)
+            return;
+        for (size_t i = 0; i < n; i++) {
+            if (r[i].kind != KVR_RELEASE_SEND)
+                continue;
+            kvr_store_event_t ev = event_of(KVR_STORE_RELEASE, r[i].req_id,
+                                            r[i].req_id_len, 0, r[i].status,
+                                            NULL);
+            push_event(c, &ev);
+        }
+    } while (n == 4);
+}
+
+/* Under mx: one part's outcome counts toward the PP quorum. */
+static void report_part(kvr_store_conn_t *c, const kvr_completion_id_t *op,
+                        uint32_t part, kvr_status_t status, const char *msg)
+{
+    kvr_quorum_result_t res;
+    if (kvr_quorum_report(c->saves, op, part, status, &res, NULL) != KVR_OK ||
+        res.outcome != KVR_QUORUM_DONE)
+        return;
+    kvr_store_event_t ev = event_of(KVR_STORE_SAVED, op->req_id, op->req_id_len,
+                                    op->generation, res.status,
+                                    res.status == KVR_OK ? NULL : msg);
+    push_event(c, &ev);
+}
+
+/* ---- the worker ------------------------------------------------------------ */
+
+static kvr_store_io_t io_of(const kvr_store_conn_t *c, const job_t *j,
+                            uint32_t part)
+{
+    kvr_store_io_t io = {.ns = c->ns,
+                         .part = part,
+                         .block_size = c->prm.block_size,
+                         .chunk = c->prm.chunk,
+                         .chains = j->chains,
+                         .num_chains = j->num_chains,
+                         .lay = &c->prm.lay,
+                         .regions = c->regions + c->part[part].first,
+                         .num_regions = c->part[part].count,
+                         .blocks = j->blocks,
+                         .num_blocks = j->num_blocks};
+    return io;
+}
+
+/* Saves one part of a job (store_mx held only around the store). */
+static kvr_store_event_t save_part(kvr_store_conn_t *c, const job_t *j,
+                                   uint32_t part)
+{
+    kvr_store_io_t io = io_of(c, j, part);
+    kvr_error_t err = {0};
+    size_t saved = 0;
+    kvr_store_stats_t before, after;
+    pthread_mutex_lock(&c->store_mx);
+    kvr_store_stats(c->prm.store, &before);
+    kvr_status_t s = kvr_store_save(c->prm.store, &io, &saved, &err);
+    kvr_store_stats(c->prm.store, &after);
+    pthread_mutex_unlock(&c->store_mx);
+    kvr_store_event_t ev = event_of(KVR_STORE_PART_SAVED, j->id, j->id_len,
+                                    j->gen, s, s == KVR_OK ? NULL : err.msg);
+    ev.part = part;
+    ev.chunks = saved;
+    ev.bytes = after.saved_bytes - before.saved_bytes;
+    return ev;
+}
+
+static void run_job(kvr_store_conn_t *c, const job_t *j)
+{
+    kvr_completion_id_t op = kvr_completion_op(j->id, j->id_len, j->gen);
+    kvr_status_t first = KVR_OK;
+    for (uint32_t p = 0; p < c->prm.parts; p++) {
+        if (c->part[p].count == 0)
+            continue;
+        kvr_store_event_t ev = save_part(c, j, p);
+        pthread_mutex_lock(&c->mx);
+        push_event(c, &ev);
+        report_part(c, &op, p, ev.status, ev.message);
+        pthread_mutex_unlock(&c->mx);
+        if (first == KVR_OK)
+            first = ev.status;
+    }
+    pthread_mutex_lock(&c->mx);
+    kvr_pair_outcome_t out;
+    kvr_pairing_save_done(c->pairing, &op, first, &out, NULL);
+    drain_pairing(c);
+    pthread_mutex_unlock(&c->mx);
+}
+
+static void free_job(job_t *j)
+{
+    if (j == NULL)
+        return;
+    free(j->chains);
+    free(j->blocks);
+    free(j);
+}
+
+static void *worker_main(void *arg)
+{
+    kvr_store_conn_t *c = arg;
+    pthread_mutex_lock(&c->mx);
+    for (;;) {
+        while (!c->stop && c->jobs == NULL)
+            pthread_cond_wait(&c->cv, &c->mx);
+        if (c->stop)
+            break;
+        job_t *j = c->jobs;
+        c->jobs = j->next;
+        if (c->jobs == NULL)
+            c->jobs_tail = &c->jobs;
+        pthread_mutex_unlock(&c->mx);
+        run_job(c, j);
+        free_job(j);
+        pthread_mutex_lock(&c->mx);
+    }
+    pthread_mutex_unlock(&c->mx);
+    return NULL;
+}
+
+/* ---- create, destroy ------------------------------------------------------ */
+
+static kvr_status_t create_books(kvr_store_conn_t *c, kvr_error_t *err)
+{
+    kvr_quorum_params_t q = KVR_QUORUM_PARAMS_INIT;
+    q.members = c->prm.parts;
+    kvr_pairing_params_t pp = KVR_PAIRING_PARAMS_INIT;
+    kvr_status_t s = kvr_quorum_create(&q, &c->saves, err);
+    if (s == KVR_OK)
+        s = kvr_quorum_create(&q, &c->loads, err);
+    if (s == KVR_OK)
+        s = kvr_pairing_create(&pp, &c->pairing, err);
+    return s;
+}
+
+static kvr_status_t start(kvr_store_conn_t *c, kvr_error_t *err)
+{
+    c->event_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+    if (c->event_fd < 0)
+        return kvr_error_set(err, KVR_ERR_IO, "eventfd: %s", strerror(errno));
+    pthread_mutex_init(&c->mx, NULL);
+    pthread_mutex_init(&c->store_mx, NULL);
+    pthread_cond_init(&c->cv, NULL);
+    int rc = pthread_create(&c->worker, NULL, worker_main, c);
+    if (rc != 0) {
+        pthread_cond_destroy(&c->cv);
+        pthread_mutex_destroy(&c->store_mx);
+        pthread_mutex_destroy(&c->mx);
+        return kvr_error_set(err, KVR_ERR_IO, "store conn worker: %s",
+                             strerror(rc));
+    }
+    return KVR_OK;
+}
+
+static void free_conn(kvr_store_conn_t *c)
+{
+    if (c->event_fd >= 0)
+        close(c->event_fd);
+    kvr_pairing_destroy(c->pairing);
+    kvr_quorum_destroy(c->saves);
+    kvr_quorum_destroy(c->loads);
+    free(c->regions);
+    free(c);
+}
+
+kvr_status_t kvr_store_conn_create(const kvr_store_conn_params_t *params,
+                                   kvr_store_conn_t **out, kvr_error_t *err)
+{
+    kvr_status_t s = check_params(params, err);
+    if (s != KVR_OK)
+        return s;
+    if (out == NULL)
+        return kvr_error_set(err, KVR_ERR_INVALID, "store conn: out is NULL");
+    kvr_store_conn_t *c = calloc(1, sizeof *c);
+    if (c == NULL)
+        return kvr_error_set(err, KVR_ERR_NO_MEMORY, "store conn");
+    c->prm = *params;
+    c->event_fd = -1;
+    memcpy(c->ns, params->ns, KVR_STORE_NS_BYTES);
+    c->prm.ns = c->ns;
+    memcpy(c->part_ends, params->part_ends,
+           params->parts * sizeof *c->part_ends);
+    c->prm.part_ends = c->part_ends;
+    c->jobs_tail = &c->jobs;
+    c->evs_tail = &c->evs;
+    s = group_regions(c, err);
+    if (s == KVR_OK)
+        s = create_books(c, err);
+    if (s == KVR_OK)
+        s = start(c, err);
+    if (s != KVR_OK) {
+        free_conn(c);
+        return s;
+    }
+    *out = c;
+    return KVR_OK;
+}
+
+void kvr_store_conn_destroy(kvr_store_conn_t *c)
+{
+    if (c == NULL)
+        return;
+    pthread_mutex_lock(&c->mx);
+    c->stop = true;
+    pthread_cond_signal(&c->cv);
+    pthread_mutex_unlock(&c->mx);
+    pthread_join(c->worker, NULL);
+    while (c->jobs != NULL) {
+        job_t *j = c->jobs;
+        c->jobs = j->next;
+        free_job(j);
+    }
+    while (c->evs != NULL) {
+        ev_node_t *n = c->evs;
+        c->evs = n->next;
+        free(n);
+    }
+    pthread_cond_destroy(&c->cv);
+    pthread_mutex_destroy(&c->store_mx);
+    pthread_mutex_destroy(&c->mx);
+    free_conn(c);
+}
+
+/* ---- producer calls --------------------------------------------------------- */
+
+static job_t *job_of(const kvr_store_save_req_t *r)
+{
+    job_t *j = calloc(1, sizeof *j);
+    if (j == NULL)
+        return NULL;
+    memcpy(j->id, r->request_id, r->request_id_len);
+    j->id_len = r->request_id_len;
+    j->gen = r->generation;
+    j->num_chains = r->num_chains;
+    j->num_blocks = r->num_src_blocks;
+    j->chains = malloc((r->num_chains + 1) * sizeof *j->chains);
+    j->blocks = malloc((r->num_src_blocks + 1) * sizeof *j->blocks);
+    if (j->chains == NULL || j->blocks == NULL) {
+        free_job(j);
+        return NULL;
+    }
+    if (r->num_chains)
+        memcpy(j->chains, r->chains, r->num_chains * sizeof *j->chains);
+    if (r->num_src_blocks)
+        memcpy(j->blocks, r->src_blocks, r->num_src_blocks * sizeof *j->blocks);
+    return j;
+}
+
+kvr_status_t kvr_store_conn_save(kvr_store_conn_t *c,
+                                 const kvr_store_save_req_t *req,
+                                 kvr_error_t *err)
+{
+    if (c == NULL || req == NULL || (req->num_chains && req->chains == NULL) ||
+        (req->num_src_blocks && req->src_blocks == NULL))
+        return kvr_error_set(err, KVR_ERR_INVALID, "store save: NULL argument");
+    kvr_completion_id_t op = kvr_completion_op(
+        req->request_id, req->request_id_len, req->generation);
+    kvr_status_t s = kvr_completion_id_check(&op, err);
+    if (s != KVR_OK)
+        return s;
+    if (c->local_parts == 0)
+        return kvr_error_set(err, KVR_ERR_INVALID,
+                             "store save: this "
+                             "connector holds no region of any part");
+    job_t *j = job_of(req);
+    if (j == NULL)
+        return kvr_error_set(err, KVR_ERR_NO_MEMORY, "store save");
+    pthread_mutex_lock(&c->mx);
+    s = kvr_pairing_expect_save(c->pairing, &op, err);
+    if (s == KVR_OK) {
+        *c->jobs_tail = j;
+        c->jobs_tail = &j->next;
+        pthread_cond_signal(&c->cv);
+    }
+    pthread_mutex_unlock(&c->mx);
+    if (s != KVR_OK)
+        free_job(j);
+    return s;
+}
+
+kvr_status_t kvr_store_conn_part_saved(kvr_store_conn_t *c,
+                                       const void *request_id, size_t len,
+                                       int64_t generation, uint32_t part,
+                                       kvr_status_t status, kvr_error_t *err)
+{
+    if (c == NULL)
+        return kvr_error_set(err, KVR_ERR_INVALID, "store conn is NULL");
+    kvr_completion_id_t op = kvr_completion_op(request_id, len, generation);
+    kvr_status_t s = kvr_completion_id_check(&op, err);
+    if (s != KVR_OK)
+        return s;
+    if (part >= c->prm.parts || c->part[part].count > 0)
+        return kvr_error_set(err, KVR_ERR_INVALID,
+                             "store conn: part %u "
+                             "is %s",
+                             part,
+                             part >= c->prm.parts ? "out of range"
+                                                  : "held here (its worker "
+                                                    "reports it)");
+    pthread_mutex_lock(&c->mx);
+    report_part(c, &op, part, status, "a remote part failed its save");
+    pthread_mutex_unlock(&c->mx);
+    return KVR_OK;
+}
+
+kvr_status_t kvr_store_conn_send_done(kvr_store_conn_t *c,
+                                      const void *request_id, size_t len,
+                                      kvr_status_t status, kvr_error_t *err)
+{
+    if (c == NULL)
+        return kvr_error_set(err, KVR_ERR_INVALID, "store conn is NULL");
+    kvr_completion_id_t id = kvr_completion_req(request_id, len);
+    kvr_status_t s = kvr_completion_id_check(&id, err);
+    if (s != KVR_OK)
+        return s;
+    pthread_mutex_lock(&c->mx);
+    kvr_pair_outcome_t out;
+    s = kvr_pairing_send_done(c->pairing, &id, status, &out, err);
+    if (s == KVR_OK)
+        drain_pairing(c);
+    pthread_mutex_unlock(&c->mx);
+    return s;
+}
+
+/* ---- consumer load -------------------------------------------------------- */
+
+/* Loads one part; its hit in *tokens. */
+static kvr_status_t load_part(kvr_store_conn_t *c,
+                              const kvr_store_load_req_t *r, uint32_t part,
+                              size_t chains, uint64_t *tokens, kvr_error_t *err)
+{
+    kvr_store_io_t io = {.ns = c->ns,
+                         .part = part,
+                         .block_size = c->prm.block_size,
+                         .chunk = c->prm.chunk,
+                         .chains = r->chains,
+                         .num_chains = chains,
+                         .lay = &c->prm.lay,
+                         .rank = r->rank,
+                         .regions = c->regions + c->part[part].first,
+                         .num_regions = c->part[part].count,
+                         .blocks = r->dst_blocks,
+                         .num_blocks = r->num_dst_blocks};
+    return kvr_store_load(c->prm.store, &io, tokens, err);
+}
+
+/* Under store_mx: every part loaded and reported; the quorum's outcome. */
+static kvr_status_t load_parts(kvr_store_conn_t *c,
+                               const kvr_store_load_req_t *r, size_t chains,
+                               uint64_t *hit, kvr_error_t *err)
+{
+    kvr_completion_id_t op = kvr_completion_op(r->request_id, r->request_id_len,
+                                               r->generation);
+    kvr_error_t first = {0};
+    kvr_quorum_result_t res = {0};
+    *hit = (uint64_t)chains * c->prm.chunk;
+    for (uint32_t p = 0; p < c->prm.parts; p++) {
+        uint64_t t = 0;
+        kvr_error_t e = {0};
+        kvr_status_t s = load_part(c, r, p, chains, &t, &e);
+        if (s != KVR_OK && first.msg[0] == '\0')
+            first = e;
+        *hit = t < *hit ? t : *hit;
+        pthread_mutex_lock(&c->mx);
+        kvr_status_t q = kvr_quorum_report(c->loads, &op, p, s, &res, err);
+        pthread_mutex_unlock(&c->mx);
+        if (q != KVR_OK)
+            return q;
+    }
+    pthread_mutex_lock(&c->mx);
+    kvr_quorum_forget(c->loads, &op, NULL); /* the same id may load again */
+    pthread_mutex_unlock(&c->mx);
+    if (res.outcome != KVR_QUORUM_DONE)
+        return kvr_error_set(err, KVR_ERR_INVALID,
+                             "store load: the "
+                             "quorum over %u parts did not complete",
+                             c->prm.parts);
+    if (res.status != KVR_OK)
+        return kvr_error_set(err, res.status, "%s", first.msg);
+    return KVR_OK;
+}
+
+kvr_status_t kvr_store_conn_load(kvr_store_conn_t *c,
+                                 const kvr_store_load_req_t *req,
+                                 uint64_t *tokens, uint64_t *bytes,
+                                 kvr_error_t *err)
+{
+    if (c == NULL || req == NULL || tokens == NULL ||
+        (req->num_chains && req->chains == NULL))
+        return kvr_error_set(err, KVR_ERR_INVALID, "store load: NULL argument");
+    kvr_completion_id_t op = kvr_completion_op(
+        req->request_id, req->request_id_len, req->generation);
+    kvr_status_t s = kvr_completion_id_check(&op, err);
+    if (s != KVR_OK)
+        return s;
+    size_t chains = req->num_chains;
+    if (chains > req->max_tokens / c->prm.chunk)
+        chains = (size_t)(req->max_tokens / c->prm.chunk);
+    uint64_t hit = 0;
+    kvr_store_stats_t before, after;
+    pthread_mutex_lock(&c->store_mx);
+    kvr_store_stats(c->prm.store, &before);
+    s = load_parts(c, req, chains, &hit, err);
+    kvr_store_stats(c->prm.store, &after);
+    pthread_mutex_unlock(&c->store_mx);
+    if (s != KVR_OK)
+        return s;
+    *tokens = hit;
+    if (bytes != NULL)
+        *bytes = after.loaded_bytes - before.loaded_bytes;
+    return KVR_OK;
+}
