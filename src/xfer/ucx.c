@@ -185,6 +185,7 @@ static const kvr__xfer_ops_t ucx_ops = {
     .ep_create = kvr__ucx_ep_create,
     .ep_destroy = kvr__ucx_ep_destroy,
     .reg = kvr__ucx_reg,
+    .reg_cuda = kvr__ucx_reg_cuda,
     .dereg = kvr__ucx_dereg,
     .pack_rkey = kvr__ucx_pack_rkey,
     .rmem_open = kvr__ucx_rmem_open,
@@ -213,11 +214,12 @@ static kvr_status_t set_opt(ucx_tr_t *tr, ucp_config_t *cfg, const char *key,
 static kvr_status_t configure(ucx_tr_t *tr, ucp_config_t *cfg)
 {
     const kvr_ucx_params_t *p = &tr->p;
-    static const char *const tls[] = {NULL, "sm", "tcp"};
+    static const char *const tls[2][3] = {
+        {NULL, "sm", "tcp"}, {NULL, "sm,cuda_copy,cuda_ipc", "tcp,cuda_copy"}};
     char num[32];
     kvr_status_t st = KVR_OK;
-    if (tls[p->tl] != NULL)
-        st = set_opt(tr, cfg, "TLS", tls[p->tl]);
+    if (tls[p->cuda][p->tl] != NULL)
+        st = set_opt(tr, cfg, "TLS", tls[p->cuda][p->tl]);
     /* ucp_config_modify matches transport keys by field name below the
      * transport's own prefix: "MM_ERROR_HANDLING" (a sub-table of sysv and
      * posix), but "TX_SEG_SIZE" for UCX_TCP_TX_SEG_SIZE. A key no transport
@@ -225,6 +227,8 @@ static kvr_status_t configure(ucx_tr_t *tr, ucp_config_t *cfg)
     bool tcp = p->tl != KVR_XFER_TL_SHM;
     if (st == KVR_OK && p->tl != KVR_XFER_TL_TCP)
         st = set_opt(tr, cfg, "MM_ERROR_HANDLING", "y");
+    /* UCX's own warning about a CUDA transport it lacks is harmless: the
+     * context's memory types say what it can do (has_cuda below). */
     snprintf(num, sizeof(num), "%ums",
              p->keepalive_ms ? p->keepalive_ms : 1000);
     if (st == KVR_OK)
@@ -258,7 +262,17 @@ static kvr_status_t init_context(ucx_tr_t *tr)
             st = kvr__ucx_status(&tr->base, s, "ucp_init");
     }
     ucp_config_release(cfg);
+    /* CUDA memory needs a UCX built with CUDA: its memory types say so */
+    ucp_context_attr_t attr = {.field_mask = UCP_ATTR_FIELD_MEMORY_TYPES};
+    if (st == KVR_OK && ucp_context_query(tr->ctx, &attr) == UCS_OK)
+        tr->base.has_cuda =
+            (attr.memory_types & UCS_BIT(UCS_MEMORY_TYPE_CUDA)) != 0;
     return st;
+}
+
+const char *kvr_xfer_ucx_version(void)
+{
+    return ucp_get_version_string();
 }
 
 static kvr_status_t init_worker(ucx_tr_t *tr)
