@@ -209,6 +209,20 @@ static kvr_status_t set_opt(ucx_tr_t *tr, ucp_config_t *cfg, const char *key,
     return kvr__ucx_status(&tr->base, s, what);
 }
 
+/* A transport key under either of its names: UCX 1.13 takes the field name
+ * below the transport's prefix ("TX_SEG_SIZE"), UCX 1.22 only the whole
+ * name ("TCP_TX_SEG_SIZE"). */
+static kvr_status_t set_tl_opt(ucx_tr_t *tr, ucp_config_t *cfg,
+                               const char *prefix, const char *key,
+                               const char *value)
+{
+    char whole[64];
+    snprintf(whole, sizeof(whole), "%s%s", prefix, key);
+    if (ucp_config_modify(cfg, whole, value) == UCS_OK)
+        return KVR_OK;
+    return set_opt(tr, cfg, key, value);
+}
+
 /* The settings docs/transport.md explains: peer error handling that works on
  * shared memory, a short keepalive, large TCP segments. */
 static kvr_status_t configure(ucx_tr_t *tr, ucp_config_t *cfg)
@@ -235,10 +249,10 @@ static kvr_status_t configure(ucx_tr_t *tr, ucp_config_t *cfg)
         st = set_opt(tr, cfg, "KEEPALIVE_INTERVAL", num);
     snprintf(num, sizeof(num), "%u", p->tcp_tx_seg);
     if (st == KVR_OK && tcp && p->tcp_tx_seg)
-        st = set_opt(tr, cfg, "TX_SEG_SIZE", num);
+        st = set_tl_opt(tr, cfg, "TCP_", "TX_SEG_SIZE", num);
     snprintf(num, sizeof(num), "%u", p->tcp_rx_seg);
     if (st == KVR_OK && tcp && p->tcp_rx_seg)
-        st = set_opt(tr, cfg, "RX_SEG_SIZE", num);
+        st = set_tl_opt(tr, cfg, "TCP_", "RX_SEG_SIZE", num);
     if (st == KVR_OK && p->net_devices != NULL)
         st = set_opt(tr, cfg, "NET_DEVICES", p->net_devices);
     return st;
