@@ -213,7 +213,7 @@ static void cons_verify(cons_t *c, res_t *r)
                                c->j->src_host, c->back, &e);
     r->verified = st == KVR_OK;
     if (st != KVR_OK)
-        snprintf(r->msg, sizeof(r->msg), "verify: %s", e.msg);
+        memcpy(r->msg, e.msg, sizeof(r->msg));
 }
 
 static void cons_serve(cons_t *c)
