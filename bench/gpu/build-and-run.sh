@@ -51,7 +51,7 @@ echo "== build rc=$rc in $(($(date +%s) - t0)) s"
 [ $rc = 0 ] || { tail -30 "$OUT/build.log"; exit 1; }
 fail=0
 echo "== device tests"
-(cd "$B" && ctest -R 'test_gpu|test_xfer' --timeout 300 --output-on-failure) \
+(cd "$B" && ctest -j4 -R 'test_gpu|test_xfer_(loopback|ucx)' --timeout 300 --output-on-failure) \
     > "$OUT/tests.log" 2>&1 || fail=1
 grep -E 'tests passed|Passed|Failed|Skipped|\*\*\*' "$OUT/tests.log" | tail -20
 echo "== demo: CUDA KV, stages and ranks as processes (the agent's gpu-direct)"
