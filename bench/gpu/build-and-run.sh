@@ -29,7 +29,7 @@ mkdir -p "$OUT" "$ROOT"
 for f in "$PKGS"/debs/*.deb; do dpkg -x "$f" "$ROOT" || exit 1; done
 # the .pc files name /usr and the wheel's build folder: point them here
 LIBS=$ROOT/usr/lib/x86_64-linux-gnu
-sed -i "s|^prefix=.*|prefix=$ROOT/usr|" "$LIBS"/pkgconfig/*.pc
+sed -i "s|=/usr|=$ROOT/usr|" "$LIBS"/pkgconfig/*.pc
 UCX=$PKGS/ucx/libucx
 sed -i "s|^prefix *=.*|prefix = $UCX|" "$UCX"/lib/pkgconfig/*.pc
 export LD_LIBRARY_PATH=$LIBS:$UCX/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
@@ -42,7 +42,8 @@ echo "== $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader)"
 echo "== UCX: $(head -1 "$OUT/ucx_info.txt"); transports: $(grep -o 'Transport: [a-z_]*' "$OUT/ucx_info.txt" | sort -u | cut -d' ' -f2 | tr '\n' ' ')"
 t0=$(date +%s)
 cmake -S "$SRC" -B "$B" -G Ninja -DCMAKE_BUILD_TYPE=Release \
-    -DKVR_UCX_PREFIX="$UCX" -DCMAKE_C_FLAGS="-I$ROOT/usr/include" \
+    -DKVR_UCX_PREFIX="$UCX" -DCMAKE_EXE_LINKER_FLAGS="-L$LIBS" \
+    -DCMAKE_C_FLAGS="-I$ROOT/usr/include -Wno-error=unused-result" \
     > "$OUT/build.log" 2>&1 &&
     cmake --build "$B" -j"$(nproc)" >> "$OUT/build.log" 2>&1
 rc=$?
