@@ -210,17 +210,18 @@ static kvr_status_t set_opt(ucx_tr_t *tr, ucp_config_t *cfg, const char *key,
 }
 
 /* A transport key under either of its names: UCX 1.13 takes the field name
- * below the transport's prefix ("TX_SEG_SIZE"), UCX 1.22 only the whole
- * name ("TCP_TX_SEG_SIZE"). */
+ * below the transport's prefix ("TX_SEG_SIZE"; the whole name is accepted
+ * there but warned about and ignored at worker creation), UCX 1.22 only
+ * the whole name ("TCP_TX_SEG_SIZE"). */
 static kvr_status_t set_tl_opt(ucx_tr_t *tr, ucp_config_t *cfg,
                                const char *prefix, const char *key,
                                const char *value)
 {
     char whole[64];
-    snprintf(whole, sizeof(whole), "%s%s", prefix, key);
-    if (ucp_config_modify(cfg, whole, value) == UCS_OK)
+    if (ucp_config_modify(cfg, key, value) == UCS_OK)
         return KVR_OK;
-    return set_opt(tr, cfg, key, value);
+    snprintf(whole, sizeof(whole), "%s%s", prefix, key);
+    return set_opt(tr, cfg, whole, value);
 }
 
 /* The settings docs/transport.md explains: peer error handling that works on
