@@ -67,6 +67,10 @@ typedef struct kvr_ucx_params {
     uint32_t tcp_tx_seg;    /* UCX_TCP_TX_SEG_SIZE, bytes (0: UCX default) */
     uint32_t tcp_rx_seg;    /* UCX_TCP_RX_SEG_SIZE, bytes (0: UCX default) */
     const char *net_devices; /* UCX_NET_DEVICES, NULL: all */
+    bool cuda; /* CUDA memory too: adds cuda_copy to tcp's transports and
+                  cuda_copy,cuda_ipc to shm's (auto: UCX's default list
+                  has them). Needs a UCX built with CUDA
+                  (kvr_xfer_has_cuda); docs/transport.md, CUDA memory */
 } kvr_ucx_params_t;
 
 #define KVR_UCX_PARAMS_INIT                                                    \
@@ -141,6 +145,28 @@ kvr_status_t kvr_ep_fail(kvr_ep_t *ep, kvr_status_t st);
  * owner to progress). */
 kvr_status_t kvr_mem_register(kvr_transport_t *t, void *addr, size_t len,
                               kvr_mem_t **out);
+
+/* Where a registered region lives. */
+typedef enum kvr_mem_kind {
+    KVR_MEM_HOST = 0,
+    KVR_MEM_CUDA = 1, /* CUDA device memory (cudaMalloc) */
+} kvr_mem_kind_t;
+
+/* Whether this transport can register and move CUDA memory: a UCX built
+ * with CUDA (cuda_copy; cuda_ipc on one host), asked through its context's
+ * memory types. Loopback and a UCX without CUDA: false. */
+bool kvr_xfer_has_cuda(const kvr_transport_t *t);
+/* The UCX library in use ("1.13.1"), or "none" without UCX. */
+const char *kvr_xfer_ucx_version(void);
+/* kvr_mem_register for memory of `kind`: CUDA memory is registered with
+ * UCX as CUDA memory (UCP_MEM_MAP_PARAM_FIELD_MEMORY_TYPE), so that puts
+ * from and into it go through UCX's CUDA transports. A transport without
+ * CUDA refuses CUDA memory with ERR_UNSUPPORTED and a message naming the
+ * UCX version. err may be NULL. */
+kvr_status_t kvr_mem_register_kind(kvr_transport_t *t, void *addr, size_t len,
+                                   kvr_mem_kind_t kind, kvr_mem_t **out,
+                                   kvr_error_t *err);
+kvr_mem_kind_t kvr_mem_kind(const kvr_mem_t *mem);
 /* Allocates and registers (UCX: UCP_MEM_MAP_ALLOCATE, true one-sided puts
  * on shared memory, and kvr_rmem_ptr works). Contents are undefined. */
 kvr_status_t kvr_mem_alloc(kvr_transport_t *t, size_t len, kvr_mem_t **out);
@@ -249,7 +275,32 @@ typedef enum kvr_exec_kind {
     KVR_EXEC_AUTO = 0,
     KVR_EXEC_DIRECT = 1, /* one put per coalesced run */
     KVR_EXEC_STAGED = 2, /* pack in consumer order, one put per chunk */
+    KVR_EXEC_GPU_STAGED = 3, /* the staged protocol with the caller's packer
+                                (CUDA pack/unpack kernels) and registered
+                                GPU staging; packing runs ahead of the puts */
+    KVR_EXEC_GPU_DIRECT = 4, /* the caller's kernel writes straight into the
+                                peer's pages (CUDA IPC, one host): named by
+                                the cost model, run outside this layer */
 } kvr_exec_kind_t;
+
+/* How the gpu-staged executor moves stream bytes (docs/transport.md,
+ * gpu-staged). The stream is the segments' runs in plan order, as for
+ * staged; the packer must produce exactly those bytes. Producer: `pack`
+ * starts packing stream bytes [pos, pos + len) into dst (pack buffer
+ * `buf`, 0 <= buf < depth) and may return before they are there
+ * (a kernel on a stream, an event recorded after it); `pack_wait(buf)`
+ * returns once buffer buf holds them. Consumer: `unpack` copies len bytes
+ * at src (its staging slot) into stream bytes [pos, pos + len) of its
+ * regions and returns once they are in place. Errors go to err. */
+typedef struct kvr_exec_packer {
+    void *ctx;
+    uint32_t depth; /* producer pack buffers: chunks packed ahead (>= 1) */
+    kvr_status_t (*pack)(void *ctx, uint64_t pos, uint64_t len, void *dst,
+                         uint32_t buf, kvr_error_t *err);
+    kvr_status_t (*pack_wait)(void *ctx, uint32_t buf, kvr_error_t *err);
+    kvr_status_t (*unpack)(void *ctx, uint64_t pos, uint64_t len,
+                           const void *src, kvr_error_t *err);
+} kvr_exec_packer_t;
 
 const char *kvr_exec_name(kvr_exec_kind_t kind);
 
@@ -265,6 +316,10 @@ typedef struct kvr_exec_params {
                                   memory; NULL: pack through kvr_rmem_ptr
                                   when mapped, else a private buffer */
     const void *staging_local; /* consumer: base of its staging region */
+    /* gpu-staged, both sides: the packer; the producer's pack_buf (any
+     * registered memory, CUDA for the GPU path) holds packer->depth
+     * buffers of slot_bytes, buffer i at i * slot_bytes */
+    const kvr_exec_packer_t *packer;
 } kvr_exec_params_t;
 
 #define KVR_EXEC_PARAMS_INIT                                                   \
@@ -347,6 +402,9 @@ typedef struct kvr_cost_probe {
     uint32_t small_count;      /* most puts in one timed batch, e.g. 512 */
     uint64_t large_bytes;      /* largest size measured, e.g. 4 MiB */
     uint64_t deadline_ns;
+    const kvr_mem_t *put_src; /* puts read from this registered memory
+                                 (e.g. CUDA, >= large_bytes), as transfers
+                                 out of it do; NULL: a host buffer */
 } kvr_cost_probe_t;
 
 /* A short measurement over ep (~0.1-0.2 s; the target must progress).
@@ -372,6 +430,37 @@ kvr_exec_kind_t kvr_cost_choose(const kvr_cost_model_t *model,
                                 const kvr_xfer_seg_t *segs, size_t n,
                                 uint64_t slot_bytes, double *t_direct,
                                 double *t_staged);
+
+/* Executor kinds the model prices: index by kvr_exec_kind_t. */
+#define KVR_COST_KINDS 5
+
+/* The GPU figures of a link, measured at set-up by whoever owns the
+ * kernels (the connector; bench/gpu/bench_gpu_net.c), beside a
+ * kvr_cost_model_t whose put and stage curves were measured with CUDA
+ * memory (kvr_cost_probe_t.put_src and CUDA scratch) when cuda is set. */
+typedef struct kvr_cost_gpu {
+    bool cuda;         /* the regions are CUDA memory */
+    double pack_Bps;   /* pack and unpack kernels over the plan's runs
+                          (0: no gpu-staged) */
+    double launch_s;   /* per chunk: a kernel launch and its event */
+    double direct_Bps; /* gpu-direct into the peer's pages (CUDA IPC, one
+                          host); 0: no such path to this peer */
+} kvr_cost_gpu_t;
+
+/* Prices every executor that fits the memory and picks the cheapest;
+ * force != AUTO wins. Host regions (gpu NULL or !gpu->cuda): direct and
+ * staged, as kvr_cost_choose. CUDA regions: direct puts (the model's put
+ * curve), gpu-staged (when pack_Bps > 0)
+ *   t = max(bytes / pack_Bps, sum over chunks of stage + chunk_s)
+ *       + first pack and last unpack alone + chunks * launch_s + rtt_s
+ * and gpu-direct (when direct_Bps > 0): bytes / direct_Bps + launch_s +
+ * rtt_s. Predicted seconds per kind go to t (0: not a candidate). */
+kvr_exec_kind_t kvr_cost_choose_gpu(const kvr_cost_model_t *model,
+                                    const kvr_cost_gpu_t *gpu,
+                                    kvr_exec_kind_t force,
+                                    const kvr_xfer_seg_t *segs, size_t n,
+                                    uint64_t slot_bytes,
+                                    double t[KVR_COST_KINDS]);
 
 KVR_API_END
 #ifdef __cplusplus

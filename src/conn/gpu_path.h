@@ -11,6 +11,7 @@
 
 #include "kvrelay/plan.h"
 #include "kvrelay/status.h"
+#include "kvrelay/xfer.h"
 
 /* Bytes of the IPC description of a region carried in REGIONS' rkey. */
 #define KVR_GPU_RKEY_BYTES 72u
@@ -64,5 +65,26 @@ void kvr__gpu_stream_destroy(void *stream);
 /* Work queued on stream from now on waits for the event (a cudaEvent_t of
  * the engine's): cudaStreamWaitEvent, no host synchronisation. */
 kvr_status_t kvr__gpu_stream_wait(void *stream, void *event, kvr_error_t *err);
+
+/* gpu-staged's packer (docs/transport.md, gpu-staged): the rank's share
+ * of each region pair, in pair order, is the transfer's stream; pack and
+ * unpack are the gpu layer's run-based relayout kernels (kvr_gpu_pack /
+ * kvr_gpu_unpack) on the packer's own stream, each pack buffer with an
+ * event recorded after its kernels. src: the producer's regions (NULL on
+ * the consumer), dst: the consumer's (NULL on the producer). */
+typedef struct kvr__gpu_packer kvr__gpu_packer_t;
+
+kvr_status_t kvr__gpu_packer_create(int device, const kvr_layout_t *lay,
+                                    uint32_t rank,
+                                    const kvr_region_pair_t *pairs,
+                                    const void *const *src, void *const *dst,
+                                    size_t n, const kvr_request_t *req,
+                                    uint32_t depth, kvr__gpu_packer_t **out,
+                                    kvr_error_t *err);
+/* The xfer packer (ops and ctx); valid while the packer lives. */
+const kvr_exec_packer_t *kvr__gpu_packer_ops(const kvr__gpu_packer_t *pk);
+/* Stream bytes: the rank's bytes over all pairs. */
+uint64_t kvr__gpu_packer_bytes(const kvr__gpu_packer_t *pk);
+void kvr__gpu_packer_destroy(kvr__gpu_packer_t *pk);
 
 #endif

@@ -219,3 +219,164 @@ kvr_status_t kvr__gpu_send(int device, const kvr_layout_t *lay, uint32_t rank,
     kvr__gpu_job_free(job);
     return st;
 }
+
+/* ---- gpu-staged's packer ---- */
+
+#define PACKER_DEPTH_MAX 8u
+
+struct kvr__gpu_packer {
+    kvr_exec_packer_t ops;
+    int device;
+    uint32_t rank;
+    size_t n;
+    kvr_gpu_relayout_t **rl;
+    uint64_t *off; /* stream offset of each pair's share; off[n]: total */
+    const void *const *src;
+    void *const *dst;
+    const void **src_copy; /* the caller's arrays, kept */
+    void **dst_copy;
+    void *stream;
+    void *ev[PACKER_DEPTH_MAX];
+};
+
+/* Runs fn over the pairs whose share overlaps stream [pos, pos + len):
+ * pack (buf != NULL: bytes into buf) or unpack (from cbuf). */
+static kvr_status_t each_share(kvr__gpu_packer_t *k, uint64_t pos,
+                               uint64_t len, unsigned char *buf,
+                               const unsigned char *cbuf, kvr_error_t *err)
+{
+    kvr_status_t st = kvr_gpu_set_device(k->device, err);
+    for (size_t i = 0; i < k->n && st == KVR_OK; i++) {
+        uint64_t lo = pos > k->off[i] ? pos : k->off[i];
+        uint64_t hi = pos + len < k->off[i + 1] ? pos + len : k->off[i + 1];
+        if (lo >= hi)
+            continue;
+        st = buf ? kvr_gpu_pack(k->rl[i], k->rank, k->src[i], lo - k->off[i],
+                                hi - lo, buf + (lo - pos), k->stream, err)
+                 : kvr_gpu_unpack(k->rl[i], k->rank, cbuf + (lo - pos),
+                                  lo - k->off[i], hi - lo, k->dst[i],
+                                  k->stream, err);
+    }
+    return st;
+}
+
+static kvr_status_t packer_pack(void *ctx, uint64_t pos, uint64_t len,
+                                void *dst, uint32_t buf, kvr_error_t *err)
+{
+    kvr__gpu_packer_t *k = ctx;
+    kvr_status_t st = each_share(k, pos, len, dst, NULL, err);
+    return st == KVR_OK ? kvr_gpu_event_record(k->ev[buf], k->stream, err)
+                        : st;
+}
+
+static kvr_status_t packer_wait(void *ctx, uint32_t buf, kvr_error_t *err)
+{
+    kvr__gpu_packer_t *k = ctx;
+    return kvr_gpu_event_sync(k->ev[buf], err);
+}
+
+static kvr_status_t packer_unpack(void *ctx, uint64_t pos, uint64_t len,
+                                  const void *src, kvr_error_t *err)
+{
+    kvr__gpu_packer_t *k = ctx;
+    kvr_status_t st = each_share(k, pos, len, NULL, src, err);
+    return st == KVR_OK ? kvr_gpu_sync(k->stream, err) : st;
+}
+
+static kvr_status_t packer_tables(kvr__gpu_packer_t *k, const kvr_layout_t *lay,
+                                  const kvr_region_pair_t *pairs,
+                                  const kvr_request_t *req, kvr_error_t *err)
+{
+    kvr_gpu_request_t g = {req->src_blocks, req->num_src_blocks,
+                           req->dst_blocks, req->num_dst_blocks,
+                           req->num_tokens, req->num_computed_blocks};
+    kvr_status_t st = KVR_OK;
+    for (size_t i = 0; i < k->n && st == KVR_OK; i++) {
+        st = kvr_gpu_relayout_create(lay, &pairs[i].src, &pairs[i].dst, &g,
+                                     &k->rl[i], err);
+        if (st == KVR_OK)
+            st = kvr_gpu_relayout_upload(k->rl[i], err);
+        if (st == KVR_OK)
+            k->off[i + 1] =
+                k->off[i] + kvr_gpu_relayout_bytes(k->rl[i], k->rank);
+    }
+    return st;
+}
+
+kvr_status_t kvr__gpu_packer_create(int device, const kvr_layout_t *lay,
+                                    uint32_t rank,
+                                    const kvr_region_pair_t *pairs,
+                                    const void *const *src, void *const *dst,
+                                    size_t n, const kvr_request_t *req,
+                                    uint32_t depth, kvr__gpu_packer_t **out,
+                                    kvr_error_t *err)
+{
+    if (depth == 0 || depth > PACKER_DEPTH_MAX || n == 0)
+        return kvr_error_set(err, KVR_ERR_INVALID,
+                             "gpu packer: depth %u (1-%u), %zu pairs", depth,
+                             PACKER_DEPTH_MAX, n);
+    kvr__gpu_packer_t *k = calloc(1, sizeof(*k));
+    if (k == NULL)
+        return kvr_error_set(err, KVR_ERR_NO_MEMORY, "no memory");
+    k->device = device;
+    k->rank = rank;
+    k->n = n;
+    k->rl = calloc(n, sizeof(*k->rl));
+    k->off = calloc(n + 1, sizeof(*k->off));
+    k->src_copy = calloc(n, sizeof(*k->src_copy));
+    k->dst_copy = calloc(n, sizeof(*k->dst_copy));
+    kvr_status_t st = k->rl && k->off && k->src_copy && k->dst_copy
+                          ? kvr_gpu_set_device(device, err)
+                          : kvr_error_set(err, KVR_ERR_NO_MEMORY, "no memory");
+    for (size_t i = 0; st == KVR_OK && i < n; i++) {
+        k->src_copy[i] = src ? src[i] : NULL;
+        k->dst_copy[i] = dst ? dst[i] : NULL;
+    }
+    k->src = k->src_copy;
+    k->dst = k->dst_copy;
+    if (st == KVR_OK)
+        st = packer_tables(k, lay, pairs, req, err);
+    if (st == KVR_OK)
+        st = kvr_gpu_stream_create(device, &k->stream, err);
+    for (uint32_t b = 0; b < depth && st == KVR_OK; b++)
+        st = kvr_gpu_event_create(device, &k->ev[b], err);
+    k->ops = (kvr_exec_packer_t){.ctx = k,
+                                 .depth = depth,
+                                 .pack = packer_pack,
+                                 .pack_wait = packer_wait,
+                                 .unpack = packer_unpack};
+    if (st != KVR_OK) {
+        kvr__gpu_packer_destroy(k);
+        return st;
+    }
+    *out = k;
+    return KVR_OK;
+}
+
+const kvr_exec_packer_t *kvr__gpu_packer_ops(const kvr__gpu_packer_t *pk)
+{
+    return &pk->ops;
+}
+
+uint64_t kvr__gpu_packer_bytes(const kvr__gpu_packer_t *pk)
+{
+    return pk->off[pk->n];
+}
+
+void kvr__gpu_packer_destroy(kvr__gpu_packer_t *pk)
+{
+    if (pk == NULL)
+        return;
+    if (pk->stream != NULL)
+        kvr_gpu_sync(pk->stream, NULL);
+    for (uint32_t b = 0; b < PACKER_DEPTH_MAX; b++)
+        kvr_gpu_event_destroy(pk->ev[b]);
+    kvr_gpu_stream_destroy(pk->stream);
+    for (size_t i = 0; pk->rl != NULL && i < pk->n; i++)
+        kvr_gpu_relayout_destroy(pk->rl[i]);
+    free(pk->rl);
+    free(pk->off);
+    free(pk->src_copy);
+    free(pk->dst_copy);
+    free(pk);
+}

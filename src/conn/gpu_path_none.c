@@ -109,3 +109,33 @@ kvr_status_t kvr__gpu_stream_wait(void *stream, void *event, kvr_error_t *err)
     (void)stream, (void)event;
     return no_cuda(err);
 }
+
+kvr_status_t kvr__gpu_packer_create(int device, const kvr_layout_t *lay,
+                                    uint32_t rank,
+                                    const kvr_region_pair_t *pairs,
+                                    const void *const *src, void *const *dst,
+                                    size_t n, const kvr_request_t *req,
+                                    uint32_t depth, kvr__gpu_packer_t **out,
+                                    kvr_error_t *err)
+{
+    (void)device, (void)lay, (void)rank, (void)pairs, (void)src, (void)dst;
+    (void)n, (void)req, (void)depth, (void)out;
+    return no_cuda(err);
+}
+
+const kvr_exec_packer_t *kvr__gpu_packer_ops(const kvr__gpu_packer_t *pk)
+{
+    (void)pk;
+    return NULL;
+}
+
+uint64_t kvr__gpu_packer_bytes(const kvr__gpu_packer_t *pk)
+{
+    (void)pk;
+    return 0;
+}
+
+void kvr__gpu_packer_destroy(kvr__gpu_packer_t *pk)
+{
+    (void)pk;
+}

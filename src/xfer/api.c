@@ -90,6 +90,45 @@ kvr_status_t kvr_mem_alloc(kvr_transport_t *t, size_t len, kvr_mem_t **out)
     return mem_map(t, NULL, len, true, out);
 }
 
+bool kvr_xfer_has_cuda(const kvr_transport_t *t)
+{
+    return t != NULL && t->has_cuda;
+}
+
+kvr_status_t kvr_mem_register_kind(kvr_transport_t *t, void *addr, size_t len,
+                                   kvr_mem_kind_t kind, kvr_mem_t **out,
+                                   kvr_error_t *err)
+{
+    kvr_status_t st;
+    if (kind == KVR_MEM_HOST)
+        st = mem_map(t, addr, len, false, out);
+    else if (kind != KVR_MEM_CUDA)
+        return kvr_error_set(err, KVR_ERR_INVALID, "memory kind %d",
+                             (int)kind);
+    else if (t == NULL || len == 0 || out == NULL || addr == NULL)
+        st = KVR_ERR_INVALID;
+    else if (!t->has_cuda)
+        return kvr_error_set(
+            err, KVR_ERR_UNSUPPORTED,
+            "transport %s cannot move CUDA memory: %s%s has no CUDA support "
+            "(no cuda_copy; see docs/transport.md, CUDA memory)",
+            t->name, t->ops->reg_cuda ? "UCX " : "",
+            t->ops->reg_cuda ? kvr_xfer_ucx_version() : "this backend");
+    else
+        st = t->ops->reg_cuda(t, addr, len, out);
+    if (st != KVR_OK)
+        return kvr_error_set(err, st, "registering %zu bytes of %s memory: %s",
+                             len, kind == KVR_MEM_CUDA ? "CUDA" : "host",
+                             t ? t->last_error : "no transport");
+    (*out)->kind = kind;
+    return KVR_OK;
+}
+
+kvr_mem_kind_t kvr_mem_kind(const kvr_mem_t *mem)
+{
+    return mem ? mem->kind : KVR_MEM_HOST;
+}
+
 void kvr_mem_destroy(kvr_mem_t *mem)
 {
     if (mem != NULL)

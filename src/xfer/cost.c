@@ -132,10 +132,14 @@ static kvr_status_t put_batch(probe_t *pr, kvr_rmem_t *dst, uint64_t bytes,
 {
     uint64_t room = kvr_rmem_len(dst) - bytes + 1;
     const unsigned char *src = next_src(pr, 2 * (uint64_t)count * bytes);
+    const kvr_mem_t *own = pr->p->put_src;
+    if (own != NULL) /* every other piece of it, wrapping */
+        src = kvr_mem_addr(own);
+    uint64_t span = own ? (kvr_mem_len(own) - bytes) / 2 + 1 : UINT64_MAX;
     kvr_status_t st = KVR_OK;
     uint64_t t0 = kvr_now_ns();
     for (uint32_t i = 0; i < count && st == KVR_OK; i++)
-        st = kvr_xfer_put(pr->ep, src + 2 * i * bytes, bytes, dst,
+        st = kvr_xfer_put(pr->ep, src + 2 * ((i * bytes) % span), bytes, dst,
                           (i * bytes) % room, pr->p->deadline_ns);
     if (st == KVR_OK)
         st = kvr_xfer_flush(pr->ep, pr->p->deadline_ns);
@@ -293,6 +297,11 @@ kvr_status_t kvr_cost_measure(kvr_ep_t *ep, const kvr_cost_probe_t *probe,
         return kvr_error_set(err, KVR_ERR_INVALID,
                              "probe scratch smaller than %llu bytes",
                              (ull)probe->large_bytes);
+    if (probe->put_src && kvr_mem_len(probe->put_src) < probe->large_bytes)
+        return kvr_error_set(err, KVR_ERR_INVALID,
+                             "probe put source of %zu bytes < %llu",
+                             kvr_mem_len(probe->put_src),
+                             (ull)probe->large_bytes);
     probe_t pr = {.ep = ep,
                   .p = probe,
                   .stage = probe->stage_scratch ? probe->stage_scratch
@@ -389,42 +398,96 @@ static bool model_ok(const kvr_cost_model_t *m)
     return true;
 }
 
+typedef struct {
+    double bytes, chunks, last; /* stream bytes, chunks, first chunk's */
+    costs_t c;
+    double stage; /* every chunk's put into staging memory */
+} shape_t;
+
+static shape_t shape_of(const kvr_cost_model_t *m, const kvr_xfer_seg_t *segs,
+                        size_t n, uint64_t slot_bytes)
+{
+    shape_t sh = {0};
+    uint64_t bytes = kvr_xfer_stream_bytes(segs, n);
+    for (size_t i = 0; i < n; i++)
+        run_costs(m, (double)kvr_plan_num_runs(segs[i].plan),
+                  (double)kvr_plan_bytes(segs[i].plan), &sh.c);
+    uint64_t full = bytes / slot_bytes, rest = bytes % slot_bytes;
+    sh.bytes = (double)bytes;
+    sh.chunks = (double)(full + (rest != 0));
+    sh.last = (double)(bytes < slot_bytes ? bytes : slot_bytes);
+    sh.stage = (double)full * stage_cost(m, (double)slot_bytes) +
+               (rest ? stage_cost(m, (double)rest) : 0);
+    return sh;
+}
+
+/* gpu-staged: pack kernels run ahead of the puts and the consumer's
+ * unpack kernels behind them, so the slowest of the three streams sets
+ * the pace; the first chunk's pack and the last one's unpack are alone. */
+static double gpu_staged_cost(const kvr_cost_model_t *m,
+                              const kvr_cost_gpu_t *g, const shape_t *sh)
+{
+    double copy = sh->bytes * per_byte(g->pack_Bps);
+    double puts = sh->stage + sh->chunks * m->chunk_s;
+    double alone = sh->bytes > 0 ? 2 * copy * sh->last / sh->bytes : 0;
+    return (copy > puts ? copy : puts) + alone + sh->chunks * g->launch_s +
+           m->rtt_s;
+}
+
+kvr_exec_kind_t kvr_cost_choose_gpu(const kvr_cost_model_t *model,
+                                    const kvr_cost_gpu_t *gpu,
+                                    kvr_exec_kind_t force,
+                                    const kvr_xfer_seg_t *segs, size_t n,
+                                    uint64_t slot_bytes,
+                                    double t[KVR_COST_KINDS])
+{
+    double tt[KVR_COST_KINDS] = {0};
+    bool usable = model != NULL && slot_bytes != 0 && model_ok(model);
+    bool cuda = gpu != NULL && gpu->cuda;
+    if (usable) {
+        shape_t sh = shape_of(model, segs, n, slot_bytes);
+        tt[KVR_EXEC_DIRECT] = sh.c.put + model->rtt_s;
+        if (!cuda) {
+            /* producer packs chunk c + 1 while the consumer unpacks chunk
+             * c: the slower of the two sets the pace; the last unpack is
+             * alone; no put into staging when mapped */
+            double stream = sh.c.pack > sh.c.unpack ? sh.c.pack : sh.c.unpack;
+            tt[KVR_EXEC_STAGED] =
+                stream + sh.chunks * model->chunk_s +
+                (sh.bytes > 0 ? sh.c.unpack * sh.last / sh.bytes : 0) +
+                (model->mapped ? 0 : sh.stage) + model->rtt_s;
+        } else if (gpu->pack_Bps > 0) {
+            tt[KVR_EXEC_GPU_STAGED] = gpu_staged_cost(model, gpu, &sh);
+        }
+        if (cuda && gpu->direct_Bps > 0)
+            tt[KVR_EXEC_GPU_DIRECT] = sh.bytes / gpu->direct_Bps +
+                                      gpu->launch_s + model->rtt_s;
+    }
+    if (t != NULL)
+        memcpy(t, tt, sizeof(tt));
+    if (force != KVR_EXEC_AUTO && (unsigned)force < KVR_COST_KINDS)
+        return force;
+    kvr_exec_kind_t best = KVR_EXEC_DIRECT;
+    for (unsigned k = KVR_EXEC_STAGED; usable && k < KVR_COST_KINDS; k++)
+        if (tt[k] > 0 && tt[k] < tt[best])
+            best = (kvr_exec_kind_t)k;
+    return best;
+}
+
 kvr_exec_kind_t kvr_cost_choose(const kvr_cost_model_t *model,
                                 kvr_exec_kind_t force,
                                 const kvr_xfer_seg_t *segs, size_t n,
                                 uint64_t slot_bytes, double *t_direct,
                                 double *t_staged)
 {
-    bool usable = model != NULL && slot_bytes != 0 && model_ok(model);
-    double td = 0, ts = 0;
-    if (usable) {
-        uint64_t bytes = kvr_xfer_stream_bytes(segs, n);
-        costs_t c = {0};
-        for (size_t i = 0; i < n; i++)
-            run_costs(model, (double)kvr_plan_num_runs(segs[i].plan),
-                      (double)kvr_plan_bytes(segs[i].plan), &c);
-        double b = (double)bytes;
-        uint64_t full = bytes / slot_bytes, rest = bytes % slot_bytes;
-        double chunks = (double)(full + (rest != 0));
-        double last = (double)(bytes < slot_bytes ? bytes : slot_bytes);
-        double stage = 0;
-        if (!model->mapped)
-            stage = (double)full * stage_cost(model, (double)slot_bytes) +
-                    (rest ? stage_cost(model, (double)rest) : 0);
-        /* producer packs chunk c + 1 while the consumer unpacks chunk c:
-         * the slower of the two sets the pace; the last unpack is alone */
-        double stream = c.pack > c.unpack ? c.pack : c.unpack;
-        td = c.put + model->rtt_s;
-        ts = stream + chunks * model->chunk_s +
-             (b > 0 ? c.unpack * last / b : 0) + stage + model->rtt_s;
-    }
+    double t[KVR_COST_KINDS];
+    if (force != KVR_EXEC_DIRECT && force != KVR_EXEC_STAGED)
+        force = KVR_EXEC_AUTO;
+    kvr_exec_kind_t k =
+        kvr_cost_choose_gpu(model, NULL, force, segs, n, slot_bytes, t);
     if (t_direct != NULL)
-        *t_direct = td;
+        *t_direct = t[KVR_EXEC_DIRECT];
     if (t_staged != NULL)
-        *t_staged = ts;
-    if (force == KVR_EXEC_DIRECT || force == KVR_EXEC_STAGED)
-        return force;
-    if (!usable)
-        return KVR_EXEC_DIRECT;
-    return ts < td ? KVR_EXEC_STAGED : KVR_EXEC_DIRECT;
+        *t_staged = t[KVR_EXEC_STAGED];
+    return k;
 }

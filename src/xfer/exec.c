@@ -16,6 +16,10 @@ const char *kvr_exec_name(kvr_exec_kind_t kind)
         return "direct";
     case KVR_EXEC_STAGED:
         return "staged";
+    case KVR_EXEC_GPU_STAGED:
+        return "gpu-staged";
+    case KVR_EXEC_GPU_DIRECT:
+        return "gpu-direct";
     }
     return "unknown";
 }
@@ -177,17 +181,22 @@ static kvr_status_t check_args(kvr_ep_t *ep, kvr_exec_kind_t kind,
 {
     if (ep == NULL || p == NULL || (n && segs == NULL))
         return kvr_error_set(err, KVR_ERR_INVALID, "ep, params or segs NULL");
-    if (kind != KVR_EXEC_DIRECT && kind != KVR_EXEC_STAGED)
+    if (kind != KVR_EXEC_DIRECT && kind != KVR_EXEC_STAGED &&
+        kind != KVR_EXEC_GPU_STAGED)
         return kvr_error_set(err, KVR_ERR_INVALID,
-                             "executor %d: pick direct or staged (see "
-                             "kvr_cost_choose)",
+                             "executor %d: pick direct, staged or gpu-staged "
+                             "(see kvr_cost_choose; gpu-direct runs outside "
+                             "this layer)",
                              (int)kind);
+    bool gpu = kind == KVR_EXEC_GPU_STAGED; /* the packer has the bases */
     for (size_t i = 0; i < n; i++) {
         const kvr_xfer_seg_t *s = &segs[i];
         bool ok = s->plan != NULL &&
-                  (producer ? s->src != NULL &&
-                                  (kind == KVR_EXEC_STAGED || s->dst != NULL)
-                            : kind == KVR_EXEC_DIRECT || s->dst_local != NULL);
+                  (gpu || (producer ? s->src != NULL &&
+                                          (kind == KVR_EXEC_STAGED ||
+                                           s->dst != NULL)
+                                    : kind == KVR_EXEC_DIRECT ||
+                                          s->dst_local != NULL));
         if (!ok)
             return kvr_error_set(
                 err, KVR_ERR_INVALID, "segment %zu lacks its plan or %s base",
@@ -195,6 +204,8 @@ static kvr_status_t check_args(kvr_ep_t *ep, kvr_exec_kind_t kind,
     }
     if (kind == KVR_EXEC_STAGED)
         return kvr__staged_check(p, producer, err);
+    if (gpu)
+        return kvr__gpu_staged_check(p, producer, err);
     return KVR_OK;
 }
 
@@ -205,13 +216,19 @@ static kvr_status_t run(kvr_ep_t *ep, kvr_exec_kind_t kind,
                         const kvr_exec_params_t *p, bool producer,
                         kvr_exec_stats_t *stats, kvr_error_t *err)
 {
-    static const char *const what[2][2] = {{"direct receive", "staged receive"},
-                                           {"direct send", "staged send"}};
+    static const char *const what[2][3] = {
+        {"direct receive", "staged receive", "gpu-staged receive"},
+        {"direct send", "staged send", "gpu-staged send"}};
     kvr_exec_stats_t s = {0};
     kvr_status_t st = check_args(ep, kind, segs, n, p, producer, err);
     if (st != KVR_OK)
         return st;
-    bool staged = kind == KVR_EXEC_STAGED;
+    /* the gpu-staged protocol is staged's; the packer is in p */
+    bool staged = kind != KVR_EXEC_DIRECT;
+    kvr_exec_params_t q = *p;
+    if (kind == KVR_EXEC_STAGED)
+        q.packer = NULL;
+    p = &q;
     if (producer)
         st = staged ? kvr__staged_send(ep, segs, n, p, &s)
                     : direct_send(ep, segs, n, p, &s);
@@ -221,7 +238,7 @@ static kvr_status_t run(kvr_ep_t *ep, kvr_exec_kind_t kind,
     if (st != KVR_OK) {
         if (st != KVR_ERR_TIMEOUT && st != KVR_ERR_PEER_DEAD)
             kvr__exec_abort(ep, p->transfer_id, st, &s);
-        return kvr__exec_error(ep, err, st, what[producer][staged],
+        return kvr__exec_error(ep, err, st, what[producer][kind - 1],
                                p->transfer_id);
     }
     if (stats != NULL)

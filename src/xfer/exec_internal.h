@@ -22,6 +22,9 @@ kvr_status_t kvr__exec_error(kvr_ep_t *ep, kvr_error_t *err, kvr_status_t st,
 
 kvr_status_t kvr__staged_check(const kvr_exec_params_t *p, bool producer,
                                kvr_error_t *err);
+/* kvr__staged_check plus the packer and its pack buffers. */
+kvr_status_t kvr__gpu_staged_check(const kvr_exec_params_t *p, bool producer,
+                                   kvr_error_t *err);
 kvr_status_t kvr__staged_send(kvr_ep_t *ep, const kvr_xfer_seg_t *segs,
                               size_t n, const kvr_exec_params_t *p,
                               kvr_exec_stats_t *stats);

@@ -2,7 +2,11 @@
  * into the consumer's granted staging slots, one chunk per slot; each
  * chunk is flushed (or stored through a mapping) before its CHUNK message.
  * The consumer unpacks a chunk only after its CHUNK arrived and acks it;
- * the ack frees the slot for chunk c + num_slots (back-pressure). */
+ * the ack frees the slot for chunk c + num_slots (back-pressure).
+ * gpu-staged is the same protocol with the caller's packer (CUDA kernels)
+ * instead of kvr_xfer_pack/unpack: the producer packs `depth` chunks ahead
+ * into its own pack buffers, so packing chunk c + 1 overlaps putting
+ * chunk c, and never packs through a mapping. */
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
@@ -22,6 +26,8 @@ typedef struct {
     kvr_xfer_cursor_t cur;
     unsigned char *buf; /* producer: pack buffer when not mapped */
     bool own_buf;
+    const kvr_exec_packer_t *pk; /* gpu-staged; NULL: host copies */
+    uint32_t depth;              /* pack buffers (gpu-staged) */
 } staged_t;
 
 kvr_status_t kvr__staged_check(const kvr_exec_params_t *p, bool producer,
@@ -54,6 +60,27 @@ kvr_status_t kvr__staged_check(const kvr_exec_params_t *p, bool producer,
     return KVR_OK;
 }
 
+kvr_status_t kvr__gpu_staged_check(const kvr_exec_params_t *p, bool producer,
+                                   kvr_error_t *err)
+{
+    const kvr_exec_packer_t *k = p->packer;
+    if (k == NULL || k->depth == 0 ||
+        (producer ? k->pack == NULL || k->pack_wait == NULL
+                  : k->unpack == NULL))
+        return kvr_error_set(err, KVR_ERR_INVALID,
+                             "gpu-staged: no packer, or one without its %s "
+                             "functions or pack buffers",
+                             producer ? "pack" : "unpack");
+    if (producer && (p->pack_buf == NULL ||
+                     kvr_mem_len(p->pack_buf) / k->depth < p->slot_bytes))
+        return kvr_error_set(err, KVR_ERR_INVALID,
+                             "gpu-staged: pack buffer of %zu bytes for %u "
+                             "buffers of %llu",
+                             kvr_mem_len(p->pack_buf), k->depth,
+                             (ull)p->slot_bytes);
+    return kvr__staged_check(p, producer, err);
+}
+
 static kvr_status_t staged_init(staged_t *s, kvr_ep_t *ep,
                                 const kvr_xfer_seg_t *segs, size_t n,
                                 const kvr_exec_params_t *p,
@@ -65,6 +92,7 @@ static kvr_status_t staged_init(staged_t *s, kvr_ep_t *ep,
     s->n = n;
     s->p = p;
     s->stats = stats;
+    s->pk = p->packer;
     s->total = kvr_xfer_stream_bytes(segs, n);
     s->chunks = s->total / p->slot_bytes + (s->total % p->slot_bytes != 0);
     s->flags = calloc(s->chunks + 1, 1);
@@ -164,16 +192,100 @@ static kvr_status_t send_chunk(staged_t *s, uint64_t c)
     return st;
 }
 
+/* Packer errors land on the transport, as the executor's own do. */
+static kvr_status_t packer_failed(staged_t *s, kvr_status_t st,
+                                  const kvr_error_t *e, const char *what,
+                                  uint64_t c)
+{
+    return st == KVR_OK ? KVR_OK
+                        : kvr__fail(s->ep->t, st, "%s of chunk %llu: %s",
+                                    what, (ull)c, e->msg);
+}
+
+static unsigned char *pack_buffer(const staged_t *s, uint64_t c)
+{
+    return (unsigned char *)kvr_mem_addr(s->p->pack_buf) +
+           (c % s->depth) * s->p->slot_bytes;
+}
+
+static kvr_status_t gpu_pack(staged_t *s, uint64_t c)
+{
+    kvr_error_t e = {0};
+    if (c >= s->chunks)
+        return KVR_OK;
+    kvr_status_t st = s->pk->pack(s->pk->ctx, c * s->p->slot_bytes,
+                                  chunk_len(s, c), pack_buffer(s, c),
+                                  (uint32_t)(c % s->depth), &e);
+    return packer_failed(s, st, &e, "pack", c);
+}
+
+/* Chunk c was packed ahead into pack buffer c % depth; once its put is
+ * flushed that buffer takes chunk c + depth, packed while chunk c + 1
+ * goes out. The slot is reused only after chunk c - num_slots's ack. */
+static kvr_status_t send_gpu_chunk(staged_t *s, uint64_t c)
+{
+    const kvr_exec_params_t *p = s->p;
+    kvr_error_t e = {0};
+    kvr_status_t st = c >= p->num_slots ? wait_ack(s, c - p->num_slots)
+                                        : KVR_OK;
+    if (st == KVR_OK)
+        st = packer_failed(
+            s, s->pk->pack_wait(s->pk->ctx, (uint32_t)(c % s->depth), &e), &e,
+            "pack", c);
+    uint64_t len = chunk_len(s, c);
+    uint32_t slot = p->slots[c % p->num_slots];
+    if (st == KVR_OK)
+        st = kvr_xfer_put(s->ep, pack_buffer(s, c), len, p->staging,
+                          (uint64_t)slot * p->slot_bytes, p->deadline_ns);
+    if (st == KVR_OK)
+        st = kvr_xfer_flush(s->ep, p->deadline_ns);
+    s->stats->puts++;
+    if (st == KVR_OK)
+        st = gpu_pack(s, c + s->depth);
+    kvr__exec_msg_t m = {
+        .transfer_id = p->transfer_id, .chunk = c, .bytes = len, .slot = slot};
+    if (st == KVR_OK)
+        st = kvr__exec_send_ctl(s->ep, KVR__MSG_CHUNK, &m, p->deadline_ns,
+                                s->stats);
+    if (st == KVR_OK) {
+        s->stats->chunks++;
+        s->stats->bytes += len;
+    }
+    return st;
+}
+
+static kvr_status_t send_chunks(staged_t *s)
+{
+    kvr_status_t st = KVR_OK;
+    if (s->pk == NULL) {
+        if (s->chunks != 0)
+            st = pick_buffer(s);
+        for (uint64_t c = 0; c < s->chunks && st == KVR_OK; c++)
+            st = send_chunk(s, c);
+        return st;
+    }
+    s->depth = s->pk->depth;
+    for (uint64_t c = 0; c < s->depth && st == KVR_OK; c++)
+        st = gpu_pack(s, c);
+    for (uint64_t c = 0; c < s->chunks && st == KVR_OK; c++)
+        st = send_gpu_chunk(s, c);
+    /* a failed chunk may leave packs running into the buffers: wait for
+     * them before the caller may free those */
+    for (uint32_t b = 0; st != KVR_OK && b < s->depth; b++) {
+        kvr_error_t e;
+        s->pk->pack_wait(s->pk->ctx, b, &e);
+    }
+    return st;
+}
+
 kvr_status_t kvr__staged_send(kvr_ep_t *ep, const kvr_xfer_seg_t *segs,
                               size_t n, const kvr_exec_params_t *p,
                               kvr_exec_stats_t *stats)
 {
     staged_t s;
     kvr_status_t st = staged_init(&s, ep, segs, n, p, stats);
-    if (st == KVR_OK && s.chunks != 0)
-        st = pick_buffer(&s);
-    for (uint64_t c = 0; c < s.chunks && st == KVR_OK; c++)
-        st = send_chunk(&s, c);
+    if (st == KVR_OK)
+        st = send_chunks(&s);
     kvr__exec_msg_t done = {
         .transfer_id = p->transfer_id, .chunk = s.chunks, .bytes = s.total};
     if (st == KVR_OK)
@@ -201,8 +313,16 @@ static kvr_status_t on_chunk(staged_t *s, const kvr__exec_msg_t *m)
         atomic_thread_fence(memory_order_acquire);
         const unsigned char *src = (const unsigned char *)p->staging_local +
                                    (uint64_t)m->slot * p->slot_bytes;
-        kvr_xfer_unpack(s->segs, s->n, &s->cur, c * p->slot_bytes, src,
-                        m->bytes);
+        kvr_error_t e = {0};
+        if (s->pk == NULL)
+            kvr_xfer_unpack(s->segs, s->n, &s->cur, c * p->slot_bytes, src,
+                            m->bytes);
+        else {
+            kvr_status_t st = s->pk->unpack(s->pk->ctx, c * p->slot_bytes,
+                                            m->bytes, src, &e);
+            if (st != KVR_OK)
+                return packer_failed(s, st, &e, "unpack", c);
+        }
         s->flags[c] = 1;
         s->settled++;
         s->stats->chunks++;

@@ -185,6 +185,7 @@ static const kvr__xfer_ops_t ucx_ops = {
     .ep_create = kvr__ucx_ep_create,
     .ep_destroy = kvr__ucx_ep_destroy,
     .reg = kvr__ucx_reg,
+    .reg_cuda = kvr__ucx_reg_cuda,
     .dereg = kvr__ucx_dereg,
     .pack_rkey = kvr__ucx_pack_rkey,
     .rmem_open = kvr__ucx_rmem_open,
@@ -208,16 +209,32 @@ static kvr_status_t set_opt(ucx_tr_t *tr, ucp_config_t *cfg, const char *key,
     return kvr__ucx_status(&tr->base, s, what);
 }
 
+/* A transport key under either of its names: UCX 1.13 takes the field name
+ * below the transport's prefix ("TX_SEG_SIZE"; the whole name is accepted
+ * there but warned about and ignored at worker creation), UCX 1.22 only
+ * the whole name ("TCP_TX_SEG_SIZE"). */
+static kvr_status_t set_tl_opt(ucx_tr_t *tr, ucp_config_t *cfg,
+                               const char *prefix, const char *key,
+                               const char *value)
+{
+    char whole[64];
+    if (ucp_config_modify(cfg, key, value) == UCS_OK)
+        return KVR_OK;
+    snprintf(whole, sizeof(whole), "%s%s", prefix, key);
+    return set_opt(tr, cfg, whole, value);
+}
+
 /* The settings docs/transport.md explains: peer error handling that works on
  * shared memory, a short keepalive, large TCP segments. */
 static kvr_status_t configure(ucx_tr_t *tr, ucp_config_t *cfg)
 {
     const kvr_ucx_params_t *p = &tr->p;
-    static const char *const tls[] = {NULL, "sm", "tcp"};
+    static const char *const tls[2][3] = {
+        {NULL, "sm", "tcp"}, {NULL, "sm,cuda_copy,cuda_ipc", "tcp,cuda_copy"}};
     char num[32];
     kvr_status_t st = KVR_OK;
-    if (tls[p->tl] != NULL)
-        st = set_opt(tr, cfg, "TLS", tls[p->tl]);
+    if (tls[p->cuda][p->tl] != NULL)
+        st = set_opt(tr, cfg, "TLS", tls[p->cuda][p->tl]);
     /* ucp_config_modify matches transport keys by field name below the
      * transport's own prefix: "MM_ERROR_HANDLING" (a sub-table of sysv and
      * posix), but "TX_SEG_SIZE" for UCX_TCP_TX_SEG_SIZE. A key no transport
@@ -225,16 +242,18 @@ static kvr_status_t configure(ucx_tr_t *tr, ucp_config_t *cfg)
     bool tcp = p->tl != KVR_XFER_TL_SHM;
     if (st == KVR_OK && p->tl != KVR_XFER_TL_TCP)
         st = set_opt(tr, cfg, "MM_ERROR_HANDLING", "y");
+    /* UCX's own warning about a CUDA transport it lacks is harmless: the
+     * context's memory types say what it can do (has_cuda below). */
     snprintf(num, sizeof(num), "%ums",
              p->keepalive_ms ? p->keepalive_ms : 1000);
     if (st == KVR_OK)
         st = set_opt(tr, cfg, "KEEPALIVE_INTERVAL", num);
     snprintf(num, sizeof(num), "%u", p->tcp_tx_seg);
     if (st == KVR_OK && tcp && p->tcp_tx_seg)
-        st = set_opt(tr, cfg, "TX_SEG_SIZE", num);
+        st = set_tl_opt(tr, cfg, "TCP_", "TX_SEG_SIZE", num);
     snprintf(num, sizeof(num), "%u", p->tcp_rx_seg);
     if (st == KVR_OK && tcp && p->tcp_rx_seg)
-        st = set_opt(tr, cfg, "RX_SEG_SIZE", num);
+        st = set_tl_opt(tr, cfg, "TCP_", "RX_SEG_SIZE", num);
     if (st == KVR_OK && p->net_devices != NULL)
         st = set_opt(tr, cfg, "NET_DEVICES", p->net_devices);
     return st;
@@ -258,7 +277,17 @@ static kvr_status_t init_context(ucx_tr_t *tr)
             st = kvr__ucx_status(&tr->base, s, "ucp_init");
     }
     ucp_config_release(cfg);
+    /* CUDA memory needs a UCX built with CUDA: its memory types say so */
+    ucp_context_attr_t attr = {.field_mask = UCP_ATTR_FIELD_MEMORY_TYPES};
+    if (st == KVR_OK && ucp_context_query(tr->ctx, &attr) == UCS_OK)
+        tr->base.has_cuda =
+            (attr.memory_types & UCS_BIT(UCS_MEMORY_TYPE_CUDA)) != 0;
     return st;
+}
+
+const char *kvr_xfer_ucx_version(void)
+{
+    return ucp_get_version_string();
 }
 
 static kvr_status_t init_worker(ucx_tr_t *tr)

@@ -101,13 +101,33 @@ void kvr__ucx_free_graveyard(ucx_tr_t *tr)
     }
 }
 
-kvr_status_t kvr__ucx_reg(kvr_transport_t *t, void *addr, size_t len,
-                          bool allocate, kvr_mem_t **out)
+static kvr_status_t map(kvr_transport_t *t, ucp_mem_map_params_t *mp,
+                        const char *what, kvr_mem_t **out)
 {
     ucx_tr_t *tr = kvr__ucx_tr(t);
     ucx_mem_t *m = calloc(1, sizeof(*m));
     if (m == NULL)
         return KVR_ERR_NO_MEMORY;
+    ucs_status_t s = ucp_mem_map(tr->ctx, mp, &m->memh);
+    ucp_mem_attr_t attr = {.field_mask = UCP_MEM_ATTR_FIELD_ADDRESS |
+                                         UCP_MEM_ATTR_FIELD_LENGTH};
+    if (s == UCS_OK && (s = ucp_mem_query(m->memh, &attr)) != UCS_OK)
+        ucp_mem_unmap(tr->ctx, m->memh);
+    if (s != UCS_OK) {
+        free(m);
+        return kvr__ucx_status(t, s, what);
+    }
+    bool allocated = (mp->flags & UCP_MEM_MAP_ALLOCATE) != 0;
+    m->base = (kvr_mem_t){.t = t,
+                          .addr = allocated ? attr.address : mp->address,
+                          .len = mp->length};
+    *out = &m->base;
+    return KVR_OK;
+}
+
+kvr_status_t kvr__ucx_reg(kvr_transport_t *t, void *addr, size_t len,
+                          bool allocate, kvr_mem_t **out)
+{
     ucp_mem_map_params_t mp = {
         .field_mask = UCP_MEM_MAP_PARAM_FIELD_LENGTH |
                       UCP_MEM_MAP_PARAM_FIELD_FLAGS |
@@ -116,20 +136,26 @@ kvr_status_t kvr__ucx_reg(kvr_transport_t *t, void *addr, size_t len,
         .length = len,
         .flags = allocate ? UCP_MEM_MAP_ALLOCATE : 0,
     };
-    ucs_status_t s = ucp_mem_map(tr->ctx, &mp, &m->memh);
-    ucp_mem_attr_t attr = {.field_mask = UCP_MEM_ATTR_FIELD_ADDRESS |
-                                         UCP_MEM_ATTR_FIELD_LENGTH};
-    if (s == UCS_OK && (s = ucp_mem_query(m->memh, &attr)) != UCS_OK)
-        ucp_mem_unmap(tr->ctx, m->memh);
-    if (s != UCS_OK) {
-        free(m);
-        return kvr__ucx_status(
-            t, s, allocate ? "ucp_mem_map(allocate)" : "ucp_mem_map(register)");
-    }
-    m->base = (kvr_mem_t){
-        .t = t, .addr = allocate ? attr.address : addr, .len = len};
-    *out = &m->base;
-    return KVR_OK;
+    return map(t, &mp,
+               allocate ? "ucp_mem_map(allocate)" : "ucp_mem_map(register)",
+               out);
+}
+
+/* CUDA memory is named as such: UCX would otherwise have to detect it
+ * (its memory-type cache), and registers it with its CUDA domains
+ * (cuda_copy; cuda_ipc exports it to a peer on the same host). */
+kvr_status_t kvr__ucx_reg_cuda(kvr_transport_t *t, void *addr, size_t len,
+                               kvr_mem_t **out)
+{
+    ucp_mem_map_params_t mp = {
+        .field_mask = UCP_MEM_MAP_PARAM_FIELD_LENGTH |
+                      UCP_MEM_MAP_PARAM_FIELD_ADDRESS |
+                      UCP_MEM_MAP_PARAM_FIELD_MEMORY_TYPE,
+        .address = addr,
+        .length = len,
+        .memory_type = UCS_MEMORY_TYPE_CUDA,
+    };
+    return map(t, &mp, "ucp_mem_map(CUDA)", out);
 }
 
 void kvr__ucx_dereg(kvr_mem_t *mem)

@@ -74,6 +74,8 @@ kvr_status_t kvr__ucx_ep_create(kvr_transport_t *t, const void *addr,
 void kvr__ucx_ep_destroy(kvr_ep_t *ep);
 kvr_status_t kvr__ucx_reg(kvr_transport_t *t, void *addr, size_t len,
                           bool allocate, kvr_mem_t **out);
+kvr_status_t kvr__ucx_reg_cuda(kvr_transport_t *t, void *addr, size_t len,
+                               kvr_mem_t **out);
 void kvr__ucx_dereg(kvr_mem_t *mem);
 kvr_status_t kvr__ucx_pack_rkey(const kvr_mem_t *mem, kvr_remote_region_t *out);
 kvr_status_t kvr__ucx_rmem_open(kvr_ep_t *ep, const kvr_remote_region_t *desc,

@@ -9,3 +9,8 @@ kvr_status_t kvr_transport_ucx_create(const kvr_ucx_params_t *params,
     return kvr_error_set(err, KVR_ERR_UNSUPPORTED,
                          "kvrelay was built without UCX");
 }
+
+const char *kvr_xfer_ucx_version(void)
+{
+    return "none";
+}

@@ -26,6 +26,9 @@ typedef struct kvr__xfer_ops {
     void (*ep_destroy)(kvr_ep_t *ep);
     kvr_status_t (*reg)(kvr_transport_t *t, void *addr, size_t len,
                         bool allocate, kvr_mem_t **out);
+    /* Registers CUDA device memory; NULL: the backend has none. */
+    kvr_status_t (*reg_cuda)(kvr_transport_t *t, void *addr, size_t len,
+                             kvr_mem_t **out);
     void (*dereg)(kvr_mem_t *mem);
     kvr_status_t (*pack_rkey)(const kvr_mem_t *mem, kvr_remote_region_t *out);
     kvr_status_t (*rmem_open)(kvr_ep_t *ep, const kvr_remote_region_t *desc,
@@ -47,6 +50,7 @@ struct kvr_transport {
     uint64_t id;
     uint32_t max_inflight;
     bool threaded; /* messages arrive from another thread: sleep on cond */
+    bool has_cuda; /* reg_cuda works (UCX with CUDA memory support) */
     pthread_mutex_t lock; /* guards the queue and wakes waiters */
     pthread_cond_t cond;
     kvr__queued_msg_t *head, *tail;
@@ -64,6 +68,7 @@ struct kvr_mem {
     kvr_transport_t *t;
     void *addr;
     size_t len;
+    kvr_mem_kind_t kind;
 };
 
 struct kvr_rmem {

@@ -211,6 +211,202 @@ static void test_staged(void **state)
     staged(true, 1u << 20, 4); /* one chunk holds everything */
 }
 
+/* gpu-staged's protocol over host memory: a packer that behaves like the
+ * CUDA one (pack only queues the copy, pack_wait does it) and checks that
+ * the executor waits for a buffer before reusing or putting it. */
+typedef struct {
+    const kvr_xfer_seg_t *segs;
+    kvr_xfer_cursor_t cur;
+    uint32_t depth;
+    struct {
+        uint64_t pos, len;
+        void *dst;
+        bool queued;
+    } q[4];
+    uint64_t packs, fail_at; /* fail_at: the k-th pack_wait fails (1-based) */
+    bool misuse;
+} host_packer_t;
+
+static kvr_status_t hp_pack(void *ctx, uint64_t pos, uint64_t len, void *dst,
+                            uint32_t buf, kvr_error_t *err)
+{
+    host_packer_t *h = ctx;
+    if (buf >= h->depth || h->q[buf].queued) {
+        h->misuse = true;
+        return kvr_error_set(err, KVR_ERR_INVALID, "buffer %u still busy", buf);
+    }
+    h->q[buf].pos = pos;
+    h->q[buf].len = len;
+    h->q[buf].dst = dst;
+    h->q[buf].queued = true;
+    return KVR_OK;
+}
+
+static kvr_status_t hp_wait(void *ctx, uint32_t buf, kvr_error_t *err)
+{
+    host_packer_t *h = ctx;
+    if (buf >= h->depth)
+        return kvr_error_set(err, KVR_ERR_INVALID, "buffer %u", buf);
+    if (!h->q[buf].queued)
+        return KVR_OK;
+    h->q[buf].queued = false;
+    if (++h->packs == h->fail_at)
+        return kvr_error_set(err, KVR_ERR_CUDA, "pack kernel %llu failed",
+                             (unsigned long long)h->packs);
+    kvr_xfer_pack(h->segs, 2, &h->cur, h->q[buf].pos, h->q[buf].dst,
+                  h->q[buf].len);
+    return KVR_OK;
+}
+
+static kvr_status_t hp_unpack(void *ctx, uint64_t pos, uint64_t len,
+                              const void *src, kvr_error_t *err)
+{
+    host_packer_t *h = ctx;
+    (void)err;
+    kvr_xfer_unpack(h->segs, 2, &h->cur, pos, src, len);
+    return KVR_OK;
+}
+
+static kvr_status_t gpu_staged_run(fix_t *f, uint32_t depth, uint64_t fail_at,
+                                   kvr_exec_stats_t *stats, host_packer_t *hp)
+{
+    host_packer_t hc = {.segs = f->csegs, .depth = depth};
+    *hp = (host_packer_t){.segs = f->psegs, .depth = depth, .fail_at = fail_at};
+    kvr_exec_packer_t pk = {.ctx = hp, .depth = depth, .pack = hp_pack,
+                            .pack_wait = hp_wait};
+    kvr_exec_packer_t uk = {.ctx = &hc, .depth = 1, .unpack = hp_unpack};
+    size_t len = depth * f->pp.slot_bytes;
+    void *bufs = malloc(len);
+    kvr_mem_t *mem = NULL;
+    assert_int_equal(kvr_mem_register(f->tp, bufs, len, &mem), KVR_OK);
+    f->pp.packer = &pk;
+    f->pp.pack_buf = mem;
+    f->cp.packer = &uk;
+    kvr_status_t st = run_pair(f, KVR_EXEC_GPU_STAGED, stats);
+    kvr_mem_destroy(mem);
+    free(bufs);
+    return st;
+}
+
+static void gpu_staged(uint64_t slot_bytes, uint32_t num_slots, uint32_t depth)
+{
+    kvr_loopback_params_t lp = KVR_LOOPBACK_PARAMS_INIT;
+    fix_t f;
+    kvr_exec_stats_t stats;
+    host_packer_t hp;
+    fix_init(&f, &lp, slot_bytes, num_slots, SUCCESS_MS);
+    assert_int_equal(gpu_staged_run(&f, depth, 0, &stats, &hp), KVR_OK);
+    assert_int_equal(f.cons_st, KVR_OK);
+    uint64_t chunks = (kvr_plan_set_total_bytes(f.set) + slot_bytes - 1) /
+                      slot_bytes;
+    assert_int_equal(stats.chunks, chunks);
+    assert_int_equal(stats.puts, chunks); /* never through a mapping */
+    assert_false(stats.mapped);
+    assert_int_equal(hp.packs, chunks);
+    assert_false(hp.misuse);
+    assert_int_equal(verify(&f), KVR_OK);
+    fix_fini(&f);
+}
+
+static void test_gpu_staged(void **state)
+{
+    (void)state;
+    gpu_staged(8192, 2, 2);
+    gpu_staged(1000, 1, 1); /* chunks split runs; an ack per chunk */
+    gpu_staged(1000, 3, 4); /* packs run further ahead than slots */
+    gpu_staged(1u << 20, 4, 2); /* one chunk */
+}
+
+static void test_gpu_staged_errors(void **state)
+{
+    (void)state;
+    fix_t f;
+    kvr_exec_stats_t stats;
+    host_packer_t hp;
+    fix_init(&f, NULL, 1000, 2, SUCCESS_MS);
+    kvr_error_t err = {0};
+    /* no packer: refused before anything moves */
+    assert_int_equal(kvr_exec_send(f.ep_pc, KVR_EXEC_GPU_STAGED, f.psegs, 2,
+                                   &f.pp, NULL, &err),
+                     KVR_ERR_INVALID);
+    assert_non_null(strstr(err.msg, "packer"));
+    /* a pack failing mid-transfer: the producer reports it, the consumer
+     * is told through ABORT */
+    assert_int_equal(gpu_staged_run(&f, 2, 3, &stats, &hp), KVR_ERR_CUDA);
+    assert_int_equal(f.cons_st, KVR_ERR_CUDA);
+    assert_non_null(strstr(f.cons_err.msg, "abort"));
+    fix_fini(&f);
+}
+
+/* Loopback has no CUDA: CUDA memory is refused, by name. */
+static void test_cuda_refused(void **state)
+{
+    (void)state;
+    kvr_transport_t *t = NULL;
+    assert_int_equal(kvr_transport_loopback_create(NULL, NULL, &t, NULL),
+                     KVR_OK);
+    assert_false(kvr_xfer_has_cuda(t));
+    char buf[64];
+    kvr_mem_t *m = NULL;
+    kvr_error_t err = {0};
+    assert_int_equal(
+        kvr_mem_register_kind(t, buf, sizeof(buf), KVR_MEM_CUDA, &m, &err),
+        KVR_ERR_UNSUPPORTED);
+    assert_null(m);
+    assert_non_null(strstr(err.msg, "CUDA"));
+    assert_int_equal(
+        kvr_mem_register_kind(t, buf, sizeof(buf), KVR_MEM_HOST, &m, &err),
+        KVR_OK);
+    assert_int_equal(kvr_mem_kind(m), KVR_MEM_HOST);
+    kvr_mem_destroy(m);
+    kvr_transport_destroy(t);
+}
+
+/* CUDA regions: direct puts against gpu-staged and gpu-direct. */
+static void test_cost_choose_gpu(void **state)
+{
+    (void)state;
+    fix_t f;
+    fix_init(&f, NULL, 4096, 1, SUCCESS_MS);
+    /* tcp with cuda_copy: ~6 us and 2 GB/s a put, a chunk's round trip */
+    kvr_cost_model_t tcp = {.put_s = 6e-6, .put_Bps = 2e9, .chunk_s = 60e-6,
+                            .stage_Bps = 2e9, .copy_Bps = 6e9,
+                            .rtt_s = 30e-6};
+    kvr_cost_gpu_t g = {.cuda = true, .pack_Bps = 500e9, .launch_s = 5e-6};
+    double t[KVR_COST_KINDS];
+    /* I = 1: a run per token; packing on the GPU wins */
+    assert_int_equal(kvr_cost_choose_gpu(&tcp, &g, KVR_EXEC_AUTO, f.psegs, 1,
+                                         4u << 20, t),
+                     KVR_EXEC_GPU_STAGED);
+    assert_true(t[KVR_EXEC_GPU_STAGED] < t[KVR_EXEC_DIRECT]);
+    assert_true(t[KVR_EXEC_STAGED] == 0); /* no host pack of CUDA memory */
+    /* one 64 MiB run: one put beats chunking it */
+    kvr_run_t big = {0, 0, 64u << 20};
+    kvr_plan_t *one = NULL;
+    assert_int_equal(kvr_plan_from_runs(&big, 1, &one), KVR_OK);
+    kvr_xfer_seg_t seg = {.plan = one};
+    assert_int_equal(
+        kvr_cost_choose_gpu(&tcp, &g, KVR_EXEC_AUTO, &seg, 1, 4u << 20, t),
+        KVR_EXEC_DIRECT);
+    /* same host with CUDA IPC at 300 GB/s: gpu-direct */
+    g.direct_Bps = 300e9;
+    assert_int_equal(
+        kvr_cost_choose_gpu(&tcp, &g, KVR_EXEC_AUTO, f.psegs, 1, 4u << 20, t),
+        KVR_EXEC_GPU_DIRECT);
+    /* forced */
+    assert_int_equal(kvr_cost_choose_gpu(&tcp, &g, KVR_EXEC_GPU_STAGED,
+                                         f.psegs, 1, 4u << 20, NULL),
+                     KVR_EXEC_GPU_STAGED);
+    /* host regions: gpu kinds are not candidates */
+    g.cuda = false;
+    kvr_exec_kind_t k =
+        kvr_cost_choose_gpu(&tcp, &g, KVR_EXEC_AUTO, f.psegs, 1, 4u << 20, t);
+    assert_true(k == KVR_EXEC_DIRECT || k == KVR_EXEC_STAGED);
+    assert_true(t[KVR_EXEC_GPU_STAGED] == 0 && t[KVR_EXEC_GPU_DIRECT] == 0);
+    kvr_plan_destroy(one);
+    fix_fini(&f);
+}
+
 static void test_pack_roundtrip(void **state)
 {
     (void)state;
@@ -615,6 +811,10 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_direct),
         cmocka_unit_test(test_staged),
+        cmocka_unit_test(test_gpu_staged),
+        cmocka_unit_test(test_gpu_staged_errors),
+        cmocka_unit_test(test_cuda_refused),
+        cmocka_unit_test(test_cost_choose_gpu),
         cmocka_unit_test(test_pack_roundtrip),
         cmocka_unit_test(test_bounds_and_garbage),
         cmocka_unit_test(test_messages),

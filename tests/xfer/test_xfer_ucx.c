@@ -173,6 +173,32 @@ static void test_probe(void **state)
     assert_int_equal(xh_stop(&s), 0);
 }
 
+/* A UCX without CUDA (Debian's) refuses CUDA memory, naming its version;
+ * one with CUDA reports it (and registering needs a GPU: not here). */
+static void test_cuda_memory(void **state)
+{
+    (void)state;
+    kvr_ucx_params_t p = KVR_UCX_PARAMS_INIT;
+    p.tl = g_tl;
+    kvr_transport_t *t = NULL;
+    assert_int_equal(kvr_transport_ucx_create(&p, &t, NULL), KVR_OK);
+    if (kvr_xfer_has_cuda(t)) {
+        printf("UCX %s has CUDA memory support\n", kvr_xfer_ucx_version());
+        kvr_transport_destroy(t);
+        return;
+    }
+    static char buf[4096];
+    kvr_mem_t *m = NULL;
+    kvr_error_t err = {0};
+    assert_int_equal(
+        kvr_mem_register_kind(t, buf, sizeof(buf), KVR_MEM_CUDA, &m, &err),
+        KVR_ERR_UNSUPPORTED);
+    printf("%s\n", err.msg);
+    assert_non_null(strstr(err.msg, kvr_xfer_ucx_version()));
+    assert_non_null(strstr(err.msg, "no CUDA support"));
+    kvr_transport_destroy(t);
+}
+
 int main(int argc, char **argv)
 {
     if (argc > 1 && strcmp(argv[1], "tcp") == 0)
@@ -183,6 +209,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_four_ranks),
         cmocka_unit_test(test_probe),
         cmocka_unit_test(test_dead_peer),
+        cmocka_unit_test(test_cuda_memory),
     };
     return cmocka_run_group_tests_name(
         g_tl == KVR_XFER_TL_TCP ? "ucx-tcp" : "ucx-shm", tests, NULL, NULL);

@@ -1,0 +1,71 @@
+#!/usr/bin/env bash
+# Builds the whole CLI on the GPU machine (nvcc, cmake and ninja there; no
+# UCX, libsodium, jansson or cmocka) from packages carried in PKGS, then
+# runs the device tests, the GPU demo over the network path and the GPU
+# network benchmark. docs/transport.md, CUDA memory, says what it shows.
+#
+# PKGS (default .gpunet/pkgs) holds, prepared on a Debian 12 machine:
+#   debs/  libsodium23 libsodium-dev libjansson4 libjansson-dev libcmocka0
+#          libcmocka-dev pkgconf-bin libpkgconf3 (apt-get download ...)
+#   ucx/   the libucx-cu13 wheel's libucx/ and libucx_cu13.libs/ folders
+#          (UCX 1.22 with cuda_copy and cuda_ipc), e.g.
+#            python3 -m pip download --no-deps --only-binary=:all: \
+#              --python-version 3.12 --implementation cp \
+#              --platform manylinux_2_28_x86_64 -d whl libucx-cu13
+#            unzip whl/libucx_cu13-*.whl 'libucx/include/*' \
+#              'libucx/lib/*.so*' 'libucx/lib/pkgconfig/*' \
+#              'libucx/bin/ucx_info' 'libucx_cu13.libs/libcudart*'
+# SRC (default: the repository) is the source tree to build. Results go to
+# $OUT (default bench/out): build.log, tests.log, demo-*.log, bench.log,
+# gpu-network.json, ucx_info.txt, nvidia-smi.txt.
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+OUT=${OUT:-bench/out}
+PKGS=$(readlink -f "${PKGS:-.gpunet/pkgs}")
+SRC=$(readlink -f "${SRC:-.}")
+B=${BUILD:-/tmp/kvr-gpu-build}
+ROOT=/tmp/kvr-gpu-root
+mkdir -p "$OUT" "$ROOT"
+for f in "$PKGS"/debs/*.deb; do dpkg -x "$f" "$ROOT" || exit 1; done
+# the .pc files name /usr and the wheel's build folder: point them here
+LIBS=$ROOT/usr/lib/x86_64-linux-gnu
+sed -i "s|=/usr|=$ROOT/usr|" "$LIBS"/pkgconfig/*.pc
+UCX=$PKGS/ucx/libucx
+sed -i "s|^prefix *=.*|prefix = $UCX|" "$UCX"/lib/pkgconfig/*.pc
+export LD_LIBRARY_PATH=$LIBS:$UCX/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+export PKG_CONFIG="$ROOT/usr/bin/pkgconf"
+export PKG_CONFIG_LIBDIR=$LIBS/pkgconfig
+nvidia-smi > "$OUT/nvidia-smi.txt" 2>&1
+"$UCX/bin/ucx_info" -v > "$OUT/ucx_info.txt" 2>&1
+"$UCX/bin/ucx_info" -d >> "$OUT/ucx_info.txt" 2>&1
+echo "== $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader)"
+echo "== UCX: $(head -1 "$OUT/ucx_info.txt"); transports: $(grep -o 'Transport: [a-z_]*' "$OUT/ucx_info.txt" | sort -u | cut -d' ' -f2 | tr '\n' ' ')"
+t0=$(date +%s)
+cmake -S "$SRC" -B "$B" -G Ninja -DCMAKE_BUILD_TYPE=Release \
+    -DKVR_UCX_PREFIX="$UCX" -DCMAKE_EXE_LINKER_FLAGS="-L$LIBS" \
+    -DCMAKE_C_FLAGS="-I$ROOT/usr/include -Wno-error=unused-result" \
+    > "$OUT/build.log" 2>&1 &&
+    cmake --build "$B" -j"$(nproc)" >> "$OUT/build.log" 2>&1
+rc=$?
+grep 'kvrelay:' "$OUT/build.log"
+echo "== build rc=$rc in $(($(date +%s) - t0)) s"
+[ $rc = 0 ] || { tail -30 "$OUT/build.log"; exit 1; }
+fail=0
+echo "== device tests"
+(cd "$B" && ctest -j4 -R 'test_gpu|test_xfer_(loopback|ucx)' --timeout 300 --output-on-failure) \
+    > "$OUT/tests.log" 2>&1 || fail=1
+grep -E 'tests passed|Passed|Failed|Skipped|\*\*\*' "$OUT/tests.log" | tail -20
+echo "== demo: CUDA KV, stages and ranks as processes (the agent's gpu-direct)"
+N=0
+demo() {
+    N=$((N + 1))
+    timeout 300 "$B/bin/kvrelay" demo "$@" > "$OUT/demo-$N.log" 2>&1
+    local r=$?
+    echo "kvrelay demo $* -> rc=$r"; tail -3 "$OUT/demo-$N.log"
+    [ $r = 0 ] || fail=1
+}
+demo --device cuda
+echo "== benchmark"
+"$B/bench/bench_gpu_net" --tokens "${TOKENS:-65536}" --reps "${REPS:-5}" \
+    --out "$OUT/gpu-network.json" 2>&1 | tee "$OUT/bench.log" || fail=1
+exit $fail
