@@ -85,6 +85,11 @@ static const kvr__field_t hello_fields[] = {
     {"instance", KVR__F_ID, 0, 0, offsetof(H, instance), 0, 0,
      KVR_WIRE_INSTANCE_MAX, NULL},
     F_U64(H, incarnation),
+    /* 2.1: the producer's own sharding (docs/design.md §18) */
+    F_U32(H, layout.producer_dcp),
+    F_U32(H, layout.producer_interleave),
+    F_U32(H, layout.producer_block_size),
+    F_BOOL(H, layout.producer_replicate_index),
 };
 #undef H
 static const kvr__rec_t hello_rec = REC("HELLO", kvr_msg_hello_t, hello_fields);
@@ -217,6 +222,7 @@ static const kvr__field_t stage_fields[] = {
     F_U32(S, tp_rank),
     F_U64(S, incarnation),
     F_TEXT(S, address),
+    F_U32(S, dcp_rank), /* 2.1 */
 };
 #undef S
 static const kvr__rec_t stage_rec = REC("stage", kvr_wire_stage_t,

@@ -510,7 +510,7 @@ static void test_byte_layout(void **state)
     assert_int_equal(kvr_wire_encode(&m, buf, sizeof(buf), &len, NULL), KVR_OK);
     assert_int_equal(len, t->n);
     assert_memory_equal(buf, t->b, len);
-    assert_memory_equal(buf, "KVRW\x02\x00\x14\x00", 8);
+    assert_memory_equal(buf, "KVRW\x02\x01\x14\x00", 8);
     free(t);
 }
 
