@@ -119,6 +119,12 @@ static const kvr__field_t region_fields[] = {
     F_U64(R, base),
     F_ARRAY(KVR__F_BYTES, R, rkey, rkey_len, KVR_WIRE_RKEY_MAX, NULL),
     F_INT(R, memory, 1, KVR_WIRE_MEM_HOST, KVR_WIRE_MEM_CUDA),
+    /* 2.1: dense head geometry (docs/design.md §18) */
+    F_U32(R, desc.heads),
+    F_U32(R, desc.head_dim),
+    F_U32(R, desc.elem_bytes),
+    F_U32(R, desc.kv_planes),
+    F_BOOL(R, desc.hnd),
 };
 #undef R
 static const kvr__rec_t region_rec = REC("region", kvr_wire_region_t,
