@@ -219,6 +219,23 @@ kvr_status_t kvr_agent_send_ready(kvr_agent_t *agent, const void *request_id,
 kvr_status_t kvr_agent_send_abort(kvr_agent_t *agent, const void *request_id,
                                   size_t request_id_len);
 
+/* ---- fan-in (docs/agent.md Fan-in) ---- */
+
+/* The producer tp ranks a consumer tp rank pulls from, as a bit mask (bit
+ * t: producer tp rank t, which is DCP rank t % W_p), over any request: for
+ * each region, the producer ranks kvr_plan_sources names (DCP ranks for
+ * token-sharded regions, taken from replica p + W_p * (c % (TP_p / W_p)),
+ * tp ranks for head-sharded ones). regions are on the consumer's side
+ * (consumer true) or the producer's (then each stands for its consumer
+ * twin); STAGING is skipped. A combination docs/design.md §18 does not plan
+ * fails with the planner's status; TP sizes above 64 are KVR_ERR_UNSUPPORTED.
+ * The agent uses it at start, both sides: a consumer rank waits for exactly
+ * these sources, a producer stage for exactly the consumer ranks naming it. */
+kvr_status_t kvr_agent_sources(const kvr_layout_t *lay,
+                               const kvr_region_desc_t *regions, size_t n,
+                               bool consumer, uint32_t consumer_tp,
+                               uint64_t *mask, kvr_error_t *err);
+
 /* ---- consumer ---- */
 
 typedef struct kvr_agent_recv {
@@ -235,7 +252,8 @@ typedef struct kvr_agent_recv {
 } kvr_agent_recv_t;
 
 /* Loads a request from the producer instance's stages that serve this rank
- * (producer tp rank = our tp rank % producer tp size, every pp stage).
+ * (every pp stage's tp ranks kvr_agent_sources names, those holding any of
+ * the stage's layers for us).
  * Links are dialled once per (instance, stage) and reused. */
 kvr_status_t kvr_agent_recv(kvr_agent_t *agent, const kvr_agent_recv_t *recv);
 /* Fails the load (LOAD_FAILED, ERR_CANCELED) unless its outcome was already

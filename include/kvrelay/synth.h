@@ -34,6 +34,37 @@ kvr_synth_fill_source(const kvr_layout_t *lay, const kvr_region_desc_t *src,
                       size_t num_src_blocks, const uint32_t *token_ids,
                       uint64_t num_tokens, void *base, kvr_error_t *err);
 
+/* bytes of kv head `head`'s K (plane 0) or V (plane 1) vector of one
+ * token of a dense region. */
+void kvr_synth_dense(uint64_t seed, uint32_t layer, uint32_t plane,
+                     uint32_t head, uint64_t pos, uint32_t token_id,
+                     uint8_t *out, size_t bytes);
+
+/* kvr_synth_fill_source for one rank of a sharded producer (docs/design.md
+ * §18), from the global token and head identity: DCP rank `rank` writes
+ * the MLA tokens it owns at its local slots (bs_p-token pages) and its
+ * index pages (replicated on the producer: every token in pages of
+ * bs_p * W_p; sharded, I_p == bs_p: the blocks it owns); for a dense
+ * region with heads, tp rank `rank` writes its heads of every token (K and
+ * V planes, NHD or HND). src_blocks is that rank's table. */
+kvr_status_t kvr_synth_fill_source_rank(
+    const kvr_layout_t *lay, const kvr_region_desc_t *src, uint32_t rank,
+    uint64_t seed, const uint32_t *src_blocks, size_t num_src_blocks,
+    const uint32_t *token_ids, uint64_t num_tokens, void *base,
+    kvr_error_t *err);
+
+/* Checks a consumer's dense region (heads set, W == 1) on tp rank `rank`:
+ * every head it holds of tokens [from, num_tokens) against
+ * kvr_synth_dense. KVR_ERR_VERIFY names the token, head, plane and the
+ * first differing byte. */
+kvr_status_t kvr_synth_check_dense(const kvr_layout_t *lay,
+                                   const kvr_region_desc_t *dst, uint32_t rank,
+                                   uint64_t seed, const uint32_t *dst_blocks,
+                                   size_t num_dst_blocks,
+                                   const uint32_t *token_ids, uint64_t from,
+                                   uint64_t num_tokens, const void *base,
+                                   kvr_error_t *err);
+
 /* Reads back token g from a consumer index page (page_tokens P, slot t) and
  * checks that its scale matches its keys. Returns KVR_ERR_VERIFY naming the
  * token, expected and found scale. */

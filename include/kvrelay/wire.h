@@ -21,7 +21,7 @@ KVR_API_BEGIN
  * sessions send LAYOUT after AUTH and a MAC tag after every frame that
  * follows AUTH (docs/PROTOCOL.md "Session MAC"); HELLO carries settings. */
 #define KVR_WIRE_VERSION_MAJOR 2u
-#define KVR_WIRE_VERSION_MINOR 0u
+#define KVR_WIRE_VERSION_MINOR 1u
 
 /* Frame header: magic "KVRW", major u8, minor u8, type u16, payload length
  * u32, all little-endian. */
@@ -41,7 +41,7 @@ KVR_API_BEGIN
 #define KVR_WIRE_MAX_CLASSES 32u        /* region classes per HELLO */
 #define KVR_WIRE_DEADLINE_DEFAULT_MS 30000u
 #define KVR_WIRE_DEADLINE_MAX_MS 3600000u /* deadlines are 1..max ms */
-#define KVR_WIRE_HELLO_FRAME_MAX 1024u    /* a whole HELLO frame, bytes */
+#define KVR_WIRE_HELLO_FRAME_MAX 1088u    /* a whole HELLO frame, bytes */
 #define KVR_WIRE_INSTANCE_MAX 64u         /* instance id bytes (0: none) */
 #define KVR_WIRE_MAX_STAGES 1024u         /* stages per STAGES */
 #define KVR_WIRE_NOTIFY_MAX 16384u        /* NOTIFY payload bytes */
@@ -249,6 +249,7 @@ typedef struct kvr_wire_stage {
     uint32_t pp_rank, tp_rank;
     uint64_t incarnation;
     char address[KVR_WIRE_TEXT_MAX + 1];
+    uint32_t dcp_rank; /* the stage's producer DCP rank (appended, 2.1) */
 } kvr_wire_stage_t;
 
 /* PP head -> consumer: the instance's stages known so far (itself

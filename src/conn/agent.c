@@ -128,7 +128,7 @@ static kvr_status_t check_topo(const kvr_agent_params_t *p, kvr_error_t *err)
         return kvr_error_set(err, KVR_ERR_INVALID,
                              "producer tp size %u, the layout says %u",
                              t->tp_size, p->layout.producer_tp);
-    return KVR_OK;
+    return kvr__sources_check_topo(p, err);
 }
 
 /* KV in CUDA memory moves gpu-direct (one host), nothing else. */
@@ -555,6 +555,8 @@ kvr_status_t kvr_agent_start(kvr_agent_t *a)
                            "executor STAGED: the "
                            "consumer registered no STAGING region");
     order_regions(a);
+    if (st == KVR_OK) /* refused combinations fail here, before any link */
+        st = kvr__sources_start(a, &err);
     if (st == KVR_OK && a->p.cuda_device >= 0)
         st = kvr__gpu_stream_create(a->p.cuda_device, &a->stream, &err);
     if (st == KVR_OK)

@@ -8,14 +8,6 @@
 
 #include "agent_internal.h"
 
-uint32_t kvr__ranks_served(const kvr_agent_t *a)
-{
-    uint32_t n = 0, ptp = a->p.topo.tp_size;
-    for (uint32_t c = 0; c < a->p.layout.tp; c++)
-        n += c % ptp == a->p.topo.tp_rank;
-    return n;
-}
-
 /* ---- consumer: the directory ---- */
 
 kvr__pdir_t *kvr__pdir_get(kvr_agent_t *a, const kvr_wire_id_t *instance,
@@ -43,6 +35,7 @@ void kvr__pdir_free_all(kvr_agent_t *a)
     for (kvr__pdir_t *d = a->dirs, *n; d != NULL; d = n) {
         n = d->next;
         free(d->stages);
+        free(d->serving);
         free(d);
     }
     a->dirs = NULL;
@@ -87,13 +80,23 @@ static kvr__alink_t *link_to(kvr_agent_t *a, const kvr__pdir_t *d,
     return NULL;
 }
 
-static bool serves_me(const kvr_agent_t *a, const kvr__pdir_t *d, uint32_t tp)
+/* Is producer tp rank tp one of our sources (docs/agent.md Fan-in)? */
+static bool wanted(const kvr_agent_t *a, uint32_t tp)
 {
-    return tp == a->p.topo.tp_rank % d->tp_size;
+    return tp < KVR_AGENT_MAX_TP && (a->sources >> tp & 1);
+}
+
+static kvr__alink_t **serving_slot(kvr__pdir_t *d, uint32_t pp, uint32_t tp)
+{
+    uint64_t i = (uint64_t)pp * d->tp_size + tp;
+    return d->serving != NULL && pp < d->pp_size && tp < d->tp_size &&
+                   i < d->num_serving
+               ? &d->serving[i]
+               : NULL;
 }
 
 /* Dials what the instance's waiting requests still need: the bootstrap
- * address until STAGES came, then each serving stage. */
+ * address until STAGES came, then each stage that is one of our sources. */
 void kvr__pdir_kick(kvr_agent_t *a, kvr__pdir_t *d)
 {
     if (kvr_now_ns() < d->next_dial_ns)
@@ -104,26 +107,28 @@ void kvr__pdir_kick(kvr_agent_t *a, kvr__pdir_t *d)
         d->head = dial(a, d, d->bootstrap);
     if (!d->have_stages)
         return;
-    uint32_t tp = a->p.topo.tp_rank % d->tp_size;
-    for (uint32_t pp = 0; pp < d->pp_size; pp++) {
-        const kvr_wire_stage_t *s = stage_entry(d, pp, tp);
-        if (d->serving[pp] != NULL || s == NULL)
-            continue;
-        kvr__alink_t *l = link_to(a, d, s->address);
-        d->serving[pp] = l ? l : dial(a, d, s->address);
-    }
+    for (uint32_t pp = 0; pp < d->pp_size; pp++)
+        for (uint32_t tp = 0; tp < d->tp_size; tp++) {
+            const kvr_wire_stage_t *s = stage_entry(d, pp, tp);
+            kvr__alink_t **slot = serving_slot(d, pp, tp);
+            if (!wanted(a, tp) || slot == NULL || *slot != NULL || s == NULL)
+                continue;
+            kvr__alink_t *l = link_to(a, d, s->address);
+            *slot = l ? l : dial(a, d, s->address);
+        }
 }
 
 bool kvr__pdir_ready(const kvr_agent_t *a, const kvr__pdir_t *d)
 {
-    (void)a;
-    if (!d->have_stages)
+    if (!d->have_stages || d->serving == NULL)
         return false;
     for (uint32_t pp = 0; pp < d->pp_size; pp++)
-        if (d->serving[pp] == NULL ||
-            d->serving[pp]->state != KVR__LINK_READY ||
-            !d->serving[pp]->regions_sent)
-            return false;
+        for (uint32_t tp = 0; tp < d->tp_size; tp++) {
+            const kvr__alink_t *l = d->serving[pp * d->tp_size + tp];
+            if (wanted(a, tp) && (l == NULL || l->state != KVR__LINK_READY ||
+                                  !l->regions_sent))
+                return false;
+        }
     return true;
 }
 
@@ -184,6 +189,13 @@ static kvr_status_t check_stage(const kvr__alink_t *l, kvr_error_t *err)
         return kvr_error_set(err, KVR_ERR_UNSUPPORTED,
                              "%s: producer PP size %u > %u", l->address,
                              t->pp_size, KVR_AGENT_MAX_STAGES);
+    uint32_t Wp = kvr_producer_dcp(&l->link->peer.layout);
+    if (t->dcp_rank != t->tp_rank % Wp)
+        return kvr_error_set(err, KVR_ERR_PEER_ROLE,
+                             "%s: producer tp rank %u says DCP rank %u, not "
+                             "tp %% W_p = %u",
+                             l->address, t->tp_rank, t->dcp_rank,
+                             t->tp_rank % Wp);
     if (d->head == l && (t->pp_rank != 0 || t->tp_rank != 0))
         return kvr_error_set(err, KVR_ERR_PEER_ROLE,
                              "bootstrap %s is stage (pp %u, tp %u) of '%.*s', "
@@ -203,14 +215,34 @@ void kvr__link_ready_stage(kvr_agent_t *a, kvr__alink_t *l)
         return;
     }
     const kvr_wire_topo_t *t = &l->link->peer.topo;
-    bool serving = t->tp_rank == a->p.topo.tp_rank % t->tp_size;
-    if (serving && d->have_stages && d->serving[t->pp_rank] == NULL)
-        d->serving[t->pp_rank] = l;
+    bool serving = wanted(a, t->tp_rank);
+    kvr__alink_t **slot = d->have_stages
+                              ? serving_slot(d, t->pp_rank, t->tp_rank)
+                              : NULL;
+    if (serving && slot != NULL && *slot == NULL)
+        *slot = l;
     if (serving && send_regions(a, l) != KVR_OK)
         return;
     l->regions_sent = serving;
     d->error = KVR_OK;
     kvr__recv_dir_changed(a, d);
+}
+
+/* The serving table for PP x TP stages; links already in it stay where
+ * the shape is unchanged. */
+static kvr_status_t resize_serving(kvr__pdir_t *d, uint32_t pp, uint32_t tp)
+{
+    if (d->serving != NULL && d->pp_size == pp && d->tp_size == tp)
+        return KVR_OK;
+    kvr__alink_t **n = calloc((size_t)pp * tp + 1, sizeof(*n));
+    if (n == NULL)
+        return KVR_ERR_NO_MEMORY;
+    free(d->serving);
+    d->serving = n;
+    d->num_serving = pp * tp;
+    d->pp_size = pp;
+    d->tp_size = tp;
+    return KVR_OK;
 }
 
 /* The head's STAGES: every stage's address, the serving links follow. */
@@ -220,38 +252,43 @@ void kvr__link_on_stages(kvr_agent_t *a, kvr__alink_t *l,
     kvr__pdir_t *d = l->dir;
     const kvr_wire_topo_t *t = &l->link->peer.topo;
     if (d == NULL || t->pp_rank != 0 || t->tp_rank != 0 ||
-        m->pp_size != t->pp_size || m->tp_size != t->tp_size) {
+        m->pp_size != t->pp_size || m->tp_size != t->tp_size ||
+        m->pp_size > KVR_AGENT_MAX_STAGES || m->tp_size > KVR_AGENT_MAX_TP) {
         kvr__alink_close(a, l, KVR_ERR_PROTO,
                          "STAGES from %s: not a PP head, "
-                         "or PP %u x TP %u against its HELLO's %u x %u",
+                         "or PP %u x TP %u against its HELLO's %u x %u "
+                         "(at most %u x %u)",
                          l->address, m->pp_size, m->tp_size, t->pp_size,
-                         t->tp_size);
+                         t->tp_size, KVR_AGENT_MAX_STAGES, KVR_AGENT_MAX_TP);
         return;
     }
     kvr_wire_stage_t *copy = calloc(m->num_stages + 1, sizeof(*copy));
     if (copy == NULL)
         return;
     memcpy(copy, m->stages, m->num_stages * sizeof(*copy));
+    if (resize_serving(d, m->pp_size, m->tp_size) != KVR_OK) {
+        free(copy);
+        return;
+    }
     free(d->stages);
     d->stages = copy;
     d->num_stages = m->num_stages;
-    d->pp_size = m->pp_size;
-    d->tp_size = m->tp_size;
     d->have_stages = true;
     d->head = l;
-    if (serves_me(a, d, 0) && d->serving[0] == NULL)
+    if (wanted(a, 0) && d->serving[0] == NULL)
         d->serving[0] = l;
     /* a serving link whose stage now has another incarnation is stale */
-    for (uint32_t pp = 0; pp < d->pp_size; pp++) {
-        kvr__alink_t *s = d->serving[pp];
-        const kvr_wire_stage_t *e = stage_entry(d, pp,
-                                                a->p.topo.tp_rank % d->tp_size);
+    for (uint32_t i = 0; i < d->num_serving; i++) {
+        kvr__alink_t *s = d->serving[i];
+        const kvr_wire_stage_t *e = stage_entry(d, i / d->tp_size,
+                                                i % d->tp_size);
         if (s != NULL && e != NULL && s->ever_ready &&
             s->peer_incarnation != e->incarnation)
             kvr__alink_close(a, s, KVR_ERR_PEER_DEAD,
-                             "producer stage %u "
-                             "restarted (incarnation %016llx is now %016llx)",
-                             pp, (unsigned long long)s->peer_incarnation,
+                             "producer stage (pp %u, tp %u) restarted "
+                             "(incarnation %016llx is now %016llx)",
+                             i / d->tp_size, i % d->tp_size,
+                             (unsigned long long)s->peer_incarnation,
                              (unsigned long long)e->incarnation);
     }
     kvr__pdir_kick(a, d);
@@ -267,9 +304,9 @@ void kvr__link_lost_dir(kvr_agent_t *a, kvr__alink_t *l)
         return;
     if (d->head == l)
         d->head = NULL;
-    for (uint32_t pp = 0; pp < KVR_AGENT_MAX_STAGES; pp++)
-        if (d->serving[pp] == l)
-            d->serving[pp] = NULL;
+    for (uint32_t i = 0; i < d->num_serving; i++)
+        if (d->serving[i] == l)
+            d->serving[i] = NULL;
     bool head = l->link != NULL && l->ever_ready &&
                 l->link->peer.topo.pp_rank == 0 &&
                 l->link->peer.topo.tp_rank == 0;
@@ -373,6 +410,7 @@ void kvr__link_on_join(kvr_agent_t *a, kvr__alink_t *l, const kvr_msg_join_t *m)
     kvr_wire_stage_t *e =
         &a->stage_table[t->pp_rank * a->p.topo.tp_size + t->tp_rank];
     e->incarnation = l->peer_incarnation;
+    e->dcp_rank = t->dcp_rank;
     snprintf(e->address, sizeof(e->address), "%s", m->address);
     kvr__agent_log(a, "stage (pp %u, tp %u) joined from %s", t->pp_rank,
                    t->tp_rank, m->address);

@@ -98,10 +98,29 @@ static kvr_status_t launch(kvr_agent_t *a, const kvr__preq_t *r, kvr__pull_t *p,
     return st;
 }
 
+/* The relayout kernels place tokens by an unsharded producer's slots
+ * (W_p 1, bs_p bs, the same heads per tp rank): any other layout is
+ * refused, never copied wrong. */
+static kvr_status_t check_plain(const kvr_agent_t *a, kvr_error_t *err)
+{
+    const kvr_layout_t *l = &a->p.layout;
+    bool heads = a->axis == KVR_AXIS_TP && l->tp != l->producer_tp;
+    if (kvr_layout_producer_plain(l) && !heads)
+        return KVR_OK;
+    return kvr_error_set(err, KVR_ERR_UNSUPPORTED,
+                         "gpu-direct moves an unsharded producer's layout "
+                         "only (W_p %u, bs_p %u, TP %u -> %u): use host memory "
+                         "for this pair layout",
+                         kvr_producer_dcp(l), kvr_producer_block_size(l),
+                         l->producer_tp, l->tp);
+}
+
 kvr_status_t kvr__agpu_slice(kvr_agent_t *a, const kvr__preq_t *r,
                              kvr__pull_t *p, bool *done, kvr_error_t *err)
 {
     *done = false;
+    if (p->job == NULL && check_plain(a, err) != KVR_OK)
+        return err->code;
     if (p->job == NULL) {
         kvr_status_t st = launch(a, r, p, err);
         if (st != KVR_OK) {

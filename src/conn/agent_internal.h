@@ -24,6 +24,7 @@
 #define KVR_AGENT_MAX_LINKS 1024u
 #define KVR_AGENT_MAX_STAGES 64u /* pp stages of one producer instance */
 #define KVR_AGENT_MAX_GROUPS 64u /* consumer groups per producer request */
+#define KVR_AGENT_MAX_TP 64u     /* TP ranks of either side (bit masks) */
 #define KVR_AGENT_ADDR_MAX 256u
 #define KVR_AGENT_SLICE_BYTES (1u << 20)  /* puts posted per pull per slice */
 #define KVR_AGENT_TURN_WORK_NS 2000000ull /* slices per turn, at most */
@@ -166,7 +167,10 @@ typedef struct kvr__pdir {
     uint32_t pp_size, tp_size;
     kvr_wire_stage_t *stages; /* from the last STAGES */
     uint32_t num_stages;
-    kvr__alink_t *serving[KVR_AGENT_MAX_STAGES]; /* per pp rank */
+    /* per (pp, tp) stage, pp * tp_size + tp: our link to it when it is one
+     * of our sources (kvr__sources_start), else NULL */
+    kvr__alink_t **serving;
+    uint32_t num_serving;
     kvr_status_t error;    /* the last fatal failure: the head
                                     unreachable, or a refusal */
     uint64_t error_ns;     /* when: requests older than it fail */
@@ -284,7 +288,7 @@ typedef enum kvr__send_in {
 
 typedef struct kvr__cstage {
     kvr__alink_t *link;
-    uint32_t pp_rank;
+    uint32_t pp_rank, tp_rank;
     bool sent, answered, done, released;
     uint64_t expect_bytes;
     /* this stage's part of our regions, planned as the producer plans it:
@@ -438,6 +442,11 @@ struct kvr_agent {
     kvr__pull_t *orphans;
     kvr__pull_t *active;           /* MOVING pulls, round robin */
     kvr_wire_stage_t *stage_table; /* head: pp_size * tp_size entries */
+    /* fan-in (agent_sources.c), fixed at start */
+    kvr_axis_t axis;  /* the ranks our regions are sharded over */
+    uint64_t sources; /* consumer: producer tp ranks we pull from */
+    uint64_t serves;  /* producer: consumer tp ranks we serve */
+    uint32_t served;  /* producer: how many */
     uint64_t join_retry_ns;        /* non-head stage: next dial of the head */
     kvr__alink_t *join_link;
     kvr__frame_fault_t fault;
@@ -532,8 +541,21 @@ void kvr__link_lost_dir(kvr_agent_t *a, kvr__alink_t *l);
 void kvr__link_lost_stage(kvr_agent_t *a, kvr__alink_t *l);
 /* Index of l's consumer region twinned with d (role, layer), or -1. */
 int kvr__twin_index(const kvr__alink_t *l, const kvr_region_desc_t *d);
-/* Producer tp ranks serve consumer tp ranks c with c % producer_tp == t. */
-uint32_t kvr__ranks_served(const kvr_agent_t *a);
+
+/* agent_sources.c: fan-in (docs/agent.md Fan-in) */
+/* The region of the other side (to the consumer's, or the producer's). */
+kvr_region_desc_t kvr__twin_desc(const kvr_layout_t *lay,
+                                 const kvr_region_desc_t *d, bool to_consumer);
+/* Producer tp ranks consumer tp rank c pulls our moving regions of layers
+ * [lo, hi) from (a bit mask). */
+kvr_status_t kvr__sources_mask(const kvr_agent_t *a, uint32_t lo, uint32_t hi,
+                               uint32_t consumer_tp, uint64_t *mask,
+                               kvr_error_t *err);
+/* At start: one axis, the combination planned, sources / serves set. */
+kvr_status_t kvr__sources_start(kvr_agent_t *a, kvr_error_t *err);
+/* At create: DCP rank == tp rank % W (consumer) or % W_p (producer). */
+kvr_status_t kvr__sources_check_topo(const kvr_agent_params_t *p,
+                                     kvr_error_t *err);
 
 /* agent_send.c */
 void kvr__send_command(kvr_agent_t *a, const kvr__cmd_t *c);

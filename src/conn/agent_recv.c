@@ -133,16 +133,13 @@ static void quarantine(kvr_agent_t *a, kvr__creq_t *r, kvr_status_t st,
 
 /* ---- planning what each stage owes us ---- */
 
-/* The producer-side twin of our region: same class, bs-token pages. */
-static kvr_region_desc_t twin_source(const kvr_agent_t *a,
-                                     const kvr_region_desc_t *d, uint64_t nsrc)
+/* Our rank and stage s's on the axis our regions are sharded over. */
+static void pair_ranks(const kvr_agent_t *a, const kvr__cstage_t *s,
+                       uint32_t *producer, uint32_t *consumer)
 {
-    kvr_region_desc_t s = *d;
-    s.bytes = 0;
-    if (d->role == KVR_ROLE_INDEX)
-        s.page_bytes = a->p.layout.block_size * kvr_index_stride(d->index_dim);
-    s.num_blocks = nsrc ? nsrc : 1;
-    return s;
+    bool tp = a->axis == KVR_AXIS_TP;
+    *producer = tp ? s->tp_rank : s->tp_rank % kvr_producer_dcp(&a->p.layout);
+    *consumer = tp ? a->p.topo.tp_rank : a->p.topo.dcp_rank;
 }
 
 /* What stage s (layers [lo, hi)) writes into our regions, planned as the
@@ -153,7 +150,8 @@ static kvr_status_t plan_stage(kvr_agent_t *a, const kvr__creq_t *r,
                                kvr__cstage_t *s, uint32_t lo, uint32_t hi,
                                kvr_error_t *err)
 {
-    uint64_t nsrc = kvr_num_src_blocks(&a->p.layout, r->num_tokens);
+    uint64_t bsp = kvr_producer_block_size(&a->p.layout);
+    uint64_t nsrc = (r->num_tokens + bsp - 1) / bsp;
     uint32_t *src = calloc(nsrc + 1, sizeof(*src));
     kvr_region_pair_t *pairs = calloc(a->num_order + 1, sizeof(*pairs));
     s->segs = calloc(a->num_order + 1, sizeof(*s->segs));
@@ -165,14 +163,18 @@ static kvr_status_t plan_stage(kvr_agent_t *a, const kvr__creq_t *r,
         const kvr__aregion_t *g = &a->regions[a->order[i]];
         if (g->desc.layer < lo || g->desc.layer >= hi)
             continue;
-        pairs[n] = (kvr_region_pair_t){twin_source(a, &g->desc, nsrc), g->desc};
+        pairs[n] = (kvr_region_pair_t){
+            kvr__twin_desc(&a->p.layout, &g->desc, false), g->desc};
+        pairs[n].src.num_blocks = nsrc ? nsrc : 1;
         s->segs[n++] = (kvr__dseg_t){NULL, NULL, 0, g->base};
     }
     kvr_request_t req = {src,     nsrc,          r->dst,
                          r->ndst, r->num_tokens, r->num_computed};
+    uint32_t prank, crank;
+    pair_ranks(a, s, &prank, &crank);
     if (st == KVR_OK)
-        st = kvr_plan_set_create(&a->p.layout, a->p.topo.dcp_rank, pairs, n,
-                                 &req, &s->plans, err);
+        st = kvr_plan_set_create_pair(&a->p.layout, prank, crank, pairs, n,
+                                      &req, &s->plans, err);
     else
         kvr_error_set(err, st, "no memory");
     for (size_t i = 0; st == KVR_OK && i < n; i++)
@@ -184,7 +186,8 @@ static kvr_status_t plan_stage(kvr_agent_t *a, const kvr__creq_t *r,
     return st;
 }
 
-/* Every region that moves is covered by exactly one stage. */
+/* Every region that moves is covered by exactly one PP stage (the tp
+ * ranks we pull from of one stage share its layers). */
 static kvr_status_t check_cover(const kvr_agent_t *a, const kvr__creq_t *r,
                                 kvr_error_t *err)
 {
@@ -193,16 +196,18 @@ static kvr_status_t check_cover(const kvr_agent_t *a, const kvr__creq_t *r,
         uint32_t hits = 0;
         for (uint32_t s = 0; s < r->num_stages; s++) {
             const kvr_wire_topo_t *t = &r->stages[s].link->link->peer.topo;
-            hits += d->layer >= t->layer_start && d->layer < t->layer_end;
+            bool first = s == 0 || r->stages[s - 1].pp_rank != t->pp_rank;
+            hits += first && d->layer >= t->layer_start &&
+                    d->layer < t->layer_end;
         }
         if (!kvr__region_moves(&a->regions[i]) || hits == 1)
             continue;
         return kvr_error_set(err, KVR_ERR_LAYOUT_MISMATCH,
-                             "%s layer %u is served by %u of the %u stages of "
-                             "'%.*s' (a consumer-only layer must be declared "
-                             "so)",
+                             "%s layer %u is served by %u of the %u PP "
+                             "stages of '%.*s' (a consumer-only layer must be "
+                             "declared so)",
                              kvr_role_name(d->role), d->layer, hits,
-                             r->num_stages, (int)r->producer.len,
+                             r->dir->pp_size, (int)r->producer.len,
                              r->producer.bytes);
     }
     return KVR_OK;
@@ -228,11 +233,25 @@ static kvr_status_t attach_stages(kvr_agent_t *a, kvr__creq_t *r,
 {
     const kvr__pdir_t *d = r->dir;
     kvr_status_t st = check_request(a, r, err);
-    for (uint32_t pp = 0; st == KVR_OK && pp < d->pp_size; pp++) {
+    for (uint32_t i = 0; st == KVR_OK && i < d->num_serving; i++) {
+        kvr__alink_t *l = d->serving[i];
+        uint64_t need = 0;
+        if (l == NULL)
+            continue;
+        const kvr_wire_topo_t *t = &l->link->peer.topo;
+        st = kvr__sources_mask(a, t->layer_start, t->layer_end,
+                               a->p.topo.tp_rank, &need, err);
+        if (st != KVR_OK || !(need >> t->tp_rank & 1))
+            continue; /* holds nothing of these layers for us */
+        if (r->num_stages == KVR_AGENT_MAX_STAGES)
+            return kvr_error_set(err, KVR_ERR_UNSUPPORTED,
+                                 "more than %u producer stages to pull from",
+                                 KVR_AGENT_MAX_STAGES);
         kvr__cstage_t *s = &r->stages[r->num_stages++];
-        s->link = d->serving[pp];
+        s->link = l;
         s->link->users++;
-        s->pp_rank = pp;
+        s->pp_rank = i / d->tp_size;
+        s->tp_rank = i % d->tp_size;
     }
     if (st == KVR_OK)
         st = check_cover(a, r, err);
@@ -355,9 +374,9 @@ static void pulling(kvr_agent_t *a, kvr__creq_t *r, const kvr__recv_input_t *in)
         if (in->bytes != s->expect_bytes ||
             s->unpacked != (in->chunks ? in->bytes : 0)) {
             quarantine(a, r, KVR_ERR_VERIFY,
-                       "stage %u reported %llu bytes in "
+                       "stage %u (tp %u) reported %llu bytes in "
                        "%u chunks (%llu unpacked), the plan has %llu",
-                       s->pp_rank, (unsigned long long)in->bytes, in->chunks,
+                       s->pp_rank, s->tp_rank, (unsigned long long)in->bytes, in->chunks,
                        (unsigned long long)s->unpacked,
                        (unsigned long long)s->expect_bytes);
             return;
@@ -374,13 +393,15 @@ static void pulling(kvr_agent_t *a, kvr__creq_t *r, const kvr__recv_input_t *in)
     case KVR__RIN_FAILED:
     case KVR__RIN_LOST:
         s->answered = true;
-        quarantine(a, r, in->status, "stage %u %s: %s", s->pp_rank,
+        quarantine(a, r, in->status, "stage %u (tp %u) %s: %s",
+                   s->pp_rank, s->tp_rank,
                    in->kind == KVR__RIN_LOST ? "lost" : "refused", in->text);
         return;
     case KVR__RIN_CHUNK: {
         kvr_error_t err = {0};
         if (kvr__staged_unpack(a, s, in->chunk, &err) != KVR_OK)
-            quarantine(a, r, err.code, "stage %u: %s", s->pp_rank, err.msg);
+            quarantine(a, r, err.code, "stage %u (tp %u): %s",
+                       s->pp_rank, s->tp_rank, err.msg);
         return;
     }
     case KVR__RIN_SLOTS:
@@ -415,8 +436,9 @@ static void quarantined(kvr_agent_t *a, kvr__creq_t *r,
             kvr__cstage_t *st = &r->stages[s];
             if (st->sent && !st->answered && st->link != NULL)
                 kvr__alink_close(a, st->link, KVR_ERR_TIMEOUT,
-                                 "stage %u silent past deadline plus grace",
-                                 st->pp_rank);
+                                 "stage %u (tp %u) silent past deadline "
+                                 "plus grace",
+                                 st->pp_rank, st->tp_rank);
         }
     if (all_answered(r))
         end(a, r, KVR_RECV_FAILED);

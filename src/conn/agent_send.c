@@ -176,9 +176,13 @@ static kvr_status_t plan_pull(kvr_agent_t *a, const kvr__preq_t *r,
     }
     kvr_request_t req = {r->src,  r->nsrc,       p->dst,
                          p->ndst, p->num_tokens, p->num_computed};
+    /* the pair plan of (our rank, its rank) on our regions' axis: with an
+     * unsharded producer, the plan of its DCP rank (docs/design.md §18) */
+    bool tp = a->axis == KVR_AXIS_TP;
     if (st == KVR_OK)
-        st = kvr_plan_set_create(&a->p.layout, p->dcp_rank, pairs, n, &req,
-                                 &p->plans, err);
+        st = kvr_plan_set_create_pair(
+            &a->p.layout, tp ? a->p.topo.tp_rank : a->p.topo.dcp_rank,
+            tp ? p->consumer_tp : p->dcp_rank, pairs, n, &req, &p->plans, err);
     for (uint32_t i = 0; st == KVR_OK && i < n; i++) {
         const kvr__aregion_t *g = &a->regions[a->order[i]];
         int j = kvr__twin_index(p->link, &g->desc);
@@ -326,8 +330,7 @@ static void count_release(kvr_agent_t *a, kvr__preq_t *r, kvr__pull_t *p,
                  kvr_status_name(outcome));
         r->status = outcome;
     }
-    g->done = (uint32_t)__builtin_popcountll(g->released) >=
-              kvr__ranks_served(a);
+    g->done = (uint32_t)__builtin_popcountll(g->released) >= a->served;
 }
 
 static uint32_t groups_done(const kvr__preq_t *r, bool *failed)
@@ -580,8 +583,9 @@ static void on_write_request(kvr_agent_t *a, kvr__alink_t *l,
         answer(a, &tmp, KVR_ERR_NO_MEMORY, "no memory on the producer");
         return;
     }
-    uint32_t ptp = a->p.topo.tp_size;
-    if (!l->regions_ready || p->consumer_tp % ptp != a->p.topo.tp_rank) {
+    bool serves = p->consumer_tp < KVR_AGENT_MAX_TP &&
+                  (a->serves >> p->consumer_tp & 1);
+    if (!l->regions_ready || !serves) {
         answer(
             a, p, KVR_ERR_PROTO,
             !l->regions_ready

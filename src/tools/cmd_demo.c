@@ -203,7 +203,7 @@ static void on_line(demo_t *d, child_t *k, char *line)
     } else if (strcmp(verb, "verified") == 0 && q) {
         q->verified_ranks++;
         fprintf(d->out, "  %-8s %s verified byte-exact (%u/%u ranks)\n",
-                k->name, id, q->verified_ranks, d->cfg.lay.dcp_size);
+                k->name, id, q->verified_ranks, demo_ranks(&d->cfg));
     } else if (strcmp(verb, "sent") == 0 && q) {
         q->sent = true;
     } else if ((strcmp(verb, "failed") == 0 ||
@@ -318,7 +318,7 @@ static int child_device(const demo_t *d, bool consumer, uint32_t index)
         return -1;
     int n = kvr_agent_cuda_devices();
     uint32_t prod = d->cfg.instances * d->cfg.pp;
-    if (n >= (int)(prod + d->cfg.groups * d->cfg.lay.dcp_size))
+    if (n >= (int)(prod + d->cfg.groups * demo_ranks(&d->cfg)))
         return (int)(consumer ? prod + index : index);
     return consumer && n > 1 ? 1 : 0;
 }
@@ -333,7 +333,7 @@ static void child_name(const demo_t *d, bool consumer, uint32_t who, uint32_t r,
         snprintf(pre, sizeof(pre), "p%u ", who);
     if (consumer)
         snprintf(buf, len, "%srank %u", pre, r);
-    else if (d->cfg.producer_tp > 1)
+    else if (demo_producer_tp(&d->cfg) > 1)
         snprintf(buf, len, "%sstage %u.%u", pre, r, tp);
     else
         snprintf(buf, len, "%sstage %u", pre, r);
@@ -361,7 +361,7 @@ static int start_serve(demo_t *d, uint32_t g, uint32_t rank, int router,
 {
     char extra[6][300], name[32];
     snprintf(extra[0], sizeof(extra[0]), "--cuda-device=%d",
-             child_device(d, true, g * d->cfg.lay.dcp_size + rank));
+             child_device(d, true, g * demo_ranks(&d->cfg) + rank));
     snprintf(extra[1], sizeof(extra[1]), "--rank=%u", rank);
     snprintf(extra[2], sizeof(extra[2]), "--group=%u", g);
     snprintf(extra[3], sizeof(extra[3]), "--listen=127.0.0.1:0");
@@ -414,7 +414,7 @@ static bool start_decode(demo_t *d, char *routers, size_t cap)
 {
     for (uint32_t g = 0; g < d->cfg.groups; g++) {
         int router = 0;
-        for (uint32_t r = 0; r < d->cfg.lay.dcp_size; r++) {
+        for (uint32_t r = 0; r < demo_ranks(&d->cfg); r++) {
             int port = 0;
             if (child_gone(d))
                 return false;
@@ -442,7 +442,7 @@ static bool start_all(demo_t *d)
     for (uint32_t p = 0; p < d->cfg.instances; p++) {
         int head = 0;
         for (uint32_t st = 0; st < d->cfg.pp; st++)
-            for (uint32_t t = 0; t < d->cfg.producer_tp; t++) {
+            for (uint32_t t = 0; t < demo_producer_tp(&d->cfg); t++) {
                 bool first = st == 0 && t == 0;
                 if (child_gone(d) || start_push(d, p, st, t, routers, head,
                                                 first ? &head : NULL) != 0) {
@@ -485,7 +485,7 @@ static totals_t summarize(const demo_t *d)
             t.unreleased += !q->released;
             continue;
         }
-        t.verified += q->verified_ranks == d->cfg.lay.dcp_size &&
+        t.verified += q->verified_ranks == demo_ranks(&d->cfg) &&
                       q->failure[0] == '\0';
         t.bytes += q->bytes;
     }
@@ -568,7 +568,7 @@ static json_t *manifest_regions(const demo_t *d)
         demo_region(&d->cfg, i, false, 0, &s);
         demo_region(&d->cfg, i, true, 0, &t);
         json_t *files = json_array();
-        for (uint32_t r = 0; r < d->cfg.lay.dcp_size; r++) {
+        for (uint32_t r = 0; r < demo_ranks(&d->cfg); r++) {
             demo_image_name(name, sizeof(name), (int)r, &t);
             json_array_append_new(files, json_string(name));
         }
@@ -632,7 +632,7 @@ static void write_manifest(const demo_t *d)
         "kvrelay-dump", "version", 1, "layout", "block_size",
         (json_int_t)l->block_size, "dcp", (json_int_t)l->dcp_size, "interleave",
         (json_int_t)l->interleave, "tp", (json_int_t)l->dcp_size, "producer_tp",
-        (json_int_t)d->cfg.producer_tp, "replicate_index", l->replicate_index,
+        (json_int_t)demo_producer_tp(&d->cfg), "replicate_index", l->replicate_index,
         "preshuffle", l->preshuffle, "seed", (json_int_t)d->cfg.seed, "regions",
         manifest_regions(d), "requests", manifest_requests(d));
     char path[4096];
@@ -655,7 +655,7 @@ static int demo_run(demo_t *d)
     fprintf(d->out,
             "kvrelay demo: %sPP%u prefill (%u layers) -> %sW=%u I=%u "
             "decode, %s index, %u requests of ~%llu tokens over %s%s\n",
-            prod, d->cfg.pp, d->cfg.layers, cons, d->cfg.lay.dcp_size,
+            prod, d->cfg.pp, d->cfg.layers, cons, demo_ranks(&d->cfg),
             d->cfg.lay.interleave,
             d->cfg.lay.replicate_index ? "replicated" : "sharded",
             d->cfg.requests, (unsigned long long)d->cfg.tokens,

@@ -118,12 +118,15 @@ static kvr_status_t create_agent(push_t *s, const uint8_t *key,
     kvr_wire_topo_t topo = {.pp_rank = s->o.stage,
                             .pp_size = s->cfg.pp,
                             .tp_rank = s->o.tp_rank,
-                            .tp_size = s->cfg.producer_tp,
+                            .tp_size = demo_producer_tp(&s->cfg),
                             .dp_rank = 0,
                             .dp_size = 1,
                             .layer_start = s->start,
                             .layer_end = s->end,
-                            .dcp_rank = 0};
+                            .dcp_rank = demo_plan_rank(&s->cfg, false,
+                                                       s->o.tp_rank)};
+    if (s->cfg.gqa) /* head-sharded: the producer has no DCP */
+        topo.dcp_rank = 0;
     demo_instance_id(false, s->o.instance, s->instance, sizeof(s->instance));
     kvr_agent_params_t p = demo_agent_params(&s->cfg, KVR_AGENT_PRODUCER, &topo,
                                              key, s->instance);
@@ -157,9 +160,10 @@ static kvr_status_t fill_region(push_t *s, const kvr_region_desc_t *d,
         demo_src_blocks(&s->cfg, r, src);
         for (uint64_t g = 0; g < N; g++)
             ids[g] = demo_token_id(&s->cfg, r, g);
-        st = kvr_synth_fill_source(&s->cfg.lay, d, s->cfg.seed, src,
-                                   kvr_num_src_blocks(&s->cfg.lay, N), ids, N,
-                                   host, err);
+        kvr_layout_t lay = demo_layout(&s->cfg);
+        st = kvr_synth_fill_source_rank(
+            &lay, d, demo_plan_rank(&s->cfg, false, s->o.tp_rank), s->cfg.seed,
+            src, kvr_num_src_blocks(&s->cfg.lay, N), ids, N, host, err);
     }
     if (st == KVR_OK && host != base &&
         kvr_agent_copy(s->agent, base, host, kvr_region_bytes(d)) != KVR_OK)
@@ -217,7 +221,8 @@ static kvr_status_t open_all(push_t *s, kvr_error_t *err)
     uint32_t *src = calloc(demo_src_pool(&s->cfg, s->o.instance) + 1,
                            sizeof(*src));
     kvr_status_t st = src ? KVR_OK : KVR_ERR_NO_MEMORY;
-    for (uint32_t r = 0; st == KVR_OK && r < s->cfg.requests; r++) {
+    bool serves = demo_stage_serves(&s->cfg, s->o.tp_rank);
+    for (uint32_t r = 0; st == KVR_OK && serves && r < s->cfg.requests; r++) {
         if (demo_instance_of(&s->cfg, r) != s->o.instance)
             continue;
         char id[32];
@@ -454,9 +459,9 @@ static int check_opts(push_t *s)
     if (s->o.stage >= s->cfg.pp)
         return cli_usage_error("push", "--stage %u out of range [0, %u)",
                                s->o.stage, s->cfg.pp);
-    if (s->o.tp_rank >= s->cfg.producer_tp)
+    if (s->o.tp_rank >= demo_producer_tp(&s->cfg))
         return cli_usage_error("push", "--tp-rank %u out of range [0, %u)",
-                               s->o.tp_rank, s->cfg.producer_tp);
+                               s->o.tp_rank, demo_producer_tp(&s->cfg));
     if (s->o.instance >= s->cfg.instances)
         return cli_usage_error("push", "--instance %u out of range [0, %u)",
                                s->o.instance, s->cfg.instances);

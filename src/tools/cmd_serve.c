@@ -156,16 +156,15 @@ static kvr_status_t setup_regions(serve_t *s, kvr_error_t *err)
 static kvr_status_t create_agent(serve_t *s, const uint8_t *key,
                                  kvr_error_t *err)
 {
-    uint32_t W = s->cfg.lay.dcp_size;
     kvr_wire_topo_t topo = {.pp_rank = 0,
                             .pp_size = 1,
                             .tp_rank = s->o.rank,
-                            .tp_size = W,
+                            .tp_size = demo_ranks(&s->cfg),
                             .dp_rank = 0,
                             .dp_size = 1,
                             .layer_start = 0,
                             .layer_end = s->cfg.layers,
-                            .dcp_rank = s->o.rank};
+                            .dcp_rank = s->o.rank % s->cfg.lay.dcp_size};
     demo_instance_id(true, s->o.group, s->instance, sizeof(s->instance));
     kvr_agent_params_t p = demo_agent_params(&s->cfg, KVR_AGENT_CONSUMER, &topo,
                                              key, s->instance);
@@ -238,7 +237,8 @@ static void verify_all(serve_t *s)
         if (!q->used || !q->verify)
             continue;
         demo_load_t ld = {q->req, q->tokens, q->dst, q->ndst};
-        if (demo_verify(&s->cfg, s->o.rank, s->descs, s->mirrors,
+        if (demo_verify(&s->cfg, demo_plan_rank(&s->cfg, true, s->o.rank),
+                        s->descs, s->mirrors,
                         s->num_regions, &ld, &err) == KVR_OK) {
             s->verified++;
             printf("verified %s\n", q->id);
@@ -446,13 +446,13 @@ static void on_notify(serve_t *s, const kvr_agent_notify_t *n)
                  n->sender.bytes);
         router_offer(s->router, m);
     } else if (s->router != NULL && ours && m->type == RT_JOIN &&
-               n->sender_topo.dcp_rank < 64) {
-        snprintf(s->members[n->sender_topo.dcp_rank], sizeof(s->members[0]),
+               n->sender_topo.tp_rank < 64) {
+        snprintf(s->members[n->sender_topo.tp_rank], sizeof(s->members[0]),
                  "%s", n->sender_address);
-        router_join(s->router, n->sender_topo.dcp_rank);
-        printf("joined %u %s\n", n->sender_topo.dcp_rank, n->sender_address);
+        router_join(s->router, n->sender_topo.tp_rank);
+        printf("joined %u %s\n", n->sender_topo.tp_rank, n->sender_address);
     } else if (s->router != NULL && ours && m->type == RT_RELEASED) {
-        router_released(s->router, n->sender_topo.dcp_rank, m);
+        router_released(s->router, n->sender_topo.tp_rank, m);
     } else if (s->router == NULL && ours) {
         handle_rank_msg(s, m);
     }
@@ -602,7 +602,7 @@ static void tell_group_stop(serve_t *s)
         return;
     m->type = RT_STOP;
     snprintf(m->text, sizeof(m->text), "rank 0: %.200s", s->stop_why);
-    for (uint32_t r = 1; r < s->cfg.lay.dcp_size; r++)
+    for (uint32_t r = 1; r < demo_ranks(&s->cfg); r++)
         if (s->members[r][0] != '\0')
             send_payload(s, s->instance, s->members[r], m);
     free(m);
@@ -674,7 +674,7 @@ static kvr_status_t start(serve_t *s, kvr_error_t *err)
         router_ops_t ops = {s, rt_to_rank, rt_to_producer, rt_aborts};
         /* past every rank's deadline plus grace: a silent rank is dead */
         uint32_t timeout = s->cfg.deadline_ms + 15000;
-        s->router = router_create(&s->cfg.lay, s->cfg.lay.dcp_size,
+        s->router = router_create(&s->cfg.lay, demo_ranks(&s->cfg),
                                   demo_dst_pool(&s->cfg, s->o.group), timeout,
                                   &ops);
         if (s->router == NULL)
@@ -734,9 +734,9 @@ int cli_cmd_serve(int argc, char **argv)
                         serve_option, &s->o);
     if (rc < 0 && !s->o.have_rank)
         rc = cli_usage_error("serve", "--rank is required");
-    if (rc < 0 && s->o.rank >= s->cfg.lay.dcp_size)
+    if (rc < 0 && s->o.rank >= demo_ranks(&s->cfg))
         rc = cli_usage_error("serve", "--rank %u out of range [0, %u)",
-                             s->o.rank, s->cfg.lay.dcp_size);
+                             s->o.rank, demo_ranks(&s->cfg));
     if (rc < 0 && s->o.group >= s->cfg.groups)
         rc = cli_usage_error("serve", "--group %u out of range [0, %u)",
                              s->o.group, s->cfg.groups);

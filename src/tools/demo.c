@@ -15,8 +15,15 @@ const char demo_options_help[] =
     "layout and workload (the same on every process):\n"
     "  --block-size BS (64)  --dcp W (4)  --interleave I (1)\n"
     "  --replicate-index (default) | --sharded-index   --no-preshuffle\n"
-    "  --pp STAGES (4)  --producer-tp T (1)  --layers L (78)  --index-every K "
-    "(3)\n"
+    "  --pp STAGES (4)  --producer-tp T (1, or W_p)  --layers L (78)  "
+    "--index-every K (3)\n"
+    "  --producer-dcp W_p (1)  --producer-interleave I_p (1)  --tp T (W: "
+    "decode ranks)\n"
+    "  --producer-sharded-index (W_p > 1: needs I_p == bs; default "
+    "replicated)\n"
+    "  --model mla|gqa (gqa: --layers 32 of dense K/V, --kv-heads H (8) x\n"
+    "    --head-dim D (128) x 2 bytes, head-sharded over TP; --hnd page "
+    "order)\n"
     "  --index-dim D (128)\n"
     "  --token-bytes B (576)  --requests R (4)  --tokens N (3000)  --seed S "
     "(1)\n"
@@ -51,8 +58,11 @@ void demo_cfg_init(demo_cfg_t *cfg)
     memset(cfg, 0, sizeof(*cfg));
     cfg->lay = (kvr_layout_t)KVR_LAYOUT_INIT;
     cfg->lay.dcp_size = 4;
-    cfg->lay.tp = 4;
+    cfg->lay.tp = 0; /* --tp: W unless given */
+    cfg->kv_heads = 8;
+    cfg->head_dim = 128;
     cfg->lay.replicate_index = true;
+    cfg->lay.producer_replicate_index = true;
     cfg->pp = 4;
     cfg->producer_tp = 1;
     cfg->layers = 78;
@@ -148,6 +158,11 @@ static const num_opt_t num_opts[] = {
     NUM("interleave", lay.interleave, 4, 1, 1024),
     NUM("pp", pp, 4, 1, 64),
     NUM("producer-tp", producer_tp, 4, 1, 64),
+    NUM("producer-dcp", lay.producer_dcp, 4, 0, 64),
+    NUM("producer-interleave", lay.producer_interleave, 4, 0, 1024),
+    NUM("tp", lay.tp, 4, 0, 64),
+    NUM("kv-heads", kv_heads, 4, 1, 256),
+    NUM("head-dim", head_dim, 4, 1, 1024),
     NUM("layers", layers, 4, 1, DEMO_MAX_LAYERS),
     NUM("index-every", index_every, 4, 0, DEMO_MAX_LAYERS),
     NUM("index-dim", index_dim, 4, 16, 1024),
@@ -182,6 +197,43 @@ static int number(demo_cfg_t *cfg, const char *cmd, const num_opt_t *o,
     return 1;
 }
 
+/* gqa: 32 dense layers and no index, unless --layers / --index-every
+ * were given before it. */
+static void set_model(demo_cfg_t *cfg, bool gqa)
+{
+    cfg->gqa = gqa;
+    if (gqa && cfg->layers == 78)
+        cfg->layers = 32;
+    if (gqa)
+        cfg->index_every = 0;
+}
+
+kvr_layout_t demo_layout(const demo_cfg_t *cfg)
+{
+    kvr_layout_t lay = cfg->lay;
+    lay.tp = demo_ranks(cfg);
+    lay.producer_tp = demo_producer_tp(cfg);
+    return lay;
+}
+
+uint32_t demo_ranks(const demo_cfg_t *cfg)
+{
+    return cfg->lay.tp ? cfg->lay.tp : cfg->lay.dcp_size;
+}
+
+uint32_t demo_producer_tp(const demo_cfg_t *cfg)
+{
+    uint32_t Wp = kvr_producer_dcp(&cfg->lay);
+    return cfg->producer_tp == 1 && Wp > 1 ? Wp : cfg->producer_tp;
+}
+
+uint32_t demo_plan_rank(const demo_cfg_t *cfg, bool consumer, uint32_t tp)
+{
+    if (cfg->gqa)
+        return tp;
+    return tp % (consumer ? cfg->lay.dcp_size : kvr_producer_dcp(&cfg->lay));
+}
+
 int demo_cfg_option(demo_cfg_t *cfg, const char *cmd, const char *name,
                     const char *value)
 {
@@ -195,7 +247,15 @@ int demo_cfg_option(demo_cfg_t *cfg, const char *cmd, const char *name,
         cfg->lay.replicate_index = false;
     else if (strcmp(name, "no-preshuffle") == 0)
         cfg->lay.preshuffle = false;
-    else if (strcmp(name, "no-reuse") == 0)
+    else if (strcmp(name, "hnd") == 0)
+        cfg->hnd = true;
+    else if (strcmp(name, "producer-sharded-index") == 0)
+        cfg->lay.producer_replicate_index = false;
+    else if (strcmp(name, "model") == 0) {
+        static const char *const models[] = {"mla", "gqa"};
+        rc = parse_enum(cmd, name, value, models, 2, &e);
+        set_model(cfg, e == 1);
+    } else if (strcmp(name, "no-reuse") == 0)
         cfg->reuse = false;
     else if (strcmp(name, "insecure") == 0)
         cfg->insecure = true;
@@ -245,12 +305,11 @@ int demo_cfg_option(demo_cfg_t *cfg, const char *cmd, const char *name,
 /* The model's layout and largest request as `kvrelay plan` sees them: every
  * region pair, the last request's source table and an identity
  * destination table, on rank 0 (the planner's rules do not depend on the
- * rank). */
+ * rank). Pair layouts (a sharded producer, a TP reshard) are checked per
+ * pair by check_sources instead. */
 static bool plan_check(const demo_cfg_t *cfg, const char *cmd)
 {
-    kvr_layout_t lay = cfg->lay;
-    lay.tp = lay.dcp_size;
-    lay.producer_tp = cfg->producer_tp;
+    kvr_layout_t lay = demo_layout(cfg);
     uint32_t last = cfg->requests - 1, p = demo_instance_of(cfg, last);
     uint32_t g = demo_group_of(cfg, last);
     uint32_t n = demo_region(cfg, 0, false, p, NULL);
@@ -280,10 +339,49 @@ static bool plan_check(const demo_cfg_t *cfg, const char *cmd)
     return ok;
 }
 
+/* The producer tp ranks some decode rank pulls from (bit t), or the
+ * planner's refusal of the combination. */
+static kvr_status_t all_sources(const demo_cfg_t *cfg, uint64_t *all,
+                                kvr_error_t *err)
+{
+    kvr_layout_t lay = demo_layout(cfg);
+    uint32_t n = demo_region(cfg, 0, true, 0, NULL);
+    kvr_region_desc_t *regs = calloc(n + 1, sizeof(*regs));
+    uint64_t mask = 0;
+    kvr_status_t st = regs ? KVR_OK
+                           : kvr_error_set(err, KVR_ERR_NO_MEMORY, "no memory");
+    for (uint32_t i = 0; st == KVR_OK && i < n; i++)
+        demo_region(cfg, i, true, 0, &regs[i]);
+    *all = 0;
+    for (uint32_t c = 0; st == KVR_OK && c < lay.tp; c++) {
+        st = kvr_agent_sources(&lay, regs, n, true, c, &mask, err);
+        *all |= mask;
+    }
+    free(regs);
+    return st;
+}
+
+bool demo_stage_serves(const demo_cfg_t *cfg, uint32_t tp)
+{
+    uint64_t all = 0;
+    return all_sources(cfg, &all, NULL) == KVR_OK && (all >> tp & 1);
+}
+
+/* Every decode rank's sources are planned: the planner's status names a
+ * refused combination before any process starts. */
+static bool check_sources(const demo_cfg_t *cfg, const char *cmd)
+{
+    uint64_t all = 0;
+    kvr_error_t err = {0};
+    if (all_sources(cfg, &all, &err) == KVR_OK)
+        return true;
+    cli_usage_error(cmd, "%s (%s)", err.msg, kvr_status_name(err.code));
+    return false;
+}
+
 bool demo_cfg_check(const demo_cfg_t *cfg, const char *cmd)
 {
-    kvr_layout_t lay = cfg->lay;
-    lay.tp = lay.dcp_size;
+    kvr_layout_t lay = demo_layout(cfg);
     kvr_error_t err = {0};
     if (kvr_layout_check(&lay, &err) != KVR_OK) {
         cli_usage_error(cmd, "%s", err.msg);
@@ -292,6 +390,12 @@ bool demo_cfg_check(const demo_cfg_t *cfg, const char *cmd)
     if (cfg->pp > cfg->layers) {
         cli_usage_error(cmd, "--pp %u exceeds --layers %u", cfg->pp,
                         cfg->layers);
+        return false;
+    }
+    if (cfg->dump_dir != NULL &&
+        (cfg->gqa || !kvr_layout_producer_plain(&lay))) {
+        cli_usage_error(cmd, "--dump writes MLA images of an unsharded "
+                             "producer (no --model gqa, --producer-dcp)");
         return false;
     }
     if (cfg->dump_dir != NULL && (cfg->instances > 1 || cfg->groups > 1)) {
@@ -306,14 +410,19 @@ bool demo_cfg_check(const demo_cfg_t *cfg, const char *cmd)
                              "auto or direct)");
         return false;
     }
-    if (cfg->producer_tp > cfg->lay.dcp_size) {
-        cli_usage_error(cmd,
-                        "--producer-tp %u exceeds --dcp %u (a producer "
-                        "tp rank would serve no decode rank)",
-                        cfg->producer_tp, cfg->lay.dcp_size);
+    if ((cfg->save_to != NULL || cfg->load_from != NULL) &&
+        (cfg->gqa || !kvr_layout_producer_plain(&lay))) {
+        cli_usage_error(cmd, "--save-to and --load-from store an unsharded "
+                             "producer's MLA model (no --model gqa, "
+                             "--producer-dcp)");
         return false;
     }
-    return demo_store_check(cfg, cmd) && plan_check(cfg, cmd);
+    if (!check_sources(cfg, cmd) || !demo_store_check(cfg, cmd))
+        return false;
+    bool heads_move = cfg->gqa && lay.tp != lay.producer_tp;
+    return kvr_layout_producer_plain(&lay) && !heads_move
+               ? plan_check(cfg, cmd)
+               : true;
 }
 
 int demo_cfg_args(const demo_cfg_t *cfg, char **argv, int max)
@@ -335,6 +444,12 @@ int demo_cfg_args(const demo_cfg_t *cfg, char **argv, int max)
                                          : "--sharded-index";
     if (!cfg->lay.preshuffle)
         argv[n++] = "--no-preshuffle";
+    if (cfg->gqa)
+        argv[n++] = "--model=gqa";
+    if (cfg->hnd)
+        argv[n++] = "--hnd";
+    if (!cfg->lay.producer_replicate_index)
+        argv[n++] = "--producer-sharded-index";
     if (!cfg->reuse)
         argv[n++] = "--no-reuse";
     if (cfg->insecure)
@@ -520,7 +635,17 @@ uint32_t demo_region(const demo_cfg_t *cfg, uint32_t i, bool consumer,
         return cfg->layers + nidx;
     kvr_region_desc_t d = {0};
     d.num_blocks = consumer ? demo_dst_pool(cfg, who) : demo_src_pool(cfg, who);
-    if (i < cfg->layers) {
+    if (i < cfg->layers && cfg->gqa) {
+        kvr_layout_t lay = demo_layout(cfg);
+        d.role = KVR_ROLE_DENSE;
+        d.layer = i;
+        d.heads = cfg->kv_heads;
+        d.head_dim = cfg->head_dim;
+        d.elem_bytes = 2;
+        d.kv_planes = 2;
+        d.hnd = cfg->hnd;
+        d.page_bytes = kvr_dense_page_bytes(&lay, &d, consumer);
+    } else if (i < cfg->layers) {
         d.role = KVR_ROLE_MLA;
         d.layer = i;
         d.page_bytes = (uint64_t)cfg->lay.block_size * cfg->token_bytes;
@@ -545,9 +670,7 @@ kvr_agent_params_t demo_agent_params(const demo_cfg_t *cfg,
     p.instance_id = instance_id;
     p.instance_id_len = strlen(instance_id);
     p.role = role;
-    p.layout = cfg->lay;
-    p.layout.tp = cfg->lay.dcp_size;
-    p.layout.producer_tp = cfg->producer_tp;
+    p.layout = demo_layout(cfg);
     p.topo = *topo;
     p.key = key;
     p.insecure = cfg->insecure;
@@ -651,6 +774,25 @@ static kvr_status_t verify_index_token(const demo_cfg_t *cfg, uint32_t rank,
     return KVR_OK;
 }
 
+/* Dense K/V on tp rank `rank`: every head it holds of every token. */
+static kvr_status_t verify_dense(const demo_cfg_t *cfg, uint32_t rank,
+                                 uint32_t req, const kvr_region_desc_t *d,
+                                 const uint8_t *base, const demo_load_t *ev,
+                                 kvr_error_t *err)
+{
+    kvr_layout_t lay = demo_layout(cfg);
+    uint32_t *ids = malloc((ev->num_tokens + 1) * sizeof(*ids));
+    if (ids == NULL)
+        return kvr_error_set(err, KVR_ERR_NO_MEMORY, "no memory");
+    for (uint64_t g = 0; g < ev->num_tokens; g++)
+        ids[g] = demo_token_id(cfg, req, g);
+    kvr_status_t st = kvr_synth_check_dense(&lay, d, rank, cfg->seed, ev->dst,
+                                            ev->ndst, ids, 0, ev->num_tokens,
+                                            base, err);
+    free(ids);
+    return st;
+}
+
 static kvr_status_t verify_region(const demo_cfg_t *cfg, uint32_t rank,
                                   uint32_t req, const kvr_region_desc_t *d,
                                   const uint8_t *base, const demo_load_t *ev,
@@ -659,6 +801,8 @@ static kvr_status_t verify_region(const demo_cfg_t *cfg, uint32_t rank,
     const kvr_layout_t *lay = &cfg->lay;
     uint64_t bs = lay->block_size, I = lay->interleave, W = lay->dcp_size;
     uint8_t want[65536];
+    if (d->role == KVR_ROLE_DENSE)
+        return verify_dense(cfg, rank, req, d, base, ev, err);
     for (uint64_t g = 0; g < ev->num_tokens; g++) {
         bool owned = kvr__owner(g, I, W) == rank;
         uint32_t tok = demo_token_id(cfg, req, g);
@@ -727,6 +871,8 @@ static bool in_list(const char *const *list, const char *name)
 }
 
 static const char *const shared_flags[] = {"replicate-index",
+                                           "hnd",
+                                           "producer-sharded-index",
                                            "sharded-index",
                                            "no-preshuffle",
                                            "no-reuse",

@@ -21,6 +21,11 @@ typedef struct demo_cfg {
     uint32_t index_every; /* layers with layer % index_every == 0 have INDEX */
     uint32_t index_dim;
     uint32_t token_bytes;
+    /* --model gqa (docs/design.md §18): head-sharded dense K/V regions,
+     * one per layer, instead of MLA and index */
+    bool gqa;
+    uint32_t kv_heads, head_dim; /* --kv-heads (8), --head-dim (128) */
+    bool hnd;                    /* --hnd page order (NHD by default) */
     uint32_t requests;
     uint32_t instances;   /* prefill instances (request i: i mod P) */
     uint32_t groups;      /* decode groups (request i: i mod G) */
@@ -51,6 +56,19 @@ typedef struct demo_cfg {
 } demo_cfg_t;
 
 void demo_cfg_init(demo_cfg_t *cfg);
+/* The layout every process uses: consumer TP (--tp, default W), producer
+ * TP (--producer-tp, at least W_p) filled in. */
+kvr_layout_t demo_layout(const demo_cfg_t *cfg);
+/* Decode ranks per group (consumer TP) and producer tp ranks per stage. */
+uint32_t demo_ranks(const demo_cfg_t *cfg);
+uint32_t demo_producer_tp(const demo_cfg_t *cfg);
+/* The rank a process plans and fills on: its tp rank for head-sharded
+ * dense regions, its DCP rank (tp rank % W, or % W_p) otherwise. */
+uint32_t demo_plan_rank(const demo_cfg_t *cfg, bool consumer, uint32_t tp);
+/* Whether producer tp rank tp is a source of any decode rank (with more
+ * producer replicas of a head than decode ranks taking it, some are not:
+ * such a stage opens nothing and ends at once). */
+bool demo_stage_serves(const demo_cfg_t *cfg, uint32_t tp);
 /* Parses one shared option (long name without "--" and its value); returns
  * 1 if it was one, 0 if not, -1 (message printed) if its value is bad. */
 int demo_cfg_option(demo_cfg_t *cfg, const char *cmd, const char *name,

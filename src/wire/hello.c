@@ -206,6 +206,29 @@ static kvr_status_t cmp_classes(const kvr_msg_hello_t *a,
     return producer_classes(a, b, err);
 }
 
+/* The producer's own sharding (docs/design.md §18), defaults resolved:
+ * W_p, then I_p and its index replication where W_p > 1 gives them a
+ * meaning, then bs_p. */
+static kvr_status_t cmp_producer(const kvr_layout_t *x, const kvr_layout_t *y,
+                                 kvr_error_t *err)
+{
+    uint32_t wx = kvr_producer_dcp(x), wy = kvr_producer_dcp(y);
+    if (wx != wy)
+        return MISMATCH(err, "producer DCP size W_p", "%u", wx, wy);
+    if (wx > 1 &&
+        kvr_producer_interleave(x) != kvr_producer_interleave(y))
+        return MISMATCH(err, "producer interleave I_p", "%u",
+                        kvr_producer_interleave(x), kvr_producer_interleave(y));
+    if (kvr_producer_block_size(x) != kvr_producer_block_size(y))
+        return MISMATCH(err, "producer block size bs_p", "%u",
+                        kvr_producer_block_size(x), kvr_producer_block_size(y));
+    if (wx > 1)
+        return cmp_flag("replicated", "sharded", "producer index",
+                        x->producer_replicate_index,
+                        y->producer_replicate_index, err);
+    return KVR_OK;
+}
+
 /* Raw layout fields in digest order, then those outside the digest. */
 static kvr_status_t cmp_layout(const kvr_msg_hello_t *a,
                                const kvr_msg_hello_t *b, kvr_error_t *err)
@@ -234,6 +257,9 @@ static kvr_status_t cmp_layout(const kvr_msg_hello_t *a,
     if (x->producer_tp != y->producer_tp)
         return MISMATCH(err, "producer TP size", "%u", x->producer_tp,
                         y->producer_tp);
+    s = cmp_producer(x, y, err);
+    if (s != KVR_OK)
+        return s;
     /* The two digests cover different class sets when a stage lacks a
      * class, so the peer's digest is checked against its own raw fields:
      * a difference means the two builds compute the digest differently. */
@@ -303,6 +329,14 @@ static kvr_status_t cmp_settings(const kvr_msg_hello_t *a,
                          y ? y : "(unset)");
 }
 
+/* A sharded producer's DCP rank is one of its W_p; any other side's (an
+ * unsharded producer's too, as before W_p existed) one of the consumer's W. */
+static uint32_t dcp_size_of(const kvr_msg_hello_t *p)
+{
+    uint32_t Wp = kvr_producer_dcp(&p->layout);
+    return p->side == KVR_WIRE_PRODUCER && Wp > 1 ? Wp : p->layout.dcp_size;
+}
+
 /* The peer's own topology must make sense before anything is planned. */
 static kvr_status_t check_topo(const kvr_msg_hello_t *p, kvr_error_t *err)
 {
@@ -314,7 +348,7 @@ static kvr_status_t check_topo(const kvr_msg_hello_t *p, kvr_error_t *err)
         {"pp", t->pp_rank, t->pp_size},
         {"tp", t->tp_rank, t->tp_size},
         {"dp", t->dp_rank, t->dp_size},
-        {"dcp", t->dcp_rank, p->layout.dcp_size},
+        {"dcp", t->dcp_rank, dcp_size_of(p)},
     };
     for (size_t i = 0; i < sizeof(r) / sizeof(r[0]); i++)
         if (r[i].rank >= r[i].size)

@@ -85,6 +85,11 @@ static const kvr__field_t hello_fields[] = {
     {"instance", KVR__F_ID, 0, 0, offsetof(H, instance), 0, 0,
      KVR_WIRE_INSTANCE_MAX, NULL},
     F_U64(H, incarnation),
+    /* 2.1: the producer's own sharding (docs/design.md §18) */
+    F_U32(H, layout.producer_dcp),
+    F_U32(H, layout.producer_interleave),
+    F_U32(H, layout.producer_block_size),
+    F_BOOL(H, layout.producer_replicate_index),
 };
 #undef H
 static const kvr__rec_t hello_rec = REC("HELLO", kvr_msg_hello_t, hello_fields);
@@ -114,6 +119,12 @@ static const kvr__field_t region_fields[] = {
     F_U64(R, base),
     F_ARRAY(KVR__F_BYTES, R, rkey, rkey_len, KVR_WIRE_RKEY_MAX, NULL),
     F_INT(R, memory, 1, KVR_WIRE_MEM_HOST, KVR_WIRE_MEM_CUDA),
+    /* 2.1: dense head geometry (docs/design.md §18) */
+    F_U32(R, desc.heads),
+    F_U32(R, desc.head_dim),
+    F_U32(R, desc.elem_bytes),
+    F_U32(R, desc.kv_planes),
+    F_BOOL(R, desc.hnd),
 };
 #undef R
 static const kvr__rec_t region_rec = REC("region", kvr_wire_region_t,
@@ -217,6 +228,7 @@ static const kvr__field_t stage_fields[] = {
     F_U32(S, tp_rank),
     F_U64(S, incarnation),
     F_TEXT(S, address),
+    F_U32(S, dcp_rank), /* 2.1 */
 };
 #undef S
 static const kvr__rec_t stage_rec = REC("stage", kvr_wire_stage_t,

@@ -301,6 +301,16 @@ static void region_prefix(tb_t *t, uint8_t role)
     le(t, 0x1000, 8);   /* base */
 }
 
+/* After the rkey: memory, then the 2.1 dense head geometry (heads,
+ * head_dim, elem_bytes, kv_planes, hnd). */
+static void region_suffix(tb_t *t)
+{
+    le(t, KVR_WIRE_MEM_HOST, 1);
+    for (int i = 0; i < 4; i++)
+        le(t, 0, 4);
+    le(t, 0, 1);
+}
+
 static void test_regions_decode_caps(void **state)
 {
     (void)state;
@@ -312,7 +322,7 @@ static void test_regions_decode_caps(void **state)
     le(t, 2, 4);
     region_prefix(t, KVR_ROLE_MLA);
     le(t, 0, 4);
-    le(t, KVR_WIRE_MEM_HOST, 1); /* memory */
+    region_suffix(t);
     region_prefix(t, KVR_ROLE_INDEX);
     le(t, KVR_WIRE_RKEY_MAX + 1, 4);
     expect_decode(t, KVR_ERR_WIRE_LIMIT,
@@ -326,7 +336,7 @@ static void test_regions_decode_caps(void **state)
     le(t, 1, 4);
     region_prefix(t, KVR_ROLE_MLA);
     le(t, 0, 4);
-    le(t, KVR_WIRE_MEM_HOST, 1); /* memory */
+    region_suffix(t);
     le(t, KVR_WIRE_ADDR_MAX + 1, 4);
     expect_decode(t, KVR_ERR_WIRE_LIMIT,
                   "REGIONS.address: count 4097 > cap 4096");
@@ -334,7 +344,7 @@ static void test_regions_decode_caps(void **state)
     le(t, 1000, 4);
     region_prefix(t, KVR_ROLE_MLA);
     le(t, 0, 4);
-    le(t, KVR_WIRE_MEM_HOST, 1); /* memory */
+    region_suffix(t);
     expect_decode(t, KVR_ERR_PROTO, "REGIONS.regions[1].desc.role: truncated");
     t = start(KVR_MSG_REGIONS);
     le(t, 1, 4);
@@ -510,7 +520,7 @@ static void test_byte_layout(void **state)
     assert_int_equal(kvr_wire_encode(&m, buf, sizeof(buf), &len, NULL), KVR_OK);
     assert_int_equal(len, t->n);
     assert_memory_equal(buf, t->b, len);
-    assert_memory_equal(buf, "KVRW\x02\x00\x14\x00", 8);
+    assert_memory_equal(buf, "KVRW\x02\x01\x14\x00", 8);
     free(t);
 }
 

@@ -359,7 +359,7 @@ static void test_version_role_key_topo(void **state)
     kvr_msg_hello_t peer = hello_of(&c, KVR_WIRE_PRODUCER);
     peer.proto_major = 3;
     peer.layout.block_size = 1; /* version wins over layout */
-    want_check(&ours, &peer, KVR_ERR_VERSION, "protocol version 2.0 vs 3.0");
+    want_check(&ours, &peer, KVR_ERR_VERSION, "protocol version 2.1 vs 3.1");
 
     peer = hello_of(&c, KVR_WIRE_PRODUCER);
     kvr_error_t err = {0};

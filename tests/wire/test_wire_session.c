@@ -354,7 +354,7 @@ static void expect_need(const end_t *e, uint16_t type, uint32_t len,
         assert_int_equal(need, want_need);
     else
         assert_non_null(
-            strstr(err.msg, "before the peer authenticated: cap 1024"));
+            strstr(err.msg, "before the peer authenticated: cap 1088"));
 }
 
 /* Before the peer authenticated, a frame larger than a HELLO is refused at
@@ -364,12 +364,13 @@ static void test_preauth_size(void **state)
     (void)state;
     uint8_t key[KVR_WIRE_KEY_BYTES];
     test_key(key);
-    const uint32_t big = KVR_WIRE_MAX_PAYLOAD - 1, fit = 1024 - 12;
+    const uint32_t big = KVR_WIRE_MAX_PAYLOAD - 1,
+                   fit = KVR_WIRE_HELLO_FRAME_MAX - 12;
     end_t a, b;
     end_init(&b, key, KVR_MSG_HELLO_ACK, KVR_WIRE_PRODUCER); /* nothing yet */
     assert_int_equal(kvr_wire_session_frame_max(b.auth),
                      KVR_WIRE_HELLO_FRAME_MAX);
-    expect_need(&b, KVR_MSG_HELLO, fit, KVR_OK, 1024);
+    expect_need(&b, KVR_MSG_HELLO, fit, KVR_OK, KVR_WIRE_HELLO_FRAME_MAX);
     expect_need(&b, KVR_MSG_HELLO, fit + 1, KVR_ERR_WIRE_LIMIT, 0);
     expect_need(&b, KVR_MSG_OFFER, big, KVR_ERR_WIRE_LIMIT, 0);
     end_free(&b);

@@ -22,8 +22,8 @@ static const uint8_t rkey_b[] = {0x55};
 static const uint8_t address[] = {0x01, 0x7f, 0x00, 0x00, 0x01, 0x27, 0x10};
 
 static const kvr_wire_stage_t stages[] = {
-    {0, 0, 0x1111222233334444ull, "10.0.0.1:7001"},
-    {1, 0, 0x5555666677778888ull, "10.0.0.2:7001"},
+    {0, 0, 0x1111222233334444ull, "10.0.0.1:7001", 0},
+    {1, 0, 0x5555666677778888ull, "10.0.0.2:7001", 1},
 };
 
 static const kvr_wire_region_t regions[] = {
