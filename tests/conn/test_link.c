@@ -297,7 +297,7 @@ static void test_malformed_and_version_get_bye(void **state)
         const char *needle;
     } cases[] = {
         {0, 'X', KVR_ERR_PROTO, "frame magic"},
-        {4, 1, KVR_ERR_VERSION, "frame version 1.0"},
+        {4, 1, KVR_ERR_VERSION, "frame version 1."},
         {6, 99, KVR_ERR_PROTO, "frame type 99 unknown"},
         {14, 3, KVR_ERR_PROTO, "HELLO.side: value 3"},
     };

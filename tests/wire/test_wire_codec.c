@@ -169,6 +169,7 @@ static void header_errors(const kvr_msg_t *m, const uint8_t *buf, size_t len)
     expect_decode(bad, len, KVR_ERR_PROTO, "frame magic 0x5752565");
     memcpy(bad, buf, len);
     bad[4] = 1; /* 1.0 frames are another major version since 2.0 */
+    bad[5] = 0;
     expect_decode(bad, len, KVR_ERR_VERSION, "frame version 1.0");
     bad[4] = 3;
     expect_decode(bad, len, KVR_ERR_VERSION, "frame version 3.0");
