@@ -235,7 +235,7 @@ static void test_huge_token_count_refused(void **state)
     static const uint32_t dst[2] = {0, 1};
     kvr_agent_recv_t r = {
         EVIL, strlen(EVIL), f->evil.address, "wrap", 4, dst, 2, UINT64_MAX,
-        0,    5000};
+        0,    5000, false};
     kvr_status_t st = kvr_agent_recv(f->cons.agent, &r);
     if (st == KVR_OK) {
         ah_wait(&f->cons, "wrap", KVR_AGENT_RELEASED, AH_WAIT_MS);

@@ -210,7 +210,7 @@ static int child(bool producer, int ready_fd, int go_fd)
             kvr_agent_recv_t q = {
                 "prefill",  7,      "10.214.0.1:" PORT, id,
                 strlen(id), blocks, TOKENS / BS,        TOKENS,
-                0,          0};
+                0,          0,      false};
             st = kvr_agent_recv(a, &q);
         }
         if (st != KVR_OK) {

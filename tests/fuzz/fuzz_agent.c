@@ -54,6 +54,8 @@ typedef struct freq {
     uint32_t src[SLICE], dst[POOL];
     uint32_t nsrc, ndst;
     bool honest;             /* its own disjoint slice, computed 0 */
+    bool stream;             /* received layer-wise */
+    uint32_t layers_loaded[LAYERS]; /* LAYERS_LOADED per layer */
     bool forged_done;        /* a WRITE_DONE with its nonce was injected */
     bool must_fail;          /* ... one short of (or beyond) the planned bytes,
                          while the stage had not answered */
@@ -290,7 +292,8 @@ static void open_req(freq_t *r)
                           r->ndst,
                           r->tokens,
                           r->computed,
-                          0};
+                          0,
+                          r->stream};
     if (r->honest)
         for (uint32_t l = 0; l < LAYERS; l++)
             for (uint32_t k = 0; k < r->ndst; k++)
