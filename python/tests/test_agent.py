@@ -219,6 +219,46 @@ def test_status_while_live(world):
     assert e.value.name == "ERR_CANCELED"
 
 
+def test_stream_layer_by_layer(world):
+    """recv(stream=True): each layer made ready alone lands alone, its
+    bytes in place when its LAYERS_LOADED comes, the layers not yet ready
+    untouched; LOADED after the last."""
+    r = Req("req-stream", 3, 300, 9)
+    world.fill(r)
+    for a in world.stages:
+        a.send_open(r.id, r.src, r.tokens)
+    for a in world.ranks:
+        a.recv(PREFILL, world.head, r.id, r.dst, r.tokens, stream=True)
+
+    def landed(rank: int, layer: int) -> bool:
+        return any(e.kind == EventKind.LAYERS_LOADED and
+                   e.layer_begin <= layer < e.layer_end
+                   for e in world.log[2 + rank] if e.request == r.id.encode())
+
+    for layer in (2, 0, 3, 1):  # the two stages in turn
+        world.stages[layer // 2].send_ready(r.id, layer, layer + 1)
+        end = time.monotonic() + WAIT
+        while not all(landed(k, layer) for k in (0, 1)) and \
+                time.monotonic() < end:
+            world.pump()
+        for rank in (0, 1):
+            got = [e for e in world.log[2 + rank]
+                   if e.request == r.id.encode() and
+                   e.kind == EventKind.LAYERS_LOADED and e.layer_begin == layer]
+            assert len(got) == 1 and got[0].layer_end == layer + 1, world.log
+            assert got[0].ok and got[0].bytes > 0
+            for d, arr in world.dst[rank]:
+                if not landed(rank, d.layer):
+                    assert not arr.any(), (rank, d.layer)
+    world.wait_finals(r.id)
+    for rank in (0, 1):
+        kinds = [e.kind for e in world.log[2 + rank]
+                 if e.request == r.id.encode()]
+        assert kinds == [EventKind.LAYERS_LOADED] * 4 + [EventKind.LOADED,
+                                                       EventKind.RELEASED]
+        world.verify(r, rank)
+
+
 THREADS, PER_THREAD = 4, 5
 
 
