@@ -132,9 +132,11 @@ class World:
     def pump(self, wait_s: float = 0.005) -> None:
         """Moves every queued event into the log (tagged by agent), then
         waits up to wait_s for any agent's event fd."""
+        # polled and logged under one lock: otherwise a thread could log a
+        # RELEASED while another still holds the LOADED it polled first
         for i, a in enumerate(self.agents):
-            for e in a.events():
-                with self.lock:
+            with self.lock:
+                for e in a.events():
                     self.log[i].append(e)
         p = select.poll()
         for a in self.agents:
