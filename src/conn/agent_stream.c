@@ -96,40 +96,50 @@ static uint64_t planned(const kvr__cstage_t *s, uint32_t begin, uint32_t end)
 }
 
 /* Layer l is loaded once every stage that serves it counted it. */
-static bool layer_loaded(const kvr__creq_t *r, uint32_t l, uint64_t *bytes)
+static bool layer_loaded(const kvr__creq_t *r, uint32_t l)
 {
     for (uint32_t i = 0; i < r->num_stages; i++) {
         const kvr__cstage_t *s = &r->stages[i];
-        if (l < s->layer_lo || l >= s->layer_hi)
-            continue;
-        if (s->layer_next <= l)
+        if (l >= s->layer_lo && l < s->layer_hi && s->layer_next <= l)
             return false;
-        *bytes += planned(s, l, l + 1);
     }
     return true;
 }
 
-/* Stage s just counted layers [begin, end): those that are now loaded
- * from every source become LAYERS_LOADED, one event per run. */
+static void report_run(kvr_agent_t *a, const kvr__creq_t *r, uint32_t begin,
+                       uint32_t end)
+{
+    uint64_t bytes = 0;
+    for (uint32_t i = 0; i < r->num_stages; i++)
+        bytes += planned(&r->stages[i], begin, end);
+    kvr__agent_layers_loaded(a, &r->producer, &r->id, begin, end, bytes);
+}
+
+/* A stage just counted layers [begin, end): our layers in it that are now
+ * loaded from every source become LAYERS_LOADED, one event per run. Walks
+ * our regions (in layer order), never the range itself: a peer's range is
+ * its word, and may be huge. */
 static void report(kvr_agent_t *a, const kvr__creq_t *r, uint32_t begin,
                    uint32_t end)
 {
-    uint32_t run = begin;
-    uint64_t bytes = 0;
-    if (!r->stream)
-        return;
-    for (uint32_t l = begin; l <= end; l++) {
-        uint64_t b = 0;
-        bool loaded = l < end && layer_loaded(r, l, &b);
-        if (loaded) {
-            bytes += b;
+    bool open = false;
+    uint32_t run = 0, last = 0;
+    for (uint32_t i = 0; r->stream && i < a->num_order; i++) {
+        uint32_t l = a->regions[a->order[i]].desc.layer;
+        if (l < begin || l >= end)
+            continue;
+        if (layer_loaded(r, l)) {
+            run = open ? run : l;
+            last = l;
+            open = true;
             continue;
         }
-        if (l > run)
-            kvr__agent_layers_loaded(a, &r->producer, &r->id, run, l, bytes);
-        run = l + 1;
-        bytes = 0;
+        if (open)
+            report_run(a, r, run, last + 1);
+        open = false;
     }
+    if (open)
+        report_run(a, r, run, last + 1);
 }
 
 kvr_status_t kvr__stream_count(kvr_agent_t *a, kvr__creq_t *r,
