@@ -250,8 +250,8 @@ typedef struct kvr__pull {
     size_t group_seg0, group_segs;   /* the group's segs */
     uint64_t group_off0, group_off;  /* its stream bytes */
     uint32_t group_chunk0;           /* chunks sent before it */
-    bool ok;             /* answered WRITE_DONE */
-    kvr_status_t status; /* the answer, to repeat it */
+    bool ok;                         /* answered WRITE_DONE */
+    kvr_status_t status;             /* the answer, to repeat it */
     char text[KVR_WIRE_TEXT_MAX + 1];
 } kvr__pull_t;
 
@@ -349,12 +349,12 @@ typedef enum kvr__recv_in {
 
 typedef struct kvr__recv_input {
     kvr__recv_in_t kind;
-    kvr__cstage_t *stage;              /* DONE, FAILED, LOST, CHUNK */
-    uint64_t bytes;                    /* DONE */
-    uint32_t chunks;                   /* DONE */
-    kvr_status_t status;               /* FAILED, LOST */
-    const char *text;                  /* FAILED, LOST */
-    const kvr_msg_chunk_done_t *chunk; /* CHUNK */
+    kvr__cstage_t *stage;                /* DONE, FAILED, LOST, CHUNK */
+    uint64_t bytes;                      /* DONE */
+    uint32_t chunks;                     /* DONE */
+    kvr_status_t status;                 /* FAILED, LOST */
+    const char *text;                    /* FAILED, LOST */
+    const kvr_msg_chunk_done_t *chunk;   /* CHUNK */
     const kvr_msg_layers_done_t *layers; /* LAYERS */
 } kvr__recv_input_t;
 
@@ -461,7 +461,7 @@ struct kvr_agent {
     uint64_t join_retry_ns;        /* non-head stage: next dial of the head */
     kvr__alink_t *join_link;
     kvr__frame_fault_t fault;
-    bool speaks_2_0; /* tests: HELLO says protocol 2.0 and stream
+    bool speaks_2_0;             /* tests: HELLO says protocol 2.0 and stream
                         messages are refused, as by a peer from before
                         streaming */
     uint64_t moved_turn_max;     /* tests: most bytes put in one turn */
@@ -648,8 +648,7 @@ kvr_status_t kvr__stream_group_done(kvr_agent_t *a, kvr__pull_t *p);
 void kvr__stream_ask(const kvr__creq_t *r, kvr__cstage_t *s, kvr_msg_t *m);
 /* Consumer: checks and counts a LAYERS_DONE of stage s, then reports the
  * layers every source has now delivered (LAYERS_LOADED). */
-kvr_status_t kvr__stream_count(kvr_agent_t *a, kvr__creq_t *r,
-                               kvr__cstage_t *s,
+kvr_status_t kvr__stream_count(kvr_agent_t *a, kvr__creq_t *r, kvr__cstage_t *s,
                                const kvr_msg_layers_done_t *g,
                                kvr_error_t *err);
 /* Consumer: stage s answered WRITE_DONE: every group of a streamed stage

@@ -538,8 +538,7 @@ static kvr__cstage_t *stage_of(kvr__creq_t *r, const kvr__alink_t *l)
  * duplicate, foreign) is ignored. */
 /* Every answer begins with request id, transfer id, pp rank, tp rank and
  * write nonce: a common initial sequence of the union's structs. */
-#define SAME_AT(T, f)                                                          \
-    (offsetof(T, f) == offsetof(kvr_msg_write_done_t, f))
+#define SAME_AT(T, f) (offsetof(T, f) == offsetof(kvr_msg_write_done_t, f))
 _Static_assert(SAME_AT(kvr_msg_chunk_done_t, write_nonce) &&
                    SAME_AT(kvr_msg_write_failed_t, write_nonce) &&
                    SAME_AT(kvr_msg_layers_done_t, write_nonce) &&

@@ -415,7 +415,7 @@ static void preq_step(kvr_agent_t *a, kvr__preq_t *r, kvr__send_in_t in,
             answer(a, p, KVR_ERR_TIMEOUT, "the lease ended");
         else if (r->state == KVR_SEND_READY || p->stream)
             start_pull(a, r, p); /* streamed: served group by group */
-        if (st != KVR_OK) /* not in any group: nothing to release */
+        if (st != KVR_OK)        /* not in any group: nothing to release */
             p->state = KVR__PULL_RELEASED;
         break;
     case KVR__SIN_ANSWERED:
@@ -593,7 +593,8 @@ static const char *refusal(const kvr_agent_t *a, const kvr__alink_t *l,
     if (p->consumer_tp % a->p.topo.tp_size != a->p.topo.tp_rank)
         return "this producer tp rank does not serve that consumer tp rank";
     if (p->layer_lo >= p->layer_hi) {
-        snprintf(why, cap, "STREAM_REQUEST for no layer of this stage's [%u, %u)",
+        snprintf(why, cap,
+                 "STREAM_REQUEST for no layer of this stage's [%u, %u)",
                  a->p.topo.layer_start, a->p.topo.layer_end);
         return why;
     }
@@ -675,8 +676,7 @@ static void on_chunk_ack(kvr_agent_t *a, kvr__alink_t *l,
 
 void kvr__send_msg(kvr_agent_t *a, kvr__alink_t *l, const kvr_msg_t *m)
 {
-    if (m->type == KVR_MSG_WRITE_REQUEST ||
-        m->type == KVR_MSG_STREAM_REQUEST)
+    if (m->type == KVR_MSG_WRITE_REQUEST || m->type == KVR_MSG_STREAM_REQUEST)
         on_write_request(a, l, &m->u.write_request,
                          m->type == KVR_MSG_STREAM_REQUEST);
     else if (m->type == KVR_MSG_RELEASE)
@@ -834,9 +834,9 @@ static bool slice(kvr_agent_t *a, kvr__pull_t *p, uint64_t *moved)
     else if (p->staged)
         st = kvr__staged_slice(a, p, moved, &done, &err);
     else
-        st = kvr__data_put_some(p->link->data, p->segs, p->group_segs,
-                                &p->cur, KVR_AGENT_SLICE_BYTES, turn_bound(p),
-                                &done, moved, &err);
+        st = kvr__data_put_some(p->link->data, p->segs, p->group_segs, &p->cur,
+                                KVR_AGENT_SLICE_BYTES, turn_bound(p), &done,
+                                moved, &err);
     if (st == KVR_ERR_TIMEOUT && kvr_now_ns() < p->deadline_ns)
         return false; /* the peer's window is full: next turn */
     if (st == KVR_OK && !done && p->waiting_ack)

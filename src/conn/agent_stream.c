@@ -142,10 +142,8 @@ static void report(kvr_agent_t *a, const kvr__creq_t *r, uint32_t begin,
         report_run(a, r, run, last + 1);
 }
 
-kvr_status_t kvr__stream_count(kvr_agent_t *a, kvr__creq_t *r,
-                               kvr__cstage_t *s,
-                               const kvr_msg_layers_done_t *g,
-                               kvr_error_t *err)
+kvr_status_t kvr__stream_count(kvr_agent_t *a, kvr__creq_t *r, kvr__cstage_t *s,
+                               const kvr_msg_layers_done_t *g, kvr_error_t *err)
 {
     if (!s->stream)
         return kvr_error_set(err, KVR_ERR_PROTO,
@@ -179,8 +177,8 @@ kvr_status_t kvr__stream_count(kvr_agent_t *a, kvr__creq_t *r,
 kvr_status_t kvr__stream_stage_done(kvr_agent_t *a, kvr__creq_t *r,
                                     kvr__cstage_t *s, kvr_error_t *err)
 {
-    if (s->stream && (s->layer_next != s->layer_hi ||
-                      s->counted != s->expect_bytes))
+    if (s->stream &&
+        (s->layer_next != s->layer_hi || s->counted != s->expect_bytes))
         return kvr_error_set(err, KVR_ERR_VERIFY,
                              "WRITE_DONE with layers [%u, %u) of [%u, %u) "
                              "counted (%llu of %llu bytes)",

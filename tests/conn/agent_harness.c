@@ -241,9 +241,8 @@ void ah_recv(ah_agent_t *cons, const char *producer, const char *address,
     ah_recv_stream(cons, producer, address, r, deadline_ms, false);
 }
 
-void ah_recv_stream(ah_agent_t *cons, const char *producer,
-                    const char *address, const ah_req_t *r,
-                    uint32_t deadline_ms, bool stream)
+void ah_recv_stream(ah_agent_t *cons, const char *producer, const char *address,
+                    const ah_req_t *r, uint32_t deadline_ms, bool stream)
 {
     kvr_agent_recv_t q = {producer,      strlen(producer), address, r->id,
                           strlen(r->id), r->dst,           r->ndst, r->tokens,

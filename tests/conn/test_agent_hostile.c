@@ -152,8 +152,7 @@ static void evil_step(evil_t *e)
             send_stages(e);
         if (m.type == KVR_MSG_STREAM_REQUEST)
             answer_layers(e, &m.u.write_request);
-        if (m.type == KVR_MSG_WRITE_REQUEST ||
-            m.type == KVR_MSG_STREAM_REQUEST)
+        if (m.type == KVR_MSG_WRITE_REQUEST || m.type == KVR_MSG_STREAM_REQUEST)
             answer_done(e, &m.u.write_request);
         if (m.type == KVR_MSG_RELEASE) {
             e->releases++;
@@ -261,8 +260,8 @@ static void test_huge_token_count_refused(void **state)
     fixture_t *f = *state;
     static const uint32_t dst[2] = {0, 1};
     kvr_agent_recv_t r = {
-        EVIL, strlen(EVIL), f->evil.address, "wrap", 4, dst, 2, UINT64_MAX,
-        0,    5000, false};
+        EVIL, strlen(EVIL), f->evil.address, "wrap", 4, dst, 2, UINT64_MAX, 0,
+        5000, false};
     kvr_status_t st = kvr_agent_recv(f->cons.agent, &r);
     if (st == KVR_OK) {
         ah_wait(&f->cons, "wrap", KVR_AGENT_RELEASED, AH_WAIT_MS);

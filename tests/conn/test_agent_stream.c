@@ -52,8 +52,8 @@ static void wait_covered(ah_agent_t *c, const ah_req_t *r, uint32_t l)
 }
 
 /* The LAYERS_LOADED event of r on c that starts at layer b. */
-static const kvr_agent_event_t *group_at(const ah_agent_t *c,
-                                         const ah_req_t *r, uint32_t b)
+static const kvr_agent_event_t *group_at(const ah_agent_t *c, const ah_req_t *r,
+                                         uint32_t b)
 {
     for (uint32_t i = 0; i < c->nlog; i++) {
         const kvr_agent_event_t *e = &c->log[i];
@@ -171,8 +171,7 @@ static world_t *streaming(ah_req_t *r, ah_tweak_t prod, ah_tweak_t cons,
 
 /* Layers made ready one at a time in `order`: after each, both ranks
  * report it, hold its bytes, and hold nothing of the layers not ready. */
-static void layer_by_layer(world_t *w, const ah_req_t *r,
-                           const uint32_t *order)
+static void layer_by_layer(world_t *w, const ah_req_t *r, const uint32_t *order)
 {
     bool done[LAYERS] = {false};
     for (uint32_t i = 0; i < LAYERS; i++) {
@@ -189,8 +188,8 @@ static void layer_by_layer(world_t *w, const ah_req_t *r,
                 if (!done[k])
                     untouched(&w->cons[c], k);
             if (i + 1 < LAYERS)
-                assert_int_equal(
-                    ah_count(&w->cons[c], r->id, KVR_AGENT_LOADED), 0);
+                assert_int_equal(ah_count(&w->cons[c], r->id, KVR_AGENT_LOADED),
+                                 0);
         }
     }
     expect_loaded(w, 0, r);
@@ -369,9 +368,8 @@ static void test_abort_between_groups(void **state)
     ah_req_t r;
     world_t *w = streaming(&r, NULL, NULL, 0, true, 0);
     first_group(w, &r);
-    assert_int_equal(kvr_agent_send_abort(w->prod[0][0].agent, r.id,
-                                          strlen(r.id)),
-                     KVR_OK);
+    assert_int_equal(
+        kvr_agent_send_abort(w->prod[0][0].agent, r.id, strlen(r.id)), KVR_OK);
     expect_failed_after_first(w, &r, KVR_ERR_CANCELED);
     world_free(w);
 }
@@ -405,8 +403,8 @@ static void test_without_stream(void **state)
     ready(w, &r, 3);
     expect_loaded(w, 0, &r);
     for (uint32_t c = 0; c < 2; c++)
-        assert_int_equal(
-            ah_count(&w->cons[c], r.id, KVR_AGENT_LAYERS_LOADED), 0);
+        assert_int_equal(ah_count(&w->cons[c], r.id, KVR_AGENT_LAYERS_LOADED),
+                         0);
     world_free(w);
 }
 

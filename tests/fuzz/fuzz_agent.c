@@ -55,8 +55,8 @@ typedef struct freq {
     uint64_t tokens, computed;
     uint32_t src[SLICE], dst[POOL];
     uint32_t nsrc, ndst;
-    bool honest;             /* its own disjoint slice, computed 0 */
-    bool stream;             /* received layer-wise */
+    bool honest;                    /* its own disjoint slice, computed 0 */
+    bool stream;                    /* received layer-wise */
     uint32_t layers_loaded[LAYERS]; /* LAYERS_LOADED per layer */
     bool forged_done;        /* a WRITE_DONE with its nonce was injected */
     bool must_fail;          /* ... one short of (or beyond) the planned bytes,

@@ -3,11 +3,11 @@
 #include <string.h>
 
 const kvr_msg_type_t kvr_sample_types[] = {
-    KVR_MSG_HELLO,      KVR_MSG_HELLO_ACK,    KVR_MSG_AUTH,
-    KVR_MSG_BYE,        KVR_MSG_LAYOUT,       KVR_MSG_REGIONS,
-    KVR_MSG_OFFER,      KVR_MSG_ASSIGN,       KVR_MSG_WRITE_REQUEST,
-    KVR_MSG_WRITE_DONE, KVR_MSG_WRITE_FAILED, KVR_MSG_RELEASE,
-    KVR_MSG_CHUNK_DONE, KVR_MSG_JOIN,         KVR_MSG_STAGES,
+    KVR_MSG_HELLO,      KVR_MSG_HELLO_ACK,      KVR_MSG_AUTH,
+    KVR_MSG_BYE,        KVR_MSG_LAYOUT,         KVR_MSG_REGIONS,
+    KVR_MSG_OFFER,      KVR_MSG_ASSIGN,         KVR_MSG_WRITE_REQUEST,
+    KVR_MSG_WRITE_DONE, KVR_MSG_WRITE_FAILED,   KVR_MSG_RELEASE,
+    KVR_MSG_CHUNK_DONE, KVR_MSG_JOIN,           KVR_MSG_STAGES,
     KVR_MSG_NOTIFY,     KVR_MSG_STREAM_REQUEST, KVR_MSG_LAYERS_DONE,
 };
 const size_t kvr_num_sample_types = sizeof(kvr_sample_types) /
