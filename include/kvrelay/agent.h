@@ -204,8 +204,10 @@ typedef struct kvr_agent_send {
  * from tables a consumer sends. KVR_ERR_EXISTS while the key is live. */
 kvr_status_t kvr_agent_send_open(kvr_agent_t *agent,
                                  const kvr_agent_send_t *send);
-/* Prefill wrote layers [layer_begin, layer_end). Pulls are served once the
- * stage's whole layer range is ready. cuda_event (a cudaEvent_t, agents
+/* Prefill wrote layers [layer_begin, layer_end). A pull is served once the
+ * stage's whole layer range is ready, or, when the consumer streams
+ * (kvr_agent_recv_t.stream), one ready layer group at a time in layer
+ * order, each as soon as calls like this one covered it. cuda_event (a cudaEvent_t, agents
  * with a CUDA device only, else KVR_ERR_UNSUPPORTED): the device copy is
  * ordered after the work it recorded as of this call (cudaStreamWaitEvent
  * on the agent's stream, here, on the calling thread; no host
@@ -249,6 +251,10 @@ typedef struct kvr_agent_recv {
     uint64_t num_tokens;
     uint64_t num_computed_blocks; /* virtual blocks already here */
     uint32_t deadline_ms;         /* 0: params.deadline_ms */
+    bool stream; /* layer-wise: each stage serves its layers one ready
+                    group at a time and LAYERS_LOADED reports each group
+                    as it lands (LOADED still means every byte); a stage
+                    older than protocol 2.1 serves its range whole */
 } kvr_agent_recv_t;
 
 /* Loads a request from the producer instance's stages that serve this rank
@@ -274,7 +280,12 @@ typedef enum kvr_agent_event_kind {
                                     expected source is in place */
     KVR_AGENT_LOAD_FAILED = 5,   /* consumer: status and message say why */
     KVR_AGENT_RELEASED = 6,      /* consumer: destination blocks reusable */
-    KVR_AGENT_LAYERS_LOADED = 7, /* consumer, streaming: reserved */
+    KVR_AGENT_LAYERS_LOADED = 7, /* consumer, recv with stream: layers
+                                    [layer_begin, layer_end) are in place
+                                    and counted from every source that
+                                    serves them (bytes: theirs); each
+                                    layer once, before LOADED, never
+                                    after LOAD_FAILED */
     KVR_AGENT_NOTIFY_FAILED = 8, /* a kvr_agent_notify could not be sent:
                                     peer and message say to whom and why */
     KVR_AGENT_PEER_REFUSED = 9,  /* a link was refused at its handshake, by
@@ -298,9 +309,10 @@ typedef struct kvr_agent_event {
                                  LOADED; else why */
     char message[KVR_ERROR_MSG_MAX];
     uint64_t bytes; /* LOADED: bytes received; SENT: bytes sent;
+                                 LAYERS_LOADED: the group's bytes;
                                  NOTIFY_FAILED: the payload's length;
                                  PEER_REFUSED: 1 for a known peer */
-    uint32_t layer_begin, layer_end; /* LAYERS_LOADED */
+    uint32_t layer_begin, layer_end; /* LAYERS_LOADED: half-open */
     kvr_wire_id_t peer;              /* NOTIFY_FAILED: the instance notified;
                                  PEER_REFUSED: the refused peer's */
 } kvr_agent_event_t;

@@ -19,9 +19,14 @@ KVR_API_BEGIN
 
 /* Protocol version: frames of another major version are refused. 2.0: keyed
  * sessions send LAYOUT after AUTH and a MAC tag after every frame that
- * follows AUTH (docs/PROTOCOL.md "Session MAC"); HELLO carries settings. */
+ * follows AUTH (docs/PROTOCOL.md "Session MAC"); HELLO carries settings.
+ * 2.1: STREAM_REQUEST and LAYERS_DONE (layer-wise streaming), sent only to
+ * a peer whose HELLO says 2.1 or later. */
 #define KVR_WIRE_VERSION_MAJOR 2u
 #define KVR_WIRE_VERSION_MINOR 1u
+/* The first minor version (of this major) that knows STREAM_REQUEST and
+ * LAYERS_DONE. */
+#define KVR_WIRE_MINOR_STREAM 1u
 
 /* Frame header: magic "KVRW", major u8, minor u8, type u16, payload length
  * u32, all little-endian. */
@@ -68,6 +73,8 @@ typedef enum kvr_msg_type {
     KVR_MSG_JOIN = 24,
     KVR_MSG_STAGES = 25,
     KVR_MSG_NOTIFY = 26,
+    KVR_MSG_STREAM_REQUEST = 27, /* 2.1: WRITE_REQUEST served per layer group */
+    KVR_MSG_LAYERS_DONE = 28,    /* 2.1: one layer group of it written */
 } kvr_msg_type_t;
 
 /* "HELLO", "WRITE_REQUEST", ...; NULL for an unknown type. */
@@ -199,6 +206,10 @@ typedef struct kvr_msg_write_request {
     uint32_t num_staging_slots;
     uint64_t write_nonce; /* random, never 0 */
     uint32_t deadline_ms; /* relative */
+    /* STREAM_REQUEST only (WRITE_REQUEST carries neither): the half-open
+     * model layer range asked of the stage, served one ready layer group
+     * at a time in layer order, each group answered by LAYERS_DONE */
+    uint32_t layer_begin, layer_end;
 } kvr_msg_write_request_t;
 
 typedef struct kvr_msg_write_done {
@@ -209,6 +220,19 @@ typedef struct kvr_msg_write_done {
     uint64_t bytes;
     uint32_t chunks;
 } kvr_msg_write_done_t;
+
+/* One layer group of a STREAM_REQUEST is in place (flushed, or every chunk
+ * of it sent): layers [layer_begin, layer_end), its bytes and chunks. The
+ * pull's WRITE_DONE (all groups' bytes) still ends it. */
+typedef struct kvr_msg_layers_done {
+    kvr_wire_id_t request_id;
+    uint64_t transfer_id;
+    uint32_t pp_rank, tp_rank;
+    uint64_t write_nonce;
+    uint32_t layer_begin, layer_end;
+    uint64_t bytes;
+    uint32_t chunks;
+} kvr_msg_layers_done_t;
 
 typedef struct kvr_msg_write_failed {
     kvr_wire_id_t request_id;
@@ -282,8 +306,9 @@ typedef struct kvr_msg {
         kvr_msg_regions_t regions;
         kvr_msg_offer_t offer;
         kvr_msg_assign_t assign;
-        kvr_msg_write_request_t write_request;
+        kvr_msg_write_request_t write_request; /* and STREAM_REQUEST */
         kvr_msg_write_done_t write_done;
+        kvr_msg_layers_done_t layers_done;
         kvr_msg_write_failed_t write_failed;
         kvr_msg_release_t release;
         kvr_msg_chunk_done_t chunk_done;

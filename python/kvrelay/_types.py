@@ -240,6 +240,7 @@ class AgentRecv(ctypes.Structure):
         ("num_tokens", _u64),
         ("num_computed_blocks", _u64),
         ("deadline_ms", _u32),
+        ("stream", _bool),
     ]
 
 

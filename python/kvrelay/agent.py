@@ -88,7 +88,7 @@ class EventKind(IntEnum):
     LOADED = 4         # consumer: every planned byte is in place
     LOAD_FAILED = 5    # consumer: status and message say why
     RELEASED = 6       # consumer: destination blocks reusable
-    LAYERS_LOADED = 7  # consumer, streaming: reserved
+    LAYERS_LOADED = 7  # consumer, recv(stream=True): layers landed
     NOTIFY_FAILED = 8  # a notify() could not be sent
     PEER_REFUSED = 9   # a link refused at its handshake (either side)
 
@@ -171,8 +171,9 @@ class Event:
     request: bytes
     status: int
     message: str
-    bytes: int  # LOADED: received; SENT: sent; NOTIFY_FAILED: payload
-    layer_begin: int
+    bytes: int  # LOADED: received; SENT: sent; NOTIFY_FAILED: payload;
+    #            LAYERS_LOADED: the group's
+    layer_begin: int  # LAYERS_LOADED: layers [layer_begin, layer_end)
     layer_end: int
     peer: bytes
 
@@ -580,18 +581,21 @@ class Agent:
     # ---- consumer ----
     def recv(self, producer_id: Id, producer_address: str, request_id: Id,
              dst_blocks: Any, num_tokens: int, *, num_computed_blocks: int = 0,
-             deadline_ms: int = 0) -> None:
+             deadline_ms: int = 0, stream: bool = False) -> None:
         """Loads a request from producer instance `producer_id` whose PP
         head listens at producer_address ("host:port") into dst_blocks (the
         full destination table); num_computed_blocks counts virtual blocks
         already here. Ends in exactly one LOADED or LOAD_FAILED, then
-        exactly one RELEASED."""
+        exactly one RELEASED. With stream=True the stages serve their layers
+        one ready group at a time (as send_ready covers them) and a
+        LAYERS_LOADED event (layer_begin, layer_end) comes for each group
+        once it is in place, every layer once, all before LOADED."""
         pid = _instance_id(producer_id, "producer id")
         rid = _request_id(request_id)
         dst = block_table(dst_blocks, "dst_blocks")
         r = T.AgentRecv(pid, len(pid), producer_address.encode(), rid,
                         len(rid), _u32p(dst), dst.size, num_tokens,
-                        num_computed_blocks, deadline_ms)
+                        num_computed_blocks, deadline_ms, bool(stream))
         self._call(f"recv {rid!r} from {pid!r}", LIB.kvr_agent_recv,
                    ctypes.byref(r))
 

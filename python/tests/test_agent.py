@@ -132,9 +132,11 @@ class World:
     def pump(self, wait_s: float = 0.005) -> None:
         """Moves every queued event into the log (tagged by agent), then
         waits up to wait_s for any agent's event fd."""
+        # polled and logged under one lock: otherwise a thread could log a
+        # RELEASED while another still holds the LOADED it polled first
         for i, a in enumerate(self.agents):
-            for e in a.events():
-                with self.lock:
+            with self.lock:
+                for e in a.events():
                     self.log[i].append(e)
         p = select.poll()
         for a in self.agents:
@@ -217,6 +219,46 @@ def test_status_while_live(world):
     with pytest.raises(kv.KvrelayError) as e:
         failed[0].raise_for_status()
     assert e.value.name == "ERR_CANCELED"
+
+
+def test_stream_layer_by_layer(world):
+    """recv(stream=True): each layer made ready alone lands alone, its
+    bytes in place when its LAYERS_LOADED comes, the layers not yet ready
+    untouched; LOADED after the last."""
+    r = Req("req-stream", 3, 300, 9)
+    world.fill(r)
+    for a in world.stages:
+        a.send_open(r.id, r.src, r.tokens)
+    for a in world.ranks:
+        a.recv(PREFILL, world.head, r.id, r.dst, r.tokens, stream=True)
+
+    def landed(rank: int, layer: int) -> bool:
+        return any(e.kind == EventKind.LAYERS_LOADED and
+                   e.layer_begin <= layer < e.layer_end
+                   for e in world.log[2 + rank] if e.request == r.id.encode())
+
+    for layer in (2, 0, 3, 1):  # the two stages in turn
+        world.stages[layer // 2].send_ready(r.id, layer, layer + 1)
+        end = time.monotonic() + WAIT
+        while not all(landed(k, layer) for k in (0, 1)) and \
+                time.monotonic() < end:
+            world.pump()
+        for rank in (0, 1):
+            got = [e for e in world.log[2 + rank]
+                   if e.request == r.id.encode() and
+                   e.kind == EventKind.LAYERS_LOADED and e.layer_begin == layer]
+            assert len(got) == 1 and got[0].layer_end == layer + 1, world.log
+            assert got[0].ok and got[0].bytes > 0
+            for d, arr in world.dst[rank]:
+                if not landed(rank, d.layer):
+                    assert not arr.any(), (rank, d.layer)
+    world.wait_finals(r.id)
+    for rank in (0, 1):
+        kinds = [e.kind for e in world.log[2 + rank]
+                 if e.request == r.id.encode()]
+        assert kinds == [EventKind.LAYERS_LOADED] * 4 + [EventKind.LOADED,
+                                                       EventKind.RELEASED]
+        world.verify(r, rank)
 
 
 THREADS, PER_THREAD = 4, 5

@@ -825,6 +825,7 @@ kvr_status_t kvr_agent_recv(kvr_agent_t *a, const kvr_agent_recv_t *r)
     c->num_tokens = r->num_tokens;
     c->num_computed = r->num_computed_blocks;
     c->ms = r->deadline_ms ? r->deadline_ms : a->p.deadline_ms;
+    c->stream = r->stream;
     return enqueue(a, c, KVR__SIDE_RECV, true, KVR_RECV_QUEUED);
 }
 
@@ -932,10 +933,11 @@ static void push_event(kvr_agent_t *a, kvr__event_node_t *e)
     a->ev_tail = e;
 }
 
-void kvr__agent_event(kvr_agent_t *a, kvr_agent_event_kind_t kind,
-                      const kvr_wire_id_t *producer,
-                      const kvr_wire_id_t *request, kvr_status_t st,
-                      const char *msg, uint64_t bytes)
+static void request_event(kvr_agent_t *a, kvr_agent_event_kind_t kind,
+                          const kvr_wire_id_t *producer,
+                          const kvr_wire_id_t *request, kvr_status_t st,
+                          const char *msg, uint64_t bytes, uint32_t begin,
+                          uint32_t end)
 {
     kvr__event_node_t *e = calloc(1, sizeof(*e));
     if (e == NULL)
@@ -945,6 +947,8 @@ void kvr__agent_event(kvr_agent_t *a, kvr_agent_event_kind_t kind,
     e->ev.request = *request;
     e->ev.status = st;
     e->ev.bytes = bytes;
+    e->ev.layer_begin = begin;
+    e->ev.layer_end = end;
     snprintf(e->ev.message, sizeof(e->ev.message), "%s", msg ? msg : "");
     e->final = is_final(kind);
     kvr__key_make(&e->key, side_of(kind), producer, request);
@@ -954,6 +958,22 @@ void kvr__agent_event(kvr_agent_t *a, kvr_agent_event_kind_t kind,
         s->final_queued = true;
     push_event(a, e);
     pthread_mutex_unlock(&a->lock);
+}
+
+void kvr__agent_event(kvr_agent_t *a, kvr_agent_event_kind_t kind,
+                      const kvr_wire_id_t *producer,
+                      const kvr_wire_id_t *request, kvr_status_t st,
+                      const char *msg, uint64_t bytes)
+{
+    request_event(a, kind, producer, request, st, msg, bytes, 0, 0);
+}
+
+void kvr__agent_layers_loaded(kvr_agent_t *a, const kvr_wire_id_t *producer,
+                              const kvr_wire_id_t *request, uint32_t begin,
+                              uint32_t end, uint64_t bytes)
+{
+    request_event(a, KVR_AGENT_LAYERS_LOADED, producer, request, KVR_OK, "",
+                  bytes, begin, end);
 }
 
 static void peer_event(kvr_agent_t *a, kvr_agent_event_kind_t kind,

@@ -53,25 +53,30 @@ void kvr__agpu_unmap(kvr__amap_t *m)
     m->dev = NULL;
 }
 
-/* Our regions in (layer, role) order with the consumer's twins, as the
- * plan of the pull has them. */
+/* Our regions of the layer group moving (all the pull's layers when it is
+ * not streamed) in (layer, role) order with the consumer's twins, as the
+ * plan of the pull has them. Launched on the agent's stream, so after
+ * every cudaStreamWaitEvent that send_ready made for these layers. */
 static kvr_status_t launch(kvr_agent_t *a, const kvr__preq_t *r, kvr__pull_t *p,
                            kvr_error_t *err)
 {
-    uint32_t n = a->num_order;
-    kvr_region_pair_t *pairs = calloc(n + 1, sizeof(*pairs));
-    const void **src = calloc(n + 1, sizeof(*src));
-    void **dst = calloc(n + 1, sizeof(*dst));
+    uint32_t n = 0;
+    kvr_region_pair_t *pairs = calloc(a->num_order + 1, sizeof(*pairs));
+    const void **src = calloc(a->num_order + 1, sizeof(*src));
+    void **dst = calloc(a->num_order + 1, sizeof(*dst));
     kvr_status_t st = pairs && src && dst ? KVR_OK : KVR_ERR_NO_MEMORY;
     if (st != KVR_OK)
         kvr_error_set(err, st, "no memory");
-    for (uint32_t i = 0; st == KVR_OK && i < n; i++) {
+    for (uint32_t i = 0; st == KVR_OK && i < a->num_order; i++) {
         const kvr__aregion_t *g = &a->regions[a->order[i]];
+        if (g->desc.layer < p->group_begin || g->desc.layer >= p->group_end ||
+            g->desc.layer < p->layer_lo || g->desc.layer >= p->layer_hi)
+            continue;
         const kvr__amap_t *m =
             &p->link->maps[kvr__twin_index(p->link, &g->desc)];
-        pairs[i] = (kvr_region_pair_t){g->desc, m->desc};
-        src[i] = g->base;
-        dst[i] = m->dev;
+        pairs[n] = (kvr_region_pair_t){g->desc, m->desc};
+        src[n] = g->base;
+        dst[n++] = m->dev;
     }
     kvr_request_t req = {r->src,  r->nsrc,       p->dst,
                          p->ndst, p->num_tokens, p->num_computed};
@@ -82,16 +87,16 @@ static kvr_status_t launch(kvr_agent_t *a, const kvr__preq_t *r, kvr__pull_t *p,
                                 &req, &p->job, &bytes, err);
     if (st == KVR_OK)
         kvr__agent_log(a,
-                       "pull of '%.*s' for dcp %u: kernels launched, %llu "
-                       "bytes",
+                       "pull of '%.*s' for dcp %u, layers [%u, %u): kernels "
+                       "launched, %llu bytes",
                        (int)p->request.len, p->request.bytes, p->dcp_rank,
-                       (unsigned long long)bytes);
-    if (st == KVR_OK && bytes != p->bytes)
+                       p->group_begin, p->group_end, (unsigned long long)bytes);
+    if (st == KVR_OK && bytes != p->group_off - p->group_off0)
         st = kvr_error_set(err, KVR_ERR_VERIFY,
                            "gpu-direct launched %llu "
                            "bytes, the plan has %llu",
                            (unsigned long long)bytes,
-                           (unsigned long long)p->bytes);
+                           (unsigned long long)(p->group_off - p->group_off0));
     free(pairs);
     free(src);
     free(dst);

@@ -199,6 +199,7 @@ typedef struct kvr__cmd {
     uint32_t ms; /* lease or deadline */
     uint32_t groups;
     uint32_t layer_begin, layer_end;
+    bool stream; /* RECV: layer-wise */
     char address[KVR_AGENT_ADDR_MAX];
     uint8_t *payload; /* NOTIFY */
     size_t payload_len;
@@ -242,8 +243,19 @@ typedef struct kvr__pull {
     /* gpu-direct (agent_gpu.c) */
     bool gpu;            /* chosen: scatter kernels via CUDA IPC */
     kvr__gpu_job_t *job; /* launched, not yet seen complete */
-    bool ok;             /* answered WRITE_DONE */
-    kvr_status_t status; /* the answer, to repeat it */
+    /* layer-wise streaming (agent_stream.c): the layers served and the
+     * group moving now; a pull that is not streamed moves one group, all
+     * of it, once every layer is ready */
+    bool stream;                     /* STREAM_REQUEST: LAYERS_DONE per group */
+    bool wait_layers;                /* its next group is not ready: off the
+                                        active list until send_ready */
+    uint32_t layer_lo, layer_hi;     /* the layers it serves */
+    uint32_t group_begin, group_end; /* the group moving now */
+    size_t group_seg0, group_segs;   /* the group's segs */
+    uint64_t group_off0, group_off;  /* its stream bytes */
+    uint32_t group_chunk0;           /* chunks sent before it */
+    bool ok;                         /* answered WRITE_DONE */
+    kvr_status_t status;             /* the answer, to repeat it */
     char text[KVR_WIRE_TEXT_MAX + 1];
 } kvr__pull_t;
 
@@ -300,6 +312,11 @@ typedef struct kvr__cstage {
     uint32_t slots[KVR_AGENT_MAX_SLOTS]; /* staging slots granted */
     uint32_t nslots;
     bool waiting_slots; /* STAGED: not sent until slots free up */
+    /* layer-wise streaming (agent_stream.c) */
+    bool stream;                 /* asked with STREAM_REQUEST (2.1 stage) */
+    uint32_t layer_lo, layer_hi; /* the layers asked of it (planned) */
+    uint32_t layer_next;         /* layers below it are counted */
+    uint64_t counted;            /* bytes of the groups counted */
 } kvr__cstage_t;
 
 typedef struct kvr__creq {
@@ -311,6 +328,7 @@ typedef struct kvr__creq {
     size_t ndst;
     uint64_t num_tokens, num_computed;
     uint64_t nonce;
+    bool stream; /* recv asked layer-wise: LAYERS_LOADED events */
     uint64_t started_ns, deadline_ns, hard_ns;
     bool cut_done; /* silent stages were cut at hard_ns */
     kvr__cstage_t stages[KVR_AGENT_MAX_STAGES];
@@ -330,16 +348,18 @@ typedef enum kvr__recv_in {
     KVR__RIN_TICK,      /* deadline, deadline plus grace */
     KVR__RIN_CHUNK,     /* a stage's CHUNK_DONE (staged executor) */
     KVR__RIN_SLOTS,     /* staging slots were freed */
+    KVR__RIN_LAYERS,    /* a stage's LAYERS_DONE (streaming) */
 } kvr__recv_in_t;
 
 typedef struct kvr__recv_input {
     kvr__recv_in_t kind;
-    kvr__cstage_t *stage;              /* DONE, FAILED, LOST, CHUNK */
-    uint64_t bytes;                    /* DONE */
-    uint32_t chunks;                   /* DONE */
-    kvr_status_t status;               /* FAILED, LOST */
-    const char *text;                  /* FAILED, LOST */
-    const kvr_msg_chunk_done_t *chunk; /* CHUNK */
+    kvr__cstage_t *stage;                /* DONE, FAILED, LOST, CHUNK */
+    uint64_t bytes;                      /* DONE */
+    uint32_t chunks;                     /* DONE */
+    kvr_status_t status;                 /* FAILED, LOST */
+    const char *text;                    /* FAILED, LOST */
+    const kvr_msg_chunk_done_t *chunk;   /* CHUNK */
+    const kvr_msg_layers_done_t *layers; /* LAYERS */
 } kvr__recv_input_t;
 
 /* ---- the agent ---- */
@@ -450,6 +470,9 @@ struct kvr_agent {
     uint64_t join_retry_ns;        /* non-head stage: next dial of the head */
     kvr__alink_t *join_link;
     kvr__frame_fault_t fault;
+    bool speaks_2_0;             /* tests: HELLO says protocol 2.0 and stream
+                        messages are refused, as by a peer from before
+                        streaming */
     uint64_t moved_turn_max;     /* tests: most bytes put in one turn */
     uint64_t moving_turns;       /* tests: turns that put bytes */
     uint64_t chunks_moved;       /* tests: staged chunks sent (producer)
@@ -465,6 +488,10 @@ void kvr__agent_event(kvr_agent_t *a, kvr_agent_event_kind_t kind,
                       const kvr_wire_id_t *producer,
                       const kvr_wire_id_t *request, kvr_status_t st,
                       const char *msg, uint64_t bytes);
+/* LAYERS_LOADED for layers [begin, end) of a streamed load. */
+void kvr__agent_layers_loaded(kvr_agent_t *a, const kvr_wire_id_t *producer,
+                              const kvr_wire_id_t *request, uint32_t begin,
+                              uint32_t end, uint64_t bytes);
 /* PEER_REFUSED: a link refused before it was ready (either side). */
 void kvr__agent_peer_refused(kvr_agent_t *a, const kvr_wire_id_t *peer,
                              bool known, kvr_status_t st, const char *msg);
@@ -629,6 +656,31 @@ kvr_status_t kvr__agpu_slice(kvr_agent_t *a, const kvr__preq_t *r,
 /* Is any active pull one the loop must work on (not only waiting for its
  * kernels)? */
 bool kvr__agpu_cpu_work(const kvr_agent_t *a);
+
+/* agent_stream.c: layer-wise streaming (docs/agent.md Streaming) */
+/* Producer: the pull's next layer group from the layers ready now (all of
+ * them for a pull that is not streamed): true with p->group_* set, false
+ * when its first layer is not ready yet. */
+bool kvr__stream_next(const kvr_agent_t *a, const kvr__preq_t *r,
+                      kvr__pull_t *p);
+/* Producer: LAYERS_DONE for the group of p just written. */
+kvr_status_t kvr__stream_group_done(kvr_agent_t *a, kvr__pull_t *p);
+/* Consumer: a WRITE_REQUEST for stage s of r becomes a STREAM_REQUEST when
+ * r streams and the stage speaks 2.1. */
+void kvr__stream_ask(const kvr__creq_t *r, kvr__cstage_t *s, kvr_msg_t *m);
+/* Consumer: checks and counts a LAYERS_DONE of stage s, then reports the
+ * layers every source has now delivered (LAYERS_LOADED). */
+kvr_status_t kvr__stream_count(kvr_agent_t *a, kvr__creq_t *r, kvr__cstage_t *s,
+                               const kvr_msg_layers_done_t *g,
+                               kvr_error_t *err);
+/* Consumer: stage s answered WRITE_DONE: every group of a streamed stage
+ * must have been counted; a stage that was not streamed counts its whole
+ * range now (LAYERS_LOADED when r streams). */
+kvr_status_t kvr__stream_stage_done(kvr_agent_t *a, kvr__creq_t *r,
+                                    kvr__cstage_t *s, kvr_error_t *err);
+/* Tests: this agent's HELLO says 2.0 and it refuses STREAM_REQUEST and
+ * LAYERS_DONE like a peer from before streaming. */
+void kvr__agent_speak_2_0(kvr_agent_t *a);
 
 /* Tests: control-frame faults (see kvr__frame_fault_t). */
 void kvr__agent_set_frame_fault(kvr_agent_t *a, kvr_msg_type_t type,

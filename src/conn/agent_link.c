@@ -320,6 +320,8 @@ static kvr_status_t build_hello(kvr_agent_t *a, kvr__alink_t *l,
     h->instance = a->instance;
     h->incarnation = a->incarnation;
     snprintf(h->settings, sizeof(h->settings), "%s", a->settings);
+    if (a->speaks_2_0)
+        h->proto_minor = 0;
     return st;
 }
 
@@ -557,6 +559,7 @@ static bool on_request_frame(kvr_agent_t *a, kvr__alink_t *l,
     bool from_consumer = accepted && peer_consumer &&
                          (a->p.role & KVR_AGENT_PRODUCER);
     bool stage_link = l->kind == KVR__LINK_STAGE;
+    bool streams = !a->speaks_2_0;
     switch (m->type) {
     case KVR_MSG_NOTIFY:
         kvr__notify_msg(a, l, &m->u.notify);
@@ -565,6 +568,9 @@ static bool on_request_frame(kvr_agent_t *a, kvr__alink_t *l,
         if (from_consumer)
             kvr__link_on_regions(a, l, &m->u.regions);
         return from_consumer;
+    case KVR_MSG_STREAM_REQUEST:
+        from_consumer = from_consumer && streams;
+        /* fall through */
     case KVR_MSG_WRITE_REQUEST:
     case KVR_MSG_RELEASE:
         if (from_consumer)
@@ -584,6 +590,9 @@ static bool on_request_frame(kvr_agent_t *a, kvr__alink_t *l,
         if (stage_link)
             kvr__link_on_stages(a, l, &m->u.stages);
         return stage_link || l->kind == KVR__LINK_NOTIFY;
+    case KVR_MSG_LAYERS_DONE:
+        stage_link = stage_link && streams;
+        /* fall through */
     case KVR_MSG_WRITE_DONE:
     case KVR_MSG_WRITE_FAILED:
         if (stage_link)

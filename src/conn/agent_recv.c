@@ -7,6 +7,7 @@
  * RELEASED. creq_step is the one transition function; docs/agent.md has
  * the table. */
 #include <stdarg.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -166,7 +167,7 @@ static kvr_status_t plan_stage(kvr_agent_t *a, const kvr__creq_t *r,
         pairs[n] = (kvr_region_pair_t){
             kvr__twin_desc(&a->p.layout, &g->desc, false), g->desc};
         pairs[n].src.num_blocks = nsrc ? nsrc : 1;
-        s->segs[n++] = (kvr__dseg_t){NULL, NULL, 0, g->base};
+        s->segs[n++] = (kvr__dseg_t){NULL, NULL, 0, g->base, g->desc.layer};
     }
     kvr_request_t req = {src,     nsrc,          r->dst,
                          r->ndst, r->num_tokens, r->num_computed};
@@ -181,6 +182,8 @@ static kvr_status_t plan_stage(kvr_agent_t *a, const kvr__creq_t *r,
         s->segs[i].plan = kvr_plan_set_plan_of(s->plans, i);
     s->nsegs = st == KVR_OK ? n : 0;
     s->expect_bytes = st == KVR_OK ? kvr_plan_set_total_bytes(s->plans) : 0;
+    s->layer_lo = s->layer_next = lo; /* streaming: counted per group */
+    s->layer_hi = hi;
     free(src);
     free(pairs);
     return st;
@@ -306,6 +309,7 @@ static void send_pull(kvr_agent_t *a, kvr__creq_t *r, kvr__cstage_t *s)
     w->staging_slots = s->slots;
     w->num_staging_slots = s->nslots;
     w->write_nonce = r->nonce;
+    kvr__stream_ask(r, s, &m);
     uint64_t now = kvr_now_ns();
     w->deadline_ms = r->deadline_ns > now
                          ? (uint32_t)((r->deadline_ns - now) / 1000000u) + 1
@@ -367,6 +371,7 @@ static bool all_done(kvr__creq_t *r)
 static void pulling(kvr_agent_t *a, kvr__creq_t *r, const kvr__recv_input_t *in)
 {
     kvr__cstage_t *s = in->stage;
+    kvr_error_t err = {0};
     switch (in->kind) {
     case KVR__RIN_DONE:
         s->answered = true;
@@ -379,6 +384,10 @@ static void pulling(kvr_agent_t *a, kvr__creq_t *r, const kvr__recv_input_t *in)
                        s->pp_rank, s->tp_rank, (unsigned long long)in->bytes, in->chunks,
                        (unsigned long long)s->unpacked,
                        (unsigned long long)s->expect_bytes);
+            return;
+        }
+        if (kvr__stream_stage_done(a, r, s, &err) != KVR_OK) {
+            quarantine(a, r, err.code, "stage %u: %s", s->pp_rank, err.msg);
             return;
         }
         s->done = true;
@@ -397,13 +406,16 @@ static void pulling(kvr_agent_t *a, kvr__creq_t *r, const kvr__recv_input_t *in)
                    s->pp_rank, s->tp_rank,
                    in->kind == KVR__RIN_LOST ? "lost" : "refused", in->text);
         return;
-    case KVR__RIN_CHUNK: {
-        kvr_error_t err = {0};
+    case KVR__RIN_CHUNK:
         if (kvr__staged_unpack(a, s, in->chunk, &err) != KVR_OK)
             quarantine(a, r, err.code, "stage %u (tp %u): %s",
                        s->pp_rank, s->tp_rank, err.msg);
         return;
-    }
+    case KVR__RIN_LAYERS:
+        if (kvr__stream_count(a, r, s, in->layers, &err) != KVR_OK)
+            quarantine(a, r, err.code, "stage %u (tp %u): %s",
+                       s->pp_rank, s->tp_rank, err.msg);
+        return;
     case KVR__RIN_SLOTS:
         send_waiting(a, r);
         return;
@@ -427,8 +439,9 @@ static void pulling(kvr_agent_t *a, kvr__creq_t *r, const kvr__recv_input_t *in)
 static void quarantined(kvr_agent_t *a, kvr__creq_t *r,
                         const kvr__recv_input_t *in)
 {
-    if (in->kind == KVR__RIN_CHUNK)
-        return; /* not unpacked, not acked: the RELEASE stops that stage */
+    if (in->kind == KVR__RIN_CHUNK || in->kind == KVR__RIN_LAYERS)
+        return; /* not unpacked, not acked, not reported: the RELEASE stops
+                   that stage */
     if (in->stage != NULL)
         in->stage->answered = true;
     if (in->kind == KVR__RIN_TICK && kvr_now_ns() >= r->hard_ns)
@@ -505,6 +518,7 @@ static void start(kvr_agent_t *a, kvr__cmd_t *c)
     r->num_tokens = c->num_tokens;
     r->num_computed = c->num_computed;
     r->nonce = kvr_wire_random_nonce();
+    r->stream = c->stream;
     r->started_ns = kvr_now_ns();
     r->deadline_ns = r->started_ns + ms_ns(c->ms);
     r->hard_ns = r->deadline_ns + ms_ns(a->p.grace_ms);
@@ -542,22 +556,28 @@ static kvr__cstage_t *stage_of(kvr__creq_t *r, const kvr__alink_t *l)
     return NULL;
 }
 
-/* WRITE_DONE / WRITE_FAILED / CHUNK_DONE: ours only if request, nonce
+/* WRITE_DONE / WRITE_FAILED / CHUNK_DONE / LAYERS_DONE: ours only if request, nonce
  * and stage match and the stage has not answered; anything else (late,
  * duplicate, foreign) is ignored. */
+/* Every answer begins with request id, transfer id, pp rank, tp rank and
+ * write nonce: a common initial sequence of the union's structs. */
+#define SAME_AT(T, f) (offsetof(T, f) == offsetof(kvr_msg_write_done_t, f))
+_Static_assert(SAME_AT(kvr_msg_chunk_done_t, write_nonce) &&
+                   SAME_AT(kvr_msg_write_failed_t, write_nonce) &&
+                   SAME_AT(kvr_msg_layers_done_t, write_nonce) &&
+                   SAME_AT(kvr_msg_chunk_done_t, pp_rank) &&
+                   SAME_AT(kvr_msg_write_failed_t, pp_rank) &&
+                   SAME_AT(kvr_msg_layers_done_t, pp_rank),
+               "answers share their head");
+
 void kvr__recv_msg(kvr_agent_t *a, kvr__alink_t *l, const kvr_msg_t *m)
 {
     bool done = m->type == KVR_MSG_WRITE_DONE;
     bool chunk = m->type == KVR_MSG_CHUNK_DONE;
-    const kvr_wire_id_t *id = done    ? &m->u.write_done.request_id
-                              : chunk ? &m->u.chunk_done.request_id
-                                      : &m->u.write_failed.request_id;
-    uint64_t nonce = done    ? m->u.write_done.write_nonce
-                     : chunk ? m->u.chunk_done.write_nonce
-                             : m->u.write_failed.write_nonce;
-    uint32_t pp = done    ? m->u.write_done.pp_rank
-                  : chunk ? m->u.chunk_done.pp_rank
-                          : m->u.write_failed.pp_rank;
+    bool layers = m->type == KVR_MSG_LAYERS_DONE;
+    const kvr_wire_id_t *id = &m->u.write_done.request_id;
+    uint64_t nonce = m->u.write_done.write_nonce;
+    uint32_t pp = m->u.write_done.pp_rank;
     kvr__creq_t *r = l->dir ? creq_find(a, &l->dir->instance, id) : NULL;
     kvr__cstage_t *s = r ? stage_of(r, l) : NULL;
     if (s == NULL || r->nonce != nonce || s->pp_rank != pp || s->answered ||
@@ -569,11 +589,14 @@ void kvr__recv_msg(kvr_agent_t *a, kvr__alink_t *l, const kvr_msg_t *m)
                        l->address);
         return;
     }
-    kvr__recv_input_t in = {.kind = done    ? KVR__RIN_DONE
-                                    : chunk ? KVR__RIN_CHUNK
-                                            : KVR__RIN_FAILED,
+    kvr__recv_input_t in = {.kind = done     ? KVR__RIN_DONE
+                                    : chunk  ? KVR__RIN_CHUNK
+                                    : layers ? KVR__RIN_LAYERS
+                                             : KVR__RIN_FAILED,
                             .stage = s};
-    if (done) {
+    if (layers) {
+        in.layers = &m->u.layers_done;
+    } else if (done) {
         in.bytes = m->u.write_done.bytes;
         in.chunks = m->u.write_done.chunks;
     } else if (chunk) {

@@ -152,27 +152,32 @@ static kvr_status_t check_counts(const kvr_agent_t *a, const kvr__preq_t *r,
     return KVR_OK;
 }
 
-/* Our regions in (layer, role) order, each with the consumer's twin: the
- * order the consumer unpacks a staged stream in. */
+/* Our regions of the pull's layers in (layer, role) order, each with the
+ * consumer's twin: the order the consumer unpacks a staged stream in. */
 static kvr_status_t plan_pull(kvr_agent_t *a, const kvr__preq_t *r,
                               kvr__pull_t *p, kvr_error_t *err)
 {
-    uint32_t n = a->num_order;
-    kvr_region_pair_t *pairs = calloc(n + 1, sizeof(*pairs));
-    p->segs = calloc(n + 1, sizeof(*p->segs));
+    uint32_t n = 0;
+    kvr_region_pair_t *pairs = calloc(a->num_order + 1, sizeof(*pairs));
+    p->segs = calloc(a->num_order + 1, sizeof(*p->segs));
     if (pairs == NULL || p->segs == NULL) {
         free(pairs);
         return kvr_error_set(err, KVR_ERR_NO_MEMORY, "no memory");
     }
     kvr_status_t st = check_counts(a, r, p, err);
-    for (uint32_t i = 0; st == KVR_OK && i < n; i++) {
-        const kvr_region_desc_t *d = &a->regions[a->order[i]].desc;
-        int j = kvr__twin_index(p->link, d);
-        if (j < 0) /* REGIONS checked every twin; defensive */
+    for (uint32_t i = 0; st == KVR_OK && i < a->num_order; i++) {
+        const kvr__aregion_t *g = &a->regions[a->order[i]];
+        if (g->desc.layer < p->layer_lo || g->desc.layer >= p->layer_hi)
+            continue;
+        int j = kvr__twin_index(p->link, &g->desc);
+        if (j < 0) { /* REGIONS checked every twin; defensive */
             st = kvr_error_set(err, KVR_ERR_NOT_FOUND, "layer %u has no twin",
-                               d->layer);
-        else
-            pairs[i] = (kvr_region_pair_t){*d, p->link->maps[j].desc};
+                               g->desc.layer);
+            break;
+        }
+        pairs[n] = (kvr_region_pair_t){g->desc, p->link->maps[j].desc};
+        p->segs[n++] = (kvr__dseg_t){NULL, g->base, p->link->maps[j].mapping,
+                                     NULL, g->desc.layer};
     }
     kvr_request_t req = {r->src,  r->nsrc,       p->dst,
                          p->ndst, p->num_tokens, p->num_computed};
@@ -183,13 +188,9 @@ static kvr_status_t plan_pull(kvr_agent_t *a, const kvr__preq_t *r,
         st = kvr_plan_set_create_pair(
             &a->p.layout, tp ? a->p.topo.tp_rank : a->p.topo.dcp_rank,
             tp ? p->consumer_tp : p->dcp_rank, pairs, n, &req, &p->plans, err);
-    for (uint32_t i = 0; st == KVR_OK && i < n; i++) {
-        const kvr__aregion_t *g = &a->regions[a->order[i]];
-        int j = kvr__twin_index(p->link, &g->desc);
-        p->segs[i] = (kvr__dseg_t){kvr_plan_set_plan_of(p->plans, i), g->base,
-                                   p->link->maps[j].mapping, NULL};
-    }
-    p->nsegs = n;
+    for (uint32_t i = 0; st == KVR_OK && i < n; i++)
+        p->segs[i].plan = kvr_plan_set_plan_of(p->plans, i);
+    p->nsegs = st == KVR_OK ? n : 0;
     free(pairs);
     return st;
 }
@@ -213,7 +214,21 @@ static void start_pull(kvr_agent_t *a, const kvr__preq_t *r, kvr__pull_t *p)
         return;
     }
     p->state = KVR__PULL_MOVING;
-    list_active(a, p);
+    p->wait_layers = !kvr__stream_next(a, r, p);
+    if (!p->wait_layers)
+        list_active(a, p);
+}
+
+/* send_ready covered more layers: streamed pulls whose next group is now
+ * ready move again, all of them at once. */
+static void serve_streams(kvr_agent_t *a, kvr__preq_t *r)
+{
+    for (kvr__pull_t *p = r->pulls; p != NULL; p = p->next)
+        if (p->state == KVR__PULL_MOVING && p->wait_layers &&
+            kvr__stream_next(a, r, p)) {
+            p->wait_layers = false;
+            list_active(a, p);
+        }
 }
 
 /* ---- the request ---- */
@@ -366,11 +381,12 @@ static void tick_pulls(kvr_agent_t *a, kvr__preq_t *r, uint64_t now)
 {
     bool lease_over = now >= r->lease_end_ns;
     for (kvr__pull_t *p = r->pulls; p != NULL; p = p->next) {
-        if ((p->state == KVR__PULL_HELD &&
-             (now >= p->deadline_ns || lease_over)) ||
-            (p->state == KVR__PULL_MOVING && now >= p->deadline_ns))
+        bool live = p->state == KVR__PULL_HELD || p->state == KVR__PULL_MOVING;
+        bool unready = p->state == KVR__PULL_HELD ||
+                       (p->state == KVR__PULL_MOVING && p->wait_layers);
+        if ((live && now >= p->deadline_ns) || (unready && lease_over))
             cut(a, p, KVR_ERR_TIMEOUT,
-                p->state == KVR__PULL_HELD && lease_over
+                unready && lease_over
                     ? "the lease ended before the stage's layers were ready"
                     : "deadline passed on the producer");
         if (p->state == KVR__PULL_ANSWERED && now >= p->release_by_ns)
@@ -388,6 +404,7 @@ static void preq_step(kvr_agent_t *a, kvr__preq_t *r, kvr__send_in_t in,
         r->state = r->layers_missing ? KVR_SEND_OPEN : KVR_SEND_READY;
         break;
     case KVR__SIN_READY:
+        serve_streams(a, r);
         if (r->state == KVR_SEND_OPEN && r->layers_missing == 0) {
             r->state = KVR_SEND_READY;
             serve_held(a, r);
@@ -399,9 +416,9 @@ static void preq_step(kvr_agent_t *a, kvr__preq_t *r, kvr__send_in_t in,
             answer(a, p, st, why);
         else if (kvr_now_ns() >= r->lease_end_ns)
             answer(a, p, KVR_ERR_TIMEOUT, "the lease ended");
-        else if (r->state == KVR_SEND_READY)
-            start_pull(a, r, p);
-        if (st != KVR_OK) /* not in any group: nothing to release */
+        else if (r->state == KVR_SEND_READY || p->stream)
+            start_pull(a, r, p); /* streamed: served group by group */
+        if (st != KVR_OK)        /* not in any group: nothing to release */
             p->state = KVR__PULL_RELEASED;
         break;
     case KVR__SIN_ANSWERED:
@@ -526,7 +543,7 @@ static kvr__pull_t *pull_of(kvr__pull_t *list, const kvr__alink_t *l,
 }
 
 static kvr__pull_t *new_pull(kvr_agent_t *a, kvr__alink_t *l,
-                             const kvr_msg_write_request_t *w)
+                             const kvr_msg_write_request_t *w, bool stream)
 {
     kvr__pull_t *p = calloc(1, sizeof(*p));
     if (p == NULL)
@@ -562,12 +579,33 @@ static kvr__pull_t *new_pull(kvr_agent_t *a, kvr__alink_t *l,
     p->num_computed = w->num_computed_blocks;
     p->arrived_ns = kvr_now_ns();
     p->deadline_ns = p->arrived_ns + ms_ns(w->deadline_ms);
-    (void)a;
+    /* streamed: the layers asked that this stage holds; else all of ours */
+    uint32_t s = a->p.topo.layer_start, e = a->p.topo.layer_end;
+    p->stream = stream;
+    p->layer_lo = !stream ? 0 : w->layer_begin > s ? w->layer_begin : s;
+    p->layer_hi = !stream ? UINT32_MAX : w->layer_end < e ? w->layer_end : e;
     return p;
 }
 
+/* Why a pull cannot be served at all, or NULL. */
+static const char *refusal(const kvr_agent_t *a, const kvr__alink_t *l,
+                           const kvr__pull_t *p, char *why, size_t cap)
+{
+    if (!l->regions_ready)
+        return "WRITE_REQUEST before REGIONS";
+    if (p->consumer_tp >= KVR_AGENT_MAX_TP || !(a->serves >> p->consumer_tp & 1))
+        return "this producer tp rank does not serve that consumer tp rank";
+    if (p->layer_lo >= p->layer_hi) {
+        snprintf(why, cap,
+                 "STREAM_REQUEST for no layer of this stage's [%u, %u)",
+                 a->p.topo.layer_start, a->p.topo.layer_end);
+        return why;
+    }
+    return NULL;
+}
+
 static void on_write_request(kvr_agent_t *a, kvr__alink_t *l,
-                             const kvr_msg_write_request_t *w)
+                             const kvr_msg_write_request_t *w, bool stream)
 {
     kvr__preq_t *r = preq_find(a, &w->request_id);
     kvr__pull_t *dup = pull_of(r ? r->pulls : a->orphans, l, w->write_nonce);
@@ -576,21 +614,17 @@ static void on_write_request(kvr_agent_t *a, kvr__alink_t *l,
             answer(a, dup, KVR_OK, "");
         return;
     }
-    kvr__pull_t *p = new_pull(a, l, w);
+    kvr__pull_t *p = new_pull(a, l, w, stream);
     if (p == NULL) {
         kvr__pull_t tmp = {
             .link = l, .request = w->request_id, .nonce = w->write_nonce};
         answer(a, &tmp, KVR_ERR_NO_MEMORY, "no memory on the producer");
         return;
     }
-    bool serves = p->consumer_tp < KVR_AGENT_MAX_TP &&
-                  (a->serves >> p->consumer_tp & 1);
-    if (!l->regions_ready || !serves) {
-        answer(
-            a, p, KVR_ERR_PROTO,
-            !l->regions_ready
-                ? "WRITE_REQUEST before REGIONS"
-                : "this producer tp rank does not serve that consumer tp rank");
+    char why[KVR_ERROR_MSG_MAX];
+    const char *refused = refusal(a, l, p, why, sizeof(why));
+    if (refused != NULL) {
+        answer(a, p, KVR_ERR_PROTO, refused);
         pull_free(p);
         return;
     }
@@ -645,8 +679,9 @@ static void on_chunk_ack(kvr_agent_t *a, kvr__alink_t *l,
 
 void kvr__send_msg(kvr_agent_t *a, kvr__alink_t *l, const kvr_msg_t *m)
 {
-    if (m->type == KVR_MSG_WRITE_REQUEST)
-        on_write_request(a, l, &m->u.write_request);
+    if (m->type == KVR_MSG_WRITE_REQUEST || m->type == KVR_MSG_STREAM_REQUEST)
+        on_write_request(a, l, &m->u.write_request,
+                         m->type == KVR_MSG_STREAM_REQUEST);
     else if (m->type == KVR_MSG_RELEASE)
         on_release(a, l, &m->u.release);
     else if (m->type == KVR_MSG_CHUNK_DONE)
@@ -769,6 +804,24 @@ static uint64_t turn_bound(const kvr__pull_t *p)
     return by < p->deadline_ns ? by : p->deadline_ns;
 }
 
+/* A streamed pull's group is in place: LAYERS_DONE, then its next group
+ * if there is one (waiting off the active list until its layers are
+ * ready). */
+static kvr_status_t next_group(kvr_agent_t *a, const kvr__preq_t *r,
+                               kvr__pull_t *p, kvr_error_t *err)
+{
+    if (kvr__stream_group_done(a, p) != KVR_OK)
+        return kvr_error_set(err, KVR_ERR_PEER_DEAD, "consumer link lost");
+    if (p->group_end >= p->layer_hi)
+        return KVR_OK;
+    if (r == NULL) /* defensive: an active pull's request is live */
+        return kvr_error_set(err, KVR_ERR_CANCELED, "request gone");
+    p->wait_layers = !kvr__stream_next(a, r, p);
+    if (p->wait_layers)
+        unlist_active(a, p);
+    return KVR_OK;
+}
+
 /* One slice of one pull; true when the pull left the active list (done,
  * failed, or a staged one waiting for an ack). */
 static bool slice(kvr_agent_t *a, kvr__pull_t *p, uint64_t *moved)
@@ -784,7 +837,7 @@ static bool slice(kvr_agent_t *a, kvr__pull_t *p, uint64_t *moved)
     else if (p->staged)
         st = kvr__staged_slice(a, p, moved, &done, &err);
     else
-        st = kvr__data_put_some(p->link->data, p->segs, p->nsegs, &p->cur,
+        st = kvr__data_put_some(p->link->data, p->segs, p->group_segs, &p->cur,
                                 KVR_AGENT_SLICE_BYTES, turn_bound(p), &done,
                                 moved, &err);
     if (st == KVR_ERR_TIMEOUT && kvr_now_ns() < p->deadline_ns)
@@ -797,6 +850,10 @@ static bool slice(kvr_agent_t *a, kvr__pull_t *p, uint64_t *moved)
         st = kvr__data_flush(p->link->data, turn_bound(p), &err);
     if (st == KVR_ERR_TIMEOUT && kvr_now_ns() < p->deadline_ns)
         return false; /* flushed again next turn */
+    if (st == KVR_OK && p->stream)
+        st = next_group(a, r, p, &err);
+    if (st == KVR_OK && p->group_end < p->layer_hi && p->stream)
+        return p->wait_layers; /* on with the next group, or off the list */
     unlist_active(a, p);
     answer(a, p, st, err.msg);
     if (r != NULL)

@@ -167,13 +167,15 @@ kvr_status_t kvr__staged_slice(kvr_agent_t *a, kvr__pull_t *p, uint64_t *moved,
     uint64_t slot_bytes = sm->desc.page_bytes, posted = 0;
     kvr_status_t st = KVR_OK;
     p->waiting_ack = false;
-    while (st == KVR_OK && p->sent_off < p->bytes &&
+    /* up to the end of the layer group moving (the whole stream when the
+     * pull is not streamed): a chunk never spans two groups */
+    while (st == KVR_OK && p->sent_off < p->group_off &&
            posted < KVR_AGENT_SLICE_BYTES) {
         if (p->chunks >= p->acked + p->nslots) {
             p->waiting_ack = true;
             break;
         }
-        uint64_t len = p->bytes - p->sent_off;
+        uint64_t len = p->group_off - p->sent_off;
         len = len < slot_bytes ? len : slot_bytes;
         uint32_t slot = p->slots[p->chunks % p->nslots];
         st = kvr__data_send_chunk(l->data, p->segs, p->nsegs, p->sent_off, len,
@@ -189,6 +191,6 @@ kvr_status_t kvr__staged_slice(kvr_agent_t *a, kvr__pull_t *p, uint64_t *moved,
         }
     }
     *moved += posted;
-    *done = st == KVR_OK && p->sent_off >= p->bytes;
+    *done = st == KVR_OK && p->sent_off >= p->group_off;
     return st;
 }

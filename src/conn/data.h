@@ -49,6 +49,7 @@ typedef struct kvr__dseg {
     const void *src; /* producer: local source base */
     uint32_t remote; /* producer: index of the destination mapping */
     void *dst_local; /* consumer: local destination base */
+    uint32_t layer;  /* the region's model layer (layer-wise streaming) */
 } kvr__dseg_t;
 
 uint64_t kvr__dseg_bytes(const kvr__dseg_t *segs, size_t n);

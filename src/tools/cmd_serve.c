@@ -354,7 +354,8 @@ static void start_load(serve_t *s, lreq_t *q)
                           q->address,    q->id,
                           strlen(q->id), q->dst,
                           q->ndst,       q->tokens,
-                          q->computed,   0};
+                          q->computed,   0,
+                          false};
     q->started_ns = kvr_now_ns();
     q->loading = true;
     if (kvr_agent_recv(s->agent, &r) == KVR_OK)

@@ -601,6 +601,7 @@ void kvr_msg_init(kvr_msg_t *msg, kvr_msg_type_t type)
         msg->u.assign.deadline_ms = KVR_WIRE_DEADLINE_DEFAULT_MS;
         break;
     case KVR_MSG_WRITE_REQUEST:
+    case KVR_MSG_STREAM_REQUEST:
         msg->u.write_request.deadline_ms = KVR_WIRE_DEADLINE_DEFAULT_MS;
         break;
     default:

@@ -161,21 +161,28 @@ static const kvr__rec_t assign_rec = REC("ASSIGN", kvr_msg_assign_t,
                                          assign_fields);
 
 #define W kvr_msg_write_request_t
-static const kvr__field_t write_request_fields[] = {
-    F_HEAD(W),
-    F_U32S(W, src_blocks, num_src_blocks, KVR_WIRE_MAX_BLOCKS),
-    F_U32S(W, dst_blocks, num_dst_blocks, KVR_WIRE_MAX_BLOCKS),
-    F_U64(W, num_tokens),
-    F_U64(W, num_computed_blocks),
-    F_U32(W, dcp_rank),
-    F_INT(W, executor, 1, KVR_WIRE_EXEC_AUTO, KVR_WIRE_EXEC_GPU_DIRECT),
-    F_U32S(W, staging_slots, num_staging_slots, KVR_WIRE_MAX_SLOTS),
-    F_NONCE(W),
-    F_DEADLINE(W, deadline_ms),
+#define WRITE_REQUEST_FIELDS                                                   \
+    F_HEAD(W), F_U32S(W, src_blocks, num_src_blocks, KVR_WIRE_MAX_BLOCKS),     \
+        F_U32S(W, dst_blocks, num_dst_blocks, KVR_WIRE_MAX_BLOCKS),            \
+        F_U64(W, num_tokens), F_U64(W, num_computed_blocks),                   \
+        F_U32(W, dcp_rank),                                                    \
+        F_INT(W, executor, 1, KVR_WIRE_EXEC_AUTO, KVR_WIRE_EXEC_GPU_DIRECT),   \
+        F_U32S(W, staging_slots, num_staging_slots, KVR_WIRE_MAX_SLOTS),       \
+        F_NONCE(W), F_DEADLINE(W, deadline_ms)
+static const kvr__field_t write_request_fields[] = {WRITE_REQUEST_FIELDS};
+/* 2.1: WRITE_REQUEST's fields, then the layer range (a new type rather
+ * than new fields, so that 2.0 peers keep reading WRITE_REQUEST) */
+static const kvr__field_t stream_request_fields[] = {
+    WRITE_REQUEST_FIELDS,
+    F_U32(W, layer_begin),
+    F_INT(W, layer_end, 4, 1, UINT32_MAX),
 };
+#undef WRITE_REQUEST_FIELDS
 #undef W
 static const kvr__rec_t write_request_rec = REC(
     "WRITE_REQUEST", kvr_msg_write_request_t, write_request_fields);
+static const kvr__rec_t stream_request_rec = REC(
+    "STREAM_REQUEST", kvr_msg_write_request_t, stream_request_fields);
 
 #define D kvr_msg_write_done_t
 static const kvr__field_t write_done_fields[] = {
@@ -187,6 +194,19 @@ static const kvr__field_t write_done_fields[] = {
 #undef D
 static const kvr__rec_t write_done_rec = REC("WRITE_DONE", kvr_msg_write_done_t,
                                              write_done_fields);
+
+#define G kvr_msg_layers_done_t
+static const kvr__field_t layers_done_fields[] = {
+    F_HEAD(G),
+    F_SOURCE(G),
+    F_U32(G, layer_begin),
+    F_INT(G, layer_end, 4, 1, UINT32_MAX),
+    F_U64(G, bytes),
+    F_U32(G, chunks),
+};
+#undef G
+static const kvr__rec_t layers_done_rec = REC(
+    "LAYERS_DONE", kvr_msg_layers_done_t, layers_done_fields);
 
 #define F kvr_msg_write_failed_t
 static const kvr__field_t write_failed_fields[] = {
@@ -268,6 +288,8 @@ static const kvr__rec_t *const schemas[] = {
     [KVR_MSG_JOIN] = &join_rec,
     [KVR_MSG_STAGES] = &stages_rec,
     [KVR_MSG_NOTIFY] = &notify_rec,
+    [KVR_MSG_STREAM_REQUEST] = &stream_request_rec,
+    [KVR_MSG_LAYERS_DONE] = &layers_done_rec,
 };
 
 const kvr__rec_t *kvr__schema(uint16_t type)

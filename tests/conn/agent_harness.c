@@ -238,9 +238,15 @@ void ah_open(ah_agent_t *prod, const ah_req_t *r, uint32_t lease_ms,
 void ah_recv(ah_agent_t *cons, const char *producer, const char *address,
              const ah_req_t *r, uint32_t deadline_ms)
 {
+    ah_recv_stream(cons, producer, address, r, deadline_ms, false);
+}
+
+void ah_recv_stream(ah_agent_t *cons, const char *producer, const char *address,
+                    const ah_req_t *r, uint32_t deadline_ms, bool stream)
+{
     kvr_agent_recv_t q = {producer,      strlen(producer), address, r->id,
                           strlen(r->id), r->dst,           r->ndst, r->tokens,
-                          r->computed,   deadline_ms};
+                          r->computed,   deadline_ms,      stream};
     kvr_status_t st = kvr_agent_recv(cons->agent, &q);
     if (st != KVR_OK)
         fail_msg("recv: %s", kvr_agent_last_error(cons->agent));

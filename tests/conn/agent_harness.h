@@ -76,6 +76,9 @@ void ah_open(ah_agent_t *prod, const ah_req_t *r, uint32_t lease_ms,
              uint32_t groups, bool ready);
 void ah_recv(ah_agent_t *cons, const char *producer, const char *address,
              const ah_req_t *r, uint32_t deadline_ms);
+/* ah_recv with kvr_agent_recv_t.stream set as asked. */
+void ah_recv_stream(ah_agent_t *cons, const char *producer, const char *address,
+                    const ah_req_t *r, uint32_t deadline_ms, bool stream);
 
 /* Moves queued events into the log. */
 void ah_collect(ah_agent_t *x);

@@ -3,7 +3,9 @@
  * agent's control links (src/conn/link.h): it listens, does the real keyed
  * handshake (session MACs included) as a PP head of one stage, greets with
  * STAGES, and answers every WRITE_REQUEST with WRITE_DONE of 0 bytes or of
- * 2^64 - 1 bytes. No such request may be reported LOADED: each ends in
+ * 2^64 - 1 bytes (a STREAM_REQUEST first with LAYERS_DONE of its whole
+ * range claiming as much). No such request may be reported LOADED (nor
+ * any of its layers LAYERS_LOADED): each ends in
  * LOAD_FAILED, then RELEASED, and the producer gets a failed RELEASE. A
  * recv of 2^64 - 1 tokens is refused at the call or fails, never loads. */
 #include <netinet/in.h>
@@ -110,6 +112,18 @@ static void answer_done(evil_t *e, const kvr_msg_write_request_t *w)
     assert_int_equal(kvr__link_send(e->link, &m), KVR_OK);
 }
 
+static void answer_layers(evil_t *e, const kvr_msg_write_request_t *w)
+{
+    kvr_msg_t m;
+    kvr_msg_init(&m, KVR_MSG_LAYERS_DONE);
+    m.u.layers_done.request_id = w->request_id;
+    m.u.layers_done.write_nonce = w->write_nonce;
+    m.u.layers_done.layer_begin = w->layer_begin;
+    m.u.layers_done.layer_end = w->layer_end;
+    m.u.layers_done.bytes = e->done_bytes;
+    assert_int_equal(kvr__link_send(e->link, &m), KVR_OK);
+}
+
 /* One pass over the link: handshake frames, then STAGES once ready, then
  * the hostile answers. */
 static void evil_step(evil_t *e)
@@ -136,7 +150,9 @@ static void evil_step(evil_t *e)
             fail_msg("handshake: %s", err.msg);
         if (!was_ready && l->ready)
             send_stages(e);
-        if (m.type == KVR_MSG_WRITE_REQUEST)
+        if (m.type == KVR_MSG_STREAM_REQUEST)
+            answer_layers(e, &m.u.write_request);
+        if (m.type == KVR_MSG_WRITE_REQUEST || m.type == KVR_MSG_STREAM_REQUEST)
             answer_done(e, &m.u.write_request);
         if (m.type == KVR_MSG_RELEASE) {
             e->releases++;
@@ -190,14 +206,15 @@ static int teardown(void **state)
 
 /* recv of request id from the hostile producer; the producer side runs
  * until the consumer's RELEASED, which must follow a LOAD_FAILED. */
-static void expect_never_loaded(fixture_t *f, const char *id, uint64_t claim)
+static void expect_never_loaded(fixture_t *f, const char *id, uint64_t claim,
+                                bool stream)
 {
     ah_req_t r;
     ah_req(&f->m, 0, 200, &r);
     snprintf(r.id, sizeof(r.id), "%s", id);
     f->evil.done_bytes = claim;
     uint32_t before = f->evil.releases;
-    ah_recv(&f->cons, EVIL, f->evil.address, &r, 10000);
+    ah_recv_stream(&f->cons, EVIL, f->evil.address, &r, 10000, stream);
     if (f->evil.link == NULL)
         evil_accept(&f->evil, &f->m);
     for (uint64_t end = ah_now_ms() + AH_WAIT_MS;
@@ -207,6 +224,7 @@ static void expect_never_loaded(fixture_t *f, const char *id, uint64_t claim)
         ah_collect(&f->cons);
     }
     assert_int_equal(ah_count(&f->cons, id, KVR_AGENT_LOADED), 0);
+    assert_int_equal(ah_count(&f->cons, id, KVR_AGENT_LAYERS_LOADED), 0);
     const kvr_agent_event_t *ev = ah_wait(&f->cons, id, KVR_AGENT_LOAD_FAILED,
                                           1000);
     assert_int_not_equal(ev->status, KVR_OK);
@@ -223,8 +241,16 @@ static void expect_never_loaded(fixture_t *f, const char *id, uint64_t claim)
 static void test_zero_bytes_done_fails(void **state)
 {
     fixture_t *f = *state;
-    expect_never_loaded(f, "zero", 0);
-    expect_never_loaded(f, "huge", UINT64_MAX);
+    expect_never_loaded(f, "zero", 0, false);
+    expect_never_loaded(f, "huge", UINT64_MAX, false);
+}
+
+/* Streamed: the groups' claims are checked against the plan too. */
+static void test_stream_claims_fail(void **state)
+{
+    fixture_t *f = *state;
+    expect_never_loaded(f, "zero-layers", 0, true);
+    expect_never_loaded(f, "huge-layers", UINT64_MAX, true);
 }
 
 /* 2^64 - 1 tokens: refused at the call (the table cannot hold them), or
@@ -234,8 +260,8 @@ static void test_huge_token_count_refused(void **state)
     fixture_t *f = *state;
     static const uint32_t dst[2] = {0, 1};
     kvr_agent_recv_t r = {
-        EVIL, strlen(EVIL), f->evil.address, "wrap", 4, dst, 2, UINT64_MAX,
-        0,    5000};
+        EVIL, strlen(EVIL), f->evil.address, "wrap", 4, dst, 2, UINT64_MAX, 0,
+        5000, false};
     kvr_status_t st = kvr_agent_recv(f->cons.agent, &r);
     if (st == KVR_OK) {
         ah_wait(&f->cons, "wrap", KVR_AGENT_RELEASED, AH_WAIT_MS);
@@ -253,6 +279,8 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_zero_bytes_done_fails, setup,
                                         teardown),
         cmocka_unit_test_setup_teardown(test_huge_token_count_refused, setup,
+                                        teardown),
+        cmocka_unit_test_setup_teardown(test_stream_claims_fail, setup,
                                         teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

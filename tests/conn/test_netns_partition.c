@@ -207,10 +207,10 @@ static int child(bool producer, int ready_fd, int go_fd)
             if (st == KVR_OK)
                 st = kvr_agent_send_ready(a, id, strlen(id), 0, 1, NULL);
         } else {
-            kvr_agent_recv_t q = {
-                "prefill",  7,      "10.214.0.1:" PORT, id,
-                strlen(id), blocks, TOKENS / BS,        TOKENS,
-                0,          0};
+            kvr_agent_recv_t q = {"prefill",   7,          "10.214.0.1:" PORT,
+                                  id,          strlen(id), blocks,
+                                  TOKENS / BS, TOKENS,     0,
+                                  0,           false};
             st = kvr_agent_recv(a, &q);
         }
         if (st != KVR_OK) {

@@ -3,17 +3,19 @@
  * links on 127.0.0.1, no progress threads: the fuzzer turns both loops),
  * real requests between them, and decoded frames injected into their links
  * (kvr__alink_inject) as a peer would send them: WRITE_DONE, WRITE_FAILED,
- * CHUNK_DONE to the consumer, WRITE_REQUEST, RELEASE and CHUNK_DONE acks to
- * the producer, with counts over the whole u64 range (num_tokens near 2^64,
+ * CHUNK_DONE, LAYERS_DONE to the consumer, WRITE_REQUEST, STREAM_REQUEST,
+ * RELEASE and CHUNK_DONE acks to the producer, with counts over the whole u64 range (num_tokens near 2^64,
  * huge block counts), the requests' real nonces or others, duplicated and
  * out of order, for known requests and unknown ones; aborts and
- * send_ready in between.
+ * send_ready (of one layer or all) in between; some requests streamed.
  *
  * Checked for every request the agents accepted: it ends (within its
  * deadline plus grace plus a margin) in exactly one terminal event
  * (consumer: LOADED or LOAD_FAILED, then RELEASED once; producer: SENT,
  * SEND_EXPIRED or SEND_FAILED once); LOADED carries the planned bytes;
- * a LOADED request that no forged WRITE_DONE reached holds its bytes.
+ * a LOADED request that no forged WRITE_DONE reached holds its bytes;
+ * LAYERS_LOADED only for streamed requests, each layer at most once and
+ * never after the outcome, every layer once before a streamed LOADED.
  * No input may crash either agent (ASan). */
 #include <stdint.h>
 #include <stdio.h>
@@ -53,7 +55,9 @@ typedef struct freq {
     uint64_t tokens, computed;
     uint32_t src[SLICE], dst[POOL];
     uint32_t nsrc, ndst;
-    bool honest;             /* its own disjoint slice, computed 0 */
+    bool honest;                    /* its own disjoint slice, computed 0 */
+    bool stream;                    /* received layer-wise */
+    uint32_t layers_loaded[LAYERS]; /* LAYERS_LOADED per layer */
     bool forged_done;        /* a WRITE_DONE with its nonce was injected */
     bool must_fail;          /* ... one short of (or beyond) the planned bytes,
                          while the stage had not answered */
@@ -196,6 +200,13 @@ static void on_event(freq_t *reqs, uint32_t n, const kvr_agent_event_t *e)
     case KVR_AGENT_RELEASED:
         r->released++;
         break;
+    case KVR_AGENT_LAYERS_LOADED:
+        if (!r->stream || r->released || r->loaded || r->load_failed)
+            die("LAYERS_LOADED not streamed, or after the outcome", r);
+        for (uint32_t l = e->layer_begin; l < e->layer_end; l++)
+            if (l >= LAYERS || r->layers_loaded[l]++)
+                die("a layer reported twice, or beyond the model", r);
+        break;
     default:
         break;
     }
@@ -253,6 +264,9 @@ static void check(const freq_t *reqs, uint32_t n)
             die("LOADED after a WRITE_DONE short of its planned bytes", r);
         if (r->loaded && !r->forged_done && !W.foreign_writes)
             verify_bytes(r);
+        for (uint32_t l = 0; r->loaded && r->stream && l < LAYERS; l++)
+            if (r->layers_loaded[l] != 1)
+                die("LOADED, streamed, without every layer reported once", r);
     }
 }
 
@@ -263,6 +277,7 @@ static void make_req(cursor_t *c, uint32_t i, freq_t *r)
     memset(r, 0, sizeof(*r));
     snprintf(r->id, sizeof(r->id), "f%u-%u", W.serial, i);
     r->honest = take(c, 4) != 3;
+    r->stream = take(c, 2);
     W.foreign_writes |= !r->honest;
     r->tokens = r->honest ? 1 + take(c, SLICE * BS)
                           : take_count(c, take(c, POOL * BS + 2));
@@ -290,7 +305,8 @@ static void open_req(freq_t *r)
                           r->ndst,
                           r->tokens,
                           r->computed,
-                          0};
+                          0,
+                          r->stream};
     if (r->honest)
         for (uint32_t l = 0; l < LAYERS; l++)
             for (uint32_t k = 0; k < r->ndst; k++)
@@ -362,11 +378,21 @@ static void note_forged(freq_t *r, const kvr_msg_write_done_t *d)
                     st->unpacked != (d->chunks ? d->bytes : 0);
 }
 
+/* A LAYERS_DONE with the request's real nonce may be counted as a group
+ * whose bytes never moved: its bytes are not checked then. */
+static void note_forged_layers(freq_t *r, const kvr_msg_layers_done_t *g)
+{
+    const kvr__creq_t *q = r ? live_creq(r) : NULL;
+    if (q != NULL && q->nonce == g->write_nonce)
+        r->forged_done = true;
+}
+
 static void inject_to_consumer(cursor_t *c, freq_t *reqs, uint32_t n,
                                uint32_t what)
 {
     static const kvr_msg_type_t types[] = {
-        KVR_MSG_WRITE_DONE, KVR_MSG_WRITE_FAILED, KVR_MSG_CHUNK_DONE};
+        KVR_MSG_WRITE_DONE, KVR_MSG_WRITE_FAILED, KVR_MSG_CHUNK_DONE,
+        KVR_MSG_LAYERS_DONE};
     kvr_msg_t m;
     kvr_msg_init(&m, types[what]);
     freq_t *r = NULL;
@@ -389,6 +415,17 @@ static void inject_to_consumer(cursor_t *c, freq_t *reqs, uint32_t n,
             .status = take(c, 2) ? KVR_ERR_TIMEOUT : (kvr_status_t)take(c, 64)};
         snprintf(m.u.write_failed.text, sizeof(m.u.write_failed.text),
                  "injected");
+    } else if (what == 3) {
+        uint32_t b = take(c, LAYERS + 1);
+        m.u.layers_done = (kvr_msg_layers_done_t){
+            .request_id = id,
+            .pp_rank = pp,
+            .write_nonce = nonce,
+            .layer_begin = b,
+            .layer_end = b + 1 + take(c, LAYERS),
+            .bytes = pick_bytes(c, r) / (1 + take(c, LAYERS)),
+            .chunks = take(c, 3)};
+        note_forged_layers(r, &m.u.layers_done);
     } else {
         m.u.chunk_done = (kvr_msg_chunk_done_t){
             .request_id = id,
@@ -411,7 +448,7 @@ static void inject_to_producer(cursor_t *c, freq_t *reqs, uint32_t n,
     kvr_wire_id_t id;
     pick_id(c, reqs, n, &id, &r);
     uint64_t nonce = pick_nonce(c, r);
-    if (what == 0) {
+    if (what == 0 || what == 3) {
         W.foreign_writes = true;
         kvr_msg_init(&m, KVR_MSG_WRITE_REQUEST);
         uint32_t nb = take(c, 4) == 0 ? 1024 : take(c, POOL + 1);
@@ -429,6 +466,11 @@ static void inject_to_producer(cursor_t *c, freq_t *reqs, uint32_t n,
             .executor = (kvr_wire_exec_t)take(c, 3),
             .write_nonce = nonce ? nonce : 1,
             .deadline_ms = take(c, 2) ? DEADLINE_MS : take(c, 255)};
+        if (what == 3) { /* any range, empty and past the stage's too */
+            m.type = KVR_MSG_STREAM_REQUEST;
+            m.u.write_request.layer_begin = take(c, LAYERS + 2);
+            m.u.write_request.layer_end = take(c, LAYERS + 2);
+        }
     } else if (what == 1) {
         kvr_msg_init(&m, KVR_MSG_RELEASE);
         m.u.release = (kvr_msg_release_t){
@@ -459,16 +501,18 @@ static void abort_one(cursor_t *c, freq_t *reqs, uint32_t n)
 
 static void run_op(cursor_t *c, freq_t *reqs, uint32_t n)
 {
-    uint32_t op = take(c, 10);
-    if (op < 3)
+    uint32_t op = take(c, 12);
+    if (op < 4)
         inject_to_consumer(c, reqs, n, op);
-    else if (op < 6)
-        inject_to_producer(c, reqs, n, op - 3);
-    else if (op == 6)
+    else if (op < 8)
+        inject_to_producer(c, reqs, n, op - 4);
+    else if (op == 8)
         abort_one(c, reqs, n);
-    else if (op == 7) {
+    else if (op == 9) { /* one layer, or all of them */
         freq_t *r = &reqs[take(c, n)];
-        kvr_agent_send_ready(W.prod, r->id, strlen(r->id), 0, LAYERS, NULL);
+        uint32_t l = take(c, LAYERS + 1);
+        kvr_agent_send_ready(W.prod, r->id, strlen(r->id), l < LAYERS ? l : 0,
+                             l < LAYERS ? l + 1 : LAYERS, NULL);
     } else
         pump(reqs, n, 1 + take(c, 8));
 }

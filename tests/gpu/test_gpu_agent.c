@@ -206,8 +206,8 @@ static int rank_main(uint32_t rank, int in_fd, int out_fd)
     for (uint32_t i = 0; i < REQS; i++) {
         make_req(&lay, i, &r[i]);
         kvr_agent_recv_t q = {
-            "prefill", 7,         addr,        IDS[i], strlen(IDS[i]),
-            r[i].dst,  r[i].ndst, r[i].tokens, 0,      0};
+            "prefill", 7,           addr, IDS[i], strlen(IDS[i]), r[i].dst,
+            r[i].ndst, r[i].tokens, 0,    0,      false};
         CHECK(kvr_agent_recv(s.agent, &q) == KVR_OK, "recv: %s",
               kvr_agent_last_error(s.agent));
     }

@@ -252,8 +252,10 @@ static void test_bad_frames_get_bye(void **state)
     size_t len = 0;
     assert_int_equal(kvr_wire_encode(&m, f, sizeof(f), &len, NULL), KVR_OK);
     f[4] = 1; /* a 1.0 peer */
-    expect_bye(port, f, len, KVR_ERR_VERSION, "frame version 1.");
+    f[5] = 0;
+    expect_bye(port, f, len, KVR_ERR_VERSION, "frame version 1.0");
     f[4] = KVR_WIRE_VERSION_MAJOR;
+    f[5] = KVR_WIRE_VERSION_MINOR;
     f[15] = 7; /* has_key */
     expect_bye(port, f, len, KVR_ERR_PROTO, "HELLO.has_key: value 7");
     stop(serve);

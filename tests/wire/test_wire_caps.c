@@ -524,10 +524,74 @@ static void test_byte_layout(void **state)
     free(t);
 }
 
+/* 2.1's streaming messages: LAYERS_DONE's bytes, and STREAM_REQUEST is
+ * WRITE_REQUEST's payload with the layer range after it (so a 2.0 reader,
+ * which refuses trailing bytes, is never sent one: docs/PROTOCOL.md). */
+static void test_stream_layout(void **state)
+{
+    (void)state;
+    kvr_msg_t m;
+    kvr_msg_init(&m, KVR_MSG_LAYERS_DONE);
+    kvr_msg_layers_done_t *g = &m.u.layers_done;
+    kvr_wire_id_set(&g->request_id, "r1", 2, NULL);
+    g->transfer_id = 5;
+    g->pp_rank = 2;
+    g->write_nonce = 9;
+    g->layer_begin = 4;
+    g->layer_end = 6;
+    g->bytes = 1 << 20;
+    g->chunks = 1;
+    tb_t *t = start(KVR_MSG_LAYERS_DONE);
+    head(t);
+    le(t, 2, 4);
+    le(t, 0, 4);
+    le(t, 9, 8);
+    le(t, 4, 4);
+    le(t, 6, 4);
+    le(t, 1 << 20, 8);
+    le(t, 1, 4);
+    finish(t);
+    uint8_t buf[256], wbuf[256];
+    size_t len = 0, wlen = 0;
+    assert_int_equal(kvr_wire_encode(&m, buf, sizeof(buf), &len, NULL), KVR_OK);
+    assert_int_equal(len, t->n);
+    assert_memory_equal(buf, t->b, len);
+    assert_memory_equal(buf, "KVRW\x02\x01\x1c\x00", 8);
+    free(t);
+    t = start(KVR_MSG_LAYERS_DONE);
+    head(t);
+    le(t, 2, 4);
+    le(t, 0, 4);
+    le(t, 9, 8);
+    le(t, 0, 4);
+    le(t, 0, 4);
+    expect_decode(t, KVR_ERR_PROTO, "LAYERS_DONE.layer_end: value 0");
+
+    kvr_sample_msg(KVR_MSG_WRITE_REQUEST, &m);
+    assert_int_equal(kvr_wire_encode(&m, wbuf, sizeof(wbuf), &wlen, NULL),
+                     KVR_OK);
+    m.type = KVR_MSG_STREAM_REQUEST;
+    m.u.write_request.layer_begin = 7;
+    m.u.write_request.layer_end = 0x01020304;
+    assert_int_equal(kvr_wire_encode(&m, buf, sizeof(buf), &len, NULL), KVR_OK);
+    assert_int_equal(len, wlen + 8);
+    assert_int_equal(buf[6], KVR_MSG_STREAM_REQUEST);
+    assert_memory_equal(buf + 8 + 4, wbuf + 8 + 4, wlen - 12); /* payload */
+    assert_memory_equal(buf + wlen, "\x07\x00\x00\x00\x04\x03\x02\x01", 8);
+    m.u.write_request.layer_end = 0;
+    expect_encode(&m, KVR_ERR_INVALID, "STREAM_REQUEST.layer_end: value 0");
+    /* the same payload under WRITE_REQUEST has 8 bytes too many */
+    buf[6] = KVR_MSG_WRITE_REQUEST;
+    kvr_msg_t d;
+    kvr_error_t err = {0};
+    assert_int_equal(kvr_wire_decode(buf, len, &d, &err), KVR_ERR_PROTO);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_request_id_cap),
+        cmocka_unit_test(test_stream_layout),
         cmocka_unit_test(test_offer_caps),
         cmocka_unit_test(test_assign_caps),
         cmocka_unit_test(test_write_request_caps),

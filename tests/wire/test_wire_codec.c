@@ -168,7 +168,7 @@ static void header_errors(const kvr_msg_t *m, const uint8_t *buf, size_t len)
     bad[0] = 'X';
     expect_decode(bad, len, KVR_ERR_PROTO, "frame magic 0x5752565");
     memcpy(bad, buf, len);
-    bad[4] = 1; /* 1.x frames are another major version since 2.0 */
+    bad[4] = 1; /* 1.0 frames are another major version since 2.0 */
     bad[5] = 0;
     expect_decode(bad, len, KVR_ERR_VERSION, "frame version 1.0");
     bad[4] = 3;

@@ -3,12 +3,12 @@
 #include <string.h>
 
 const kvr_msg_type_t kvr_sample_types[] = {
-    KVR_MSG_HELLO,      KVR_MSG_HELLO_ACK,    KVR_MSG_AUTH,
-    KVR_MSG_BYE,        KVR_MSG_LAYOUT,       KVR_MSG_REGIONS,
-    KVR_MSG_OFFER,      KVR_MSG_ASSIGN,       KVR_MSG_WRITE_REQUEST,
-    KVR_MSG_WRITE_DONE, KVR_MSG_WRITE_FAILED, KVR_MSG_RELEASE,
-    KVR_MSG_CHUNK_DONE, KVR_MSG_JOIN,         KVR_MSG_STAGES,
-    KVR_MSG_NOTIFY,
+    KVR_MSG_HELLO,      KVR_MSG_HELLO_ACK,      KVR_MSG_AUTH,
+    KVR_MSG_BYE,        KVR_MSG_LAYOUT,         KVR_MSG_REGIONS,
+    KVR_MSG_OFFER,      KVR_MSG_ASSIGN,         KVR_MSG_WRITE_REQUEST,
+    KVR_MSG_WRITE_DONE, KVR_MSG_WRITE_FAILED,   KVR_MSG_RELEASE,
+    KVR_MSG_CHUNK_DONE, KVR_MSG_JOIN,           KVR_MSG_STAGES,
+    KVR_MSG_NOTIFY,     KVR_MSG_STREAM_REQUEST, KVR_MSG_LAYERS_DONE,
 };
 const size_t kvr_num_sample_types = sizeof(kvr_sample_types) /
                                     sizeof(kvr_sample_types[0]);
@@ -115,6 +115,10 @@ static void sample_requests(kvr_msg_t *m)
         w->num_staging_slots = 3;
         w->write_nonce = 0x0123456789abcdefull;
         w->deadline_ms = 1500;
+        if (m->type == KVR_MSG_STREAM_REQUEST) {
+            w->layer_begin = 15;
+            w->layer_end = 30;
+        }
         break;
     }
 }
@@ -125,7 +129,17 @@ static void sample_answers(kvr_msg_t *m)
     kvr_msg_write_failed_t *f = &m->u.write_failed;
     kvr_msg_release_t *r = &m->u.release;
     kvr_msg_chunk_done_t *c = &m->u.chunk_done;
+    kvr_msg_layers_done_t *g = &m->u.layers_done;
     switch (m->type) {
+    case KVR_MSG_LAYERS_DONE:
+        *g = (kvr_msg_layers_done_t){.pp_rank = 1,
+                                     .tp_rank = 0,
+                                     .write_nonce = 81,
+                                     .layer_begin = 15,
+                                     .layer_end = 17,
+                                     .bytes = 3 << 20,
+                                     .chunks = 3};
+        break;
     case KVR_MSG_WRITE_DONE:
         *d = (kvr_msg_write_done_t){.pp_rank = 3,
                                     .tp_rank = 0,
@@ -195,6 +209,7 @@ void kvr_sample_msg(kvr_msg_type_t type, kvr_msg_t *m)
     case KVR_MSG_OFFER:
     case KVR_MSG_ASSIGN:
     case KVR_MSG_WRITE_REQUEST:
+    case KVR_MSG_STREAM_REQUEST:
         sample_head(&m->u.offer.request_id, &m->u.offer.transfer_id);
         sample_requests(m);
         break;
