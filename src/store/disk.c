@@ -46,15 +46,55 @@ static kvr_status_t plain_io(int fd, io_dir_t dir, uint8_t *buf, uint64_t len,
     return KVR_OK;
 }
 
+/* Which pieces of a read have arrived: the checksum hashes the leading
+ * ones while the rest are still in flight. Without memory for the list,
+ * the leaves are hashed once the whole read is in (kvr__sum_finish). */
+typedef struct arrivals {
+    kvr__sum_t *sum;
+    uint8_t *done;
+    uint64_t pieces, lo; /* pieces [0, lo) are all in */
+} arrivals_t;
+
+static void arrivals_init(arrivals_t *a, kvr__sum_t *sum, io_dir_t dir,
+                          uint64_t len)
+{
+    a->sum = sum;
+    a->pieces = (len + PIECE - 1) / PIECE;
+    a->lo = 0;
+    a->done = sum != NULL && dir == IO_READ ? calloc(a->pieces + 1, 1) : NULL;
+}
+
+static void arrived(arrivals_t *a, uint64_t at)
+{
+    if (a->done == NULL)
+        return;
+    a->done[at / PIECE] = 1;
+    while (a->lo < a->pieces && a->done[a->lo])
+        a->lo++;
+    kvr__sum_ready(a->sum, a->lo * PIECE);
+}
+
 #ifdef KVR_HAVE_URING
+/* Waits for a completion, or hashes a leaf instead when one is present:
+ * the CPU hashes while the device works. */
+static int submit_or_hash(struct io_uring *ring, kvr__sum_t *sum)
+{
+    int r = io_uring_submit(ring);
+    if (r >= 0 && (sum == NULL || !kvr__sum_step(sum)))
+        r = io_uring_submit_and_wait(ring, 1);
+    return r;
+}
+
 /* DEPTH pieces in flight; a short transfer finishes with plain I/O. */
 static kvr_status_t uring_io(struct io_uring *ring, int fd, io_dir_t dir,
                              uint8_t *buf, uint64_t len, uint64_t off,
-                             kvr_error_t *err)
+                             kvr__sum_t *sum, kvr_error_t *err)
 {
     uint64_t next = 0;
     unsigned inflight = 0;
     kvr_status_t s = KVR_OK;
+    arrivals_t arr;
+    arrivals_init(&arr, sum, dir, len);
     while (next < len || inflight > 0) {
         while (next < len && inflight < DEPTH) {
             struct io_uring_sqe *sqe = io_uring_get_sqe(ring);
@@ -71,10 +111,12 @@ static kvr_status_t uring_io(struct io_uring *ring, int fd, io_dir_t dir,
         }
         if (inflight == 0)
             break;
-        int r = io_uring_submit_and_wait(ring, 1);
-        if (r < 0 && r != -EINTR)
+        int r = submit_or_hash(ring, sum);
+        if (r < 0 && r != -EINTR) {
+            free(arr.done);
             return kvr_error_set(err, KVR_ERR_IO, "io_uring submit: %s",
                                  strerror(-r));
+        }
         struct io_uring_cqe *cqe;
         while (io_uring_peek_cqe(ring, &cqe) == 0) {
             uint64_t at = cqe->user_data;
@@ -90,24 +132,48 @@ static kvr_status_t uring_io(struct io_uring *ring, int fd, io_dir_t dir,
             else if (res >= 0 && (uint64_t)res < want && s == KVR_OK)
                 s = plain_io(fd, dir, buf + at + res, want - res,
                              off + at + res, err);
+            if (s == KVR_OK)
+                arrived(&arr, at);
         }
         if (s != KVR_OK)
             next = len; /* drain what is in flight, submit nothing new */
     }
+    free(arr.done);
     return s;
 }
 #endif
 
+/* Plain I/O a piece at a time, so the checksum's helpers hash the leading
+ * pieces of a read while the rest is read. */
+static kvr_status_t plain_pieces(int fd, io_dir_t dir, uint8_t *buf,
+                                 uint64_t len, uint64_t off, kvr__sum_t *sum,
+                                 kvr_error_t *err)
+{
+    if (sum == NULL || dir == IO_WRITE)
+        return plain_io(fd, dir, buf, len, off, err);
+    for (uint64_t at = 0; at < len; at += PIECE) {
+        uint64_t n = len - at > PIECE ? PIECE : len - at;
+        kvr_status_t s = plain_io(fd, dir, buf + at, n, off + at, err);
+        if (s != KVR_OK)
+            return s;
+        kvr__sum_ready(sum, at + n);
+    }
+    return KVR_OK;
+}
+
+/* A payload transfer; sum (may be NULL) is the checksum of its bytes,
+ * fed and helped along as the transfer goes. */
 static kvr_status_t do_io(kvr_store_t *st, int fd, io_dir_t dir, void *buf,
-                          uint64_t len, uint64_t off, kvr_error_t *err)
+                          uint64_t len, uint64_t off, kvr__sum_t *sum,
+                          kvr_error_t *err)
 {
 #ifdef KVR_HAVE_URING
     if (st->ring != NULL && len >= PIECE)
-        return uring_io(st->ring, fd, dir, buf, len, off, err);
+        return uring_io(st->ring, fd, dir, buf, len, off, sum, err);
 #else
     (void)st;
 #endif
-    return plain_io(fd, dir, buf, len, off, err);
+    return plain_pieces(fd, dir, buf, len, off, sum, err);
 }
 
 const char *kvr__disk_backend(const kvr_store_t *st)
@@ -131,10 +197,11 @@ kvr_status_t kvr__disk_open(kvr_store_t *st, kvr_error_t *err)
     else
         free(ring); /* not allowed here (seccomp, old kernel): plain I/O */
 #endif
+    st->sum_kind = KVR__SUM_DEFAULT;
     return KVR_OK;
 }
 
-void kvr__disk_close(kvr_store_t *st)
+void kvr__disk_plain(kvr_store_t *st)
 {
 #ifdef KVR_HAVE_URING
     if (st->ring != NULL) {
@@ -143,13 +210,20 @@ void kvr__disk_close(kvr_store_t *st)
     }
 #endif
     st->ring = NULL;
+}
+
+void kvr__disk_close(kvr_store_t *st)
+{
+    kvr__disk_plain(st);
     if (st->dir_fd >= 0)
         close(st->dir_fd);
     st->dir_fd = -1;
 }
 
-/* Header and payload first; writeback starts while the checksum is
- * computed; then the checksum, then fsync. */
+/* Header and payload, hashed while they are written (the checksum's
+ * helpers start at once, this thread hashes while requests are in flight);
+ * writeback starts before the last leaves are hashed; then the checksum,
+ * then fsync. */
 static kvr_status_t write_file(kvr_store_t *st, int fd, const uint8_t *header,
                                const void *data, uint64_t len, uint8_t *sum,
                                const char *name, kvr_error_t *err)
@@ -157,14 +231,21 @@ static kvr_status_t write_file(kvr_store_t *st, int fd, const uint8_t *header,
     if (kvr__failpoint(KVR__FP_STORE_ENOSPC, name, strlen(name)))
         return kvr_error_set(err, KVR_ERR_IO, "write of chunk %s: %s", name,
                              strerror(ENOSPC));
+    kvr__sum_t *job = kvr__sum_start(header, data, len, true);
     kvr_status_t s = plain_io(fd, IO_WRITE, (uint8_t *)header,
                               KVR__CHUNK_HEADER, 0, err);
     if (s == KVR_OK)
-        s = do_io(st, fd, IO_WRITE, (void *)data, len, KVR__CHUNK_HEADER, err);
-    if (s != KVR_OK)
+        s = do_io(st, fd, IO_WRITE, (void *)data, len, KVR__CHUNK_HEADER, job,
+                  err);
+    if (s != KVR_OK) {
+        kvr__sum_abort(job);
         return s;
+    }
     sync_file_range(fd, 0, 0, SYNC_FILE_RANGE_WRITE); /* a hint only */
-    kvr__chunk_sum(header, data, len, sum);
+    if (job != NULL)
+        kvr__sum_finish(job, sum);
+    else
+        kvr__chunk_sum(header, data, len, sum);
     s = plain_io(fd, IO_WRITE, sum, KVR_STORE_SUM_BYTES,
                  KVR__CHUNK_HEADER + len, err);
     if (s == KVR_OK && fsync(fd) != 0)
@@ -181,6 +262,7 @@ kvr_status_t kvr__disk_write(kvr_store_t *st, const kvr_chunk_key_t *key,
     uint8_t header[KVR__CHUNK_HEADER];
     kvr__chunk_name(key, name);
     kvr__chunk_header(key, len, header);
+    kvr__chunk_set_kind(header, st->sum_kind);
     snprintf(tmp, sizeof tmp, ".tmp-%ld-%llu-%s", (long)getpid(),
              (unsigned long long)st->tmp_seq++, name);
     int fd = openat(st->dir_fd, tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC,
@@ -239,12 +321,18 @@ static kvr_status_t read_chunk(kvr_store_t *st, int fd, const char *name,
     if (*data == NULL)
         return kvr_error_set(err, KVR_ERR_NO_MEMORY, "chunk %s: %llu bytes",
                              name, (unsigned long long)*len);
-    s = do_io(st, fd, IO_READ, *data, *len, KVR__CHUNK_HEADER, err);
+    kvr__sum_t *job = kvr__sum_start(header, *data, *len, false);
+    s = do_io(st, fd, IO_READ, *data, *len, KVR__CHUNK_HEADER, job, err);
     if (s == KVR_OK)
         s = plain_io(fd, IO_READ, stored, sizeof stored,
                      KVR__CHUNK_HEADER + *len, err);
-    if (s == KVR_OK) {
+    if (s != KVR_OK)
+        kvr__sum_abort(job);
+    else if (job != NULL)
+        kvr__sum_finish(job, sum);
+    else
         kvr__chunk_sum(header, *data, *len, sum);
+    if (s == KVR_OK) {
         if (memcmp(sum, stored, sizeof stored) != 0)
             s = kvr_error_set(err, KVR_ERR_VERIFY,
                               "chunk %s: checksum "
