@@ -84,6 +84,10 @@ kvr_status_t kvr__disk_read(kvr_store_t *st, const kvr_chunk_key_t *key,
                             uint8_t **data, uint64_t *len,
                             uint8_t sum[KVR_STORE_SUM_BYTES], kvr_error_t *err);
 bool kvr__disk_has(kvr_store_t *st, const kvr_chunk_key_t *key);
+/* Asks the kernel to start reading a chunk file into the page cache (a
+ * hint: nothing happens when it is absent), so the next chunk of a load
+ * arrives while this one is checked and scattered. */
+void kvr__disk_prefetch(kvr_store_t *st, const kvr_chunk_key_t *key);
 /* Checks one chunk file at dirfd/name: its header names it and its size
  * matches, and with full its checksum. KVR_OK or why not in err. */
 kvr_status_t kvr__disk_check(int dirfd, const char *name, bool full,
@@ -98,6 +102,7 @@ void kvr__disk_plain(kvr_store_t *st);
 kvr_status_t kvr__store_ref(kvr_store_t *st, const kvr_chunk_key_t *key,
                             const uint8_t **data, uint64_t *len,
                             kvr_error_t *err);
+bool kvr__store_in_host(kvr_store_t *st, const kvr_chunk_key_t *key);
 /* A buffer of len bytes for a chunk (a spare of that size, else malloc). */
 uint8_t *kvr__store_alloc(kvr_store_t *st, uint64_t len);
 /* Takes ownership of data (malloc'ed) on success and on failure. */
