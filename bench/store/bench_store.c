@@ -234,14 +234,9 @@ static double time_save(ctx_t *c, const kvr_store_opts_t *o, variant_t v,
     kvr_error_t err;
     if (o->dir)
         clear_dir(o->dir);
-    kvr_store_t **keep = &c->saver[v.kind][v.plain];
-    if (fresh || *keep == NULL) {
-        kvr_store_t *st = open_as(o, v);
-        if (!fresh)
-            *keep = st;
-        else
-            keep = &st;
-    }
+    kvr_store_t *st = NULL, **keep = fresh ? &st : &c->saver[v.kind][v.plain];
+    if (*keep == NULL)
+        *keep = open_as(o, v);
     kvr_store_io_t io = io_of(c, &c->prod);
     size_t saved;
     salt_chains(c);

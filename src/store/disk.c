@@ -1,8 +1,9 @@
 /* The disk tier (docs/store.md): one directory of chunk files. A chunk is
  * written to a temp name, fsynced, renamed and the directory fsynced, so a
  * crash leaves either the whole chunk or a temp file the next open removes.
- * Large transfers go through io_uring when liburing is present and the
- * kernel allows it, else through plain pread/pwrite. */
+ * Large writes go through io_uring when liburing is present and the kernel
+ * allows it, else through pwrite; reads are sequential preads. The
+ * checksum is computed while the payload is written or read. */
 #include <errno.h>
 #include <fcntl.h>
 #include <stdio.h>
