@@ -2,8 +2,9 @@
  * Chunks of `chunk` tokens keyed by a namespace key and the prefix hash chain
  * up to the chunk's end, kept in canonical form (independent of any rank
  * layout) in a bounded host-memory tier over a local-disk tier. Every chunk
- * carries a BLAKE2b checksum; a chunk that fails it is reported and treated
- * as a miss, never loaded. Not thread-safe: one store per thread. */
+ * carries a checksum (a BLAKE2b tree, docs/store.md); a chunk that fails it
+ * is reported and treated as a miss, never loaded. Not thread-safe: one
+ * store per thread. */
 #ifndef KVRELAY_STORE_H
 #define KVRELAY_STORE_H
 

@@ -1,8 +1,9 @@
 /* The disk tier (docs/store.md): one directory of chunk files. A chunk is
  * written to a temp name, fsynced, renamed and the directory fsynced, so a
  * crash leaves either the whole chunk or a temp file the next open removes.
- * Large transfers go through io_uring when liburing is present and the
- * kernel allows it, else through plain pread/pwrite. */
+ * Large writes go through io_uring when liburing is present and the kernel
+ * allows it, else through pwrite; reads are sequential preads. The
+ * checksum is computed while the payload is written or read. */
 #include <errno.h>
 #include <fcntl.h>
 #include <stdio.h>
@@ -19,7 +20,7 @@
 #include "store_internal.h"
 
 #define PIECE (4u << 20) /* bytes per I/O request */
-#define DEPTH 16u        /* requests in flight */
+#define DEPTH 4u        /* requests in flight */
 
 typedef enum { IO_READ, IO_WRITE } io_dir_t;
 
@@ -46,32 +47,53 @@ static kvr_status_t plain_io(int fd, io_dir_t dir, uint8_t *buf, uint64_t len,
     return KVR_OK;
 }
 
+/* A written piece starts its writeback now (a hint), so the device works
+ * while later pieces are copied and hashed and the final fsync finds
+ * little left to write. */
+static void kick_writeback(int fd, uint64_t off, uint64_t n)
+{
+    sync_file_range(fd, (off_t)off, (off_t)n, SYNC_FILE_RANGE_WRITE);
+}
+
 #ifdef KVR_HAVE_URING
-/* DEPTH pieces in flight; a short transfer finishes with plain I/O. */
-static kvr_status_t uring_io(struct io_uring *ring, int fd, io_dir_t dir,
-                             uint8_t *buf, uint64_t len, uint64_t off,
-                             kvr_error_t *err)
+/* Waits for a completion, or hashes a leaf instead when one is waiting:
+ * the CPU hashes while the device works. */
+static int submit_or_hash(struct io_uring *ring, kvr__sum_t *sum)
+{
+    int r = io_uring_submit(ring);
+    if (r >= 0 && (sum == NULL || !kvr__sum_step(sum)))
+        r = io_uring_submit_and_wait(ring, 1);
+    return r;
+}
+
+static void queue_write(struct io_uring_sqe *sqe, int fd, const uint8_t *buf,
+                        unsigned n, uint64_t off, uint64_t at)
+{
+    io_uring_prep_write(sqe, fd, buf + at, n, off + at);
+    sqe->user_data = at;
+}
+
+/* Writes through io_uring, DEPTH pieces in flight; a short write finishes
+ * with plain I/O. */
+static kvr_status_t uring_write(struct io_uring *ring, int fd, uint8_t *buf,
+                                uint64_t len, uint64_t off, kvr__sum_t *sum,
+                                kvr_error_t *err)
 {
     uint64_t next = 0;
     unsigned inflight = 0;
     kvr_status_t s = KVR_OK;
     while (next < len || inflight > 0) {
-        while (next < len && inflight < DEPTH) {
-            struct io_uring_sqe *sqe = io_uring_get_sqe(ring);
-            if (sqe == NULL)
-                break;
+        struct io_uring_sqe *sqe;
+        while (next < len && inflight < DEPTH &&
+               (sqe = io_uring_get_sqe(ring)) != NULL) {
             unsigned n = len - next > PIECE ? PIECE : (unsigned)(len - next);
-            if (dir == IO_WRITE)
-                io_uring_prep_write(sqe, fd, buf + next, n, off + next);
-            else
-                io_uring_prep_read(sqe, fd, buf + next, n, off + next);
-            sqe->user_data = next;
+            queue_write(sqe, fd, buf, n, off, next);
             next += n;
             inflight++;
         }
         if (inflight == 0)
             break;
-        int r = io_uring_submit_and_wait(ring, 1);
+        int r = submit_or_hash(ring, sum);
         if (r < 0 && r != -EINTR)
             return kvr_error_set(err, KVR_ERR_IO, "io_uring submit: %s",
                                  strerror(-r));
@@ -83,13 +105,14 @@ static kvr_status_t uring_io(struct io_uring *ring, int fd, io_dir_t dir,
             inflight--;
             uint64_t want = len - at > PIECE ? PIECE : len - at;
             if (res < 0 && s == KVR_OK)
-                s = kvr_error_set(err, KVR_ERR_IO, "%s at %llu: %s",
-                                  dir == IO_WRITE ? "write" : "read",
+                s = kvr_error_set(err, KVR_ERR_IO, "write at %llu: %s",
                                   (unsigned long long)(off + at),
                                   strerror(-res));
             else if (res >= 0 && (uint64_t)res < want && s == KVR_OK)
-                s = plain_io(fd, dir, buf + at + res, want - res,
+                s = plain_io(fd, IO_WRITE, buf + at + res, want - res,
                              off + at + res, err);
+            if (s == KVR_OK)
+                kick_writeback(fd, off + at, want);
         }
         if (s != KVR_OK)
             next = len; /* drain what is in flight, submit nothing new */
@@ -98,16 +121,42 @@ static kvr_status_t uring_io(struct io_uring *ring, int fd, io_dir_t dir,
 }
 #endif
 
+/* Plain I/O a piece at a time: the checksum's helpers hash the leading
+ * pieces of a read while the kernel reads ahead the rest; written pieces
+ * start their writeback. */
+static kvr_status_t plain_pieces(int fd, io_dir_t dir, uint8_t *buf,
+                                 uint64_t len, uint64_t off, kvr__sum_t *sum,
+                                 kvr_error_t *err)
+{
+    for (uint64_t at = 0; at < len; at += PIECE) {
+        uint64_t n = len - at > PIECE ? PIECE : len - at;
+        kvr_status_t s = plain_io(fd, dir, buf + at, n, off + at, err);
+        if (s != KVR_OK)
+            return s;
+        if (dir == IO_WRITE)
+            kick_writeback(fd, off + at, n);
+        else if (sum != NULL)
+            kvr__sum_ready(sum, at + n);
+    }
+    return KVR_OK;
+}
+
+/* A payload transfer; sum (may be NULL) is the checksum of its bytes, fed
+ * and helped along as the transfer goes. Writes go through io_uring where
+ * it is allowed; reads are sequential preads, which the kernel's
+ * readahead serves faster than parallel io_uring reads of a cold file
+ * (measured: docs/store.md). */
 static kvr_status_t do_io(kvr_store_t *st, int fd, io_dir_t dir, void *buf,
-                          uint64_t len, uint64_t off, kvr_error_t *err)
+                          uint64_t len, uint64_t off, kvr__sum_t *sum,
+                          kvr_error_t *err)
 {
 #ifdef KVR_HAVE_URING
-    if (st->ring != NULL && len >= PIECE)
-        return uring_io(st->ring, fd, dir, buf, len, off, err);
+    if (st->ring != NULL && dir == IO_WRITE && len >= PIECE)
+        return uring_write(st->ring, fd, buf, len, off, sum, err);
 #else
     (void)st;
 #endif
-    return plain_io(fd, dir, buf, len, off, err);
+    return plain_pieces(fd, dir, buf, len, off, sum, err);
 }
 
 const char *kvr__disk_backend(const kvr_store_t *st)
@@ -131,10 +180,11 @@ kvr_status_t kvr__disk_open(kvr_store_t *st, kvr_error_t *err)
     else
         free(ring); /* not allowed here (seccomp, old kernel): plain I/O */
 #endif
+    st->sum_kind = KVR__SUM_DEFAULT;
     return KVR_OK;
 }
 
-void kvr__disk_close(kvr_store_t *st)
+void kvr__disk_plain(kvr_store_t *st)
 {
 #ifdef KVR_HAVE_URING
     if (st->ring != NULL) {
@@ -143,13 +193,20 @@ void kvr__disk_close(kvr_store_t *st)
     }
 #endif
     st->ring = NULL;
+}
+
+void kvr__disk_close(kvr_store_t *st)
+{
+    kvr__disk_plain(st);
     if (st->dir_fd >= 0)
         close(st->dir_fd);
     st->dir_fd = -1;
 }
 
-/* Header and payload first; writeback starts while the checksum is
- * computed; then the checksum, then fsync. */
+/* Header and payload, hashed while they are written (the checksum's
+ * helpers start at once, this thread hashes while requests are in flight);
+ * writeback starts before the last leaves are hashed; then the checksum,
+ * then fsync. */
 static kvr_status_t write_file(kvr_store_t *st, int fd, const uint8_t *header,
                                const void *data, uint64_t len, uint8_t *sum,
                                const char *name, kvr_error_t *err)
@@ -157,14 +214,21 @@ static kvr_status_t write_file(kvr_store_t *st, int fd, const uint8_t *header,
     if (kvr__failpoint(KVR__FP_STORE_ENOSPC, name, strlen(name)))
         return kvr_error_set(err, KVR_ERR_IO, "write of chunk %s: %s", name,
                              strerror(ENOSPC));
+    kvr__sum_t *job = kvr__sum_start(header, data, len, true);
     kvr_status_t s = plain_io(fd, IO_WRITE, (uint8_t *)header,
                               KVR__CHUNK_HEADER, 0, err);
     if (s == KVR_OK)
-        s = do_io(st, fd, IO_WRITE, (void *)data, len, KVR__CHUNK_HEADER, err);
-    if (s != KVR_OK)
+        s = do_io(st, fd, IO_WRITE, (void *)data, len, KVR__CHUNK_HEADER, job,
+                  err);
+    if (s != KVR_OK) {
+        kvr__sum_abort(job);
         return s;
+    }
     sync_file_range(fd, 0, 0, SYNC_FILE_RANGE_WRITE); /* a hint only */
-    kvr__chunk_sum(header, data, len, sum);
+    if (job != NULL)
+        kvr__sum_finish(job, sum);
+    else
+        kvr__chunk_sum(header, data, len, sum);
     s = plain_io(fd, IO_WRITE, sum, KVR_STORE_SUM_BYTES,
                  KVR__CHUNK_HEADER + len, err);
     if (s == KVR_OK && fsync(fd) != 0)
@@ -181,6 +245,7 @@ kvr_status_t kvr__disk_write(kvr_store_t *st, const kvr_chunk_key_t *key,
     uint8_t header[KVR__CHUNK_HEADER];
     kvr__chunk_name(key, name);
     kvr__chunk_header(key, len, header);
+    kvr__chunk_set_kind(header, st->sum_kind);
     snprintf(tmp, sizeof tmp, ".tmp-%ld-%llu-%s", (long)getpid(),
              (unsigned long long)st->tmp_seq++, name);
     int fd = openat(st->dir_fd, tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC,
@@ -208,6 +273,18 @@ bool kvr__disk_has(kvr_store_t *st, const kvr_chunk_key_t *key)
     char name[KVR_STORE_NAME_MAX];
     kvr__chunk_name(key, name);
     return st->dir_fd >= 0 && faccessat(st->dir_fd, name, F_OK, 0) == 0;
+}
+
+void kvr__disk_prefetch(kvr_store_t *st, const kvr_chunk_key_t *key)
+{
+    char name[KVR_STORE_NAME_MAX];
+    kvr__chunk_name(key, name);
+    int fd = st->dir_fd >= 0 ? openat(st->dir_fd, name, O_RDONLY | O_CLOEXEC)
+                             : -1;
+    if (fd >= 0) {
+        posix_fadvise(fd, 0, 0, POSIX_FADV_WILLNEED);
+        close(fd);
+    }
 }
 
 /* Reads a whole chunk file: header checked against want (NULL: any),
@@ -239,12 +316,18 @@ static kvr_status_t read_chunk(kvr_store_t *st, int fd, const char *name,
     if (*data == NULL)
         return kvr_error_set(err, KVR_ERR_NO_MEMORY, "chunk %s: %llu bytes",
                              name, (unsigned long long)*len);
-    s = do_io(st, fd, IO_READ, *data, *len, KVR__CHUNK_HEADER, err);
+    kvr__sum_t *job = kvr__sum_start(header, *data, *len, false);
+    s = do_io(st, fd, IO_READ, *data, *len, KVR__CHUNK_HEADER, job, err);
     if (s == KVR_OK)
         s = plain_io(fd, IO_READ, stored, sizeof stored,
                      KVR__CHUNK_HEADER + *len, err);
-    if (s == KVR_OK) {
+    if (s != KVR_OK)
+        kvr__sum_abort(job);
+    else if (job != NULL)
+        kvr__sum_finish(job, sum);
+    else
         kvr__chunk_sum(header, *data, *len, sum);
+    if (s == KVR_OK) {
         if (memcmp(sum, stored, sizeof stored) != 0)
             s = kvr_error_set(err, KVR_ERR_VERIFY,
                               "chunk %s: checksum "

@@ -442,6 +442,17 @@ static kvr_status_t scatter(const kvr_store_io_t *io, load_ctx_t *x, size_t c,
     return s;
 }
 
+/* The disk reads chunk c + 1 ahead while chunk c is checked and
+ * scattered. */
+static void prefetch_next(kvr_store_t *st, const kvr_store_io_t *io, size_t c)
+{
+    if (st->dir == NULL || c + 1 >= io->num_chains)
+        return;
+    kvr_chunk_key_t next = key_of(io, c + 1);
+    if (!kvr__store_in_host(st, &next))
+        kvr__disk_prefetch(st, &next);
+}
+
 kvr_status_t kvr_store_load(kvr_store_t *st, const kvr_store_io_t *io,
                             uint64_t *tokens, kvr_error_t *err)
 {
@@ -463,6 +474,7 @@ kvr_status_t kvr_store_load(kvr_store_t *st, const kvr_store_io_t *io,
         const uint8_t *data;
         uint64_t len;
         kvr_error_t miss;
+        prefetch_next(st, io, c);
         if (kvr__store_ref(st, &key, &data, &len, &miss) != KVR_OK)
             break; /* a miss or a corrupt chunk ends the hit */
         s = scatter(io, &x, c, data, len, err);

@@ -257,7 +257,7 @@ kvr_status_t kvr__store_put_owned(kvr_store_t *st, const kvr_chunk_key_t *key,
     if (st->opts.host_bytes > 0)
         (void)host_insert(st, key, data, len, sum); /* a cache: may drop */
     else
-        free(data);
+        keep_spare(st, data, len); /* the next chunk's buffer, faulted in */
     return KVR_OK;
 }
 
@@ -364,6 +364,11 @@ kvr_status_t kvr_store_get(kvr_store_t *st, const kvr_chunk_key_t *key,
         memcpy(buf, data, *len);
     st->stats.loaded_bytes += *len;
     return KVR_OK;
+}
+
+bool kvr__store_in_host(kvr_store_t *st, const kvr_chunk_key_t *key)
+{
+    return find(st, key) != NULL;
 }
 
 bool kvr_store_contains(kvr_store_t *st, const kvr_chunk_key_t *key)

@@ -13,6 +13,10 @@
 #define KVR__SPARES 4
 #define KVR__LEAF (4ull << 20) /* checksum leaf */
 #define KVR__HASH_THREADS 8u
+/* checksum kinds: how the leaves are hashed (header offset 12) */
+#define KVR__SUM_BLAKE2B 0u  /* BLAKE2b-256 */
+#define KVR__SUM_POLY1305 1u /* Poly1305 under a fixed public key */
+#define KVR__SUM_DEFAULT KVR__SUM_POLY1305
 
 /* One host-tier entry, on the LRU list (head: most recent). */
 typedef struct kvr__entry {
@@ -30,6 +34,7 @@ struct kvr_store {
     kvr__entry_t *head, *tail;
     kvr_store_stats_t stats;
     uint64_t tmp_seq;
+    unsigned sum_kind; /* for new chunk files (KVR__SUM_*) */
     void *ring;     /* io_uring, when built with liburing */
     uint8_t *spill; /* a disk hit the host tier cannot hold */
     uint64_t spill_len;
@@ -47,8 +52,23 @@ void kvr__chunk_header(const kvr_chunk_key_t *key, uint64_t len,
 kvr_status_t kvr__chunk_parse(const uint8_t h[KVR__CHUNK_HEADER],
                               kvr_chunk_key_t *key, uint64_t *len,
                               kvr_error_t *err);
+void kvr__chunk_set_kind(uint8_t header[KVR__CHUNK_HEADER], unsigned kind);
+/* The checksum of a header (which names the kind) and its payload. */
 void kvr__chunk_sum(const uint8_t header[KVR__CHUNK_HEADER], const void *data,
                     uint64_t len, uint8_t out[KVR_STORE_SUM_BYTES]);
+/* The same checksum, computed while the payload is still being read or
+ * written: start (NULL when out of memory) hashes leaves on helper threads
+ * as they become present (all at once with present); ready says how many
+ * leading payload bytes are present; step hashes one present leaf on the
+ * calling thread (false when none is waiting); finish marks everything
+ * present, helps, joins and frees; abort stops and frees. */
+typedef struct kvr__sum kvr__sum_t;
+kvr__sum_t *kvr__sum_start(const uint8_t header[KVR__CHUNK_HEADER],
+                           const void *data, uint64_t len, bool present);
+void kvr__sum_ready(kvr__sum_t *s, uint64_t bytes);
+bool kvr__sum_step(kvr__sum_t *s);
+void kvr__sum_finish(kvr__sum_t *s, uint8_t out[KVR_STORE_SUM_BYTES]);
+void kvr__sum_abort(kvr__sum_t *s);
 
 /* disk.c: the disk tier */
 kvr_status_t kvr__disk_open(kvr_store_t *st, kvr_error_t *err);
@@ -64,17 +84,25 @@ kvr_status_t kvr__disk_read(kvr_store_t *st, const kvr_chunk_key_t *key,
                             uint8_t **data, uint64_t *len,
                             uint8_t sum[KVR_STORE_SUM_BYTES], kvr_error_t *err);
 bool kvr__disk_has(kvr_store_t *st, const kvr_chunk_key_t *key);
+/* Asks the kernel to start reading a chunk file into the page cache (a
+ * hint: nothing happens when it is absent), so the next chunk of a load
+ * arrives while this one is checked and scattered. */
+void kvr__disk_prefetch(kvr_store_t *st, const kvr_chunk_key_t *key);
 /* Checks one chunk file at dirfd/name: its header names it and its size
  * matches, and with full its checksum. KVR_OK or why not in err. */
 kvr_status_t kvr__disk_check(int dirfd, const char *name, bool full,
                              kvr_error_t *err);
 const char *kvr__disk_backend(const kvr_store_t *st);
+/* Drops io_uring: plain pread/pwrite from now on (as where the kernel
+ * refuses io_uring; tests run both paths with it). */
+void kvr__disk_plain(kvr_store_t *st);
 
 /* store.c: a chunk's payload, from the host tier or the disk (promoted);
  * valid until the next store call. NOT_FOUND on a miss or corrupt chunk. */
 kvr_status_t kvr__store_ref(kvr_store_t *st, const kvr_chunk_key_t *key,
                             const uint8_t **data, uint64_t *len,
                             kvr_error_t *err);
+bool kvr__store_in_host(kvr_store_t *st, const kvr_chunk_key_t *key);
 /* A buffer of len bytes for a chunk (a spare of that size, else malloc). */
 uint8_t *kvr__store_alloc(kvr_store_t *st, uint64_t len);
 /* Takes ownership of data (malloc'ed) on success and on failure. */
