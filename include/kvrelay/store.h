@@ -41,6 +41,12 @@ typedef struct kvr_store_opts {
     bool quick_scan;     /* the open scan checks headers and sizes only
                             (payload checksums are still checked on every
                             load and by kvr_store_verify) */
+    bool fast_checksum;  /* new chunk files hash their 4 MiB leaves with
+                            Poly1305 under a fixed public key instead of
+                            BLAKE2b (several times faster; detects accidental
+                            corruption only, docs/store.md "Checksum"); the
+                            root is BLAKE2b either way, files of both kinds
+                            read */
 } kvr_store_opts_t;
 
 typedef struct kvr_store_stats {

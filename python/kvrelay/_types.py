@@ -384,6 +384,7 @@ class StoreOpts(ctypes.Structure):
         ("host_bytes", _u64),
         ("verify_host", _bool),
         ("quick_scan", _bool),
+        ("fast_checksum", _bool),
     ]
 
 

@@ -81,9 +81,10 @@ class Store:
     """A store: ``Store(dir, host_bytes=...)``; a context manager."""
 
     def __init__(self, directory: Optional[str] = None, host_bytes: int = 0,
-                 verify_host: bool = False, quick_scan: bool = False) -> None:
+                 verify_host: bool = False, quick_scan: bool = False,
+                 fast_checksum: bool = False) -> None:
         opts = T.StoreOpts(directory.encode() if directory else None,
-                           host_bytes, verify_host, quick_scan)
+                           host_bytes, verify_host, quick_scan, fast_checksum)
         handle, err = ctypes.c_void_p(), new_error()
         check(LIB.kvr_store_open(ctypes.byref(opts), ctypes.byref(handle),
                                  ctypes.byref(err)), err)

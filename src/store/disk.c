@@ -180,7 +180,8 @@ kvr_status_t kvr__disk_open(kvr_store_t *st, kvr_error_t *err)
     else
         free(ring); /* not allowed here (seccomp, old kernel): plain I/O */
 #endif
-    st->sum_kind = KVR__SUM_DEFAULT;
+    st->sum_kind =
+        st->opts.fast_checksum ? KVR__SUM_POLY1305 : KVR__SUM_DEFAULT;
     return KVR_OK;
 }
 

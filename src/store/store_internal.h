@@ -16,7 +16,7 @@
 /* checksum kinds: how the leaves are hashed (header offset 12) */
 #define KVR__SUM_BLAKE2B 0u  /* BLAKE2b-256 */
 #define KVR__SUM_POLY1305 1u /* Poly1305 under a fixed public key */
-#define KVR__SUM_DEFAULT KVR__SUM_POLY1305
+#define KVR__SUM_DEFAULT KVR__SUM_BLAKE2B /* opts.fast_checksum: POLY1305 */
 
 /* One host-tier entry, on the LRU list (head: most recent). */
 typedef struct kvr__entry {
