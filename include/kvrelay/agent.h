@@ -254,7 +254,7 @@ typedef struct kvr_agent_recv {
     bool stream; /* layer-wise: each stage serves its layers one ready
                     group at a time and LAYERS_LOADED reports each group
                     as it lands (LOADED still means every byte); a stage
-                    older than protocol 2.1 serves its range whole */
+                    older than protocol 3.1 serves its range whole */
 } kvr_agent_recv_t;
 
 /* Loads a request from the producer instance's stages that serve this rank

@@ -20,9 +20,12 @@ KVR_API_BEGIN
 /* Protocol version: frames of another major version are refused. 2.0: keyed
  * sessions send LAYOUT after AUTH and a MAC tag after every frame that
  * follows AUTH (docs/PROTOCOL.md "Session MAC"); HELLO carries settings.
- * 2.1: STREAM_REQUEST and LAYERS_DONE (layer-wise streaming), sent only to
- * a peer whose HELLO says 2.1 or later. */
-#define KVR_WIRE_VERSION_MAJOR 2u
+ * 3.0: HELLO carries the producer's own sharding, REGIONS the dense head
+ * geometry, STAGES each stage's DCP rank (appended fields, which 2.x
+ * readers refuse: hence a major version). 3.1: STREAM_REQUEST and
+ * LAYERS_DONE (layer-wise streaming), sent only to a peer whose HELLO says
+ * 3.1 or later. */
+#define KVR_WIRE_VERSION_MAJOR 3u
 #define KVR_WIRE_VERSION_MINOR 1u
 /* The first minor version (of this major) that knows STREAM_REQUEST and
  * LAYERS_DONE. */

@@ -313,7 +313,7 @@ typedef struct kvr__cstage {
     uint32_t nslots;
     bool waiting_slots; /* STAGED: not sent until slots free up */
     /* layer-wise streaming (agent_stream.c) */
-    bool stream;                 /* asked with STREAM_REQUEST (2.1 stage) */
+    bool stream;                 /* asked with STREAM_REQUEST (3.1 stage) */
     uint32_t layer_lo, layer_hi; /* the layers asked of it (planned) */
     uint32_t layer_next;         /* layers below it are counted */
     uint64_t counted;            /* bytes of the groups counted */
@@ -470,7 +470,7 @@ struct kvr_agent {
     uint64_t join_retry_ns;        /* non-head stage: next dial of the head */
     kvr__alink_t *join_link;
     kvr__frame_fault_t fault;
-    bool speaks_2_0;             /* tests: HELLO says protocol 2.0 and stream
+    bool speaks_3_0;             /* tests: HELLO says protocol 3.0 and stream
                         messages are refused, as by a peer from before
                         streaming */
     uint64_t moved_turn_max;     /* tests: most bytes put in one turn */
@@ -666,7 +666,7 @@ bool kvr__stream_next(const kvr_agent_t *a, const kvr__preq_t *r,
 /* Producer: LAYERS_DONE for the group of p just written. */
 kvr_status_t kvr__stream_group_done(kvr_agent_t *a, kvr__pull_t *p);
 /* Consumer: a WRITE_REQUEST for stage s of r becomes a STREAM_REQUEST when
- * r streams and the stage speaks 2.1. */
+ * r streams and the stage speaks 3.1. */
 void kvr__stream_ask(const kvr__creq_t *r, kvr__cstage_t *s, kvr_msg_t *m);
 /* Consumer: checks and counts a LAYERS_DONE of stage s, then reports the
  * layers every source has now delivered (LAYERS_LOADED). */
@@ -678,9 +678,9 @@ kvr_status_t kvr__stream_count(kvr_agent_t *a, kvr__creq_t *r, kvr__cstage_t *s,
  * range now (LAYERS_LOADED when r streams). */
 kvr_status_t kvr__stream_stage_done(kvr_agent_t *a, kvr__creq_t *r,
                                     kvr__cstage_t *s, kvr_error_t *err);
-/* Tests: this agent's HELLO says 2.0 and it refuses STREAM_REQUEST and
+/* Tests: this agent's HELLO says 3.0 and it refuses STREAM_REQUEST and
  * LAYERS_DONE like a peer from before streaming. */
-void kvr__agent_speak_2_0(kvr_agent_t *a);
+void kvr__agent_speak_3_0(kvr_agent_t *a);
 
 /* Tests: control-frame faults (see kvr__frame_fault_t). */
 void kvr__agent_set_frame_fault(kvr_agent_t *a, kvr_msg_type_t type,

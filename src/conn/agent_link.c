@@ -320,7 +320,7 @@ static kvr_status_t build_hello(kvr_agent_t *a, kvr__alink_t *l,
     h->instance = a->instance;
     h->incarnation = a->incarnation;
     snprintf(h->settings, sizeof(h->settings), "%s", a->settings);
-    if (a->speaks_2_0)
+    if (a->speaks_3_0)
         h->proto_minor = 0;
     return st;
 }
@@ -559,7 +559,7 @@ static bool on_request_frame(kvr_agent_t *a, kvr__alink_t *l,
     bool from_consumer = accepted && peer_consumer &&
                          (a->p.role & KVR_AGENT_PRODUCER);
     bool stage_link = l->kind == KVR__LINK_STAGE;
-    bool streams = !a->speaks_2_0;
+    bool streams = !a->speaks_3_0;
     switch (m->type) {
     case KVR_MSG_NOTIFY:
         kvr__notify_msg(a, l, &m->u.notify);

@@ -194,7 +194,7 @@ kvr_status_t kvr__stream_stage_done(kvr_agent_t *a, kvr__creq_t *r,
 
 /* ---- tests ---- */
 
-void kvr__agent_speak_2_0(kvr_agent_t *a)
+void kvr__agent_speak_3_0(kvr_agent_t *a)
 {
-    a->speaks_2_0 = true;
+    a->speaks_3_0 = true;
 }

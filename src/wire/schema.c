@@ -85,7 +85,7 @@ static const kvr__field_t hello_fields[] = {
     {"instance", KVR__F_ID, 0, 0, offsetof(H, instance), 0, 0,
      KVR_WIRE_INSTANCE_MAX, NULL},
     F_U64(H, incarnation),
-    /* 2.1: the producer's own sharding (docs/design.md §18) */
+    /* 3.0: the producer's own sharding (docs/design.md §18) */
     F_U32(H, layout.producer_dcp),
     F_U32(H, layout.producer_interleave),
     F_U32(H, layout.producer_block_size),
@@ -119,7 +119,7 @@ static const kvr__field_t region_fields[] = {
     F_U64(R, base),
     F_ARRAY(KVR__F_BYTES, R, rkey, rkey_len, KVR_WIRE_RKEY_MAX, NULL),
     F_INT(R, memory, 1, KVR_WIRE_MEM_HOST, KVR_WIRE_MEM_CUDA),
-    /* 2.1: dense head geometry (docs/design.md §18) */
+    /* 3.0: dense head geometry (docs/design.md §18) */
     F_U32(R, desc.heads),
     F_U32(R, desc.head_dim),
     F_U32(R, desc.elem_bytes),
@@ -170,8 +170,8 @@ static const kvr__rec_t assign_rec = REC("ASSIGN", kvr_msg_assign_t,
         F_U32S(W, staging_slots, num_staging_slots, KVR_WIRE_MAX_SLOTS),       \
         F_NONCE(W), F_DEADLINE(W, deadline_ms)
 static const kvr__field_t write_request_fields[] = {WRITE_REQUEST_FIELDS};
-/* 2.1: WRITE_REQUEST's fields, then the layer range (a new type rather
- * than new fields, so that 2.0 peers keep reading WRITE_REQUEST) */
+/* 3.1: WRITE_REQUEST's fields, then the layer range (a new type rather
+ * than new fields, so that 3.0 peers keep reading WRITE_REQUEST) */
 static const kvr__field_t stream_request_fields[] = {
     WRITE_REQUEST_FIELDS,
     F_U32(W, layer_begin),
@@ -248,7 +248,7 @@ static const kvr__field_t stage_fields[] = {
     F_U32(S, tp_rank),
     F_U64(S, incarnation),
     F_TEXT(S, address),
-    F_U32(S, dcp_rank), /* 2.1 */
+    F_U32(S, dcp_rank), /* 3.0 */
 };
 #undef S
 static const kvr__rec_t stage_rec = REC("stage", kvr_wire_stage_t,

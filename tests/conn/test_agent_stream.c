@@ -3,7 +3,7 @@
  * recv.stream. Every layer group is verified byte for byte as its
  * LAYERS_LOADED arrives, and the layers not yet ready are checked still
  * untouched; groups made ready out of order, late, or all before the pull;
- * staged chunks; a stage that speaks protocol 2.0; a fault between groups
+ * staged chunks; a stage that speaks protocol 3.0; a fault between groups
  * (a stage lost, a producer abort, the deadline) fails the request with no
  * LOADED; without stream nothing changes. Over the loopback data plane,
  * and over UCX shared memory when the build has UCX. */
@@ -287,12 +287,12 @@ static void test_staged(void **state)
 
 static void old_stage(world_t *w)
 {
-    kvr__agent_speak_2_0(w->prod[0][1].agent);
+    kvr__agent_speak_3_0(w->prod[0][1].agent);
 }
 
-/* A stage that speaks 2.0 (it refuses STREAM_REQUEST) is asked with
+/* A stage that speaks 3.0 (it refuses STREAM_REQUEST) is asked with
  * WRITE_REQUEST: it serves its range whole once ready, reported as one
- * group; the 2.1 stage beside it streams. */
+ * group; the 3.1 stage beside it streams. */
 static void test_stage_without_streaming(void **state)
 {
     (void)state;

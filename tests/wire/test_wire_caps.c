@@ -301,7 +301,7 @@ static void region_prefix(tb_t *t, uint8_t role)
     le(t, 0x1000, 8);   /* base */
 }
 
-/* After the rkey: memory, then the 2.1 dense head geometry (heads,
+/* After the rkey: memory, then the 3.0 dense head geometry (heads,
  * head_dim, elem_bytes, kv_planes, hnd). */
 static void region_suffix(tb_t *t)
 {
@@ -520,12 +520,12 @@ static void test_byte_layout(void **state)
     assert_int_equal(kvr_wire_encode(&m, buf, sizeof(buf), &len, NULL), KVR_OK);
     assert_int_equal(len, t->n);
     assert_memory_equal(buf, t->b, len);
-    assert_memory_equal(buf, "KVRW\x02\x01\x14\x00", 8);
+    assert_memory_equal(buf, "KVRW\x03\x01\x14\x00", 8);
     free(t);
 }
 
-/* 2.1's streaming messages: LAYERS_DONE's bytes, and STREAM_REQUEST is
- * WRITE_REQUEST's payload with the layer range after it (so a 2.0 reader,
+/* 3.1's streaming messages: LAYERS_DONE's bytes, and STREAM_REQUEST is
+ * WRITE_REQUEST's payload with the layer range after it (so a 3.0 reader,
  * which refuses trailing bytes, is never sent one: docs/PROTOCOL.md). */
 static void test_stream_layout(void **state)
 {
@@ -556,7 +556,7 @@ static void test_stream_layout(void **state)
     assert_int_equal(kvr_wire_encode(&m, buf, sizeof(buf), &len, NULL), KVR_OK);
     assert_int_equal(len, t->n);
     assert_memory_equal(buf, t->b, len);
-    assert_memory_equal(buf, "KVRW\x02\x01\x1c\x00", 8);
+    assert_memory_equal(buf, "KVRW\x03\x01\x1c\x00", 8);
     free(t);
     t = start(KVR_MSG_LAYERS_DONE);
     head(t);

@@ -168,11 +168,11 @@ static void header_errors(const kvr_msg_t *m, const uint8_t *buf, size_t len)
     bad[0] = 'X';
     expect_decode(bad, len, KVR_ERR_PROTO, "frame magic 0x5752565");
     memcpy(bad, buf, len);
-    bad[4] = 1; /* 1.0 frames are another major version since 2.0 */
+    bad[4] = 1; /* 1.0 frames are another major version */
     bad[5] = 0;
     expect_decode(bad, len, KVR_ERR_VERSION, "frame version 1.0");
-    bad[4] = 3;
-    expect_decode(bad, len, KVR_ERR_VERSION, "frame version 3.0");
+    bad[4] = 4;
+    expect_decode(bad, len, KVR_ERR_VERSION, "frame version 4.0");
     memcpy(bad, buf, len);
     bad[6] = 99;
     expect_decode(bad, len, KVR_ERR_PROTO, "frame type 99 unknown");

@@ -358,11 +358,11 @@ static void test_version_role_key_topo(void **state)
     side_cfg_t c = config();
     kvr_msg_hello_t ours = hello_of(&c, KVR_WIRE_CONSUMER);
     kvr_msg_hello_t peer = hello_of(&c, KVR_WIRE_PRODUCER);
-    peer.proto_major = 3;
+    peer.proto_major = 4;
     peer.proto_minor = 0;
     peer.layout.block_size = 1; /* version wins over layout */
     char want[64];
-    snprintf(want, sizeof(want), "protocol version 2.%u vs 3.0",
+    snprintf(want, sizeof(want), "protocol version 3.%u vs 4.0",
              KVR_WIRE_VERSION_MINOR);
     want_check(&ours, &peer, KVR_ERR_VERSION, want);
 
