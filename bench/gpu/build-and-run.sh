@@ -47,7 +47,8 @@ timeout "${BUILD_S:-240}" cmake -S "$SRC" -B "$B" -G Ninja -DCMAKE_BUILD_TYPE=Re
     -DKVR_UCX_PREFIX="$UCX" -DCMAKE_EXE_LINKER_FLAGS="-L$LIBS" \
     -DCMAKE_C_FLAGS="-I$ROOT/usr/include -Wno-error=unused-result" \
     > "$OUT/build.log" 2>&1 &&
-    timeout "${BUILD_S:-240}" cmake --build "$B" -j"$(nproc)" >> "$OUT/build.log" 2>&1
+    timeout "${BUILD_S:-240}" cmake --build "$B" -j"$(nproc)" \
+        ${TARGETS:+--target $TARGETS} >> "$OUT/build.log" 2>&1
 rc=$?
 grep 'kvrelay:' "$OUT/build.log"
 echo "== build rc=$rc in $(($(date +%s) - t0)) s"
@@ -67,8 +68,8 @@ demo() {
     [ $r = 0 ] || fail=1
 }
 demo --device cuda
-demo --device cuda --transport tcp
-demo --device cuda --transport tcp --executor staged
+demo --device cuda --transport tcp ${NET_DEMO:-}
+demo --device cuda --transport tcp --executor staged ${NET_DEMO:-}
 demo --device cuda --producer-dcp 2 --dcp 4
 demo --device cuda --model gqa --producer-tp 2 --tp 8
 [ "${BENCH:-1}" = 1 ] || exit $fail
