@@ -71,7 +71,7 @@ demo --device cuda
 demo --device cuda --transport tcp ${NET_DEMO:-}
 demo --device cuda --transport tcp --executor staged ${NET_DEMO:-}
 demo --device cuda --producer-dcp 2 --dcp 4
-demo --device cuda --model gqa --producer-tp 2 --tp 8
+demo --device cuda --model gqa --dcp 1 --producer-tp 2 --tp 8
 [ "${BENCH:-1}" = 1 ] || exit $fail
 echo "== benchmark"
 timeout "${BENCH_S:-120}" "$B/bench/bench_gpu_net" --tokens "${TOKENS:-65536}" --reps "${REPS:-5}" \

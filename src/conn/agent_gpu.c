@@ -64,7 +64,10 @@ kvr_status_t kvr__agpu_map(kvr_agent_t *a, kvr__alink_t *l,
         return kvr_error_set(err, KVR_ERR_PROTO, "CUDA region key of %u bytes",
                              r->rkey_len);
     map_ipc(a, r, m);
-    uint32_t ulen = r->rkey_len - KVR_GPU_RKEY_BYTES;
+    /* one host (CUDA IPC works): gpu-direct, as fast as a device copy;
+     * the transport's CUDA path is for consumers IPC cannot reach (another
+     * host, or tcp forced) */
+    uint32_t ulen = m->dev ? 0 : r->rkey_len - KVR_GPU_RKEY_BYTES;
     kvr_status_t st = KVR_OK;
     if (ulen > 0 && l->data != NULL)
         st = kvr__dpeer_map(l->data, r->base, kvr_region_bytes(&r->desc),
