@@ -41,31 +41,39 @@ nvidia-smi > "$OUT/nvidia-smi.txt" 2>&1
 echo "== $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader)"
 echo "== UCX: $(head -1 "$OUT/ucx_info.txt"); transports: $(grep -o 'Transport: [a-z_]*' "$OUT/ucx_info.txt" | sort -u | cut -d' ' -f2 | tr '\n' ' ')"
 t0=$(date +%s)
-cmake -S "$SRC" -B "$B" -G Ninja -DCMAKE_BUILD_TYPE=Release \
+# every step is bounded (BUILD_S, TEST_S, DEMO_S seconds): a hung step
+# must not eat a lease
+timeout "${BUILD_S:-240}" cmake -S "$SRC" -B "$B" -G Ninja -DCMAKE_BUILD_TYPE=Release \
     -DKVR_UCX_PREFIX="$UCX" -DCMAKE_EXE_LINKER_FLAGS="-L$LIBS" \
     -DCMAKE_C_FLAGS="-I$ROOT/usr/include -Wno-error=unused-result" \
     > "$OUT/build.log" 2>&1 &&
-    cmake --build "$B" -j"$(nproc)" >> "$OUT/build.log" 2>&1
+    timeout "${BUILD_S:-240}" cmake --build "$B" -j"$(nproc)" \
+        ${TARGETS:+--target $TARGETS} >> "$OUT/build.log" 2>&1
 rc=$?
 grep 'kvrelay:' "$OUT/build.log"
 echo "== build rc=$rc in $(($(date +%s) - t0)) s"
 [ $rc = 0 ] || { tail -30 "$OUT/build.log"; exit 1; }
 fail=0
 echo "== device tests"
-(cd "$B" && ctest -j4 -R 'test_gpu|test_xfer_(loopback|ucx)' --timeout 300 --output-on-failure) \
-    > "$OUT/tests.log" 2>&1 || fail=1
+(cd "$B" && timeout "${SUITE_S:-240}" ctest -j4 -R "${TESTS:-test_gpu|test_xfer_(loopback|ucx)}" \
+    --timeout "${TEST_S:-60}" --output-on-failure) > "$OUT/tests.log" 2>&1 || fail=1
 grep -E 'tests passed|Passed|Failed|Skipped|\*\*\*' "$OUT/tests.log" | tail -20
 echo "== demo: CUDA KV, stages and ranks as processes (the agent's gpu-direct)"
 N=0
 demo() {
     N=$((N + 1))
-    timeout 300 "$B/bin/kvrelay" demo "$@" > "$OUT/demo-$N.log" 2>&1
+    timeout "${DEMO_S:-60}" "$B/bin/kvrelay" demo "$@" > "$OUT/demo-$N.log" 2>&1
     local r=$?
     echo "kvrelay demo $* -> rc=$r"; tail -3 "$OUT/demo-$N.log"
     [ $r = 0 ] || fail=1
 }
 demo --device cuda
+demo --device cuda --transport tcp ${NET_DEMO:-}
+demo --device cuda --transport tcp --executor staged ${NET_DEMO:-}
+demo --device cuda --producer-dcp 2 --dcp 4
+demo --device cuda --model gqa --dcp 1 --producer-tp 2 --tp 8
+[ "${BENCH:-1}" = 1 ] || exit $fail
 echo "== benchmark"
-"$B/bench/bench_gpu_net" --tokens "${TOKENS:-65536}" --reps "${REPS:-5}" \
+timeout "${BENCH_S:-120}" "$B/bench/bench_gpu_net" --tokens "${TOKENS:-65536}" --reps "${REPS:-5}" \
     --out "$OUT/gpu-network.json" 2>&1 | tee "$OUT/bench.log" || fail=1
 exit $fail

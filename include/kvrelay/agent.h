@@ -73,7 +73,11 @@ typedef enum kvr_agent_exec {
                                   needs the consumer's STAGING region) */
     KVR_AGENT_EXEC_DIRECT = 1, /* one put per coalesced run */
     KVR_AGENT_EXEC_STAGED = 2, /* packed chunks through the consumer's
-                                  STAGING slots (a consumer needs one) */
+                                  STAGING slots (a consumer needs one);
+                                  KV in CUDA memory: gpu-staged (packed
+                                  by kernels, CUDA STAGING) */
+    KVR_AGENT_EXEC_GPU_DIRECT = 3, /* KV in CUDA memory: kernels write into
+                                      the consumer's pages via CUDA IPC */
 } kvr_agent_exec_t;
 
 /* Creation parameters. Append-only: new fields go at the end, and
@@ -111,8 +115,9 @@ typedef struct kvr_agent_params {
     uint32_t max_requests;       /* live requests per side; beyond, NO_SPACE */
     int cuda_device;             /* -1: KV in host memory. >= 0: KV in CUDA
                                  memory on this device, moved gpu-direct
-                                 between agents of one host (CUDA IPC,
-                                 docs/agent.md gpu-direct) */
+                                 (CUDA IPC, one host), gpu-staged or by
+                                 direct puts (a UCX built with CUDA;
+                                 docs/agent.md GPU executors) */
     uint32_t handshake_timeout_ms; /* an accepted link not through its
                                       handshake (AUTH, with a key) by then
                                       is closed */

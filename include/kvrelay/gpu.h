@@ -131,6 +131,46 @@ kvr_status_t kvr_gpu_unpack(const kvr_gpu_relayout_t *rl, uint32_t rank,
                             void *dst_base, void *stream, kvr_error_t *err);
 
 /* ------------------------------------------------------------------------
+ * Run copies (docs/gpu.md, Run copies)
+ *
+ * Any plan the planner makes, sharded producer or TP reshard included: a
+ * list of runs, each `len` bytes from address `src` to address `dst`. The
+ * runs in array order are one byte stream (for the planner's runs: the
+ * consumer's order, as staged moves it). One kernel moves stream bytes
+ * [pos, pos + len): from each run's source, or from `src_buf` (unpack:
+ * stream byte pos at src_buf[0]); to each run's destination, or into
+ * `dst_buf` (pack). With neither buffer it is a scatter (gpu-direct). An
+ * address a copy does not use may be 0 (a pack table has no
+ * destinations, an unpack table no sources).
+ * ------------------------------------------------------------------------ */
+
+typedef struct kvr_gpu_run {
+    uint64_t src, dst, len;
+} kvr_gpu_run_t;
+
+typedef struct kvr_gpu_runs kvr_gpu_runs_t;
+
+/* Copies the runs (zero-length ones dropped, long ones cut into pieces the
+ * kernel spreads over warps). */
+kvr_status_t kvr_gpu_runs_create(const kvr_gpu_run_t *runs, size_t n,
+                                 kvr_gpu_runs_t **out, kvr_error_t *err);
+void kvr_gpu_runs_destroy(kvr_gpu_runs_t *rt);
+/* Stream bytes: the runs' total. */
+uint64_t kvr_gpu_runs_bytes(const kvr_gpu_runs_t *rt);
+/* The copy on the host (addresses are host pointers): the reference. */
+kvr_status_t kvr_gpu_runs_copy_ref(const kvr_gpu_runs_t *rt, uint64_t pos,
+                                   uint64_t len, const void *src_buf,
+                                   void *dst_buf, kvr_error_t *err);
+/* (CUDA) The table onto the current device, stream-ordered on `stream`
+ * (NULL: synchronous); once per table. */
+kvr_status_t kvr_gpu_runs_upload(kvr_gpu_runs_t *rt, void *stream,
+                                 kvr_error_t *err);
+/* (CUDA) The copy on `stream`, after kvr_gpu_runs_upload. */
+kvr_status_t kvr_gpu_runs_copy(const kvr_gpu_runs_t *rt, uint64_t pos,
+                               uint64_t len, const void *src_buf,
+                               void *dst_buf, void *stream, kvr_error_t *err);
+
+/* ------------------------------------------------------------------------
  * Devices, peer access and CUDA IPC (CUDA)
  * ------------------------------------------------------------------------ */
 

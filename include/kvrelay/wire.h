@@ -93,6 +93,8 @@ typedef enum kvr_wire_exec {
     KVR_WIRE_EXEC_DIRECT = 1,
     KVR_WIRE_EXEC_STAGED = 2,
     KVR_WIRE_EXEC_GPU_DIRECT = 3,
+    KVR_WIRE_EXEC_GPU_STAGED = 4, /* CUDA KV: packed on the GPU into chunks
+                                     through CUDA STAGING slots */
 } kvr_wire_exec_t;
 
 /* A request id: an opaque byte string of 1..KVR_WIRE_REQ_ID_MAX bytes. */
@@ -149,8 +151,10 @@ typedef struct kvr_msg_bye {
 } kvr_msg_bye_t;
 
 /* Where a region's bytes live: host memory reached through the transport's
- * rkey, or CUDA device memory reached through a CUDA IPC handle (the rkey
- * bytes are then a kvr_gpu_ipc_handle_t). */
+ * rkey, or CUDA device memory: the rkey bytes are then a CUDA IPC handle
+ * (72 bytes, kvr_gpu_ipc_handle_t), followed, when the consumer's
+ * transport moves CUDA memory, by that transport's packed key for the
+ * region (docs/agent.md, GPU executors). */
 typedef enum kvr_wire_memory {
     KVR_WIRE_MEM_HOST = 0,
     KVR_WIRE_MEM_CUDA = 1,

@@ -131,7 +131,8 @@ static kvr_status_t check_topo(const kvr_agent_params_t *p, kvr_error_t *err)
     return kvr__sources_check_topo(p, err);
 }
 
-/* KV in CUDA memory moves gpu-direct (one host), nothing else. */
+/* KV in CUDA memory moves gpu-direct (one host), gpu-staged or by direct
+ * puts (a UCX built with CUDA). */
 static kvr_status_t check_cuda(const kvr_agent_params_t *p, kvr_error_t *err)
 {
     int n = kvr__gpu_device_count();
@@ -144,10 +145,10 @@ static kvr_status_t check_cuda(const kvr_agent_params_t *p, kvr_error_t *err)
         return kvr_error_set(err, KVR_ERR_INVALID,
                              "CUDA device %d out of range [0, %d)",
                              p->cuda_device, n);
-    if (p->executor == KVR_AGENT_EXEC_STAGED)
-        return kvr_error_set(err, KVR_ERR_INVALID,
-                             "executor STAGED moves host memory; with a CUDA "
-                             "device the agent moves KV gpu-direct");
+    if (p->executor < KVR_AGENT_EXEC_AUTO ||
+        p->executor > KVR_AGENT_EXEC_GPU_DIRECT)
+        return kvr_error_set(err, KVR_ERR_INVALID, "executor %d unknown",
+                             (int)p->executor);
     return KVR_OK;
 }
 
@@ -181,6 +182,10 @@ static kvr_status_t check_params(const kvr_agent_params_t *p, kvr_error_t *err)
                              p->max_requests);
     if (p->cuda_device >= 0)
         return check_cuda(p, err);
+    if (p->executor == KVR_AGENT_EXEC_GPU_DIRECT)
+        return kvr_error_set(err, KVR_ERR_INVALID,
+                             "executor GPU_DIRECT needs KV in CUDA memory "
+                             "(params.cuda_device)");
     if (p->executor != KVR_AGENT_EXEC_AUTO &&
         p->executor != KVR_AGENT_EXEC_DIRECT &&
         p->executor != KVR_AGENT_EXEC_STAGED)
@@ -211,13 +216,18 @@ static kvr_status_t make_data(kvr_agent_t *a, kvr_error_t *err)
     if (a->p.loopback_hub != NULL)
         return kvr__data_create_loopback(a->p.loopback_hub, &a->p.loopback,
                                          &a->data, err);
-    /* gpu-direct moves nothing over the data transport: no UCX needed */
-    if (a->p.cuda_device >= 0)
-        return kvr__data_create_loopback(NULL, &a->p.loopback, &a->data, err);
     /* a consumer's engine-registered memory is the target of emulated puts,
      * which need its own progress */
-    return kvr__data_create((int)a->p.tl, (a->p.role & KVR_AGENT_CONSUMER) != 0,
-                            &a->data, err);
+    bool consumer = (a->p.role & KVR_AGENT_CONSUMER) != 0;
+    bool cuda = a->p.cuda_device >= 0;
+    kvr_status_t st =
+        kvr__data_create((int)a->p.tl, consumer, cuda, &a->data, err);
+    /* gpu-direct moves nothing over the data transport: without UCX, CUDA
+     * KV still moves through CUDA IPC on one host (not when the network
+     * path is forced) */
+    if (st != KVR_OK && cuda && a->p.tl != KVR_AGENT_TL_TCP)
+        st = kvr__data_create_loopback(NULL, &a->p.loopback, &a->data, err);
+    return st;
 }
 
 kvr_status_t kvr_agent_create(const kvr_agent_params_t *params,
@@ -388,9 +398,6 @@ static kvr_status_t check_region(const kvr_agent_t *a,
                     "slots)");
     if (staging && a->staging >= 0)
         return fail(KVR_ERR_EXISTS, "a second STAGING region");
-    if (staging && a->p.cuda_device >= 0)
-        return fail(KVR_ERR_INVALID, "a STAGING region on an agent whose KV "
-                                     "is in CUDA memory (it moves gpu-direct)");
     if (staging && d->num_blocks < 2)
         return fail(KVR_ERR_INVALID,
                     "STAGING region of %llu slot(s): one "
@@ -416,11 +423,25 @@ static kvr_status_t check_region(const kvr_agent_t *a,
     return KVR_OK;
 }
 
+/* Device memory is registered with the data transport as CUDA memory when
+ * it moves CUDA memory, and must be when the network path is forced or it
+ * is staging (gpu-staged puts into it): a transport that cannot refuses,
+ * naming its UCX. Else it is shared by CUDA IPC only. */
+static kvr_status_t place_cuda(kvr_agent_t *a, kvr__aregion_t *r,
+                               uint64_t len, bool staging, kvr_error_t *err)
+{
+    bool must = staging || a->p.tl == KVR_AGENT_TL_TCP;
+    if (!must && !kvr__data_has_cuda(a->data))
+        return KVR_OK;
+    return kvr__dmem_register_cuda(a->data, r->base, len, &r->mem, err);
+}
+
 /* Memory for region r: allocated (alloc) or the engine's (*base); host
- * memory is registered with the data transport, device memory is shared
- * by CUDA IPC when a consumer announces it. */
+ * memory is registered with the data transport, device memory as
+ * place_cuda says. */
 static kvr_status_t place(kvr_agent_t *a, kvr__aregion_t *r, uint64_t len,
-                          bool alloc, void **base, kvr_error_t *err)
+                          bool alloc, bool staging, void **base,
+                          kvr_error_t *err)
 {
     kvr_status_t st = KVR_OK;
     r->device = a->p.cuda_device >= 0;
@@ -433,6 +454,8 @@ static kvr_status_t place(kvr_agent_t *a, kvr__aregion_t *r, uint64_t len,
         st = kvr__dmem_register(a->data, *base, len, &r->mem, err);
     }
     r->base = *base;
+    if (st == KVR_OK && r->device)
+        st = place_cuda(a, r, len, staging, err);
     return st;
 }
 
@@ -464,7 +487,8 @@ static kvr_status_t add_region(kvr_agent_t *a, const kvr_region_desc_t *desc,
     kvr__aregion_t *r = st == KVR_OK ? &a->regions[a->num_regions] : NULL;
     if (r != NULL) {
         memset(r, 0, sizeof(*r));
-        st = place(a, r, kvr_region_bytes(desc), base_out != NULL, &base, &err);
+        st = place(a, r, kvr_region_bytes(desc), base_out != NULL,
+                   desc->role == KVR_ROLE_STAGING, &base, &err);
     }
     if (r != NULL && st == KVR_OK && desc->role == KVR_ROLE_STAGING)
         st = claim_staging(a, desc);

@@ -136,14 +136,16 @@ bool kvr__pdir_ready(const kvr_agent_t *a, const kvr__pdir_t *d)
 static kvr_status_t send_regions(kvr_agent_t *a, kvr__alink_t *l)
 {
     kvr_wire_region_t *regs = calloc(a->num_regions + 1, sizeof(*regs));
-    uint8_t *keys = calloc(a->num_regions + 1, KVR_DATA_RKEY_MAX);
+    /* a CUDA region's key: its IPC handle, then the transport's key */
+    const size_t stride = KVR_DATA_RKEY_MAX + KVR_GPU_RKEY_BYTES;
+    uint8_t *keys = calloc(a->num_regions + 1, stride);
     kvr_status_t st = regs && keys ? KVR_OK : KVR_ERR_NO_MEMORY;
     uint32_t n = 0;
     for (uint32_t i = 0; st == KVR_OK && i < a->num_regions; i++) {
         if (a->regions[i].consumer_only)
             continue; /* staging goes: the producer writes chunks there */
         kvr_wire_region_t *r = &regs[n];
-        uint8_t *key = keys + (size_t)n * KVR_DATA_RKEY_MAX;
+        uint8_t *key = keys + (size_t)n * stride;
         kvr_error_t err = {0};
         r->desc = a->regions[i].desc;
         r->base = (uint64_t)(uintptr_t)a->regions[i].base;
@@ -484,12 +486,13 @@ static kvr_status_t map_one(kvr_agent_t *a, kvr__alink_t *l,
                           ? KVR_OK
                           : kvr_region_check(&a->p.layout, &r->desc, true, err);
     if (st == KVR_OK && device)
-        st = kvr__agpu_map(a, r, &l->maps[i], err);
+        st = kvr__agpu_map(a, l, r, &l->maps[i], err);
     else if (st == KVR_OK)
         st = kvr__dpeer_map(l->data, r->base, kvr_region_bytes(&r->desc),
                             r->rkey, r->rkey_len, &l->maps[i].mapping, err);
     if (st == KVR_OK && staging)
-        st = kvr__staged_link(a, l, r, err);
+        st = device ? kvr__agpu_link(a, l, r, &l->maps[i], err)
+                    : kvr__staged_link(a, l, r, err);
     l->maps[i].desc = r->desc;
     if (st == KVR_OK && staging)
         l->staging = (int)i;
@@ -532,8 +535,9 @@ void kvr__link_on_regions(kvr_agent_t *a, kvr__alink_t *l,
                                  "regions");
         return;
     }
-    /* gpu-direct needs no data peer: the kernels write through IPC */
-    kvr_status_t st = a->p.cuda_device >= 0
+    /* CUDA KV needs a data peer only when our transport moves CUDA memory
+     * (gpu-direct's kernels write through IPC) */
+    kvr_status_t st = a->p.cuda_device >= 0 && !kvr__data_has_cuda(a->data)
                           ? KVR_OK
                           : kvr__dpeer_open(a->data, m->address, m->address_len,
                                             &l->data, &err);

@@ -20,30 +20,77 @@ kvr_status_t kvr__agpu_export(const kvr_agent_t *a, const kvr__aregion_t *g,
     r->memory = KVR_WIRE_MEM_CUDA;
     r->rkey = key;
     kvr_status_t st = kvr__gpu_use(a->p.cuda_device, err);
-    return st == KVR_OK ? kvr__gpu_export(g->base, key, &r->rkey_len, err) : st;
+    if (st == KVR_OK)
+        st = kvr__gpu_export(g->base, key, &r->rkey_len, err);
+    uint32_t ulen = 0;
+    if (st == KVR_OK && g->mem != NULL &&
+        (st = kvr__dmem_rkey(g->mem, key + r->rkey_len, &ulen)) != KVR_OK)
+        return kvr_error_set(err, st, "packing the transport key of %s "
+                                      "layer %u",
+                             kvr_role_name(g->desc.role), g->desc.layer);
+    r->rkey_len += ulen;
+    return st;
 }
 
-kvr_status_t kvr__agpu_map(kvr_agent_t *a, const kvr_wire_region_t *r,
-                           kvr__amap_t *m, kvr_error_t *err)
+/* Through CUDA IPC, unless the network path is forced; a failure only
+ * means the consumer is not on our host (or not reachable so). */
+static void map_ipc(kvr_agent_t *a, const kvr_wire_region_t *r, kvr__amap_t *m)
+{
+    kvr_error_t e = {0};
+    if (a->p.tl == KVR_AGENT_TL_TCP ||
+        kvr__gpu_open(a->p.cuda_device, r->rkey, KVR_GPU_RKEY_BYTES, &m->dev,
+                      &e) != KVR_OK) {
+        m->dev = NULL;
+        return;
+    }
+    memcpy(m->rkey, r->rkey, KVR_GPU_RKEY_BYTES);
+    m->rkey_len = KVR_GPU_RKEY_BYTES;
+}
+
+kvr_status_t kvr__agpu_map(kvr_agent_t *a, kvr__alink_t *l,
+                           const kvr_wire_region_t *r, kvr__amap_t *m,
+                           kvr_error_t *err)
 {
     bool cuda = r->memory == KVR_WIRE_MEM_CUDA, ours = a->p.cuda_device >= 0;
-    if (cuda != ours || r->desc.role == KVR_ROLE_STAGING)
+    const char *role = kvr_role_name(r->desc.role);
+    if (cuda != ours)
         return kvr_error_set(err, KVR_ERR_UNSUPPORTED,
                              "consumer %s region "
                              "layer %u is in %s memory, this producer's KV is "
                              "in %s memory",
-                             kvr_role_name(r->desc.role), r->desc.layer,
-                             cuda ? "CUDA" : "host", ours ? "CUDA" : "host");
-    if (r->rkey_len > sizeof(m->rkey))
+                             role, r->desc.layer, cuda ? "CUDA" : "host",
+                             ours ? "CUDA" : "host");
+    if (r->rkey_len < KVR_GPU_RKEY_BYTES)
         return kvr_error_set(err, KVR_ERR_PROTO, "CUDA region key of %u bytes",
                              r->rkey_len);
-    kvr_status_t st = kvr__gpu_open(a->p.cuda_device, r->rkey, r->rkey_len,
-                                    &m->dev, err);
-    if (st == KVR_OK) {
-        memcpy(m->rkey, r->rkey, r->rkey_len);
-        m->rkey_len = r->rkey_len;
-    }
-    return st;
+    map_ipc(a, r, m);
+    /* one host (CUDA IPC works): gpu-direct, as fast as a device copy;
+     * the transport's CUDA path is for consumers IPC cannot reach (another
+     * host, or tcp forced) */
+    uint32_t ulen = m->dev ? 0 : r->rkey_len - KVR_GPU_RKEY_BYTES;
+    kvr_status_t st = KVR_OK;
+    if (ulen > 0 && l->data != NULL)
+        st = kvr__dpeer_map(l->data, r->base, kvr_region_bytes(&r->desc),
+                            r->rkey + KVR_GPU_RKEY_BYTES, ulen, &m->mapping,
+                            err);
+    m->net = ulen > 0 && l->data != NULL && st == KVR_OK;
+    if (st != KVR_OK || m->dev != NULL || m->net)
+        return st;
+    if (l->data == NULL)
+        return kvr_error_set(err, KVR_ERR_UNSUPPORTED,
+                             "consumer %s region layer %u is not reachable "
+                             "through CUDA IPC%s, and this producer's "
+                             "transport cannot move CUDA memory (UCX %s: "
+                             "built without CUDA, or absent)",
+                             role, r->desc.layer,
+                             a->p.tl == KVR_AGENT_TL_TCP ? " (tcp forced)" : "",
+                             kvr__data_ucx_version());
+    return kvr_error_set(err, KVR_ERR_UNSUPPORTED,
+                         "consumer %s region layer %u is not reachable "
+                         "through CUDA IPC%s, and the consumer's transport "
+                         "cannot move CUDA memory (it sent no transport key)",
+                         role, r->desc.layer,
+                         a->p.tl == KVR_AGENT_TL_TCP ? " (tcp forced)" : "");
 }
 
 void kvr__agpu_unmap(kvr__amap_t *m)
@@ -104,30 +151,87 @@ static kvr_status_t launch(kvr_agent_t *a, const kvr__preq_t *r, kvr__pull_t *p,
 }
 
 /* The relayout kernels place tokens by an unsharded producer's slots
- * (W_p 1, bs_p bs, the same heads per tp rank): any other layout is
- * refused, never copied wrong. */
-static kvr_status_t check_plain(const kvr_agent_t *a, kvr_error_t *err)
+ * (W_p 1, bs_p bs, the same heads per tp rank); every other layout goes
+ * through the run copy of the pull's pair plans (docs/gpu.md, Run
+ * copies), which moves whatever the planner planned. */
+static bool plain(const kvr_agent_t *a)
 {
     const kvr_layout_t *l = &a->p.layout;
     bool heads = a->axis == KVR_AXIS_TP && l->tp != l->producer_tp;
-    if (kvr_layout_producer_plain(l) && !heads)
+    return kvr_layout_producer_plain(l) && !heads;
+}
+
+kvr_status_t kvr__agpu_seg_ends(const kvr_agent_t *a, const kvr__pull_t *p,
+                                const void **src, void **dst)
+{
+    size_t k = 0;
+    for (uint32_t i = 0; i < a->num_order && k < p->nsegs; i++) {
+        const kvr__aregion_t *g = &a->regions[a->order[i]];
+        if (g->desc.layer < p->layer_lo || g->desc.layer >= p->layer_hi)
+            continue;
+        int j = kvr__twin_index(p->link, &g->desc);
+        if (src != NULL)
+            src[k] = g->base;
+        if (dst != NULL)
+            dst[k] = j >= 0 ? p->link->maps[j].dev : NULL;
+        k++;
+    }
+    return k == p->nsegs ? KVR_OK : KVR_ERR_INVALID;
+}
+
+/* The pull's run table (made once, with the sources and destinations of
+ * each of its segs as given), on the agent's stream. */
+kvr_status_t kvr__agpu_runs(kvr_agent_t *a, kvr__pull_t *p, bool src,
+                            bool dst, kvr_error_t *err)
+{
+    if (p->runs != NULL)
         return KVR_OK;
-    return kvr_error_set(err, KVR_ERR_UNSUPPORTED,
-                         "gpu-direct moves an unsharded producer's layout "
-                         "only (W_p %u, bs_p %u, TP %u -> %u): use host memory "
-                         "for this pair layout",
-                         kvr_producer_dcp(l), kvr_producer_block_size(l),
-                         l->producer_tp, l->tp);
+    const kvr_plan_t **plans = calloc(p->nsegs + 1, sizeof(*plans));
+    const void **s = calloc(p->nsegs + 1, sizeof(*s));
+    void **d = calloc(p->nsegs + 1, sizeof(*d));
+    kvr_status_t st = plans && s && d ? KVR_OK : KVR_ERR_NO_MEMORY;
+    if (st == KVR_OK && kvr__agpu_seg_ends(a, p, s, d) != KVR_OK)
+        st = KVR_ERR_INVALID;
+    for (size_t i = 0; st == KVR_OK && i < p->nsegs; i++)
+        plans[i] = p->segs[i].plan;
+    if (st != KVR_OK)
+        kvr_error_set(err, st, "the pull's run table");
+    else
+        st = kvr__gpu_runs_make(a->p.cuda_device, a->stream, plans,
+                                src ? s : NULL, dst ? (void *const *)d : NULL,
+                                p->nsegs, &p->runs, err);
+    free(plans);
+    free(s);
+    free(d);
+    return st;
+}
+
+/* The layer group moving, through the run copy: one launch. */
+static kvr_status_t launch_runs(kvr_agent_t *a, kvr__pull_t *p,
+                                kvr_error_t *err)
+{
+    kvr_status_t st = kvr__agpu_runs(a, p, true, true, err);
+    if (st == KVR_OK)
+        st = kvr__gpu_job_runs(a->p.cuda_device, a->stream, p->runs,
+                               p->group_off0, p->group_off - p->group_off0,
+                               NULL, NULL, &p->job, err);
+    if (st == KVR_OK)
+        kvr__agent_log(a,
+                       "pull of '%.*s' for dcp %u, layers [%u, %u): run copy "
+                       "launched, %llu bytes",
+                       (int)p->request.len, p->request.bytes, p->dcp_rank,
+                       p->group_begin, p->group_end,
+                       (unsigned long long)(p->group_off - p->group_off0));
+    return st;
 }
 
 kvr_status_t kvr__agpu_slice(kvr_agent_t *a, const kvr__preq_t *r,
                              kvr__pull_t *p, bool *done, kvr_error_t *err)
 {
     *done = false;
-    if (p->job == NULL && check_plain(a, err) != KVR_OK)
-        return err->code;
     if (p->job == NULL) {
-        kvr_status_t st = launch(a, r, p, err);
+        kvr_status_t st =
+            plain(a) ? launch(a, r, p, err) : launch_runs(a, p, err);
         if (st != KVR_OK) {
             kvr__gpu_job_free(p->job);
             p->job = NULL;
@@ -150,4 +254,335 @@ bool kvr__agpu_cpu_work(const kvr_agent_t *a)
         if (!p->gpu || p->job == NULL)
             return true;
     return false;
+}
+
+/* ---- gpu-staged and the choice among the GPU executors ---- */
+
+/* Rates assumed where none was measured (no STAGING region to probe). */
+#define GPU_DIRECT_BPS_DEFAULT 100e9
+#define GPU_LAUNCH_S_DEFAULT 10e-6
+#define PROBE_PIECE 576u /* one MLA token: the small runs of I = 1 */
+
+/* Seconds of one run copy of `n` pieces of PROBE_PIECE bytes read every
+ * fourth piece from src, into dst (contiguous); len 0: all of them. */
+static kvr_status_t time_pieces(kvr_agent_t *a, const void *src, void *dst,
+                                uint64_t n, double *secs, kvr_error_t *err)
+{
+    kvr_run_t *runs = calloc(n + 1, sizeof(*runs));
+    if (runs == NULL)
+        return kvr_error_set(err, KVR_ERR_NO_MEMORY, "no memory");
+    for (uint64_t i = 0; i < n; i++)
+        runs[i] = (kvr_run_t){.src = i * 4 * PROBE_PIECE,
+                              .dst = i * PROBE_PIECE,
+                              .len = PROBE_PIECE};
+    kvr_plan_t *plan = NULL;
+    kvr__gpu_runs_t *rt = NULL;
+    kvr_status_t st = kvr_plan_from_runs(runs, n, &plan);
+    if (st != KVR_OK)
+        kvr_error_set(err, st, "a probe plan of %llu runs",
+                      (unsigned long long)n);
+    const kvr_plan_t *plans[1] = {plan};
+    void *dsts[1] = {dst};
+    if (st == KVR_OK)
+        st = kvr__gpu_runs_make(a->p.cuda_device, a->stream, plans, &src, dsts,
+                                1, &rt, err);
+    if (st == KVR_OK)
+        st = kvr__gpu_runs_time(rt, n * PROBE_PIECE, NULL, NULL, a->stream,
+                                secs, err);
+    kvr__gpu_runs_free(rt);
+    kvr_plan_destroy(plan);
+    free(runs);
+    return st;
+}
+
+/* The link's GPU figures: the run copy of 576-byte pieces from our first
+ * moving region into a pack buffer (pack and unpack rate), one piece (a
+ * launch), and (CUDA IPC) into the consumer's probe slot (gpu-direct). */
+static kvr_status_t measure(kvr_agent_t *a, kvr__alink_t *l, const void *peer,
+                            uint64_t slot, kvr_error_t *err)
+{
+    const kvr__aregion_t *g = NULL;
+    for (uint32_t i = 0; g == NULL && i < a->num_order; i++)
+        g = &a->regions[a->order[i]];
+    uint64_t n = g ? kvr_region_bytes(&g->desc) / (4 * PROBE_PIECE) : 0;
+    n = n < slot / PROBE_PIECE ? n : slot / PROBE_PIECE;
+    if (n == 0)
+        return KVR_OK; /* nothing to measure with: the defaults stay */
+    double t = 0, t1 = 0;
+    kvr_status_t st = time_pieces(a, g->base, l->gpack, n, &t, err);
+    if (st == KVR_OK)
+        st = time_pieces(a, g->base, l->gpack, 1, &t1, err);
+    if (st == KVR_OK && t > 0)
+        l->gfig.pack_Bps = (double)(n * PROBE_PIECE) / t;
+    if (st == KVR_OK)
+        l->gfig.launch_s = t1;
+    if (st == KVR_OK && peer != NULL &&
+        (st = time_pieces(a, g->base, (void *)peer, n, &t, err)) == KVR_OK &&
+        t > 0)
+        l->gfig.direct_Bps = (double)(n * PROBE_PIECE) / t;
+    kvr__agent_log(a,
+                   "link %u: GPU figures: pack %.1f GB/s, launch %.1f us, "
+                   "gpu-direct %.1f GB/s",
+                   l->serial, l->gfig.pack_Bps / 1e9, l->gfig.launch_s * 1e6,
+                   l->gfig.direct_Bps / 1e9);
+    return st;
+}
+
+kvr_status_t kvr__agpu_link(kvr_agent_t *a, kvr__alink_t *l,
+                            const kvr_wire_region_t *staging,
+                            const kvr__amap_t *sm, kvr_error_t *err)
+{
+    const kvr_region_desc_t *d = &staging->desc;
+    uint64_t slot = d->page_bytes;
+    l->gfig = (kvr__dgpu_t){0, GPU_LAUNCH_S_DEFAULT, 0};
+    if (!sm->net)
+        return KVR_OK; /* no gpu-staged to this consumer */
+    kvr_status_t st =
+        kvr__gpu_alloc(a->p.cuda_device, 2 * slot, &l->gpack, err);
+    if (st == KVR_OK)
+        st = kvr__dmem_register_cuda(a->data, l->gpack, 2 * slot,
+                                     &l->gpack_mem, err);
+    if (st != KVR_OK || a->p.executor != KVR_AGENT_EXEC_AUTO)
+        return st; /* a forced choice needs no figures */
+    uint64_t probe = (d->num_blocks - 1) * slot;
+    uint32_t scratch = 0;
+    st = kvr__dpeer_map(l->data, staging->base + probe, slot,
+                        staging->rkey + KVR_GPU_RKEY_BYTES,
+                        staging->rkey_len - KVR_GPU_RKEY_BYTES, &scratch, err);
+    if (st == KVR_OK)
+        st = kvr__data_probe(l->data, scratch, slot, l->gpack_mem, err);
+    if (st == KVR_OK)
+        st = measure(a, l, sm->dev ? (uint8_t *)sm->dev + probe : NULL, slot,
+                     err);
+    return st;
+}
+
+void kvr__agpu_link_free(kvr_agent_t *a, kvr__alink_t *l)
+{
+    if (l->gpack == NULL)
+        return;
+    kvr__gpu_stream_sync(a->stream, NULL); /* no pack still writing */
+    kvr__dmem_destroy(l->gpack_mem);
+    kvr__gpu_free(l->gpack);
+    l->gpack = NULL;
+    l->gpack_mem = NULL;
+}
+
+/* 1 direct puts, 2 gpu-staged, 4 gpu-direct, 0 the model decides: what
+ * the consumer asked, else our own setting. */
+static int forced_gpu(kvr_wire_exec_t asked, kvr_agent_exec_t ours)
+{
+    switch (asked) {
+    case KVR_WIRE_EXEC_DIRECT:
+        return 1;
+    case KVR_WIRE_EXEC_STAGED:
+    case KVR_WIRE_EXEC_GPU_STAGED:
+        return 2;
+    case KVR_WIRE_EXEC_GPU_DIRECT:
+        return 4;
+    default:
+        break;
+    }
+    return ours == KVR_AGENT_EXEC_DIRECT          ? 1
+           : ours == KVR_AGENT_EXEC_STAGED        ? 2
+           : ours == KVR_AGENT_EXEC_GPU_DIRECT    ? 4
+                                                  : 0;
+}
+
+static const char *gpu_exec_name(int k)
+{
+    return k == 4 ? "gpu-direct" : k == 2 ? "gpu-staged" : "direct puts";
+}
+
+/* Which executors reach the pull's destinations: bit 1 direct puts (every
+ * twin on the data peer), 2 gpu-staged (and slots in a mapped staging
+ * region), 4 gpu-direct (every twin through CUDA IPC). */
+static int reachable(const kvr_agent_t *a, const kvr__pull_t *p)
+{
+    const kvr__alink_t *l = p->link;
+    bool ipc = true, net = l->data != NULL;
+    for (uint32_t i = 0; i < a->num_order; i++) {
+        const kvr__aregion_t *g = &a->regions[a->order[i]];
+        if (g->desc.layer < p->layer_lo || g->desc.layer >= p->layer_hi)
+            continue;
+        int j = kvr__twin_index(l, &g->desc);
+        ipc = ipc && j >= 0 && l->maps[j].dev != NULL;
+        net = net && j >= 0 && l->maps[j].net;
+    }
+    bool staged = net && p->nslots > 0 && l->staging >= 0 &&
+                  l->maps[l->staging].net && l->gpack != NULL;
+    return (net ? 1 : 0) | (staged ? 2 : 0) | (ipc ? 4 : 0);
+}
+
+static kvr_status_t check_slots(const kvr__pull_t *p, kvr_error_t *err)
+{
+    const kvr__alink_t *l = p->link;
+    const kvr_region_desc_t *d = &l->maps[l->staging].desc;
+    for (uint32_t i = 0; i < p->nslots; i++)
+        if (p->slots[i] >= d->num_blocks - 1)
+            return kvr_error_set(err, KVR_ERR_BLOCK_RANGE,
+                                 "staging slot %u outside the %llu usable "
+                                 "slots",
+                                 p->slots[i],
+                                 (unsigned long long)(d->num_blocks - 1));
+    return KVR_OK;
+}
+
+kvr_status_t kvr__agpu_choose(kvr_agent_t *a, kvr__pull_t *p, kvr_error_t *err)
+{
+    const kvr__alink_t *l = p->link;
+    int can = reachable(a, p), k = forced_gpu(p->executor, a->p.executor);
+    if (k != 0 && !(can & k))
+        return kvr_error_set(err, KVR_ERR_UNSUPPORTED,
+                             "%s asked for KV in CUDA memory, but it cannot "
+                             "reach this consumer (%s)",
+                             gpu_exec_name(k),
+                             k == 4   ? "no CUDA IPC mapping: another host, "
+                                        "or tcp forced"
+                             : k == 2 ? "no staging slots granted, or its "
+                                        "staging is not on our transport"
+                                      : "its regions are not on our transport");
+    if ((can & 2) && check_slots(p, err) != KVR_OK)
+        return err->code;
+    if (k == 0 && can == 4)
+        k = 4;
+    if (k == 0) {
+        kvr__dgpu_t g = l->gfig;
+        g.pack_Bps = can & 2 ? g.pack_Bps : 0;
+        g.direct_Bps = !(can & 4)       ? 0
+                       : g.direct_Bps > 0 ? g.direct_Bps
+                                          : GPU_DIRECT_BPS_DEFAULT;
+        uint64_t slot =
+            l->staging >= 0 ? l->maps[l->staging].desc.page_bytes : 4u << 20;
+        k = kvr__data_choose_gpu(l->data, 0, &g, p->segs, p->nsegs, slot);
+    }
+    p->gpu = k == 4;
+    p->staged = p->gstaged = k == 2;
+    kvr__agent_log(a, "pull of '%.*s' for dcp %u: %s", (int)p->request.len,
+                   p->request.bytes, p->dcp_rank, gpu_exec_name(k));
+    return KVR_OK;
+}
+
+kvr_status_t kvr__agpu_direct_ready(kvr_agent_t *a, kvr__pull_t *p,
+                                    kvr_error_t *err)
+{
+    if (a->p.cuda_device < 0 || p->synced_group == p->group_end)
+        return KVR_OK;
+    p->synced_group = p->group_end;
+    return kvr__gpu_stream_sync(a->stream, err);
+}
+
+/* Launches the pack of the chunk at the packed front into the pack
+ * buffer of chunk index c (the front never passes the group's end). */
+static kvr_status_t pack_next(kvr_agent_t *a, kvr__pull_t *p, uint32_t c,
+                              uint64_t slot, kvr_error_t *err)
+{
+    uint64_t len = p->group_off - p->packed_off;
+    len = len < slot ? len : slot;
+    if (len == 0)
+        return KVR_OK;
+    kvr_status_t st = kvr__gpu_runs_copy(p->runs, p->packed_off, len, NULL,
+                                         (uint8_t *)p->link->gpack +
+                                             (c & 1) * slot,
+                                         a->stream, err);
+    if (st == KVR_OK)
+        p->packed_off += len;
+    return st;
+}
+
+static kvr_status_t chunk_msg(kvr_agent_t *a, kvr__pull_t *p, uint32_t slot,
+                              uint64_t len)
+{
+    kvr_msg_t m = {.type = KVR_MSG_CHUNK_DONE};
+    kvr_msg_chunk_done_t *d = &m.u.chunk_done;
+    d->request_id = p->request;
+    d->pp_rank = a->p.topo.pp_rank;
+    d->tp_rank = a->p.topo.tp_rank;
+    d->write_nonce = p->nonce;
+    d->chunk = p->chunks;
+    d->slot = slot;
+    d->offset = p->sent_off;
+    d->bytes = len;
+    return kvr__alink_send(a, p->link, &m);
+}
+
+/* One chunk: packed (the kernel launched one chunk ahead, on the agent's
+ * stream after the engine's events), the next one's pack launched, then
+ * the put and its flush overlap that pack. */
+static kvr_status_t staged_chunk(kvr_agent_t *a, kvr__pull_t *p,
+                                 uint64_t slot, uint64_t *len,
+                                 kvr_error_t *err)
+{
+    kvr__alink_t *l = p->link;
+    const kvr__amap_t *sm = &l->maps[l->staging];
+    kvr_status_t st = KVR_OK;
+    if (p->packed_off == p->sent_off)
+        st = pack_next(a, p, p->chunks, slot, err);
+    uint64_t n = p->packed_off - p->sent_off;
+    if (st == KVR_OK)
+        st = kvr__gpu_stream_sync(a->stream, err);
+    if (st == KVR_OK)
+        st = pack_next(a, p, p->chunks + 1, slot, err);
+    uint32_t s = p->slots[p->chunks % p->nslots];
+    if (st == KVR_OK)
+        st = kvr__data_put_flush(l->data,
+                                 (uint8_t *)l->gpack + (p->chunks & 1) * slot,
+                                 n, sm->mapping, s * slot, p->deadline_ns, err);
+    if (st == KVR_OK && chunk_msg(a, p, s, n) != KVR_OK)
+        st = kvr_error_set(err, KVR_ERR_PEER_DEAD, "consumer link lost");
+    *len = n;
+    return st;
+}
+
+kvr_status_t kvr__agpu_staged_slice(kvr_agent_t *a, kvr__pull_t *p,
+                                    uint64_t *moved, bool *done,
+                                    kvr_error_t *err)
+{
+    uint64_t slot = p->link->maps[p->link->staging].desc.page_bytes;
+    uint64_t posted = 0;
+    kvr_status_t st = kvr__agpu_runs(a, p, true, false, err);
+    p->waiting_ack = false;
+    while (st == KVR_OK && p->sent_off < p->group_off &&
+           posted < KVR_AGENT_SLICE_BYTES) {
+        if (p->chunks >= p->acked + p->nslots) {
+            p->waiting_ack = true;
+            break;
+        }
+        uint64_t len = 0;
+        st = staged_chunk(a, p, slot, &len, err);
+        if (st == KVR_OK) {
+            p->sent_off += len;
+            p->chunks++;
+            posted += len;
+            a->chunks_moved++;
+        }
+    }
+    *moved += posted;
+    *done = st == KVR_OK && p->sent_off >= p->group_off;
+    return st;
+}
+
+kvr_status_t kvr__agpu_unpack(kvr_agent_t *a, kvr__cstage_t *s, uint64_t off,
+                              const void *buf, uint64_t len, kvr_error_t *err)
+{
+    kvr_status_t st = KVR_OK;
+    if (s->gruns == NULL) {
+        const kvr_plan_t **plans = calloc(s->nsegs + 1, sizeof(*plans));
+        void **dst = calloc(s->nsegs + 1, sizeof(*dst));
+        st = plans && dst ? KVR_OK
+                          : kvr_error_set(err, KVR_ERR_NO_MEMORY, "no memory");
+        for (size_t i = 0; st == KVR_OK && i < s->nsegs; i++) {
+            plans[i] = s->segs[i].plan;
+            dst[i] = s->segs[i].dst_local;
+        }
+        if (st == KVR_OK)
+            st = kvr__gpu_runs_make(a->p.cuda_device, a->stream, plans, NULL,
+                                    (void *const *)dst, s->nsegs, &s->gruns,
+                                    err);
+        free(plans);
+        free(dst);
+    }
+    if (st == KVR_OK)
+        st = kvr__gpu_runs_copy(s->gruns, off, len, buf, NULL, a->stream, err);
+    return st == KVR_OK ? kvr__gpu_stream_sync(a->stream, err) : st;
 }

@@ -84,6 +84,7 @@ typedef struct kvr__amap {
     kvr_region_desc_t desc;
     uint32_t mapping;
     void *dev; /* the IPC mapping, or NULL */
+    bool net;  /* CUDA region mapped on the data peer too (`mapping`) */
     uint8_t rkey[KVR_GPU_RKEY_BYTES];
     uint32_t rkey_len;
 } kvr__amap_t;
@@ -152,6 +153,11 @@ typedef struct kvr__alink {
     uint32_t num_maps;
     int staging; /* index in maps of its STAGING region,
                                     or -1 */
+    /* CUDA KV (agent_gpu.c): gpu-staged pack buffers (2 slots of CUDA
+     * memory, registered) and the link's GPU figures */
+    void *gpack;
+    kvr__dmem_t *gpack_mem;
+    kvr__dgpu_t gfig;
     bool regions_ready;
     /* consumer side: the producer instance it belongs to */
     struct kvr__pdir *dir;
@@ -243,6 +249,11 @@ typedef struct kvr__pull {
     /* gpu-direct (agent_gpu.c) */
     bool gpu;            /* chosen: scatter kernels via CUDA IPC */
     kvr__gpu_job_t *job; /* launched, not yet seen complete */
+    kvr__gpu_runs_t *runs; /* its plan's run table (pair plans; gpu-staged) */
+    bool gstaged;          /* staged with GPU packing (CUDA KV) */
+    uint64_t packed_off;   /* gpu-staged: stream bytes packed (launched) */
+    uint32_t synced_group; /* CUDA direct puts: group_end whose engine
+                              events were waited for */
     /* layer-wise streaming (agent_stream.c): the layers served and the
      * group moving now; a pull that is not streamed moves one group, all
      * of it, once every layer is ready */
@@ -309,6 +320,7 @@ typedef struct kvr__cstage {
     kvr__dseg_t *segs;
     size_t nsegs;
     uint64_t unpacked;                   /* staged stream bytes unpacked */
+    kvr__gpu_runs_t *gruns; /* CUDA KV: the unpack table (gpu-staged) */
     uint32_t slots[KVR_AGENT_MAX_SLOTS]; /* staging slots granted */
     uint32_t nslots;
     bool waiting_slots; /* STAGED: not sent until slots free up */
@@ -641,18 +653,51 @@ bool kvr__region_moves(const kvr__aregion_t *r);
 
 /* agent_gpu.c: gpu-direct, for agents whose KV is in CUDA memory on one
  * host (docs/agent.md gpu-direct) */
-/* Consumer: the region's IPC description for REGIONS. */
+/* Consumer: the region's IPC description for REGIONS, then its transport
+ * key when it is registered with one. */
 kvr_status_t kvr__agpu_export(const kvr_agent_t *a, const kvr__aregion_t *g,
                               kvr_wire_region_t *r, uint8_t *key,
                               kvr_error_t *err);
-/* Producer: maps a consumer's CUDA region (the memory must match ours). */
-kvr_status_t kvr__agpu_map(kvr_agent_t *a, const kvr_wire_region_t *r,
-                           kvr__amap_t *m, kvr_error_t *err);
+/* Producer: maps a consumer's CUDA region (the memory must match ours):
+ * through CUDA IPC (unless the network path is forced) and on the link's
+ * data peer when the consumer sent a transport key; one of them must
+ * work. */
+kvr_status_t kvr__agpu_map(kvr_agent_t *a, kvr__alink_t *l,
+                           const kvr_wire_region_t *r, kvr__amap_t *m,
+                           kvr_error_t *err);
+/* Producer: the consumer's CUDA STAGING region (mapped as sm): pack
+ * buffers and, with the AUTO executor, the link's measured figures. */
+kvr_status_t kvr__agpu_link(kvr_agent_t *a, kvr__alink_t *l,
+                            const kvr_wire_region_t *staging,
+                            const kvr__amap_t *sm, kvr_error_t *err);
+void kvr__agpu_link_free(kvr_agent_t *a, kvr__alink_t *l);
+/* Producer: gpu-direct, gpu-staged or direct puts for a CUDA pull. */
+kvr_status_t kvr__agpu_choose(kvr_agent_t *a, kvr__pull_t *p,
+                              kvr_error_t *err);
+/* Producer: gpu-staged chunks (kvr__staged_slice's GPU form). */
+kvr_status_t kvr__agpu_staged_slice(kvr_agent_t *a, kvr__pull_t *p,
+                                    uint64_t *moved, bool *done,
+                                    kvr_error_t *err);
+/* Producer, direct puts of CUDA KV: waits (once per layer group) for the
+ * engine's events send_ready queued on the agent's stream. */
+kvr_status_t kvr__agpu_direct_ready(kvr_agent_t *a, kvr__pull_t *p,
+                                    kvr_error_t *err);
+/* Consumer: a gpu-staged chunk from its CUDA staging slot into our pages. */
+kvr_status_t kvr__agpu_unpack(kvr_agent_t *a, kvr__cstage_t *s, uint64_t off,
+                              const void *buf, uint64_t len, kvr_error_t *err);
 void kvr__agpu_unmap(kvr__amap_t *m);
 /* Producer: one step of a gpu-direct pull: the first launches its scatters
  * on the agent's stream, later ones look whether they completed. */
 kvr_status_t kvr__agpu_slice(kvr_agent_t *a, const kvr__preq_t *r,
                              kvr__pull_t *p, bool *done, kvr_error_t *err);
+/* The sources (ours) and destinations (the consumer's IPC mappings, NULL
+ * where not mapped) of the pull's segs, in seg order. */
+kvr_status_t kvr__agpu_seg_ends(const kvr_agent_t *a, const kvr__pull_t *p,
+                                const void **src, void **dst);
+/* The pull's run table, made once on the agent's stream: with our regions
+ * as sources (src) and the IPC mappings as destinations (dst). */
+kvr_status_t kvr__agpu_runs(kvr_agent_t *a, kvr__pull_t *p, bool src,
+                            bool dst, kvr_error_t *err);
 /* Is any active pull one the loop must work on (not only waiting for its
  * kernels)? */
 bool kvr__agpu_cpu_work(const kvr_agent_t *a);

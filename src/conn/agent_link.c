@@ -727,6 +727,7 @@ static void link_free(kvr_agent_t *a, kvr__alink_t *l)
     if (l->link == NULL && l->fd >= 0)
         close(l->fd);
     kvr__dpeer_close(l->data);
+    kvr__agpu_link_free(a, l); /* after the puts reading it were flushed */
     for (uint32_t i = 0; l->maps != NULL && i < l->num_maps; i++)
         kvr__agpu_unmap(&l->maps[i]);
     free(l->maps);

@@ -55,6 +55,7 @@ static void creq_free(kvr_agent_t *a, kvr__creq_t *r)
         if (st->link != NULL)
             st->link->users--;
         kvr__staged_free(a, st);
+        kvr__gpu_runs_free(st->gruns);
         kvr_plan_set_destroy(st->plans);
         free(st->segs);
     }
@@ -268,8 +269,11 @@ static kvr_status_t attach_stages(kvr_agent_t *a, kvr__creq_t *r,
 /* The executor we ask for: ours; nothing to move needs none. */
 static kvr_wire_exec_t executor_of(const kvr_agent_t *a, const kvr__cstage_t *s)
 {
-    if (a->p.cuda_device >= 0)
+    bool cuda = a->p.cuda_device >= 0;
+    if (cuda && a->p.executor == KVR_AGENT_EXEC_GPU_DIRECT)
         return KVR_WIRE_EXEC_GPU_DIRECT;
+    if (cuda && a->p.executor == KVR_AGENT_EXEC_STAGED)
+        return KVR_WIRE_EXEC_GPU_STAGED;
     if (s->expect_bytes == 0 || a->p.executor == KVR_AGENT_EXEC_DIRECT)
         return KVR_WIRE_EXEC_DIRECT;
     return a->p.executor == KVR_AGENT_EXEC_STAGED ? KVR_WIRE_EXEC_STAGED
@@ -283,7 +287,9 @@ static void send_pull(kvr_agent_t *a, kvr__creq_t *r, kvr__cstage_t *s)
     kvr_wire_exec_t ex = executor_of(a, s);
     if (ex != KVR_WIRE_EXEC_DIRECT && s->nslots == 0)
         kvr__staged_grant(a, r, s);
-    s->waiting_slots = ex == KVR_WIRE_EXEC_STAGED && s->nslots == 0;
+    s->waiting_slots = (ex == KVR_WIRE_EXEC_STAGED ||
+                        ex == KVR_WIRE_EXEC_GPU_STAGED) &&
+                       s->nslots == 0;
     if (s->waiting_slots)
         return;
     kvr_msg_t m;

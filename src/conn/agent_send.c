@@ -107,6 +107,7 @@ static void cut(kvr_agent_t *a, kvr__pull_t *p, kvr_status_t st,
 static void pull_free(kvr__pull_t *p)
 {
     kvr__gpu_job_free(p->job);
+    kvr__gpu_runs_free(p->runs); /* stream-ordered after the job */
     if (p->link != NULL)
         p->link->users--;
     kvr_plan_set_destroy(p->plans);
@@ -836,7 +837,7 @@ static bool slice(kvr_agent_t *a, kvr__pull_t *p, uint64_t *moved)
         st = kvr__agpu_slice(a, r, p, &done, &err);
     else if (p->staged)
         st = kvr__staged_slice(a, p, moved, &done, &err);
-    else
+    else if ((st = kvr__agpu_direct_ready(a, p, &err)) == KVR_OK)
         st = kvr__data_put_some(p->link->data, p->segs, p->group_segs, &p->cur,
                                 KVR_AGENT_SLICE_BYTES, turn_bound(p), &done,
                                 moved, &err);

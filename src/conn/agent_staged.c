@@ -65,7 +65,14 @@ kvr_status_t kvr__staged_unpack(kvr_agent_t *a, kvr__cstage_t *s,
                              (unsigned long long)s->expect_bytes);
     const uint8_t *buf = (const uint8_t *)g->base +
                          (uint64_t)m->slot * g->desc.page_bytes;
-    kvr__data_unpack(s->segs, s->nsegs, m->offset, buf, m->bytes);
+    if (g->device) {
+        kvr_status_t st =
+            kvr__agpu_unpack(a, s, m->offset, buf, m->bytes, err);
+        if (st != KVR_OK)
+            return st;
+    } else {
+        kvr__data_unpack(s->segs, s->nsegs, m->offset, buf, m->bytes);
+    }
     s->unpacked += m->bytes;
     a->chunks_moved++;
     kvr_msg_t ack = {.type = KVR_MSG_CHUNK_DONE};
@@ -88,7 +95,7 @@ kvr_status_t kvr__staged_link(kvr_agent_t *a, kvr__alink_t *l,
         l->data, staging->base + (d->num_blocks - 1) * d->page_bytes,
         d->page_bytes, staging->rkey, staging->rkey_len, &scratch, err);
     if (st == KVR_OK)
-        st = kvr__data_probe(l->data, scratch, d->page_bytes, err);
+        st = kvr__data_probe(l->data, scratch, d->page_bytes, NULL, err);
     return st;
 }
 
@@ -104,22 +111,15 @@ kvr_status_t kvr__staged_choose(kvr_agent_t *a, kvr__pull_t *p,
 {
     const kvr__alink_t *l = p->link;
     p->staged = false;
-    bool any = p->executor == KVR_WIRE_EXEC_AUTO ||
-               p->executor == KVR_WIRE_EXEC_GPU_DIRECT;
-    if (a->p.cuda_device >= 0 && !any)
-        return kvr_error_set(
-            err, KVR_ERR_UNSUPPORTED,
-            "this stage's KV is in "
-            "CUDA memory: gpu-direct only, the consumer asked "
-            "for %s",
-            p->executor == KVR_WIRE_EXEC_STAGED ? "staged" : "direct puts");
-    p->gpu = a->p.cuda_device >= 0;
-    if (p->gpu)
-        return KVR_OK;
-    if (p->executor == KVR_WIRE_EXEC_GPU_DIRECT)
+    if (a->p.cuda_device >= 0)
+        return kvr__agpu_choose(a, p, err);
+    if (p->executor == KVR_WIRE_EXEC_GPU_DIRECT ||
+        p->executor == KVR_WIRE_EXEC_GPU_STAGED)
         return kvr_error_set(err, KVR_ERR_UNSUPPORTED,
-                             "gpu-direct asked of a "
-                             "stage whose KV is in host memory");
+                             "%s asked of a stage whose KV is in host memory",
+                             p->executor == KVR_WIRE_EXEC_GPU_DIRECT
+                                 ? "gpu-direct"
+                                 : "gpu-staged");
     if (p->nslots == 0)
         return p->executor == KVR_WIRE_EXEC_STAGED
                    ? kvr_error_set(err, KVR_ERR_NO_SPACE,
@@ -162,6 +162,8 @@ static kvr_status_t chunk_done(kvr_agent_t *a, kvr__pull_t *p, uint32_t slot,
 kvr_status_t kvr__staged_slice(kvr_agent_t *a, kvr__pull_t *p, uint64_t *moved,
                                bool *done, kvr_error_t *err)
 {
+    if (p->gstaged)
+        return kvr__agpu_staged_slice(a, p, moved, done, err);
     kvr__alink_t *l = p->link;
     const kvr__amap_t *sm = &l->maps[l->staging];
     uint64_t slot_bytes = sm->desc.page_bytes, posted = 0;

@@ -26,8 +26,8 @@ struct kvr__dpeer {
     kvr_cost_model_t model;
 };
 
-kvr_status_t kvr__data_create(int tl, bool progress_thread, kvr__data_t **out,
-                              kvr_error_t *err)
+kvr_status_t kvr__data_create(int tl, bool progress_thread, bool cuda,
+                              kvr__data_t **out, kvr_error_t *err)
 {
     kvr__data_t *d = calloc(1, sizeof(*d));
     if (d == NULL)
@@ -36,6 +36,7 @@ kvr_status_t kvr__data_create(int tl, bool progress_thread, kvr__data_t **out,
     p.tl = (kvr_xfer_tl_t)tl;
     p.progress = progress_thread ? KVR_XFER_PROGRESS_THREAD
                                  : KVR_XFER_PROGRESS_CALLER;
+    p.cuda = cuda;
     kvr_status_t st = kvr_transport_ucx_create(&p, &d->t, err);
     if (st != KVR_OK) {
         free(d);
@@ -60,6 +61,16 @@ kvr_status_t kvr__data_create_loopback(struct kvr_transport *hub,
     }
     *out = d;
     return KVR_OK;
+}
+
+const char *kvr__data_ucx_version(void)
+{
+    return kvr_xfer_ucx_version();
+}
+
+bool kvr__data_has_cuda(const kvr__data_t *d)
+{
+    return d != NULL && kvr_xfer_has_cuda(d->t);
 }
 
 void kvr__data_destroy(kvr__data_t *d)
@@ -96,6 +107,17 @@ kvr_status_t kvr__dmem_register(kvr__data_t *d, void *base, uint64_t len,
 {
     kvr_mem_t *mem = NULL;
     kvr_status_t st = kvr_mem_register(d->t, base, len, &mem);
+    return wrap_mem(st, mem, out, err, "registering", len);
+}
+
+kvr_status_t kvr__dmem_register_cuda(kvr__data_t *d, void *base, uint64_t len,
+                                     kvr__dmem_t **out, kvr_error_t *err)
+{
+    kvr_mem_t *mem = NULL;
+    kvr_status_t st =
+        kvr_mem_register_kind(d->t, base, len, KVR_MEM_CUDA, &mem, err);
+    if (st != KVR_OK)
+        return st; /* err names the UCX */
     return wrap_mem(st, mem, out, err, "registering", len);
 }
 
@@ -339,6 +361,21 @@ kvr_status_t kvr__data_send_chunk(kvr__dpeer_t *p, const kvr__dseg_t *segs,
     return st == KVR_OK ? KVR_OK : put_error(p, st, err, "staged chunk");
 }
 
+kvr_status_t kvr__data_put_flush(kvr__dpeer_t *p, const void *buf,
+                                 uint64_t len, uint32_t staging,
+                                 uint64_t staging_off, uint64_t deadline_ns,
+                                 kvr_error_t *err)
+{
+    if (staging >= p->num_maps)
+        return kvr_error_set(err, KVR_ERR_INVALID, "staging mapping %u",
+                             staging);
+    kvr_status_t st = kvr_xfer_put(p->ep, buf, len, p->maps[staging],
+                                   staging_off, deadline_ns);
+    if (st == KVR_OK)
+        st = kvr_xfer_flush(p->ep, deadline_ns);
+    return st == KVR_OK ? KVR_OK : put_error(p, st, err, "gpu-staged chunk");
+}
+
 void kvr__data_unpack(const kvr__dseg_t *segs, size_t n, uint64_t off,
                       const void *buf, uint64_t len)
 {
@@ -362,8 +399,33 @@ int kvr__data_choose(kvr__dpeer_t *p, int force, const kvr__dseg_t *segs,
     return k == KVR_EXEC_STAGED ? 2 : 1;
 }
 
+int kvr__data_choose_gpu(kvr__dpeer_t *p, int force, const kvr__dgpu_t *g,
+                         const kvr__dseg_t *segs, size_t n,
+                         uint64_t slot_bytes)
+{
+    if (p == NULL)
+        return 4;
+    kvr_xfer_seg_t *x = to_xfer(p, segs, n);
+    if (x == NULL)
+        return g->direct_Bps > 0 ? 4 : 1;
+    kvr_cost_gpu_t cg = {.cuda = true,
+                         .pack_Bps = g->pack_Bps,
+                         .launch_s = g->launch_s,
+                         .direct_Bps = g->direct_Bps};
+    double t[KVR_COST_KINDS];
+    kvr_exec_kind_t f = force == 4   ? KVR_EXEC_GPU_DIRECT
+                        : force == 2 ? KVR_EXEC_GPU_STAGED
+                        : force == 1 ? KVR_EXEC_DIRECT
+                                     : KVR_EXEC_AUTO;
+    kvr_exec_kind_t k =
+        kvr_cost_choose_gpu(&p->model, &cg, f, x, n, slot_bytes, t);
+    free(x);
+    return k == KVR_EXEC_GPU_DIRECT ? 4 : k == KVR_EXEC_GPU_STAGED ? 2 : 1;
+}
+
 kvr_status_t kvr__data_probe(kvr__dpeer_t *p, uint32_t scratch,
-                             uint64_t scratch_len, kvr_error_t *err)
+                             uint64_t scratch_len, const kvr__dmem_t *put_src,
+                             kvr_error_t *err)
 {
     if (scratch >= p->num_maps)
         return kvr_error_set(err, KVR_ERR_INVALID, "scratch mapping %u",
@@ -374,7 +436,8 @@ kvr_status_t kvr__data_probe(kvr__dpeer_t *p, uint32_t scratch,
         .small_bytes = 576,
         .small_count = 256,
         .large_bytes = scratch_len < (4u << 20) ? scratch_len : (4u << 20),
-        .deadline_ns = kvr_deadline_ns(5000)};
+        .deadline_ns = kvr_deadline_ns(5000),
+        .put_src = put_src ? put_src->mem : NULL};
     kvr_cost_model_t m;
     kvr_status_t st = kvr_cost_measure(p->ep, &probe, &m, err);
     if (st == KVR_OK)

@@ -16,9 +16,14 @@ typedef struct kvr__dpeer kvr__dpeer_t; /* an endpoint and its remote regions */
 
 #define KVR_DATA_RKEY_MAX 1024u
 
-/* tl: 0 auto, 1 shm, 2 tcp. progress_thread for targets of emulated puts. */
-kvr_status_t kvr__data_create(int tl, bool progress_thread, kvr__data_t **out,
-                              kvr_error_t *err);
+/* tl: 0 auto, 1 shm, 2 tcp. progress_thread for targets of emulated puts.
+ * cuda: CUDA memory too (cuda_copy, and cuda_ipc unless tcp). */
+kvr_status_t kvr__data_create(int tl, bool progress_thread, bool cuda,
+                              kvr__data_t **out, kvr_error_t *err);
+/* The UCX library in use ("1.13.1"), or "none". */
+const char *kvr__data_ucx_version(void);
+/* Whether the transport moves CUDA memory (a UCX built with CUDA). */
+bool kvr__data_has_cuda(const kvr__data_t *d);
 void kvr__data_destroy(kvr__data_t *d);
 kvr_status_t kvr__data_address(kvr__data_t *d, const void **addr, size_t *len);
 
@@ -27,6 +32,10 @@ kvr_status_t kvr__dmem_register(kvr__data_t *d, void *base, uint64_t len,
                                 kvr__dmem_t **out, kvr_error_t *err);
 kvr_status_t kvr__dmem_alloc(kvr__data_t *d, uint64_t len, void **base,
                              kvr__dmem_t **out, kvr_error_t *err);
+/* Registers CUDA memory as such (ERR_UNSUPPORTED, naming the UCX
+ * version, when the transport cannot move CUDA memory). */
+kvr_status_t kvr__dmem_register_cuda(kvr__data_t *d, void *base, uint64_t len,
+                                     kvr__dmem_t **out, kvr_error_t *err);
 void kvr__dmem_destroy(kvr__dmem_t *m);
 /* Packed remote key of a region (for REGIONS). */
 kvr_status_t kvr__dmem_rkey(kvr__dmem_t *m, uint8_t *rkey, uint32_t *len);
@@ -64,6 +73,12 @@ kvr_status_t kvr__data_send_chunk(kvr__dpeer_t *p, const kvr__dseg_t *segs,
                                   size_t n, uint64_t off, uint64_t len,
                                   uint32_t staging, uint64_t staging_off,
                                   uint64_t deadline_ns, kvr_error_t *err);
+/* Producer, gpu-staged: put [buf, buf+len) (registered memory, CUDA
+ * included) into the peer's mapping `staging` at staging_off, and flush. */
+kvr_status_t kvr__data_put_flush(kvr__dpeer_t *p, const void *buf,
+                                 uint64_t len, uint32_t staging,
+                                 uint64_t staging_off, uint64_t deadline_ns,
+                                 kvr_error_t *err);
 /* Consumer, staged: unpack stream bytes [off, off+len) from buf. */
 void kvr__data_unpack(const kvr__dseg_t *segs, size_t n, uint64_t off,
                       const void *buf, uint64_t len);
@@ -71,9 +86,22 @@ void kvr__data_unpack(const kvr__dseg_t *segs, size_t n, uint64_t off,
 /* Executor choice from the cost model; force 1 direct, 2 staged. */
 int kvr__data_choose(kvr__dpeer_t *p, int force, const kvr__dseg_t *segs,
                      size_t n, uint64_t slot_bytes);
-/* Measures the cost model once with a scratch mapping of the peer. */
+/* Measures the cost model once with a scratch mapping of the peer; puts
+ * read from put_src (registered, >= scratch_len; CUDA memory for CUDA
+ * regions) or, NULL, a host buffer. */
 kvr_status_t kvr__data_probe(kvr__dpeer_t *p, uint32_t scratch,
-                             uint64_t scratch_len, kvr_error_t *err);
+                             uint64_t scratch_len, const kvr__dmem_t *put_src,
+                             kvr_error_t *err);
+/* The GPU figures of a link (kvr_cost_gpu_t): pack/unpack kernel rate (0:
+ * no gpu-staged), per-chunk launch, gpu-direct rate (0: no CUDA IPC). */
+typedef struct kvr__dgpu {
+    double pack_Bps, launch_s, direct_Bps;
+} kvr__dgpu_t;
+/* Executor for CUDA regions: 1 direct puts, 2 gpu-staged, 4 gpu-direct;
+ * force (the same values, 0 auto) wins. p NULL: no network path. */
+int kvr__data_choose_gpu(kvr__dpeer_t *p, int force, const kvr__dgpu_t *g,
+                         const kvr__dseg_t *segs, size_t n,
+                         uint64_t slot_bytes);
 
 /* The agent's additions: an in-process loopback data plane for tests, and
  * direct sends in bounded slices (the caller keeps the cursor). */

@@ -56,12 +56,46 @@ kvr_status_t kvr__gpu_job_done(kvr__gpu_job_t *job, bool *done,
  * fine. */
 void kvr__gpu_job_free(kvr__gpu_job_t *job);
 
+/* Run copies over plans (docs/gpu.md, Run copies): plans[i]'s runs from
+ * src[i] + run.src to dst[i] + run.dst, in plan order, one stream (the
+ * staged byte order). src or dst NULL: that side is a staging buffer
+ * given to each copy. Works for every layout the planner plans (sharded
+ * producers, TP reshards). Uploaded on `stream`, freed stream-ordered. */
+typedef struct kvr__gpu_runs kvr__gpu_runs_t;
+
+kvr_status_t kvr__gpu_runs_make(int device, void *stream,
+                                const kvr_plan_t *const *plans,
+                                const void *const *src, void *const *dst,
+                                size_t n, kvr__gpu_runs_t **out,
+                                kvr_error_t *err);
+/* Stream bytes [pos, pos + len) on stream: from src_buf (unpack), into
+ * dst_buf (pack), or (both NULL) from the sources to the destinations. */
+kvr_status_t kvr__gpu_runs_copy(const kvr__gpu_runs_t *rt, uint64_t pos,
+                                uint64_t len, const void *src_buf,
+                                void *dst_buf, void *stream, kvr_error_t *err);
+void kvr__gpu_runs_free(kvr__gpu_runs_t *rt);
+/* A job of one copy (see kvr__gpu_job_t): stream bytes [pos, pos + len)
+ * of rt, which must outlive the job. */
+kvr_status_t kvr__gpu_job_runs(int device, void *stream,
+                               const kvr__gpu_runs_t *rt, uint64_t pos,
+                               uint64_t len, const void *src_buf,
+                               void *dst_buf, kvr__gpu_job_t **out,
+                               kvr_error_t *err);
+/* Seconds one copy of rt's stream bytes [0, len) takes on stream (launch
+ * to completion, timed on the host after a warm-up): the cost model's
+ * pack and gpu-direct rates. */
+kvr_status_t kvr__gpu_runs_time(const kvr__gpu_runs_t *rt, uint64_t len,
+                                const void *src_buf, void *dst_buf,
+                                void *stream, double *secs, kvr_error_t *err);
+
 /* Makes device current on the calling thread (the agent's loop thread
  * touches CUDA only through these calls). */
 kvr_status_t kvr__gpu_use(int device, kvr_error_t *err);
 kvr_status_t kvr__gpu_stream_create(int device, void **stream,
                                     kvr_error_t *err);
 void kvr__gpu_stream_destroy(void *stream);
+/* Waits for everything queued on stream. */
+kvr_status_t kvr__gpu_stream_sync(void *stream, kvr_error_t *err);
 /* Work queued on stream from now on waits for the event (a cudaEvent_t of
  * the engine's): cudaStreamWaitEvent, no host synchronisation. */
 kvr_status_t kvr__gpu_stream_wait(void *stream, void *event, kvr_error_t *err);

@@ -139,3 +139,54 @@ void kvr__gpu_packer_destroy(kvr__gpu_packer_t *pk)
 {
     (void)pk;
 }
+
+kvr_status_t kvr__gpu_runs_make(int device, void *stream,
+                                const kvr_plan_t *const *plans,
+                                const void *const *src, void *const *dst,
+                                size_t n, kvr__gpu_runs_t **out,
+                                kvr_error_t *err)
+{
+    (void)device, (void)stream, (void)plans, (void)src, (void)dst, (void)n;
+    (void)out;
+    return no_cuda(err);
+}
+
+kvr_status_t kvr__gpu_runs_copy(const kvr__gpu_runs_t *rt, uint64_t pos,
+                                uint64_t len, const void *src_buf,
+                                void *dst_buf, void *stream, kvr_error_t *err)
+{
+    (void)rt, (void)pos, (void)len, (void)src_buf, (void)dst_buf;
+    (void)stream;
+    return no_cuda(err);
+}
+
+void kvr__gpu_runs_free(kvr__gpu_runs_t *rt)
+{
+    (void)rt;
+}
+
+kvr_status_t kvr__gpu_job_runs(int device, void *stream,
+                               const kvr__gpu_runs_t *rt, uint64_t pos,
+                               uint64_t len, const void *src_buf,
+                               void *dst_buf, kvr__gpu_job_t **out,
+                               kvr_error_t *err)
+{
+    (void)device, (void)stream, (void)rt, (void)pos, (void)len;
+    (void)src_buf, (void)dst_buf, (void)out;
+    return no_cuda(err);
+}
+
+kvr_status_t kvr__gpu_runs_time(const kvr__gpu_runs_t *rt, uint64_t len,
+                                const void *src_buf, void *dst_buf,
+                                void *stream, double *secs, kvr_error_t *err)
+{
+    (void)rt, (void)len, (void)src_buf, (void)dst_buf, (void)stream;
+    (void)secs;
+    return no_cuda(err);
+}
+
+kvr_status_t kvr__gpu_stream_sync(void *stream, kvr_error_t *err)
+{
+    (void)stream;
+    return no_cuda(err);
+}

@@ -24,6 +24,28 @@ struct kvr_gpu_relayout {
     void (*free_device)(void *ptr, void *stream);
 };
 
+/* One piece of a run table: stream bytes [off, off + len) go from src to
+ * dst (absolute addresses). */
+typedef struct kvr__run_item {
+    uint64_t src, dst, off, len;
+} kvr__run_item_t;
+
+struct kvr_gpu_runs {
+    kvr__run_item_t *items; /* stream order */
+    size_t n;
+    uint64_t bytes;
+    void *device; /* the uploaded items (kvr_gpu_runs_upload) */
+    void *device_stream;
+    void (*free_device)(void *ptr, void *stream);
+};
+
+/* Pieces [*first, *last) of rt that meet stream bytes [pos, pos + len),
+ * after checking that range and the buffers (at most one). */
+kvr_status_t kvr__runs_span(const kvr_gpu_runs_t *rt, uint64_t pos,
+                            uint64_t len, const void *src_buf,
+                            const void *dst_buf, size_t *first, size_t *last,
+                            kvr_error_t *err);
+
 /* Checks rank and that [offset, offset + len) lies inside rank's stream. */
 kvr_status_t kvr__rl_check_range(const kvr_gpu_relayout_t *rl, uint32_t rank,
                                  uint64_t offset, uint64_t len,

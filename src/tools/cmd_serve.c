@@ -146,9 +146,14 @@ static kvr_status_t setup_regions(serve_t *s, kvr_error_t *err)
                             .num_blocks = s->cfg.staging_slots + 1u,
                             .page_bytes = s->cfg.slot_bytes};
     void *base = NULL;
-    if (s->cfg.cuda_device < 0 &&
-        kvr_agent_alloc_region(s->agent, &st, 0, &base) != KVR_OK)
-        return kvr_error_set(err, KVR_ERR_NO_MEMORY, "staging: %s",
+    kvr_status_t rc = kvr_agent_alloc_region(s->agent, &st, 0, &base);
+    /* CUDA staging needs a UCX that moves CUDA memory; without one, CUDA
+     * KV still moves gpu-direct on one host (not when tcp is forced) */
+    if (rc == KVR_ERR_UNSUPPORTED && s->cfg.cuda_device >= 0 &&
+        s->cfg.tl != KVR_AGENT_TL_TCP && s->cfg.exec != KVR_AGENT_EXEC_STAGED)
+        return KVR_OK;
+    if (rc != KVR_OK)
+        return kvr_error_set(err, rc, "staging: %s",
                              kvr_agent_last_error(s->agent));
     return KVR_OK;
 }

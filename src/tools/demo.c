@@ -32,7 +32,9 @@ const char demo_options_help[] =
     "  --abort N (0; the consumer aborts every Nth request in flight)\n"
     "  --no-reuse (by default the last request reuses request 0's prefix)\n"
     "  --deadline-ms MS (30000)  --timeout SECONDS (120)\n"
-    "  --transport auto|shm|tcp (auto)  --executor auto|direct|staged (auto)\n"
+    "  --transport auto|shm|tcp (auto)\n"
+    "  --executor auto|direct|staged|gpu-direct (auto; CUDA KV: staged is\n"
+    "    gpu-staged)\n"
     "  --staging-slots N (8)  --slot-bytes BYTES (4194304)\n"
     "  --key-file PATH (32-byte hex pre-shared key)  --insecure\n"
     "  --fault KIND:REQUEST_ID[@WHO]  (die-mid, refuse, wrong-nonce, "
@@ -44,14 +46,16 @@ const char demo_options_help[] =
     "  --save-to DIR (stages save every request to a store while it is\n"
     "    pushed) | --load-from DIR (ranks load cached prefixes from it and\n"
     "    pull only the rest)  --chunk TOKENS (store chunk; bs * W)\n"
-    "  --device host|cuda (demo: KV in GPU memory, gpu-direct executor;\n"
-    "    serve/push take --cuda-device N)\n"
+    "  --device host|cuda (demo: KV in GPU memory: gpu-direct through CUDA\n"
+    "    IPC, or with --transport tcp gpu-staged or direct puts over a\n"
+    "    CUDA-aware UCX; serve/push take --cuda-device N)\n"
     "  --verbose\n";
 
 /* Names of the enum options, indexed by value; parsing and the argv a child
  * gets both read these. */
 static const char *const tl_names[] = {"auto", "shm", "tcp"};
-static const char *const exec_names[] = {"auto", "direct", "staged"};
+static const char *const exec_names[] = {"auto", "direct", "staged",
+                                         "gpu-direct"};
 
 void demo_cfg_init(demo_cfg_t *cfg)
 {
@@ -295,7 +299,7 @@ int demo_cfg_option(demo_cfg_t *cfg, const char *cmd, const char *name,
         rc = parse_enum(cmd, name, value, tl_names, 3, &e);
         cfg->tl = (kvr_agent_tl_t)e;
     } else if (strcmp(name, "executor") == 0) {
-        rc = parse_enum(cmd, name, value, exec_names, 3, &e);
+        rc = parse_enum(cmd, name, value, exec_names, 4, &e);
         cfg->exec = (kvr_agent_exec_t)e;
     } else
         return 0;
@@ -403,11 +407,10 @@ bool demo_cfg_check(const demo_cfg_t *cfg, const char *cmd)
                              "one group: use --instances 1 --groups 1");
         return false;
     }
-    if (cfg->exec == KVR_AGENT_EXEC_STAGED &&
-        (cfg->use_cuda || cfg->cuda_device >= 0)) {
-        cli_usage_error(cmd, "--executor staged moves host memory; with a "
-                             "CUDA device KV moves gpu-direct (use --executor "
-                             "auto or direct)");
+    if (cfg->exec == KVR_AGENT_EXEC_GPU_DIRECT &&
+        !(cfg->use_cuda || cfg->cuda_device >= 0)) {
+        cli_usage_error(cmd, "--executor gpu-direct needs KV in CUDA memory "
+                             "(--device cuda)");
         return false;
     }
     if ((cfg->save_to != NULL || cfg->load_from != NULL) &&

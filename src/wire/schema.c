@@ -166,7 +166,7 @@ static const kvr__rec_t assign_rec = REC("ASSIGN", kvr_msg_assign_t,
         F_U32S(W, dst_blocks, num_dst_blocks, KVR_WIRE_MAX_BLOCKS),            \
         F_U64(W, num_tokens), F_U64(W, num_computed_blocks),                   \
         F_U32(W, dcp_rank),                                                    \
-        F_INT(W, executor, 1, KVR_WIRE_EXEC_AUTO, KVR_WIRE_EXEC_GPU_DIRECT),   \
+        F_INT(W, executor, 1, KVR_WIRE_EXEC_AUTO, KVR_WIRE_EXEC_GPU_STAGED),   \
         F_U32S(W, staging_slots, num_staging_slots, KVR_WIRE_MAX_SLOTS),       \
         F_NONCE(W), F_DEADLINE(W, deadline_ms)
 static const kvr__field_t write_request_fields[] = {WRITE_REQUEST_FIELDS};

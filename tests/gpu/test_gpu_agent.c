@@ -10,7 +10,12 @@
  * Fork happens before anyone touches CUDA. Exit 77 without a device.
  * `test_gpu_agent --no-event` hands over no event for the first request
  * (the device copy is then not ordered after the prefill) and must fail:
- * the proof that the check can see a copy made too early. */
+ * the proof that the check can see a copy made too early.
+ * `--tcp-staged` and `--tcp` take the network path instead (tl tcp: UCX
+ * limited to tcp,cuda_copy, no CUDA IPC): the decode ranks register a CUDA
+ * STAGING region and force gpu-staged, or leave the choice between
+ * gpu-staged and direct puts to the producer's cost model. Exit 77 when
+ * the UCX cannot move CUDA memory (the reason printed). */
 #include <cuda_runtime_api.h>
 #include <poll.h>
 #include <stdlib.h>
@@ -41,6 +46,10 @@ enum {
     MAX_REGIONS = 8
 };
 static const uint64_t TOKENS[REQS] = {300, 173};
+/* 0: gpu-direct (CUDA IPC); 1: tcp, the cost model's choice; 2: tcp,
+ * gpu-staged forced */
+static int net_mode;
+#define SLOT_BYTES (16u << 10) /* small: many chunks, the pipeline runs */
 static const char *const IDS[REQS] = {"req-event", "req-plain"};
 
 typedef struct side {
@@ -107,11 +116,17 @@ static kvr_region_desc_t region(const kvr_layout_t *lay, kvr_role_t role,
     return d;
 }
 
-/* MLA on every layer, INDEX on even ones, in device memory set to poison. */
+/* MLA on every layer, INDEX on even ones, in device memory set to poison
+ * (those already there, first, stay). */
 static void add_regions(const kvr_layout_t *lay, side_t *s, bool consumer)
 {
+    uint32_t have = s->n;
     for (uint32_t l = 0; l < LAYERS; l++)
         for (int k = 0; k < 1 + (l % 2 == 0); k++) {
+            if (have > 0) {
+                have--; /* network_ok added MLA layer 0 */
+                continue;
+            }
             kvr_region_desc_t d = region(lay, k ? KVR_ROLE_INDEX : KVR_ROLE_MLA,
                                          l, consumer);
             s->desc[s->n] = d;
@@ -129,6 +144,11 @@ static void create(side_t *s, kvr_agent_params_t *p)
     kvr_error_t err = {0};
     memset(s, 0, sizeof(*s));
     p->cuda_device = 0;
+    if (net_mode != 0) {
+        p->tl = KVR_AGENT_TL_TCP;
+        if (p->role == KVR_AGENT_CONSUMER && net_mode == 2)
+            p->executor = KVR_AGENT_EXEC_STAGED;
+    }
     p->deadline_ms = 30000;
     p->unknown_wait_ms = 30000;
     CHECK(kvr_agent_create(p, &s->agent, &err) == KVR_OK, "create: %s",
@@ -200,6 +220,14 @@ static int rank_main(uint32_t rank, int in_fd, int out_fd)
     side_t s;
     create(&s, &p);
     add_regions(&lay, &s, true);
+    if (net_mode != 0) {
+        kvr_region_desc_t st = {.role = KVR_ROLE_STAGING,
+                                .num_blocks = 5,
+                                .page_bytes = SLOT_BYTES};
+        void *base = NULL;
+        CHECK(kvr_agent_alloc_region(s.agent, &st, 0, &base) == KVR_OK,
+              "staging: %s", kvr_agent_last_error(s.agent));
+    }
     CHECK(kvr_agent_start(s.agent) == KVR_OK, "start: %s",
           kvr_agent_last_error(s.agent));
     req_t r[REQS];
@@ -238,15 +266,39 @@ static int rank_main(uint32_t rank, int in_fd, int out_fd)
             free(src);
             free(dst);
         }
-    printf("test_gpu_agent: rank %u verified %u requests, %llu bytes "
-           "gpu-direct\n",
-           rank, REQS, (unsigned long long)bytes);
+    printf("test_gpu_agent: rank %u verified %u requests, %llu bytes, %s\n",
+           rank, REQS, (unsigned long long)bytes,
+           net_mode == 0   ? "gpu-direct"
+           : net_mode == 1 ? "tcp,cuda_copy (cost model's choice)"
+                           : "tcp,cuda_copy gpu-staged");
     fflush(stdout); /* the child leaves through _exit */
     kvr_agent_destroy(s.agent);
     return 0;
 }
 
 /* ---- the producer (parent) ---- */
+
+/* The network path needs a UCX that moves CUDA memory: registering a
+ * region says (ERR_UNSUPPORTED naming the UCX otherwise). The region stays
+ * as the first of the producer's. */
+static bool network_ok(const kvr_layout_t *lay, side_t *s)
+{
+    kvr_region_desc_t d = region(lay, KVR_ROLE_MLA, 0, false);
+    void *base = NULL;
+    kvr_status_t st = kvr_agent_alloc_region(s->agent, &d, 0, &base);
+    if (st == KVR_ERR_UNSUPPORTED) {
+        printf("test_gpu_agent: SKIP, the network path needs a UCX built "
+               "with CUDA: %s\n",
+               kvr_agent_last_error(s->agent));
+        return false;
+    }
+    CHECK(st == KVR_OK, "alloc: %s", kvr_agent_last_error(s->agent));
+    s->desc[0] = d;
+    s->base[0] = base;
+    CUDA_OK(cudaMemset(base, 0xee, kvr_region_bytes(&d)));
+    s->n = 1;
+    return true;
+}
 
 /* A host function on the engine stream: the stream stalls this long, as
  * if a forward pass were running (no CUDA call in here). */
@@ -321,6 +373,12 @@ static int producer_main(const int *to_rank, const int *from_rank,
                                .layer_end = LAYERS};
     side_t s;
     create(&s, &p);
+    if (net_mode != 0 && !network_ok(&lay, &s)) {
+        for (int k = 0; k < RANKS; k++)
+            CHECK(write(to_rank[k], "", 1) == 1, "pipe");
+        kvr_agent_destroy(s.agent);
+        return 77;
+    }
     add_regions(&lay, &s, false);
     CHECK(kvr_agent_start(s.agent) == KVR_OK, "start: %s",
           kvr_agent_last_error(s.agent));
@@ -379,6 +437,9 @@ static int producer_main(const int *to_rank, const int *from_rank,
 int main(int argc, char **argv)
 {
     bool use_event = !(argc > 1 && strcmp(argv[1], "--no-event") == 0);
+    net_mode = argc > 1 && strcmp(argv[1], "--tcp") == 0          ? 1
+               : argc > 1 && strcmp(argv[1], "--tcp-staged") == 0 ? 2
+                                                                  : 0;
     /* CUDA's lazy module loading waits for the whole device at a kernel's
      * first launch, which would order the first copy after the prefill
      * whatever the agent does: load everything at start instead */

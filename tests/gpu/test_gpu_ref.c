@@ -6,6 +6,7 @@
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include <cmocka.h>
@@ -263,6 +264,73 @@ static void test_limits_and_ranges(void **state)
     kvr_gpu_relayout_destroy(NULL);
 }
 
+/* Run tables: random runs (long ones cut into pieces), a scatter equals
+ * copying each run; packing in random chunks gives the runs' bytes in
+ * order, and unpacking them in other chunks lands them as the scatter
+ * did; bad ranges and buffers are refused. */
+static void test_run_copies(void **state)
+{
+    (void)state;
+    enum { SRC = 1 << 16, NRUNS = 40 };
+    static unsigned char src[SRC], want[SRC], got[SRC], pack[SRC];
+    kvr_gpu_run_t runs[NRUNS];
+    uint64_t total = 0, at = 0;
+    srand(7);
+    for (size_t i = 0; i < SRC; i++)
+        src[i] = (unsigned char)rand();
+    memset(want, 0xee, sizeof(want));
+    for (int i = 0; i < NRUNS; i++) { /* disjoint destinations */
+        uint64_t len = 1 + (uint64_t)rand() % (i == 3 ? 40000 : 700);
+        if (at + len > SRC)
+            len = SRC - at;
+        uint64_t so = (uint64_t)rand() % (SRC - len + 1);
+        runs[i] = (kvr_gpu_run_t){(uint64_t)(uintptr_t)(src + so),
+                                  (uint64_t)(uintptr_t)(got + at), len};
+        memcpy(want + at, src + so, len);
+        at += len;
+        total += len;
+    }
+    kvr_gpu_runs_t *rt = NULL;
+    kvr_error_t err = {0};
+    assert_int_equal(kvr_gpu_runs_create(runs, NRUNS, &rt, &err), KVR_OK);
+    assert_int_equal(kvr_gpu_runs_bytes(rt), total);
+    memset(got, 0xee, sizeof(got));
+    assert_int_equal(kvr_gpu_runs_copy_ref(rt, 0, total, NULL, NULL, &err),
+                     KVR_OK);
+    assert_memory_equal(got, want, SRC);
+    for (uint64_t pos = 0, len; pos < total; pos += len) {
+        len = 1 + (uint64_t)rand() % 5000;
+        len = len < total - pos ? len : total - pos;
+        assert_int_equal(
+            kvr_gpu_runs_copy_ref(rt, pos, len, NULL, pack + pos, &err),
+            KVR_OK);
+    }
+    assert_memory_equal(pack, want, total); /* got's order is the stream */
+    memset(got, 0xee, sizeof(got));
+    for (uint64_t pos = 0, len; pos < total; pos += len) {
+        len = 1 + (uint64_t)rand() % 20000;
+        len = len < total - pos ? len : total - pos;
+        assert_int_equal(
+            kvr_gpu_runs_copy_ref(rt, pos, len, pack + pos, NULL, &err),
+            KVR_OK);
+    }
+    assert_memory_equal(got, want, SRC);
+    assert_int_equal(kvr_gpu_runs_copy_ref(rt, total - 1, 2, NULL, pack, &err),
+                     KVR_ERR_RUN_OUT_OF_BOUNDS);
+    assert_int_equal(kvr_gpu_runs_copy_ref(rt, 0, 1, pack, pack, &err),
+                     KVR_ERR_INVALID);
+    kvr_gpu_runs_destroy(rt);
+    kvr_gpu_run_t nodst = {(uint64_t)(uintptr_t)src, 0, 10};
+    assert_int_equal(kvr_gpu_runs_create(&nodst, 1, &rt, &err), KVR_OK);
+    assert_int_equal(kvr_gpu_runs_copy_ref(rt, 0, 10, NULL, NULL, &err),
+                     KVR_ERR_INVALID);
+    assert_non_null(strstr(err.msg, "no destination address"));
+    assert_int_equal(kvr_gpu_runs_copy_ref(rt, 2, 8, NULL, pack, &err),
+                     KVR_OK);
+    assert_memory_equal(pack, src + 2, 8);
+    kvr_gpu_runs_destroy(rt);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -270,6 +338,7 @@ int main(void)
         cmocka_unit_test(test_checks),
         cmocka_unit_test(test_index_checks),
         cmocka_unit_test(test_limits_and_ranges),
+        cmocka_unit_test(test_run_copies),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

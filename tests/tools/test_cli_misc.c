@@ -63,9 +63,8 @@ static void test_options_refused(void **state)
     cli_expect_usage(kvr_bin, "demo", "--pp 9 --layers 8",
                      "--pp 9 exceeds --layers 8", &res);
     /* checked before any process starts, GPU or not */
-    cli_expect_usage(kvr_bin, "serve",
-                     "--rank 0 --cuda-device 0 --executor staged",
-                     "--executor staged moves host memory", &res);
+    cli_expect_usage(kvr_bin, "serve", "--rank 0 --executor gpu-direct",
+                     "--executor gpu-direct needs KV in CUDA memory", &res);
     /* bench opens its output before the first run */
     cli_expect_usage(kvr_bin, "bench", "--out /nonexistent/dir/x.json",
                      "--out /nonexistent/dir/x.json: No such file or directory",

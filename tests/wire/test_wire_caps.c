@@ -199,8 +199,8 @@ static void test_write_request_caps(void **state)
     le(t, KVR_WIRE_MAX_SLOTS + 1, 4);
     expect_decode(t, KVR_ERR_WIRE_LIMIT,
                   "WRITE_REQUEST.staging_slots: count 4097 > cap 4096");
-    expect_decode(write_request_prefix(1, 1, 4), KVR_ERR_PROTO,
-                  "WRITE_REQUEST.executor: value 4 outside [0, 3]");
+    expect_decode(write_request_prefix(1, 1, 5), KVR_ERR_PROTO,
+                  "WRITE_REQUEST.executor: value 5 outside [0, 4]");
     t = write_request_prefix(1, 1, 1);
     le(t, 0, 4); /* no slots */
     le(t, 0, 8); /* nonce 0 */

@@ -1,0 +1,126 @@
+/* Run copies on the device (include/kvrelay/gpu.h, Run copies): a warp per
+ * piece of a run table, each clipped to the stream range asked, copied
+ * with the widest access (16, 8, 4 or 1 bytes) its addresses and length
+ * allow. */
+#include "cuda_util.cuh"
+
+namespace {
+
+constexpr int THREADS = 256;
+
+struct RunJob {
+    const kvr__run_item_t *items; /* device copy, from the first piece */
+    uint32_t n;
+    uint64_t lo, hi; /* stream range */
+    const unsigned char *src_buf;
+    unsigned char *dst_buf;
+};
+
+template <typename V>
+__device__ void copy_piece(const unsigned char *s, unsigned char *d,
+                           uint64_t n, uint32_t lane)
+{
+    const V *sv = (const V *)s;
+    V *dv = (V *)d;
+    uint64_t nv = n / sizeof(V);
+    for (uint64_t x = lane; x < nv; x += 32)
+        dv[x] = sv[x];
+}
+
+__global__ void __launch_bounds__(THREADS) runs_kernel(const RunJob j)
+{
+    uint32_t lane = threadIdx.x & 31;
+    uint32_t warp = (blockIdx.x * blockDim.x + threadIdx.x) >> 5;
+    uint32_t warps = (gridDim.x * blockDim.x) >> 5;
+    for (uint32_t i = warp; i < j.n; i += warps) {
+        kvr__run_item_t it = j.items[i];
+        uint64_t lo = it.off > j.lo ? it.off : j.lo;
+        uint64_t end = it.off + it.len;
+        uint64_t hi = end < j.hi ? end : j.hi;
+        if (lo >= hi)
+            continue;
+        const unsigned char *s =
+            j.src_buf ? j.src_buf + (lo - j.lo)
+                      : (const unsigned char *)it.src + (lo - it.off);
+        unsigned char *d = j.dst_buf
+                               ? j.dst_buf + (lo - j.lo)
+                               : (unsigned char *)it.dst + (lo - it.off);
+        uint64_t n = hi - lo;
+        uint64_t bits = (uintptr_t)s | (uintptr_t)d | n;
+        if ((bits & 15) == 0)
+            copy_piece<uint4>(s, d, n, lane);
+        else if ((bits & 7) == 0)
+            copy_piece<uint2>(s, d, n, lane);
+        else if ((bits & 3) == 0)
+            copy_piece<uint32_t>(s, d, n, lane);
+        else
+            copy_piece<unsigned char>(s, d, n, lane);
+    }
+}
+
+void free_device(void *ptr, void *stream)
+{
+    if (stream != NULL)
+        cudaFreeAsync(ptr, (cudaStream_t)stream);
+    else
+        cudaFree(ptr);
+}
+
+} // namespace
+
+extern "C" kvr_status_t kvr_gpu_runs_upload(kvr_gpu_runs_t *rt, void *stream,
+                                            kvr_error_t *err)
+{
+    if (rt == NULL)
+        return kvr_error_set(err, KVR_ERR_INVALID, "run table is NULL");
+    if (rt->device != NULL || rt->n == 0)
+        return KVR_OK;
+    cudaStream_t s = (cudaStream_t)stream;
+    size_t bytes = rt->n * sizeof(*rt->items);
+    void *p = NULL;
+    KVR__CUDA_TRY(s ? cudaMallocAsync(&p, bytes, s) : cudaMalloc(&p, bytes),
+                  err);
+    /* pageable source: staged at once, the host may reuse it on return */
+    cudaError_t e =
+        s ? cudaMemcpyAsync(p, rt->items, bytes, cudaMemcpyHostToDevice, s)
+          : cudaMemcpy(p, rt->items, bytes, cudaMemcpyHostToDevice);
+    if (e != cudaSuccess) {
+        free_device(p, stream);
+        return kvr__cuda_status(e, "cudaMemcpy(run table)", err);
+    }
+    rt->device = p;
+    rt->device_stream = stream;
+    rt->free_device = free_device;
+    return KVR_OK;
+}
+
+extern "C" kvr_status_t kvr_gpu_runs_copy(const kvr_gpu_runs_t *rt,
+                                          uint64_t pos, uint64_t len,
+                                          const void *src_buf, void *dst_buf,
+                                          void *stream, kvr_error_t *err)
+{
+    size_t first = 0, last = 0;
+    kvr_status_t st =
+        kvr__runs_span(rt, pos, len, src_buf, dst_buf, &first, &last, err);
+    if (st != KVR_OK || first == last)
+        return st;
+    if (rt->device == NULL)
+        return kvr_error_set(err, KVR_ERR_INVALID,
+                             "run table not uploaded (kvr_gpu_runs_upload)");
+    RunJob j = {(const kvr__run_item_t *)rt->device + first,
+                (uint32_t)(last - first),
+                pos,
+                pos + len,
+                (const unsigned char *)src_buf,
+                (unsigned char *)dst_buf};
+    if (last - first > UINT32_MAX)
+        return kvr_error_set(err, KVR_ERR_UNSUPPORTED,
+                             "%zu run pieces in one copy", last - first);
+    unsigned blocks = 0;
+    st = kvr__grid_size((const void *)runs_kernel, THREADS, 0,
+                        (uint64_t)(last - first) * 32, &blocks, err);
+    if (st != KVR_OK)
+        return st;
+    runs_kernel<<<blocks, THREADS, 0, (cudaStream_t)stream>>>(j);
+    return kvr__launch_status("runs_kernel", err);
+}
