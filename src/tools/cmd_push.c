@@ -328,7 +328,10 @@ static void on_event(push_t *s, const kvr_agent_event_t *e)
     } else if (e->kind == KVR_AGENT_NOTIFY_FAILED) {
         printf("notify-failed %.*s %s %s\n", (int)e->peer.len, e->peer.bytes,
                kvr_status_name(e->status), e->message);
-        stop_with(s, "an offer could not reach its router", e);
+        stop_with(s,
+                  is_head(s) ? "an offer could not reach its router"
+                             : "its head could not be reached",
+                  e);
     } else if (e->kind == KVR_AGENT_PEER_REFUSED) {
         printf("refused %.*s %s %s %s\n", e->peer.len ? (int)e->peer.len : 1,
                e->peer.len ? (const char *)e->peer.bytes : "?",
@@ -378,9 +381,10 @@ static void on_notify(push_t *s, const kvr_agent_notify_t *n)
         free(m);
         return;
     }
-    if (m->type == RT_REFUSE) {
-        printf("offer-refused %s %s %s\n", m->request,
-               kvr_status_name((kvr_status_t)m->status), m->text);
+    if (m->type == RT_REFUSE || m->type == RT_FAILED) {
+        printf("%s %s %s %s\n",
+               m->type == RT_REFUSE ? "offer-refused" : "group-failed",
+               m->request, kvr_status_name((kvr_status_t)m->status), m->text);
         kvr_agent_send_abort(s->agent, m->request, strlen(m->request));
         tell_stages(s, m);
     } else if (m->type == RT_JOIN && ours && is_head(s)) {

@@ -121,7 +121,7 @@ bool rt_decode(const uint8_t *buf, size_t len, rt_msg_t *m)
         return false;
     for (uint32_t i = 0; i < m->num_hashes; i++)
         get(&c, m->hashes[i].bytes, KVR_BLOCK_HASH_BYTES);
-    return c.ok && c.n == len && m->type >= RT_JOIN && m->type <= RT_REFUSE;
+    return c.ok && c.n == len && m->type >= RT_JOIN && m->type <= RT_FAILED;
 }
 
 /* ---- the router ---- */
@@ -523,11 +523,28 @@ void router_offer(router_t *r, const rt_msg_t *offer)
     try_place(r, q);
 }
 
+/* A request the group failed: its producer may hold sources some rank
+ * never asked for (a rank that failed before its pull); it is told. */
+static void tell_failed(router_t *r, const rreq_t *q)
+{
+    rt_msg_t *m = calloc(1, sizeof(*m));
+    if (m == NULL)
+        return;
+    m->type = RT_FAILED;
+    snprintf(m->request, sizeof(m->request), "%s", q->offer->request);
+    m->status = (uint32_t)q->outcome;
+    snprintf(m->text, sizeof(m->text), "the decode group failed it");
+    r->ops.to_producer(r->ops.ctx, q->offer->producer, q->offer->address, m);
+    free(m);
+}
+
 /* Every rank released: blocks of a loaded request are cached under its
  * prefix hashes, then every block drops its reference. */
 static void finish(router_t *r, rreq_t *q)
 {
     const rt_msg_t *o = q->offer;
+    if (q->outcome != KVR_OK && q->outcome != KVR_ERR_CANCELED)
+        tell_failed(r, q);
     if (q->outcome == KVR_OK)
         for (uint32_t i = 0; i < o->num_hashes && i < q->ndst; i++) {
             r->cached[q->dst[i]].hash = o->hashes[i];

@@ -29,6 +29,9 @@ typedef enum rt_type {
     RT_STOP = 5,     /* router -> rank: the run cannot complete (text) */
     RT_REFUSE = 6,   /* router -> prefill head and every rank: the offer
                         cannot be placed (status, text) */
+    RT_FAILED = 7,   /* router -> prefill head (-> its stages): the group
+                        failed the request (status, text); a stage some
+                        rank never pulled from stops holding it */
 } rt_type_t;
 
 #define RT_ID_MAX 256u
