@@ -84,6 +84,26 @@ static void send_release(kvr_agent_t *a, kvr__creq_t *r, kvr__cstage_t *s)
     kvr__alink_send(a, s->link, &m);
 }
 
+/* A request that ends before its pull went out tells the stages it
+ * already has links to (RELEASE with the nonce no WRITE_REQUEST carried):
+ * otherwise they would hold its sources to the lease. */
+static void release_unasked(kvr_agent_t *a, const kvr__creq_t *r)
+{
+    const kvr__pdir_t *d = r->dir;
+    for (uint32_t pp = 0; d != NULL && pp < KVR_AGENT_MAX_STAGES; pp++) {
+        kvr__alink_t *l = d->serving[pp];
+        if (l == NULL || l->state != KVR__LINK_READY || !l->regions_sent)
+            continue;
+        kvr_msg_t m;
+        kvr_msg_init(&m, KVR_MSG_RELEASE);
+        m.u.release.request_id = r->id;
+        m.u.release.consumer_rank = a->p.topo.tp_rank;
+        m.u.release.write_nonce = r->nonce;
+        m.u.release.outcome = r->status;
+        kvr__alink_send(a, l, &m);
+    }
+}
+
 static bool all_answered(const kvr__creq_t *r)
 {
     for (uint32_t s = 0; s < r->num_stages; s++)
@@ -123,6 +143,8 @@ static void quarantine(kvr_agent_t *a, kvr__creq_t *r, kvr_status_t st,
     vsnprintf(r->message, sizeof(r->message), fmt, ap);
     va_end(ap);
     r->status = st;
+    if (r->state == KVR_RECV_DIALING)
+        release_unasked(a, r);
     r->state = KVR_RECV_QUARANTINE;
     event(a, r, KVR_AGENT_LOAD_FAILED);
     for (uint32_t s = 0; s < r->num_stages; s++)

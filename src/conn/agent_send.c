@@ -673,6 +673,27 @@ static void on_write_request(kvr_agent_t *a, kvr__alink_t *l,
     preq_step(a, r, KVR__SIN_PULL, p, KVR_OK);
 }
 
+/* RELEASE of a nonce no pull on the link has: the consumer rank ended
+ * the request before asking (an abort, a deadline while dialling). Its
+ * group will not complete, so it counts as a failed release now rather
+ * than at the lease. A rank already counted is ignored. */
+static void on_release_unasked(kvr_agent_t *a, kvr__preq_t *r, kvr__alink_t *l,
+                               kvr_status_t outcome)
+{
+    /* its peers that have not pulled yet get the grace to do so */
+    kvr__pull_t stand_in = {.link = l,
+                            .consumer_tp = l->link->peer.topo.tp_rank,
+                            .deadline_ns = kvr_now_ns(),
+                            .state = KVR__PULL_RELEASED};
+    char why[KVR_ERROR_MSG_MAX];
+    if (stand_in.consumer_tp % a->p.topo.tp_size != a->p.topo.tp_rank ||
+        join_group(a, r, &stand_in, why, sizeof(why)) != KVR_OK)
+        return; /* not ours, or already counted */
+    count_release(a, r, &stand_in,
+                  outcome == KVR_OK ? KVR_ERR_CANCELED : outcome);
+    preq_step(a, r, KVR__SIN_ANSWERED, NULL, KVR_OK);
+}
+
 static void on_release(kvr_agent_t *a, kvr__alink_t *l,
                        const kvr_msg_release_t *m)
 {
@@ -680,6 +701,10 @@ static void on_release(kvr_agent_t *a, kvr__alink_t *l,
     kvr__pull_t *p = r ? pull_of(r->pulls, l, m->write_nonce) : NULL;
     if (p != NULL && p->state != KVR__PULL_RELEASED) {
         preq_step(a, r, KVR__SIN_RELEASE, p, m->outcome);
+        return;
+    }
+    if (r != NULL && p == NULL) {
+        on_release_unasked(a, r, l, m->outcome);
         return;
     }
     /* a pull still waiting for its request: answer, forget */
