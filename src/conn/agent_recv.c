@@ -70,18 +70,24 @@ static void event(kvr_agent_t *a, const kvr__creq_t *r,
                      kind == KVR_AGENT_LOADED ? r->bytes : 0);
 }
 
-static void send_release(kvr_agent_t *a, kvr__creq_t *r, kvr__cstage_t *s)
+/* RELEASE of r over l, with r's nonce and outcome. */
+static void release_on(kvr_agent_t *a, const kvr__creq_t *r, kvr__alink_t *l)
 {
-    if (!s->sent || s->released || s->link == NULL)
-        return;
-    s->released = true;
     kvr_msg_t m;
     kvr_msg_init(&m, KVR_MSG_RELEASE);
     m.u.release.request_id = r->id;
     m.u.release.consumer_rank = a->p.topo.tp_rank;
     m.u.release.write_nonce = r->nonce;
     m.u.release.outcome = r->status;
-    kvr__alink_send(a, s->link, &m);
+    kvr__alink_send(a, l, &m);
+}
+
+static void send_release(kvr_agent_t *a, kvr__creq_t *r, kvr__cstage_t *s)
+{
+    if (!s->sent || s->released || s->link == NULL)
+        return;
+    s->released = true;
+    release_on(a, r, s->link);
 }
 
 /* A request that ends before its pull went out tells the stages it
@@ -92,15 +98,8 @@ static void release_unasked(kvr_agent_t *a, const kvr__creq_t *r)
     const kvr__pdir_t *d = r->dir;
     for (uint32_t pp = 0; d != NULL && pp < KVR_AGENT_MAX_STAGES; pp++) {
         kvr__alink_t *l = d->serving[pp];
-        if (l == NULL || l->state != KVR__LINK_READY || !l->regions_sent)
-            continue;
-        kvr_msg_t m;
-        kvr_msg_init(&m, KVR_MSG_RELEASE);
-        m.u.release.request_id = r->id;
-        m.u.release.consumer_rank = a->p.topo.tp_rank;
-        m.u.release.write_nonce = r->nonce;
-        m.u.release.outcome = r->status;
-        kvr__alink_send(a, l, &m);
+        if (l != NULL && l->state == KVR__LINK_READY && l->regions_sent)
+            release_on(a, r, l);
     }
 }
 
