@@ -686,7 +686,11 @@ void kvr__recv_tick(kvr_agent_t *a, uint64_t now, uint64_t *next)
     a->slots_freed = false;
     for (kvr__creq_t *r = a->creqs, *n; r != NULL; r = n) {
         n = r->next;
-        if (now < next_timer(r, now))
+        /* a redial time that passed is due once: next_timer no longer
+         * names it (it lies in the past), so it is checked here */
+        bool redial = r->state == KVR_RECV_DIALING &&
+                      r->dir->next_dial_ns != 0 && now >= r->dir->next_dial_ns;
+        if (now < next_timer(r, now) && !redial)
             continue;
         if (r->state == KVR_RECV_QUARANTINE)
             r->cut_done = true;
