@@ -96,8 +96,9 @@ static void send_release(kvr_agent_t *a, kvr__creq_t *r, kvr__cstage_t *s)
 static void release_unasked(kvr_agent_t *a, const kvr__creq_t *r)
 {
     const kvr__pdir_t *d = r->dir;
-    for (uint32_t pp = 0; d != NULL && pp < KVR_AGENT_MAX_STAGES; pp++) {
-        kvr__alink_t *l = d->serving[pp];
+    for (uint32_t i = 0; d != NULL && d->serving != NULL && i < d->num_serving;
+         i++) {
+        kvr__alink_t *l = d->serving[i];
         if (l != NULL && l->state == KVR__LINK_READY && l->regions_sent)
             release_on(a, r, l);
     }

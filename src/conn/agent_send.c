@@ -426,7 +426,7 @@ static void tick_pulls(kvr_agent_t *a, kvr__preq_t *r, uint64_t now)
         if (p->state == KVR__PULL_ANSWERED && now >= p->release_by_ns)
             count_release(a, r, p, p->ok ? KVR_OK : KVR_ERR_TIMEOUT);
     }
-    give_up_groups(r, kvr__ranks_served(a), now);
+    give_up_groups(r, a->served, now);
 }
 
 /* The one transition function of a producer request. */
@@ -686,7 +686,8 @@ static void on_release_unasked(kvr_agent_t *a, kvr__preq_t *r, kvr__alink_t *l,
                             .deadline_ns = kvr_now_ns(),
                             .state = KVR__PULL_RELEASED};
     char why[KVR_ERROR_MSG_MAX];
-    if (stand_in.consumer_tp % a->p.topo.tp_size != a->p.topo.tp_rank ||
+    if (stand_in.consumer_tp >= KVR_AGENT_MAX_TP ||
+        !(a->serves >> stand_in.consumer_tp & 1) ||
         join_group(a, r, &stand_in, why, sizeof(why)) != KVR_OK)
         return; /* not ours, or already counted */
     count_release(a, r, &stand_in,
