@@ -484,8 +484,7 @@ static void tick_lost(router_t *r, uint64_t now)
                      p->name,
                      (unsigned long long)(r->offer_wait_ns / 1000000u));
             e->offered = true; /* ended: a late OFFER is a duplicate */
-            refuse_id(r, e->request, p->name, p->address, KVR_ERR_TIMEOUT,
-                      why);
+            refuse_id(r, e->request, p->name, p->address, KVR_ERR_TIMEOUT, why);
         }
     }
 }

@@ -38,7 +38,8 @@
 #define WARMUP 10u
 #define RSS_BOUND_MB 48u
 
-static const uint8_t KEY[KVR_WIRE_KEY_BYTES] = "kvrelay churn test key.........";
+static const uint8_t KEY[KVR_WIRE_KEY_BYTES] =
+    "kvrelay churn test key.........";
 static const uint8_t WRONG[KVR_WIRE_KEY_BYTES] =
     "kvrelay churn wrong key........";
 
@@ -222,8 +223,7 @@ static int teardown(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test_setup_teardown(test_handshake_churn, setup,
-                                        teardown),
+        cmocka_unit_test_setup_teardown(test_handshake_churn, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -149,8 +149,8 @@ static void start_prefill(int p, const int router_port[2], bool stop_stage1)
                      "--instance %d --stage 0 --routers "
                      "127.0.0.1:%d,127.0.0.1:%d",
                      p, router_port[0], router_port[1]);
-    start(p ? P1S1 : P0S1, "push", "--instance %d --stage 1 --head 127.0.0.1:%d",
-          p, head);
+    start(p ? P1S1 : P0S1, "push",
+          "--instance %d --stage 1 --head 127.0.0.1:%d", p, head);
     if (stop_stage1)
         assert_int_equal(kill(procs[p ? P1S1 : P0S1].pid, SIGSTOP), 0);
 }
