@@ -101,6 +101,7 @@ void kvr__pdir_kick(kvr_agent_t *a, kvr__pdir_t *d)
 {
     if (kvr_now_ns() < d->next_dial_ns)
         return;
+    d->next_dial_ns = 0; /* the retry is being made */
     if (d->head == NULL && (!d->have_stages || link_to(a, d, d->bootstrap)))
         d->head = link_to(a, d, d->bootstrap);
     if (d->head == NULL && !d->have_stages)

@@ -273,6 +273,8 @@ typedef struct kvr__pull {
 typedef struct kvr__group {
     kvr_wire_id_t instance;
     uint64_t released; /* consumer tp ranks that released */
+    uint64_t give_up_ns; /* its pulls' latest deadline plus grace: ranks
+                            that never pulled by then are not coming */
     bool done, failed;
 } kvr__group_t;
 

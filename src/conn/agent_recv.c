@@ -70,18 +70,38 @@ static void event(kvr_agent_t *a, const kvr__creq_t *r,
                      kind == KVR_AGENT_LOADED ? r->bytes : 0);
 }
 
-static void send_release(kvr_agent_t *a, kvr__creq_t *r, kvr__cstage_t *s)
+/* RELEASE of r over l, with r's nonce and outcome. */
+static void release_on(kvr_agent_t *a, const kvr__creq_t *r, kvr__alink_t *l)
 {
-    if (!s->sent || s->released || s->link == NULL)
-        return;
-    s->released = true;
     kvr_msg_t m;
     kvr_msg_init(&m, KVR_MSG_RELEASE);
     m.u.release.request_id = r->id;
     m.u.release.consumer_rank = a->p.topo.tp_rank;
     m.u.release.write_nonce = r->nonce;
     m.u.release.outcome = r->status;
-    kvr__alink_send(a, s->link, &m);
+    kvr__alink_send(a, l, &m);
+}
+
+static void send_release(kvr_agent_t *a, kvr__creq_t *r, kvr__cstage_t *s)
+{
+    if (!s->sent || s->released || s->link == NULL)
+        return;
+    s->released = true;
+    release_on(a, r, s->link);
+}
+
+/* A request that ends before its pull went out tells the stages it
+ * already has links to (RELEASE with the nonce no WRITE_REQUEST carried):
+ * otherwise they would hold its sources to the lease. */
+static void release_unasked(kvr_agent_t *a, const kvr__creq_t *r)
+{
+    const kvr__pdir_t *d = r->dir;
+    for (uint32_t i = 0; d != NULL && d->serving != NULL && i < d->num_serving;
+         i++) {
+        kvr__alink_t *l = d->serving[i];
+        if (l != NULL && l->state == KVR__LINK_READY && l->regions_sent)
+            release_on(a, r, l);
+    }
 }
 
 static bool all_answered(const kvr__creq_t *r)
@@ -123,6 +143,8 @@ static void quarantine(kvr_agent_t *a, kvr__creq_t *r, kvr_status_t st,
     vsnprintf(r->message, sizeof(r->message), fmt, ap);
     va_end(ap);
     r->status = st;
+    if (r->state == KVR_RECV_DIALING)
+        release_unasked(a, r);
     r->state = KVR_RECV_QUARANTINE;
     event(a, r, KVR_AGENT_LOAD_FAILED);
     for (uint32_t s = 0; s < r->num_stages; s++)
@@ -665,7 +687,11 @@ void kvr__recv_tick(kvr_agent_t *a, uint64_t now, uint64_t *next)
     a->slots_freed = false;
     for (kvr__creq_t *r = a->creqs, *n; r != NULL; r = n) {
         n = r->next;
-        if (now < next_timer(r, now))
+        /* a redial time that passed is due once: next_timer no longer
+         * names it (it lies in the past), so it is checked here */
+        bool redial = r->state == KVR_RECV_DIALING &&
+                      r->dir->next_dial_ns != 0 && now >= r->dir->next_dial_ns;
+        if (now < next_timer(r, now) && !redial)
             continue;
         if (r->state == KVR_RECV_QUARANTINE)
             r->cut_done = true;

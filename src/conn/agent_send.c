@@ -281,7 +281,8 @@ static void finish(kvr_agent_t *a, kvr__preq_t *r, kvr_agent_send_state_t to,
     };
     r->state = to;
     r->status = st;
-    snprintf(r->message, sizeof(r->message), "%s", msg);
+    if (msg != r->message) /* snprintf onto its own source is undefined */
+        snprintf(r->message, sizeof(r->message), "%s", msg);
     publish(a, r);
     kvr__agent_log(a, "send '%.*s': %s %s", (int)r->id.len, r->id.bytes,
                    kvr_agent_send_state_name(to), msg);
@@ -327,7 +328,8 @@ static kvr_status_t join_group(kvr_agent_t *a, kvr__preq_t *r, kvr__pull_t *p,
         return KVR_ERR_EXISTS;
     }
     p->group = (uint32_t)(g - r->groups);
-    (void)a;
+    uint64_t by = p->deadline_ns + ms_ns(a->p.grace_ms);
+    g->give_up_ns = by > g->give_up_ns ? by : g->give_up_ns;
     return KVR_OK;
 }
 
@@ -376,8 +378,39 @@ static void serve_held(kvr_agent_t *a, kvr__preq_t *r)
             start_pull(a, r, p);
 }
 
+static bool group_busy(const kvr__preq_t *r, uint32_t g)
+{
+    for (const kvr__pull_t *p = r->pulls; p != NULL; p = p->next)
+        if (p->group == g && p->state != KVR__PULL_RELEASED)
+            return true;
+    return false;
+}
+
+/* A consumer rank of a group that never pulled by its peers' deadline
+ * plus grace is stalled or gone (its group's router assigned every rank
+ * at once): the group failed, rather than holding the sources until the
+ * lease (docs/agent.md Partitions and stalls). */
+static void give_up_groups(kvr__preq_t *r, uint32_t served, uint64_t now)
+{
+    for (uint32_t g = 0; g < r->num_groups; g++) {
+        kvr__group_t *grp = &r->groups[g];
+        if (grp->done || now < grp->give_up_ns || group_busy(r, g))
+            continue;
+        grp->done = true;
+        if (!grp->failed)
+            snprintf(r->message, sizeof(r->message),
+                     "consumer '%.*s': %u of %u rank(s) never pulled by "
+                     "their peers' deadline plus grace",
+                     (int)grp->instance.len, grp->instance.bytes,
+                     served - (uint32_t)__builtin_popcountll(grp->released),
+                     served);
+        grp->failed = true;
+        r->status = KVR_ERR_TIMEOUT;
+    }
+}
+
 /* Timers of a live request: held and moving pulls past their deadline,
- * answered ones never released, the lease. */
+ * answered ones never released, ranks that never pulled, the lease. */
 static void tick_pulls(kvr_agent_t *a, kvr__preq_t *r, uint64_t now)
 {
     bool lease_over = now >= r->lease_end_ns;
@@ -393,6 +426,7 @@ static void tick_pulls(kvr_agent_t *a, kvr__preq_t *r, uint64_t now)
         if (p->state == KVR__PULL_ANSWERED && now >= p->release_by_ns)
             count_release(a, r, p, p->ok ? KVR_OK : KVR_ERR_TIMEOUT);
     }
+    give_up_groups(r, a->served, now);
 }
 
 /* The one transition function of a producer request. */
@@ -639,6 +673,28 @@ static void on_write_request(kvr_agent_t *a, kvr__alink_t *l,
     preq_step(a, r, KVR__SIN_PULL, p, KVR_OK);
 }
 
+/* RELEASE of a nonce no pull on the link has: the consumer rank ended
+ * the request before asking (an abort, a deadline while dialling). Its
+ * group will not complete, so it counts as a failed release now rather
+ * than at the lease. A rank already counted is ignored. */
+static void on_release_unasked(kvr_agent_t *a, kvr__preq_t *r, kvr__alink_t *l,
+                               kvr_status_t outcome)
+{
+    /* its peers that have not pulled yet get the grace to do so */
+    kvr__pull_t stand_in = {.link = l,
+                            .consumer_tp = l->link->peer.topo.tp_rank,
+                            .deadline_ns = kvr_now_ns(),
+                            .state = KVR__PULL_RELEASED};
+    char why[KVR_ERROR_MSG_MAX];
+    if (stand_in.consumer_tp >= KVR_AGENT_MAX_TP ||
+        !(a->serves >> stand_in.consumer_tp & 1) ||
+        join_group(a, r, &stand_in, why, sizeof(why)) != KVR_OK)
+        return; /* not ours, or already counted */
+    count_release(a, r, &stand_in,
+                  outcome == KVR_OK ? KVR_ERR_CANCELED : outcome);
+    preq_step(a, r, KVR__SIN_ANSWERED, NULL, KVR_OK);
+}
+
 static void on_release(kvr_agent_t *a, kvr__alink_t *l,
                        const kvr_msg_release_t *m)
 {
@@ -646,6 +702,10 @@ static void on_release(kvr_agent_t *a, kvr__alink_t *l,
     kvr__pull_t *p = r ? pull_of(r->pulls, l, m->write_nonce) : NULL;
     if (p != NULL && p->state != KVR__PULL_RELEASED) {
         preq_step(a, r, KVR__SIN_RELEASE, p, m->outcome);
+        return;
+    }
+    if (r != NULL && p == NULL) {
+        on_release_unasked(a, r, l, m->outcome);
         return;
     }
     /* a pull still waiting for its request: answer, forget */
@@ -755,6 +815,9 @@ static uint64_t next_timer(const kvr__preq_t *r, uint64_t now)
                                                       : UINT64_MAX;
         at = t < at ? t : at;
     }
+    for (uint32_t g = 0; g < r->num_groups; g++)
+        if (!r->groups[g].done && r->groups[g].give_up_ns < at)
+            at = r->groups[g].give_up_ns;
     return at;
 }
 

@@ -104,6 +104,8 @@ typedef struct {
     kvr_store_t *store; /* --save-to, on tp rank 0 of each stage */
     kvr_store_conn_t *saver;
     uint32_t released; /* requests whose send and save both completed */
+    char members[MAX_GROUPS][256]; /* head: its other stages' listeners */
+    uint32_t num_members;
 } push_t;
 
 static bool is_head(const push_t *s)
@@ -326,7 +328,10 @@ static void on_event(push_t *s, const kvr_agent_event_t *e)
     } else if (e->kind == KVR_AGENT_NOTIFY_FAILED) {
         printf("notify-failed %.*s %s %s\n", (int)e->peer.len, e->peer.bytes,
                kvr_status_name(e->status), e->message);
-        stop_with(s, "an offer could not reach its router", e);
+        stop_with(s,
+                  is_head(s) ? "an offer could not reach its router"
+                             : "its head could not be reached",
+                  e);
     } else if (e->kind == KVR_AGENT_PEER_REFUSED) {
         printf("refused %.*s %s %s %s\n", e->peer.len ? (int)e->peer.len : 1,
                e->peer.len ? (const char *)e->peer.bytes : "?",
@@ -338,14 +343,55 @@ static void on_event(push_t *s, const kvr_agent_event_t *e)
     fflush(stdout);
 }
 
+static void send_msg(push_t *s, const char *address, const rt_msg_t *m)
+{
+    static uint8_t buf[KVR_AGENT_NOTIFY_MAX];
+    size_t len = rt_encode(m, buf);
+    if (len > 0)
+        kvr_agent_notify(s->agent, s->instance, strlen(s->instance), address,
+                         buf, len);
+}
+
+/* The head passes what only it hears (a router's REFUSE, its own stop) on
+ * to the stages that joined it: no stage waits for pulls that will never
+ * come until its lease. */
+static void tell_stages(push_t *s, const rt_msg_t *m)
+{
+    for (uint32_t i = 0; is_head(s) && i < s->num_members; i++)
+        send_msg(s, s->members[i], m);
+}
+
+static void on_join(push_t *s, const kvr_agent_notify_t *n)
+{
+    for (uint32_t i = 0; i < s->num_members; i++)
+        if (strcmp(s->members[i], n->sender_address) == 0)
+            return;
+    if (s->num_members < MAX_GROUPS && n->sender_address[0] != '\0')
+        snprintf(s->members[s->num_members++], sizeof(s->members[0]), "%s",
+                 n->sender_address);
+}
+
 /* The router could not place an offer: this stage stops serving it. */
 static void on_notify(push_t *s, const kvr_agent_notify_t *n)
 {
     rt_msg_t *m = malloc(sizeof(*m));
-    if (m != NULL && rt_decode(n->payload, n->len, m) && m->type == RT_REFUSE) {
-        printf("offer-refused %s %s %s\n", m->request,
-               kvr_status_name((kvr_status_t)m->status), m->text);
+    bool ours = n->sender.len == strlen(s->instance) &&
+                memcmp(n->sender.bytes, s->instance, n->sender.len) == 0;
+    if (m == NULL || !rt_decode(n->payload, n->len, m)) {
+        free(m);
+        return;
+    }
+    if (m->type == RT_REFUSE || m->type == RT_FAILED) {
+        printf("%s %s %s %s\n",
+               m->type == RT_REFUSE ? "offer-refused" : "group-failed",
+               m->request, kvr_status_name((kvr_status_t)m->status), m->text);
         kvr_agent_send_abort(s->agent, m->request, strlen(m->request));
+        tell_stages(s, m);
+    } else if (m->type == RT_JOIN && ours && is_head(s)) {
+        on_join(s, n);
+    } else if (m->type == RT_STOP && ours && !is_head(s)) {
+        snprintf(s->fatal_why, sizeof(s->fatal_why), "%s", m->text);
+        s->fatal = true;
     }
     free(m);
 }
@@ -389,16 +435,44 @@ static void pump(push_t *s, int ms)
     free(n);
 }
 
+/* A stage joins its head (RT_JOIN, from its listener), so that the head
+ * can pass refusals and its stop on. */
+static void join_head(push_t *s)
+{
+    rt_msg_t *m = calloc(1, sizeof(*m));
+    if (m != NULL && !is_head(s)) {
+        m->type = RT_JOIN;
+        send_msg(s, s->o.head, m);
+    }
+    free(m);
+}
+
+static void tell_stages_stop(push_t *s)
+{
+    rt_msg_t *m = calloc(1, sizeof(*m));
+    if (m != NULL) {
+        m->type = RT_STOP;
+        snprintf(m->text, sizeof(m->text), "the head stopped: %.200s",
+                 s->fatal_why);
+        tell_stages(s, m);
+    }
+    free(m);
+}
+
 static int push_loop(push_t *s)
 {
     uint64_t end = kvr_deadline_ns(s->cfg.run_timeout_ms);
     if (is_head(s))
         offer_all(s);
+    else
+        join_head(s);
     while (!push_stop && !s->fatal &&
            (s->sent + s->failed + s->canceled < s->mine ||
             (s->saver != NULL && s->released < s->mine)) &&
            kvr_now_ns() < end)
         pump(s, 20);
+    if (s->fatal)
+        tell_stages_stop(s);
     pump(s, 5);
     if (s->fatal)
         fprintf(stderr, "kvrelay push: instance %u stage %u: %s\n",

@@ -670,23 +670,45 @@ static int serve_loop(serve_t *s)
                 s->o.group, s->o.rank, s->stop_why);
     bool ok = finished(s) && s->failed == 0 && s->verified == s->loaded &&
               s->loaded + s->aborted == s->expect &&
-              (s->router == NULL || router_blocks_in_use(s->router) == 0);
+              (s->router == NULL || (router_blocks_in_use(s->router) == 0 &&
+                                     router_failed(s->router) == 0));
     return ok ? CLI_EXIT_OK : CLI_EXIT_FAILED;
+}
+
+/* Past a rank's deadline plus grace, its RELEASED had time to travel: a
+ * rank still silent then is stalled or dead. */
+#define SERVE_ROUTER_SLACK_MS 3000u
+
+/* Rank 0: the group's router, told which requests the group expects from
+ * which prefill instance, so that an OFFER lost on the way is noticed. */
+static kvr_status_t create_router(serve_t *s, kvr_error_t *err)
+{
+    router_ops_t ops = {s, rt_to_rank, rt_to_producer, rt_aborts};
+    kvr_agent_params_t p = demo_agent_params(&s->cfg, KVR_AGENT_CONSUMER,
+                                             &(kvr_wire_topo_t){0}, NULL, "");
+    uint32_t timeout = s->cfg.deadline_ms + p.grace_ms + SERVE_ROUTER_SLACK_MS;
+    s->router = router_create(&s->cfg.lay, demo_ranks(&s->cfg),
+                              demo_dst_pool(&s->cfg, s->o.group), timeout,
+                              &ops);
+    if (s->router == NULL)
+        return kvr_error_set(err, KVR_ERR_NO_MEMORY,
+                             "no memory for the router");
+    for (uint32_t r = 0; r < s->cfg.requests && r < DEMO_MAX_REQUESTS; r++) {
+        char id[32], producer[KVR_AGENT_INSTANCE_MAX + 1];
+        if (demo_group_of(&s->cfg, r) != s->o.group)
+            continue;
+        demo_request_id(r, id, sizeof(id));
+        demo_instance_id(false, demo_instance_of(&s->cfg, r), producer,
+                         sizeof(producer));
+        router_expect(s->router, id, producer);
+    }
+    return KVR_OK;
 }
 
 static kvr_status_t start(serve_t *s, kvr_error_t *err)
 {
-    if (s->o.rank == 0) {
-        router_ops_t ops = {s, rt_to_rank, rt_to_producer, rt_aborts};
-        /* past every rank's deadline plus grace: a silent rank is dead */
-        uint32_t timeout = s->cfg.deadline_ms + 15000;
-        s->router = router_create(&s->cfg.lay, demo_ranks(&s->cfg),
-                                  demo_dst_pool(&s->cfg, s->o.group), timeout,
-                                  &ops);
-        if (s->router == NULL)
-            return kvr_error_set(err, KVR_ERR_NO_MEMORY,
-                                 "no memory for the router");
-    }
+    if (s->o.rank == 0 && create_router(s, err) != KVR_OK)
+        return err->code;
     if (kvr_agent_start(s->agent) != KVR_OK)
         return kvr_error_set(err, KVR_ERR_IO, "%s",
                              kvr_agent_last_error(s->agent));

@@ -121,7 +121,7 @@ bool rt_decode(const uint8_t *buf, size_t len, rt_msg_t *m)
         return false;
     for (uint32_t i = 0; i < m->num_hashes; i++)
         get(&c, m->hashes[i].bytes, KVR_BLOCK_HASH_BYTES);
-    return c.ok && c.n == len && m->type >= RT_JOIN && m->type <= RT_REFUSE;
+    return c.ok && c.n == len && m->type >= RT_JOIN && m->type <= RT_FAILED;
 }
 
 /* ---- the router ---- */
@@ -142,10 +142,32 @@ typedef struct {
     bool used;
 } cached_t;
 
+/* A request the group expects from a producer instance, and whether its
+ * OFFER came. */
+typedef struct {
+    char request[RT_ID_MAX + 1];
+    char producer[KVR_AGENT_INSTANCE_MAX + 1];
+    bool offered;
+} expected_t;
+
+/* A producer instance heard from: its first OFFER is the known point from
+ * which its other OFFERs (sent in one burst) are due. */
+typedef struct {
+    char name[KVR_AGENT_INSTANCE_MAX + 1];
+    char address[256];
+    uint64_t first_ns;
+} heard_t;
+
 struct router {
     kvr_layout_t lay;
     uint32_t ranks, num_blocks, next, timeout_ms;
     uint64_t joined; /* bit per rank; rank 0 is the router's own */
+    uint64_t silent; /* ranks silent past a request's timeout */
+    expected_t *expected;
+    uint32_t num_expected, cap_expected;
+    heard_t heard[64];
+    uint32_t num_heard, failed;
+    uint64_t offer_wait_ns; /* OFFERs due after a producer's first */
     uint32_t *refs;
     cached_t *cached;
     rreq_t reqs[1024];
@@ -164,6 +186,7 @@ router_t *router_create(const kvr_layout_t *lay, uint32_t ranks,
     r->ranks = ranks;
     r->num_blocks = num_blocks;
     r->timeout_ms = timeout_ms;
+    r->offer_wait_ns = (uint64_t)timeout_ms * 1000000u;
     r->joined = 1;
     r->ops = *ops;
     r->refs = calloc(num_blocks + 1, sizeof(*r->refs));
@@ -190,6 +213,7 @@ void router_destroy(router_t *r)
         rreq_free(&r->reqs[i]);
     free(r->refs);
     free(r->cached);
+    free(r->expected);
     free(r);
 }
 
@@ -313,27 +337,46 @@ static void assign(router_t *r, rreq_t *q)
     q->deadline_ns = kvr_deadline_ns(r->timeout_ms);
 }
 
-static void refuse(router_t *r, rreq_t *q, kvr_status_t st, const char *why)
+/* A request the group will not load: the producer (when it can be
+ * reached) and every rank are told, so none waits for it. */
+static void refuse_id(router_t *r, const char *request, const char *producer,
+                      const char *address, kvr_status_t st, const char *why)
 {
     rt_msg_t *m = calloc(1, sizeof(*m));
     if (m != NULL) {
         m->type = RT_REFUSE;
-        memcpy(m->request, q->offer->request, sizeof(m->request));
+        snprintf(m->request, sizeof(m->request), "%s", request);
         m->status = (uint32_t)st;
         snprintf(m->text, sizeof(m->text), "%s", why);
         printf("refused-offer %s %s %s\n", m->request, kvr_status_name(st),
                why);
-        r->ops.to_producer(r->ops.ctx, q->offer->producer, q->offer->address,
-                           m);
-        /* the ranks count it as ended too: none waits for it */
+        if (address[0] != '\0')
+            r->ops.to_producer(r->ops.ctx, producer, address, m);
         for (uint32_t rank = 0; rank < r->ranks; rank++)
             r->ops.to_rank(r->ops.ctx, rank, m);
         free(m);
     }
+    r->done++;
+    r->failed++;
+}
+
+static void refuse(router_t *r, rreq_t *q, kvr_status_t st, const char *why)
+{
+    refuse_id(r, q->offer->request, q->offer->producer, q->offer->address, st,
+              why);
     free(q->dst);
     q->dst = NULL;
     q->outcome = st;
-    r->done++;
+}
+
+/* Ranks silent past a request's timeout, as text ("1 3"). */
+static void silent_ranks(const router_t *r, char *buf, size_t cap)
+{
+    size_t n = 0;
+    buf[0] = '\0';
+    for (uint32_t k = 0; k < r->ranks && n + 12 < cap; k++)
+        if ((r->silent >> k) & 1)
+            n += (size_t)snprintf(buf + n, cap - n, "%s%u", n ? " " : "", k);
 }
 
 /* An offer whose first prefix block is that of a request still loading
@@ -360,10 +403,20 @@ static void try_place(router_t *r, rreq_t *q)
         return;
     const char *id = q->offer->request;
     kvr_status_t st = KVR_ERR_REFUSED; /* docs/failpoints.md */
-    if (kvr__failpoint(KVR__FP_REFUSE_OFFER, id, strlen(id)))
+    char ranks[120];
+    silent_ranks(r, ranks, sizeof(ranks));
+    if (kvr__failpoint(KVR__FP_REFUSE_OFFER, id, strlen(id))) {
         snprintf(why, sizeof(why), "failpoint refuse-offer");
-    else
+    } else if (r->silent != 0) {
+        /* a load needs every rank: one that stopped answering fails it */
+        st = KVR_ERR_PEER_DEAD;
+        snprintf(why, sizeof(why),
+                 "decode rank(s) %s silent past a request's deadline plus "
+                 "grace",
+                 ranks);
+    } else {
         st = place(r, q, why, sizeof(why));
+    }
     if (st != KVR_OK) {
         refuse(r, q, st, why);
         rreq_free(q);
@@ -380,8 +433,74 @@ static rreq_t *find(router_t *r, const char *id)
     return NULL;
 }
 
+void router_expect(router_t *r, const char *request, const char *producer)
+{
+    if (r->num_expected == r->cap_expected) {
+        uint32_t cap = r->cap_expected ? 2 * r->cap_expected : 16;
+        expected_t *e = realloc(r->expected, cap * sizeof(*e));
+        if (e == NULL)
+            return; /* not watched: --timeout still bounds it */
+        r->expected = e;
+        r->cap_expected = cap;
+    }
+    expected_t *e = &r->expected[r->num_expected++];
+    memset(e, 0, sizeof(*e));
+    snprintf(e->request, sizeof(e->request), "%s", request);
+    snprintf(e->producer, sizeof(e->producer), "%s", producer);
+}
+
+/* An OFFER came: its producer is heard from, its request no longer due. */
+static void note_offer(router_t *r, const rt_msg_t *offer)
+{
+    for (uint32_t i = 0; i < r->num_expected; i++)
+        if (strcmp(r->expected[i].request, offer->request) == 0 &&
+            strcmp(r->expected[i].producer, offer->producer) == 0)
+            r->expected[i].offered = true;
+    for (uint32_t i = 0; i < r->num_heard; i++)
+        if (strcmp(r->heard[i].name, offer->producer) == 0)
+            return;
+    if (r->num_heard == sizeof(r->heard) / sizeof(r->heard[0]))
+        return;
+    heard_t *h = &r->heard[r->num_heard++];
+    snprintf(h->name, sizeof(h->name), "%s", offer->producer);
+    snprintf(h->address, sizeof(h->address), "%s", offer->address);
+    h->first_ns = kvr_now_ns();
+}
+
+/* OFFERs due from a producer heard from long ago are lost (a partition,
+ * a dropped link): refused at once, so no rank waits to --timeout. */
+static void tick_lost(router_t *r, uint64_t now)
+{
+    for (uint32_t i = 0; i < r->num_expected; i++) {
+        expected_t *e = &r->expected[i];
+        for (uint32_t h = 0; !e->offered && h < r->num_heard; h++) {
+            const heard_t *p = &r->heard[h];
+            if (strcmp(p->name, e->producer) != 0 ||
+                now < p->first_ns + r->offer_wait_ns)
+                continue;
+            char why[200];
+            snprintf(why, sizeof(why),
+                     "no OFFER from %s within %llu ms of its first: lost",
+                     p->name,
+                     (unsigned long long)(r->offer_wait_ns / 1000000u));
+            e->offered = true; /* ended: a late OFFER is a duplicate */
+            refuse_id(r, e->request, p->name, p->address, KVR_ERR_TIMEOUT, why);
+        }
+    }
+}
+
 void router_offer(router_t *r, const rt_msg_t *offer)
 {
+    for (uint32_t i = 0; i < r->num_expected; i++)
+        if (r->expected[i].offered &&
+            strcmp(r->expected[i].request, offer->request) == 0 &&
+            find(r, offer->request) == NULL) {
+            printf("refused-offer %s ERR_EXISTS offered before, or given up "
+                   "as lost\n",
+                   offer->request);
+            return;
+        }
+    note_offer(r, offer);
     if (find(r, offer->request) != NULL) {
         printf("refused-offer %s ERR_EXISTS already live here\n",
                offer->request);
@@ -394,8 +513,8 @@ void router_offer(router_t *r, const rt_msg_t *offer)
             q = &r->reqs[i];
     rt_msg_t *copy = q ? malloc(sizeof(*copy)) : NULL;
     if (copy == NULL) {
-        printf("refused-offer %s ERR_NO_SPACE too many live requests\n",
-               offer->request);
+        refuse_id(r, offer->request, offer->producer, offer->address,
+                  KVR_ERR_NO_SPACE, "too many live requests");
         return;
     }
     *copy = *offer;
@@ -403,11 +522,28 @@ void router_offer(router_t *r, const rt_msg_t *offer)
     try_place(r, q);
 }
 
+/* A request the group failed: its producer may hold sources some rank
+ * never asked for (a rank that failed before its pull); it is told. */
+static void tell_failed(router_t *r, const rreq_t *q)
+{
+    rt_msg_t *m = calloc(1, sizeof(*m));
+    if (m == NULL)
+        return;
+    m->type = RT_FAILED;
+    snprintf(m->request, sizeof(m->request), "%s", q->offer->request);
+    m->status = (uint32_t)q->outcome;
+    snprintf(m->text, sizeof(m->text), "the decode group failed it");
+    r->ops.to_producer(r->ops.ctx, q->offer->producer, q->offer->address, m);
+    free(m);
+}
+
 /* Every rank released: blocks of a loaded request are cached under its
  * prefix hashes, then every block drops its reference. */
 static void finish(router_t *r, rreq_t *q)
 {
     const rt_msg_t *o = q->offer;
+    if (q->outcome != KVR_OK && q->outcome != KVR_ERR_CANCELED)
+        tell_failed(r, q);
     if (q->outcome == KVR_OK)
         for (uint32_t i = 0; i < o->num_hashes && i < q->ndst; i++) {
             r->cached[q->dst[i]].hash = o->hashes[i];
@@ -419,6 +555,8 @@ static void finish(router_t *r, rreq_t *q)
            q->ndst);
     fflush(stdout);
     r->done++;
+    /* an abort the ranks were asked for is no failure */
+    r->failed += q->outcome != KVR_OK && q->outcome != KVR_ERR_CANCELED;
     rreq_free(q);
 }
 
@@ -430,6 +568,8 @@ static uint64_t all_ranks(const router_t *r)
 void router_released(router_t *r, uint32_t rank, const rt_msg_t *m)
 {
     rreq_t *q = find(r, m->request);
+    if (rank < r->ranks)
+        r->silent &= ~(1ull << rank); /* it answers (again) */
     if (q == NULL || !q->assigned || rank >= r->ranks ||
         (q->released >> rank) & 1)
         return;
@@ -443,6 +583,7 @@ void router_released(router_t *r, uint32_t rank, const rt_msg_t *m)
 void router_tick(router_t *r)
 {
     uint64_t now = kvr_now_ns();
+    tick_lost(r, now);
     for (size_t i = 0; i < sizeof(r->reqs) / sizeof(r->reqs[0]); i++) {
         rreq_t *q = &r->reqs[i];
         if (!q->used)
@@ -453,8 +594,10 @@ void router_tick(router_t *r)
             /* a rank that never answers (dead) no longer writes: its
              * agent ends every load by deadline plus grace */
             for (uint32_t k = 0; k < r->ranks; k++)
-                if (!((q->released >> k) & 1))
+                if (!((q->released >> k) & 1)) {
                     printf("rank-silent %s %u\n", q->offer->request, k);
+                    r->silent |= 1ull << k;
+                }
             if (q->outcome == KVR_OK)
                 q->outcome = KVR_ERR_TIMEOUT;
             finish(r, q);
@@ -465,6 +608,11 @@ void router_tick(router_t *r)
 uint32_t router_done(const router_t *r)
 {
     return r->done;
+}
+
+uint32_t router_failed(const router_t *r)
+{
+    return r->failed;
 }
 
 uint32_t router_blocks_in_use(const router_t *r)

@@ -29,6 +29,9 @@ typedef enum rt_type {
     RT_STOP = 5,     /* router -> rank: the run cannot complete (text) */
     RT_REFUSE = 6,   /* router -> prefill head and every rank: the offer
                         cannot be placed (status, text) */
+    RT_FAILED = 7,   /* router -> prefill head (-> its stages): the group
+                        failed the request (status, text); a stage some
+                        rank never pulled from stops holding it */
 } rt_type_t;
 
 #define RT_ID_MAX 256u
@@ -71,18 +74,26 @@ typedef struct router_ops {
 } router_ops_t;
 
 /* A pool of num_blocks destination blocks shared by `ranks` ranks; a rank
- * silent past timeout_ms after an ASSIGN counts as failed. */
+ * silent past timeout_ms after an ASSIGN counts as failed, and until it
+ * answers again every new OFFER is refused (a load needs every rank). */
 router_t *router_create(const kvr_layout_t *lay, uint32_t ranks,
                         uint32_t num_blocks, uint32_t timeout_ms,
                         const router_ops_t *ops);
 void router_destroy(router_t *r);
 void router_join(router_t *r, uint32_t rank);
+/* The group expects `request` from prefill instance `producer`: once an
+ * OFFER from that instance came, this one is due within timeout_ms of it
+ * (a head offers in one burst); past that it counts as lost, and the
+ * producer and every rank are told (REFUSE, ERR_TIMEOUT). */
+void router_expect(router_t *r, const char *request, const char *producer);
 void router_offer(router_t *r, const rt_msg_t *offer);
 void router_released(router_t *r, uint32_t rank, const rt_msg_t *m);
 /* Timeouts and queued offers. */
 void router_tick(router_t *r);
 /* Requests that ended (every rank released, or failed). */
 uint32_t router_done(const router_t *r);
+/* Of those, the ones that did not load on every rank. */
+uint32_t router_failed(const router_t *r);
 /* Blocks some live request still holds. */
 uint32_t router_blocks_in_use(const router_t *r);
 

@@ -2,8 +2,10 @@
  * OFFER (2^64 - 1 tokens, 0 tokens) is refused to its producer and never
  * assigned; a good one is assigned to every rank in parts, its blocks come
  * back when every rank released it and its prefix is cached for the next
- * request; a rank silent past the timeout fails the request; router
- * messages survive encoding and truncated ones are refused. */
+ * request; a rank silent past the timeout fails the request and later
+ * offers until it answers; an expected OFFER that never came is refused
+ * as lost; router messages survive encoding and truncated ones are
+ * refused. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -18,8 +20,8 @@
 #include "router.h"
 
 typedef struct {
-    uint32_t assigns[4], rank_refuses[4], refuses;
-    rt_msg_t last_assign, last_refuse;
+    uint32_t assigns[4], rank_refuses[4], refuses, failed;
+    rt_msg_t last_assign, last_refuse, last_rank_refuse;
 } seen_t;
 
 static void to_rank(void *ctx, uint32_t rank, const rt_msg_t *m)
@@ -28,6 +30,7 @@ static void to_rank(void *ctx, uint32_t rank, const rt_msg_t *m)
     assert_true(rank < 4);
     if (m->type == RT_REFUSE) {
         s->rank_refuses[rank]++;
+        s->last_rank_refuse = *m;
         return;
     }
     assert_int_equal(m->type, RT_ASSIGN);
@@ -41,6 +44,10 @@ static void to_producer(void *ctx, const char *producer, const char *address,
     seen_t *s = ctx;
     assert_string_equal(producer, "prefill-0");
     assert_string_equal(address, "127.0.0.1:9");
+    if (m->type == RT_FAILED) {
+        s->failed++;
+        return;
+    }
     assert_int_equal(m->type, RT_REFUSE);
     s->refuses++;
     s->last_refuse = *m;
@@ -143,6 +150,10 @@ static void test_assign_release_cache(void **state)
     router_destroy(r);
 }
 
+/* Rank 1 never answers: the request fails at the timeout and its
+ * producer is told; until rank 1 answers again, every new OFFER is
+ * refused at once to the producer and every rank (a load needs every
+ * rank), then offers are placed again. */
 static void test_silent_rank_times_out(void **state)
 {
     (void)state;
@@ -154,6 +165,54 @@ static void test_silent_rank_times_out(void **state)
     router_tick(r);
     assert_int_equal(router_blocks_in_use(r), 0);
     assert_int_equal(router_done(r), 1);
+    assert_int_equal(router_failed(r), 1);
+    assert_int_equal(s.failed, 1); /* its stages stop holding it */
+    router_offer(r, offer("d", 40));
+    assert_int_equal(s.refuses, 1);
+    assert_int_equal(s.last_refuse.status, KVR_ERR_PEER_DEAD);
+    assert_int_equal(s.rank_refuses[0], 1);
+    assert_int_equal(s.rank_refuses[1], 1);
+    assert_non_null(strstr(s.last_rank_refuse.text, "rank(s) 1 silent"));
+    assert_int_equal(router_done(r), 2);
+    release(r, "c", 1, KVR_ERR_TIMEOUT); /* late, but it answers again */
+    router_offer(r, offer("e", 40));
+    assert_int_equal(s.assigns[1], 2);
+    assert_int_equal(s.refuses, 1);
+    router_destroy(r);
+}
+
+/* The group expects f and g from prefill-0 and h from prefill-1. f's
+ * OFFER comes, g's is lost: once the timeout passed after f's, g is
+ * refused (ERR_TIMEOUT) to the producer and every rank, and a late OFFER
+ * of g is not assigned. h waits: prefill-1 was never heard from. */
+static void test_lost_offer(void **state)
+{
+    (void)state;
+    seen_t s = {0};
+    router_t *r = make(&s, 16, 200);
+    router_expect(r, "f", "prefill-0");
+    router_expect(r, "g", "prefill-0");
+    router_expect(r, "h", "prefill-1");
+    router_offer(r, offer("f", 40));
+    assert_int_equal(s.assigns[1], 1);
+    router_tick(r);
+    assert_int_equal(s.refuses, 0); /* not due yet */
+    release(r, "f", 0, KVR_OK);
+    release(r, "f", 1, KVR_OK);
+    usleep(300000);
+    router_tick(r);
+    assert_int_equal(s.refuses, 1);
+    assert_string_equal(s.last_refuse.request, "g");
+    assert_int_equal(s.last_refuse.status, KVR_ERR_TIMEOUT);
+    assert_int_equal(s.rank_refuses[0], 1);
+    assert_int_equal(s.rank_refuses[1], 1);
+    assert_int_equal(router_done(r), 2);
+    assert_int_equal(router_failed(r), 1);
+    router_tick(r); /* refused once */
+    assert_int_equal(s.refuses, 1);
+    router_offer(r, offer("g", 40));
+    assert_int_equal(s.assigns[1], 1);
+    assert_int_equal(router_done(r), 2);
     router_destroy(r);
 }
 
@@ -189,6 +248,7 @@ int main(void)
         cmocka_unit_test(test_hostile_offers_refused),
         cmocka_unit_test(test_assign_release_cache),
         cmocka_unit_test(test_silent_rank_times_out),
+        cmocka_unit_test(test_lost_offer),
         cmocka_unit_test(test_encoding),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
