@@ -472,7 +472,9 @@ struct kvr_agent {
     kvr__pdir_t *dirs;
     kvr__map_t preq_map, creq_map;
     kvr__preq_t *preqs;
-    kvr__creq_t *creqs;
+    /* oldest first: staging slots go to requests in the order they were
+     * asked for (docs/agent.md Executors) */
+    kvr__creq_t *creqs, *creqs_tail;
     kvr__pull_t *orphans;
     kvr__pull_t *active;           /* MOVING pulls, round robin */
     kvr_wire_stage_t *stage_table; /* head: pp_size * tp_size entries */

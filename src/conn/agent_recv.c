@@ -50,6 +50,8 @@ static void creq_free(kvr_agent_t *a, kvr__creq_t *r)
         a->creqs = r->next;
     if (r->next)
         r->next->prev = r->prev;
+    else
+        a->creqs_tail = r->prev;
     for (uint32_t s = 0; s < r->num_stages; s++) {
         kvr__cstage_t *st = &r->stages[s];
         if (st->link != NULL)
@@ -551,10 +553,15 @@ static void start(kvr_agent_t *a, kvr__cmd_t *c)
     r->deadline_ns = r->started_ns + ms_ns(c->ms);
     r->hard_ns = r->deadline_ns + ms_ns(a->p.grace_ms);
     r->dir = kvr__pdir_get(a, &c->producer, c->address);
-    r->next = a->creqs;
-    if (a->creqs)
-        a->creqs->prev = r;
-    a->creqs = r;
+    /* appended: a request asked for earlier is granted slots first, so a
+     * later one whose producer is not ready yet cannot hold every slot
+     * while the earlier one, ready, waits for them */
+    r->prev = a->creqs_tail;
+    if (a->creqs_tail)
+        a->creqs_tail->next = r;
+    else
+        a->creqs = r;
+    a->creqs_tail = r;
     kvr__recv_input_t in = {.kind = KVR__RIN_START};
     if (r->dir == NULL) {
         r->state = KVR_RECV_DIALING;

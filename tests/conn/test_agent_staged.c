@@ -227,6 +227,54 @@ static void test_abort_while_staging(void **state)
     world_free(w);
 }
 
+/* Over UCX tcp (no loopback hub): the shape of test_gpu_agent
+ * --tcp-staged with host memory. The producer's AUTO probes the cost
+ * model into the last staging slot when the link is set up; the consumers
+ * force STAGED with 16 KiB slots (several chunks a pull, so the producer
+ * waits for acks); both requests are pulled at once, so the second waits
+ * for slots; the pulls are held until send_ready. Skipped without UCX. */
+static void ucx_tcp(kvr_agent_params_t *p)
+{
+    p->loopback_hub = NULL;
+    p->tl = KVR_AGENT_TL_TCP;
+}
+
+static void ucx_tcp_staged(kvr_agent_params_t *p)
+{
+    ucx_tcp(p);
+    p->executor = KVR_AGENT_EXEC_STAGED;
+}
+
+static void test_ucx_tcp_held_pulls(void **state)
+{
+    (void)state;
+    if (strcmp(kvr__data_ucx_version(), "none") == 0)
+        skip();
+    world_t *w = world_new();
+    w->m.staging_slots = 5; /* 4 usable: one request's worth */
+    w->m.slot_bytes = 16u << 10;
+    start_instance(w, 0, A, 1, ucx_tcp);
+    start_group_tweaked(w, 0, false, ucx_tcp_staged);
+    ah_req_t r[2];
+    for (uint32_t i = 0; i < 2; i++) {
+        ah_req(&w->m, 50 + i, i ? 173 : 300, &r[i]);
+        fill_all(w, 0, &r[i]);
+        open_all(w, 0, &r[i], 0, false);
+        recv_all(w, 0, A, &r[i], 0);
+    }
+    ah_settle((ah_agent_t *[]){&w->cons[0], &w->cons[1]}, 2, 300);
+    for (uint32_t i = 0; i < 2; i++) {
+        assert_int_equal(kvr_agent_send_ready(w->prod[0][0].agent, r[i].id,
+                                              strlen(r[i].id), 0, 1u << 30,
+                                              NULL),
+                         KVR_OK);
+        expect_loaded(w, 0, &r[i]);
+    }
+    for (uint32_t c = 0; c < 2; c++)
+        assert_true(kvr__agent_chunks(w->cons[c].agent) > 2 * 2);
+    world_free(w);
+}
+
 /* Staging belongs to consumers; STAGED needs it. */
 static void test_staging_rules(void **state)
 {
@@ -264,6 +312,7 @@ int main(void)
         cmocka_unit_test(test_auto_put_failure),
         cmocka_unit_test(test_slow_puts),
         cmocka_unit_test(test_abort_while_staging),
+        cmocka_unit_test(test_ucx_tcp_held_pulls),
         cmocka_unit_test(test_staging_rules),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
