@@ -395,7 +395,7 @@ bool sv_trace_build(const sv_cfg_t *c, sv_trace_t *t)
     t->ceiling_tokens = room < each ? room : each;
     if (t->ceiling_tokens == 0)
         t->ceiling_tokens = 1;
-    t->src_tokens = most > t->ceiling_tokens ? most : t->ceiling_tokens;
+    t->src_tokens = most; /* the ceiling reads it cyclically */
     return true;
 }
 

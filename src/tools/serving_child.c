@@ -351,18 +351,28 @@ static kvr_status_t create(ch_t *h, kvr_error_t *err)
 
 /* ---- the producer ---- */
 
+/* Requests read a prefix of the shared source table; one longer than the
+ * filled source (the ceiling) reads it again from its start (only
+ * destination ids must be distinct). */
 static bool open_request(ch_t *h, const char *id, uint64_t tokens,
                          bool all_ready)
 {
-    kvr_agent_send_t o = {id, strlen(id), h->table,
-                          (size_t)kvr_num_src_blocks(&h->c->d.lay, tokens),
-                          tokens, 0, 1};
-    if (kvr_agent_send_open(h->agent, &o) == KVR_OK &&
-        (!all_ready || kvr_agent_send_ready(h->agent, id, strlen(id), h->lo,
-                                            h->hi, NULL) == KVR_OK))
-        return true;
-    fprintf(h->out, "X - - %s open: %s\n", id, kvr_agent_last_error(h->agent));
-    return false;
+    const kvr_layout_t *lay = &h->c->d.lay;
+    uint64_t n = kvr_num_src_blocks(lay, tokens);
+    uint64_t m = kvr_num_src_blocks(lay, h->t->src_tokens);
+    uint32_t *src = malloc((n + 1) * sizeof(*src));
+    for (uint64_t k = 0; src != NULL && k < n; k++)
+        src[k] = h->table[k % m];
+    kvr_agent_send_t o = {id, strlen(id), src, (size_t)n, tokens, 0, 1};
+    bool ok = src != NULL && kvr_agent_send_open(h->agent, &o) == KVR_OK &&
+              (!all_ready || kvr_agent_send_ready(h->agent, id, strlen(id),
+                                                  h->lo, h->hi,
+                                                  NULL) == KVR_OK);
+    free(src);
+    if (!ok)
+        fprintf(h->out, "X - - %s open: %s\n", id,
+                kvr_agent_last_error(h->agent));
+    return ok;
 }
 
 /* Announces request i's layer groups whose simulated prefill is over;
