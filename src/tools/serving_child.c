@@ -388,7 +388,7 @@ static uint64_t announce(ch_t *h, uint32_t i, uint32_t *next_layer,
         if (end > h->hi || h->t->layer_ns[i] == 0)
             end = h->hi; /* nothing to wait for: one call */
         uint64_t at = T0 + sv_layer_ready(c, h->t, i, h->role->rank, end - 1);
-        uint64_t now = now_ns();
+        uint64_t now = now_ns(); /* these layers' prefill ends now */
         if (now < at)
             return at;
         if (kvr_agent_send_ready(h->agent, id, strlen(id), *next_layer, end,
@@ -398,7 +398,7 @@ static uint64_t announce(ch_t *h, uint32_t i, uint32_t *next_layer,
         *next_layer = end;
         if (end == h->hi)
             fprintf(h->out, "P %u %u %llu\n", h->pass, i,
-                    (unsigned long long)now_ns());
+                    (unsigned long long)now);
     }
     return UINT64_MAX;
 }
