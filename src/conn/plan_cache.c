@@ -38,6 +38,16 @@ struct kvr__pcache {
     uint64_t hits, misses;
 };
 
+/* A flag read as its byte: descriptors decoded from a peer's REGIONS
+ * leave fields the wire does not carry unset, and loading an unset bool is
+ * undefined. */
+static bool flag(const bool *b)
+{
+    unsigned char c;
+    memcpy(&c, b, 1);
+    return c != 0;
+}
+
 /* Every field but the layer. */
 static bool same_desc(const kvr_region_desc_t *a, const kvr_region_desc_t *b)
 {
@@ -46,7 +56,7 @@ static bool same_desc(const kvr_region_desc_t *a, const kvr_region_desc_t *b)
            a->quant_block == b->quant_block && a->bytes == b->bytes &&
            a->heads == b->heads && a->head_dim == b->head_dim &&
            a->elem_bytes == b->elem_bytes && a->kv_planes == b->kv_planes &&
-           a->hnd == b->hnd;
+           flag(&a->hnd) == flag(&b->hnd);
 }
 
 /* Pairs of one class: the same geometry on both sides, each pairing a
@@ -73,7 +83,7 @@ static uint64_t hash_desc(uint64_t h, const kvr_region_desc_t *d)
     h = mix(h, d->bytes);
     h = mix(h, ((uint64_t)d->heads << 32) | d->head_dim);
     h = mix(h, ((uint64_t)d->elem_bytes << 32) | d->kv_planes);
-    return mix(h, d->hnd);
+    return mix(h, flag(&d->hnd));
 }
 
 static uint64_t hash_ids(uint64_t h, const uint32_t *ids, size_t n)
