@@ -130,8 +130,9 @@ static int dist_opt(sv_cfg_t *c, const char *value)
 }
 
 /* Options demo has that mean nothing here. */
-static const char *const refused[] = {"tokens", "abort", "fault", "dump",
-                                      "no-reuse", NULL};
+static const char *const refused[] = {
+    "tokens",  "abort",     "fault",       "dump", "no-reuse",
+    "save-to", "load-from", "cuda-device", NULL};
 
 static int sv_option(void *ctx, const char *name, const char *value)
 {
@@ -140,9 +141,9 @@ static int sv_option(void *ctx, const char *name, const char *value)
     int rc;
     for (int i = 0; refused[i] != NULL; i++)
         if (strcmp(name, refused[i]) == 0)
-            return bad("--%s%s is not a bench serving option (lengths come "
-                       "from --tokens-dist)",
-                       name, "");
+            return bad("--%s is a demo option bench serving does not take%s",
+                       name,
+                       i == 0 ? " (lengths come from --tokens-dist)" : "");
     if (strcmp(name, "requests") == 0) {
         rc = u64_opt(name, value, 1, SV_MAX_REQUESTS, &v);
         c->requests = (uint32_t)v;

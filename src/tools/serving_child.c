@@ -334,13 +334,18 @@ static kvr_status_t create(ch_t *h, kvr_error_t *err)
     demo_instance_id(r->consumer, r->who, h->instance, sizeof(h->instance));
     demo_cfg_t d = c->d;
     d.cuda_device = r->cuda_device;
+    uint8_t key[KVR_WIRE_KEY_BYTES];
+    bool keyed = false;
+    kvr_status_t st = demo_load_key(&c->d, key, &keyed, err);
+    if (st != KVR_OK)
+        return st;
     kvr_agent_params_t p = demo_agent_params(
-        &d, r->consumer ? KVR_AGENT_CONSUMER : KVR_AGENT_PRODUCER, &topo, NULL,
-        h->instance);
+        &d, r->consumer ? KVR_AGENT_CONSUMER : KVR_AGENT_PRODUCER, &topo,
+        keyed ? key : NULL, h->instance);
     bool head = !r->consumer && r->rank == 0 && r->tp == 0;
     p.listen = r->consumer ? NULL : "127.0.0.1:0";
     p.bootstrap = r->consumer || head ? NULL : r->heads[r->who];
-    kvr_status_t st = demo_agent_create(&c->d, &p, &h->agent, err);
+    st = demo_agent_create(&c->d, &p, &h->agent, err);
     if (st == KVR_OK)
         st = r->consumer ? consumer_regions(h, err) : producer_regions(h, err);
     if (st == KVR_OK && kvr_agent_start(h->agent) != KVR_OK)
