@@ -1,8 +1,9 @@
 /* The agent's plan cache (src/conn/plan_cache.h): the same key returns the
  * same plan; regions of one class share it whatever their layer; any part
- * of the key that differs (tables, counts, rank, geometry) gets a plan of
- * its own, equal to what the planner makes fresh; released plans are kept
- * up to the limit and then dropped; a refused request leaves nothing. */
+ * of the key that differs (tables, counts, consumer rank, geometry) gets a
+ * pair plan of its own, equal to what the planner makes fresh; released
+ * plans are kept up to the limit and then dropped; a refused request
+ * leaves nothing. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -61,8 +62,8 @@ static const kvr_plan_t *plan1(kvr__pcache_t *c, uint32_t rank,
     const kvr_plan_t *p = NULL;
     uint64_t bytes = 0;
     kvr_error_t err = {0};
-    assert_int_equal(kvr__pcache_plan(c, rank, pair, 1, req, &p, &bytes, ref,
-                                      &err),
+    assert_int_equal(kvr__pcache_plan(c, 0, rank, pair, 1, req, &p, &bytes,
+                                      ref, &err),
                      KVR_OK);
     assert_int_equal(bytes, kvr_plan_bytes(p));
     return p;
@@ -75,8 +76,8 @@ static void assert_same_runs(const kvr_plan_t *cached, uint32_t rank,
 {
     kvr_layout_t l = layout();
     kvr_plan_t *fresh = NULL;
-    assert_int_equal(kvr_plan_create(&l, rank, pair, req, &fresh, NULL),
-                     KVR_OK);
+    assert_int_equal(
+        kvr_plan_create_pair(&l, 0, rank, pair, req, &fresh, NULL), KVR_OK);
     size_t n1, n2;
     const kvr_run_t *a = kvr_plan_runs(cached, &n1),
                     *b = kvr_plan_runs(fresh, &n2);
@@ -97,8 +98,8 @@ static void same_key_same_plan(void **state)
     uint64_t bytes = 0;
     kvr__pentry_t *e1 = NULL, *e2 = NULL;
     kvr_error_t err = {0};
-    assert_int_equal(kvr__pcache_plan(c, 1, pairs, 3, &r.req, plans, &bytes,
-                                      &e1, &err),
+    assert_int_equal(kvr__pcache_plan(c, 0, 1, pairs, 3, &r.req, plans,
+                                      &bytes, &e1, &err),
                      KVR_OK);
     /* one class: every layer shares one plan, the bytes count each */
     assert_ptr_equal(plans[0], plans[1]);
@@ -213,7 +214,7 @@ static void refusal(void **state)
     uint64_t bytes = 1;
     kvr__pentry_t *e = NULL;
     kvr_error_t err = {0};
-    assert_int_not_equal(kvr__pcache_plan(c, 0, pairs, 2, &r.req, plans,
+    assert_int_not_equal(kvr__pcache_plan(c, 0, 0, pairs, 2, &r.req, plans,
                                           &bytes, &e, &err),
                          KVR_OK);
     assert_non_null(strstr(err.msg, "7"));
