@@ -291,6 +291,7 @@ void kvr_agent_destroy(kvr_agent_t *a)
     }
     kvr__send_free_all(a);
     kvr__recv_free_all(a);
+    kvr__pcache_destroy(a->pcache);
     kvr__alink_free_all(a);
     kvr__pdir_free_all(a);
     kvr__loop_fini(a);

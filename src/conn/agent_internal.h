@@ -19,6 +19,7 @@
 #include "data.h"
 #include "gpu_path.h"
 #include "link.h"
+#include "plan_cache.h"
 
 #define KVR_AGENT_MAX_REGIONS 1024u
 #define KVR_AGENT_MAX_LINKS 1024u
@@ -233,7 +234,7 @@ typedef struct kvr__pull {
     size_t ndst;
     uint64_t num_tokens, num_computed;
     uint64_t arrived_ns, deadline_ns, release_by_ns;
-    kvr_plan_set_t *plans;
+    kvr__pentry_t *plans; /* from the agent's plan cache */
     kvr__dseg_t *segs;
     size_t nsegs;
     kvr__dcursor_t cur;
@@ -318,7 +319,7 @@ typedef struct kvr__cstage {
     uint64_t expect_bytes;
     /* this stage's part of our regions, planned as the producer plans it:
      * byte counts, and the stream order staged chunks unpack in */
-    kvr_plan_set_t *plans;
+    kvr__pentry_t *plans; /* from the agent's plan cache */
     kvr__dseg_t *segs;
     size_t nsegs;
     uint64_t unpacked;                   /* staged stream bytes unpacked */
@@ -427,6 +428,7 @@ typedef struct kvr__frame_fault {
 
 struct kvr_agent {
     kvr_agent_params_t p;
+    kvr__pcache_t *pcache; /* plans by key (plan_cache.h), made on first use */
     kvr_wire_id_t instance;
     uint64_t incarnation;
     uint8_t key[KVR_WIRE_KEY_BYTES];
@@ -740,5 +742,14 @@ uint64_t kvr__agent_chunks(kvr_agent_t *a);
  * peer's BYE), with the last one's status and reason. */
 uint32_t kvr__agent_refusals(kvr_agent_t *a, kvr_status_t *status, char *why,
                              size_t cap);
+
+/* Pair-plans pairs[0..n) for producer rank prank, consumer rank crank and
+ * req into segs[i].plan through the agent's plan cache (made on first
+ * use); *ref keeps them alive. */
+kvr_status_t kvr__agent_plan(kvr_agent_t *a, uint32_t prank, uint32_t crank,
+                             const kvr_region_pair_t *pairs, size_t n,
+                             const kvr_request_t *req, kvr__dseg_t *segs,
+                             uint64_t *bytes, kvr__pentry_t **ref,
+                             kvr_error_t *err);
 
 #endif

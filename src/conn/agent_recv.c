@@ -58,7 +58,7 @@ static void creq_free(kvr_agent_t *a, kvr__creq_t *r)
             st->link->users--;
         kvr__staged_free(a, st);
         kvr__gpu_runs_free(st->gruns);
-        kvr_plan_set_destroy(st->plans);
+        kvr__pcache_release(st->plans);
         free(st->segs);
     }
     free(r->dst);
@@ -199,14 +199,11 @@ static kvr_status_t plan_stage(kvr_agent_t *a, const kvr__creq_t *r,
     uint32_t prank, crank;
     pair_ranks(a, s, &prank, &crank);
     if (st == KVR_OK)
-        st = kvr_plan_set_create_pair(&a->p.layout, prank, crank, pairs, n,
-                                      &req, &s->plans, err);
+        st = kvr__agent_plan(a, prank, crank, pairs, n, &req, s->segs,
+                             &s->expect_bytes, &s->plans, err);
     else
         kvr_error_set(err, st, "no memory");
-    for (size_t i = 0; st == KVR_OK && i < n; i++)
-        s->segs[i].plan = kvr_plan_set_plan_of(s->plans, i);
     s->nsegs = st == KVR_OK ? n : 0;
-    s->expect_bytes = st == KVR_OK ? kvr_plan_set_total_bytes(s->plans) : 0;
     s->layer_lo = s->layer_next = lo; /* streaming: counted per group */
     s->layer_hi = hi;
     free(src);

@@ -110,7 +110,7 @@ static void pull_free(kvr__pull_t *p)
     kvr__gpu_runs_free(p->runs); /* stream-ordered after the job */
     if (p->link != NULL)
         p->link->users--;
-    kvr_plan_set_destroy(p->plans);
+    kvr__pcache_release(p->plans);
     free(p->segs);
     free(p->dst);
     free(p->slots);
@@ -185,12 +185,11 @@ static kvr_status_t plan_pull(kvr_agent_t *a, const kvr__preq_t *r,
     /* the pair plan of (our rank, its rank) on our regions' axis: with an
      * unsharded producer, the plan of its DCP rank (docs/design.md §18) */
     bool tp = a->axis == KVR_AXIS_TP;
+    uint64_t bytes = 0;
     if (st == KVR_OK)
-        st = kvr_plan_set_create_pair(
-            &a->p.layout, tp ? a->p.topo.tp_rank : a->p.topo.dcp_rank,
-            tp ? p->consumer_tp : p->dcp_rank, pairs, n, &req, &p->plans, err);
-    for (uint32_t i = 0; st == KVR_OK && i < n; i++)
-        p->segs[i].plan = kvr_plan_set_plan_of(p->plans, i);
+        st = kvr__agent_plan(a, tp ? a->p.topo.tp_rank : a->p.topo.dcp_rank,
+                             tp ? p->consumer_tp : p->dcp_rank, pairs, n, &req,
+                             p->segs, &bytes, &p->plans, err);
     p->nsegs = st == KVR_OK ? n : 0;
     free(pairs);
     return st;

@@ -16,6 +16,7 @@
 
 static const char bench_usage[] =
     "usage: kvrelay bench [--reps N] [--out FILE.json] [options]\n"
+    "       kvrelay bench serving [options] (see kvrelay bench serving --help)\n"
     "Runs `kvrelay demo` with --executor direct and staged, N times each\n"
     "(default 3, interleaved), every run verified byte-exact; prints\n"
     "min/median/max GB/s per executor and the ratio to the best median.\n";
@@ -119,6 +120,8 @@ static int report(const bench_t *b, double rates[2][MAX_REPS])
 
 int cli_cmd_bench(int argc, char **argv)
 {
+    if (argc > 1 && strcmp(argv[1], "serving") == 0)
+        return cli_cmd_bench_serving(argc - 1, argv + 1);
     bench_t *b = calloc(1, sizeof(*b));
     static double rates[2][MAX_REPS];
     if (b == NULL)

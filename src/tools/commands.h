@@ -17,6 +17,7 @@ int cli_cmd_serve(int argc, char **argv);
 int cli_cmd_push(int argc, char **argv);
 int cli_cmd_demo(int argc, char **argv);
 int cli_cmd_bench(int argc, char **argv);
+int cli_cmd_bench_serving(int argc, char **argv);
 int cli_cmd_capacity(int argc, char **argv);
 int cli_cmd_inspect(int argc, char **argv);
 int cli_cmd_store(int argc, char **argv);

@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# GPU runs of `kvrelay bench serving` (bench/results/serving-gpu-*.json): the trace through
+# prefill stages and decode ranks whose KV is in GPU memory (gpu-direct through CUDA IPC; every
+# process on one GPU, or spread over the GPUs lent), the ceiling and the one-block round trip of
+# the same run; then the same trace with KV in host memory on that machine, for comparison.
+# Expects .devlibs/ (not tracked) holding build/kvrelay from a CUDA release build and root/ with
+# Debian 12 libucx0 libsodium23 libjansson4 libnuma1 (dpkg -x); run it from the repo root.
+# Results go to $OUT (the device run's folder), else bench/results.
+set -u
+D=${DEVLIBS:-.devlibs}; D=$(cd "$D" && pwd)
+export LD_LIBRARY_PATH=$D/root/usr/lib/x86_64-linux-gnu UCX_MODULE_DIR=$D/root/usr/lib/x86_64-linux-gnu/ucx
+export CUDA_MODULE_LOADING=EAGER # the first launch in a process must not wait for the device
+B=$D/build
+R=${OUT:-bench/results}; mkdir -p "$R"
+DAY=$(date -u +%F)
+nvidia-smi -L; nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
+TRACE=(--requests 16 --tokens-dist uniform:2048:16384 --timeout 500)
+run() { # run NAME ARGS...: one bench serving run, its JSON and log in $R
+  local name=$1; shift
+  echo "== kvrelay bench serving $* ($name)"
+  timeout 560 "$B/kvrelay" bench serving "$@" --json "$R/serving-$name-$DAY.json" \
+    > "$R/serving-$name-$DAY.log" 2>&1
+  echo "rc=$?"; tail -12 "$R/serving-$name-$DAY.log"
+  if python3 -c "import matplotlib" 2>/dev/null && [ -s "$R/serving-$name-$DAY.json" ]; then
+    PYTHONPATH=python KVRELAY_LIB=$D/build/libkvrelay.so \
+      python3 -m kvrelay.plot "$R/serving-$name-$DAY.json" -o "$R/serving-$name-$DAY.png"
+  fi
+}
+# ratio, gaps and the one-block round trip, all requests at once
+run gpu --device cuda "${TRACE[@]}"
+# streaming against not, with a prefill of 1 ms per layer per 1k tokens, Poisson arrivals
+run gpu-stream --device cuda "${TRACE[@]}" --stream both \
+  --prefill-us-per-layer-per-ktoken 1000 --rate 3
+# the same trace with KV in host memory on this machine (UCX shared memory)
+run host-h200 --transport shm "${TRACE[@]}"
