@@ -54,6 +54,15 @@ grep 'kvrelay:' "$OUT/build.log"
 echo "== build rc=$rc in $(($(date +%s) - t0)) s"
 [ $rc = 0 ] || { tail -30 "$OUT/build.log"; exit 1; }
 fail=0
+if [ "${SERVING:-0}" = 1 ]; then # bench serving's GPU form first (bench/gpu/serving.sh)
+  echo "== bench serving"
+  KVRELAY_BUILD=$B OUT=$OUT bash bench/gpu/serving.sh || fail=1
+fi
+if [ "${BENCH:-1}" = 1 ]; then # the GPU network benchmark (gpu-network.json)
+  echo "== benchmark"
+  timeout "${BENCH_S:-120}" "$B/bench/bench_gpu_net" --tokens "${TOKENS:-65536}" --reps "${REPS:-5}" \
+      --out "$OUT/gpu-network.json" 2>&1 | tee "$OUT/bench.log" || fail=1
+fi
 echo "== device tests"
 (cd "$B" && timeout "${SUITE_S:-240}" ctest -j4 -R "${TESTS:-test_gpu|test_xfer_(loopback|ucx)}" \
     --timeout "${TEST_S:-60}" --output-on-failure) > "$OUT/tests.log" 2>&1 || fail=1
@@ -72,8 +81,4 @@ demo --device cuda --transport tcp ${NET_DEMO:-}
 demo --device cuda --transport tcp --executor staged ${NET_DEMO:-}
 demo --device cuda --producer-dcp 2 --dcp 4
 demo --device cuda --model gqa --dcp 1 --producer-tp 2 --tp 8
-[ "${BENCH:-1}" = 1 ] || exit $fail
-echo "== benchmark"
-timeout "${BENCH_S:-120}" "$B/bench/bench_gpu_net" --tokens "${TOKENS:-65536}" --reps "${REPS:-5}" \
-    --out "$OUT/gpu-network.json" 2>&1 | tee "$OUT/bench.log" || fail=1
 exit $fail

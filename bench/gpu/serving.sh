@@ -3,14 +3,22 @@
 # prefill stages and decode ranks whose KV is in GPU memory (gpu-direct through CUDA IPC; every
 # process on one GPU, or spread over the GPUs lent), the ceiling and the one-block round trip of
 # the same run; then the same trace with KV in host memory on that machine, for comparison.
-# Expects .devlibs/ (not tracked) holding build/kvrelay from a CUDA release build and root/ with
-# Debian 12 libucx0 libsodium23 libjansson4 libnuma1 (dpkg -x); run it from the repo root.
-# Results go to $OUT (the device run's folder), else bench/results.
+# With KVRELAY_BUILD (a build folder, as bench/gpu/build-and-run.sh makes and calls it with,
+# its libraries already on LD_LIBRARY_PATH) it runs $KVRELAY_BUILD/bin/kvrelay; otherwise it expects
+# .devlibs/ (not tracked) holding build/kvrelay from a CUDA release build and root/ with Debian 12
+# libucx0 libsodium23 libjansson4 libnuma1 (dpkg -x). Run it from the repo root. RUN_S bounds each
+# run (seconds); HOST=0 skips the host-memory run. Results go to $OUT, else bench/results.
 set -u
-D=${DEVLIBS:-.devlibs}; D=$(cd "$D" && pwd)
-export LD_LIBRARY_PATH=$D/root/usr/lib/x86_64-linux-gnu UCX_MODULE_DIR=$D/root/usr/lib/x86_64-linux-gnu/ucx
 export CUDA_MODULE_LOADING=EAGER # the first launch in a process must not wait for the device
-B=$D/build
+if [ -n "${KVRELAY_BUILD:-}" ]; then
+  B=$KVRELAY_BUILD/bin
+  LIBKVR=$(find "$KVRELAY_BUILD" -name libkvrelay.so | head -1)
+else
+  D=${DEVLIBS:-.devlibs}; D=$(cd "$D" && pwd)
+  export LD_LIBRARY_PATH=$D/root/usr/lib/x86_64-linux-gnu UCX_MODULE_DIR=$D/root/usr/lib/x86_64-linux-gnu/ucx
+  B=$D/build
+  LIBKVR=$D/build/libkvrelay.so
+fi
 R=${OUT:-bench/results}; mkdir -p "$R"
 DAY=$(date -u +%F)
 nvidia-smi -L; nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
@@ -18,11 +26,11 @@ TRACE=(--requests 16 --tokens-dist uniform:2048:16384 --timeout 500)
 run() { # run NAME ARGS...: one bench serving run, its JSON and log in $R
   local name=$1; shift
   echo "== kvrelay bench serving $* ($name)"
-  timeout 560 "$B/kvrelay" bench serving "$@" --json "$R/serving-$name-$DAY.json" \
+  timeout "${RUN_S:-560}" "$B/kvrelay" bench serving "$@" --json "$R/serving-$name-$DAY.json" \
     > "$R/serving-$name-$DAY.log" 2>&1
   echo "rc=$?"; tail -12 "$R/serving-$name-$DAY.log"
   if python3 -c "import matplotlib" 2>/dev/null && [ -s "$R/serving-$name-$DAY.json" ]; then
-    PYTHONPATH=python KVRELAY_LIB=$D/build/libkvrelay.so \
+    PYTHONPATH=python KVRELAY_LIB=$LIBKVR \
       python3 -m kvrelay.plot "$R/serving-$name-$DAY.json" -o "$R/serving-$name-$DAY.png"
   fi
 }
@@ -32,4 +40,4 @@ run gpu --device cuda "${TRACE[@]}"
 run gpu-stream --device cuda "${TRACE[@]}" --stream both \
   --prefill-us-per-layer-per-ktoken 1000 --rate 3
 # the same trace with KV in host memory on this machine (UCX shared memory)
-run host-h200 --transport shm "${TRACE[@]}"
+[ "${HOST:-1}" = 1 ] && run host-h200 --transport shm "${TRACE[@]}"
