@@ -211,8 +211,10 @@ static bool next_cmd(ch_t *h, char *line, size_t cap)
             return false;
         if (!wait_until(h, now_ns() + WAIT_SLICE_NS, true))
             continue;
-        ssize_t r = read(h->ctl, h->ctl_buf + h->ctl_len,
-                         sizeof(h->ctl_buf) - 1 - h->ctl_len);
+        size_t room = sizeof(h->ctl_buf) - 1 - h->ctl_len;
+        if (h->ctl_len >= sizeof(h->ctl_buf) - 1 || room == 0)
+            return false; /* a command line longer than the buffer */
+        ssize_t r = read(h->ctl, h->ctl_buf + h->ctl_len, room);
         if (r <= 0 && !(r < 0 && errno == EINTR))
             return false;
         h->ctl_len += r > 0 ? (size_t)r : 0;
