@@ -490,22 +490,6 @@ static kvr_status_t pack_next(kvr_agent_t *a, kvr__pull_t *p, uint32_t c,
     return st;
 }
 
-static kvr_status_t chunk_msg(kvr_agent_t *a, kvr__pull_t *p, uint32_t slot,
-                              uint64_t len)
-{
-    kvr_msg_t m = {.type = KVR_MSG_CHUNK_DONE};
-    kvr_msg_chunk_done_t *d = &m.u.chunk_done;
-    d->request_id = p->request;
-    d->pp_rank = a->p.topo.pp_rank;
-    d->tp_rank = a->p.topo.tp_rank;
-    d->write_nonce = p->nonce;
-    d->chunk = p->chunks;
-    d->slot = slot;
-    d->offset = p->sent_off;
-    d->bytes = len;
-    return kvr__alink_send(a, p->link, &m);
-}
-
 /* One chunk: packed (the kernel launched one chunk ahead, on the agent's
  * stream after the engine's events), the next one's pack launched, then
  * the put and its flush overlap that pack. */
@@ -528,7 +512,7 @@ static kvr_status_t staged_chunk(kvr_agent_t *a, kvr__pull_t *p,
         st = kvr__data_put_flush(l->data,
                                  (uint8_t *)l->gpack + (p->chunks & 1) * slot,
                                  n, sm->mapping, s * slot, p->deadline_ns, err);
-    if (st == KVR_OK && chunk_msg(a, p, s, n) != KVR_OK)
+    if (st == KVR_OK && kvr__staged_chunk_done(a, p, s, n) != KVR_OK)
         st = kvr_error_set(err, KVR_ERR_PEER_DEAD, "consumer link lost");
     *len = n;
     return st;

@@ -652,6 +652,10 @@ kvr_status_t kvr__staged_choose(kvr_agent_t *a, kvr__pull_t *p,
                                 kvr_error_t *err);
 /* Producer: chunks of a staged pull while its window allows; *done once
  * the last chunk went out. */
+/* Producer: CHUNK_DONE for the pull's current chunk (host or GPU staging):
+ * `len` bytes at the pull's sent offset are in consumer slot `slot`. */
+kvr_status_t kvr__staged_chunk_done(kvr_agent_t *a, kvr__pull_t *p,
+                                    uint32_t slot, uint64_t len);
 kvr_status_t kvr__staged_slice(kvr_agent_t *a, kvr__pull_t *p, uint64_t *moved,
                                bool *done, kvr_error_t *err);
 /* Is the region one that moves (neither STAGING nor consumer-only)? */

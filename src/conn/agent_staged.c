@@ -143,8 +143,8 @@ kvr_status_t kvr__staged_choose(kvr_agent_t *a, kvr__pull_t *p,
     return KVR_OK;
 }
 
-static kvr_status_t chunk_done(kvr_agent_t *a, kvr__pull_t *p, uint32_t slot,
-                               uint64_t len)
+kvr_status_t kvr__staged_chunk_done(kvr_agent_t *a, kvr__pull_t *p,
+                                    uint32_t slot, uint64_t len)
 {
     kvr_msg_t m = {.type = KVR_MSG_CHUNK_DONE};
     kvr_msg_chunk_done_t *d = &m.u.chunk_done;
@@ -183,7 +183,7 @@ kvr_status_t kvr__staged_slice(kvr_agent_t *a, kvr__pull_t *p, uint64_t *moved,
         st = kvr__data_send_chunk(l->data, p->segs, p->nsegs, p->sent_off, len,
                                   sm->mapping, slot * slot_bytes,
                                   p->deadline_ns, err);
-        if (st == KVR_OK && chunk_done(a, p, slot, len) != KVR_OK)
+        if (st == KVR_OK && kvr__staged_chunk_done(a, p, slot, len) != KVR_OK)
             st = kvr_error_set(err, KVR_ERR_PEER_DEAD, "consumer link lost");
         if (st == KVR_OK) {
             p->sent_off += len;
