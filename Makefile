@@ -31,7 +31,7 @@ tsan: deps
 	  -DKVR_TSAN=ON -DKVR_FUZZ=OFF -DKVR_CUDA=OFF -DCMAKE_C_COMPILER=clang
 	cmake --build $(TSAN_BUILD) -j $(JOBS) --target test_agent \
 	  test_agent_faults test_agent_threads test_agent_keys test_agent_notify test_agent_staged test_agent_stream \
-	  test_agent_regions test_agent_hostile test_agent_fanin test_xfer_loopback test_store_faults \
+	  test_agent_regions test_agent_hostile test_agent_fanin test_agent_churn test_xfer_loopback test_store_faults \
 	  test_store_conn
 
 test-release: build

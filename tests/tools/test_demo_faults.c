@@ -153,11 +153,12 @@ static void expect_fault(const char *fault, const char *status,
     double secs;
     json_t *root = run_demo(args, &code, &secs);
     assert_int_equal(code, 1);
-    /* every rank loaded the other requests; a rank the fault killed may
-     * have died before checking them, every survivor verified them */
+    /* every survivor loaded and verified the other requests; a rank the
+     * fault killed may have died before loading them (its ASSIGN for req-2
+     * can arrive first on a loaded machine), and failed none of them */
     int survivors = killed != NULL && strncmp(killed, "rank", 4) == 0 ? 1 : 2;
     for (int i = 0; i < 2; i++) {
-        assert_int_equal(loaded_ranks(root, i), 2);
+        assert_true(loaded_ranks(root, i) >= survivors);
         assert_true(verified_ranks(root, i) >= survivors);
         assert_string_equal(failure(root, i), "");
     }
