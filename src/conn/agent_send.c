@@ -869,13 +869,16 @@ static uint64_t turn_bound(const kvr__pull_t *p)
 
 /* A streamed pull's group is in place: LAYERS_DONE, then its next group
  * if there is one (waiting off the active list until its layers are
- * ready). */
+ * ready). *last says the group just done was the pull's last: decided
+ * before the next group is set up, since a next group that is ready at
+ * once moves p->group_end on (to layer_hi when it is the last one). */
 static kvr_status_t next_group(kvr_agent_t *a, const kvr__preq_t *r,
-                               kvr__pull_t *p, kvr_error_t *err)
+                               kvr__pull_t *p, bool *last, kvr_error_t *err)
 {
     if (kvr__stream_group_done(a, p) != KVR_OK)
         return kvr_error_set(err, KVR_ERR_PEER_DEAD, "consumer link lost");
-    if (p->group_end >= p->layer_hi)
+    *last = p->group_end >= p->layer_hi;
+    if (*last)
         return KVR_OK;
     if (r == NULL) /* defensive: an active pull's request is live */
         return kvr_error_set(err, KVR_ERR_CANCELED, "request gone");
@@ -913,9 +916,10 @@ static bool slice(kvr_agent_t *a, kvr__pull_t *p, uint64_t *moved)
         st = kvr__data_flush(p->link->data, turn_bound(p), &err);
     if (st == KVR_ERR_TIMEOUT && kvr_now_ns() < p->deadline_ns)
         return false; /* flushed again next turn */
+    bool last = true; /* not streamed: the one group is the whole pull */
     if (st == KVR_OK && p->stream)
-        st = next_group(a, r, p, &err);
-    if (st == KVR_OK && p->group_end < p->layer_hi && p->stream)
+        st = next_group(a, r, p, &last, &err);
+    if (st == KVR_OK && !last)
         return p->wait_layers; /* on with the next group, or off the list */
     unlist_active(a, p);
     answer(a, p, st, err.msg);

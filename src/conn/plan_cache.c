@@ -38,17 +38,9 @@ struct kvr__pcache {
     uint64_t hits, misses;
 };
 
-/* A flag read as its byte: descriptors decoded from a peer's REGIONS
- * leave fields the wire does not carry unset, and loading an unset bool is
- * undefined. */
-static bool flag(const bool *b)
-{
-    unsigned char c;
-    memcpy(&c, b, 1);
-    return c != 0;
-}
-
-/* Every field but the layer. */
+/* Every field but the layer. Each is set: ours as registered, a peer's
+ * decoded from REGIONS, which carries every field (the dense head
+ * geometry too) into a zeroed record. */
 static bool same_desc(const kvr_region_desc_t *a, const kvr_region_desc_t *b)
 {
     return a->role == b->role && a->num_blocks == b->num_blocks &&
@@ -56,7 +48,7 @@ static bool same_desc(const kvr_region_desc_t *a, const kvr_region_desc_t *b)
            a->quant_block == b->quant_block && a->bytes == b->bytes &&
            a->heads == b->heads && a->head_dim == b->head_dim &&
            a->elem_bytes == b->elem_bytes && a->kv_planes == b->kv_planes &&
-           flag(&a->hnd) == flag(&b->hnd);
+           a->hnd == b->hnd;
 }
 
 /* Pairs of one class: the same geometry on both sides, each pairing a
@@ -83,7 +75,7 @@ static uint64_t hash_desc(uint64_t h, const kvr_region_desc_t *d)
     h = mix(h, d->bytes);
     h = mix(h, ((uint64_t)d->heads << 32) | d->head_dim);
     h = mix(h, ((uint64_t)d->elem_bytes << 32) | d->kv_planes);
-    return mix(h, flag(&d->hnd));
+    return mix(h, d->hnd);
 }
 
 static uint64_t hash_ids(uint64_t h, const uint32_t *ids, size_t n)

@@ -491,7 +491,9 @@ kvr_status_t kvr_wire_decode(const void *buf, size_t len, kvr_msg_t *out,
     kvr_msg_t m;
     memset(&m, 0, sizeof(m));
     m.type = (kvr_msg_type_t)h.type;
-    if (need && (m.priv_arena = malloc(need)) == NULL)
+    /* zeroed: a record's padding, and any member its schema does not
+     * carry, read as 0 rather than as whatever the heap held */
+    if (need && (m.priv_arena = calloc(1, need)) == NULL)
         return kvr_error_set(err, KVR_ERR_NO_MEMORY,
                              "%s: no memory for %zu bytes", r->name, need);
     s = decode_pass(r, payload, h.length, m.priv_arena, &m.u, &used, err);

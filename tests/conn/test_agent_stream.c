@@ -3,6 +3,7 @@
  * recv.stream. Every layer group is verified byte for byte as its
  * LAYERS_LOADED arrives, and the layers not yet ready are checked still
  * untouched; groups made ready out of order, late, or all before the pull;
+ * a stage's last layer made ready while its previous group is in flight;
  * staged chunks; a stage that speaks protocol 3.0; a fault between groups
  * (a stage lost, a producer abort, the deadline) fails the request with no
  * LOADED; without stream nothing changes. Over the loopback data plane,
@@ -89,8 +90,9 @@ static void verify_layer(world_t *w, const ah_agent_t *c, const ah_req_t *r,
     assert_true(checked > 0);
 }
 
-/* No byte of layer l has landed on rank c (regions start zeroed). */
-static void untouched(const ah_agent_t *c, uint32_t l)
+/* The first byte of layer l that has landed on rank c (regions start
+ * zeroed), or UINT64_MAX. */
+static uint64_t first_landed(const ah_agent_t *c, uint32_t l)
 {
     for (uint32_t i = 0; i < c->n; i++) {
         if (c->desc[i].layer != l || c->desc[i].role == KVR_ROLE_STAGING)
@@ -99,10 +101,19 @@ static void untouched(const ah_agent_t *c, uint32_t l)
         uint64_t n = kvr_region_bytes(&c->desc[i]);
         for (uint64_t k = 0; k < n; k++)
             if (b[k] != 0)
-                fail_msg("rank %u layer %u: byte %llu written before the "
-                         "layer was ready",
-                         c->rank, l, (unsigned long long)k);
+                return k;
     }
+    return UINT64_MAX;
+}
+
+/* No byte of layer l has landed on rank c. */
+static void untouched(const ah_agent_t *c, uint32_t l)
+{
+    uint64_t k = first_landed(c, l);
+    if (k != UINT64_MAX)
+        fail_msg("rank %u layer %u: byte %llu written before the layer was "
+                 "ready",
+                 c->rank, l, (unsigned long long)k);
 }
 
 /* The stream's bookkeeping once r loaded on c: every layer reported by
@@ -285,6 +296,56 @@ static void test_staged(void **state)
     world_free(w);
 }
 
+/* Puts complete (flush) this late, long past the few turns it takes the
+ * loop to take in another send_ready. */
+static void slow_flush(kvr_agent_params_t *p)
+{
+    p->loopback.delay_ms = 1500;
+}
+
+/* Wait until bytes of layer l landed on both ranks (the loopback copies at
+ * the put; the flush completes later). */
+static void wait_landed(world_t *w, uint32_t l)
+{
+    uint64_t end = ah_now_ms() + AH_WAIT_MS;
+    for (uint32_t c = 0; c < 2; c++)
+        while (first_landed(&w->cons[c], l) == UINT64_MAX) {
+            if (ah_now_ms() >= end)
+                fail_msg("rank %u: no byte of layer %u landed", c, l);
+            ah_settle(group(w), 2, 10);
+        }
+}
+
+/* The last layer of a stage made ready while its previous group is still
+ * in flight (put, flush pending): that group ends as it started ([0, 1)),
+ * and the last layer still moves as a group of its own before WRITE_DONE,
+ * rather than the stage answering once the group cursor reached the end. */
+static void test_last_layer_ready_mid_group(void **state)
+{
+    (void)state;
+    ah_req_t r;
+    world_t *w = streaming(&r, slow_flush, NULL, 0, true, 0);
+    ready(w, &r, 0);
+    wait_landed(w, 0); /* both pulls moving group [0, 1) */
+    for (uint32_t c = 0; c < 2; c++)
+        assert_int_equal(covered(&w->cons[c], &r, 0), 0); /* not flushed */
+    ready(w, &r, 1);
+    ready(w, &r, 2);
+    wait_landed(w, 2);
+    ready(w, &r, 3);
+    expect_loaded(w, 0, &r);
+    for (uint32_t c = 0; c < 2; c++) {
+        assert_int_equal(group_at(&w->cons[c], &r, 0)->layer_end, 1);
+        assert_int_equal(group_at(&w->cons[c], &r, 1)->layer_end, 2);
+        assert_int_equal(group_at(&w->cons[c], &r, 2)->layer_end, 3);
+        assert_int_equal(group_at(&w->cons[c], &r, 3)->layer_end, 4);
+        for (uint32_t l = 0; l < LAYERS; l++)
+            verify_layer(w, &w->cons[c], &r, l);
+        expect_every_layer_once(&w->cons[c], &r);
+    }
+    world_free(w);
+}
+
 static void old_stage(world_t *w)
 {
     kvr__agent_speak_3_0(w->prod[0][1].agent);
@@ -434,6 +495,7 @@ int main(void)
         cmocka_unit_test(test_out_of_order),
         cmocka_unit_test(test_ready_before_pull),
         cmocka_unit_test(test_staged),
+        cmocka_unit_test(test_last_layer_ready_mid_group),
         cmocka_unit_test(test_stage_without_streaming),
         cmocka_unit_test(test_stage_lost_between_groups),
         cmocka_unit_test(test_abort_between_groups),

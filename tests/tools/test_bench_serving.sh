@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Smoke test of `kvrelay bench serving` (tiny sizes): every bad flag is
-# refused with exit 2 naming its value; a small run with both passes,
+# refused with exit 2 naming its value; a small run with both passes, a
+# simulated prefill (layers made ready one by one while pulls stream),
 # Poisson arrivals and a destination pool small enough that blocks are
 # reused (verify-before-reuse) exits 0 with every request verified,
 # LAYERS_LOADED only in the streaming pass, and the JSON fields in place.
@@ -47,12 +48,8 @@ refused "--pool-tokens 64" "${small[@]}" --tokens-dist fixed:300 --pool-tokens 6
 refused "$dir/no/such.json" --json "$dir/no/such.json"
 
 printf '# lengths\n300 60 200\n' >"$dir/lengths.txt"
-# No simulated prefill here: with layers made ready one by one while a pull
-# streams, a stage's last group is now and then missing at WRITE_DONE
-# (LOAD_FAILED "WRITE_DONE with layers [2, 3) of [2, 4) counted"), a fault
-# of the agent's streaming that this test is not about.
 "$cli" bench serving "${small[@]}" --requests 4 --tokens-dist "$dir/lengths.txt" \
-  --rate 400 --layer-group 1 \
+  --rate 400 --prefill-us-per-layer-per-ktoken 200 --layer-group 1 \
   --pool-tokens 512 --stream both --json "$dir/out.json" >"$dir/stdout" 2>"$dir/stderr" \
   || fail "small run failed: $(cat "$dir/stdout" "$dir/stderr")"
 grep -q "ratio to ceiling" "$dir/stdout" || fail "no table: $(cat "$dir/stdout")"

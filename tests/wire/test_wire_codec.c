@@ -139,6 +139,57 @@ static void test_decoded_fields(void **state)
     kvr_msg_free(NULL);
 }
 
+/* Every field of a region descriptor, the flag read as a bool. The
+ * samples' values are not zero, so a field the decoder skipped differs. */
+static void expect_same_desc(const kvr_region_desc_t *a,
+                             const kvr_region_desc_t *b)
+{
+    assert_int_equal(a->role, b->role);
+    assert_int_equal(a->layer, b->layer);
+    assert_int_equal(a->num_blocks, b->num_blocks);
+    assert_int_equal(a->page_bytes, b->page_bytes);
+    assert_int_equal(a->index_dim, b->index_dim);
+    assert_int_equal(a->quant_block, b->quant_block);
+    assert_int_equal(a->bytes, b->bytes);
+    assert_int_equal(a->heads, b->heads);
+    assert_int_equal(a->head_dim, b->head_dim);
+    assert_int_equal(a->elem_bytes, b->elem_bytes);
+    assert_int_equal(a->kv_planes, b->kv_planes);
+    assert_true(a->hnd == b->hnd);
+}
+
+/* REGIONS sets every descriptor field it carries, the dense head geometry
+ * included (the agent plans and keys its plan cache on all of them). */
+static void test_decoded_regions(void **state)
+{
+    (void)state;
+    kvr_msg_t m, d;
+    kvr_sample_msg(KVR_MSG_REGIONS, &m);
+    kvr_wire_region_t regs[4];
+    memcpy(regs, m.u.regions.regions, 3 * sizeof(regs[0]));
+    regs[3] = (kvr_wire_region_t){.desc = {.role = KVR_ROLE_DENSE,
+                                           .layer = 7,
+                                           .num_blocks = 64,
+                                           .page_bytes = 2 * 16 * 8 * 128 * 2,
+                                           .heads = 8,
+                                           .head_dim = 128,
+                                           .elem_bytes = 2,
+                                           .kv_planes = 2,
+                                           .hnd = true},
+                                  .base = 0x7f0020000000ull,
+                                  .memory = KVR_WIRE_MEM_HOST};
+    m.u.regions.regions = regs;
+    m.u.regions.num_regions = 4;
+    size_t len;
+    uint8_t *buf = encode(&m, &len);
+    assert_int_equal(kvr_wire_decode(buf, len, &d, NULL), KVR_OK);
+    free(buf);
+    assert_int_equal(d.u.regions.num_regions, 4);
+    for (uint32_t i = 0; i < 4; i++)
+        expect_same_desc(&d.u.regions.regions[i].desc, &regs[i].desc);
+    kvr_msg_free(&d);
+}
+
 static void truncations(const kvr_msg_t *m, const uint8_t *buf, size_t len)
 {
     (void)m;
@@ -286,6 +337,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_round_trip),
         cmocka_unit_test(test_decoded_fields),
+        cmocka_unit_test(test_decoded_regions),
         cmocka_unit_test(test_every_truncation),
         cmocka_unit_test(test_header_errors),
         cmocka_unit_test(test_trailing_garbage),
