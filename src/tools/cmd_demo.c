@@ -645,26 +645,59 @@ static void write_manifest(const demo_t *d)
     json_decref(root);
 }
 
+/* What the regions are: MLA with its index, or --model gqa's K/V heads. */
+static void model_label(const demo_cfg_t *c, char *out, size_t cap)
+{
+    if (c->gqa)
+        snprintf(out, cap, "GQA %u KV heads x %u (%s) from producer TP%u",
+                 c->kv_heads, c->head_dim, c->hnd ? "HND" : "NHD",
+                 demo_producer_tp(c));
+    else if (kvr_producer_dcp(&c->lay) > 1)
+        snprintf(out, cap, "%s index, from a producer of W=%u I=%u",
+                 c->lay.replicate_index ? "replicated" : "sharded",
+                 kvr_producer_dcp(&c->lay), kvr_producer_interleave(&c->lay));
+    else
+        snprintf(out, cap, "%s index",
+                 c->lay.replicate_index ? "replicated" : "sharded");
+}
+
+/* How CUDA KV moves: CUDA IPC unless the network path is forced
+ * (docs/agent.md, GPU executors). */
+static const char *cuda_label(const demo_cfg_t *c)
+{
+    if (!c->use_cuda)
+        return "";
+    if (c->tl != KVR_AGENT_TL_TCP)
+        return " control, CUDA gpu-direct data (KV in GPU memory)";
+    return c->exec == KVR_AGENT_EXEC_STAGED
+               ? " control, CUDA gpu-staged data (KV in GPU memory)"
+               : " control, CUDA data by the cost model's pick (KV in GPU "
+                 "memory)";
+}
+
 static int demo_run(demo_t *d)
 {
-    char prod[48] = "", cons[48] = "";
+    char prod[48] = "", cons[48] = "", model[96], ranks[48];
     if (d->cfg.instances > 1)
         snprintf(prod, sizeof(prod), "%u x ", d->cfg.instances);
     if (d->cfg.groups > 1)
         snprintf(cons, sizeof(cons), "%u x ", d->cfg.groups);
+    model_label(&d->cfg, model, sizeof(model));
+    if (d->cfg.gqa) /* heads over TP ranks: W and I do not apply */
+        snprintf(ranks, sizeof(ranks), "TP%u", demo_ranks(&d->cfg));
+    else
+        snprintf(ranks, sizeof(ranks), "W=%u I=%u", demo_ranks(&d->cfg),
+                 d->cfg.lay.interleave);
     fprintf(d->out,
-            "kvrelay demo: %sPP%u prefill (%u layers) -> %sW=%u I=%u "
-            "decode, %s index, %u requests of ~%llu tokens over %s%s\n",
-            prod, d->cfg.pp, d->cfg.layers, cons, demo_ranks(&d->cfg),
-            d->cfg.lay.interleave,
-            d->cfg.lay.replicate_index ? "replicated" : "sharded",
-            d->cfg.requests, (unsigned long long)d->cfg.tokens,
+            "kvrelay demo: %sPP%u prefill (%u layers) -> %s%s "
+            "decode, %s, %u requests of ~%llu tokens over %s%s\n",
+            prod, d->cfg.pp, d->cfg.layers, cons, ranks, model,
+            d->cfg.requests,
+            (unsigned long long)d->cfg.tokens,
             d->cfg.tl == KVR_AGENT_TL_TCP   ? "UCX tcp"
             : d->cfg.tl == KVR_AGENT_TL_SHM ? "UCX shm"
                                             : "UCX",
-            d->cfg.use_cuda
-                ? " control, CUDA gpu-direct data (KV in GPU memory)"
-                : "");
+            cuda_label(&d->cfg));
     fflush(d->out);
     uint64_t deadline = kvr_now_ns() +
                         ((uint64_t)d->cfg.run_timeout_ms + 20000ull) *
