@@ -39,7 +39,8 @@ def _label(run: Dict[str, Any]) -> str:
 
 def gap_cdf(run: Dict[str, Any]) -> Tuple[List[float], List[float]]:
     """Sorted gaps (ms) and their cumulative fractions."""
-    gaps = sorted(float(q["gap_ms"]) for q in run["requests"])
+    gaps = sorted(float(q["gap_ms"]) for q in run["requests"]
+                  if q.get("gap_ms") is not None)  # null: never loaded
     n = len(gaps)
     return gaps, [(i + 1) / n for i in range(n)]
 
@@ -49,6 +50,8 @@ def throughput(run: Dict[str, Any], bins: int = BINS
     """Bin centres (s from the pass's start) and GB/s delivered in each."""
     spans = []
     for q in run["requests"]:
+        if q.get("loaded_ns") is None:  # never loaded: nothing delivered
+            continue
         end = float(q["loaded_ns"]) / 1e9
         start = end - max(float(q.get("transfer_ms", 0.0)), 0.0) / 1e3
         spans.append((max(start, 0.0), end, float(q["bytes"])))

@@ -430,7 +430,7 @@ static json_t *pass_json(const sup_t *s, uint32_t k, double ceiling,
     double *gaps = calloc(s->t.n + 1, sizeof(double));
     double *xfer = calloc(s->t.n + 1, sizeof(double));
     double *whole = calloc(s->t.n + 1, sizeof(double));
-    size_t n = gaps && xfer && whole ? s->t.n : 0;
+    size_t n = gaps && xfer && whole ? s->t.n : 0, m = 0;
     memset(o, 0, sizeof(*o));
     for (uint32_t i = 0; i < s->t.n; i++) {
         const rq_t *q = &rq[i];
@@ -443,29 +443,36 @@ static json_t *pass_json(const sup_t *s, uint32_t k, double ceiling,
         /* its bytes alone at the ceiling's rate: the whole transfer with
          * nothing hidden behind the prefill */
         double all = ceiling > 0 ? (double)q->bytes / ceiling / 1e6 : 0;
-        if (n > 0) {
-            gaps[i] = gap;
-            xfer[i] = tr;
-            whole[i] = all;
+        /* a request some rank never loaded has no gap: left out of the
+         * percentiles, null in its record */
+        bool loaded = q->loaded == s->c.d.lay.dcp_size;
+        if (n > 0 && loaded) {
+            gaps[m] = gap;
+            xfer[m] = tr;
+            whole[m] = all;
+            m++;
         }
         json_t *e = json_pack(
-            "{s:I,s:I,s:I,s:I,s:I,s:I,s:f,s:f,s:f,s:b,s:s}", "index",
+            "{s:I,s:I,s:I,s:I,s:I,s:o,s:o,s:o,s:f,s:b,s:s}", "index",
             (json_int_t)i, "tokens", (json_int_t)s->t.tokens[i], "bytes",
             (json_int_t)q->bytes, "arrival_ns", (json_int_t)s->t.arrival[i],
             "prefill_end_ns", (json_int_t)(q->prefill_end_ns - T0),
-            "loaded_ns", (json_int_t)(q->loaded_ns - T0), "gap_ms", gap,
-            "transfer_ms", tr, "whole_transfer_ms", all, "verified", ok,
-            "failure", q->failure);
+            "loaded_ns",
+            loaded ? json_integer((json_int_t)(q->loaded_ns - T0))
+                   : json_null(),
+            "gap_ms", loaded ? json_real(gap) : json_null(), "transfer_ms",
+            loaded ? json_real(tr) : json_null(), "whole_transfer_ms", all,
+            "verified", ok, "failure", q->failure);
         json_array_append_new(reqs, e);
     }
     uint64_t first = T0 + (s->t.n ? s->t.arrival[0] : 0);
     o->secs = last > first ? (double)(last - first) / 1e9 : 0;
     o->agg = o->secs > 0 ? (double)o->bytes / o->secs / 1e9 : 0;
-    o->gap[0] = pct(gaps, n, 50);
-    o->gap[1] = pct(gaps, n, 90);
-    o->gap[2] = pct(gaps, n, 99);
-    o->transfer_p50 = pct(xfer, n, 50);
-    o->whole_p50 = pct(whole, n, 50);
+    o->gap[0] = pct(gaps, m, 50);
+    o->gap[1] = pct(gaps, m, 90);
+    o->gap[2] = pct(gaps, m, 99);
+    o->transfer_p50 = pct(xfer, m, 50);
+    o->whole_p50 = pct(whole, m, 50);
     free(gaps);
     free(xfer);
     free(whole);
