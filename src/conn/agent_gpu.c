@@ -25,8 +25,9 @@ kvr_status_t kvr__agpu_export(const kvr_agent_t *a, const kvr__aregion_t *g,
     uint32_t ulen = 0;
     if (st == KVR_OK && g->mem != NULL &&
         (st = kvr__dmem_rkey(g->mem, key + r->rkey_len, &ulen)) != KVR_OK)
-        return kvr_error_set(err, st, "packing the transport key of %s "
-                                      "layer %u",
+        return kvr_error_set(err, st,
+                             "packing the transport key of %s "
+                             "layer %u",
                              kvr_role_name(g->desc.role), g->desc.layer);
     r->rkey_len += ulen;
     return st;
@@ -181,8 +182,8 @@ kvr_status_t kvr__agpu_seg_ends(const kvr_agent_t *a, const kvr__pull_t *p,
 
 /* The pull's run table (made once, with the sources and destinations of
  * each of its segs as given), on the agent's stream. */
-kvr_status_t kvr__agpu_runs(kvr_agent_t *a, kvr__pull_t *p, bool src,
-                            bool dst, kvr_error_t *err)
+kvr_status_t kvr__agpu_runs(kvr_agent_t *a, kvr__pull_t *p, bool src, bool dst,
+                            kvr_error_t *err)
 {
     if (p->runs != NULL)
         return KVR_OK;
@@ -230,8 +231,8 @@ kvr_status_t kvr__agpu_slice(kvr_agent_t *a, const kvr__preq_t *r,
 {
     *done = false;
     if (p->job == NULL) {
-        kvr_status_t st =
-            plain(a) ? launch(a, r, p, err) : launch_runs(a, p, err);
+        kvr_status_t st = plain(a) ? launch(a, r, p, err)
+                                   : launch_runs(a, p, err);
         if (st != KVR_OK) {
             kvr__gpu_job_free(p->job);
             p->job = NULL;
@@ -337,11 +338,11 @@ kvr_status_t kvr__agpu_link(kvr_agent_t *a, kvr__alink_t *l,
     l->gfig = (kvr__dgpu_t){0, GPU_LAUNCH_S_DEFAULT, 0};
     if (!sm->net)
         return KVR_OK; /* no gpu-staged to this consumer */
-    kvr_status_t st =
-        kvr__gpu_alloc(a->p.cuda_device, 2 * slot, &l->gpack, err);
+    kvr_status_t st = kvr__gpu_alloc(a->p.cuda_device, 2 * slot, &l->gpack,
+                                     err);
     if (st == KVR_OK)
-        st = kvr__dmem_register_cuda(a->data, l->gpack, 2 * slot,
-                                     &l->gpack_mem, err);
+        st = kvr__dmem_register_cuda(a->data, l->gpack, 2 * slot, &l->gpack_mem,
+                                     err);
     if (st != KVR_OK || a->p.executor != KVR_AGENT_EXEC_AUTO)
         return st; /* a forced choice needs no figures */
     uint64_t probe = (d->num_blocks - 1) * slot;
@@ -383,10 +384,10 @@ static int forced_gpu(kvr_wire_exec_t asked, kvr_agent_exec_t ours)
     default:
         break;
     }
-    return ours == KVR_AGENT_EXEC_DIRECT          ? 1
-           : ours == KVR_AGENT_EXEC_STAGED        ? 2
-           : ours == KVR_AGENT_EXEC_GPU_DIRECT    ? 4
-                                                  : 0;
+    return ours == KVR_AGENT_EXEC_DIRECT       ? 1
+           : ours == KVR_AGENT_EXEC_STAGED     ? 2
+           : ours == KVR_AGENT_EXEC_GPU_DIRECT ? 4
+                                               : 0;
 }
 
 static const char *gpu_exec_name(int k)
@@ -449,11 +450,11 @@ kvr_status_t kvr__agpu_choose(kvr_agent_t *a, kvr__pull_t *p, kvr_error_t *err)
     if (k == 0) {
         kvr__dgpu_t g = l->gfig;
         g.pack_Bps = can & 2 ? g.pack_Bps : 0;
-        g.direct_Bps = !(can & 4)       ? 0
+        g.direct_Bps = !(can & 4)         ? 0
                        : g.direct_Bps > 0 ? g.direct_Bps
                                           : GPU_DIRECT_BPS_DEFAULT;
-        uint64_t slot =
-            l->staging >= 0 ? l->maps[l->staging].desc.page_bytes : 4u << 20;
+        uint64_t slot = l->staging >= 0 ? l->maps[l->staging].desc.page_bytes
+                                        : 4u << 20;
         k = kvr__data_choose_gpu(l->data, 0, &g, p->segs, p->nsegs, slot);
     }
     p->gpu = k == 4;
@@ -481,10 +482,9 @@ static kvr_status_t pack_next(kvr_agent_t *a, kvr__pull_t *p, uint32_t c,
     len = len < slot ? len : slot;
     if (len == 0)
         return KVR_OK;
-    kvr_status_t st = kvr__gpu_runs_copy(p->runs, p->packed_off, len, NULL,
-                                         (uint8_t *)p->link->gpack +
-                                             (c & 1) * slot,
-                                         a->stream, err);
+    kvr_status_t st = kvr__gpu_runs_copy(
+        p->runs, p->packed_off, len, NULL,
+        (uint8_t *)p->link->gpack + (c & 1) * slot, a->stream, err);
     if (st == KVR_OK)
         p->packed_off += len;
     return st;
@@ -493,9 +493,8 @@ static kvr_status_t pack_next(kvr_agent_t *a, kvr__pull_t *p, uint32_t c,
 /* One chunk: packed (the kernel launched one chunk ahead, on the agent's
  * stream after the engine's events), the next one's pack launched, then
  * the put and its flush overlap that pack. */
-static kvr_status_t staged_chunk(kvr_agent_t *a, kvr__pull_t *p,
-                                 uint64_t slot, uint64_t *len,
-                                 kvr_error_t *err)
+static kvr_status_t staged_chunk(kvr_agent_t *a, kvr__pull_t *p, uint64_t slot,
+                                 uint64_t *len, kvr_error_t *err)
 {
     kvr__alink_t *l = p->link;
     const kvr__amap_t *sm = &l->maps[l->staging];

@@ -248,8 +248,8 @@ typedef struct kvr__pull {
     uint64_t sent_off;      /* stream bytes sent as chunks */
     uint32_t chunks, acked; /* chunks sent; acked in order */
     /* gpu-direct (agent_gpu.c) */
-    bool gpu;            /* chosen: scatter kernels via CUDA IPC */
-    kvr__gpu_job_t *job; /* launched, not yet seen complete */
+    bool gpu;              /* chosen: scatter kernels via CUDA IPC */
+    kvr__gpu_job_t *job;   /* launched, not yet seen complete */
     kvr__gpu_runs_t *runs; /* its plan's run table (pair plans; gpu-staged) */
     bool gstaged;          /* staged with GPU packing (CUDA KV) */
     uint64_t packed_off;   /* gpu-staged: stream bytes packed (launched) */
@@ -273,7 +273,7 @@ typedef struct kvr__pull {
 
 typedef struct kvr__group {
     kvr_wire_id_t instance;
-    uint64_t released; /* consumer tp ranks that released */
+    uint64_t released;   /* consumer tp ranks that released */
     uint64_t give_up_ns; /* its pulls' latest deadline plus grace: ranks
                             that never pulled by then are not coming */
     bool done, failed;
@@ -322,7 +322,7 @@ typedef struct kvr__cstage {
     kvr__pentry_t *plans; /* from the agent's plan cache */
     kvr__dseg_t *segs;
     size_t nsegs;
-    uint64_t unpacked;                   /* staged stream bytes unpacked */
+    uint64_t unpacked;      /* staged stream bytes unpacked */
     kvr__gpu_runs_t *gruns; /* CUDA KV: the unpack table (gpu-staged) */
     uint32_t slots[KVR_AGENT_MAX_SLOTS]; /* staging slots granted */
     uint32_t nslots;
@@ -481,11 +481,11 @@ struct kvr_agent {
     kvr__pull_t *active;           /* MOVING pulls, round robin */
     kvr_wire_stage_t *stage_table; /* head: pp_size * tp_size entries */
     /* fan-in (agent_sources.c), fixed at start */
-    kvr_axis_t axis;  /* the ranks our regions are sharded over */
-    uint64_t sources; /* consumer: producer tp ranks we pull from */
-    uint64_t serves;  /* producer: consumer tp ranks we serve */
-    uint32_t served;  /* producer: how many */
-    uint64_t join_retry_ns;        /* non-head stage: next dial of the head */
+    kvr_axis_t axis;        /* the ranks our regions are sharded over */
+    uint64_t sources;       /* consumer: producer tp ranks we pull from */
+    uint64_t serves;        /* producer: consumer tp ranks we serve */
+    uint32_t served;        /* producer: how many */
+    uint64_t join_retry_ns; /* non-head stage: next dial of the head */
     kvr__alink_t *join_link;
     kvr__frame_fault_t fault;
     bool speaks_3_0;             /* tests: HELLO says protocol 3.0 and stream
@@ -682,8 +682,7 @@ kvr_status_t kvr__agpu_link(kvr_agent_t *a, kvr__alink_t *l,
                             const kvr__amap_t *sm, kvr_error_t *err);
 void kvr__agpu_link_free(kvr_agent_t *a, kvr__alink_t *l);
 /* Producer: gpu-direct, gpu-staged or direct puts for a CUDA pull. */
-kvr_status_t kvr__agpu_choose(kvr_agent_t *a, kvr__pull_t *p,
-                              kvr_error_t *err);
+kvr_status_t kvr__agpu_choose(kvr_agent_t *a, kvr__pull_t *p, kvr_error_t *err);
 /* Producer: gpu-staged chunks (kvr__staged_slice's GPU form). */
 kvr_status_t kvr__agpu_staged_slice(kvr_agent_t *a, kvr__pull_t *p,
                                     uint64_t *moved, bool *done,
@@ -706,8 +705,8 @@ kvr_status_t kvr__agpu_seg_ends(const kvr_agent_t *a, const kvr__pull_t *p,
                                 const void **src, void **dst);
 /* The pull's run table, made once on the agent's stream: with our regions
  * as sources (src) and the IPC mappings as destinations (dst). */
-kvr_status_t kvr__agpu_runs(kvr_agent_t *a, kvr__pull_t *p, bool src,
-                            bool dst, kvr_error_t *err);
+kvr_status_t kvr__agpu_runs(kvr_agent_t *a, kvr__pull_t *p, bool src, bool dst,
+                            kvr_error_t *err);
 /* Is any active pull one the loop must work on (not only waiting for its
  * kernels)? */
 bool kvr__agpu_cpu_work(const kvr_agent_t *a);

@@ -66,8 +66,7 @@ kvr_status_t kvr__staged_unpack(kvr_agent_t *a, kvr__cstage_t *s,
     const uint8_t *buf = (const uint8_t *)g->base +
                          (uint64_t)m->slot * g->desc.page_bytes;
     if (g->device) {
-        kvr_status_t st =
-            kvr__agpu_unpack(a, s, m->offset, buf, m->bytes, err);
+        kvr_status_t st = kvr__agpu_unpack(a, s, m->offset, buf, m->bytes, err);
         if (st != KVR_OK)
             return st;
     } else {

@@ -20,7 +20,7 @@
 #include "store_internal.h"
 
 #define PIECE (4u << 20) /* bytes per I/O request */
-#define DEPTH 4u        /* requests in flight */
+#define DEPTH 4u         /* requests in flight */
 
 typedef enum { IO_READ, IO_WRITE } io_dir_t;
 
@@ -180,8 +180,8 @@ kvr_status_t kvr__disk_open(kvr_store_t *st, kvr_error_t *err)
     else
         free(ring); /* not allowed here (seccomp, old kernel): plain I/O */
 #endif
-    st->sum_kind =
-        st->opts.fast_checksum ? KVR__SUM_POLY1305 : KVR__SUM_DEFAULT;
+    st->sum_kind = st->opts.fast_checksum ? KVR__SUM_POLY1305
+                                          : KVR__SUM_DEFAULT;
     return KVR_OK;
 }
 

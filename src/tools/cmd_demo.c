@@ -632,9 +632,10 @@ static void write_manifest(const demo_t *d)
         "kvrelay-dump", "version", 1, "layout", "block_size",
         (json_int_t)l->block_size, "dcp", (json_int_t)l->dcp_size, "interleave",
         (json_int_t)l->interleave, "tp", (json_int_t)l->dcp_size, "producer_tp",
-        (json_int_t)demo_producer_tp(&d->cfg), "replicate_index", l->replicate_index,
-        "preshuffle", l->preshuffle, "seed", (json_int_t)d->cfg.seed, "regions",
-        manifest_regions(d), "requests", manifest_requests(d));
+        (json_int_t)demo_producer_tp(&d->cfg), "replicate_index",
+        l->replicate_index, "preshuffle", l->preshuffle, "seed",
+        (json_int_t)d->cfg.seed, "regions", manifest_regions(d), "requests",
+        manifest_requests(d));
     char path[4096];
     snprintf(path, sizeof(path), "%s/manifest.json", d->cfg.dump_dir);
     if (root == NULL || json_dump_file(root, path, JSON_COMPACT) != 0)
@@ -691,8 +692,7 @@ static int demo_run(demo_t *d)
     fprintf(d->out,
             "kvrelay demo: %sPP%u prefill (%u layers) -> %s%s "
             "decode, %s, %u requests of ~%llu tokens over %s%s\n",
-            prod, d->cfg.pp, d->cfg.layers, cons, ranks, model,
-            d->cfg.requests,
+            prod, d->cfg.pp, d->cfg.layers, cons, ranks, model, d->cfg.requests,
             (unsigned long long)d->cfg.tokens,
             d->cfg.tl == KVR_AGENT_TL_TCP   ? "UCX tcp"
             : d->cfg.tl == KVR_AGENT_TL_SHM ? "UCX shm"

@@ -21,7 +21,8 @@
 #include "serving.h"
 
 #define MAX_KIDS 160
-#define CEILING_REPS 3u /* before the passes, after them, after the round trips */
+#define CEILING_REPS                                                           \
+    3u /* before the passes, after them, after the round trips */
 
 typedef struct {
     pid_t pid;
@@ -109,10 +110,8 @@ static bool spawn(sup_t *s, bool consumer, uint32_t who, uint32_t rank,
         close(p2c[1]);
         return false;
     }
-    s->kids[s->nkids++] = (kid_t){.pid = pid,
-                                  .ctl = p2c[1],
-                                  .out = c2p[0],
-                                  .consumer = consumer};
+    s->kids[s->nkids++] = (kid_t){
+        .pid = pid, .ctl = p2c[1], .out = c2p[0], .consumer = consumer};
     return true;
 }
 
@@ -248,16 +247,17 @@ static bool await(sup_t *s, const char *want, uint32_t n)
     while (s->got < n && !s->failed) {
         struct pollfd p[MAX_KIDS];
         for (uint32_t i = 0; i < s->nkids; i++)
-            p[i] = (struct pollfd){s->kids[i].eof ? -1 : s->kids[i].out,
-                                   POLLIN, 0};
+            p[i] = (struct pollfd){s->kids[i].eof ? -1 : s->kids[i].out, POLLIN,
+                                   0};
         int r = poll(p, s->nkids, 100);
         for (uint32_t i = 0; r > 0 && i < s->nkids; i++)
             if (p[i].revents & (POLLIN | POLLHUP | POLLERR))
                 read_kid(s, &s->kids[i]);
         for (uint32_t i = 0; i < s->nkids && !s->failed; i++)
             if (s->kids[i].eof)
-                fail(s, "%s", "a child process ended early (see its message "
-                              "above)");
+                fail(s, "%s",
+                     "a child process ended early (see its message "
+                     "above)");
         if (kvr_now_ns() > s->deadline)
             fail(s, "%s", "the run passed --timeout");
     }
@@ -456,8 +456,7 @@ static json_t *pass_json(const sup_t *s, uint32_t k, double ceiling,
             "{s:I,s:I,s:I,s:I,s:I,s:o,s:o,s:o,s:f,s:b,s:s}", "index",
             (json_int_t)i, "tokens", (json_int_t)s->t.tokens[i], "bytes",
             (json_int_t)q->bytes, "arrival_ns", (json_int_t)s->t.arrival[i],
-            "prefill_end_ns", (json_int_t)(q->prefill_end_ns - T0),
-            "loaded_ns",
+            "prefill_end_ns", (json_int_t)(q->prefill_end_ns - T0), "loaded_ns",
             loaded ? json_integer((json_int_t)(q->loaded_ns - T0))
                    : json_null(),
             "gap_ms", loaded ? json_real(gap) : json_null(), "transfer_ms",
@@ -527,16 +526,15 @@ static json_t *params_json(const sup_t *s)
     json_t *p = json_pack(
         "{s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:f,s:s,s:f,s:I,s:I,s:s,s:s,"
         "s:s}",
-        "instances", (json_int_t)d->instances, "groups",
-        (json_int_t)d->groups, "pp", (json_int_t)d->pp, "dcp",
-        (json_int_t)d->lay.dcp_size, "interleave",
-        (json_int_t)d->lay.interleave, "block_size",
+        "instances", (json_int_t)d->instances, "groups", (json_int_t)d->groups,
+        "pp", (json_int_t)d->pp, "dcp", (json_int_t)d->lay.dcp_size,
+        "interleave", (json_int_t)d->lay.interleave, "block_size",
         (json_int_t)d->lay.block_size, "layers", (json_int_t)d->layers,
         "token_bytes", (json_int_t)d->token_bytes, "requests",
         (json_int_t)s->c.requests, "rate", s->c.rate, "tokens_dist",
-        dist_text(&s->c, dist, sizeof(dist)),
-        "prefill_us_per_layer_per_ktoken", s->c.prefill_us, "layer_group",
-        (json_int_t)s->c.layer_group, "pool_tokens",
+        dist_text(&s->c, dist, sizeof(dist)), "prefill_us_per_layer_per_ktoken",
+        s->c.prefill_us, "layer_group", (json_int_t)s->c.layer_group,
+        "pool_tokens",
         (json_int_t)(s->t.pool_vblocks * kvr_virtual_block(&d->lay)),
         "transport", tl[d->tl], "executor", ex[d->exec], "device",
         d->use_cuda ? "cuda" : "host");
@@ -584,16 +582,15 @@ static void print_table(const sup_t *s, const pass_sum_t *ps, double ceiling,
     printf("\nceiling %.3f GB/s (%.1f MB per instance as one transfer per "
            "stage-rank pair)\n",
            ceiling, (double)s->ceil_best_bytes / d->instances / 1e6);
-    printf("one-block request round trip p50 %.1f us (%u samples)\n",
-           small_p50, s->nsmall);
+    printf("one-block request round trip p50 %.1f us (%u samples)\n", small_p50,
+           s->nsmall);
 }
 
 static int report(sup_t *s, FILE *json_file)
 {
     pass_sum_t ps[SV_MAX_PASSES];
     uint64_t cb = s->ceil_best_bytes;
-    double ceiling = s->ceil_best_ns ? (double)cb / (double)s->ceil_best_ns
-                                     : 0;
+    double ceiling = s->ceil_best_ns ? (double)cb / (double)s->ceil_best_ns : 0;
     double small[SV_SMALL_REPS * 64];
     for (uint32_t i = 0; i < s->nsmall; i++)
         small[i] = (double)s->small_ns[i] / 1e3;
@@ -672,8 +669,8 @@ static int setup(sup_t *s, int argc, char **argv, FILE **json_file, int *ndev)
     if (rc >= 0)
         return rc;
     if (s->c.json_path && (*json_file = fopen(s->c.json_path, "w")) == NULL)
-        return cli_usage_error("bench serving", "--json %s: %s",
-                               s->c.json_path, strerror(errno));
+        return cli_usage_error("bench serving", "--json %s: %s", s->c.json_path,
+                               strerror(errno));
     *ndev = s->ndev = s->c.d.use_cuda ? cuda_devices() : 0;
     if (s->c.d.use_cuda && *ndev == 0)
         return cli_usage_error("bench serving",

@@ -48,8 +48,7 @@ static uint64_t now_ns(void)
     return kvr_now_ns();
 }
 
-static bool parse_trace_id(const kvr_wire_id_t *id, uint32_t pass,
-                           uint32_t *i)
+static bool parse_trace_id(const kvr_wire_id_t *id, uint32_t pass, uint32_t *i)
 {
     char buf[64], want[16];
     if (id->len >= sizeof(buf))
@@ -68,8 +67,7 @@ static bool parse_trace_id(const kvr_wire_id_t *id, uint32_t pass,
 
 /* ---- the consumer's verification ---- */
 
-static void ring_table(const ch_t *h, uint64_t start, uint64_t n,
-                       uint32_t *out)
+static void ring_table(const ch_t *h, uint64_t start, uint64_t n, uint32_t *out)
 {
     for (uint64_t k = 0; k < n; k++)
         out[k] = h->table[start + k];
@@ -81,17 +79,16 @@ static void verify(ch_t *h, uint32_t i)
     uint32_t *dst = malloc((nv + 1) * sizeof(*dst));
     kvr_error_t err = {0};
     kvr_status_t s = dst ? KVR_OK : KVR_ERR_NO_MEMORY;
-    for (uint32_t r = 0; s == KVR_OK && h->role->cuda_device >= 0 &&
-                         r < h->nreg;
-         r++)
+    for (uint32_t r = 0;
+         s == KVR_OK && h->role->cuda_device >= 0 && r < h->nreg; r++)
         s = kvr_agent_copy(h->agent, h->mirrors[r], h->bases[r],
                            kvr_region_bytes(&h->descs[r]));
     if (s == KVR_OK) {
         ring_table(h, h->t->dst_start[i], nv, dst);
         /* every request reads the one shared source: request 0's tokens */
         demo_load_t ld = {0, N, dst, (size_t)nv};
-        s = demo_verify(&h->c->d, h->role->rank, h->descs, h->mirrors,
-                        h->nreg, &ld, &err);
+        s = demo_verify(&h->c->d, h->role->rank, h->descs, h->mirrors, h->nreg,
+                        &ld, &err);
     }
     fprintf(h->out, "V %u %u %s\n", h->pass, i,
             s == KVR_OK ? "ok" : (err.msg[0] ? err.msg : "no memory"));
@@ -268,8 +265,8 @@ static kvr_status_t producer_regions(ch_t *h, kvr_error_t *err)
         st = add_region(h, &d, err);
         if (st == KVR_OK)
             st = kvr_synth_fill_source(&c->d.lay, &d, c->d.seed, h->table,
-                                       kvr_num_src_blocks(&c->d.lay, N), ids,
-                                       N, h->mirrors[h->nreg - 1], err);
+                                       kvr_num_src_blocks(&c->d.lay, N), ids, N,
+                                       h->mirrors[h->nreg - 1], err);
         if (st == KVR_OK && h->role->cuda_device >= 0 &&
             kvr_agent_copy(h->agent, h->bases[h->nreg - 1],
                            h->mirrors[h->nreg - 1], kvr_region_bytes(&d)))
@@ -372,9 +369,9 @@ static bool open_request(ch_t *h, const char *id, uint64_t tokens,
         src[k] = h->table[k % m];
     kvr_agent_send_t o = {id, strlen(id), src, (size_t)n, tokens, 0, 1};
     bool ok = src != NULL && kvr_agent_send_open(h->agent, &o) == KVR_OK &&
-              (!all_ready || kvr_agent_send_ready(h->agent, id, strlen(id),
-                                                  h->lo, h->hi,
-                                                  NULL) == KVR_OK);
+              (!all_ready ||
+               kvr_agent_send_ready(h->agent, id, strlen(id), h->lo, h->hi,
+                                    NULL) == KVR_OK);
     free(src);
     if (!ok)
         fprintf(h->out, "X - - %s open: %s\n", id,
@@ -384,8 +381,7 @@ static bool open_request(ch_t *h, const char *id, uint64_t tokens,
 
 /* Announces request i's layer groups whose simulated prefill is over;
  * returns when the next one is due (UINT64_MAX: all announced). */
-static uint64_t announce(ch_t *h, uint32_t i, uint32_t *next_layer,
-                         uint64_t T0)
+static uint64_t announce(ch_t *h, uint32_t i, uint32_t *next_layer, uint64_t T0)
 {
     const sv_cfg_t *c = h->c;
     char id[32];
@@ -643,8 +639,8 @@ int sv_child_run(const sv_cfg_t *c, const sv_trace_t *t, const sv_role_t *role,
         rc = strcmp(line, "quit") == 0 ? CLI_EXIT_OK : CLI_EXIT_FAILED;
     } else {
         fprintf(stderr, "kvrelay bench serving: %s %u/%u: %s\n",
-                role->consumer ? "decode group" : "prefill instance",
-                role->who, role->rank, err.msg);
+                role->consumer ? "decode group" : "prefill instance", role->who,
+                role->rank, err.msg);
     }
     kvr_agent_destroy(h->agent);
     for (uint32_t r = 0; role->cuda_device >= 0 && r < h->nreg; r++)

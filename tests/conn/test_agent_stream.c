@@ -91,11 +91,12 @@ static void verify_layer(world_t *w, const ah_agent_t *c, const ah_req_t *r,
 }
 
 /* The first byte of layer l that has landed on rank c (regions start
- * zeroed), or UINT64_MAX. It polls pages the agent's thread may be writing at that moment (the
- * loopback copies at the put): the test's only way to see a group in
- * flight before its flush. Deliberately unsynchronised, so ThreadSanitizer
- * does not instrument it; every check of the bytes themselves happens
- * after LAYERS_LOADED or LOADED, which the event queue orders. */
+ * zeroed), or UINT64_MAX. It polls pages the agent's thread may be writing
+ * at that moment (the loopback copies at the put): the test's only way to
+ * see a group in flight before its flush. Deliberately unsynchronised, so
+ * ThreadSanitizer does not instrument it; every check of the bytes
+ * themselves happens after LAYERS_LOADED or LOADED, which the event queue
+ * orders. */
 __attribute__((no_sanitize("thread"))) static uint64_t
 first_landed(const ah_agent_t *c, uint32_t l)
 {

@@ -285,8 +285,8 @@ int main(void)
             test_default_is_blake2b_and_uring_when_allowed, setup, teardown),
         cmocka_unit_test_setup_teardown(test_pipelined_sum_matches, setup,
                                         teardown),
-        cmocka_unit_test_setup_teardown(test_flip_in_any_leaf_is_a_miss,
-                                        setup, teardown),
+        cmocka_unit_test_setup_teardown(test_flip_in_any_leaf_is_a_miss, setup,
+                                        teardown),
         cmocka_unit_test_setup_teardown(test_unknown_kind_refused, setup,
                                         teardown),
     };
