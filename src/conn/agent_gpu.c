@@ -493,11 +493,12 @@ static kvr_status_t pack_next(kvr_agent_t *a, kvr__pull_t *p, uint32_t c,
 /* One chunk: packed (the kernel launched one chunk ahead, on the agent's
  * stream after the engine's events), the next one's pack launched, then
  * the put and its flush overlap that pack. */
-static kvr_status_t staged_chunk(kvr_agent_t *a, kvr__pull_t *p, uint64_t slot,
-                                 uint64_t *len, kvr_error_t *err)
+kvr_status_t kvr__agpu_staged_chunk(kvr_agent_t *a, kvr__pull_t *p,
+                                    uint64_t *len, kvr_error_t *err)
 {
     kvr__alink_t *l = p->link;
     const kvr__amap_t *sm = &l->maps[l->staging];
+    uint64_t slot = sm->desc.page_bytes;
     kvr_status_t st = KVR_OK;
     if (p->packed_off == p->sent_off)
         st = pack_next(a, p, p->chunks, slot, err);
@@ -517,32 +518,10 @@ static kvr_status_t staged_chunk(kvr_agent_t *a, kvr__pull_t *p, uint64_t slot,
     return st;
 }
 
-kvr_status_t kvr__agpu_staged_slice(kvr_agent_t *a, kvr__pull_t *p,
-                                    uint64_t *moved, bool *done,
+kvr_status_t kvr__agpu_staged_begin(kvr_agent_t *a, kvr__pull_t *p,
                                     kvr_error_t *err)
 {
-    uint64_t slot = p->link->maps[p->link->staging].desc.page_bytes;
-    uint64_t posted = 0;
-    kvr_status_t st = kvr__agpu_runs(a, p, true, false, err);
-    p->waiting_ack = false;
-    while (st == KVR_OK && p->sent_off < p->group_off &&
-           posted < KVR_AGENT_SLICE_BYTES) {
-        if (p->chunks >= p->acked + p->nslots) {
-            p->waiting_ack = true;
-            break;
-        }
-        uint64_t len = 0;
-        st = staged_chunk(a, p, slot, &len, err);
-        if (st == KVR_OK) {
-            p->sent_off += len;
-            p->chunks++;
-            posted += len;
-            a->chunks_moved++;
-        }
-    }
-    *moved += posted;
-    *done = st == KVR_OK && p->sent_off >= p->group_off;
-    return st;
+    return kvr__agpu_runs(a, p, true, false, err);
 }
 
 kvr_status_t kvr__agpu_unpack(kvr_agent_t *a, kvr__cstage_t *s, uint64_t off,

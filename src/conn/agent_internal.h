@@ -683,10 +683,13 @@ kvr_status_t kvr__agpu_link(kvr_agent_t *a, kvr__alink_t *l,
 void kvr__agpu_link_free(kvr_agent_t *a, kvr__alink_t *l);
 /* Producer: gpu-direct, gpu-staged or direct puts for a CUDA pull. */
 kvr_status_t kvr__agpu_choose(kvr_agent_t *a, kvr__pull_t *p, kvr_error_t *err);
-/* Producer: gpu-staged chunks (kvr__staged_slice's GPU form). */
-kvr_status_t kvr__agpu_staged_slice(kvr_agent_t *a, kvr__pull_t *p,
-                                    uint64_t *moved, bool *done,
+/* Producer, gpu-staged (kvr__staged_slice's GPU form): the pull's runs
+ * ready on the device before a slice's chunks, then one chunk (packed,
+ * put, CHUNK_DONE; *len its bytes). */
+kvr_status_t kvr__agpu_staged_begin(kvr_agent_t *a, kvr__pull_t *p,
                                     kvr_error_t *err);
+kvr_status_t kvr__agpu_staged_chunk(kvr_agent_t *a, kvr__pull_t *p,
+                                    uint64_t *len, kvr_error_t *err);
 /* Producer, direct puts of CUDA KV: waits (once per layer group) for the
  * engine's events send_ready queued on the agent's stream. */
 kvr_status_t kvr__agpu_direct_ready(kvr_agent_t *a, kvr__pull_t *p,

@@ -158,15 +158,31 @@ kvr_status_t kvr__staged_chunk_done(kvr_agent_t *a, kvr__pull_t *p,
     return kvr__alink_send(a, p->link, &m);
 }
 
+/* One host-staged chunk: the pull's next bytes (at most a slot, never past
+ * the group's end) into the next granted slot, then CHUNK_DONE. */
+static kvr_status_t host_chunk(kvr_agent_t *a, kvr__pull_t *p, uint64_t *len,
+                               kvr_error_t *err)
+{
+    kvr__alink_t *l = p->link;
+    const kvr__amap_t *sm = &l->maps[l->staging];
+    uint64_t slot_bytes = sm->desc.page_bytes;
+    uint64_t n = p->group_off - p->sent_off;
+    n = n < slot_bytes ? n : slot_bytes;
+    uint32_t slot = p->slots[p->chunks % p->nslots];
+    kvr_status_t st = kvr__data_send_chunk(
+        l->data, p->segs, p->nsegs, p->sent_off, n, sm->mapping,
+        slot * slot_bytes, p->deadline_ns, err);
+    if (st == KVR_OK && kvr__staged_chunk_done(a, p, slot, n) != KVR_OK)
+        st = kvr_error_set(err, KVR_ERR_PEER_DEAD, "consumer link lost");
+    *len = n;
+    return st;
+}
+
 kvr_status_t kvr__staged_slice(kvr_agent_t *a, kvr__pull_t *p, uint64_t *moved,
                                bool *done, kvr_error_t *err)
 {
-    if (p->gstaged)
-        return kvr__agpu_staged_slice(a, p, moved, done, err);
-    kvr__alink_t *l = p->link;
-    const kvr__amap_t *sm = &l->maps[l->staging];
-    uint64_t slot_bytes = sm->desc.page_bytes, posted = 0;
-    kvr_status_t st = KVR_OK;
+    uint64_t posted = 0;
+    kvr_status_t st = p->gstaged ? kvr__agpu_staged_begin(a, p, err) : KVR_OK;
     p->waiting_ack = false;
     /* up to the end of the layer group moving (the whole stream when the
      * pull is not streamed): a chunk never spans two groups */
@@ -176,14 +192,9 @@ kvr_status_t kvr__staged_slice(kvr_agent_t *a, kvr__pull_t *p, uint64_t *moved,
             p->waiting_ack = true;
             break;
         }
-        uint64_t len = p->group_off - p->sent_off;
-        len = len < slot_bytes ? len : slot_bytes;
-        uint32_t slot = p->slots[p->chunks % p->nslots];
-        st = kvr__data_send_chunk(l->data, p->segs, p->nsegs, p->sent_off, len,
-                                  sm->mapping, slot * slot_bytes,
-                                  p->deadline_ns, err);
-        if (st == KVR_OK && kvr__staged_chunk_done(a, p, slot, len) != KVR_OK)
-            st = kvr_error_set(err, KVR_ERR_PEER_DEAD, "consumer link lost");
+        uint64_t len = 0;
+        st = p->gstaged ? kvr__agpu_staged_chunk(a, p, &len, err)
+                        : host_chunk(a, p, &len, err);
         if (st == KVR_OK) {
             p->sent_off += len;
             p->chunks++;
