@@ -159,6 +159,23 @@ static kvr_status_t wait_ack(staged_t *s, uint64_t chunk)
     return KVR_OK;
 }
 
+/* Chunk c (len bytes in consumer slot `slot`) is in place: CHUNK tells the
+ * consumer, and it counts. */
+static kvr_status_t chunk_sent(staged_t *s, uint64_t c, uint32_t slot,
+                               uint64_t len)
+{
+    const kvr_exec_params_t *p = s->p;
+    kvr__exec_msg_t m = {
+        .transfer_id = p->transfer_id, .chunk = c, .bytes = len, .slot = slot};
+    kvr_status_t st = kvr__exec_send_ctl(s->ep, KVR__MSG_CHUNK, &m,
+                                         p->deadline_ns, s->stats);
+    if (st == KVR_OK) {
+        s->stats->chunks++;
+        s->stats->bytes += len;
+    }
+    return st;
+}
+
 static kvr_status_t send_chunk(staged_t *s, uint64_t c)
 {
     const kvr_exec_params_t *p = s->p;
@@ -180,16 +197,7 @@ static kvr_status_t send_chunk(staged_t *s, uint64_t c)
             st = kvr_xfer_flush(s->ep, p->deadline_ns);
         s->stats->puts++;
     }
-    kvr__exec_msg_t m = {
-        .transfer_id = p->transfer_id, .chunk = c, .bytes = len, .slot = slot};
-    if (st == KVR_OK)
-        st = kvr__exec_send_ctl(s->ep, KVR__MSG_CHUNK, &m, p->deadline_ns,
-                                s->stats);
-    if (st == KVR_OK) {
-        s->stats->chunks++;
-        s->stats->bytes += len;
-    }
-    return st;
+    return st == KVR_OK ? chunk_sent(s, c, slot, len) : st;
 }
 
 /* Packer errors land on the transport, as the executor's own do. */
@@ -198,8 +206,8 @@ static kvr_status_t packer_failed(staged_t *s, kvr_status_t st,
                                   uint64_t c)
 {
     return st == KVR_OK ? KVR_OK
-                        : kvr__fail(s->ep->t, st, "%s of chunk %llu: %s",
-                                    what, (ull)c, e->msg);
+                        : kvr__fail(s->ep->t, st, "%s of chunk %llu: %s", what,
+                                    (ull)c, e->msg);
 }
 
 static unsigned char *pack_buffer(const staged_t *s, uint64_t c)
@@ -242,16 +250,7 @@ static kvr_status_t send_gpu_chunk(staged_t *s, uint64_t c)
     s->stats->puts++;
     if (st == KVR_OK)
         st = gpu_pack(s, c + s->depth);
-    kvr__exec_msg_t m = {
-        .transfer_id = p->transfer_id, .chunk = c, .bytes = len, .slot = slot};
-    if (st == KVR_OK)
-        st = kvr__exec_send_ctl(s->ep, KVR__MSG_CHUNK, &m, p->deadline_ns,
-                                s->stats);
-    if (st == KVR_OK) {
-        s->stats->chunks++;
-        s->stats->bytes += len;
-    }
-    return st;
+    return st == KVR_OK ? chunk_sent(s, c, slot, len) : st;
 }
 
 static kvr_status_t send_chunks(staged_t *s)
