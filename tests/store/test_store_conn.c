@@ -17,6 +17,7 @@
 
 #include "kvrelay/base.h"
 #include "store_fixture.h"
+#include "store_tmp.h"
 
 #define BS 16
 #define CHUNK 64u
@@ -28,14 +29,13 @@ static const sf_model_t model = {
     .layers = 8, .pp = 4, .bs = BS, .tb = 576, .D = 128, .pool = 48};
 static const uint32_t part_ends[4] = {2, 4, 6, 8};
 
-static char dir[64];
+static char dir[ST_DIR_MAX];
 static uint32_t tokens[NTOK];
 static kvr_block_hash_t chains[NCH];
 
 static int setup(void **state)
 {
     (void)state;
-    snprintf(dir, sizeof dir, "/tmp/kvr-store-conn-XXXXXX");
     for (uint32_t i = 0; i < NTOK; i++)
         tokens[i] = 500 + i * 3;
     size_t n = 0;
@@ -43,16 +43,14 @@ static int setup(void **state)
             KVR_OK ||
         n != NCH)
         return -1;
-    return mkdtemp(dir) == NULL ? -1 : 0;
+    return st_tmpdir_make(dir, "store-conn") ? 0 : -1;
 }
 
 static int teardown(void **state)
 {
     (void)state;
-    char cmd[128];
-    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
     kvr_failpoint_disarm_all();
-    return system(cmd) == 0 ? 0 : -1;
+    return st_tmpdir_remove(dir) ? 0 : -1;
 }
 
 static kvr_store_t *open_store(bool quick_scan)

@@ -18,26 +18,24 @@
 
 #include "kvrelay/base.h"
 #include "store_internal.h"
+#include "store_tmp.h"
 
 /* Three leaves, the last one short, and longer than one I/O piece, so
  * writes take the io_uring path where it is allowed. */
 #define LEN (2 * KVR__LEAF + 12345)
 
-static char dir[64];
+static char dir[ST_DIR_MAX];
 
 static int setup(void **state)
 {
     (void)state;
-    snprintf(dir, sizeof dir, "/tmp/kvr-store-disk-XXXXXX");
-    return mkdtemp(dir) == NULL ? -1 : 0;
+    return st_tmpdir_make(dir, "store-disk") ? 0 : -1;
 }
 
 static int teardown(void **state)
 {
     (void)state;
-    char cmd[128];
-    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
-    return system(cmd) == 0 ? 0 : -1;
+    return st_tmpdir_remove(dir) ? 0 : -1;
 }
 
 static kvr_chunk_key_t key_n(uint32_t n)

@@ -19,23 +19,21 @@
 
 #include "kvrelay/base.h"
 #include "store_fixture.h"
+#include "store_tmp.h"
 
-static char dir[64];
+static char dir[ST_DIR_MAX];
 
 static int setup(void **state)
 {
     (void)state;
-    snprintf(dir, sizeof dir, "/tmp/kvr-store-faults-XXXXXX");
-    return mkdtemp(dir) == NULL ? -1 : 0;
+    return st_tmpdir_make(dir, "store-faults") ? 0 : -1;
 }
 
 static int teardown(void **state)
 {
     (void)state;
-    char cmd[128];
-    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
     kvr_failpoint_disarm_all();
-    return system(cmd) == 0 ? 0 : -1;
+    return st_tmpdir_remove(dir) ? 0 : -1;
 }
 
 static kvr_chunk_key_t key_n(uint32_t n)

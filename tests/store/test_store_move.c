@@ -10,6 +10,7 @@
 #include <cmocka.h>
 
 #include "store_fixture.h"
+#include "store_tmp.h"
 
 #define BS 16
 #define CHUNK 64u /* bs * 4: loads into W = 1, 2 and 4 */
@@ -184,19 +185,16 @@ static void test_host_plain(void **state)
     run_all(false, &o);
 }
 
-static char tmpdir[64];
+static char tmpdir[ST_DIR_MAX];
 
 static void make_dir(void)
 {
-    snprintf(tmpdir, sizeof tmpdir, "/tmp/kvr-store-XXXXXX");
-    assert_non_null(mkdtemp(tmpdir));
+    assert_true(st_tmpdir_make(tmpdir, "store"));
 }
 
 static void remove_dir(void)
 {
-    char cmd[128];
-    snprintf(cmd, sizeof cmd, "rm -rf %s", tmpdir);
-    assert_int_equal(system(cmd), 0);
+    assert_true(st_tmpdir_remove(tmpdir));
 }
 
 /* Disk only: every load reads, checks and scatters from the files. */
