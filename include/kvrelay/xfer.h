@@ -71,6 +71,10 @@ typedef struct kvr_ucx_params {
                   cuda_copy,cuda_ipc to shm's (auto: UCX's default list
                   has them). Needs a UCX built with CUDA
                   (kvr_xfer_has_cuda); docs/transport.md, CUDA memory */
+    bool no_cuda_ipc; /* with cuda: keep UCX's cuda_ipc out (shm:
+                         sm,cuda_copy; auto: ^cuda_ipc), for a caller that
+                         maps CUDA IPC itself: CUDA puts on one host then go
+                         through cuda_copy's host bounce, as across hosts */
 } kvr_ucx_params_t;
 
 #define KVR_UCX_PARAMS_INIT                                                    \

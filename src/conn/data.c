@@ -1,6 +1,7 @@
 /* The connector's data path over the xfer layer (see data.h). */
 #include "data.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -37,6 +38,10 @@ kvr_status_t kvr__data_create(int tl, bool progress_thread, bool cuda,
     p.progress = progress_thread ? KVR_XFER_PROGRESS_THREAD
                                  : KVR_XFER_PROGRESS_CALLER;
     p.cuda = cuda;
+    /* the agent maps CUDA IPC itself (gpu-direct); UCX's cuda_ipc opening
+     * the same regions beside those mappings is kept out (docs/transport.md,
+     * CUDA memory: the PP head crashed with both on one H200) */
+    p.no_cuda_ipc = cuda;
     kvr_status_t st = kvr_transport_ucx_create(&p, &d->t, err);
     if (st != KVR_OK) {
         free(d);
@@ -399,10 +404,30 @@ int kvr__data_choose(kvr__dpeer_t *p, int force, const kvr__dseg_t *segs,
     return k == KVR_EXEC_STAGED ? 2 : 1;
 }
 
+void kvr__data_model_describe(const kvr__dpeer_t *p, char *buf, size_t len)
+{
+    const kvr_cost_model_t *m = &p->model;
+    uint32_t n = m->points;
+    if (n == 0) {
+        snprintf(buf, len, "no probe (default model)");
+        return;
+    }
+    double big = m->point_bytes[n - 1];
+    snprintf(buf, len,
+             "put of %.0f B %.2f us, of %.0f B %.2f GB/s, staging put %.2f "
+             "GB/s, rtt %.1f us, per chunk %.1f us",
+             m->point_bytes[0], m->put_at[0] * 1e6, big,
+             m->put_at[n - 1] > 0 ? big / m->put_at[n - 1] / 1e9 : 0,
+             m->stage_at[n - 1] > 0 ? big / m->stage_at[n - 1] / 1e9 : 0,
+             m->rtt_s * 1e6, m->chunk_s * 1e6);
+}
+
 int kvr__data_choose_gpu(kvr__dpeer_t *p, int force, const kvr__dgpu_t *g,
                          const kvr__dseg_t *segs, size_t n,
-                         uint64_t slot_bytes)
+                         uint64_t slot_bytes, double pred[3])
 {
+    if (pred != NULL)
+        pred[0] = pred[1] = pred[2] = 0;
     if (p == NULL)
         return 4;
     kvr_xfer_seg_t *x = to_xfer(p, segs, n);
@@ -420,6 +445,11 @@ int kvr__data_choose_gpu(kvr__dpeer_t *p, int force, const kvr__dgpu_t *g,
     kvr_exec_kind_t k =
         kvr_cost_choose_gpu(&p->model, &cg, f, x, n, slot_bytes, t);
     free(x);
+    if (pred != NULL) {
+        pred[0] = t[KVR_EXEC_DIRECT];
+        pred[1] = t[KVR_EXEC_GPU_STAGED];
+        pred[2] = t[KVR_EXEC_GPU_DIRECT];
+    }
     return k == KVR_EXEC_GPU_DIRECT ? 4 : k == KVR_EXEC_GPU_STAGED ? 2 : 1;
 }
 

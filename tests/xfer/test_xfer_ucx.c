@@ -199,6 +199,52 @@ static void test_cuda_memory(void **state)
     kvr_transport_destroy(t);
 }
 
+/* The transport sets asked for with cuda (with and without UCX's
+ * cuda_ipc: "^cuda_ipc", "sm,cuda_copy", "tcp,cuda_copy") are accepted by
+ * this UCX and move bytes: a put of host memory between two transports of
+ * this process. A UCX without CUDA warns about the CUDA names and keeps
+ * the rest. */
+static void test_cuda_tls(void **state)
+{
+    (void)state;
+    const kvr_xfer_tl_t tls[2] = {KVR_XFER_TL_AUTO, g_tl};
+    for (int i = 0; i < 4; i++) {
+        kvr_ucx_params_t p = KVR_UCX_PARAMS_INIT;
+        p.tl = tls[i / 2];
+        p.cuda = true;
+        p.no_cuda_ipc = i % 2 != 0;
+        kvr_transport_t *src = NULL, *dst = NULL;
+        kvr_error_t err = {0};
+        assert_int_equal(kvr_transport_ucx_create(&p, &src, &err), KVR_OK);
+        p.progress = KVR_XFER_PROGRESS_THREAD; /* the target of the put */
+        assert_int_equal(kvr_transport_ucx_create(&p, &dst, &err), KVR_OK);
+        static char from[4096], to[4096];
+        memset(from, 'a' + i, sizeof(from));
+        memset(to, 0, sizeof(to));
+        kvr_mem_t *m = NULL;
+        kvr_remote_region_t r;
+        const void *addr;
+        size_t len;
+        kvr_ep_t *ep = NULL;
+        kvr_rmem_t *rm = NULL;
+        uint64_t dl = kvr_deadline_ns(10000);
+        assert_int_equal(kvr_mem_register(dst, to, sizeof(to), &m), KVR_OK);
+        assert_int_equal(kvr_mem_pack(m, &r), KVR_OK);
+        assert_int_equal(kvr_xfer_address(dst, &addr, &len), KVR_OK);
+        assert_int_equal(kvr_ep_create(src, addr, len, &ep), KVR_OK);
+        assert_int_equal(kvr_rmem_open(ep, &r, &rm), KVR_OK);
+        assert_int_equal(kvr_xfer_put(ep, from, sizeof(from), rm, 0, dl),
+                         KVR_OK);
+        assert_int_equal(kvr_xfer_flush(ep, dl), KVR_OK);
+        assert_memory_equal(from, to, sizeof(to));
+        kvr_rmem_close(rm);
+        kvr_ep_destroy(ep);
+        kvr_mem_destroy(m);
+        kvr_transport_destroy(src);
+        kvr_transport_destroy(dst);
+    }
+}
+
 int main(int argc, char **argv)
 {
     if (argc > 1 && strcmp(argv[1], "tcp") == 0)
@@ -210,6 +256,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_probe),
         cmocka_unit_test(test_dead_peer),
         cmocka_unit_test(test_cuda_memory),
+        cmocka_unit_test(test_cuda_tls),
     };
     return cmocka_run_group_tests_name(
         g_tl == KVR_XFER_TL_TCP ? "ucx-tcp" : "ucx-shm", tests, NULL, NULL);
