@@ -64,6 +64,11 @@ if [ "${BENCH:-1}" = 1 ]; then # the GPU network benchmark (gpu-network.json)
   timeout "${BENCH_S:-120}" "$B/bench/bench_gpu_net" --tokens "${TOKENS:-262144}" --reps "${REPS:-5}" \
       --out "$OUT/gpu-network.json" 2>&1 | tee "$OUT/bench.log" || fail=1
 fi
+if [ "${IPC_BESIDE:-0}" = 1 ]; then # UCX's cuda_ipc beside kvrelay's mapping
+  echo "== bench_gpu_net --test --ipc-beside-ucx" | tee -a "$OUT/bench.log"
+  timeout 30 "$B/bench/bench_gpu_net" --test --ipc-beside-ucx 2>&1 | tee -a "$OUT/bench.log"
+  echo "rc=${PIPESTATUS[0]}" | tee -a "$OUT/bench.log"
+fi
 echo "== device tests"
 (cd "$B" && timeout "${SUITE_S:-240}" ctest -j4 -R "${TESTS:-test_gpu|test_xfer_(loopback|ucx)}" \
     --timeout "${TEST_S:-60}" --output-on-failure) > "$OUT/tests.log" 2>&1 || fail=1
@@ -71,7 +76,8 @@ grep -E 'tests passed|Passed|Failed|Skipped|\*\*\*' "$OUT/tests.log" | tail -20
 echo "== demo: CUDA KV, stages and ranks as processes (the agent's gpu-direct)"
 # the agents' own lines worth keeping (DEMO_DEBUG=1), and any crash
 KEEP='GPU figures|transport probe|predicted ms|Caught signal|^ *[0-9]+ 0x|backtrace|rror'
-demo() {
+demo() { # SKIP_DEMOS: a regex of demo arguments not to run
+    [ -n "${SKIP_DEMOS:-}" ] && [[ "$*" =~ $SKIP_DEMOS ]] && return
     local log=/tmp/kvr-demo.log
     local t0=$(date +%s%N)
     ${DEMO_DEBUG:+env KVR_AGENT_DEBUG=1} timeout "${DEMO_S:-60}" \
