@@ -504,6 +504,21 @@ static double measure(prod_t *p, kvr_exec_kind_t kind, int *reps,
  * consumer's CUDA staging memory, one flush; the consumer only
  * progresses. Also as puts of all the staging memory (32 MiB) at once;
  * the better of the two. */
+/* Ends a CMD_SINK: the note that lets the consumer stop progressing, out
+ * of this process before we wait on the socket (a message still queued
+ * here would leave the consumer waiting until its deadline), then its
+ * answer. */
+static void sink_end(prod_t *p, uint64_t deadline_ns)
+{
+    kvr_status_t st = kvr_xfer_send_msg(p->s.ep, 7, "x", 1, deadline_ns);
+    if (st == KVR_OK)
+        st = kvr_xfer_drain(p->s.ep, deadline_ns);
+    if (st != KVR_OK)
+        DIE("note to the consumer: %s", kvr_xfer_last_error(p->s.t));
+    res_t r;
+    get_all(p->fd, &r, sizeof(r));
+}
+
 static double put_ceiling(prod_t *p)
 {
     double best = 0;
@@ -526,12 +541,9 @@ static double put_ceiling(prod_t *p)
                 st = kvr_xfer_flush(p->s.ep, dl);
             if (i > 0)
                 t[i - 1] = (double)(kvr_now_ns() - t0) * 1e-9;
-            if (st == KVR_OK)
-                st = kvr_xfer_send_msg(p->s.ep, 7, "x", 1, dl);
             if (st != KVR_OK)
                 DIE("ceiling puts: %s", kvr_xfer_last_error(p->s.t));
-            res_t r;
-            get_all(p->fd, &r, sizeof(r));
+            sink_end(p, dl);
         }
         double gbps = (double)p->bytes / median(t, p->reps) / 1e9;
         best = gbps > best ? gbps : best;
@@ -567,16 +579,17 @@ static kvr_exec_kind_t pick(prod_t *p, bool ipc, double t[KVR_COST_KINDS])
 {
     kvr_cost_probe_t probe = {.scratch = p->rstage,
                               .small_bytes = TOKEN,
-                              .small_count = 512,
+                              .small_count = 64,
                               .large_bytes = SLOT,
                               .deadline_ns = kvr_deadline_ns(XFER_MS),
-                              .put_src = p->msrc};
+                              .put_src = p->msrc,
+                              .lean = true}; /* as the agent's */
     kvr_cost_model_t m;
     ask(p, CMD_SINK, 0);
+    uint64_t p0 = kvr_now_ns();
     OK_OR_DIE(kvr_cost_measure(p->s.ep, &probe, &m, err));
-    OK_OR_DIE(kvr_xfer_send_msg(p->s.ep, 7, "x", 1, probe.deadline_ns));
-    res_t r;
-    get_all(p->fd, &r, sizeof(r));
+    double probe_s = (double)(kvr_now_ns() - p0) * 1e-9;
+    sink_end(p, probe.deadline_ns);
     kvr_cost_gpu_t g = {.cuda = true};
     const kvr_exec_packer_t *k = kvr__gpu_packer_ops(p->pk);
     uint64_t len = p->bytes < SLOT ? p->bytes : SLOT;
@@ -597,13 +610,11 @@ static kvr_exec_kind_t pick(prod_t *p, bool ipc, double t[KVR_COST_KINDS])
         g.direct_Bps = (double)p->bytes / secs;
     }
     printf("  %-16s figures: pack %.1f GB/s, launch %.1f us, gpu-direct "
-           "%.1f GB/s, UCX put of %u B %.2f us, stage %.2f GB/s, rtt %.1f us\n",
+           "%.1f GB/s; UCX (lean probe, %.1f ms): put %.2f us + %.2f GB/s, "
+           "staging put %.2f GB/s, rtt %.1f us\n",
            tl_name(p->tl), g.pack_Bps / 1e9, g.launch_s * 1e6,
-           g.direct_Bps / 1e9, TOKEN, m.put_at[0] * 1e6,
-           m.points ? m.point_bytes[m.points - 1] /
-                          m.stage_at[m.points - 1] / 1e9
-                    : 0,
-           m.rtt_s * 1e6);
+           g.direct_Bps / 1e9, probe_s * 1e3, m.put_s * 1e6, m.put_Bps / 1e9,
+           m.stage_Bps / 1e9, m.rtt_s * 1e6);
     kvr_xfer_seg_t seg = {.plan = kvr_plan_set_plan_of(p->set, 0)};
     return kvr_cost_choose_gpu(&m, &g, KVR_EXEC_AUTO, &seg, 1, SLOT, t);
 }

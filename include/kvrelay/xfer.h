@@ -71,10 +71,6 @@ typedef struct kvr_ucx_params {
                   cuda_copy,cuda_ipc to shm's (auto: UCX's default list
                   has them). Needs a UCX built with CUDA
                   (kvr_xfer_has_cuda); docs/transport.md, CUDA memory */
-    bool no_cuda_ipc; /* with cuda: keep UCX's cuda_ipc out (shm:
-                         sm,cuda_copy; auto: ^cuda_ipc), for a caller that
-                         maps CUDA IPC itself: CUDA puts on one host then go
-                         through cuda_copy's host bounce, as across hosts */
 } kvr_ucx_params_t;
 
 #define KVR_UCX_PARAMS_INIT                                                    \
@@ -409,6 +405,12 @@ typedef struct kvr_cost_probe {
     const kvr_mem_t *put_src; /* puts read from this registered memory
                                  (e.g. CUDA, >= large_bytes), as transfers
                                  out of it do; NULL: a host buffer */
+    bool lean; /* puts only, a linear model (points 0): per round a round
+                  trip, a batch of small_count small puts, one large put
+                  into scratch and one into staging memory; no host copies
+                  (copy_Bps 0: host staging is then no candidate) and no
+                  mapping. For CUDA regions, whose packing is a kernel
+                  priced by kvr_cost_gpu_t: ~1-30 ms instead of ~0.3 s */
 } kvr_cost_probe_t;
 
 /* A short measurement over ep (~0.1-0.2 s; the target must progress).

@@ -38,10 +38,6 @@ kvr_status_t kvr__data_create(int tl, bool progress_thread, bool cuda,
     p.progress = progress_thread ? KVR_XFER_PROGRESS_THREAD
                                  : KVR_XFER_PROGRESS_CALLER;
     p.cuda = cuda;
-    /* the agent maps CUDA IPC itself (gpu-direct); UCX's cuda_ipc opening
-     * the same regions beside those mappings is kept out (docs/transport.md,
-     * CUDA memory: the PP head crashed with both on one H200) */
-    p.no_cuda_ipc = cuda;
     kvr_status_t st = kvr_transport_ucx_create(&p, &d->t, err);
     if (st != KVR_OK) {
         free(d);
@@ -408,8 +404,12 @@ void kvr__data_model_describe(const kvr__dpeer_t *p, char *buf, size_t len)
 {
     const kvr_cost_model_t *m = &p->model;
     uint32_t n = m->points;
-    if (n == 0) {
-        snprintf(buf, len, "no probe (default model)");
+    if (n == 0) { /* a lean probe's linear model, or the default one */
+        snprintf(buf, len,
+                 "put %.2f us + %.2f GB/s, staging put %.2f GB/s, rtt %.1f "
+                 "us, per chunk %.1f us",
+                 m->put_s * 1e6, m->put_Bps / 1e9, m->stage_Bps / 1e9,
+                 m->rtt_s * 1e6, m->chunk_s * 1e6);
         return;
     }
     double big = m->point_bytes[n - 1];
@@ -464,10 +464,14 @@ kvr_status_t kvr__data_probe(kvr__dpeer_t *p, uint32_t scratch,
         .scratch = p->maps[scratch],
         .stage_scratch = p->maps[scratch],
         .small_bytes = 576,
-        .small_count = 256,
+        .small_count = put_src ? 64 : 256,
         .large_bytes = scratch_len < (4u << 20) ? scratch_len : (4u << 20),
         .deadline_ns = kvr_deadline_ns(5000),
-        .put_src = put_src ? put_src->mem : NULL};
+        .put_src = put_src ? put_src->mem : NULL,
+        /* CUDA regions: puts only (their packing is a kernel, measured by
+         * the agent), in milliseconds: the probe runs inside the first
+         * pull of a link */
+        .lean = put_src != NULL};
     kvr_cost_model_t m;
     kvr_status_t st = kvr_cost_measure(p->ep, &probe, &m, err);
     if (st == KVR_OK)

@@ -229,15 +229,12 @@ static kvr_status_t set_tl_opt(ucx_tr_t *tr, ucp_config_t *cfg,
 static kvr_status_t configure(ucx_tr_t *tr, ucp_config_t *cfg)
 {
     const kvr_ucx_params_t *p = &tr->p;
-    static const char *const tls[3][3] = {
-        {NULL, "sm", "tcp"},
-        {NULL, "sm,cuda_copy,cuda_ipc", "tcp,cuda_copy"},
-        {"^cuda_ipc", "sm,cuda_copy", "tcp,cuda_copy"}};
-    int set = p->cuda ? (p->no_cuda_ipc ? 2 : 1) : 0;
+    static const char *const tls[2][3] = {
+        {NULL, "sm", "tcp"}, {NULL, "sm,cuda_copy,cuda_ipc", "tcp,cuda_copy"}};
     char num[32];
     kvr_status_t st = KVR_OK;
-    if (tls[set][p->tl] != NULL)
-        st = set_opt(tr, cfg, "TLS", tls[set][p->tl]);
+    if (tls[p->cuda][p->tl] != NULL)
+        st = set_opt(tr, cfg, "TLS", tls[p->cuda][p->tl]);
     /* ucp_config_modify matches transport keys by field name below the
      * transport's own prefix: "MM_ERROR_HANDLING" (a sub-table of sysv and
      * posix), but "TX_SEG_SIZE" for UCX_TCP_TX_SEG_SIZE. A key no transport

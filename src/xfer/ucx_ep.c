@@ -212,6 +212,14 @@ void kvr__ucx_rmem_close(kvr_rmem_t *rmem)
 
 kvr_status_t kvr__ucx_rmem_ptr(kvr_rmem_t *rmem, uint64_t off, void **out)
 {
+    /* UCX's cuda_ipc maps a peer's CUDA region for ucp_rkey_ptr as a
+     * device pointer, which callers take for host memory (the cost probe
+     * memset one and crashed the process): a transport that moves CUDA
+     * memory maps nothing */
+    if (tr_of_ep(rmem->ep)->p.cuda)
+        return kvr__fail(rmem->ep->t, KVR_ERR_UNSUPPORTED,
+                         "a transport that moves CUDA memory maps no peer "
+                         "region (it could be device memory)");
     void *p = NULL;
     ucs_status_t s = ucp_rkey_ptr(((ucx_rmem_t *)rmem)->rkey, rmem->base + off,
                                   &p);
