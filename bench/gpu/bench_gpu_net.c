@@ -458,15 +458,16 @@ static const char *tl_name(int tl)
 
 /* One JSON cell (written out at once: a producer that dies later keeps
  * it) and its line. */
-static void cell(prod_t *p, const char *executor, double gbps, double ceiling,
-                 int reps, bool verified, const char *note)
+static void cell_n(prod_t *p, uint64_t bytes, const char *executor,
+                   double gbps, double ceiling, int reps, bool verified,
+                   const char *note)
 {
     fprintf(p->js,
             "%s\n    {\"transport\": \"%s\", \"executor\": \"%s\", \"I\": 1, "
             "\"bytes\": %llu, \"GBps\": %.3f, \"ceiling_GBps\": %.3f, "
             "\"ratio\": %.3f, \"reps\": %d, \"verified\": %s%s%s%s}",
-            p->first_cell ? "" : ",", tl_name(p->tl), executor,
-            (ull)p->bytes, gbps, ceiling, ceiling > 0 ? gbps / ceiling : 0,
+            p->first_cell ? "" : ",", tl_name(p->tl), executor, (ull)bytes,
+            gbps, ceiling, ceiling > 0 ? gbps / ceiling : 0,
             reps, verified ? "true" : "false", note ? ", \"note\": \"" : "",
             note ? note : "", note ? "\"" : "");
     fflush(p->js);
@@ -476,6 +477,13 @@ static void cell(prod_t *p, const char *executor, double gbps, double ceiling,
            ceiling > 0 ? gbps / ceiling : 0, reps,
            verified ? "verified" : "FAILED");
     p->all_ok = p->all_ok && verified;
+}
+
+/* A cell of the rank's bytes. */
+static void cell(prod_t *p, const char *executor, double gbps, double ceiling,
+                 int reps, bool verified, const char *note)
+{
+    cell_n(p, p->bytes, executor, gbps, ceiling, reps, verified, note);
 }
 
 /* GB/s of `kind`: the median of reps after one warm-up, each from a cold
@@ -676,9 +684,18 @@ static void prod_teardown(prod_t *p)
     cudaStreamDestroy(p->cs);
 }
 
+/* One executor's cell: its GB/s against the ceiling, into got and reps. */
+static void one_cell(prod_t *p, kvr_exec_kind_t kind, double ceiling,
+                     double got[KVR_COST_KINDS], int reps[KVR_COST_KINDS])
+{
+    bool v;
+    got[kind] = measure(p, kind, &reps[kind], &v);
+    cell(p, kvr_exec_name(kind), got[kind], ceiling, reps[kind], v, NULL);
+}
+
 static void prod_cells(prod_t *p)
 {
-    bool ipc = p->tl != KVR_XFER_TL_TCP, v;
+    bool ipc = p->tl != KVR_XFER_TL_TCP;
     uint64_t t0 = kvr_now_ns();
     double put_c = put_ceiling(p);
     double cold = copy_ceiling(p, true), warm = copy_ceiling(p, false);
@@ -688,8 +705,8 @@ static void prod_cells(prod_t *p)
     snprintf(note, sizeof(note),
              "ucp_mem_map of the producer's %llu-byte CUDA region: %.3f ms",
              (ull)p->j->src_len, p->reg_s * 1e3);
-    cell(p, "ucx-register-cuda", (double)p->j->src_len / p->reg_s / 1e9, 0, 1,
-         true, note);
+    cell_n(p, p->j->src_len, "ucx-register-cuda",
+           (double)p->j->src_len / p->reg_s / 1e9, 0, 1, true, note);
     cell(p, "ucx-put-ceiling", put_c, 0, p->reps, true,
          "large CUDA-memory puts");
     cell(p, "d2d-copy-cold", cold, 0, p->reps, true,
@@ -697,6 +714,13 @@ static void prod_cells(prod_t *p)
          "host-timed launch to completion as the executors are");
     cell(p, "d2d-copy-warm", warm, 0, p->reps, true,
          "the same, straight after the previous copy");
+    double got[KVR_COST_KINDS] = {0};
+    int reps[KVR_COST_KINDS] = {0};
+    /* gpu-direct before anything puts small pieces of CUDA memory through
+     * UCX: with cuda_ipc that crashed a producer on the H200
+     * (docs/transport.md, CUDA memory) */
+    if (ipc)
+        one_cell(p, KVR_EXEC_GPU_DIRECT, ceiling, got, reps);
     double t[KVR_COST_KINDS];
     t0 = kvr_now_ns();
     kvr_exec_kind_t k = pick(p, ipc, t);
@@ -711,22 +735,16 @@ static void prod_cells(prod_t *p)
             "\"gpu-direct\": %.6g}, \"pick\": \"%s\"}",
             tl_name(p->tl), t[KVR_EXEC_DIRECT], t[KVR_EXEC_GPU_STAGED],
             t[KVR_EXEC_GPU_DIRECT], kvr_exec_name(k));
-    /* gpu-direct first, then kvrelay's IPC mapping is closed before UCX's
-     * puts (direct) into the same region make UCX's cuda_ipc open it too
-     * (--ipc-beside-ucx keeps both: docs/transport.md, CUDA memory) */
-    kvr_exec_kind_t kinds[3] = {KVR_EXEC_GPU_DIRECT, KVR_EXEC_GPU_STAGED,
-                                KVR_EXEC_DIRECT};
-    double got[KVR_COST_KINDS] = {0};
-    int reps[KVR_COST_KINDS] = {0};
-    for (int i = ipc ? 0 : 1; i < 3; i++) {
-        got[kinds[i]] = measure(p, kinds[i], &reps[kinds[i]], &v);
-        cell(p, kvr_exec_name(kinds[i]), got[kinds[i]], ceiling,
-             reps[kinds[i]], v, NULL);
-        if (i == 0 && !p->keep_ipc) {
-            kvr_gpu_ipc_close(&p->peer.ipc, p->ipc_dst);
-            p->ipc_dst = NULL;
-        }
+    fflush(p->js);
+    one_cell(p, KVR_EXEC_GPU_STAGED, ceiling, got, reps);
+    /* kvrelay's IPC mapping is closed before UCX's direct puts into the
+     * same region make UCX's cuda_ipc open it too (--ipc-beside-ucx keeps
+     * both) */
+    if (p->ipc_dst != NULL && !p->keep_ipc) {
+        kvr_gpu_ipc_close(&p->peer.ipc, p->ipc_dst);
+        p->ipc_dst = NULL;
     }
+    one_cell(p, KVR_EXEC_DIRECT, ceiling, got, reps);
     char name[48];
     snprintf(name, sizeof(name), "picked:%s", kvr_exec_name(k));
     cell(p, name, got[k], ceiling, reps[k], true,
