@@ -507,11 +507,6 @@ static double measure(prod_t *p, kvr_exec_kind_t kind, int *reps,
     return (double)p->bytes / median(t, *reps) / 1e9;
 }
 
-/* UCX's own large-put bandwidth for CUDA memory: the rank's byte count as
- * back-to-back 4 MiB puts from the producer's CUDA region into the
- * consumer's CUDA staging memory, one flush; the consumer only
- * progresses. Also as puts of all the staging memory (32 MiB) at once;
- * the better of the two. */
 /* Ends a CMD_SINK: the note that lets the consumer stop progressing, out
  * of this process before we wait on the socket (a message still queued
  * here would leave the consumer waiting until its deadline), then its
@@ -527,6 +522,11 @@ static void sink_end(prod_t *p, uint64_t deadline_ns)
     get_all(p->fd, &r, sizeof(r));
 }
 
+/* UCX's own large-put bandwidth for CUDA memory: the rank's byte count as
+ * back-to-back 4 MiB puts from the producer's CUDA region into the
+ * consumer's CUDA staging memory, one flush; the consumer only
+ * progresses. Also as puts of all the staging memory (32 MiB) at once;
+ * the better of the two. */
 static double put_ceiling(prod_t *p)
 {
     double best = 0;
