@@ -1,17 +1,24 @@
 /* GPU KV over UCX between two processes on one GPU (docs/transport.md,
- * CUDA memory and gpu-staged). The producer (parent) holds a prefill
- * region in CUDA memory, the consumer (child) DCP rank 0's region of
+ * CUDA memory and gpu-staged). The producer (one child) holds a prefill
+ * region in CUDA memory, the consumer (another) DCP rank 0's region of
  * W = 4, I = 1, 576-byte tokens. Per UCX transport set ("tcp,cuda_copy":
  * the cross-host path, GPU bytes through the network stack; "auto": UCX's
  * default with cuda_ipc) it measures direct puts, gpu-staged and, where
  * CUDA IPC reaches the peer, gpu-direct; the executor the cost model picks
  * from figures measured at set-up; and the ceilings: UCX's own large-put
- * bandwidth for CUDA memory over the same transports, and a same-size
- * device-to-device copy. Every transfer lands in a poisoned region and
- * every byte of the rank's share is checked.
+ * bandwidth for CUDA memory over the same transports, and the same bytes
+ * as one device-to-device cudaMemcpyAsync, cold (L2 flushed before each
+ * rep, as before every executor's rep) and warm. Every transfer lands in
+ * a poisoned region and every byte of the rank's share is checked. Also
+ * what registering the producer's CUDA region with UCX took.
  *   bench_gpu_net [--test] [--tokens N] [--reps N] [--out FILE]
- * --test: one repetition, exit 1 unless every transfer verified; exit 77
- * without a GPU or without a CUDA-capable UCX (a ctest SKIP). */
+ *                 [--ipc-beside-ucx]
+ * Default 262144 tokens (37.7 MB to the rank). --test: at most 8192
+ * tokens, one repetition, exit 1 unless every transfer verified; exit 77
+ * without a GPU or without a CUDA-capable UCX (a ctest SKIP).
+ * --ipc-beside-ucx: kvrelay's IPC mapping of the consumer's region stays
+ * open while UCX's cuda_ipc puts into it (by default it is closed after
+ * the gpu-direct cells). */
 #include <errno.h>
 #include <poll.h>
 #include <signal.h>
@@ -35,8 +42,10 @@
 #define SLOT (4u << 20)
 #define SLOTS 8u
 #define DEPTH 2u
-#define XFER_MS 120000u
-#define SOCK_MS 180000
+#define XFER_MS 30000u
+#define SOCK_MS 40000
+#define L2_FLUSH (256u << 20) /* written between reps: > 5x H200's 50 MB L2 */
+#define SLOW_S 0.5 /* a warm-up slower than this: one timed rep */
 
 typedef unsigned long long ull;
 
@@ -327,16 +336,36 @@ typedef struct {
     side_t s;
     int fd, tl;
     hello_t peer;
-    void *src, *bufs, *copy_dst, *ipc_dst;
+    void *src, *bufs, *copy_dst, *ipc_dst, *flush;
+    cudaStream_t cs;
     kvr_mem_t *msrc, *mbufs;
     kvr_rmem_t *rdst, *rstage;
     kvr_plan_set_t *set;
     kvr__gpu_packer_t *pk;
     uint64_t bytes, next_id;
     int reps;
+    double reg_s;  /* registering src with UCX */
+    bool keep_ipc; /* IPC mapping open while UCX puts into the region */
     FILE *js;
     bool first_cell, all_ok;
 } prod_t;
+
+/* Evicts L2 (both processes share the GPU's): every timed rep, the
+ * device-to-device ceiling's cold reps included, starts from HBM. */
+static void l2_flush(prod_t *p)
+{
+    if (cudaMemsetAsync(p->flush, (int)(p->next_id & 0xff), L2_FLUSH, p->cs) !=
+            cudaSuccess ||
+        cudaStreamSynchronize(p->cs) != cudaSuccess)
+        DIE("L2 flush: %s", cudaGetErrorString(cudaGetLastError()));
+}
+
+static double elapsed(const char *what, uint64_t t0)
+{
+    double s = (double)(kvr_now_ns() - t0) * 1e-9;
+    fprintf(stderr, "  [%s: %.2f s]\n", what, s);
+    return s;
+}
 
 static res_t ask(prod_t *p, int op, int kind)
 {
@@ -381,6 +410,7 @@ static double one_xfer(prod_t *p, kvr_exec_kind_t kind, bool *ok)
                                           : ask(p, CMD_RECV, (int)kind);
     res_t mine = {0};
     kvr_error_t e = {0};
+    l2_flush(p); /* after the consumer's poisoning: every rep starts cold */
     uint64_t t0 = kvr_now_ns();
     if (kind == KVR_EXEC_GPU_DIRECT) {
         uint64_t moved = 0;
@@ -426,43 +456,77 @@ static const char *tl_name(int tl)
     return tl == KVR_XFER_TL_TCP ? "tcp,cuda_copy" : "auto (cuda_ipc)";
 }
 
-static void cell(prod_t *p, const char *executor, double gbps, double ceiling,
-                 bool verified, const char *note)
+/* One JSON cell (written out at once: a producer that dies later keeps
+ * it) and its line. */
+static void cell_n(prod_t *p, uint64_t bytes, const char *executor,
+                   double gbps, double ceiling, int reps, bool verified,
+                   const char *note)
 {
     fprintf(p->js,
             "%s\n    {\"transport\": \"%s\", \"executor\": \"%s\", \"I\": 1, "
             "\"bytes\": %llu, \"GBps\": %.3f, \"ceiling_GBps\": %.3f, "
-            "\"ratio\": %.3f, \"verified\": %s%s%s%s}",
-            p->first_cell ? "" : ",", tl_name(p->tl), executor,
-            (ull)p->bytes, gbps, ceiling, ceiling > 0 ? gbps / ceiling : 0,
-            verified ? "true" : "false", note ? ", \"note\": \"" : "",
+            "\"ratio\": %.3f, \"reps\": %d, \"verified\": %s%s%s%s}",
+            p->first_cell ? "" : ",", tl_name(p->tl), executor, (ull)bytes,
+            gbps, ceiling, ceiling > 0 ? gbps / ceiling : 0,
+            reps, verified ? "true" : "false", note ? ", \"note\": \"" : "",
             note ? note : "", note ? "\"" : "");
+    fflush(p->js);
     p->first_cell = false;
-    printf("  %-16s %-22s %9.3f GB/s  ceiling %9.3f  ratio %.3f  %s\n",
+    printf("  %-16s %-22s %9.3f GB/s  ceiling %9.3f  ratio %.3f  reps %d  %s\n",
            tl_name(p->tl), executor, gbps, ceiling,
-           ceiling > 0 ? gbps / ceiling : 0, verified ? "verified" : "FAILED");
+           ceiling > 0 ? gbps / ceiling : 0, reps,
+           verified ? "verified" : "FAILED");
     p->all_ok = p->all_ok && verified;
 }
 
-/* GB/s of `kind` (median of reps after one warm-up). */
-static double measure(prod_t *p, kvr_exec_kind_t kind, bool *verified)
+/* A cell of the rank's bytes. */
+static void cell(prod_t *p, const char *executor, double gbps, double ceiling,
+                 int reps, bool verified, const char *note)
+{
+    cell_n(p, p->bytes, executor, gbps, ceiling, reps, verified, note);
+}
+
+/* GB/s of `kind`: the median of reps after one warm-up, each from a cold
+ * L2; a kind whose warm-up took over SLOW_S (direct puts over tcp, 0.03
+ * GB/s) gets one timed rep, said in its cell. */
+static double measure(prod_t *p, kvr_exec_kind_t kind, int *reps,
+                      bool *verified)
 {
     double t[32];
     bool ok = true, one;
-    one_xfer(p, kind, &one); /* warm-up: registration caches, pages */
+    uint64_t t0 = kvr_now_ns();
+    double warm = one_xfer(p, kind, &one); /* registration caches, pages */
     ok = one;
-    for (int i = 0; i < p->reps; i++) {
+    *reps = warm > SLOW_S ? 1 : p->reps;
+    for (int i = 0; i < *reps; i++) {
         t[i] = one_xfer(p, kind, &one);
         ok = ok && one;
     }
+    elapsed(kvr_exec_name(kind), t0);
     *verified = ok;
-    return (double)p->bytes / median(t, p->reps) / 1e9;
+    return (double)p->bytes / median(t, *reps) / 1e9;
+}
+
+/* Ends a CMD_SINK: the note that lets the consumer stop progressing, out
+ * of this process before we wait on the socket (a message still queued
+ * here would leave the consumer waiting until its deadline), then its
+ * answer. */
+static void sink_end(prod_t *p, uint64_t deadline_ns)
+{
+    kvr_status_t st = kvr_xfer_send_msg(p->s.ep, 7, "x", 1, deadline_ns);
+    if (st == KVR_OK)
+        st = kvr_xfer_drain(p->s.ep, deadline_ns);
+    if (st != KVR_OK)
+        DIE("note to the consumer: %s", kvr_xfer_last_error(p->s.t));
+    res_t r;
+    get_all(p->fd, &r, sizeof(r));
 }
 
 /* UCX's own large-put bandwidth for CUDA memory: the rank's byte count as
  * back-to-back 4 MiB puts from the producer's CUDA region into the
  * consumer's CUDA staging memory, one flush; the consumer only
- * progresses. Also as one put of all the bytes; the better of the two. */
+ * progresses. Also as puts of all the staging memory (32 MiB) at once;
+ * the better of the two. */
 static double put_ceiling(prod_t *p)
 {
     double best = 0;
@@ -470,7 +534,9 @@ static double put_ceiling(prod_t *p)
         double t[32];
         for (int i = 0; i <= p->reps; i++) {
             ask(p, CMD_SINK, 0);
-            uint64_t piece = how ? p->bytes : SLOT, room = SLOT * SLOTS;
+            l2_flush(p);
+            uint64_t room = SLOT * SLOTS;
+            uint64_t piece = !how ? SLOT : p->bytes < room ? p->bytes : room;
             uint64_t t0 = kvr_now_ns(), dl = kvr_deadline_ns(XFER_MS);
             kvr_status_t st = KVR_OK;
             for (uint64_t off = 0; off < p->bytes && st == KVR_OK;
@@ -483,12 +549,9 @@ static double put_ceiling(prod_t *p)
                 st = kvr_xfer_flush(p->s.ep, dl);
             if (i > 0)
                 t[i - 1] = (double)(kvr_now_ns() - t0) * 1e-9;
-            if (st == KVR_OK)
-                st = kvr_xfer_send_msg(p->s.ep, 7, "x", 1, dl);
             if (st != KVR_OK)
                 DIE("ceiling puts: %s", kvr_xfer_last_error(p->s.t));
-            res_t r;
-            get_all(p->fd, &r, sizeof(r));
+            sink_end(p, dl);
         }
         double gbps = (double)p->bytes / median(t, p->reps) / 1e9;
         best = gbps > best ? gbps : best;
@@ -496,12 +559,21 @@ static double put_ceiling(prod_t *p)
     return best;
 }
 
-static double copy_ceiling(prod_t *p)
+/* The same bytes as one cudaMemcpyAsync device to device, timed as the
+ * executors are (from the host: launch to completion); cold: L2 flushed
+ * before each rep, as before every executor's rep; warm: straight after
+ * the previous copy. */
+static double copy_ceiling(prod_t *p, bool cold)
 {
     double t[32];
     for (int i = 0; i <= p->reps; i++) {
+        if (cold)
+            l2_flush(p);
         uint64_t t0 = kvr_now_ns();
-        OK_OR_DIE(kvr_gpu_memcpy(p->copy_dst, p->src, p->bytes, err));
+        if (cudaMemcpyAsync(p->copy_dst, p->src, p->bytes,
+                            cudaMemcpyDeviceToDevice, p->cs) != cudaSuccess ||
+            cudaStreamSynchronize(p->cs) != cudaSuccess)
+            DIE("device copy: %s", cudaGetErrorString(cudaGetLastError()));
         if (i > 0)
             t[i - 1] = (double)(kvr_now_ns() - t0) * 1e-9;
     }
@@ -515,16 +587,17 @@ static kvr_exec_kind_t pick(prod_t *p, bool ipc, double t[KVR_COST_KINDS])
 {
     kvr_cost_probe_t probe = {.scratch = p->rstage,
                               .small_bytes = TOKEN,
-                              .small_count = 512,
+                              .small_count = 64,
                               .large_bytes = SLOT,
                               .deadline_ns = kvr_deadline_ns(XFER_MS),
-                              .put_src = p->msrc};
+                              .put_src = p->msrc,
+                              .lean = true}; /* as the agent's */
     kvr_cost_model_t m;
     ask(p, CMD_SINK, 0);
+    uint64_t p0 = kvr_now_ns();
     OK_OR_DIE(kvr_cost_measure(p->s.ep, &probe, &m, err));
-    OK_OR_DIE(kvr_xfer_send_msg(p->s.ep, 7, "x", 1, probe.deadline_ns));
-    res_t r;
-    get_all(p->fd, &r, sizeof(r));
+    double probe_s = (double)(kvr_now_ns() - p0) * 1e-9;
+    sink_end(p, probe.deadline_ns);
     kvr_cost_gpu_t g = {.cuda = true};
     const kvr_exec_packer_t *k = kvr__gpu_packer_ops(p->pk);
     uint64_t len = p->bytes < SLOT ? p->bytes : SLOT;
@@ -544,6 +617,12 @@ static kvr_exec_kind_t pick(prod_t *p, bool ipc, double t[KVR_COST_KINDS])
         double secs = one_xfer(p, KVR_EXEC_GPU_DIRECT, &ok);
         g.direct_Bps = (double)p->bytes / secs;
     }
+    printf("  %-16s figures: pack %.1f GB/s, launch %.1f us, gpu-direct "
+           "%.1f GB/s; UCX (lean probe, %.1f ms): put %.2f us + %.2f GB/s, "
+           "staging put %.2f GB/s, rtt %.1f us\n",
+           tl_name(p->tl), g.pack_Bps / 1e9, g.launch_s * 1e6,
+           g.direct_Bps / 1e9, probe_s * 1e3, m.put_s * 1e6, m.put_Bps / 1e9,
+           m.stage_Bps / 1e9, m.rtt_s * 1e6);
     kvr_xfer_seg_t seg = {.plan = kvr_plan_set_plan_of(p->set, 0)};
     return kvr_cost_choose_gpu(&m, &g, KVR_EXEC_AUTO, &seg, 1, SLOT, t);
 }
@@ -555,9 +634,16 @@ static void prod_setup(prod_t *p)
     OK_OR_DIE(kvr_gpu_malloc(0, j->src_len, &p->src, err));
     OK_OR_DIE(kvr_gpu_malloc(0, (size_t)SLOT * DEPTH, &p->bufs, err));
     OK_OR_DIE(kvr_gpu_malloc(0, j->dst_len, &p->copy_dst, err));
+    OK_OR_DIE(kvr_gpu_malloc(0, L2_FLUSH, &p->flush, err));
+    if (cudaStreamCreateWithFlags(&p->cs, cudaStreamNonBlocking) != cudaSuccess)
+        DIE("cudaStreamCreate failed");
     OK_OR_DIE(kvr_gpu_memcpy(p->src, j->src_host, j->src_len, err));
+    /* what registering CUDA memory with UCX costs (the agent registers
+     * every CUDA region at set-up; docs/transport.md, CUDA memory) */
+    uint64_t t0 = kvr_now_ns();
     OK_OR_DIE(kvr_mem_register_kind(p->s.t, p->src, j->src_len, KVR_MEM_CUDA,
                                     &p->msrc, err));
+    p->reg_s = (double)(kvr_now_ns() - t0) * 1e-9;
     OK_OR_DIE(kvr_mem_register_kind(p->s.t, p->bufs, (size_t)SLOT * DEPTH,
                                     KVR_MEM_CUDA, &p->mbufs, err));
     OK_OR_DIE(kvr_ep_create(p->s.t, p->peer.addr, p->peer.addr_len, &p->s.ep));
@@ -594,40 +680,87 @@ static void prod_teardown(prod_t *p)
     kvr_gpu_free(p->src);
     kvr_gpu_free(p->bufs);
     kvr_gpu_free(p->copy_dst);
+    kvr_gpu_free(p->flush);
+    cudaStreamDestroy(p->cs);
+}
+
+/* One executor's cell: its GB/s against the ceiling, into got and reps. */
+static void one_cell(prod_t *p, kvr_exec_kind_t kind, double ceiling,
+                     double got[KVR_COST_KINDS], int reps[KVR_COST_KINDS])
+{
+    bool v;
+    got[kind] = measure(p, kind, &reps[kind], &v);
+    cell(p, kvr_exec_name(kind), got[kind], ceiling, reps[kind], v, NULL);
 }
 
 static void prod_cells(prod_t *p)
 {
-    bool ipc = p->tl != KVR_XFER_TL_TCP, v;
-    double put_c = put_ceiling(p), copy_c = copy_ceiling(p);
-    double ceiling = ipc ? copy_c : put_c;
-    cell(p, "ucx-put-ceiling", put_c, 0, true, "large CUDA-memory puts");
-    cell(p, "d2d-copy", copy_c, 0, true, "cudaMemcpy device to device");
-    double t[KVR_COST_KINDS];
-    kvr_exec_kind_t k = pick(p, ipc, t);
-    printf("  cost model (s): direct %.4g gpu-staged %.4g gpu-direct %.4g -> "
-           "%s\n",
-           t[KVR_EXEC_DIRECT], t[KVR_EXEC_GPU_STAGED], t[KVR_EXEC_GPU_DIRECT],
-           kvr_exec_name(k));
-    kvr_exec_kind_t kinds[3] = {KVR_EXEC_GPU_STAGED, KVR_EXEC_DIRECT,
-                                KVR_EXEC_GPU_DIRECT};
+    bool ipc = p->tl != KVR_XFER_TL_TCP;
+    uint64_t t0 = kvr_now_ns();
+    double put_c = put_ceiling(p);
+    double cold = copy_ceiling(p, true), warm = copy_ceiling(p, false);
+    elapsed("ceilings", t0);
+    double ceiling = ipc ? cold : put_c;
+    char note[160];
+    snprintf(note, sizeof(note),
+             "ucp_mem_map of the producer's %llu-byte CUDA region: %.3f ms",
+             (ull)p->j->src_len, p->reg_s * 1e3);
+    cell_n(p, p->j->src_len, "ucx-register-cuda",
+           (double)p->j->src_len / p->reg_s / 1e9, 0, 1, true, note);
+    cell(p, "ucx-put-ceiling", put_c, 0, p->reps, true,
+         "large CUDA-memory puts");
+    cell(p, "d2d-copy-cold", cold, 0, p->reps, true,
+         "one cudaMemcpyAsync device to device, L2 flushed before each rep, "
+         "host-timed launch to completion as the executors are");
+    cell(p, "d2d-copy-warm", warm, 0, p->reps, true,
+         "the same, straight after the previous copy");
     double got[KVR_COST_KINDS] = {0};
-    for (int i = 0; i < (ipc ? 3 : 2); i++) {
-        got[kinds[i]] = measure(p, kinds[i], &v);
-        cell(p, kvr_exec_name(kinds[i]), got[kinds[i]], ceiling, v, NULL);
+    int reps[KVR_COST_KINDS] = {0};
+    /* gpu-direct before anything puts small pieces of CUDA memory through
+     * UCX: with cuda_ipc that crashed a producer on the H200
+     * (docs/transport.md, CUDA memory) */
+    if (ipc)
+        one_cell(p, KVR_EXEC_GPU_DIRECT, ceiling, got, reps);
+    double t[KVR_COST_KINDS];
+    t0 = kvr_now_ns();
+    kvr_exec_kind_t k = pick(p, ipc, t);
+    elapsed("cost model's figures", t0);
+    printf("  %-16s cost model (s): direct %.4g gpu-staged %.4g gpu-direct "
+           "%.4g -> %s\n",
+           tl_name(p->tl), t[KVR_EXEC_DIRECT], t[KVR_EXEC_GPU_STAGED],
+           t[KVR_EXEC_GPU_DIRECT], kvr_exec_name(k));
+    fprintf(p->js,
+            ",\n    {\"transport\": \"%s\", \"executor\": \"cost-model\", "
+            "\"predicted_s\": {\"direct\": %.6g, \"gpu-staged\": %.6g, "
+            "\"gpu-direct\": %.6g}, \"pick\": \"%s\"}",
+            tl_name(p->tl), t[KVR_EXEC_DIRECT], t[KVR_EXEC_GPU_STAGED],
+            t[KVR_EXEC_GPU_DIRECT], kvr_exec_name(k));
+    fflush(p->js);
+    one_cell(p, KVR_EXEC_GPU_STAGED, ceiling, got, reps);
+    /* kvrelay's IPC mapping is closed before UCX's direct puts into the
+     * same region make UCX's cuda_ipc open it too (--ipc-beside-ucx keeps
+     * both) */
+    if (p->ipc_dst != NULL && !p->keep_ipc) {
+        kvr_gpu_ipc_close(&p->peer.ipc, p->ipc_dst);
+        p->ipc_dst = NULL;
     }
+    one_cell(p, KVR_EXEC_DIRECT, ceiling, got, reps);
     char name[48];
     snprintf(name, sizeof(name), "picked:%s", kvr_exec_name(k));
-    cell(p, name, got[k], ceiling, true,
-         ipc ? "target: >= 0.8 of a same-size device-to-device copy"
+    cell(p, name, got[k], ceiling, reps[k], true,
+         ipc ? "target: >= 0.8 of a same-size device-to-device copy (cold)"
              : "the pick; gpu-staged's target is >= 0.8 of the put "
                "ceiling");
 }
 
-static int producer(job_t *j, int fd, int tl, int reps, FILE *js, bool *ok)
+static bool keep_ipc; /* --ipc-beside-ucx */
+
+static int producer(job_t *j, int fd, int tl, int reps, bool first, FILE *js,
+                    bool *ok)
 {
     prod_t p = {.j = j, .fd = fd, .tl = tl, .reps = reps, .js = js};
-    p.first_cell = true;
+    p.keep_ipc = keep_ipc;
+    p.first_cell = first;
     p.all_ok = true;
     OK_OR_DIE(kvr_gpu_set_device(0, err));
     side_open(&p.s, tl, 1);
@@ -661,10 +794,22 @@ static int wait_child(pid_t pid, const char *who)
     return WEXITSTATUS(status);
 }
 
+static const char *how_ended(int status, char *buf, size_t len)
+{
+    if (WIFSIGNALED(status))
+        snprintf(buf, len, "killed by signal %d", WTERMSIG(status));
+    else
+        snprintf(buf, len, "exit %d", WEXITSTATUS(status));
+    return buf;
+}
+
 /* Producer and consumer are both children: CUDA is never initialised in
- * this process, so that every fork starts clean. Producer exit codes: 0
- * all verified, 1 not, 77 no CUDA in UCX. */
-static int run_pair(job_t *j, int tl, int reps, FILE *js)
+ * this process, so that every fork starts clean. When either ends badly
+ * the other is killed at once (a consumer waiting on a dead producer
+ * would sit out its deadline). Returns the producer's exit code (0 all
+ * verified, 1 not, 77 no CUDA in UCX), or -1 when a process crashed or
+ * died: the pair's cells are then incomplete. */
+static int run_pair(job_t *j, int tl, int reps, bool first, FILE *js)
 {
     int sv[2];
     if (socketpair(AF_UNIX, SOCK_STREAM, 0, sv) != 0)
@@ -679,7 +824,7 @@ static int run_pair(job_t *j, int tl, int reps, FILE *js)
     if (prod == 0) {
         close(sv[1]);
         bool ok = false;
-        int rc = producer(j, sv[0], tl, reps, js, &ok);
+        int rc = producer(j, sv[0], tl, reps, first, js, &ok);
         fflush(NULL);
         _exit(rc ? rc : ok ? 0 : 1);
     }
@@ -687,9 +832,30 @@ static int run_pair(job_t *j, int tl, int reps, FILE *js)
         DIE("fork: %s", strerror(errno));
     close(sv[0]);
     close(sv[1]);
-    int rc = wait_child(prod, "producer");
-    if (wait_child(cons, "consumer") != 0)
-        DIE("consumer failed");
+    int rc = 0, left = 2;
+    while (left > 0) {
+        int status = 0;
+        pid_t w = waitpid(-1, &status, 0);
+        if (w < 0 && errno == EINTR)
+            continue;
+        if (w != prod && w != cons)
+            DIE("waitpid: %s", strerror(errno));
+        left--;
+        bool bad = !WIFEXITED(status) ||
+                   (w == cons && WEXITSTATUS(status) != 0) ||
+                   (w == prod && WEXITSTATUS(status) != 0 &&
+                    WEXITSTATUS(status) != 1 && WEXITSTATUS(status) != 77);
+        if (w == prod && !bad)
+            rc = WEXITSTATUS(status);
+        if (bad) {
+            char why[48];
+            fprintf(stderr, "%s (%s): %s\n", w == prod ? "producer" : "consumer",
+                    tl_name(tl), how_ended(status, why, sizeof(why)));
+            if (left > 0)
+                kill(w == prod ? cons : prod, SIGKILL);
+            rc = -1;
+        }
+    }
     return rc;
 }
 
@@ -725,7 +891,7 @@ static void card_name(char *name, size_t len)
 int main(int argc, char **argv)
 {
     bool test = false;
-    uint64_t tokens = 65536;
+    uint64_t tokens = 262144;
     int reps = 5;
     const char *out = NULL;
     for (int i = 1; i < argc; i++) {
@@ -737,9 +903,12 @@ int main(int argc, char **argv)
             reps = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--out") && i + 1 < argc)
             out = argv[++i];
+        else if (!strcmp(argv[i], "--ipc-beside-ucx"))
+            keep_ipc = true;
         else
-            DIE("usage: %s [--test] [--tokens N] [--reps N] [--out FILE]",
-                argv[0]);
+            DIE("usage: %s [--test] [--tokens N] [--reps N] [--out FILE] "
+                "[--ipc-beside-ucx]; bad argument '%s'",
+                argv[0], argv[i]);
     }
     if (test) {
         reps = 1;
@@ -748,6 +917,7 @@ int main(int argc, char **argv)
     if (tokens == 0 || tokens % (BS * W) != 0 || reps < 1 || reps > 31)
         DIE("--tokens %llu must be a multiple of %d, --reps %d in 1-31",
             (ull)tokens, BS * W, reps);
+    setvbuf(stdout, NULL, _IOLBF, 0); /* a killed run keeps its lines */
     char card[256];
     card_name(card, sizeof(card));
     job_t j;
@@ -766,18 +936,22 @@ int main(int argc, char **argv)
             "\"tokens\": %llu, \"reps\": %d, \"slot_bytes\": %u, \"slots\": "
             "%u, \"pack_depth\": %u,\n  \"cells\": [",
             W, BS, TOKEN, (ull)tokens, reps, SLOT, SLOTS, DEPTH);
+    fflush(js);
+    off_t cells = lseek(fileno(js), 0, SEEK_CUR);
     printf("%s, UCX %s, rank 0 of W=%d, I=1, %llu tokens of %d B\n",
            card, kvr_xfer_ucx_version(), W, (ull)tokens, TOKEN);
     int tls[2] = {KVR_XFER_TL_TCP, KVR_XFER_TL_AUTO};
-    bool all = true;
+    bool all = true, complete = true;
     int rc = 0;
     for (int i = 0; i < 2 && rc != 77; i++) {
-        if (i > 0)
-            fprintf(js, ",");
-        rc = run_pair(&j, tls[i], reps, js);
+        fflush(js); /* the producer writes its cells at the shared offset */
+        bool first = lseek(fileno(js), 0, SEEK_CUR) == cells;
+        rc = run_pair(&j, tls[i], reps, first, js);
         all = all && rc == 0;
+        complete = complete && rc >= 0;
     }
-    fprintf(js, "\n  ]\n}\n");
+    fprintf(js, "\n  ],\n  \"complete\": %s\n}\n",
+            complete ? "true" : "false");
     fclose(js);
     if (rc == 77)
         return 77;

@@ -16,8 +16,10 @@
 #              'libucx/lib/*.so*' 'libucx/lib/pkgconfig/*' \
 #              'libucx/bin/ucx_info' 'libucx_cu13.libs/libcudart*'
 # SRC (default: the repository) is the source tree to build. Results go to
-# $OUT (default bench/out): build.log, tests.log, demo-*.log, bench.log,
-# gpu-network.json, ucx_info.txt, nvidia-smi.txt.
+# $OUT (default bench/out), six files (the device returns few): env.txt
+# (nvidia-smi, ucx_info -v and -d), build.log, bench.log, gpu-network.json,
+# tests.log, demos.log (every demo's output; with DEMO_DEBUG=1 the agents'
+# link figures and executor picks, KVR_AGENT_DEBUG, filtered).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-bench/out}
@@ -35,11 +37,10 @@ sed -i "s|^prefix *=.*|prefix = $UCX|" "$UCX"/lib/pkgconfig/*.pc
 export LD_LIBRARY_PATH=$LIBS:$UCX/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 export PKG_CONFIG="$ROOT/usr/bin/pkgconf"
 export PKG_CONFIG_LIBDIR=$LIBS/pkgconfig
-nvidia-smi > "$OUT/nvidia-smi.txt" 2>&1
-"$UCX/bin/ucx_info" -v > "$OUT/ucx_info.txt" 2>&1
-"$UCX/bin/ucx_info" -d >> "$OUT/ucx_info.txt" 2>&1
+ENV=$OUT/env.txt
+{ nvidia-smi; "$UCX/bin/ucx_info" -v; "$UCX/bin/ucx_info" -d; } > "$ENV" 2>&1
 echo "== $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader)"
-echo "== UCX: $(head -1 "$OUT/ucx_info.txt"); transports: $(grep -o 'Transport: [a-z_]*' "$OUT/ucx_info.txt" | sort -u | cut -d' ' -f2 | tr '\n' ' ')"
+echo "== UCX: $(grep -m1 'Library version' "$ENV"); transports: $(grep -o 'Transport: [a-z_]*' "$ENV" | sort -u | cut -d' ' -f2 | tr '\n' ' ')"
 t0=$(date +%s)
 # every step is bounded (BUILD_S, TEST_S, DEMO_S seconds): a hung step
 # must not eat a lease
@@ -60,23 +61,36 @@ if [ "${SERVING:-0}" = 1 ]; then # bench serving's GPU form first (bench/gpu/ser
 fi
 if [ "${BENCH:-1}" = 1 ]; then # the GPU network benchmark (gpu-network.json)
   echo "== benchmark"
-  timeout "${BENCH_S:-120}" "$B/bench/bench_gpu_net" --tokens "${TOKENS:-65536}" --reps "${REPS:-5}" \
+  timeout "${BENCH_S:-120}" "$B/bench/bench_gpu_net" --tokens "${TOKENS:-262144}" --reps "${REPS:-5}" \
       --out "$OUT/gpu-network.json" 2>&1 | tee "$OUT/bench.log" || fail=1
+fi
+if [ "${IPC_BESIDE:-0}" = 1 ]; then # UCX's cuda_ipc beside kvrelay's mapping
+  echo "== bench_gpu_net --test --ipc-beside-ucx" | tee -a "$OUT/bench.log"
+  timeout 30 "$B/bench/bench_gpu_net" --test --ipc-beside-ucx 2>&1 | tee -a "$OUT/bench.log"
+  echo "rc=${PIPESTATUS[0]}" | tee -a "$OUT/bench.log"
 fi
 echo "== device tests"
 (cd "$B" && timeout "${SUITE_S:-240}" ctest -j4 -R "${TESTS:-test_gpu|test_xfer_(loopback|ucx)}" \
     --timeout "${TEST_S:-60}" --output-on-failure) > "$OUT/tests.log" 2>&1 || fail=1
 grep -E 'tests passed|Passed|Failed|Skipped|\*\*\*' "$OUT/tests.log" | tail -20
 echo "== demo: CUDA KV, stages and ranks as processes (the agent's gpu-direct)"
-N=0
-demo() {
-    N=$((N + 1))
-    timeout "${DEMO_S:-60}" "$B/bin/kvrelay" demo "$@" > "$OUT/demo-$N.log" 2>&1
+# the agents' own lines worth keeping (DEMO_DEBUG=1), and any crash
+KEEP='GPU figures|transport probe|predicted ms|Caught signal|^ *[0-9]+ 0x|backtrace|rror'
+demo() { # SKIP_DEMOS: a regex of demo arguments not to run
+    [ -n "${SKIP_DEMOS:-}" ] && [[ "$*" =~ $SKIP_DEMOS ]] && return
+    local log=/tmp/kvr-demo.log
+    local t0=$(date +%s%N)
+    ${DEMO_DEBUG:+env KVR_AGENT_DEBUG=1} timeout "${DEMO_S:-60}" \
+        "$B/bin/kvrelay" demo "$@" > $log 2>&1
     local r=$?
-    echo "kvrelay demo $* -> rc=$r"; tail -3 "$OUT/demo-$N.log"
+    local ms=$((($(date +%s%N) - t0) / 1000000))
+    echo "kvrelay demo $* -> rc=$r ($ms ms whole run)"; grep -v '^kvr agent' $log | tail -3
+    { echo "### kvrelay demo $* -> rc=$r ($ms ms whole run)"; grep -v '^kvr agent' $log | tail -40
+      grep -E "$KEEP" $log | grep -v 'verified' | head -80; } >> "$OUT/demos.log"
     [ $r = 0 ] || fail=1
 }
 demo --device cuda
+demo --device cuda --executor gpu-direct
 demo --device cuda --transport tcp ${NET_DEMO:-}
 demo --device cuda --transport tcp --executor staged ${NET_DEMO:-}
 demo --device cuda --producer-dcp 2 --dcp 4

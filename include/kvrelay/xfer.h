@@ -405,6 +405,12 @@ typedef struct kvr_cost_probe {
     const kvr_mem_t *put_src; /* puts read from this registered memory
                                  (e.g. CUDA, >= large_bytes), as transfers
                                  out of it do; NULL: a host buffer */
+    bool lean; /* puts only, a linear model (points 0): per round a round
+                  trip, a batch of small_count small puts, one large put
+                  into scratch and one into staging memory; no host copies
+                  (copy_Bps 0: host staging is then no candidate) and no
+                  mapping. For CUDA regions, whose packing is a kernel
+                  priced by kvr_cost_gpu_t: ~1-30 ms instead of ~0.3 s */
 } kvr_cost_probe_t;
 
 /* A short measurement over ep (~0.1-0.2 s; the target must progress).

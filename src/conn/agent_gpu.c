@@ -65,9 +65,11 @@ kvr_status_t kvr__agpu_map(kvr_agent_t *a, kvr__alink_t *l,
         return kvr_error_set(err, KVR_ERR_PROTO, "CUDA region key of %u bytes",
                              r->rkey_len);
     map_ipc(a, r, m);
-    /* one host (CUDA IPC works): gpu-direct, as fast as a device copy;
-     * the transport's CUDA path is for consumers IPC cannot reach (another
-     * host, or tcp forced) */
+    /* one host (CUDA IPC works): gpu-direct alone. The transport's CUDA
+     * path beside IPC mappings failed on the H200 (docs/transport.md, CUDA
+     * memory: the producer crashed in the probe's small puts with UCX's
+     * cuda_ipc, and the probe's flushes hung without it), so it serves
+     * consumers IPC cannot reach (another host, or tcp forced) */
     uint32_t ulen = m->dev ? 0 : r->rkey_len - KVR_GPU_RKEY_BYTES;
     kvr_status_t st = KVR_OK;
     if (ulen > 0 && l->data != NULL)
@@ -350,8 +352,16 @@ kvr_status_t kvr__agpu_link(kvr_agent_t *a, kvr__alink_t *l,
     st = kvr__dpeer_map(l->data, staging->base + probe, slot,
                         staging->rkey + KVR_GPU_RKEY_BYTES,
                         staging->rkey_len - KVR_GPU_RKEY_BYTES, &scratch, err);
+    uint64_t t0 = kvr_now_ns();
     if (st == KVR_OK)
         st = kvr__data_probe(l->data, scratch, slot, l->gpack_mem, err);
+    if (st == KVR_OK) {
+        char what[256];
+        kvr__data_model_describe(l->data, what, sizeof(what));
+        kvr__agent_log(a, "link %u: transport probe (%s) in %.1f ms: %s",
+                       l->serial, sm->dev ? "beside CUDA IPC" : "network only",
+                       (double)(kvr_now_ns() - t0) * 1e-6, what);
+    }
     if (st == KVR_OK)
         st = measure(a, l, sm->dev ? (uint8_t *)sm->dev + probe : NULL, slot,
                      err);
@@ -445,8 +455,9 @@ kvr_status_t kvr__agpu_choose(kvr_agent_t *a, kvr__pull_t *p, kvr_error_t *err)
                                       : "its regions are not on our transport");
     if ((can & 2) && check_slots(p, err) != KVR_OK)
         return err->code;
+    double pred[3] = {0, 0, 0};
     if (k == 0 && can == 4)
-        k = 4;
+        k = 4; /* the only path: nothing to choose */
     if (k == 0) {
         kvr__dgpu_t g = l->gfig;
         g.pack_Bps = can & 2 ? g.pack_Bps : 0;
@@ -455,12 +466,18 @@ kvr_status_t kvr__agpu_choose(kvr_agent_t *a, kvr__pull_t *p, kvr_error_t *err)
                                           : GPU_DIRECT_BPS_DEFAULT;
         uint64_t slot = l->staging >= 0 ? l->maps[l->staging].desc.page_bytes
                                         : 4u << 20;
-        k = kvr__data_choose_gpu(l->data, 0, &g, p->segs, p->nsegs, slot);
+        k = kvr__data_choose_gpu(l->data, 0, &g, p->segs, p->nsegs, slot,
+                                 pred);
     }
     p->gpu = k == 4;
     p->staged = p->gstaged = k == 2;
-    kvr__agent_log(a, "pull of '%.*s' for dcp %u: %s", (int)p->request.len,
-                   p->request.bytes, p->dcp_rank, gpu_exec_name(k));
+    kvr__agent_log(a,
+                   "pull of '%.*s' for dcp %u: %s (predicted ms: direct "
+                   "puts %.3f, gpu-staged %.3f, gpu-direct %.3f; 0: not a "
+                   "candidate)",
+                   (int)p->request.len, p->request.bytes, p->dcp_rank,
+                   gpu_exec_name(k), pred[0] * 1e3, pred[1] * 1e3,
+                   pred[2] * 1e3);
     return KVR_OK;
 }
 

@@ -1,6 +1,7 @@
 /* The connector's data path over the xfer layer (see data.h). */
 #include "data.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -399,10 +400,34 @@ int kvr__data_choose(kvr__dpeer_t *p, int force, const kvr__dseg_t *segs,
     return k == KVR_EXEC_STAGED ? 2 : 1;
 }
 
+void kvr__data_model_describe(const kvr__dpeer_t *p, char *buf, size_t len)
+{
+    const kvr_cost_model_t *m = &p->model;
+    uint32_t n = m->points;
+    if (n == 0) { /* a lean probe's linear model, or the default one */
+        snprintf(buf, len,
+                 "put %.2f us + %.2f GB/s, staging put %.2f GB/s, rtt %.1f "
+                 "us, per chunk %.1f us",
+                 m->put_s * 1e6, m->put_Bps / 1e9, m->stage_Bps / 1e9,
+                 m->rtt_s * 1e6, m->chunk_s * 1e6);
+        return;
+    }
+    double big = m->point_bytes[n - 1];
+    snprintf(buf, len,
+             "put of %.0f B %.2f us, of %.0f B %.2f GB/s, staging put %.2f "
+             "GB/s, rtt %.1f us, per chunk %.1f us",
+             m->point_bytes[0], m->put_at[0] * 1e6, big,
+             m->put_at[n - 1] > 0 ? big / m->put_at[n - 1] / 1e9 : 0,
+             m->stage_at[n - 1] > 0 ? big / m->stage_at[n - 1] / 1e9 : 0,
+             m->rtt_s * 1e6, m->chunk_s * 1e6);
+}
+
 int kvr__data_choose_gpu(kvr__dpeer_t *p, int force, const kvr__dgpu_t *g,
                          const kvr__dseg_t *segs, size_t n,
-                         uint64_t slot_bytes)
+                         uint64_t slot_bytes, double pred[3])
 {
+    if (pred != NULL)
+        pred[0] = pred[1] = pred[2] = 0;
     if (p == NULL)
         return 4;
     kvr_xfer_seg_t *x = to_xfer(p, segs, n);
@@ -420,6 +445,11 @@ int kvr__data_choose_gpu(kvr__dpeer_t *p, int force, const kvr__dgpu_t *g,
     kvr_exec_kind_t k =
         kvr_cost_choose_gpu(&p->model, &cg, f, x, n, slot_bytes, t);
     free(x);
+    if (pred != NULL) {
+        pred[0] = t[KVR_EXEC_DIRECT];
+        pred[1] = t[KVR_EXEC_GPU_STAGED];
+        pred[2] = t[KVR_EXEC_GPU_DIRECT];
+    }
     return k == KVR_EXEC_GPU_DIRECT ? 4 : k == KVR_EXEC_GPU_STAGED ? 2 : 1;
 }
 
@@ -434,10 +464,14 @@ kvr_status_t kvr__data_probe(kvr__dpeer_t *p, uint32_t scratch,
         .scratch = p->maps[scratch],
         .stage_scratch = p->maps[scratch],
         .small_bytes = 576,
-        .small_count = 256,
+        .small_count = put_src ? 64 : 256,
         .large_bytes = scratch_len < (4u << 20) ? scratch_len : (4u << 20),
         .deadline_ns = kvr_deadline_ns(5000),
-        .put_src = put_src ? put_src->mem : NULL};
+        .put_src = put_src ? put_src->mem : NULL,
+        /* CUDA regions: puts only (their packing is a kernel, measured by
+         * the agent), in milliseconds: the probe runs inside the first
+         * pull of a link */
+        .lean = put_src != NULL};
     kvr_cost_model_t m;
     kvr_status_t st = kvr_cost_measure(p->ep, &probe, &m, err);
     if (st == KVR_OK)

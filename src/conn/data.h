@@ -88,20 +88,26 @@ int kvr__data_choose(kvr__dpeer_t *p, int force, const kvr__dseg_t *segs,
                      size_t n, uint64_t slot_bytes);
 /* Measures the cost model once with a scratch mapping of the peer; puts
  * read from put_src (registered, >= scratch_len; CUDA memory for CUDA
- * regions) or, NULL, a host buffer. */
+ * regions: then the lean probe, puts only) or, NULL, a host buffer. */
 kvr_status_t kvr__data_probe(kvr__dpeer_t *p, uint32_t scratch,
                              uint64_t scratch_len, const kvr__dmem_t *put_src,
                              kvr_error_t *err);
+/* The probe's figures in a line for the log: a put of the smallest size
+ * (a lean probe's: a put's fixed cost) and the largest put's rate, a
+ * staging put's rate, the round trip, a chunk's fixed cost. */
+void kvr__data_model_describe(const kvr__dpeer_t *p, char *buf, size_t len);
 /* The GPU figures of a link (kvr_cost_gpu_t): pack/unpack kernel rate (0:
  * no gpu-staged), per-chunk launch, gpu-direct rate (0: no CUDA IPC). */
 typedef struct kvr__dgpu {
     double pack_Bps, launch_s, direct_Bps;
 } kvr__dgpu_t;
 /* Executor for CUDA regions: 1 direct puts, 2 gpu-staged, 4 gpu-direct;
- * force (the same values, 0 auto) wins. p NULL: no network path. */
+ * force (the same values, 0 auto) wins. p NULL: no network path. The
+ * predicted seconds of direct puts, gpu-staged and gpu-direct go to pred
+ * when not NULL (0: not a candidate). */
 int kvr__data_choose_gpu(kvr__dpeer_t *p, int force, const kvr__dgpu_t *g,
                          const kvr__dseg_t *segs, size_t n,
-                         uint64_t slot_bytes);
+                         uint64_t slot_bytes, double pred[3]);
 
 /* The agent's additions: an in-process loopback data plane for tests, and
  * direct sends in bounded slices (the caller keeps the cursor). */

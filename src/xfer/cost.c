@@ -284,6 +284,40 @@ static kvr_status_t measure(probe_t *pr, kvr_cost_model_t *m)
     return st;
 }
 
+/* The lean probe (kvr_cost_probe_t.lean): medians of ROUNDS rounds of a
+ * round trip, a batch of small puts, one large put into scratch and one
+ * into staging memory, each ended by its flush; a linear model. */
+static kvr_status_t measure_lean(probe_t *pr, kvr_cost_model_t *m)
+{
+    const kvr_cost_probe_t *p = pr->p;
+    double rtt[ROUNDS], small[ROUNDS], large[ROUNDS], stage[ROUNDS];
+    /* warm-up: the target's pages and the paths' buffers */
+    kvr_status_t st = put_batch(pr, p->scratch, p->large_bytes, 1, NULL);
+    if (st == KVR_OK && pr->stage != p->scratch)
+        st = put_batch(pr, pr->stage, p->large_bytes, 1, NULL);
+    for (int r = 0; r < ROUNDS && st == KVR_OK; r++) {
+        st = wake(pr);
+        if (st == KVR_OK)
+            st = put_batch(pr, p->scratch, p->small_bytes, 1, &rtt[r]);
+        if (st == KVR_OK)
+            st = put_batch(pr, p->scratch, p->small_bytes, p->small_count,
+                           &small[r]);
+        if (st == KVR_OK)
+            st = put_batch(pr, p->scratch, p->large_bytes, 1, &large[r]);
+        if (st == KVR_OK)
+            st = put_batch(pr, pr->stage, p->large_bytes, 1, &stage[r]);
+    }
+    if (st != KVR_OK)
+        return st;
+    double big = (double)p->large_bytes;
+    *m = (kvr_cost_model_t){.rtt_s = median(rtt)};
+    m->put_s = per_put(median(small), m->rtt_s, p->small_count);
+    m->put_Bps = big / per_put(median(large), m->rtt_s, 1);
+    m->stage_Bps = big / per_put(median(stage), m->rtt_s, 1);
+    m->chunk_s = 2 * m->put_s + m->rtt_s;
+    return KVR_OK;
+}
+
 kvr_status_t kvr_cost_measure(kvr_ep_t *ep, const kvr_cost_probe_t *probe,
                               kvr_cost_model_t *out, kvr_error_t *err)
 {
@@ -308,14 +342,16 @@ kvr_status_t kvr_cost_measure(kvr_ep_t *ep, const kvr_cost_probe_t *probe,
                                                 : probe->scratch,
                   .batch_bytes = probe->large_bytes / 4,
                   .src_len = source_bytes(probe->large_bytes)};
+    if (probe->lean) /* no host copies: a source as large as one put */
+        pr.src_len = probe->large_bytes * 2;
     pr.src = malloc(pr.src_len);
     if (pr.src == NULL)
         return kvr_error_set(err, KVR_ERR_NO_MEMORY, "probe buffer");
     memset(pr.src, 0x5a, pr.src_len);
     kvr_cost_model_t m = {0};
-    kvr_status_t st = ladder(&pr);
+    kvr_status_t st = probe->lean ? KVR_OK : ladder(&pr);
     if (st == KVR_OK)
-        st = measure(&pr, &m);
+        st = probe->lean ? measure_lean(&pr, &m) : measure(&pr, &m);
     for (uint32_t i = 0; i < KVR_COST_POINTS; i++)
         kvr_plan_destroy(pr.pieces[i]);
     free(pr.src);
@@ -447,21 +483,23 @@ kvr_exec_kind_t kvr_cost_choose_gpu(const kvr_cost_model_t *model,
     if (usable) {
         shape_t sh = shape_of(model, segs, n, slot_bytes);
         tt[KVR_EXEC_DIRECT] = sh.c.put + model->rtt_s;
-        if (!cuda) {
+        if (cuda) {
+            if (gpu->pack_Bps > 0)
+                tt[KVR_EXEC_GPU_STAGED] = gpu_staged_cost(model, gpu, &sh);
+            if (gpu->direct_Bps > 0)
+                tt[KVR_EXEC_GPU_DIRECT] = sh.bytes / gpu->direct_Bps +
+                                          gpu->launch_s + model->rtt_s;
+        } else if (model->points > 0 || model->copy_Bps > 0) {
             /* producer packs chunk c + 1 while the consumer unpacks chunk
              * c: the slower of the two sets the pace; the last unpack is
-             * alone; no put into staging when mapped */
+             * alone; no put into staging when mapped (a lean model, no
+             * copy rate: no host staging) */
             double stream = sh.c.pack > sh.c.unpack ? sh.c.pack : sh.c.unpack;
             tt[KVR_EXEC_STAGED] =
                 stream + sh.chunks * model->chunk_s +
                 (sh.bytes > 0 ? sh.c.unpack * sh.last / sh.bytes : 0) +
                 (model->mapped ? 0 : sh.stage) + model->rtt_s;
-        } else if (gpu->pack_Bps > 0) {
-            tt[KVR_EXEC_GPU_STAGED] = gpu_staged_cost(model, gpu, &sh);
         }
-        if (cuda && gpu->direct_Bps > 0)
-            tt[KVR_EXEC_GPU_DIRECT] = sh.bytes / gpu->direct_Bps +
-                                      gpu->launch_s + model->rtt_s;
     }
     if (t != NULL)
         memcpy(t, tt, sizeof(tt));

@@ -174,6 +174,7 @@ static void ucx_close(kvr_transport_t *t)
     if (tr->wake_fd >= 0)
         close(tr->wake_fd);
     kvr__transport_fini(t);
+    pthread_mutex_destroy(&tr->cuda_lock);
     free(tr);
 }
 
@@ -346,6 +347,7 @@ kvr_status_t kvr_transport_ucx_create(const kvr_ucx_params_t *params,
         return kvr_error_set(err, KVR_ERR_NO_MEMORY, "no memory");
     tr->p = *p;
     tr->wake_fd = -1;
+    pthread_mutex_init(&tr->cuda_lock, NULL);
     kvr_status_t st = kvr__transport_init(&tr->base, &ucx_ops, p->id,
                                           p->max_inflight, p->msg_queue_max);
     if (st != KVR_OK) {

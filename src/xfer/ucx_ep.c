@@ -142,8 +142,11 @@ kvr_status_t kvr__ucx_reg(kvr_transport_t *t, void *addr, size_t len,
 }
 
 /* CUDA memory is named as such: UCX would otherwise have to detect it
- * (its memory-type cache), and registers it with its CUDA domains
- * (cuda_copy; cuda_ipc exports it to a peer on the same host). */
+ * (its memory-type cache, which misses allocations of a statically linked
+ * CUDA runtime, as kvrelay's are, and then treats device pointers as host
+ * memory), and registers it with its CUDA domains (cuda_copy; cuda_ipc
+ * exports it to a peer on the same host). Puts from it name its type too
+ * (cuda_type). */
 kvr_status_t kvr__ucx_reg_cuda(kvr_transport_t *t, void *addr, size_t len,
                                kvr_mem_t **out)
 {
@@ -155,12 +158,47 @@ kvr_status_t kvr__ucx_reg_cuda(kvr_transport_t *t, void *addr, size_t len,
         .length = len,
         .memory_type = UCS_MEMORY_TYPE_CUDA,
     };
-    return map(t, &mp, "ucp_mem_map(CUDA)", out);
+    kvr_status_t st = map(t, &mp, "ucp_mem_map(CUDA)", out);
+    if (st != KVR_OK)
+        return st;
+    ucx_tr_t *tr = kvr__ucx_tr(t);
+    ucx_mem_t *m = (ucx_mem_t *)*out;
+    m->cuda = true;
+    pthread_mutex_lock(&tr->cuda_lock);
+    m->next_cuda = tr->cuda_mems;
+    tr->cuda_mems = m;
+    pthread_mutex_unlock(&tr->cuda_lock);
+    return KVR_OK;
+}
+
+/* Whether [src, src + len) lies in registered CUDA memory. */
+static bool cuda_source(ucx_tr_t *tr, const void *src, uint64_t len)
+{
+    uintptr_t a = (uintptr_t)src;
+    bool found = false;
+    pthread_mutex_lock(&tr->cuda_lock);
+    for (const ucx_mem_t *m = tr->cuda_mems; m != NULL && !found;
+         m = m->next_cuda) {
+        uintptr_t b = (uintptr_t)m->base.addr;
+        found = a >= b && a - b <= m->base.len && len <= m->base.len - (a - b);
+    }
+    pthread_mutex_unlock(&tr->cuda_lock);
+    return found;
 }
 
 void kvr__ucx_dereg(kvr_mem_t *mem)
 {
     ucx_mem_t *m = (ucx_mem_t *)mem;
+    ucx_tr_t *tr = kvr__ucx_tr(mem->t);
+    if (m->cuda) {
+        pthread_mutex_lock(&tr->cuda_lock);
+        ucx_mem_t **p = &tr->cuda_mems;
+        while (*p != NULL && *p != m)
+            p = &(*p)->next_cuda;
+        if (*p == m)
+            *p = m->next_cuda;
+        pthread_mutex_unlock(&tr->cuda_lock);
+    }
     ucp_mem_unmap(kvr__ucx_tr(mem->t)->ctx, m->memh);
     free(m);
 }
@@ -274,6 +312,11 @@ kvr_status_t kvr__ucx_put(kvr_ep_t *ep, const void *src, uint64_t len,
         .cb.send = put_done,
         .user_data = uep,
     };
+    /* a put from CUDA memory says so (see kvr__ucx_reg_cuda) */
+    if (cuda_source(tr_of_ep(ep), src, len)) {
+        prm.op_attr_mask |= UCP_OP_ATTR_FIELD_MEMORY_TYPE;
+        prm.memory_type = UCS_MEMORY_TYPE_CUDA;
+    }
     atomic_fetch_add(&uep->inflight, 1);
     kvr__ucx_posted(tr_of_ep(ep));
     void *req = ucp_put_nbx(uep->uep, src, len, dst->base + off,

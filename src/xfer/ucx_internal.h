@@ -30,6 +30,9 @@ typedef struct ucx_tr {
     struct ucx_ep *graveyard;     /* endpoints whose close timed out: freed
                                      once the worker is gone (no callback
                                      can name them after that) */
+    pthread_mutex_t cuda_lock;    /* guards cuda_mems */
+    struct ucx_mem *cuda_mems;    /* registered CUDA memory: puts from it
+                                     name their memory type */
 } ucx_tr_t;
 
 typedef struct ucx_ep {
@@ -45,6 +48,8 @@ typedef struct ucx_ep {
 typedef struct ucx_mem {
     kvr_mem_t base;
     ucp_mem_h memh;
+    bool cuda;
+    struct ucx_mem *next_cuda; /* in the transport's cuda_mems */
 } ucx_mem_t;
 
 typedef struct ucx_rmem {

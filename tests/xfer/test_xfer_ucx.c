@@ -169,6 +169,28 @@ static void test_probe(void **state)
         assert_true(m.mapped ? m.stage_at[i] == 0
                              : m.stage_at[i] >= m.copy_at[i]);
     }
+    /* the lean probe: a linear model of puts alone, no copy rate, so host
+     * staging is no candidate; the session still works after it */
+    t0 = kvr_now_ns();
+    assert_int_equal(xh_probe_lean(&s, 0, true, &m), KVR_OK);
+    fprintf(stderr, "lean probe %.3f s: put %.2f us + %.2f GB/s, rtt %.1f us\n",
+            (double)(kvr_now_ns() - t0) * 1e-9, m.put_s * 1e6,
+            m.put_Bps / 1e9, m.rtt_s * 1e6);
+    assert_int_equal(m.points, 0);
+    assert_false(m.mapped);
+    assert_true(m.rtt_s > 0 && m.put_s > 0 && m.put_Bps > 0);
+    assert_true(m.stage_Bps > 0 && m.chunk_s > m.rtt_s);
+    assert_true(m.copy_Bps == 0);
+    kvr_run_t run = {.src = 0, .dst = 0, .len = 4096};
+    kvr_plan_t *plan = NULL;
+    assert_int_equal(kvr_plan_from_runs(&run, 1, &plan), KVR_OK);
+    kvr_xfer_seg_t seg = {.plan = plan};
+    double td = 0, ts = 1;
+    assert_int_equal(kvr_cost_choose(&m, KVR_EXEC_AUTO, &seg, 1, 1u << 20,
+                                     &td, &ts),
+                     KVR_EXEC_DIRECT);
+    assert_true(td > 0 && ts == 0);
+    kvr_plan_destroy(plan);
     assert_int_equal(xh_round(&s, KVR_EXEC_STAGED, NULL, NULL), KVR_OK);
     assert_int_equal(xh_stop(&s), 0);
 }
@@ -199,6 +221,50 @@ static void test_cuda_memory(void **state)
     kvr_transport_destroy(t);
 }
 
+/* The transport sets asked for with cuda ("tcp,cuda_copy",
+ * "sm,cuda_copy,cuda_ipc", UCX's default) are accepted by this UCX and
+ * move bytes: a put of host memory between two transports of this process
+ * (a UCX without CUDA warns about the CUDA names and keeps the rest). */
+static void test_cuda_tls(void **state)
+{
+    (void)state;
+    const kvr_xfer_tl_t tls[2] = {KVR_XFER_TL_AUTO, g_tl};
+    for (int i = 0; i < 2; i++) {
+        kvr_ucx_params_t p = KVR_UCX_PARAMS_INIT;
+        p.tl = tls[i];
+        p.cuda = true;
+        kvr_transport_t *src = NULL, *dst = NULL;
+        kvr_error_t err = {0};
+        assert_int_equal(kvr_transport_ucx_create(&p, &src, &err), KVR_OK);
+        p.progress = KVR_XFER_PROGRESS_THREAD; /* the target of the put */
+        assert_int_equal(kvr_transport_ucx_create(&p, &dst, &err), KVR_OK);
+        static char from[4096], to[4096];
+        memset(from, 'a' + i, sizeof(from));
+        memset(to, 0, sizeof(to));
+        kvr_mem_t *m = NULL;
+        kvr_remote_region_t r;
+        const void *addr;
+        size_t len;
+        kvr_ep_t *ep = NULL;
+        kvr_rmem_t *rm = NULL;
+        uint64_t dl = kvr_deadline_ns(10000);
+        assert_int_equal(kvr_mem_register(dst, to, sizeof(to), &m), KVR_OK);
+        assert_int_equal(kvr_mem_pack(m, &r), KVR_OK);
+        assert_int_equal(kvr_xfer_address(dst, &addr, &len), KVR_OK);
+        assert_int_equal(kvr_ep_create(src, addr, len, &ep), KVR_OK);
+        assert_int_equal(kvr_rmem_open(ep, &r, &rm), KVR_OK);
+        assert_int_equal(kvr_xfer_put(ep, from, sizeof(from), rm, 0, dl),
+                         KVR_OK);
+        assert_int_equal(kvr_xfer_flush(ep, dl), KVR_OK);
+        assert_memory_equal(from, to, sizeof(to));
+        kvr_rmem_close(rm);
+        kvr_ep_destroy(ep);
+        kvr_mem_destroy(m);
+        kvr_transport_destroy(src);
+        kvr_transport_destroy(dst);
+    }
+}
+
 int main(int argc, char **argv)
 {
     if (argc > 1 && strcmp(argv[1], "tcp") == 0)
@@ -210,6 +276,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_probe),
         cmocka_unit_test(test_dead_peer),
         cmocka_unit_test(test_cuda_memory),
+        cmocka_unit_test(test_cuda_tls),
     };
     return cmocka_run_group_tests_name(
         g_tl == KVR_XFER_TL_TCP ? "ucx-tcp" : "ucx-shm", tests, NULL, NULL);

@@ -562,6 +562,12 @@ kvr_status_t xh_round(xh_session_t *s, int kind, double *secs,
 
 kvr_status_t xh_probe(xh_session_t *s, uint32_t r, kvr_cost_model_t *out)
 {
+    return xh_probe_lean(s, r, false, out);
+}
+
+kvr_status_t xh_probe_lean(xh_session_t *s, uint32_t r, bool lean,
+                           kvr_cost_model_t *out)
+{
     cmd_t cmd = {.op = OP_PROBE};
     char ready;
     uint64_t deadline = kvr_deadline_ns(s->cfg.timeout_ms);
@@ -573,7 +579,8 @@ kvr_status_t xh_probe(xh_session_t *s, uint32_t r, kvr_cost_model_t *out)
                               .small_bytes = s->cfg.token_bytes,
                               .small_count = 512,
                               .large_bytes = SCRATCH_BYTES,
-                              .deadline_ns = deadline};
+                              .deadline_ns = deadline,
+                              .lean = lean};
     if (s->cfg.slot_bytes * s->cfg.num_slots < SCRATCH_BYTES)
         probe.stage_scratch = NULL;
     kvr_error_t err = {0};

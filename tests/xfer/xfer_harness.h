@@ -78,6 +78,9 @@ kvr_status_t xh_round(xh_session_t *s, int kind, double *secs,
                       xh_result_t *results);
 /* Measures the cost model against rank r (its scratch and staging). */
 kvr_status_t xh_probe(xh_session_t *s, uint32_t r, kvr_cost_model_t *out);
+/* The same with kvr_cost_probe_t.lean as given. */
+kvr_status_t xh_probe_lean(xh_session_t *s, uint32_t r, bool lean,
+                           kvr_cost_model_t *out);
 /* Tells consumers to quit, reaps them (killing after timeout_ms), frees. */
 int xh_stop(xh_session_t *s);
 
