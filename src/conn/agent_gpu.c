@@ -6,8 +6,10 @@
  * send_ready's CUDA event was made a wait on that stream when it was
  * called, so the kernels run after the engine's work, without a host
  * synchronisation; the pull stays active while its kernels run and is
- * answered once their completion event fired (queried each turn, never
- * waited on, except when a pull is cut). */
+ * answered once their completion event fired. A host function queued
+ * after the kernels writes the wake eventfd, so the loop looks at the
+ * event when it fired, not on a timer; it is never waited on, except when
+ * a pull is cut. Tables live in the agent's pool (kvr_gpu_pool_t). */
 #include <stdlib.h>
 #include <string.h>
 
@@ -132,9 +134,10 @@ static kvr_status_t launch(kvr_agent_t *a, const kvr__preq_t *r, kvr__pull_t *p,
                          p->ndst, p->num_tokens, p->num_computed};
     uint64_t bytes = 0;
     if (st == KVR_OK)
-        st = kvr__gpu_job_start(a->p.cuda_device, a->stream, &a->p.layout,
-                                p->dcp_rank, pairs, src, (void *const *)dst, n,
-                                &req, &p->job, &bytes, err);
+        st = kvr__gpu_job_start(a->p.cuda_device, a->stream, a->gpool,
+                                &a->p.layout, p->dcp_rank, pairs, src,
+                                (void *const *)dst, n, &req, &p->job, &bytes,
+                                err);
     if (st == KVR_OK)
         kvr__agent_log(a,
                        "pull of '%.*s' for dcp %u, layers [%u, %u): kernels "
@@ -200,7 +203,7 @@ kvr_status_t kvr__agpu_runs(kvr_agent_t *a, kvr__pull_t *p, bool src, bool dst,
     if (st != KVR_OK)
         kvr_error_set(err, st, "the pull's run table");
     else
-        st = kvr__gpu_runs_make(a->p.cuda_device, a->stream, plans,
+        st = kvr__gpu_runs_make(a->p.cuda_device, a->stream, a->gpool, plans,
                                 src ? s : NULL, dst ? (void *const *)d : NULL,
                                 p->nsegs, &p->runs, err);
     free(plans);
@@ -235,6 +238,8 @@ kvr_status_t kvr__agpu_slice(kvr_agent_t *a, const kvr__preq_t *r,
     if (p->job == NULL) {
         kvr_status_t st = plain(a) ? launch(a, r, p, err)
                                    : launch_runs(a, p, err);
+        if (st == KVR_OK) /* the loop wakes when the kernels are done */
+            st = kvr__gpu_notify(a->stream, a->wake_fd, err);
         if (st != KVR_OK) {
             kvr__gpu_job_free(p->job);
             p->job = NULL;
@@ -287,8 +292,8 @@ static kvr_status_t time_pieces(kvr_agent_t *a, const void *src, void *dst,
     const kvr_plan_t *plans[1] = {plan};
     void *dsts[1] = {dst};
     if (st == KVR_OK)
-        st = kvr__gpu_runs_make(a->p.cuda_device, a->stream, plans, &src, dsts,
-                                1, &rt, err);
+        st = kvr__gpu_runs_make(a->p.cuda_device, a->stream, a->gpool, plans,
+                                &src, dsts, 1, &rt, err);
     if (st == KVR_OK)
         st = kvr__gpu_runs_time(rt, n * PROBE_PIECE, NULL, NULL, a->stream,
                                 secs, err);
@@ -555,9 +560,9 @@ kvr_status_t kvr__agpu_unpack(kvr_agent_t *a, kvr__cstage_t *s, uint64_t off,
             dst[i] = s->segs[i].dst_local;
         }
         if (st == KVR_OK)
-            st = kvr__gpu_runs_make(a->p.cuda_device, a->stream, plans, NULL,
-                                    (void *const *)dst, s->nsegs, &s->gruns,
-                                    err);
+            st = kvr__gpu_runs_make(a->p.cuda_device, a->stream, a->gpool,
+                                    plans, NULL, (void *const *)dst, s->nsegs,
+                                    &s->gruns, err);
         free(plans);
         free(dst);
     }

@@ -928,11 +928,34 @@ static bool slice(kvr_agent_t *a, kvr__pull_t *p, uint64_t *moved)
     return true;
 }
 
+/* Every pull whose kernels completed, answered (or on to its next group)
+ * in this turn: one wake may stand for many host functions. The list is
+ * walked again after each, since answering one may end others. */
+static void reap_gpu(kvr_agent_t *a, uint64_t *moved)
+{
+    for (bool again = true; again;) {
+        again = false;
+        for (kvr__pull_t *p = a->active; p != NULL && !again;
+             p = p->work_next) {
+            bool done = false;
+            kvr_error_t err = {0};
+            if (p->gpu && p->job != NULL &&
+                (kvr__gpu_job_done(p->job, &done, &err) != KVR_OK || done)) {
+                slice(a, p, moved);
+                again = true;
+            }
+        }
+    }
+}
+
 void kvr__send_work(kvr_agent_t *a, uint64_t end_ns)
 {
     uint64_t moved = 0;
     bool first = true;
-    while (a->active != NULL &&
+    reap_gpu(a, &moved);
+    /* slices while a pull has CPU work: one whose kernels run is seen
+     * again when its host function wakes the loop, not by spinning */
+    while (a->active != NULL && kvr__agpu_cpu_work(a) &&
            (first || (kvr_now_ns() < end_ns && moved < KVR_AGENT_TURN_BYTES))) {
         first = false;
         kvr__pull_t *p = a->active;
