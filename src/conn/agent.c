@@ -46,8 +46,9 @@ void kvr__agent_log(kvr_agent_t *a, const char *fmt, ...)
     vsnprintf(a->log, sizeof(a->log), fmt, ap);
     va_end(ap);
     if (getenv("KVR_AGENT_DEBUG") != NULL)
-        fprintf(stderr, "kvr agent %.*s %.3f: %s\n", (int)a->instance.len,
-                a->instance.bytes,
+        fprintf(stderr, "kvr agent %.*s pp %u tp %u dcp %u %.6f: %s\n",
+                (int)a->instance.len, a->instance.bytes, a->p.topo.pp_rank,
+                a->p.topo.tp_rank, a->p.topo.dcp_rank,
                 (double)(kvr_now_ns() % 100000000000ull) / 1e9, a->log);
 }
 
