@@ -1,0 +1,132 @@
+/* The agent's gpu-direct control path without a device: agents with
+ * cuda_device 0 over the emulated GPU path (gpu_path_emul.c: host memory,
+ * a worker thread per stream). A PP2 instance serves a W 2 group: many
+ * requests of different sizes in flight at once (each pull's completion
+ * announced by the host notification queued after its "kernels"), every
+ * byte verified; a load aborted while its kernels run; producer stages
+ * destroyed while theirs run (their stream is drained before anything
+ * goes). The kernels and the table pool are tested on a device
+ * (tests/gpu). */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "agent_harness.h"
+
+void kvr__emul_kernel_us(unsigned us);
+unsigned kvr__emul_notifies(void);
+
+static void on_gpu(kvr_agent_params_t *p)
+{
+    p->cuda_device = 0;
+}
+
+static world_t *gpu_world(void)
+{
+    world_t *w = world_new();
+    start_instance(w, 0, "prefill", 2, on_gpu);
+    start_group_tweaked(w, 0, false, on_gpu);
+    return w;
+}
+
+/* Request i of 1 to 500 tokens, filled, opened and ready on both stages. */
+static void offer(world_t *w, uint32_t i, ah_req_t *r)
+{
+    ah_req(&w->m, i, 1 + (i * 131u) % 500u, r);
+    fill_all(w, 0, r);
+    open_all(w, 0, r, 0, true);
+}
+
+/* Two waves of 8 requests (disjoint blocks within a wave), each wave's
+ * loads asked at once: 32 pulls in flight per wave. */
+static void many_in_flight(void **state)
+{
+    (void)state;
+    kvr__emul_kernel_us(2000);
+    world_t *w = gpu_world();
+    unsigned before = kvr__emul_notifies();
+    ah_req_t r[16];
+    for (uint32_t wave = 0; wave < 2; wave++) {
+        for (uint32_t i = wave * 8; i < wave * 8 + 8; i++) {
+            offer(w, i, &r[i]);
+            recv_all(w, 0, "prefill", &r[i], 0);
+        }
+        for (uint32_t i = wave * 8; i < wave * 8 + 8; i++)
+            expect_loaded(w, 0, &r[i]);
+    }
+    /* each pull (2 stages x 2 ranks x 16) woke its loop once it was done */
+    unsigned woke = kvr__emul_notifies() - before;
+    if (woke < 2 * 2 * 16)
+        fail_msg("%u host notifications for 64 pulls", woke);
+    world_free(w);
+}
+
+/* Both ranks abort while the stages' kernels run: the pulls are cut (the
+ * kernels end first), the load fails as canceled, and the next request
+ * loads. */
+static void abort_while_running(void **state)
+{
+    (void)state;
+    kvr__emul_kernel_us(100000);
+    world_t *w = gpu_world();
+    ah_req_t a, b;
+    offer(w, 1, &a);
+    recv_all(w, 0, "prefill", &a, 0);
+    ah_agent_t *all[] = {&w->cons[0], &w->cons[1], &w->prod[0][0],
+                         &w->prod[0][1]};
+    ah_settle(all, 4, 30);
+    for (uint32_t c = 0; c < 2; c++)
+        assert_int_equal(kvr_agent_recv_abort(w->cons[c].agent, "prefill", 7,
+                                              a.id, strlen(a.id)),
+                         KVR_OK);
+    for (uint32_t c = 0; c < 2; c++)
+        expect_failed(&w->cons[c], a.id, KVR_ERR_CANCELED);
+    for (uint32_t s = 0; s < 2; s++)
+        ah_wait(&w->prod[0][s], a.id, KVR_AGENT_SEND_FAILED, AH_WAIT_MS);
+    kvr__emul_kernel_us(0);
+    offer(w, 2, &b);
+    recv_all(w, 0, "prefill", &b, 0);
+    expect_loaded(w, 0, &b);
+    world_free(w);
+}
+
+/* The stages go while their kernels run: destroy drains the stream before
+ * it frees a job or closes the fd the host notification writes. */
+static void destroy_while_running(void **state)
+{
+    (void)state;
+    kvr__emul_kernel_us(100000);
+    world_t *w = gpu_world();
+    ah_req_t a;
+    offer(w, 3, &a);
+    recv_all(w, 0, "prefill", &a, 0);
+    ah_agent_t *all[] = {&w->cons[0], &w->cons[1], &w->prod[0][0],
+                         &w->prod[0][1]};
+    ah_settle(all, 4, 30);
+    for (uint32_t s = 0; s < 2; s++)
+        ah_stop(&w->prod[0][s]);
+    for (uint32_t c = 0; c < 2; c++) {
+        ah_wait(&w->cons[c], a.id, KVR_AGENT_RELEASED, AH_WAIT_MS);
+        assert_int_equal(ah_count(&w->cons[c], a.id, KVR_AGENT_LOADED), 0);
+        assert_int_equal(ah_count(&w->cons[c], a.id, KVR_AGENT_LOAD_FAILED),
+                         1);
+    }
+    kvr__emul_kernel_us(0);
+    world_free(w);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(many_in_flight),
+        cmocka_unit_test(abort_while_running),
+        cmocka_unit_test(destroy_while_running),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
