@@ -31,6 +31,9 @@ struct Job {
     uint32_t part_bytes;
 };
 
+/* A kernel's parameters must fit CUDA's 4 KiB. */
+static_assert(sizeof(Job) <= 4096, "relayout Job too large for a parameter");
+
 /* Bytes [x0, x0 + len) of a piece; src and dst are the addresses of the
  * piece's byte 0 on each side (the source side in chunks). */
 struct Item {

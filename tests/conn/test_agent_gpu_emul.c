@@ -3,7 +3,8 @@
  * a worker thread per stream). A PP2 instance serves a W 2 group: many
  * requests of different sizes in flight at once (each pull's completion
  * announced by the host notification queued after its "kernels"), every
- * byte verified; a load aborted while its kernels run; producer stages
+ * byte verified; a streamed load, layer group by layer group; a load
+ * aborted while its kernels run; producer stages
  * destroyed while theirs run (their stream is drained before anything
  * goes). The kernels and the table pool are tested on a device
  * (tests/gpu). */
@@ -96,6 +97,35 @@ static void abort_while_running(void **state)
     world_free(w);
 }
 
+/* Streamed: each stage readies its layers one at a time while the ranks
+ * wait; each layer group is its own launch, the next one launched when
+ * the previous one's notification answered it. */
+static void streamed_groups(void **state)
+{
+    (void)state;
+    kvr__emul_kernel_us(3000);
+    world_t *w = gpu_world();
+    ah_req_t a;
+    ah_req(&w->m, 4, 300, &a);
+    fill_all(w, 0, &a);
+    open_all(w, 0, &a, 0, false);
+    for (uint32_t c = 0; c < 2; c++)
+        ah_recv_stream(&w->cons[c], "prefill", head_addr(w, 0), &a, 0, true);
+    ah_agent_t *all[] = {&w->cons[0], &w->cons[1], &w->prod[0][0],
+                         &w->prod[0][1]};
+    for (uint32_t layer = 0; layer < w->m.layers; layer++) {
+        ah_settle(all, 4, 10);
+        ah_agent_t *st = &w->prod[0][layer * 2 / w->m.layers];
+        assert_int_equal(kvr_agent_send_ready(st->agent, a.id, strlen(a.id),
+                                              layer, layer + 1, NULL),
+                         KVR_OK);
+    }
+    expect_loaded(w, 0, &a);
+    for (uint32_t c = 0; c < 2; c++)
+        assert_true(ah_count(&w->cons[c], a.id, KVR_AGENT_LAYERS_LOADED) >= 2);
+    world_free(w);
+}
+
 /* The stages go while their kernels run: destroy drains the stream before
  * it frees a job or closes the fd the host notification writes. */
 static void destroy_while_running(void **state)
@@ -126,6 +156,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(many_in_flight),
         cmocka_unit_test(abort_while_running),
+        cmocka_unit_test(streamed_groups),
         cmocka_unit_test(destroy_while_running),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
