@@ -121,8 +121,8 @@ kvr_status_t kvr_gpu_relayout_upload_async(kvr_gpu_relayout_t *rl, void *stream,
  * safe: one thread (the agent's loop) uses a pool. */
 typedef struct kvr_gpu_pool kvr_gpu_pool_t;
 
-kvr_status_t kvr_gpu_pool_create(int device, void *stream,
-                                 kvr_gpu_pool_t **out, kvr_error_t *err);
+kvr_status_t kvr_gpu_pool_create(int device, void *stream, kvr_gpu_pool_t **out,
+                                 kvr_error_t *err);
 /* Waits for the stream, then frees every block; each table uploaded into
  * the pool must have been destroyed first. NULL is fine. */
 void kvr_gpu_pool_destroy(kvr_gpu_pool_t *pool);

@@ -575,11 +575,9 @@ static void *thread_main(void *arg)
  * allocation of a size seen before (docs/agent.md, gpu-direct). */
 static kvr_status_t gpu_start(kvr_agent_t *a, kvr_error_t *err)
 {
-    kvr_status_t st = kvr__gpu_stream_create(a->p.cuda_device, &a->stream,
-                                             err);
+    kvr_status_t st = kvr__gpu_stream_create(a->p.cuda_device, &a->stream, err);
     if (st == KVR_OK)
-        st = kvr__gpu_pool_create(a->p.cuda_device, a->stream, &a->gpool,
-                                  err);
+        st = kvr__gpu_pool_create(a->p.cuda_device, a->stream, &a->gpool, err);
     if (st == KVR_OK)
         st = kvr__gpu_warm(a->p.cuda_device, a->stream, err);
     return st;

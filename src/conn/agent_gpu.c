@@ -134,10 +134,9 @@ static kvr_status_t launch(kvr_agent_t *a, const kvr__preq_t *r, kvr__pull_t *p,
                          p->ndst, p->num_tokens, p->num_computed};
     uint64_t bytes = 0;
     if (st == KVR_OK)
-        st = kvr__gpu_job_start(a->p.cuda_device, a->stream, a->gpool,
-                                &a->p.layout, p->dcp_rank, pairs, src,
-                                (void *const *)dst, n, &req, &p->job, &bytes,
-                                err);
+        st = kvr__gpu_job_start(
+            a->p.cuda_device, a->stream, a->gpool, &a->p.layout, p->dcp_rank,
+            pairs, src, (void *const *)dst, n, &req, &p->job, &bytes, err);
     if (st == KVR_OK)
         kvr__agent_log(a,
                        "pull of '%.*s' for dcp %u, layers [%u, %u): kernels "

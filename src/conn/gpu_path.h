@@ -46,14 +46,12 @@ kvr_status_t kvr__gpu_send(int device, const kvr_layout_t *lay, uint32_t rank,
  * stream-ordered. */
 typedef struct kvr__gpu_job kvr__gpu_job_t;
 
-kvr_status_t kvr__gpu_job_start(int device, void *stream,
-                                struct kvr_gpu_pool *pool,
-                                const kvr_layout_t *lay, uint32_t rank,
-                                const kvr_region_pair_t *pairs,
-                                const void *const *src, void *const *dst,
-                                size_t n, const kvr_request_t *req,
-                                kvr__gpu_job_t **out, uint64_t *bytes,
-                                kvr_error_t *err);
+kvr_status_t
+kvr__gpu_job_start(int device, void *stream, struct kvr_gpu_pool *pool,
+                   const kvr_layout_t *lay, uint32_t rank,
+                   const kvr_region_pair_t *pairs, const void *const *src,
+                   void *const *dst, size_t n, const kvr_request_t *req,
+                   kvr__gpu_job_t **out, uint64_t *bytes, kvr_error_t *err);
 /* Non-blocking: whether every kernel of the job completed (or failed). */
 kvr_status_t kvr__gpu_job_done(kvr__gpu_job_t *job, bool *done,
                                kvr_error_t *err);
@@ -104,8 +102,7 @@ void kvr__gpu_stream_destroy(void *stream);
 /* The agent's table pool on its stream (kvr_gpu_pool_t): relayout and
  * run tables reuse its blocks instead of allocating per pull. */
 kvr_status_t kvr__gpu_pool_create(int device, void *stream,
-                                  struct kvr_gpu_pool **pool,
-                                  kvr_error_t *err);
+                                  struct kvr_gpu_pool **pool, kvr_error_t *err);
 void kvr__gpu_pool_destroy(struct kvr_gpu_pool *pool);
 /* fd (the agent's wake eventfd) is written once the work queued on stream
  * so far is done (kvr_gpu_stream_notify). */

@@ -134,21 +134,20 @@ static kvr_status_t launch_class(kvr__gpu_job_t *job, void *stream,
     return st;
 }
 
-kvr_status_t kvr__gpu_job_start(int device, void *stream,
-                                struct kvr_gpu_pool *pool,
-                                const kvr_layout_t *lay, uint32_t rank,
-                                const kvr_region_pair_t *pairs,
-                                const void *const *src, void *const *dst,
-                                size_t n, const kvr_request_t *req,
-                                kvr__gpu_job_t **out, uint64_t *bytes,
-                                kvr_error_t *err)
+kvr_status_t
+kvr__gpu_job_start(int device, void *stream, struct kvr_gpu_pool *pool,
+                   const kvr_layout_t *lay, uint32_t rank,
+                   const kvr_region_pair_t *pairs, const void *const *src,
+                   void *const *dst, size_t n, const kvr_request_t *req,
+                   kvr__gpu_job_t **out, uint64_t *bytes, kvr_error_t *err)
 {
     kvr__gpu_job_t *job = calloc(1, sizeof(*job));
     bool *launched = calloc(n + 1, sizeof(*launched));
     kvr_status_t st = job && launched ? KVR_OK : KVR_ERR_NO_MEMORY;
-    if (st == KVR_OK && ((job->rl = calloc(n + 1, sizeof(*job->rl))) == NULL ||
-                         (job->src = calloc(n + 1, sizeof(*job->src))) == NULL ||
-                         (job->dst = calloc(n + 1, sizeof(*job->dst))) == NULL))
+    if (st == KVR_OK &&
+        ((job->rl = calloc(n + 1, sizeof(*job->rl))) == NULL ||
+         (job->src = calloc(n + 1, sizeof(*job->src))) == NULL ||
+         (job->dst = calloc(n + 1, sizeof(*job->dst))) == NULL))
         st = KVR_ERR_NO_MEMORY;
     if (st != KVR_OK)
         kvr_error_set(err, st, "no memory");
@@ -159,8 +158,8 @@ kvr_status_t kvr__gpu_job_start(int device, void *stream,
     *bytes = 0;
     for (size_t i = 0; i < n && st == KVR_OK; i++)
         if (!launched[i])
-            st = launch_class(job, stream, pool, lay, rank, pairs, src, dst,
-                              n, i, launched, req, bytes, err);
+            st = launch_class(job, stream, pool, lay, rank, pairs, src, dst, n,
+                              i, launched, req, bytes, err);
     if (st == KVR_OK)
         st = kvr_gpu_event_record(job->done, stream, err);
     free(launched);
@@ -332,8 +331,7 @@ kvr_status_t kvr__gpu_stream_wait(void *stream, void *event, kvr_error_t *err)
 }
 
 kvr_status_t kvr__gpu_pool_create(int device, void *stream,
-                                  struct kvr_gpu_pool **pool,
-                                  kvr_error_t *err)
+                                  struct kvr_gpu_pool **pool, kvr_error_t *err)
 {
     return kvr_gpu_pool_create(device, stream, pool, err);
 }

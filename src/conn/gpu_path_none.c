@@ -61,14 +61,12 @@ kvr_status_t kvr__gpu_send(int device, const kvr_layout_t *lay, uint32_t rank,
     return no_cuda(err);
 }
 
-kvr_status_t kvr__gpu_job_start(int device, void *stream,
-                                struct kvr_gpu_pool *pool,
-                                const kvr_layout_t *lay, uint32_t rank,
-                                const kvr_region_pair_t *pairs,
-                                const void *const *src, void *const *dst,
-                                size_t n, const kvr_request_t *req,
-                                kvr__gpu_job_t **out, uint64_t *bytes,
-                                kvr_error_t *err)
+kvr_status_t
+kvr__gpu_job_start(int device, void *stream, struct kvr_gpu_pool *pool,
+                   const kvr_layout_t *lay, uint32_t rank,
+                   const kvr_region_pair_t *pairs, const void *const *src,
+                   void *const *dst, size_t n, const kvr_request_t *req,
+                   kvr__gpu_job_t **out, uint64_t *bytes, kvr_error_t *err)
 {
     (void)device, (void)stream, (void)pool, (void)lay, (void)rank;
     (void)pairs, (void)src, (void)dst, (void)n, (void)req, (void)out;
@@ -195,8 +193,7 @@ kvr_status_t kvr__gpu_stream_sync(void *stream, kvr_error_t *err)
 }
 
 kvr_status_t kvr__gpu_pool_create(int device, void *stream,
-                                  struct kvr_gpu_pool **pool,
-                                  kvr_error_t *err)
+                                  struct kvr_gpu_pool **pool, kvr_error_t *err)
 {
     (void)device, (void)stream, (void)pool;
     return no_cuda(err);

@@ -43,8 +43,8 @@ static bool cached_fit(const void *kernel, int dev, int threads, size_t smem,
     return hit;
 }
 
-static void remember_fit(const void *kernel, int dev, int threads,
-                         size_t smem, uint64_t fit)
+static void remember_fit(const void *kernel, int dev, int threads, size_t smem,
+                         uint64_t fit)
 {
     pthread_mutex_lock(&grid_lock);
     if (grid_nfits < GRID_FITS)
@@ -59,9 +59,9 @@ kvr_status_t kvr__grid_size(const void *kernel, int threads, size_t smem,
     uint64_t fit = 0;
     KVR__CUDA_TRY(cudaGetDevice(&dev), err);
     if (!cached_fit(kernel, dev, threads, smem, &fit)) {
-        KVR__CUDA_TRY(cudaDeviceGetAttribute(
-                          &sms, cudaDevAttrMultiProcessorCount, dev),
-                      err);
+        KVR__CUDA_TRY(
+            cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev),
+            err);
         KVR__CUDA_TRY(cudaOccupancyMaxActiveBlocksPerMultiprocessor(
                           &per_sm, kernel, threads, smem),
                       err);

@@ -193,8 +193,8 @@ static int pool_class_of(size_t bytes)
     return ((size_t)1 << (k + POOL_MIN_LOG)) < bytes ? -1 : k;
 }
 
-kvr_status_t kvr_gpu_pool_create(int device, void *stream,
-                                 kvr_gpu_pool_t **out, kvr_error_t *err)
+kvr_status_t kvr_gpu_pool_create(int device, void *stream, kvr_gpu_pool_t **out,
+                                 kvr_error_t *err)
 {
     if (out == NULL || stream == NULL)
         return kvr_error_set(err, KVR_ERR_INVALID,
@@ -229,8 +229,8 @@ uint64_t kvr_gpu_pool_bytes(const kvr_gpu_pool_t *pool)
     return pool ? pool->bytes : 0;
 }
 
-kvr_status_t kvr__pool_get(kvr_gpu_pool_t *pool, size_t bytes,
-                                      void **ptr, kvr_error_t *err)
+kvr_status_t kvr__pool_get(kvr_gpu_pool_t *pool, size_t bytes, void **ptr,
+                           kvr_error_t *err)
 {
     int dev = -1;
     KVR__CUDA_TRY(cudaGetDevice(&dev), err);

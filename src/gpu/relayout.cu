@@ -467,12 +467,10 @@ extern "C" kvr_status_t kvr_gpu_scatter_rank(const kvr_gpu_relayout_t *rl,
     return launch(rl, j, bits, 0, all_pieces(rl), stream, err);
 }
 
-extern "C" kvr_status_t kvr_gpu_scatter_regions(const kvr_gpu_relayout_t *rl,
-                                                uint32_t rank,
-                                                const void *const *src_bases,
-                                                void *const *dst_bases,
-                                                size_t n, void *stream,
-                                                kvr_error_t *err)
+extern "C" kvr_status_t
+kvr_gpu_scatter_regions(const kvr_gpu_relayout_t *rl, uint32_t rank,
+                        const void *const *src_bases, void *const *dst_bases,
+                        size_t n, void *stream, kvr_error_t *err)
 {
     kvr_status_t st = kvr__rl_check_range(rl, rank, 0, 0, err);
     if (st == KVR_OK && (src_bases == NULL || dst_bases == NULL))

@@ -109,9 +109,8 @@ extern "C" kvr_status_t kvr_gpu_runs_upload_pool(kvr_gpu_runs_t *rt,
     if (st != KVR_OK)
         return st;
     /* stream-ordered after the block's last readers (see kvr_gpu_pool_t) */
-    cudaError_t e =
-        cudaMemcpyAsync(p, rt->items, bytes, cudaMemcpyHostToDevice,
-                        (cudaStream_t)kvr__pool_stream(pool));
+    cudaError_t e = cudaMemcpyAsync(p, rt->items, bytes, cudaMemcpyHostToDevice,
+                                    (cudaStream_t)kvr__pool_stream(pool));
     if (e != cudaSuccess) {
         kvr__pool_put(p, bytes, pool);
         return kvr__cuda_status(e, "cudaMemcpyAsync(run table)", err);

@@ -288,8 +288,7 @@ static void run_job(void *arg)
     if (us > 0)
         usleep(us);
     for (size_t i = 0; i < j->n && st == KVR_OK; i++)
-        st = kvr_gpu_ref_scatter(j->rl[i], j->rank, j->src[i], j->dst[i],
-                                 NULL);
+        st = kvr_gpu_ref_scatter(j->rl[i], j->rank, j->src[i], j->dst[i], NULL);
     if (j->runs != NULL)
         st = kvr_gpu_runs_copy_ref(j->runs->rt, j->pos, j->len, NULL, NULL,
                                    NULL);
@@ -312,14 +311,12 @@ static kvr__gpu_job_t *job_new(size_t n)
     return j;
 }
 
-kvr_status_t kvr__gpu_job_start(int device, void *stream,
-                                struct kvr_gpu_pool *pool,
-                                const kvr_layout_t *lay, uint32_t rank,
-                                const kvr_region_pair_t *pairs,
-                                const void *const *src, void *const *dst,
-                                size_t n, const kvr_request_t *req,
-                                kvr__gpu_job_t **out, uint64_t *bytes,
-                                kvr_error_t *err)
+kvr_status_t
+kvr__gpu_job_start(int device, void *stream, struct kvr_gpu_pool *pool,
+                   const kvr_layout_t *lay, uint32_t rank,
+                   const kvr_region_pair_t *pairs, const void *const *src,
+                   void *const *dst, size_t n, const kvr_request_t *req,
+                   kvr__gpu_job_t **out, uint64_t *bytes, kvr_error_t *err)
 {
     (void)device, (void)pool;
     kvr__gpu_job_t *j = job_new(n);
@@ -407,9 +404,9 @@ kvr_status_t kvr__gpu_runs_make(int device, void *stream,
         total += kvr_plan_num_runs(plans[i]);
     kvr_gpu_run_t *runs = calloc(total + 1, sizeof(*runs));
     kvr__gpu_runs_t *r = calloc(1, sizeof(*r));
-    kvr_status_t st = runs && r ? KVR_OK
-                                : kvr_error_set(err, KVR_ERR_NO_MEMORY,
-                                                "no memory");
+    kvr_status_t st = runs && r
+                          ? KVR_OK
+                          : kvr_error_set(err, KVR_ERR_NO_MEMORY, "no memory");
     for (size_t i = 0; st == KVR_OK && i < n; i++) {
         size_t nr = 0;
         const kvr_run_t *pr = kvr_plan_runs(plans[i], &nr);
@@ -456,9 +453,8 @@ void kvr__gpu_runs_free(kvr__gpu_runs_t *rt)
 
 kvr_status_t kvr__gpu_job_runs(int device, void *stream,
                                const kvr__gpu_runs_t *rt, uint64_t pos,
-                               uint64_t len, const void *src_buf,
-                               void *dst_buf, kvr__gpu_job_t **out,
-                               kvr_error_t *err)
+                               uint64_t len, const void *src_buf, void *dst_buf,
+                               kvr__gpu_job_t **out, kvr_error_t *err)
 {
     (void)device;
     if (src_buf != NULL || dst_buf != NULL)

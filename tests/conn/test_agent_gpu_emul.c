@@ -144,8 +144,7 @@ static void destroy_while_running(void **state)
     for (uint32_t c = 0; c < 2; c++) {
         ah_wait(&w->cons[c], a.id, KVR_AGENT_RELEASED, AH_WAIT_MS);
         assert_int_equal(ah_count(&w->cons[c], a.id, KVR_AGENT_LOADED), 0);
-        assert_int_equal(ah_count(&w->cons[c], a.id, KVR_AGENT_LOAD_FAILED),
-                         1);
+        assert_int_equal(ah_count(&w->cons[c], a.id, KVR_AGENT_LOAD_FAILED), 1);
     }
     kvr__emul_kernel_us(0);
     world_free(w);

@@ -53,7 +53,7 @@ enum {
     MAX_REGIONS = 8
 };
 static const uint64_t TOKENS[REQS] = {300, 173};
-static bool many;     /* --many */
+static bool many; /* --many */
 static uint32_t nreqs = REQS;
 /* 0: gpu-direct (CUDA IPC); 1: tcp, the cost model's choice; 2: tcp,
  * gpu-staged forced */
@@ -245,8 +245,8 @@ static int cmp_u64(const void *a, const void *b)
 
 /* --many: waves of WAVE requests, each wave's loads all asked at once and
  * all LOADED and RELEASED before the next; returns the bytes loaded. */
-static uint64_t rank_many(side_t *s, const kvr_layout_t *lay,
-                          const char *addr, req_t *r)
+static uint64_t rank_many(side_t *s, const kvr_layout_t *lay, const char *addr,
+                          req_t *r)
 {
     uint64_t bytes = 0, us[MANY];
     for (uint32_t w = 0; w < MANY; w += WAVE) {
@@ -428,19 +428,19 @@ static void producer_many(const kvr_layout_t *lay, side_t *s,
             unsigned char *img = source_image(lay, &s->desc[k], i, &r[i]);
             for (uint32_t b = 0; b < r[i].nsrc; b++) {
                 size_t off = (size_t)r[i].src[b] * s->desc[k].page_bytes;
-                CUDA_OK(cudaMemcpy((unsigned char *)s->base[k] + off,
-                                   img + off, s->desc[k].page_bytes,
+                CUDA_OK(cudaMemcpy((unsigned char *)s->base[k] + off, img + off,
+                                   s->desc[k].page_bytes,
                                    cudaMemcpyHostToDevice));
             }
             free(img);
         }
         const char *id = id_of(i);
-        kvr_agent_send_t o = {
-            id, strlen(id), r[i].src, r[i].nsrc, r[i].tokens, 0, 1};
+        kvr_agent_send_t o = {id,          strlen(id), r[i].src, r[i].nsrc,
+                              r[i].tokens, 0,          1};
         CHECK(kvr_agent_send_open(s->agent, &o) == KVR_OK, "open: %s",
               kvr_agent_last_error(s->agent));
-        CHECK(kvr_agent_send_ready(s->agent, id, strlen(id), 0, LAYERS,
-                                   NULL) == KVR_OK,
+        CHECK(kvr_agent_send_ready(s->agent, id, strlen(id), 0, LAYERS, NULL) ==
+                  KVR_OK,
               "ready: %s", kvr_agent_last_error(s->agent));
     }
     const char *addr = kvr_agent_address(s->agent);
