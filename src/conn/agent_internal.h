@@ -254,6 +254,7 @@ typedef struct kvr__pull {
     /* gpu-direct (agent_gpu.c) */
     bool gpu;              /* chosen: scatter kernels via CUDA IPC */
     kvr__gpu_job_t *job;   /* launched, not yet seen complete */
+    bool job_done;         /* its event fired: to answer this turn */
     kvr__gpu_runs_t *runs; /* its plan's run table (pair plans; gpu-staged) */
     bool gstaged;          /* staged with GPU packing (CUDA KV) */
     uint64_t packed_off;   /* gpu-staged: stream bytes packed (launched) */

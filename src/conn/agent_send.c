@@ -929,22 +929,27 @@ static bool slice(kvr_agent_t *a, kvr__pull_t *p, uint64_t *moved)
 }
 
 /* Every pull whose kernels completed, answered (or on to its next group)
- * in this turn: one wake may stand for many host functions. The list is
- * walked again after each, since answering one may end others. */
+ * in this turn: one wake may stand for many host functions. Each event is
+ * queried once; the done ones are then handled one by one, the list
+ * walked afresh each time, since answering one may end others. */
 static void reap_gpu(kvr_agent_t *a, uint64_t *moved)
 {
+    for (kvr__pull_t *p = a->active; p != NULL; p = p->work_next) {
+        bool done = false;
+        kvr_error_t err = {0};
+        p->job_done = p->gpu && p->job != NULL &&
+                      (kvr__gpu_job_done(p->job, &done, &err) != KVR_OK ||
+                       done);
+    }
     for (bool again = true; again;) {
         again = false;
         for (kvr__pull_t *p = a->active; p != NULL && !again;
-             p = p->work_next) {
-            bool done = false;
-            kvr_error_t err = {0};
-            if (p->gpu && p->job != NULL &&
-                (kvr__gpu_job_done(p->job, &done, &err) != KVR_OK || done)) {
+             p = p->work_next)
+            if (p->job_done && p->job != NULL) {
+                p->job_done = false;
                 slice(a, p, moved);
                 again = true;
             }
-        }
     }
 }
 
