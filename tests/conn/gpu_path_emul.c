@@ -18,7 +18,7 @@
 #include "kvrelay/gpu.h"
 
 static atomic_uint kernel_us;
-static atomic_uint notifies; /* host notifications run */
+static atomic_uint notifies; /* host notifications queued */
 
 void kvr__emul_kernel_us(unsigned us);
 unsigned kvr__emul_notifies(void);
@@ -164,11 +164,11 @@ static void notify_task(void *arg)
     uint64_t one = 1;
     ssize_t n = write((int)(intptr_t)arg, &one, sizeof(one));
     (void)n;
-    atomic_fetch_add(&notifies, 1);
 }
 
 kvr_status_t kvr__gpu_notify(void *stream, int fd, kvr_error_t *err)
 {
+    atomic_fetch_add(&notifies, 1);
     return enqueue(stream, notify_task, (void *)(intptr_t)fd, err);
 }
 
