@@ -19,9 +19,16 @@
 
 static atomic_uint kernel_us;
 static atomic_uint notifies; /* host notifications queued */
+static atomic_uint jobs;     /* jobs queued */
 
 void kvr__emul_kernel_us(unsigned us);
 unsigned kvr__emul_notifies(void);
+unsigned kvr__emul_jobs(void);
+
+unsigned kvr__emul_jobs(void)
+{
+    return atomic_load(&jobs);
+}
 
 void kvr__emul_kernel_us(unsigned us)
 {
@@ -280,6 +287,9 @@ struct kvr__gpu_runs {
     void *stream; /* freed after the copies queued there */
 };
 
+static kvr_status_t queue_job(void *stream, kvr__gpu_job_t *j,
+                              kvr_error_t *err);
+
 static void run_job(void *arg)
 {
     kvr__gpu_job_t *j = arg;
@@ -294,6 +304,15 @@ static void run_job(void *arg)
                                    NULL);
     atomic_store(&j->status, (int)st);
     atomic_store(&j->done, true);
+}
+
+static kvr_status_t queue_job(void *stream, kvr__gpu_job_t *j,
+                              kvr_error_t *err)
+{
+    kvr_status_t st = enqueue(stream, run_job, j, err);
+    if (st == KVR_OK)
+        atomic_fetch_add(&jobs, 1);
+    return st;
 }
 
 static kvr__gpu_job_t *job_new(size_t n)
@@ -336,7 +355,7 @@ kvr__gpu_job_start(int device, void *stream, struct kvr_gpu_pool *pool,
         *bytes += kvr_gpu_relayout_bytes(j->rl[i], rank);
     }
     if (st == KVR_OK)
-        st = enqueue(stream, run_job, j, err);
+        st = queue_job(stream, j, err);
     if (st != KVR_OK) {
         atomic_store(&j->done, true);
         kvr__gpu_job_free(j);
@@ -465,7 +484,7 @@ kvr_status_t kvr__gpu_job_runs(int device, void *stream,
     j->runs = rt;
     j->pos = pos;
     j->len = len;
-    kvr_status_t st = enqueue(stream, run_job, j, err);
+    kvr_status_t st = queue_job(stream, j, err);
     if (st != KVR_OK) {
         atomic_store(&j->done, true);
         kvr__gpu_job_free(j);

@@ -22,6 +22,7 @@
 
 void kvr__emul_kernel_us(unsigned us);
 unsigned kvr__emul_notifies(void);
+unsigned kvr__emul_jobs(void);
 
 static world_t *gpu_world(void)
 {
@@ -38,6 +39,19 @@ static void offer(world_t *w, uint32_t i, ah_req_t *r)
     ah_req(&w->m, i, 1 + (i * 131u) % 500u, r);
     fill_all(w, 0, r);
     open_all(w, 0, r, 0, true);
+}
+
+/* Until n more jobs were queued than `before`: every stage launched its
+ * pulls (their "kernels" run long past this). */
+static void wait_jobs(world_t *w, unsigned before, unsigned n)
+{
+    ah_agent_t *all[] = {&w->cons[0], &w->cons[1], &w->prod[0][0],
+                         &w->prod[0][1]};
+    uint64_t end = ah_now_ms() + AH_WAIT_MS;
+    while (kvr__emul_jobs() - before < n && ah_now_ms() < end)
+        ah_settle(all, 4, 5);
+    if (kvr__emul_jobs() - before < n)
+        fail_msg("%u of %u pulls launched", kvr__emul_jobs() - before, n);
 }
 
 /* Two waves of 8 requests (disjoint blocks within a wave), each wave's
@@ -71,14 +85,13 @@ static void many_in_flight(void **state)
 static void abort_while_running(void **state)
 {
     (void)state;
-    kvr__emul_kernel_us(500000); /* long past the settle */
+    kvr__emul_kernel_us(500000);
     world_t *w = gpu_world();
     ah_req_t a, b;
+    unsigned before = kvr__emul_jobs();
     offer(w, 1, &a);
     recv_all(w, 0, "prefill", &a, 0);
-    ah_agent_t *all[] = {&w->cons[0], &w->cons[1], &w->prod[0][0],
-                         &w->prod[0][1]};
-    ah_settle(all, 4, 30);
+    wait_jobs(w, before, 4);
     for (uint32_t c = 0; c < 2; c++)
         assert_int_equal(kvr_agent_recv_abort(w->cons[c].agent, "prefill", 7,
                                               a.id, strlen(a.id)),
@@ -128,14 +141,13 @@ static void streamed_groups(void **state)
 static void destroy_while_running(void **state)
 {
     (void)state;
-    kvr__emul_kernel_us(500000); /* long past the settle */
+    kvr__emul_kernel_us(500000);
     world_t *w = gpu_world();
     ah_req_t a;
+    unsigned before = kvr__emul_jobs();
     offer(w, 3, &a);
     recv_all(w, 0, "prefill", &a, 0);
-    ah_agent_t *all[] = {&w->cons[0], &w->cons[1], &w->prod[0][0],
-                         &w->prod[0][1]};
-    ah_settle(all, 4, 30);
+    wait_jobs(w, before, 4);
     for (uint32_t s = 0; s < 2; s++)
         ah_stop(&w->prod[0][s]);
     for (uint32_t c = 0; c < 2; c++) {
