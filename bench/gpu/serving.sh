@@ -41,7 +41,9 @@ run gpu-stream --device cuda "${TRACE[@]}" --stream both \
   --prefill-us-per-layer-per-ktoken 1000 --rate 3
 # PROFILE=1: two 2048-token requests and the one-block round trips with every agent's
 # debug log (KVR_AGENT_DEBUG, microsecond stamps), for where a request's time goes
-[ "${PROFILE:-0}" = 1 ] && KVR_AGENT_DEBUG=1 run gpu-profile --device cuda --requests 2 \
-  --tokens-dist fixed:2048 --timeout 500
+if [ "${PROFILE:-0}" = 1 ]; then
+  KVR_AGENT_DEBUG=1 run gpu-profile --device cuda --requests 2 --tokens-dist fixed:2048 --timeout 500
+  python3 bench/gpu/profile_steps.py "$R/serving-gpu-profile-$DAY.log" | tee "$R/profile-steps-$DAY.txt"
+fi
 # the same trace with KV in host memory on this machine (UCX shared memory)
 [ "${HOST:-1}" = 1 ] && run host-h200 --transport shm "${TRACE[@]}"
