@@ -143,11 +143,13 @@ kvr_status_t kvr_gpu_scatter(const kvr_gpu_relayout_t *rl, const void *src_base,
 kvr_status_t kvr_gpu_scatter_rank(const kvr_gpu_relayout_t *rl, uint32_t rank,
                                   const void *src_base, void *dst_base,
                                   void *stream, kvr_error_t *err);
-/* (CUDA) The same for n regions of rl's class (the same descriptions,
- * other bases: the layers of one role) at once: region k from
- * src_bases[k] into dst_bases[k], one launch per 64 regions. */
+/* (CUDA) n slots at once, each a region of rl's class (the same
+ * descriptions at other bases: the layers of one role) for one rank: slot
+ * k is rank ranks[k]'s share from src_bases[k] into dst_bases[k] (every
+ * rank of a request and every layer in one launch), one launch per 64
+ * slots. */
 kvr_status_t kvr_gpu_scatter_regions(const kvr_gpu_relayout_t *rl,
-                                     uint32_t rank,
+                                     const uint32_t *ranks,
                                      const void *const *src_bases,
                                      void *const *dst_bases, size_t n,
                                      void *stream, kvr_error_t *err);

@@ -43,21 +43,25 @@ kvr_status_t kvr__gpu_send(int device, const kvr_layout_t *lay, uint32_t rank,
  * `stream` (after whatever is queued there, e.g. waits on the engine's
  * events), their tables kept until the job is freed; in blocks of `pool`
  * (the stream's, see kvr_gpu_pool_t) when it is not NULL, else allocated
- * stream-ordered. */
+ * stream-ordered. Pair i moves rank ranks[i]'s share: pairs of one class
+ * for any ranks (one request's pulls by several ranks) go in one launch;
+ * *bytes is the total. */
 typedef struct kvr__gpu_job kvr__gpu_job_t;
 
 kvr_status_t
 kvr__gpu_job_start(int device, void *stream, struct kvr_gpu_pool *pool,
-                   const kvr_layout_t *lay, uint32_t rank,
+                   const kvr_layout_t *lay, const uint32_t *ranks,
                    const kvr_region_pair_t *pairs, const void *const *src,
                    void *const *dst, size_t n, const kvr_request_t *req,
                    kvr__gpu_job_t **out, uint64_t *bytes, kvr_error_t *err);
 /* Non-blocking: whether every kernel of the job completed (or failed). */
 kvr_status_t kvr__gpu_job_done(kvr__gpu_job_t *job, bool *done,
                                kvr_error_t *err);
-/* Waits for the job's kernels (if still running), then frees it. NULL is
- * fine. */
+/* Waits for the job's kernels (if still running), then drops a reference
+ * (the last one frees it). NULL is fine. */
 void kvr__gpu_job_free(kvr__gpu_job_t *job);
+/* One more reference: a job shared by the pulls it serves. */
+void kvr__gpu_job_share(kvr__gpu_job_t *job);
 
 /* Run copies over plans (docs/gpu.md, Run copies): plans[i]'s runs from
  * src[i] + run.src to dst[i] + run.dst, in plan order, one stream (the

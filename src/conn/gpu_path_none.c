@@ -63,12 +63,12 @@ kvr_status_t kvr__gpu_send(int device, const kvr_layout_t *lay, uint32_t rank,
 
 kvr_status_t
 kvr__gpu_job_start(int device, void *stream, struct kvr_gpu_pool *pool,
-                   const kvr_layout_t *lay, uint32_t rank,
+                   const kvr_layout_t *lay, const uint32_t *ranks,
                    const kvr_region_pair_t *pairs, const void *const *src,
                    void *const *dst, size_t n, const kvr_request_t *req,
                    kvr__gpu_job_t **out, uint64_t *bytes, kvr_error_t *err)
 {
-    (void)device, (void)stream, (void)pool, (void)lay, (void)rank;
+    (void)device, (void)stream, (void)pool, (void)lay, (void)ranks;
     (void)pairs, (void)src, (void)dst, (void)n, (void)req, (void)out;
     (void)bytes;
     return no_cuda(err);
@@ -83,6 +83,11 @@ kvr_status_t kvr__gpu_job_done(kvr__gpu_job_t *job, bool *done,
 }
 
 void kvr__gpu_job_free(kvr__gpu_job_t *job)
+{
+    (void)job;
+}
+
+void kvr__gpu_job_share(kvr__gpu_job_t *job)
 {
     (void)job;
 }

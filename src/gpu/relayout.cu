@@ -19,8 +19,9 @@ struct Job {
     const unsigned char *src;               /* region, or staging */
     unsigned char *dst[KVR__GPU_MAX_RANKS]; /* SCATTER_ALL: per rank;
                                                SCATTER: per region */
-    const unsigned char *srcs[KVR__GPU_MAX_RANKS]; /* SCATTER: per region */
-    uint32_t regions;      /* SCATTER: regions of one class, >= 1 */
+    const unsigned char *srcs[KVR__GPU_MAX_RANKS]; /* SCATTER: per slot */
+    uint16_t ranks[KVR__GPU_MAX_RANKS];            /* SCATTER: per slot */
+    uint32_t regions;      /* SCATTER: slots (a region for a rank), >= 1 */
     uint32_t region_items; /* SCATTER: items of each */
     uint64_t lo, hi;                        /* stream range, pack/unpack */
     uint64_t stride;                        /* source chunk distance */
@@ -63,10 +64,11 @@ __device__ Item describe(const Job &j, uint32_t item)
         rank = item - i * j.g.W;
         item = i;
     }
-    uint32_t r = 0; /* SCATTER: region-major, each region's items whole */
+    uint32_t r = 0; /* SCATTER: slot-major, each slot's items whole */
     if (j.mode == SCATTER && j.regions > 1) {
         r = item / j.region_items;
         item -= r * j.region_items;
+        rank = j.ranks[r];
     }
     uint32_t piece = item / j.parts, part = item - piece * j.parts;
     kvr__rl_piece_t p = kvr__rl_piece_at(&j.g, rank, piece);
@@ -290,6 +292,7 @@ Job rank_job(Mode mode, uint32_t rank, const void *src, void *dst)
     j.rank = rank;
     j.src = j.srcs[0] = (const unsigned char *)src;
     j.dst[0] = (unsigned char *)dst;
+    j.ranks[0] = (uint16_t)rank;
     j.regions = 1;
     return j;
 }
@@ -468,19 +471,22 @@ extern "C" kvr_status_t kvr_gpu_scatter_rank(const kvr_gpu_relayout_t *rl,
 }
 
 extern "C" kvr_status_t
-kvr_gpu_scatter_regions(const kvr_gpu_relayout_t *rl, uint32_t rank,
+kvr_gpu_scatter_regions(const kvr_gpu_relayout_t *rl, const uint32_t *ranks,
                         const void *const *src_bases, void *const *dst_bases,
                         size_t n, void *stream, kvr_error_t *err)
 {
-    kvr_status_t st = kvr__rl_check_range(rl, rank, 0, 0, err);
-    if (st == KVR_OK && (src_bases == NULL || dst_bases == NULL))
-        st = kvr_error_set(err, KVR_ERR_INVALID, "region arrays are NULL");
+    kvr_status_t st = KVR_OK;
+    if (ranks == NULL || src_bases == NULL || dst_bases == NULL)
+        st = kvr_error_set(err, KVR_ERR_INVALID, "slot arrays are NULL");
     for (size_t k = 0; st == KVR_OK && k < n; k += KVR__GPU_MAX_RANKS) {
-        Job j = rank_job(SCATTER, rank, NULL, NULL);
+        Job j = rank_job(SCATTER, ranks[k], NULL, NULL);
         uint64_t bits = 0;
         size_t m = n - k < KVR__GPU_MAX_RANKS ? n - k : KVR__GPU_MAX_RANKS;
         for (size_t i = 0; st == KVR_OK && i < m; i++) {
-            st = check_pointers(src_bases[k + i], dst_bases[k + i], err);
+            st = kvr__rl_check_range(rl, ranks[k + i], 0, 0, err);
+            if (st == KVR_OK)
+                st = check_pointers(src_bases[k + i], dst_bases[k + i], err);
+            j.ranks[i] = (uint16_t)ranks[k + i];
             j.srcs[i] = (const unsigned char *)src_bases[k + i];
             j.dst[i] = (unsigned char *)dst_bases[k + i];
             bits |= (uintptr_t)src_bases[k + i] | (uintptr_t)dst_bases[k + i];

@@ -274,8 +274,9 @@ struct kvr__gpu_job {
     kvr_gpu_relayout_t **rl; /* one per pair (NULL: a run copy) */
     const void **src;
     void **dst;
+    uint32_t *ranks;
     size_t n;
-    uint32_t rank;
+    uint32_t refs; /* the pulls sharing it (the loop's thread only) */
     const kvr__gpu_runs_t *runs; /* a run copy's table and range */
     uint64_t pos, len;
     atomic_bool done;
@@ -298,7 +299,8 @@ static void run_job(void *arg)
     if (us > 0)
         usleep(us);
     for (size_t i = 0; i < j->n && st == KVR_OK; i++)
-        st = kvr_gpu_ref_scatter(j->rl[i], j->rank, j->src[i], j->dst[i], NULL);
+        st = kvr_gpu_ref_scatter(j->rl[i], j->ranks[i], j->src[i], j->dst[i],
+                                 NULL);
     if (j->runs != NULL)
         st = kvr_gpu_runs_copy_ref(j->runs->rt, j->pos, j->len, NULL, NULL,
                                    NULL);
@@ -323,7 +325,10 @@ static kvr__gpu_job_t *job_new(size_t n)
     j->rl = calloc(n + 1, sizeof(*j->rl));
     j->src = calloc(n + 1, sizeof(*j->src));
     j->dst = calloc(n + 1, sizeof(*j->dst));
-    if (j->rl == NULL || j->src == NULL || j->dst == NULL) {
+    j->ranks = calloc(n + 1, sizeof(*j->ranks));
+    j->refs = 1;
+    if (j->rl == NULL || j->src == NULL || j->dst == NULL ||
+        j->ranks == NULL) {
         kvr__gpu_job_free(j);
         return NULL;
     }
@@ -332,7 +337,7 @@ static kvr__gpu_job_t *job_new(size_t n)
 
 kvr_status_t
 kvr__gpu_job_start(int device, void *stream, struct kvr_gpu_pool *pool,
-                   const kvr_layout_t *lay, uint32_t rank,
+                   const kvr_layout_t *lay, const uint32_t *ranks,
                    const kvr_region_pair_t *pairs, const void *const *src,
                    void *const *dst, size_t n, const kvr_request_t *req,
                    kvr__gpu_job_t **out, uint64_t *bytes, kvr_error_t *err)
@@ -346,13 +351,13 @@ kvr__gpu_job_start(int device, void *stream, struct kvr_gpu_pool *pool,
                            req->num_tokens, req->num_computed_blocks};
     kvr_status_t st = KVR_OK;
     *bytes = 0;
-    j->rank = rank;
     for (size_t i = 0; i < n && st == KVR_OK; i++, j->n++) {
         st = kvr_gpu_relayout_create(lay, &pairs[i].src, &pairs[i].dst, &g,
                                      &j->rl[i], err);
         j->src[i] = src[i];
         j->dst[i] = dst[i];
-        *bytes += kvr_gpu_relayout_bytes(j->rl[i], rank);
+        j->ranks[i] = ranks[i];
+        *bytes += kvr_gpu_relayout_bytes(j->rl[i], ranks[i]);
     }
     if (st == KVR_OK)
         st = queue_job(stream, j, err);
@@ -380,27 +385,22 @@ void kvr__gpu_job_free(kvr__gpu_job_t *job)
         return;
     while (!atomic_load(&job->done)) /* its "kernels" end first */
         usleep(100);
+    if (job->refs > 1) {
+        job->refs--;
+        return;
+    }
     for (size_t i = 0; i < job->n; i++)
         kvr_gpu_relayout_destroy(job->rl[i]);
     free(job->rl);
     free(job->src);
     free(job->dst);
+    free(job->ranks);
     free(job);
 }
 
-kvr_status_t kvr__gpu_send(int device, const kvr_layout_t *lay, uint32_t rank,
-                           const kvr_region_pair_t *pairs,
-                           const void *const *src, void *const *dst, size_t n,
-                           const kvr_request_t *req, uint64_t *bytes,
-                           kvr_error_t *err)
+void kvr__gpu_job_share(kvr__gpu_job_t *job)
 {
-    kvr__gpu_job_t *job = NULL;
-    kvr_status_t st = kvr__gpu_job_start(device, NULL, NULL, lay, rank, pairs,
-                                         src, dst, n, req, &job, bytes, err);
-    if (st == KVR_OK)
-        st = (kvr_status_t)atomic_load(&job->status);
-    kvr__gpu_job_free(job);
-    return st;
+    job->refs++;
 }
 
 /* ---- run copies ---- */

@@ -99,15 +99,18 @@ static void check_scatter_rank(run_t *t, uint32_t r)
     dbuf_free(&dst);
 }
 
-/* Rank r into n regions at once (kvr_gpu_scatter_regions: past 64, more
- * than one launch), its tables in a pool block on a stream of its own;
- * twice, the second time into the block the first gave back. */
+/* n slots at once (kvr_gpu_scatter_regions: past 64, more than one
+ * launch), slot k rank (r + k) % W into a region of its own, its tables
+ * in a pool block on a stream of its own; twice, the second time into the
+ * block the first gave back. */
 static void check_scatter_regions(run_t *t, uint32_t r, uint64_t *rng)
 {
     size_t n = t->c->dst_bytes < (1u << 20) && rng_below(rng, 4) == 0 ? 66 : 3;
+    uint32_t W = t->c->lay.dcp_size;
     dbuf_t *dst = xmalloc(n * sizeof(*dst));
     const void **srcs = xmalloc(n * sizeof(*srcs));
     void **bases = xmalloc(n * sizeof(*bases));
+    uint32_t *ranks = xmalloc(n * sizeof(*ranks));
     void *stream = NULL;
     kvr_gpu_pool_t *pool = NULL;
     uint64_t held[2];
@@ -122,13 +125,15 @@ static void check_scatter_regions(run_t *t, uint32_t r, uint64_t *rng)
             dst[k] = dbuf_make(0, t->poison, t->c->dst_bytes, 0);
             srcs[k] = t->src.ptr;
             bases[k] = dst[k].ptr;
+            ranks[k] = (uint32_t)((r + k) % W);
         }
-        CHECK_KVR(kvr_gpu_scatter_regions(rl, r, srcs, bases, n, stream, &err));
+        CHECK_KVR(
+            kvr_gpu_scatter_regions(rl, ranks, srcs, bases, n, stream, &err));
         kvr_gpu_relayout_destroy(rl); /* stream-ordered: the block waits */
         CHECK_KVR(kvr_gpu_sync(stream, &err));
         for (size_t k = 0; k < n; k++) {
-            check_device_image(&dst[k], t->expect[r], t->c->dst_bytes,
-                               "scatter_regions", t->name, r);
+            check_device_image(&dst[k], t->expect[ranks[k]], t->c->dst_bytes,
+                               "scatter_regions", t->name, ranks[k]);
             dbuf_free(&dst[k]);
         }
         held[rep] = kvr_gpu_pool_bytes(pool);
@@ -142,6 +147,7 @@ static void check_scatter_regions(run_t *t, uint32_t r, uint64_t *rng)
     free(dst);
     free(srcs);
     free(bases);
+    free(ranks);
 }
 
 /* Whole-stream pack against the reference, then unpack in chunks of a
