@@ -4,7 +4,8 @@
 Reads stderr of processes run with KVR_AGENT_DEBUG=1 (bench/gpu/serving.sh
 PROFILE=1 writes serving-gpu-profile-DATE.log; gzip is fine) and, for every
 request whose id starts with --prefix (default "small", the one-block round
-trips), times the steps every consumer rank and producer stage logged:
+trips), times each consumer rank's load of it (its round trip) through the
+steps that rank and the producer stages logged:
 
   asked    consumer: WRITE_REQUEST sent to a stage ("recv 'id': asked")
   chosen   stage: the pull planned and its executor chosen
@@ -24,11 +25,11 @@ import sys
 from collections import defaultdict
 
 LINE = re.compile(r"kvr agent (\S+) pp (\d+) tp (\d+) dcp (\d+) ([\d.]+): (.*)")
-STEPS = [
+STEPS = [  # (step, pattern: request id, then the rank for stage lines)
     ("asked", re.compile(r"recv '([^']+)': asked link")),
-    ("chosen", re.compile(r"pull of '([^']+)' for dcp \d+: gpu-direct")),
-    ("launched", re.compile(r"pull of '([^']+)' for dcp \d+, layers .*launched")),
-    ("done", re.compile(r"pull of '([^']+)' for dcp \d+: kernels done")),
+    ("chosen", re.compile(r"pull of '([^']+)' for dcp (\d+): gpu-direct")),
+    ("launched", re.compile(r"pull of '([^']+)' for dcp (\d+), layers .*launched")),
+    ("done", re.compile(r"pull of '([^']+)' for dcp (\d+): kernels done")),
     ("loaded", re.compile(r"recv '([^']+)' from '[^']*': LOADED")),
 ]
 
@@ -40,7 +41,8 @@ def read(path):
 
 
 def collect(paths, prefix):
-    """times[request][step] = list of stamps (seconds)."""
+    """times[(request, consumer rank)][step] = stamps (seconds): a rank's
+    load of a request is one round trip (the ranks load on their own)."""
     times = defaultdict(lambda: defaultdict(list))
     for path in paths:
         for line in read(path):
@@ -51,15 +53,16 @@ def collect(paths, prefix):
             for step, rx in STEPS:
                 s = rx.match(msg)
                 if s and s.group(1).startswith(prefix):
-                    times[s.group(1)][step].append(t)
+                    rank = int(s.group(2)) if s.lastindex == 2 else int(m.group(4))
+                    times[(s.group(1), rank)][step].append(t)
                     break
     return times
 
 
 def spans(times):
-    """Per request: each step's first and last stamp, relative to asked."""
+    """Per round trip: each step's first and last stamp after asked."""
     out = []
-    for req, st in times.items():
+    for st in times.values():
         if not all(st[s] for s, _ in STEPS):
             continue  # incomplete (cut off, or not gpu-direct)
         t0 = min(st["asked"])
@@ -75,8 +78,9 @@ def main():
     rows = spans(collect(a.logs, a.prefix))
     if not rows:
         sys.exit(f"no complete request with prefix '{a.prefix}' in the logs")
-    print(f"{len(rows)} requests '{a.prefix}*', microseconds after the first "
-          "WRITE_REQUEST, median (first event / last event):")
+    print(f"{len(rows)} loads of '{a.prefix}*' requests (a request by a rank), "
+          "microseconds after its first WRITE_REQUEST, median (first stage / "
+          "last stage):")
     for step, _ in STEPS:
         first = statistics.median(r[step][0] for r in rows) * 1e6
         last = statistics.median(r[step][1] for r in rows) * 1e6
