@@ -20,6 +20,9 @@
 # (nvidia-smi, ucx_info -v and -d), build.log, bench.log, gpu-network.json,
 # tests.log, demos.log (every demo's output; with DEMO_DEBUG=1 the agents'
 # link figures and executor picks, KVR_AGENT_DEBUG, filtered).
+# Switches: SERVING=1 runs bench/gpu/serving.sh first, BENCH=0 skips the
+# network benchmark, DEMOS=0 the demos; TARGETS builds only those
+# targets, TESTS picks the tests.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-bench/out}
@@ -73,6 +76,7 @@ echo "== device tests"
 (cd "$B" && timeout "${SUITE_S:-240}" ctest -j4 -R "${TESTS:-test_gpu|test_xfer_(loopback|ucx)}" \
     --timeout "${TEST_S:-60}" --output-on-failure) > "$OUT/tests.log" 2>&1 || fail=1
 grep -E 'tests passed|Passed|Failed|Skipped|\*\*\*' "$OUT/tests.log" | tail -20
+[ "${DEMOS:-1}" = 1 ] || exit $fail # DEMOS=0: no demos
 echo "== demo: CUDA KV, stages and ranks as processes (the agent's gpu-direct)"
 # the agents' own lines worth keeping (DEMO_DEBUG=1), and any crash
 KEEP='GPU figures|transport probe|predicted ms|Caught signal|^ *[0-9]+ 0x|backtrace|rror'

@@ -7,7 +7,8 @@
 # its libraries already on LD_LIBRARY_PATH) it runs $KVRELAY_BUILD/bin/kvrelay; otherwise it expects
 # .devlibs/ (not tracked) holding build/kvrelay from a CUDA release build and root/ with Debian 12
 # libucx0 libsodium23 libjansson4 libnuma1 (dpkg -x). Run it from the repo root. RUN_S bounds each
-# run (seconds); HOST=0 skips the host-memory run. Results go to $OUT, else bench/results.
+# run (seconds); HOST=0 skips the host-memory run; PROFILE=1 adds a debug-logged run, PP1=1 one
+# from a single stage process. Results go to $OUT, else bench/results.
 set -u
 export CUDA_MODULE_LOADING=EAGER # the first launch in a process must not wait for the device
 if [ -n "${KVRELAY_BUILD:-}" ]; then
@@ -39,5 +40,14 @@ run gpu --device cuda "${TRACE[@]}"
 # streaming against not, with a prefill of 1 ms per layer per 1k tokens, Poisson arrivals
 run gpu-stream --device cuda "${TRACE[@]}" --stream both \
   --prefill-us-per-layer-per-ktoken 1000 --rate 3
+# PROFILE=1: two 2048-token requests and the one-block round trips with every agent's
+# debug log (KVR_AGENT_DEBUG, microsecond stamps), for where a request's time goes
+if [ "${PROFILE:-0}" = 1 ]; then
+  KVR_AGENT_DEBUG=1 run gpu-profile --device cuda --requests 2 --tokens-dist fixed:2048 --timeout 500
+  python3 bench/gpu/profile_steps.py "$R/serving-gpu-profile-$DAY.log" | tee "$R/profile-steps-$DAY.txt"
+fi
+# PP1=1: the same trace from one prefill stage process (78 layers): no other stage's process
+# shares the GPU's time with it, as when each stage has a GPU of its own
+[ "${PP1:-0}" = 1 ] && run gpu-pp1 --device cuda --pp 1 "${TRACE[@]}"
 # the same trace with KV in host memory on this machine (UCX shared memory)
-[ "${HOST:-1}" = 1 ] && run host-h200 --transport shm "${TRACE[@]}"
+[ "${HOST:-1}" != 1 ] || run host-h200 --transport shm "${TRACE[@]}"

@@ -110,6 +110,29 @@ kvr_status_t kvr_gpu_relayout_upload(kvr_gpu_relayout_t *rl, kvr_error_t *err);
 kvr_status_t kvr_gpu_relayout_upload_async(kvr_gpu_relayout_t *rl, void *stream,
                                            kvr_error_t *err);
 
+/* (CUDA) A table pool: device memory for relayout and run tables, kept and
+ * reused instead of allocated per request. It belongs to one stream: a
+ * table uploaded into it is copied on that stream, and its block goes
+ * back to the pool when the table is destroyed, to be written again by a
+ * later upload on the same stream, so only after every launch queued
+ * before that (the readers of its last owner). So every launch with a
+ * pooled table must be on the pool's stream. Blocks are powers of two,
+ * allocated once (cudaMalloc) and kept until the pool goes. Not thread
+ * safe: one thread (the agent's loop) uses a pool. */
+typedef struct kvr_gpu_pool kvr_gpu_pool_t;
+
+kvr_status_t kvr_gpu_pool_create(int device, void *stream, kvr_gpu_pool_t **out,
+                                 kvr_error_t *err);
+/* Waits for the stream, then frees every block; each table uploaded into
+ * the pool must have been destroyed first. NULL is fine. */
+void kvr_gpu_pool_destroy(kvr_gpu_pool_t *pool);
+/* Device bytes the pool holds, in use or free. */
+uint64_t kvr_gpu_pool_bytes(const kvr_gpu_pool_t *pool);
+/* (CUDA) kvr_gpu_relayout_upload into a block of pool, on its stream. */
+kvr_status_t kvr_gpu_relayout_upload_pool(kvr_gpu_relayout_t *rl,
+                                          kvr_gpu_pool_t *pool,
+                                          kvr_error_t *err);
+
 /* (CUDA) Direct scatter into every rank at once: dst_bases[r] is rank r's
  * region base, any pointer the current device can write (its own memory, a
  * peer's with peer access enabled, a CUDA IPC mapping). W <= 64. */
@@ -120,6 +143,16 @@ kvr_status_t kvr_gpu_scatter(const kvr_gpu_relayout_t *rl, const void *src_base,
 kvr_status_t kvr_gpu_scatter_rank(const kvr_gpu_relayout_t *rl, uint32_t rank,
                                   const void *src_base, void *dst_base,
                                   void *stream, kvr_error_t *err);
+/* (CUDA) n slots at once, each a region of rl's class (the same
+ * descriptions at other bases: the layers of one role) for one rank: slot
+ * k is rank ranks[k]'s share from src_bases[k] into dst_bases[k] (every
+ * rank of a request and every layer in one launch), one launch per 64
+ * slots. */
+kvr_status_t kvr_gpu_scatter_regions(const kvr_gpu_relayout_t *rl,
+                                     const uint32_t *ranks,
+                                     const void *const *src_bases,
+                                     void *const *dst_bases, size_t n,
+                                     void *stream, kvr_error_t *err);
 /* (CUDA) Device pack/unpack with the semantics of the reference ones. Any
  * byte range works; 16-byte accesses are used when sizes, offsets and
  * pointers are 16-aligned, narrower ones otherwise. */
@@ -165,6 +198,10 @@ kvr_status_t kvr_gpu_runs_copy_ref(const kvr_gpu_runs_t *rt, uint64_t pos,
  * (NULL: synchronous); once per table. */
 kvr_status_t kvr_gpu_runs_upload(kvr_gpu_runs_t *rt, void *stream,
                                  kvr_error_t *err);
+/* (CUDA) The same into a block of pool (see kvr_gpu_pool_t), on its
+ * stream: copies with the table must run there. */
+kvr_status_t kvr_gpu_runs_upload_pool(kvr_gpu_runs_t *rt, kvr_gpu_pool_t *pool,
+                                      kvr_error_t *err);
 /* (CUDA) The copy on `stream`, after kvr_gpu_runs_upload. */
 kvr_status_t kvr_gpu_runs_copy(const kvr_gpu_runs_t *rt, uint64_t pos,
                                uint64_t len, const void *src_buf,
@@ -207,6 +244,18 @@ kvr_status_t kvr_gpu_stream_wait(void *stream, void *event, kvr_error_t *err);
 kvr_status_t kvr_gpu_event_done(void *event, int *done, kvr_error_t *err);
 /* Blocks until the event's work completed. */
 kvr_status_t kvr_gpu_event_sync(void *event, kvr_error_t *err);
+/* (CUDA) Once the work queued on `stream` so far is done, writes the
+ * 8-byte value 1 to fd (an eventfd or a pipe) from CUDA's host-function
+ * thread (cudaLaunchHostFunc; only write(2) runs there): a poll loop
+ * learns of completion without polling the device. fd must stay open
+ * until the stream reached that point (synchronise it before closing). */
+kvr_status_t kvr_gpu_stream_notify(void *stream, int fd, kvr_error_t *err);
+/* (CUDA) One empty launch of each copy kernel (relayout and run copy) and
+ * one host function on stream, then waits for it: the kernels' code is
+ * loaded and CUDA's host-function thread started, so that the first real
+ * copy pays neither (lazy module loading would otherwise load a kernel at
+ * its first launch). */
+kvr_status_t kvr_gpu_warm(void *stream, kvr_error_t *err);
 
 /* Names device memory for another process: the allocation's IPC handle plus
  * the pointer's offset inside it. Plain bytes; send it as is. */

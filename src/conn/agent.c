@@ -46,8 +46,9 @@ void kvr__agent_log(kvr_agent_t *a, const char *fmt, ...)
     vsnprintf(a->log, sizeof(a->log), fmt, ap);
     va_end(ap);
     if (getenv("KVR_AGENT_DEBUG") != NULL)
-        fprintf(stderr, "kvr agent %.*s %.3f: %s\n", (int)a->instance.len,
-                a->instance.bytes,
+        fprintf(stderr, "kvr agent %.*s pp %u tp %u dcp %u %.6f: %s\n",
+                (int)a->instance.len, a->instance.bytes, a->p.topo.pp_rank,
+                a->p.topo.tp_rank, a->p.topo.dcp_rank,
                 (double)(kvr_now_ns() % 100000000000ull) / 1e9, a->log);
 }
 
@@ -297,6 +298,11 @@ void kvr_agent_destroy(kvr_agent_t *a)
     kvr__loop_fini(a);
     for (uint32_t i = 0; i < a->num_regions; i++)
         unplace(&a->regions[i]);
+    /* no host function may write wake_fd after it closes, nor a kernel
+     * read a pooled table after the pool goes */
+    if (a->stream != NULL)
+        kvr__gpu_stream_sync(a->stream, NULL);
+    kvr__gpu_pool_destroy(a->gpool);
     kvr__gpu_stream_destroy(a->stream);
     kvr__data_destroy(a->data);
     for (kvr__cmd_t *c = a->inbox_head, *n; c != NULL; c = n) {
@@ -564,6 +570,19 @@ static void *thread_main(void *arg)
     return NULL;
 }
 
+/* The agent's stream and table pool, and the copy kernels loaded with an
+ * empty launch each: no request pays module loading or a first table
+ * allocation of a size seen before (docs/agent.md, gpu-direct). */
+static kvr_status_t gpu_start(kvr_agent_t *a, kvr_error_t *err)
+{
+    kvr_status_t st = kvr__gpu_stream_create(a->p.cuda_device, &a->stream, err);
+    if (st == KVR_OK)
+        st = kvr__gpu_pool_create(a->p.cuda_device, a->stream, &a->gpool, err);
+    if (st == KVR_OK)
+        st = kvr__gpu_warm(a->p.cuda_device, a->stream, err);
+    return st;
+}
+
 kvr_status_t kvr_agent_start(kvr_agent_t *a)
 {
     kvr_error_t err = {0};
@@ -583,7 +602,7 @@ kvr_status_t kvr_agent_start(kvr_agent_t *a)
     if (st == KVR_OK) /* refused combinations fail here, before any link */
         st = kvr__sources_start(a, &err);
     if (st == KVR_OK && a->p.cuda_device >= 0)
-        st = kvr__gpu_stream_create(a->p.cuda_device, &a->stream, &err);
+        st = gpu_start(a, &err);
     if (st == KVR_OK)
         st = kvr__loop_start(a, &err);
     if (st == KVR_OK)

@@ -6,8 +6,10 @@
  * send_ready's CUDA event was made a wait on that stream when it was
  * called, so the kernels run after the engine's work, without a host
  * synchronisation; the pull stays active while its kernels run and is
- * answered once their completion event fired (queried each turn, never
- * waited on, except when a pull is cut). */
+ * answered once their completion event fired. A host function queued
+ * after the kernels writes the wake eventfd, so the loop looks at the
+ * event when it fired, not on a timer; it is never waited on, except when
+ * a pull is cut. Tables live in the agent's pool (kvr_gpu_pool_t). */
 #include <stdlib.h>
 #include <string.h>
 
@@ -103,21 +105,49 @@ void kvr__agpu_unmap(kvr__amap_t *m)
     m->dev = NULL;
 }
 
-/* Our regions of the layer group moving (all the pull's layers when it is
- * not streamed) in (layer, role) order with the consumer's twins, as the
- * plan of the pull has them. Launched on the agent's stream, so after
- * every cudaStreamWaitEvent that send_ready made for these layers. */
-static kvr_status_t launch(kvr_agent_t *a, const kvr__preq_t *r, kvr__pull_t *p,
-                           kvr_error_t *err)
+/* Whether q may share p's launch (one launch for every rank that pulled
+ * the same request: issue 17): a gpu-direct pull of the same request not
+ * launched yet, with the same layer group and the same destination tables
+ * (the DCP ranks of one group share them), for another rank. */
+static bool joins(const kvr__pull_t *p, const kvr__pull_t *q)
 {
-    uint32_t n = 0;
-    kvr_region_pair_t *pairs = calloc(a->num_order + 1, sizeof(*pairs));
-    const void **src = calloc(a->num_order + 1, sizeof(*src));
-    void **dst = calloc(a->num_order + 1, sizeof(*dst));
-    kvr_status_t st = pairs && src && dst ? KVR_OK : KVR_ERR_NO_MEMORY;
-    if (st != KVR_OK)
-        kvr_error_set(err, st, "no memory");
-    for (uint32_t i = 0; st == KVR_OK && i < a->num_order; i++) {
+    return q != p && q->gpu && q->job == NULL && q->link != NULL &&
+           q->request.len == p->request.len &&
+           memcmp(q->request.bytes, p->request.bytes, p->request.len) == 0 &&
+           q->group_begin == p->group_begin && q->group_end == p->group_end &&
+           q->layer_lo == p->layer_lo && q->layer_hi == p->layer_hi &&
+           q->num_tokens == p->num_tokens &&
+           q->num_computed == p->num_computed && q->ndst == p->ndst &&
+           memcmp(q->dst, p->dst, p->ndst * sizeof(*p->dst)) == 0;
+}
+
+#define JOIN_MAX 64u /* pulls in one launch */
+
+/* p first, then the moving pulls that join it, one per other rank. */
+static uint32_t gather(const kvr_agent_t *a, kvr__pull_t *p,
+                       kvr__pull_t **set)
+{
+    uint32_t k = 0;
+    set[k++] = p;
+    for (kvr__pull_t *q = a->active; q != NULL && k < JOIN_MAX;
+         q = q->work_next) {
+        bool taken = false;
+        for (uint32_t i = 0; i < k; i++)
+            taken = taken || set[i]->dcp_rank == q->dcp_rank;
+        if (!taken && joins(p, q))
+            set[k++] = q;
+    }
+    return k;
+}
+
+/* p's regions of the layer group moving (all its layers when it is not
+ * streamed) in (layer, role) order with the consumer's twins, as its plan
+ * has them, appended at n; returns the new count. */
+static uint32_t add_pairs(const kvr_agent_t *a, const kvr__pull_t *p,
+                          kvr_region_pair_t *pairs, const void **src,
+                          void **dst, uint32_t *ranks, uint32_t n)
+{
+    for (uint32_t i = 0; i < a->num_order; i++) {
         const kvr__aregion_t *g = &a->regions[a->order[i]];
         if (g->desc.layer < p->group_begin || g->desc.layer >= p->group_end ||
             g->desc.layer < p->layer_lo || g->desc.layer >= p->layer_hi)
@@ -126,30 +156,62 @@ static kvr_status_t launch(kvr_agent_t *a, const kvr__preq_t *r, kvr__pull_t *p,
             &p->link->maps[kvr__twin_index(p->link, &g->desc)];
         pairs[n] = (kvr_region_pair_t){g->desc, m->desc};
         src[n] = g->base;
+        ranks[n] = p->dcp_rank;
         dst[n++] = m->dev;
+    }
+    return n;
+}
+
+/* The launch of p's layer group and of every pull that joins it (their
+ * tables are p's): one job they share, on the agent's stream, so after
+ * every cudaStreamWaitEvent that send_ready made for these layers. */
+static kvr_status_t launch(kvr_agent_t *a, const kvr__preq_t *r, kvr__pull_t *p,
+                           kvr_error_t *err)
+{
+    kvr__pull_t *set[JOIN_MAX];
+    uint32_t k = gather(a, p, set), n = 0;
+    size_t cap = (size_t)k * a->num_order + 1;
+    kvr_region_pair_t *pairs = calloc(cap, sizeof(*pairs));
+    const void **src = calloc(cap, sizeof(*src));
+    void **dst = calloc(cap, sizeof(*dst));
+    uint32_t *ranks = calloc(cap, sizeof(*ranks));
+    kvr_status_t st = pairs && src && dst && ranks ? KVR_OK : KVR_ERR_NO_MEMORY;
+    if (st != KVR_OK)
+        kvr_error_set(err, st, "no memory");
+    uint64_t want = 0, bytes = 0;
+    for (uint32_t i = 0; st == KVR_OK && i < k; i++) {
+        n = add_pairs(a, set[i], pairs, src, dst, ranks, n);
+        want += set[i]->group_off - set[i]->group_off0;
     }
     kvr_request_t req = {r->src,  r->nsrc,       p->dst,
                          p->ndst, p->num_tokens, p->num_computed};
-    uint64_t bytes = 0;
     if (st == KVR_OK)
-        st = kvr__gpu_job_start(a->p.cuda_device, a->stream, &a->p.layout,
-                                p->dcp_rank, pairs, src, (void *const *)dst, n,
-                                &req, &p->job, &bytes, err);
-    if (st == KVR_OK)
+        st = kvr__gpu_job_start(a->p.cuda_device, a->stream, a->gpool,
+                                &a->p.layout, ranks, pairs, src,
+                                (void *const *)dst, n, &req, &p->job, &bytes,
+                                err);
+    if (st == KVR_OK && bytes != want)
+        st = kvr_error_set(err, KVR_ERR_VERIFY,
+                           "gpu-direct launched %llu bytes for %u ranks, "
+                           "their plans have %llu",
+                           (unsigned long long)bytes, k,
+                           (unsigned long long)want);
+    for (uint32_t i = 0; st == KVR_OK && i < k; i++) {
+        if (i > 0) {
+            kvr__gpu_job_share(p->job);
+            set[i]->job = p->job;
+        }
         kvr__agent_log(a,
                        "pull of '%.*s' for dcp %u, layers [%u, %u): kernels "
-                       "launched, %llu bytes",
-                       (int)p->request.len, p->request.bytes, p->dcp_rank,
-                       p->group_begin, p->group_end, (unsigned long long)bytes);
-    if (st == KVR_OK && bytes != p->group_off - p->group_off0)
-        st = kvr_error_set(err, KVR_ERR_VERIFY,
-                           "gpu-direct launched %llu "
-                           "bytes, the plan has %llu",
-                           (unsigned long long)bytes,
-                           (unsigned long long)(p->group_off - p->group_off0));
+                       "launched, %u ranks at once, %llu bytes",
+                       (int)p->request.len, p->request.bytes,
+                       set[i]->dcp_rank, p->group_begin, p->group_end, k,
+                       (unsigned long long)bytes);
+    }
     free(pairs);
     free(src);
     free(dst);
+    free(ranks);
     return st;
 }
 
@@ -200,7 +262,7 @@ kvr_status_t kvr__agpu_runs(kvr_agent_t *a, kvr__pull_t *p, bool src, bool dst,
     if (st != KVR_OK)
         kvr_error_set(err, st, "the pull's run table");
     else
-        st = kvr__gpu_runs_make(a->p.cuda_device, a->stream, plans,
+        st = kvr__gpu_runs_make(a->p.cuda_device, a->stream, a->gpool, plans,
                                 src ? s : NULL, dst ? (void *const *)d : NULL,
                                 p->nsegs, &p->runs, err);
     free(plans);
@@ -235,6 +297,8 @@ kvr_status_t kvr__agpu_slice(kvr_agent_t *a, const kvr__preq_t *r,
     if (p->job == NULL) {
         kvr_status_t st = plain(a) ? launch(a, r, p, err)
                                    : launch_runs(a, p, err);
+        if (st == KVR_OK) /* the loop wakes when the kernels are done */
+            st = kvr__gpu_notify(a->stream, a->wake_fd, err);
         if (st != KVR_OK) {
             kvr__gpu_job_free(p->job);
             p->job = NULL;
@@ -287,8 +351,8 @@ static kvr_status_t time_pieces(kvr_agent_t *a, const void *src, void *dst,
     const kvr_plan_t *plans[1] = {plan};
     void *dsts[1] = {dst};
     if (st == KVR_OK)
-        st = kvr__gpu_runs_make(a->p.cuda_device, a->stream, plans, &src, dsts,
-                                1, &rt, err);
+        st = kvr__gpu_runs_make(a->p.cuda_device, a->stream, a->gpool, plans,
+                                &src, dsts, 1, &rt, err);
     if (st == KVR_OK)
         st = kvr__gpu_runs_time(rt, n * PROBE_PIECE, NULL, NULL, a->stream,
                                 secs, err);
@@ -555,9 +619,9 @@ kvr_status_t kvr__agpu_unpack(kvr_agent_t *a, kvr__cstage_t *s, uint64_t off,
             dst[i] = s->segs[i].dst_local;
         }
         if (st == KVR_OK)
-            st = kvr__gpu_runs_make(a->p.cuda_device, a->stream, plans, NULL,
-                                    (void *const *)dst, s->nsegs, &s->gruns,
-                                    err);
+            st = kvr__gpu_runs_make(a->p.cuda_device, a->stream, a->gpool,
+                                    plans, NULL, (void *const *)dst, s->nsegs,
+                                    &s->gruns, err);
         free(plans);
         free(dst);
     }

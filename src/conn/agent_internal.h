@@ -29,6 +29,10 @@
 #define KVR_AGENT_ADDR_MAX 256u
 #define KVR_AGENT_SLICE_BYTES (1u << 20)  /* puts posted per pull per slice */
 #define KVR_AGENT_TURN_WORK_NS 2000000ull /* slices per turn, at most */
+/* Pulls whose kernels run are woken by their host function (the wake
+ * eventfd); this only bounds how late a device fault that kept it from
+ * running is seen. */
+#define KVR_AGENT_GPU_BACKSTOP_NS 50000000ull
 #define KVR_AGENT_CUT_FLUSH_MS                                                 \
     200u                                  /* a pull cut past its deadline: its
                                        flush, at most */
@@ -250,6 +254,7 @@ typedef struct kvr__pull {
     /* gpu-direct (agent_gpu.c) */
     bool gpu;              /* chosen: scatter kernels via CUDA IPC */
     kvr__gpu_job_t *job;   /* launched, not yet seen complete */
+    bool job_done;         /* its event fired: to answer this turn */
     kvr__gpu_runs_t *runs; /* its plan's run table (pair plans; gpu-staged) */
     bool gstaged;          /* staged with GPU packing (CUDA KV) */
     uint64_t packed_off;   /* gpu-staged: stream bytes packed (launched) */
@@ -466,6 +471,7 @@ struct kvr_agent {
     uint32_t num_order;
     int staging;        /* consumer: its STAGING region, or -1 */
     void *stream;       /* cuda_device >= 0: the agent's stream */
+    struct kvr_gpu_pool *gpool; /* its relayout and run tables' memory */
     uint8_t *slot_busy; /* its slots granted to a stage */
     bool slots_freed;   /* waiting stages may be sent now */
     kvr__alink_t *links;

@@ -190,8 +190,8 @@ static void handle_ready(kvr_agent_t *a, const struct epoll_event *ev, int n)
 static uint64_t run_timers(kvr_agent_t *a)
 {
     uint64_t now = kvr_now_ns(), next = UINT64_MAX;
-    if (a->active != NULL) /* pulls whose kernels run: looked at each ms */
-        next = now + 1000000ull;
+    if (a->active != NULL) /* kernels running: their host function wakes */
+        next = now + KVR_AGENT_GPU_BACKSTOP_NS;
     kvr__alink_tick(a, now, &next);
     kvr__join_tick(a, now, &next);
     kvr__send_tick(a, now, &next);

@@ -343,6 +343,8 @@ static void send_pull(kvr_agent_t *a, kvr__creq_t *r, kvr__cstage_t *s)
                          : 1;
     s->sent = true; /* even if the send fails: the link loss answers it */
     kvr__alink_send(a, s->link, &m);
+    kvr__agent_log(a, "recv '%.*s': asked link %u", (int)r->id.len,
+                   r->id.bytes, s->link->serial);
     free(bad);
 }
 

@@ -928,11 +928,39 @@ static bool slice(kvr_agent_t *a, kvr__pull_t *p, uint64_t *moved)
     return true;
 }
 
+/* Every pull whose kernels completed, answered (or on to its next group)
+ * in this turn: one wake may stand for many host functions. Each event is
+ * queried once; the done ones are then handled one by one, the list
+ * walked afresh each time, since answering one may end others. */
+static void reap_gpu(kvr_agent_t *a, uint64_t *moved)
+{
+    for (kvr__pull_t *p = a->active; p != NULL; p = p->work_next) {
+        bool done = false;
+        kvr_error_t err = {0};
+        p->job_done = p->gpu && p->job != NULL &&
+                      (kvr__gpu_job_done(p->job, &done, &err) != KVR_OK ||
+                       done);
+    }
+    for (bool again = true; again;) {
+        again = false;
+        for (kvr__pull_t *p = a->active; p != NULL && !again;
+             p = p->work_next)
+            if (p->job_done && p->job != NULL) {
+                p->job_done = false;
+                slice(a, p, moved);
+                again = true;
+            }
+    }
+}
+
 void kvr__send_work(kvr_agent_t *a, uint64_t end_ns)
 {
     uint64_t moved = 0;
     bool first = true;
-    while (a->active != NULL &&
+    reap_gpu(a, &moved);
+    /* slices while a pull has CPU work: one whose kernels run is seen
+     * again when its host function wakes the loop, not by spinning */
+    while (a->active != NULL && kvr__agpu_cpu_work(a) &&
            (first || (kvr_now_ns() < end_ns && moved < KVR_AGENT_TURN_BYTES))) {
         first = false;
         kvr__pull_t *p = a->active;

@@ -13,6 +13,8 @@
 #include "kvrelay/status.h"
 #include "kvrelay/xfer.h"
 
+struct kvr_gpu_pool; /* kvrelay/gpu.h, with CUDA */
+
 /* Bytes of the IPC description of a region carried in REGIONS' rkey. */
 #define KVR_GPU_RKEY_BYTES 72u
 
@@ -39,31 +41,38 @@ kvr_status_t kvr__gpu_send(int device, const kvr_layout_t *lay, uint32_t rank,
 
 /* The agent's asynchronous form: the scatters of one pull launched on
  * `stream` (after whatever is queued there, e.g. waits on the engine's
- * events), their tables kept until the job is freed. */
+ * events), their tables kept until the job is freed; in blocks of `pool`
+ * (the stream's, see kvr_gpu_pool_t) when it is not NULL, else allocated
+ * stream-ordered. Pair i moves rank ranks[i]'s share: pairs of one class
+ * for any ranks (one request's pulls by several ranks) go in one launch;
+ * *bytes is the total. */
 typedef struct kvr__gpu_job kvr__gpu_job_t;
 
-kvr_status_t kvr__gpu_job_start(int device, void *stream,
-                                const kvr_layout_t *lay, uint32_t rank,
-                                const kvr_region_pair_t *pairs,
-                                const void *const *src, void *const *dst,
-                                size_t n, const kvr_request_t *req,
-                                kvr__gpu_job_t **out, uint64_t *bytes,
-                                kvr_error_t *err);
+kvr_status_t
+kvr__gpu_job_start(int device, void *stream, struct kvr_gpu_pool *pool,
+                   const kvr_layout_t *lay, const uint32_t *ranks,
+                   const kvr_region_pair_t *pairs, const void *const *src,
+                   void *const *dst, size_t n, const kvr_request_t *req,
+                   kvr__gpu_job_t **out, uint64_t *bytes, kvr_error_t *err);
 /* Non-blocking: whether every kernel of the job completed (or failed). */
 kvr_status_t kvr__gpu_job_done(kvr__gpu_job_t *job, bool *done,
                                kvr_error_t *err);
-/* Waits for the job's kernels (if still running), then frees it. NULL is
- * fine. */
+/* Waits for the job's kernels (if still running), then drops a reference
+ * (the last one frees it). NULL is fine. */
 void kvr__gpu_job_free(kvr__gpu_job_t *job);
+/* One more reference: a job shared by the pulls it serves. */
+void kvr__gpu_job_share(kvr__gpu_job_t *job);
 
 /* Run copies over plans (docs/gpu.md, Run copies): plans[i]'s runs from
  * src[i] + run.src to dst[i] + run.dst, in plan order, one stream (the
  * staged byte order). src or dst NULL: that side is a staging buffer
  * given to each copy. Works for every layout the planner plans (sharded
- * producers, TP reshards). Uploaded on `stream`, freed stream-ordered. */
+ * producers, TP reshards). Uploaded on `stream` (into a block of pool, the
+ * stream's, when it is not NULL), freed stream-ordered. */
 typedef struct kvr__gpu_runs kvr__gpu_runs_t;
 
 kvr_status_t kvr__gpu_runs_make(int device, void *stream,
+                                struct kvr_gpu_pool *pool,
                                 const kvr_plan_t *const *plans,
                                 const void *const *src, void *const *dst,
                                 size_t n, kvr__gpu_runs_t **out,
@@ -94,6 +103,17 @@ kvr_status_t kvr__gpu_use(int device, kvr_error_t *err);
 kvr_status_t kvr__gpu_stream_create(int device, void **stream,
                                     kvr_error_t *err);
 void kvr__gpu_stream_destroy(void *stream);
+/* The agent's table pool on its stream (kvr_gpu_pool_t): relayout and
+ * run tables reuse its blocks instead of allocating per pull. */
+kvr_status_t kvr__gpu_pool_create(int device, void *stream,
+                                  struct kvr_gpu_pool **pool, kvr_error_t *err);
+void kvr__gpu_pool_destroy(struct kvr_gpu_pool *pool);
+/* fd (the agent's wake eventfd) is written once the work queued on stream
+ * so far is done (kvr_gpu_stream_notify). */
+kvr_status_t kvr__gpu_notify(void *stream, int fd, kvr_error_t *err);
+/* The copy kernels loaded and CUDA's host-function thread started, with
+ * empty work on stream (kvr_gpu_warm). */
+kvr_status_t kvr__gpu_warm(int device, void *stream, kvr_error_t *err);
 /* Waits for everything queued on stream. */
 kvr_status_t kvr__gpu_stream_sync(void *stream, kvr_error_t *err);
 /* Work queued on stream from now on waits for the event (a cudaEvent_t of

@@ -92,13 +92,18 @@ static bool same_class(const kvr_region_pair_t *a, const kvr_region_pair_t *b)
 struct kvr__gpu_job {
     kvr_gpu_relayout_t **rl; /* one per class, alive until the job ends */
     size_t nrl;
-    void *done; /* recorded after the last launch */
+    const void **src; /* one class's slots at a time, for its launch */
+    void **dst;
+    uint32_t *ranks;
+    void *done;    /* recorded after the last launch */
+    uint32_t refs; /* the pulls it serves */
 };
 
-/* One class's relayout, checked and uploaded once, then one launch per
- * region of that class. */
+/* One class's relayout, checked and uploaded once, then one launch for
+ * every region of that class and every rank (kvr_gpu_scatter_regions). */
 static kvr_status_t launch_class(kvr__gpu_job_t *job, void *stream,
-                                 const kvr_layout_t *lay, uint32_t rank,
+                                 kvr_gpu_pool_t *pool, const kvr_layout_t *lay,
+                                 const uint32_t *ranks,
                                  const kvr_region_pair_t *pairs,
                                  const void *const *src, void *const *dst,
                                  size_t n, size_t first, bool *launched,
@@ -114,31 +119,43 @@ static kvr_status_t launch_class(kvr__gpu_job_t *job, void *stream,
     if (st != KVR_OK)
         return st;
     job->rl[job->nrl++] = rl;
-    st = stream ? kvr_gpu_relayout_upload_async(rl, stream, err)
-                : kvr_gpu_relayout_upload(rl, err);
+    st = pool     ? kvr_gpu_relayout_upload_pool(rl, pool, err)
+         : stream ? kvr_gpu_relayout_upload_async(rl, stream, err)
+                  : kvr_gpu_relayout_upload(rl, err);
+    size_t m = 0;
     for (size_t i = first; i < n && st == KVR_OK; i++) {
         if (launched[i] || !same_class(&pairs[first], &pairs[i]))
             continue;
-        st = kvr_gpu_scatter_rank(rl, rank, src[i], dst[i], stream, err);
-        *bytes += kvr_gpu_relayout_bytes(rl, rank);
+        job->src[m] = src[i];
+        job->dst[m] = dst[i];
+        job->ranks[m++] = ranks[i];
+        *bytes += kvr_gpu_relayout_bytes(rl, ranks[i]);
         launched[i] = true;
     }
+    if (st == KVR_OK)
+        st = kvr_gpu_scatter_regions(rl, job->ranks, job->src, job->dst, m,
+                                     stream, err);
     return st;
 }
 
-kvr_status_t kvr__gpu_job_start(int device, void *stream,
-                                const kvr_layout_t *lay, uint32_t rank,
-                                const kvr_region_pair_t *pairs,
-                                const void *const *src, void *const *dst,
-                                size_t n, const kvr_request_t *req,
-                                kvr__gpu_job_t **out, uint64_t *bytes,
-                                kvr_error_t *err)
+kvr_status_t
+kvr__gpu_job_start(int device, void *stream, struct kvr_gpu_pool *pool,
+                   const kvr_layout_t *lay, const uint32_t *ranks,
+                   const kvr_region_pair_t *pairs, const void *const *src,
+                   void *const *dst, size_t n, const kvr_request_t *req,
+                   kvr__gpu_job_t **out, uint64_t *bytes, kvr_error_t *err)
 {
     kvr__gpu_job_t *job = calloc(1, sizeof(*job));
     bool *launched = calloc(n + 1, sizeof(*launched));
     kvr_status_t st = job && launched ? KVR_OK : KVR_ERR_NO_MEMORY;
-    if (st == KVR_OK && (job->rl = calloc(n + 1, sizeof(*job->rl))) == NULL)
+    if (st == KVR_OK &&
+        ((job->rl = calloc(n + 1, sizeof(*job->rl))) == NULL ||
+         (job->src = calloc(n + 1, sizeof(*job->src))) == NULL ||
+         (job->dst = calloc(n + 1, sizeof(*job->dst))) == NULL ||
+         (job->ranks = calloc(n + 1, sizeof(*job->ranks))) == NULL))
         st = KVR_ERR_NO_MEMORY;
+    if (st == KVR_OK)
+        job->refs = 1;
     if (st != KVR_OK)
         kvr_error_set(err, st, "no memory");
     if (st == KVR_OK)
@@ -148,8 +165,8 @@ kvr_status_t kvr__gpu_job_start(int device, void *stream,
     *bytes = 0;
     for (size_t i = 0; i < n && st == KVR_OK; i++)
         if (!launched[i])
-            st = launch_class(job, stream, lay, rank, pairs, src, dst, n, i,
-                              launched, req, bytes, err);
+            st = launch_class(job, stream, pool, lay, ranks, pairs, src, dst,
+                              n, i, launched, req, bytes, err);
     if (st == KVR_OK)
         st = kvr_gpu_event_record(job->done, stream, err);
     free(launched);
@@ -174,16 +191,50 @@ void kvr__gpu_job_free(kvr__gpu_job_t *job)
 {
     if (job == NULL)
         return;
-    /* the tables must outlive the launches using them */
+    /* the tables must outlive the launches using them, and a cut pull's
+     * mappings its kernels */
     if (job->done != NULL)
         kvr_gpu_event_sync(job->done, NULL);
     else if (job->nrl > 0)
         kvr_gpu_sync(NULL, NULL);
+    if (job->refs > 1) {
+        job->refs--;
+        return;
+    }
     for (size_t i = 0; i < job->nrl; i++)
         kvr_gpu_relayout_destroy(job->rl[i]);
     kvr_gpu_event_destroy(job->done);
     free(job->rl);
+    free(job->src);
+    free(job->dst);
+    free(job->ranks);
     free(job);
+}
+
+void kvr__gpu_job_share(kvr__gpu_job_t *job)
+{
+    job->refs++;
+}
+
+kvr_status_t kvr__gpu_send(int device, const kvr_layout_t *lay, uint32_t rank,
+                           const kvr_region_pair_t *pairs,
+                           const void *const *src, void *const *dst, size_t n,
+                           const kvr_request_t *req, uint64_t *bytes,
+                           kvr_error_t *err)
+{
+    kvr__gpu_job_t *job = NULL;
+    uint32_t *ranks = calloc(n + 1, sizeof(*ranks));
+    if (ranks == NULL)
+        return kvr_error_set(err, KVR_ERR_NO_MEMORY, "no memory");
+    for (size_t i = 0; i < n; i++)
+        ranks[i] = rank;
+    kvr_status_t st = kvr__gpu_job_start(device, NULL, NULL, lay, ranks, pairs,
+                                         src, dst, n, req, &job, bytes, err);
+    free(ranks);
+    if (st == KVR_OK)
+        st = kvr_gpu_event_sync(job->done, err);
+    kvr__gpu_job_free(job);
+    return st;
 }
 
 /* ---- run copies ---- */
@@ -198,6 +249,7 @@ static uint64_t address(const void *base, uint64_t off)
 }
 
 kvr_status_t kvr__gpu_runs_make(int device, void *stream,
+                                struct kvr_gpu_pool *pool,
                                 const kvr_plan_t *const *plans,
                                 const void *const *src, void *const *dst,
                                 size_t n, kvr__gpu_runs_t **out,
@@ -224,7 +276,8 @@ kvr_status_t kvr__gpu_runs_make(int device, void *stream,
     if (st == KVR_OK)
         st = kvr_gpu_set_device(device, err);
     if (st == KVR_OK)
-        st = kvr_gpu_runs_upload(r->rt, stream, err);
+        st = pool ? kvr_gpu_runs_upload_pool(r->rt, pool, err)
+                  : kvr_gpu_runs_upload(r->rt, stream, err);
     free(runs);
     if (st != KVR_OK) {
         kvr__gpu_runs_free(r);
@@ -258,6 +311,7 @@ kvr_status_t kvr__gpu_job_runs(int device, void *stream,
     kvr__gpu_job_t *job = calloc(1, sizeof(*job));
     if (job == NULL)
         return kvr_error_set(err, KVR_ERR_NO_MEMORY, "no memory");
+    job->refs = 1;
     kvr_status_t st = kvr_gpu_set_device(device, err);
     if (st == KVR_OK)
         st = kvr_gpu_event_create(device, &job->done, err);
@@ -316,19 +370,26 @@ kvr_status_t kvr__gpu_stream_wait(void *stream, void *event, kvr_error_t *err)
     return kvr_gpu_stream_wait(stream, event, err);
 }
 
-kvr_status_t kvr__gpu_send(int device, const kvr_layout_t *lay, uint32_t rank,
-                           const kvr_region_pair_t *pairs,
-                           const void *const *src, void *const *dst, size_t n,
-                           const kvr_request_t *req, uint64_t *bytes,
-                           kvr_error_t *err)
+kvr_status_t kvr__gpu_pool_create(int device, void *stream,
+                                  struct kvr_gpu_pool **pool, kvr_error_t *err)
 {
-    kvr__gpu_job_t *job = NULL;
-    kvr_status_t st = kvr__gpu_job_start(device, NULL, lay, rank, pairs, src,
-                                         dst, n, req, &job, bytes, err);
-    if (st == KVR_OK)
-        st = kvr_gpu_event_sync(job->done, err);
-    kvr__gpu_job_free(job);
-    return st;
+    return kvr_gpu_pool_create(device, stream, pool, err);
+}
+
+void kvr__gpu_pool_destroy(struct kvr_gpu_pool *pool)
+{
+    kvr_gpu_pool_destroy(pool);
+}
+
+kvr_status_t kvr__gpu_notify(void *stream, int fd, kvr_error_t *err)
+{
+    return kvr_gpu_stream_notify(stream, fd, err);
+}
+
+kvr_status_t kvr__gpu_warm(int device, void *stream, kvr_error_t *err)
+{
+    kvr_status_t st = kvr_gpu_set_device(device, err);
+    return st == KVR_OK ? kvr_gpu_warm(stream, err) : st;
 }
 
 /* ---- gpu-staged's packer ---- */

@@ -61,16 +61,16 @@ kvr_status_t kvr__gpu_send(int device, const kvr_layout_t *lay, uint32_t rank,
     return no_cuda(err);
 }
 
-kvr_status_t kvr__gpu_job_start(int device, void *stream,
-                                const kvr_layout_t *lay, uint32_t rank,
-                                const kvr_region_pair_t *pairs,
-                                const void *const *src, void *const *dst,
-                                size_t n, const kvr_request_t *req,
-                                kvr__gpu_job_t **out, uint64_t *bytes,
-                                kvr_error_t *err)
+kvr_status_t
+kvr__gpu_job_start(int device, void *stream, struct kvr_gpu_pool *pool,
+                   const kvr_layout_t *lay, const uint32_t *ranks,
+                   const kvr_region_pair_t *pairs, const void *const *src,
+                   void *const *dst, size_t n, const kvr_request_t *req,
+                   kvr__gpu_job_t **out, uint64_t *bytes, kvr_error_t *err)
 {
-    (void)device, (void)stream, (void)lay, (void)rank, (void)pairs, (void)src;
-    (void)dst, (void)n, (void)req, (void)out, (void)bytes;
+    (void)device, (void)stream, (void)pool, (void)lay, (void)ranks;
+    (void)pairs, (void)src, (void)dst, (void)n, (void)req, (void)out;
+    (void)bytes;
     return no_cuda(err);
 }
 
@@ -83,6 +83,11 @@ kvr_status_t kvr__gpu_job_done(kvr__gpu_job_t *job, bool *done,
 }
 
 void kvr__gpu_job_free(kvr__gpu_job_t *job)
+{
+    (void)job;
+}
+
+void kvr__gpu_job_share(kvr__gpu_job_t *job)
 {
     (void)job;
 }
@@ -141,13 +146,14 @@ void kvr__gpu_packer_destroy(kvr__gpu_packer_t *pk)
 }
 
 kvr_status_t kvr__gpu_runs_make(int device, void *stream,
+                                struct kvr_gpu_pool *pool,
                                 const kvr_plan_t *const *plans,
                                 const void *const *src, void *const *dst,
                                 size_t n, kvr__gpu_runs_t **out,
                                 kvr_error_t *err)
 {
-    (void)device, (void)stream, (void)plans, (void)src, (void)dst, (void)n;
-    (void)out;
+    (void)device, (void)stream, (void)pool, (void)plans, (void)src;
+    (void)dst, (void)n, (void)out;
     return no_cuda(err);
 }
 
@@ -188,5 +194,29 @@ kvr_status_t kvr__gpu_runs_time(const kvr__gpu_runs_t *rt, uint64_t len,
 kvr_status_t kvr__gpu_stream_sync(void *stream, kvr_error_t *err)
 {
     (void)stream;
+    return no_cuda(err);
+}
+
+kvr_status_t kvr__gpu_pool_create(int device, void *stream,
+                                  struct kvr_gpu_pool **pool, kvr_error_t *err)
+{
+    (void)device, (void)stream, (void)pool;
+    return no_cuda(err);
+}
+
+void kvr__gpu_pool_destroy(struct kvr_gpu_pool *pool)
+{
+    (void)pool;
+}
+
+kvr_status_t kvr__gpu_notify(void *stream, int fd, kvr_error_t *err)
+{
+    (void)stream, (void)fd;
+    return no_cuda(err);
+}
+
+kvr_status_t kvr__gpu_warm(int device, void *stream, kvr_error_t *err)
+{
+    (void)device, (void)stream;
     return no_cuda(err);
 }

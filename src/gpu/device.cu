@@ -1,5 +1,6 @@
 /* Devices, peer access, CUDA IPC, and the conversion of CUDA errors. */
 #include <cuda.h>
+#include <pthread.h>
 #include <string.h>
 
 #include "cuda_util.cuh"
@@ -12,18 +13,62 @@ kvr_status_t kvr__cuda_status(cudaError_t e, const char *what, kvr_error_t *err)
                          cudaGetErrorString(e), cudaGetErrorName(e));
 }
 
+/* Blocks that fit on a device at once, per kernel: asked of CUDA once
+ * (the occupancy query costs microseconds, and every launch sizes). */
+typedef struct grid_fit {
+    const void *kernel;
+    int dev, threads;
+    size_t smem;
+    uint64_t fit;
+} grid_fit_t;
+
+#define GRID_FITS 32
+static grid_fit_t grid_fits[GRID_FITS];
+static int grid_nfits;
+static pthread_mutex_t grid_lock = PTHREAD_MUTEX_INITIALIZER;
+
+static bool cached_fit(const void *kernel, int dev, int threads, size_t smem,
+                       uint64_t *fit)
+{
+    bool hit = false;
+    pthread_mutex_lock(&grid_lock);
+    for (int i = 0; i < grid_nfits && !hit; i++) {
+        const grid_fit_t *g = &grid_fits[i];
+        hit = g->kernel == kernel && g->dev == dev && g->threads == threads &&
+              g->smem == smem;
+        if (hit)
+            *fit = g->fit;
+    }
+    pthread_mutex_unlock(&grid_lock);
+    return hit;
+}
+
+static void remember_fit(const void *kernel, int dev, int threads, size_t smem,
+                         uint64_t fit)
+{
+    pthread_mutex_lock(&grid_lock);
+    if (grid_nfits < GRID_FITS)
+        grid_fits[grid_nfits++] = grid_fit_t{kernel, dev, threads, smem, fit};
+    pthread_mutex_unlock(&grid_lock);
+}
+
 kvr_status_t kvr__grid_size(const void *kernel, int threads, size_t smem,
                             uint64_t work, unsigned *blocks, kvr_error_t *err)
 {
     int dev = 0, sms = 0, per_sm = 0;
+    uint64_t fit = 0;
     KVR__CUDA_TRY(cudaGetDevice(&dev), err);
-    KVR__CUDA_TRY(
-        cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev), err);
-    KVR__CUDA_TRY(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel,
-                                                                threads, smem),
-                  err);
+    if (!cached_fit(kernel, dev, threads, smem, &fit)) {
+        KVR__CUDA_TRY(
+            cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev),
+            err);
+        KVR__CUDA_TRY(cudaOccupancyMaxActiveBlocksPerMultiprocessor(
+                          &per_sm, kernel, threads, smem),
+                      err);
+        fit = (uint64_t)sms * (per_sm > 0 ? per_sm : 1);
+        remember_fit(kernel, dev, threads, smem, fit);
+    }
     uint64_t need = (work + threads - 1) / threads;
-    uint64_t fit = (uint64_t)sms * (per_sm > 0 ? per_sm : 1);
     *blocks = (unsigned)(need < fit ? (need ? need : 1) : fit);
     return KVR_OK;
 }

@@ -12,16 +12,21 @@ extern "C" {
 #define KVR__GPU_MAX_DEVICES 32
 #define KVR__GPU_MAX_RANKS 64
 
+/* Releases a table's device copy of `bytes`: cudaFree, cudaFreeAsync on the
+ * stream `owner`, or back into the kvr_gpu_pool_t `owner`. */
+typedef void (*kvr__gpu_free_fn)(void *ptr, size_t bytes, void *owner);
+
 struct kvr_gpu_relayout {
     kvr__rl_geom_t geom; /* tables point into `tables` */
     uint32_t *tables;    /* src [end_src] | dst [first + blocks] | order */
     size_t table_words;
     /* Per-device copies of `tables`, made by kvr_gpu_relayout_upload (or
-     * its _async form, which frees them on device_stream); the CUDA library
-     * sets free_device so this C layer can release them. */
+     * its _async form, which frees them on the stream in device_owner, or
+     * its _pool form, which gives them back to the pool there); the CUDA
+     * library sets free_device so this C layer can release them. */
     void *device[KVR__GPU_MAX_DEVICES];
-    void *device_stream[KVR__GPU_MAX_DEVICES];
-    void (*free_device)(void *ptr, void *stream);
+    void *device_owner[KVR__GPU_MAX_DEVICES];
+    kvr__gpu_free_fn free_device;
 };
 
 /* One piece of a run table: stream bytes [off, off + len) go from src to
@@ -35,8 +40,8 @@ struct kvr_gpu_runs {
     size_t n;
     uint64_t bytes;
     void *device; /* the uploaded items (kvr_gpu_runs_upload) */
-    void *device_stream;
-    void (*free_device)(void *ptr, void *stream);
+    void *device_owner;
+    kvr__gpu_free_fn free_device;
 };
 
 /* Pieces [*first, *last) of rt that meet stream bytes [pos, pos + len),
@@ -45,6 +50,19 @@ kvr_status_t kvr__runs_span(const kvr_gpu_runs_t *rt, uint64_t pos,
                             uint64_t len, const void *src_buf,
                             const void *dst_buf, size_t *first, size_t *last,
                             kvr_error_t *err);
+
+/* (CUDA) One empty launch of every relayout kernel, and of the run copy,
+ * on stream: loads their code on the current device. */
+kvr_status_t kvr__relayout_warm(void *stream, kvr_error_t *err);
+kvr_status_t kvr__runs_warm(void *stream, kvr_error_t *err);
+
+/* (CUDA) A pool block of at least `bytes` on the pool's device (current),
+ * reused in the pool stream's order; kvr__pool_put (a kvr__gpu_free_fn,
+ * owner the pool) gives it back. */
+kvr_status_t kvr__pool_get(kvr_gpu_pool_t *pool, size_t bytes, void **ptr,
+                           kvr_error_t *err);
+void kvr__pool_put(void *ptr, size_t bytes, void *owner);
+void *kvr__pool_stream(const kvr_gpu_pool_t *pool);
 
 /* Checks rank and that [offset, offset + len) lies inside rank's stream. */
 kvr_status_t kvr__rl_check_range(const kvr_gpu_relayout_t *rl, uint32_t rank,

@@ -1,5 +1,10 @@
 /* Device memory for callers that hold no CUDA headers (the connector, the
- * CLI): allocation on a chosen device, synchronous copies, device choice. */
+ * CLI): allocation on a chosen device, synchronous copies, device choice;
+ * streams, events and host notification; the table pool. */
+#include <stdint.h>
+#include <stdlib.h>
+#include <unistd.h>
+
 #include "cuda_util.cuh"
 
 kvr_status_t kvr_gpu_set_device(int device, kvr_error_t *err)
@@ -119,4 +124,156 @@ kvr_status_t kvr_gpu_event_sync(void *event, kvr_error_t *err)
 {
     KVR__CUDA_TRY(cudaEventSynchronize((cudaEvent_t)event), err);
     return KVR_OK;
+}
+
+/* ---- completion through a file descriptor ---- */
+
+/* Runs on CUDA's host-function thread once the work before it is done:
+ * only write(2), which is async-signal-safe, and no CUDA call (a host
+ * function must make none). EAGAIN means the counter is already set. */
+static void CUDART_CB notify_fd(void *arg)
+{
+    uint64_t one = 1;
+    ssize_t n = write((int)(intptr_t)arg, &one, sizeof(one));
+    (void)n;
+}
+
+kvr_status_t kvr_gpu_stream_notify(void *stream, int fd, kvr_error_t *err)
+{
+    if (fd < 0)
+        return kvr_error_set(err, KVR_ERR_INVALID, "notify fd %d", fd);
+    KVR__CUDA_TRY(cudaLaunchHostFunc((cudaStream_t)stream, notify_fd,
+                                     (void *)(intptr_t)fd),
+                  err);
+    return KVR_OK;
+}
+
+static void CUDART_CB nothing(void *arg)
+{
+    (void)arg;
+}
+
+kvr_status_t kvr_gpu_warm(void *stream, kvr_error_t *err)
+{
+    kvr_status_t st = kvr__relayout_warm(stream, err);
+    if (st == KVR_OK)
+        st = kvr__runs_warm(stream, err);
+    if (st != KVR_OK)
+        return st;
+    /* the first host function starts CUDA's thread for them */
+    KVR__CUDA_TRY(cudaLaunchHostFunc((cudaStream_t)stream, nothing, NULL), err);
+    KVR__CUDA_TRY(cudaStreamSynchronize((cudaStream_t)stream), err);
+    return KVR_OK;
+}
+
+/* ---- the table pool ---- */
+
+/* Blocks of 2^k bytes, k in [POOL_MIN_LOG, POOL_MIN_LOG + POOL_CLASSES). */
+#define POOL_MIN_LOG 8
+#define POOL_CLASSES 36
+
+typedef struct pool_class {
+    void **free; /* a stack of free blocks */
+    size_t n, cap;
+} pool_class_t;
+
+struct kvr_gpu_pool {
+    int device;
+    void *stream;
+    uint64_t bytes; /* held, in use or free */
+    uint32_t in_use;
+    pool_class_t cls[POOL_CLASSES];
+};
+
+static int pool_class_of(size_t bytes)
+{
+    int k = 0;
+    while (k < POOL_CLASSES - 1 && ((size_t)1 << (k + POOL_MIN_LOG)) < bytes)
+        k++;
+    return ((size_t)1 << (k + POOL_MIN_LOG)) < bytes ? -1 : k;
+}
+
+kvr_status_t kvr_gpu_pool_create(int device, void *stream, kvr_gpu_pool_t **out,
+                                 kvr_error_t *err)
+{
+    if (out == NULL || stream == NULL)
+        return kvr_error_set(err, KVR_ERR_INVALID,
+                             "a pool needs a stream (not the legacy one)");
+    kvr_status_t st = kvr_gpu_set_device(device, err);
+    if (st != KVR_OK)
+        return st;
+    kvr_gpu_pool_t *p = (kvr_gpu_pool_t *)calloc(1, sizeof(*p));
+    if (p == NULL)
+        return kvr_error_set(err, KVR_ERR_NO_MEMORY, "no memory");
+    p->device = device;
+    p->stream = stream;
+    *out = p;
+    return KVR_OK;
+}
+
+void kvr_gpu_pool_destroy(kvr_gpu_pool_t *pool)
+{
+    if (pool == NULL)
+        return;
+    cudaStreamSynchronize((cudaStream_t)pool->stream);
+    for (int k = 0; k < POOL_CLASSES; k++) {
+        for (size_t i = 0; i < pool->cls[k].n; i++)
+            cudaFree(pool->cls[k].free[i]);
+        free(pool->cls[k].free);
+    }
+    free(pool);
+}
+
+uint64_t kvr_gpu_pool_bytes(const kvr_gpu_pool_t *pool)
+{
+    return pool ? pool->bytes : 0;
+}
+
+kvr_status_t kvr__pool_get(kvr_gpu_pool_t *pool, size_t bytes, void **ptr,
+                           kvr_error_t *err)
+{
+    int dev = -1;
+    KVR__CUDA_TRY(cudaGetDevice(&dev), err);
+    int k = pool_class_of(bytes);
+    if (dev != pool->device || k < 0)
+        return kvr_error_set(err, KVR_ERR_INVALID,
+                             "pool of device %d: a table of %zu bytes on "
+                             "device %d",
+                             pool->device, bytes, dev);
+    pool_class_t *c = &pool->cls[k];
+    if (c->n > 0) { /* stream-ordered: its last readers were queued before */
+        *ptr = c->free[--c->n];
+        pool->in_use++;
+        return KVR_OK;
+    }
+    size_t len = (size_t)1 << (k + POOL_MIN_LOG);
+    KVR__CUDA_TRY(cudaMalloc(ptr, len), err);
+    pool->bytes += len;
+    pool->in_use++;
+    return KVR_OK;
+}
+
+void kvr__pool_put(void *ptr, size_t bytes, void *owner)
+{
+    kvr_gpu_pool_t *pool = (kvr_gpu_pool_t *)owner;
+    pool_class_t *c = &pool->cls[pool_class_of(bytes)];
+    pool->in_use--;
+    if (c->n == c->cap) {
+        size_t cap = c->cap ? 2 * c->cap : 8;
+        void **f = (void **)realloc(c->free, cap * sizeof(*f));
+        if (f == NULL) { /* no room to keep it: freed once unused */
+            cudaStreamSynchronize((cudaStream_t)pool->stream);
+            cudaFree(ptr);
+            pool->bytes -= (size_t)1 << (pool_class_of(bytes) + POOL_MIN_LOG);
+            return;
+        }
+        c->free = f;
+        c->cap = cap;
+    }
+    c->free[c->n++] = ptr;
+}
+
+void *kvr__pool_stream(const kvr_gpu_pool_t *pool)
+{
+    return pool->stream;
 }

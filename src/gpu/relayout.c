@@ -274,7 +274,8 @@ void kvr_gpu_relayout_destroy(kvr_gpu_relayout_t *rl)
         return;
     for (int d = 0; d < KVR__GPU_MAX_DEVICES; d++)
         if (rl->device[d] != NULL && rl->free_device != NULL)
-            rl->free_device(rl->device[d], rl->device_stream[d]);
+            rl->free_device(rl->device[d], rl->table_words * sizeof(uint32_t),
+                            rl->device_owner[d]);
     free(rl->tables);
     free(rl);
 }

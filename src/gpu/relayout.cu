@@ -17,7 +17,12 @@ enum Mode : uint32_t { SCATTER_ALL, SCATTER, PACK, UNPACK };
 struct Job {
     kvr__rl_geom_t g;                       /* device tables */
     const unsigned char *src;               /* region, or staging */
-    unsigned char *dst[KVR__GPU_MAX_RANKS]; /* SCATTER_ALL: per rank */
+    unsigned char *dst[KVR__GPU_MAX_RANKS]; /* SCATTER_ALL: per rank;
+                                               SCATTER: per region */
+    const unsigned char *srcs[KVR__GPU_MAX_RANKS]; /* SCATTER: per slot */
+    uint16_t ranks[KVR__GPU_MAX_RANKS];            /* SCATTER: per slot */
+    uint32_t regions;      /* SCATTER: slots (a region for a rank), >= 1 */
+    uint32_t region_items; /* SCATTER: items of each */
     uint64_t lo, hi;                        /* stream range, pack/unpack */
     uint64_t stride;                        /* source chunk distance */
     kvr__div chunk;                         /* source chunk bytes */
@@ -26,6 +31,9 @@ struct Job {
     uint32_t parts; /* items per piece */
     uint32_t part_bytes;
 };
+
+/* A kernel's parameters must fit CUDA's 4 KiB. */
+static_assert(sizeof(Job) <= 4096, "relayout Job too large for a parameter");
 
 /* Bytes [x0, x0 + len) of a piece; src and dst are the addresses of the
  * piece's byte 0 on each side (the source side in chunks). */
@@ -56,13 +64,19 @@ __device__ Item describe(const Job &j, uint32_t item)
         rank = item - i * j.g.W;
         item = i;
     }
+    uint32_t r = 0; /* SCATTER: slot-major, each slot's items whole */
+    if (j.mode == SCATTER && j.regions > 1) {
+        r = item / j.region_items;
+        item -= r * j.region_items;
+        rank = j.ranks[r];
+    }
     uint32_t piece = item / j.parts, part = item - piece * j.parts;
     kvr__rl_piece_t p = kvr__rl_piece_at(&j.g, rank, piece);
     uint64_t a = (uint64_t)part * j.part_bytes;
     uint64_t b = min(p.len, a + j.part_bytes);
     if (!clip(j, p, &a, &b))
         return it;
-    uint64_t region = (uint64_t)j.src + p.src;
+    uint64_t region = (uint64_t)(j.mode == SCATTER ? j.srcs[r] : j.src) + p.src;
     uint64_t staged = p.stream - j.lo;
     it.x0 = (uint32_t)a;
     it.len = (uint32_t)(b - a);
@@ -70,7 +84,7 @@ __device__ Item describe(const Job &j, uint32_t item)
     case SCATTER_ALL:
     case SCATTER:
         it.src = region;
-        it.dst = (uint64_t)j.dst[j.mode == SCATTER_ALL ? rank : 0] + p.dst;
+        it.dst = (uint64_t)j.dst[j.mode == SCATTER_ALL ? rank : r] + p.dst;
         break;
     case PACK:
         it.src = region;
@@ -214,7 +228,9 @@ kvr_status_t launch(const kvr_gpu_relayout_t *rl, Job &j, uint64_t bits,
     if (st != KVR_OK || count == 0)
         return st;
     uint32_t vb = vector_bytes(bits | geometry_bits(&j.g));
-    uint64_t ranks = j.mode == SCATTER_ALL ? j.g.W : 1;
+    uint64_t ranks = j.mode == SCATTER_ALL ? j.g.W
+                     : j.mode == SCATTER   ? j.regions
+                                           : 1; /* copies of each item */
     /* Parts of at most 64 vectors (two per lane), of even size. */
     uint64_t piece = kvr__rl_max_piece(&j.g);
     if (piece > INT32_MAX)
@@ -234,6 +250,7 @@ kvr_status_t launch(const kvr_gpu_relayout_t *rl, Job &j, uint64_t bits,
                              (unsigned long long)items, j.part_bytes);
     j.item0 = first * j.parts;
     j.num_items = (uint32_t)items;
+    j.region_items = count * j.parts;
     cudaStream_t s = (cudaStream_t)stream;
     if (vb == 16)
         return launch_as<uint4>(j, s, err);
@@ -251,8 +268,9 @@ uint32_t all_pieces(const kvr_gpu_relayout_t *rl)
 
 /* Stream-ordered when the tables were uploaded on a stream: freed after
  * the launches queued there, without the device-wide wait of cudaFree. */
-void free_device(void *ptr, void *stream)
+void free_device(void *ptr, size_t bytes, void *stream)
 {
+    (void)bytes;
     if (stream != NULL)
         cudaFreeAsync(ptr, (cudaStream_t)stream);
     else
@@ -272,8 +290,10 @@ Job rank_job(Mode mode, uint32_t rank, const void *src, void *dst)
     Job j = {};
     j.mode = mode;
     j.rank = rank;
-    j.src = (const unsigned char *)src;
+    j.src = j.srcs[0] = (const unsigned char *)src;
     j.dst[0] = (unsigned char *)dst;
+    j.ranks[0] = (uint16_t)rank;
+    j.regions = 1;
     return j;
 }
 
@@ -359,9 +379,52 @@ extern "C" kvr_status_t kvr_gpu_relayout_upload_async(kvr_gpu_relayout_t *rl,
         return kvr__cuda_status(e, "cudaMemcpyAsync(relayout tables)", err);
     }
     rl->device[dev] = p;
-    rl->device_stream[dev] = stream;
+    rl->device_owner[dev] = stream;
     rl->free_device = free_device;
     return KVR_OK;
+}
+
+extern "C" kvr_status_t kvr_gpu_relayout_upload_pool(kvr_gpu_relayout_t *rl,
+                                                     kvr_gpu_pool_t *pool,
+                                                     kvr_error_t *err)
+{
+    int dev = 0;
+    bool done = false;
+    kvr_status_t st = upload_slot(rl, &dev, &done, err);
+    if (st != KVR_OK || done)
+        return st;
+    if (pool == NULL)
+        return kvr_error_set(err, KVR_ERR_INVALID, "pool is NULL");
+    cudaStream_t s = (cudaStream_t)kvr__pool_stream(pool);
+    void *p = NULL;
+    size_t bytes = rl->table_words * sizeof(uint32_t);
+    st = kvr__pool_get(pool, bytes, &p, err);
+    if (st != KVR_OK)
+        return st;
+    /* after every launch queued on s so far, some of which may still read
+     * this block under its last owner's tables */
+    cudaError_t e = cudaMemcpyAsync(p, rl->tables, bytes,
+                                    cudaMemcpyHostToDevice, s);
+    if (e != cudaSuccess) {
+        kvr__pool_put(p, bytes, pool);
+        return kvr__cuda_status(e, "cudaMemcpyAsync(relayout tables)", err);
+    }
+    rl->device[dev] = p;
+    rl->device_owner[dev] = pool;
+    rl->free_device = kvr__pool_put;
+    return KVR_OK;
+}
+
+kvr_status_t kvr__relayout_warm(void *stream, kvr_error_t *err)
+{
+    Job j = {};
+    j.chunk = kvr__div_make(1);
+    cudaStream_t s = (cudaStream_t)stream;
+    relayout_kernel<uint4><<<1, THREADS, 0, s>>>(j);
+    relayout_kernel<uint2><<<1, THREADS, 0, s>>>(j);
+    relayout_kernel<uint32_t><<<1, THREADS, 0, s>>>(j);
+    relayout_kernel<unsigned char><<<1, THREADS, 0, s>>>(j);
+    return kvr__launch_status("relayout_kernel (warm-up)", err);
 }
 
 extern "C" kvr_status_t kvr_gpu_scatter(const kvr_gpu_relayout_t *rl,
@@ -405,6 +468,34 @@ extern "C" kvr_status_t kvr_gpu_scatter_rank(const kvr_gpu_relayout_t *rl,
     Job j = rank_job(SCATTER, rank, src_base, dst_base);
     uint64_t bits = (uintptr_t)src_base | (uintptr_t)dst_base;
     return launch(rl, j, bits, 0, all_pieces(rl), stream, err);
+}
+
+extern "C" kvr_status_t
+kvr_gpu_scatter_regions(const kvr_gpu_relayout_t *rl, const uint32_t *ranks,
+                        const void *const *src_bases, void *const *dst_bases,
+                        size_t n, void *stream, kvr_error_t *err)
+{
+    kvr_status_t st = KVR_OK;
+    if (ranks == NULL || src_bases == NULL || dst_bases == NULL)
+        st = kvr_error_set(err, KVR_ERR_INVALID, "slot arrays are NULL");
+    for (size_t k = 0; st == KVR_OK && k < n; k += KVR__GPU_MAX_RANKS) {
+        Job j = rank_job(SCATTER, ranks[k], NULL, NULL);
+        uint64_t bits = 0;
+        size_t m = n - k < KVR__GPU_MAX_RANKS ? n - k : KVR__GPU_MAX_RANKS;
+        for (size_t i = 0; st == KVR_OK && i < m; i++) {
+            st = kvr__rl_check_range(rl, ranks[k + i], 0, 0, err);
+            if (st == KVR_OK)
+                st = check_pointers(src_bases[k + i], dst_bases[k + i], err);
+            j.ranks[i] = (uint16_t)ranks[k + i];
+            j.srcs[i] = (const unsigned char *)src_bases[k + i];
+            j.dst[i] = (unsigned char *)dst_bases[k + i];
+            bits |= (uintptr_t)src_bases[k + i] | (uintptr_t)dst_bases[k + i];
+        }
+        j.regions = (uint32_t)m;
+        if (st == KVR_OK)
+            st = launch(rl, j, bits, 0, all_pieces(rl), stream, err);
+    }
+    return st;
 }
 
 extern "C" kvr_status_t kvr_gpu_pack(const kvr_gpu_relayout_t *rl,

@@ -53,7 +53,8 @@ void kvr_gpu_runs_destroy(kvr_gpu_runs_t *rt)
     if (rt == NULL)
         return;
     if (rt->device != NULL && rt->free_device != NULL)
-        rt->free_device(rt->device, rt->device_stream);
+        rt->free_device(rt->device, rt->n * sizeof(*rt->items),
+                        rt->device_owner);
     free(rt->items);
     free(rt);
 }

@@ -58,8 +58,9 @@ __global__ void __launch_bounds__(THREADS) runs_kernel(const RunJob j)
     }
 }
 
-void free_device(void *ptr, void *stream)
+void free_device(void *ptr, size_t bytes, void *stream)
 {
+    (void)bytes;
     if (stream != NULL)
         cudaFreeAsync(ptr, (cudaStream_t)stream);
     else
@@ -85,13 +86,46 @@ extern "C" kvr_status_t kvr_gpu_runs_upload(kvr_gpu_runs_t *rt, void *stream,
         s ? cudaMemcpyAsync(p, rt->items, bytes, cudaMemcpyHostToDevice, s)
           : cudaMemcpy(p, rt->items, bytes, cudaMemcpyHostToDevice);
     if (e != cudaSuccess) {
-        free_device(p, stream);
+        free_device(p, bytes, stream);
         return kvr__cuda_status(e, "cudaMemcpy(run table)", err);
     }
     rt->device = p;
-    rt->device_stream = stream;
+    rt->device_owner = stream;
     rt->free_device = free_device;
     return KVR_OK;
+}
+
+extern "C" kvr_status_t kvr_gpu_runs_upload_pool(kvr_gpu_runs_t *rt,
+                                                 kvr_gpu_pool_t *pool,
+                                                 kvr_error_t *err)
+{
+    if (rt == NULL || pool == NULL)
+        return kvr_error_set(err, KVR_ERR_INVALID, "run table or pool is NULL");
+    if (rt->device != NULL || rt->n == 0)
+        return KVR_OK;
+    size_t bytes = rt->n * sizeof(*rt->items);
+    void *p = NULL;
+    kvr_status_t st = kvr__pool_get(pool, bytes, &p, err);
+    if (st != KVR_OK)
+        return st;
+    /* stream-ordered after the block's last readers (see kvr_gpu_pool_t) */
+    cudaError_t e = cudaMemcpyAsync(p, rt->items, bytes, cudaMemcpyHostToDevice,
+                                    (cudaStream_t)kvr__pool_stream(pool));
+    if (e != cudaSuccess) {
+        kvr__pool_put(p, bytes, pool);
+        return kvr__cuda_status(e, "cudaMemcpyAsync(run table)", err);
+    }
+    rt->device = p;
+    rt->device_owner = pool;
+    rt->free_device = kvr__pool_put;
+    return KVR_OK;
+}
+
+kvr_status_t kvr__runs_warm(void *stream, kvr_error_t *err)
+{
+    RunJob j = {NULL, 0, 0, 0, NULL, NULL};
+    runs_kernel<<<1, THREADS, 0, (cudaStream_t)stream>>>(j);
+    return kvr__launch_status("runs_kernel (warm-up)", err);
 }
 
 extern "C" kvr_status_t kvr_gpu_runs_copy(const kvr_gpu_runs_t *rt,

@@ -80,6 +80,9 @@ static kvr_agent_params_t base_params(const ah_model_t *m, kvr_transport_t *hub,
     p.loopback_hub = hub;
     p.deadline_ms = 20000;
     p.grace_ms = 2000;
+#ifdef AH_GPU_EMUL
+    p.cuda_device = 0; /* KV in "CUDA memory" of gpu_path_emul.c */
+#endif
     return p;
 }
 

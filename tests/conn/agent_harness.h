@@ -1,7 +1,8 @@
 /* Several agents in one process over the loopback data transport (control
  * links on 127.0.0.1): a model with MLA and index regions, producer stages,
  * consumer ranks, requests with disjoint block tables, event logs and the
- * byte verifier. */
+ * byte verifier. Built with AH_GPU_EMUL (kvr_agent_harness_emul), every
+ * agent keeps its KV in CUDA memory of the emulated GPU path. */
 #ifndef KVR_TEST_AGENT_HARNESS_H
 #define KVR_TEST_AGENT_HARNESS_H
 

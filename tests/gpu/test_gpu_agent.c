@@ -15,7 +15,12 @@
  * limited to tcp,cuda_copy, no CUDA IPC): the decode ranks register a CUDA
  * STAGING region and force gpu-staged, or leave the choice between
  * gpu-staged and direct puts to the producer's cost model. Exit 77 when
- * the UCX cannot move CUDA memory (the reason printed). */
+ * the UCX cannot move CUDA memory (the reason printed).
+ * `--many` loads MANY small requests of different sizes in waves of
+ * WAVE (several pulls in flight, each completion woken by its host
+ * function, table blocks of the agent's pool reused by the next wave with
+ * other sizes); every byte of each is checked the same way, and each
+ * rank prints its round trips (not asserted: no wall-clock test). */
 #include <cuda_runtime_api.h>
 #include <poll.h>
 #include <stdlib.h>
@@ -39,18 +44,38 @@ enum {
     LAYERS = 4,
     TOKEN_BYTES = 96,
     INDEX_DIM = 64,
-    SRC_POOL = 64,
-    DST_POOL = 48,
+    SRC_POOL = 256,
+    DST_POOL = 192,
     RANKS = 2,
     REQS = 2,
+    MANY = 16,
+    WAVE = 4,
     MAX_REGIONS = 8
 };
 static const uint64_t TOKENS[REQS] = {300, 173};
+static bool many; /* --many */
+static uint32_t nreqs = REQS;
 /* 0: gpu-direct (CUDA IPC); 1: tcp, the cost model's choice; 2: tcp,
  * gpu-staged forced */
 static int net_mode;
 #define SLOT_BYTES (16u << 10) /* small: many chunks, the pipeline runs */
 static const char *const IDS[REQS] = {"req-event", "req-plain"};
+
+/* Request i's id (the two of the default run, or "many-i"). */
+static const char *id_of(uint32_t i)
+{
+    static char buf[MANY][16];
+    if (!many)
+        return IDS[i];
+    snprintf(buf[i], sizeof(buf[i]), "many-%u", i);
+    return buf[i];
+}
+
+/* 1 to 15 blocks of 16, never two neighbours alike. */
+static uint64_t tokens_of(uint32_t i)
+{
+    return many ? 5 + (uint64_t)(i * 37u) % 235u : TOKENS[i];
+}
 
 typedef struct side {
     kvr_agent_t *agent;
@@ -78,25 +103,30 @@ static kvr_layout_t layout(void)
     return l;
 }
 
-static uint64_t now_ms(void)
+static uint64_t now_us(void)
 {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
+    return (uint64_t)ts.tv_sec * 1000000u + (uint64_t)ts.tv_nsec / 1000u;
+}
+
+static uint64_t now_ms(void)
+{
+    return now_us() / 1000u;
 }
 
 /* Request i: permuted tables, disjoint from request j's. */
 static void make_req(const kvr_layout_t *lay, uint32_t i, req_t *r)
 {
     memset(r, 0, sizeof(*r));
-    r->tokens = TOKENS[i];
+    r->tokens = tokens_of(i);
     r->nsrc = (uint32_t)kvr_num_src_blocks(lay, r->tokens);
     r->ndst = (uint32_t)kvr_num_dst_blocks(lay, r->tokens);
-    CHECK(r->nsrc <= SRC_POOL / REQS && r->ndst <= DST_POOL / REQS, "sizes");
+    CHECK(r->nsrc <= SRC_POOL / nreqs && r->ndst <= DST_POOL / nreqs, "sizes");
     for (uint32_t k = 0; k < r->nsrc; k++)
-        r->src[k] = i * (SRC_POOL / REQS) + r->nsrc - 1 - k;
+        r->src[k] = i * (SRC_POOL / nreqs) + r->nsrc - 1 - k;
     for (uint32_t k = 0; k < r->ndst; k++)
-        r->dst[k] = i * (DST_POOL / REQS) +
+        r->dst[k] = i * (DST_POOL / nreqs) +
                     (k % 2 ? r->ndst - 1 - k / 2 : k / 2);
 }
 
@@ -196,6 +226,47 @@ static kvr_agent_event_t wait_event(kvr_agent_t *a, const char *id,
 
 /* ---- a decode rank (child) ---- */
 
+static void recv_one(side_t *s, const kvr_layout_t *lay, const char *addr,
+                     uint32_t i, req_t *r)
+{
+    make_req(lay, i, r);
+    const char *id = id_of(i);
+    kvr_agent_recv_t q = {"prefill", 7,         addr, id, strlen(id), r->dst,
+                          r->ndst,   r->tokens, 0,    0,  false};
+    CHECK(kvr_agent_recv(s->agent, &q) == KVR_OK, "recv: %s",
+          kvr_agent_last_error(s->agent));
+}
+
+static int cmp_u64(const void *a, const void *b)
+{
+    uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+    return (x > y) - (x < y);
+}
+
+/* --many: waves of WAVE requests, each wave's loads all asked at once and
+ * all LOADED and RELEASED before the next; returns the bytes loaded. */
+static uint64_t rank_many(side_t *s, const kvr_layout_t *lay, const char *addr,
+                          req_t *r)
+{
+    uint64_t bytes = 0, us[MANY];
+    for (uint32_t w = 0; w < MANY; w += WAVE) {
+        uint64_t t0 = now_us();
+        for (uint32_t i = w; i < w + WAVE; i++)
+            recv_one(s, lay, addr, i, &r[i]);
+        for (uint32_t i = w; i < w + WAVE; i++) {
+            bytes += wait_event(s->agent, id_of(i), KVR_AGENT_LOADED).bytes;
+            us[i] = now_us() - t0;
+            wait_event(s->agent, id_of(i), KVR_AGENT_RELEASED);
+        }
+    }
+    qsort(us, MANY, sizeof(us[0]), cmp_u64);
+    printf("test_gpu_agent: --many: %u loads in waves of %u, recv to "
+           "LOADED p50 %llu us, max %llu us\n",
+           MANY, WAVE, (unsigned long long)us[MANY / 2],
+           (unsigned long long)us[MANY - 1]);
+    return bytes;
+}
+
 static int rank_main(uint32_t rank, int in_fd, int out_fd)
 {
     char addr[256] = "";
@@ -230,24 +301,24 @@ static int rank_main(uint32_t rank, int in_fd, int out_fd)
     }
     CHECK(kvr_agent_start(s.agent) == KVR_OK, "start: %s",
           kvr_agent_last_error(s.agent));
-    req_t r[REQS];
-    for (uint32_t i = 0; i < REQS; i++) {
-        make_req(&lay, i, &r[i]);
-        kvr_agent_recv_t q = {
-            "prefill", 7,           addr, IDS[i], strlen(IDS[i]), r[i].dst,
-            r[i].ndst, r[i].tokens, 0,    0,      false};
-        CHECK(kvr_agent_recv(s.agent, &q) == KVR_OK, "recv: %s",
-              kvr_agent_last_error(s.agent));
-    }
-    char one = 1;
-    CHECK(write(out_fd, &one, 1) == 1, "pipe");
+    req_t r[MANY];
     uint64_t bytes = 0;
-    for (uint32_t i = 0; i < REQS; i++) {
-        bytes += wait_event(s.agent, IDS[i], KVR_AGENT_LOADED).bytes;
-        wait_event(s.agent, IDS[i], KVR_AGENT_RELEASED);
+    if (many) {
+        bytes = rank_many(&s, &lay, addr, r);
+        char one = 1;
+        CHECK(write(out_fd, &one, 1) == 1, "pipe");
+    } else {
+        for (uint32_t i = 0; i < REQS; i++)
+            recv_one(&s, &lay, addr, i, &r[i]);
+        char one = 1;
+        CHECK(write(out_fd, &one, 1) == 1, "pipe");
+        for (uint32_t i = 0; i < REQS; i++) {
+            bytes += wait_event(s.agent, IDS[i], KVR_AGENT_LOADED).bytes;
+            wait_event(s.agent, IDS[i], KVR_AGENT_RELEASED);
+        }
     }
     /* every byte against the source, regenerated here */
-    for (uint32_t i = 0; i < REQS; i++)
+    for (uint32_t i = 0; i < nreqs; i++)
         for (uint32_t k = 0; k < s.n; k++) {
             kvr_region_desc_t sd = region(&lay, s.desc[k].role, s.desc[k].layer,
                                           false);
@@ -261,13 +332,13 @@ static int rank_main(uint32_t rank, int in_fd, int out_fd)
             kvr_error_t err = {0};
             CHECK(kvr_verify_region(&lay, rank, &pair, &req, src, dst, &err) ==
                       KVR_OK,
-                  "rank %u '%s' %s layer %u: %s", rank, IDS[i],
+                  "rank %u '%s' %s layer %u: %s", rank, id_of(i),
                   kvr_role_name(s.desc[k].role), s.desc[k].layer, err.msg);
             free(src);
             free(dst);
         }
     printf("test_gpu_agent: rank %u verified %u requests, %llu bytes, %s\n",
-           rank, REQS, (unsigned long long)bytes,
+           rank, nreqs, (unsigned long long)bytes,
            net_mode == 0   ? "gpu-direct"
            : net_mode == 1 ? "tcp,cuda_copy (cost model's choice)"
                            : "tcp,cuda_copy gpu-staged");
@@ -345,6 +416,45 @@ static void free_pinned(unsigned char **pinned, uint32_t n)
     free(pinned);
 }
 
+/* --many: every request's source in place and ready before the ranks
+ * ask; SENT for each once both ranks pulled it. */
+static void producer_many(const kvr_layout_t *lay, side_t *s,
+                          const int *to_rank, const int *from_rank)
+{
+    req_t r[MANY];
+    for (uint32_t i = 0; i < MANY; i++) {
+        make_req(lay, i, &r[i]);
+        for (uint32_t k = 0; k < s->n; k++) {
+            unsigned char *img = source_image(lay, &s->desc[k], i, &r[i]);
+            for (uint32_t b = 0; b < r[i].nsrc; b++) {
+                size_t off = (size_t)r[i].src[b] * s->desc[k].page_bytes;
+                CUDA_OK(cudaMemcpy((unsigned char *)s->base[k] + off, img + off,
+                                   s->desc[k].page_bytes,
+                                   cudaMemcpyHostToDevice));
+            }
+            free(img);
+        }
+        const char *id = id_of(i);
+        kvr_agent_send_t o = {id,          strlen(id), r[i].src, r[i].nsrc,
+                              r[i].tokens, 0,          1};
+        CHECK(kvr_agent_send_open(s->agent, &o) == KVR_OK, "open: %s",
+              kvr_agent_last_error(s->agent));
+        CHECK(kvr_agent_send_ready(s->agent, id, strlen(id), 0, LAYERS, NULL) ==
+                  KVR_OK,
+              "ready: %s", kvr_agent_last_error(s->agent));
+    }
+    const char *addr = kvr_agent_address(s->agent);
+    for (int k = 0; k < RANKS; k++)
+        CHECK(write(to_rank[k], addr, strlen(addr) + 1) > 0, "pipe");
+    for (uint32_t i = 0; i < MANY; i++)
+        wait_event(s->agent, id_of(i), KVR_AGENT_SENT);
+    for (int k = 0; k < RANKS; k++) {
+        char one = 0;
+        CHECK(read(from_rank[k], &one, 1) == 1 && one == 1, "rank %d failed",
+              k);
+    }
+}
+
 static int producer_main(const int *to_rank, const int *from_rank,
                          bool use_event)
 {
@@ -382,6 +492,11 @@ static int producer_main(const int *to_rank, const int *from_rank,
     add_regions(&lay, &s, false);
     CHECK(kvr_agent_start(s.agent) == KVR_OK, "start: %s",
           kvr_agent_last_error(s.agent));
+    if (many) {
+        producer_many(&lay, &s, to_rank, from_rank);
+        kvr_agent_destroy(s.agent);
+        return 0;
+    }
     req_t r[REQS];
     for (uint32_t i = 0; i < REQS; i++) {
         make_req(&lay, i, &r[i]);
@@ -437,6 +552,8 @@ static int producer_main(const int *to_rank, const int *from_rank,
 int main(int argc, char **argv)
 {
     bool use_event = !(argc > 1 && strcmp(argv[1], "--no-event") == 0);
+    many = argc > 1 && strcmp(argv[1], "--many") == 0;
+    nreqs = many ? MANY : REQS;
     net_mode = argc > 1 && strcmp(argv[1], "--tcp") == 0          ? 1
                : argc > 1 && strcmp(argv[1], "--tcp-staged") == 0 ? 2
                                                                   : 0;

@@ -99,6 +99,57 @@ static void check_scatter_rank(run_t *t, uint32_t r)
     dbuf_free(&dst);
 }
 
+/* n slots at once (kvr_gpu_scatter_regions: past 64, more than one
+ * launch), slot k rank (r + k) % W into a region of its own, its tables
+ * in a pool block on a stream of its own; twice, the second time into the
+ * block the first gave back. */
+static void check_scatter_regions(run_t *t, uint32_t r, uint64_t *rng)
+{
+    size_t n = t->c->dst_bytes < (1u << 20) && rng_below(rng, 4) == 0 ? 66 : 3;
+    uint32_t W = t->c->lay.dcp_size;
+    dbuf_t *dst = xmalloc(n * sizeof(*dst));
+    const void **srcs = xmalloc(n * sizeof(*srcs));
+    void **bases = xmalloc(n * sizeof(*bases));
+    uint32_t *ranks = xmalloc(n * sizeof(*ranks));
+    void *stream = NULL;
+    kvr_gpu_pool_t *pool = NULL;
+    uint64_t held[2];
+    CHECK_KVR(kvr_gpu_stream_create(0, &stream, &err));
+    CHECK_KVR(kvr_gpu_pool_create(0, stream, &pool, &err));
+    for (int rep = 0; rep < 2; rep++) {
+        kvr_gpu_relayout_t *rl = NULL;
+        CHECK_KVR(kvr_gpu_relayout_create(&t->c->lay, &t->c->src, &t->c->dst,
+                                          &t->c->req, &rl, &err));
+        CHECK_KVR(kvr_gpu_relayout_upload_pool(rl, pool, &err));
+        for (size_t k = 0; k < n; k++) {
+            dst[k] = dbuf_make(0, t->poison, t->c->dst_bytes, 0);
+            srcs[k] = t->src.ptr;
+            bases[k] = dst[k].ptr;
+            ranks[k] = (uint32_t)((r + k) % W);
+        }
+        CHECK_KVR(
+            kvr_gpu_scatter_regions(rl, ranks, srcs, bases, n, stream, &err));
+        kvr_gpu_relayout_destroy(rl); /* stream-ordered: the block waits */
+        CHECK_KVR(kvr_gpu_sync(stream, &err));
+        for (size_t k = 0; k < n; k++) {
+            check_device_image(&dst[k], t->expect[ranks[k]], t->c->dst_bytes,
+                               "scatter_regions", t->name, ranks[k]);
+            dbuf_free(&dst[k]);
+        }
+        held[rep] = kvr_gpu_pool_bytes(pool);
+    }
+    CHECK(held[0] > 0 && held[1] == held[0],
+          "%s: the pool held %llu bytes after one table, %llu after the "
+          "next: its block was not reused",
+          t->name, (unsigned long long)held[0], (unsigned long long)held[1]);
+    kvr_gpu_pool_destroy(pool);
+    kvr_gpu_stream_destroy(stream);
+    free(dst);
+    free(srcs);
+    free(bases);
+    free(ranks);
+}
+
 /* Whole-stream pack against the reference, then unpack in chunks of a
  * random (often unaligned) size, last chunk first. */
 static void check_pack_unpack(run_t *t, uint32_t r, uint64_t *rng)
@@ -168,6 +219,8 @@ static void run_case(const case_shape_t *shape, uint64_t *rng, int thorough)
     for (uint32_t r = 0; thorough && r < shape->W; r++) {
         check_scatter_rank(&t, r);
         check_pack_unpack(&t, r, rng);
+        if (r == 0 && rng_below(rng, 8) == 0)
+            check_scatter_regions(&t, r, rng);
     }
     for (uint32_t r = 0; r < shape->W; r++)
         free(t.expect[r]);

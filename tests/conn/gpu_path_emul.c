@@ -1,0 +1,536 @@
+/* The connector's GPU path emulated on the host, for tests without a
+ * device (src/conn/gpu_path.h): "device memory" is host memory, a CUDA IPC
+ * handle carries the pointer itself (agents of one process), and a stream
+ * is a worker thread running what was queued on it in order: the
+ * reference scatters and run copies (kvr_gpu_ref_*), each job's completion
+ * flag and the host notifications. A job's "kernels" take
+ * kvr__emul_kernel_us microseconds. It checks the agent's side of the GPU
+ * path (launch, wake on completion, answer, teardown, cuts) with every
+ * byte verified, under the sanitizers too; the kernels themselves are
+ * tested on a device (tests/gpu). gpu-staged is not emulated. */
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "gpu_path.h"
+#include "kvrelay/gpu.h"
+
+static atomic_uint kernel_us;
+static atomic_uint notifies; /* host notifications queued */
+static atomic_uint jobs;     /* jobs queued */
+
+void kvr__emul_kernel_us(unsigned us);
+unsigned kvr__emul_notifies(void);
+unsigned kvr__emul_jobs(void);
+
+unsigned kvr__emul_jobs(void)
+{
+    return atomic_load(&jobs);
+}
+
+void kvr__emul_kernel_us(unsigned us)
+{
+    atomic_store(&kernel_us, us);
+}
+
+unsigned kvr__emul_notifies(void)
+{
+    return atomic_load(&notifies);
+}
+
+static kvr_status_t no_emul(kvr_error_t *err)
+{
+    return kvr_error_set(err, KVR_ERR_UNSUPPORTED,
+                         "not emulated (gpu_path_emul.c)");
+}
+
+/* ---- streams ---- */
+
+typedef struct task {
+    void (*fn)(void *);
+    void *arg;
+    struct task *next;
+} task_t;
+
+typedef struct emul_stream {
+    pthread_t thread;
+    pthread_mutex_t mu;
+    pthread_cond_t work, idle;
+    task_t *head, *tail;
+    bool running, stop;
+} emul_stream_t;
+
+static void *worker(void *arg)
+{
+    emul_stream_t *s = arg;
+    pthread_mutex_lock(&s->mu);
+    for (;;) {
+        while (s->head == NULL && !s->stop)
+            pthread_cond_wait(&s->work, &s->mu);
+        if (s->head == NULL)
+            break;
+        task_t *t = s->head;
+        s->head = t->next;
+        s->tail = s->head ? s->tail : NULL;
+        s->running = true;
+        pthread_mutex_unlock(&s->mu);
+        t->fn(t->arg);
+        free(t);
+        pthread_mutex_lock(&s->mu);
+        s->running = false;
+        if (s->head == NULL)
+            pthread_cond_broadcast(&s->idle);
+    }
+    pthread_mutex_unlock(&s->mu);
+    return NULL;
+}
+
+/* fn(arg) after everything queued on stream; at once without a stream. */
+static kvr_status_t enqueue(void *stream, void (*fn)(void *), void *arg,
+                            kvr_error_t *err)
+{
+    emul_stream_t *s = stream;
+    if (s == NULL) {
+        fn(arg);
+        return KVR_OK;
+    }
+    task_t *t = calloc(1, sizeof(*t));
+    if (t == NULL)
+        return kvr_error_set(err, KVR_ERR_NO_MEMORY, "no memory");
+    t->fn = fn;
+    t->arg = arg;
+    pthread_mutex_lock(&s->mu);
+    if (s->tail != NULL)
+        s->tail->next = t;
+    else
+        s->head = t;
+    s->tail = t;
+    pthread_cond_signal(&s->work);
+    pthread_mutex_unlock(&s->mu);
+    return KVR_OK;
+}
+
+kvr_status_t kvr__gpu_stream_create(int device, void **stream, kvr_error_t *err)
+{
+    emul_stream_t *s = calloc(1, sizeof(*s));
+    if (device != 0 || s == NULL) {
+        free(s);
+        return kvr_error_set(err, KVR_ERR_INVALID, "emulated device %d",
+                             device);
+    }
+    pthread_mutex_init(&s->mu, NULL);
+    pthread_cond_init(&s->work, NULL);
+    pthread_cond_init(&s->idle, NULL);
+    if (pthread_create(&s->thread, NULL, worker, s) != 0) {
+        free(s);
+        return kvr_error_set(err, KVR_ERR_NO_MEMORY, "no thread");
+    }
+    *stream = s;
+    return KVR_OK;
+}
+
+kvr_status_t kvr__gpu_stream_sync(void *stream, kvr_error_t *err)
+{
+    (void)err;
+    emul_stream_t *s = stream;
+    if (s == NULL)
+        return KVR_OK;
+    pthread_mutex_lock(&s->mu);
+    while (s->head != NULL || s->running)
+        pthread_cond_wait(&s->idle, &s->mu);
+    pthread_mutex_unlock(&s->mu);
+    return KVR_OK;
+}
+
+void kvr__gpu_stream_destroy(void *stream)
+{
+    emul_stream_t *s = stream;
+    if (s == NULL)
+        return;
+    pthread_mutex_lock(&s->mu);
+    s->stop = true;
+    pthread_cond_signal(&s->work);
+    pthread_mutex_unlock(&s->mu);
+    pthread_join(s->thread, NULL); /* it runs what is left first */
+    pthread_mutex_destroy(&s->mu);
+    pthread_cond_destroy(&s->work);
+    pthread_cond_destroy(&s->idle);
+    free(s);
+}
+
+kvr_status_t kvr__gpu_stream_wait(void *stream, void *event, kvr_error_t *err)
+{
+    (void)stream, (void)event;
+    return no_emul(err);
+}
+
+static void notify_task(void *arg)
+{
+    uint64_t one = 1;
+    ssize_t n = write((int)(intptr_t)arg, &one, sizeof(one));
+    (void)n;
+}
+
+kvr_status_t kvr__gpu_notify(void *stream, int fd, kvr_error_t *err)
+{
+    atomic_fetch_add(&notifies, 1);
+    return enqueue(stream, notify_task, (void *)(intptr_t)fd, err);
+}
+
+kvr_status_t kvr__gpu_warm(int device, void *stream, kvr_error_t *err)
+{
+    (void)device;
+    return kvr__gpu_stream_sync(stream, err);
+}
+
+/* The pool is the real one's contract only: nothing to keep here. */
+struct kvr_gpu_pool {
+    void *stream;
+};
+
+kvr_status_t kvr__gpu_pool_create(int device, void *stream,
+                                  struct kvr_gpu_pool **pool, kvr_error_t *err)
+{
+    (void)device;
+    *pool = calloc(1, sizeof(**pool));
+    if (*pool == NULL)
+        return kvr_error_set(err, KVR_ERR_NO_MEMORY, "no memory");
+    (*pool)->stream = stream;
+    return KVR_OK;
+}
+
+void kvr__gpu_pool_destroy(struct kvr_gpu_pool *pool)
+{
+    if (pool != NULL)
+        kvr__gpu_stream_sync(pool->stream, NULL);
+    free(pool);
+}
+
+/* ---- memory and IPC ---- */
+
+int kvr__gpu_device_count(void)
+{
+    return 1;
+}
+
+kvr_status_t kvr__gpu_use(int device, kvr_error_t *err)
+{
+    return device == 0 ? KVR_OK
+                       : kvr_error_set(err, KVR_ERR_INVALID,
+                                       "emulated device %d", device);
+}
+
+kvr_status_t kvr__gpu_alloc(int device, uint64_t len, void **ptr,
+                            kvr_error_t *err)
+{
+    (void)device;
+    *ptr = calloc(1, len);
+    return *ptr ? KVR_OK : kvr_error_set(err, KVR_ERR_NO_MEMORY, "no memory");
+}
+
+void kvr__gpu_free(void *ptr)
+{
+    free(ptr);
+}
+
+kvr_status_t kvr__gpu_copy(void *dst, const void *src, uint64_t len,
+                           kvr_error_t *err)
+{
+    (void)err;
+    memcpy(dst, src, len);
+    return KVR_OK;
+}
+
+kvr_status_t kvr__gpu_export(const void *ptr, uint8_t *rkey, uint32_t *len,
+                             kvr_error_t *err)
+{
+    (void)err;
+    memset(rkey, 0, KVR_GPU_RKEY_BYTES);
+    memcpy(rkey, &ptr, sizeof(ptr));
+    *len = KVR_GPU_RKEY_BYTES;
+    return KVR_OK;
+}
+
+kvr_status_t kvr__gpu_open(int device, const uint8_t *rkey, uint32_t len,
+                           void **ptr, kvr_error_t *err)
+{
+    if (device != 0 || len != KVR_GPU_RKEY_BYTES)
+        return kvr_error_set(err, KVR_ERR_PROTO, "emulated key of %u bytes",
+                             len);
+    memcpy(ptr, rkey, sizeof(*ptr));
+    return KVR_OK;
+}
+
+void kvr__gpu_close(const uint8_t *rkey, uint32_t len, void *ptr)
+{
+    (void)rkey, (void)len, (void)ptr;
+}
+
+/* ---- jobs ---- */
+
+struct kvr__gpu_job {
+    kvr_gpu_relayout_t **rl; /* one per pair (NULL: a run copy) */
+    const void **src;
+    void **dst;
+    uint32_t *ranks;
+    size_t n;
+    uint32_t refs; /* the pulls sharing it (the loop's thread only) */
+    const kvr__gpu_runs_t *runs; /* a run copy's table and range */
+    uint64_t pos, len;
+    atomic_bool done;
+    atomic_int status;
+};
+
+struct kvr__gpu_runs {
+    kvr_gpu_runs_t *rt;
+    void *stream; /* freed after the copies queued there */
+};
+
+static kvr_status_t queue_job(void *stream, kvr__gpu_job_t *j,
+                              kvr_error_t *err);
+
+static void run_job(void *arg)
+{
+    kvr__gpu_job_t *j = arg;
+    kvr_status_t st = KVR_OK;
+    unsigned us = atomic_load(&kernel_us);
+    if (us > 0)
+        usleep(us);
+    for (size_t i = 0; i < j->n && st == KVR_OK; i++)
+        st = kvr_gpu_ref_scatter(j->rl[i], j->ranks[i], j->src[i], j->dst[i],
+                                 NULL);
+    if (j->runs != NULL)
+        st = kvr_gpu_runs_copy_ref(j->runs->rt, j->pos, j->len, NULL, NULL,
+                                   NULL);
+    atomic_store(&j->status, (int)st);
+    atomic_store(&j->done, true);
+}
+
+static kvr_status_t queue_job(void *stream, kvr__gpu_job_t *j,
+                              kvr_error_t *err)
+{
+    kvr_status_t st = enqueue(stream, run_job, j, err);
+    if (st == KVR_OK)
+        atomic_fetch_add(&jobs, 1);
+    return st;
+}
+
+static kvr__gpu_job_t *job_new(size_t n)
+{
+    kvr__gpu_job_t *j = calloc(1, sizeof(*j));
+    if (j == NULL)
+        return NULL;
+    j->rl = calloc(n + 1, sizeof(*j->rl));
+    j->src = calloc(n + 1, sizeof(*j->src));
+    j->dst = calloc(n + 1, sizeof(*j->dst));
+    j->ranks = calloc(n + 1, sizeof(*j->ranks));
+    j->refs = 1;
+    if (j->rl == NULL || j->src == NULL || j->dst == NULL ||
+        j->ranks == NULL) {
+        kvr__gpu_job_free(j);
+        return NULL;
+    }
+    return j;
+}
+
+kvr_status_t
+kvr__gpu_job_start(int device, void *stream, struct kvr_gpu_pool *pool,
+                   const kvr_layout_t *lay, const uint32_t *ranks,
+                   const kvr_region_pair_t *pairs, const void *const *src,
+                   void *const *dst, size_t n, const kvr_request_t *req,
+                   kvr__gpu_job_t **out, uint64_t *bytes, kvr_error_t *err)
+{
+    (void)device, (void)pool;
+    kvr__gpu_job_t *j = job_new(n);
+    if (j == NULL)
+        return kvr_error_set(err, KVR_ERR_NO_MEMORY, "no memory");
+    kvr_gpu_request_t g = {req->src_blocks, req->num_src_blocks,
+                           req->dst_blocks, req->num_dst_blocks,
+                           req->num_tokens, req->num_computed_blocks};
+    kvr_status_t st = KVR_OK;
+    *bytes = 0;
+    for (size_t i = 0; i < n && st == KVR_OK; i++, j->n++) {
+        st = kvr_gpu_relayout_create(lay, &pairs[i].src, &pairs[i].dst, &g,
+                                     &j->rl[i], err);
+        j->src[i] = src[i];
+        j->dst[i] = dst[i];
+        j->ranks[i] = ranks[i];
+        *bytes += kvr_gpu_relayout_bytes(j->rl[i], ranks[i]);
+    }
+    if (st == KVR_OK)
+        st = queue_job(stream, j, err);
+    if (st != KVR_OK) {
+        atomic_store(&j->done, true);
+        kvr__gpu_job_free(j);
+        return st;
+    }
+    *out = j;
+    return KVR_OK;
+}
+
+kvr_status_t kvr__gpu_job_done(kvr__gpu_job_t *job, bool *done,
+                               kvr_error_t *err)
+{
+    *done = atomic_load(&job->done);
+    kvr_status_t st = *done ? (kvr_status_t)atomic_load(&job->status) : KVR_OK;
+    return st == KVR_OK ? KVR_OK
+                        : kvr_error_set(err, st, "emulated kernel failed");
+}
+
+void kvr__gpu_job_free(kvr__gpu_job_t *job)
+{
+    if (job == NULL)
+        return;
+    while (!atomic_load(&job->done)) /* its "kernels" end first */
+        usleep(100);
+    if (job->refs > 1) {
+        job->refs--;
+        return;
+    }
+    for (size_t i = 0; i < job->n; i++)
+        kvr_gpu_relayout_destroy(job->rl[i]);
+    free(job->rl);
+    free(job->src);
+    free(job->dst);
+    free(job->ranks);
+    free(job);
+}
+
+void kvr__gpu_job_share(kvr__gpu_job_t *job)
+{
+    job->refs++;
+}
+
+/* ---- run copies ---- */
+
+static uint64_t address(const void *base, uint64_t off)
+{
+    return base ? (uint64_t)(uintptr_t)base + off : 0;
+}
+
+kvr_status_t kvr__gpu_runs_make(int device, void *stream,
+                                struct kvr_gpu_pool *pool,
+                                const kvr_plan_t *const *plans,
+                                const void *const *src, void *const *dst,
+                                size_t n, kvr__gpu_runs_t **out,
+                                kvr_error_t *err)
+{
+    (void)device, (void)pool;
+    size_t total = 0, k = 0;
+    for (size_t i = 0; i < n; i++)
+        total += kvr_plan_num_runs(plans[i]);
+    kvr_gpu_run_t *runs = calloc(total + 1, sizeof(*runs));
+    kvr__gpu_runs_t *r = calloc(1, sizeof(*r));
+    kvr_status_t st = runs && r
+                          ? KVR_OK
+                          : kvr_error_set(err, KVR_ERR_NO_MEMORY, "no memory");
+    for (size_t i = 0; st == KVR_OK && i < n; i++) {
+        size_t nr = 0;
+        const kvr_run_t *pr = kvr_plan_runs(plans[i], &nr);
+        for (size_t x = 0; x < nr; x++)
+            runs[k++] = (kvr_gpu_run_t){address(src ? src[i] : NULL, pr[x].src),
+                                        address(dst ? dst[i] : NULL, pr[x].dst),
+                                        pr[x].len};
+    }
+    if (st == KVR_OK)
+        st = kvr_gpu_runs_create(runs, k, &r->rt, err);
+    free(runs);
+    if (st != KVR_OK) {
+        free(r);
+        return st;
+    }
+    r->stream = stream;
+    *out = r;
+    return KVR_OK;
+}
+
+kvr_status_t kvr__gpu_runs_copy(const kvr__gpu_runs_t *rt, uint64_t pos,
+                                uint64_t len, const void *src_buf,
+                                void *dst_buf, void *stream, kvr_error_t *err)
+{
+    (void)rt, (void)pos, (void)len, (void)src_buf, (void)dst_buf;
+    (void)stream;
+    return no_emul(err); /* gpu-staged's pack and unpack */
+}
+
+static void free_runs(void *arg)
+{
+    kvr__gpu_runs_t *r = arg;
+    kvr_gpu_runs_destroy(r->rt);
+    free(r);
+}
+
+void kvr__gpu_runs_free(kvr__gpu_runs_t *rt)
+{
+    if (rt != NULL && enqueue(rt->stream, free_runs, rt, NULL) != KVR_OK) {
+        kvr__gpu_stream_sync(rt->stream, NULL);
+        free_runs(rt);
+    }
+}
+
+kvr_status_t kvr__gpu_job_runs(int device, void *stream,
+                               const kvr__gpu_runs_t *rt, uint64_t pos,
+                               uint64_t len, const void *src_buf, void *dst_buf,
+                               kvr__gpu_job_t **out, kvr_error_t *err)
+{
+    (void)device;
+    if (src_buf != NULL || dst_buf != NULL)
+        return no_emul(err);
+    kvr__gpu_job_t *j = job_new(0);
+    if (j == NULL)
+        return kvr_error_set(err, KVR_ERR_NO_MEMORY, "no memory");
+    j->runs = rt;
+    j->pos = pos;
+    j->len = len;
+    kvr_status_t st = queue_job(stream, j, err);
+    if (st != KVR_OK) {
+        atomic_store(&j->done, true);
+        kvr__gpu_job_free(j);
+        return st;
+    }
+    *out = j;
+    return KVR_OK;
+}
+
+kvr_status_t kvr__gpu_runs_time(const kvr__gpu_runs_t *rt, uint64_t len,
+                                const void *src_buf, void *dst_buf,
+                                void *stream, double *secs, kvr_error_t *err)
+{
+    (void)rt, (void)len, (void)src_buf, (void)dst_buf, (void)stream;
+    (void)secs;
+    return no_emul(err);
+}
+
+/* ---- gpu-staged: not emulated ---- */
+
+kvr_status_t kvr__gpu_packer_create(int device, const kvr_layout_t *lay,
+                                    uint32_t rank,
+                                    const kvr_region_pair_t *pairs,
+                                    const void *const *src, void *const *dst,
+                                    size_t n, const kvr_request_t *req,
+                                    uint32_t depth, kvr__gpu_packer_t **out,
+                                    kvr_error_t *err)
+{
+    (void)device, (void)lay, (void)rank, (void)pairs, (void)src, (void)dst;
+    (void)n, (void)req, (void)depth, (void)out;
+    return no_emul(err);
+}
+
+const kvr_exec_packer_t *kvr__gpu_packer_ops(const kvr__gpu_packer_t *pk)
+{
+    (void)pk;
+    return NULL;
+}
+
+uint64_t kvr__gpu_packer_bytes(const kvr__gpu_packer_t *pk)
+{
+    (void)pk;
+    return 0;
+}
+
+void kvr__gpu_packer_destroy(kvr__gpu_packer_t *pk)
+{
+    (void)pk;
+}

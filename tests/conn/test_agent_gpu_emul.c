@@ -1,0 +1,216 @@
+/* The agent's gpu-direct control path without a device: agents with
+ * cuda_device 0 over the emulated GPU path (gpu_path_emul.c: host memory,
+ * a worker thread per stream). A PP2 instance serves a W 2 group: many
+ * requests of different sizes in flight at once (each pull's completion
+ * announced by the host notification queued after its "kernels"), every
+ * byte verified; a streamed load, layer group by layer group; both ranks'
+ * pulls of one request in one launch; a load
+ * aborted while its kernels run; producer stages
+ * destroyed while theirs run (their stream is drained before anything
+ * goes). The kernels and the table pool are tested on a device
+ * (tests/gpu). */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "agent_harness.h"
+
+void kvr__emul_kernel_us(unsigned us);
+unsigned kvr__emul_notifies(void);
+unsigned kvr__emul_jobs(void);
+
+static world_t *gpu_world(void)
+{
+    world_t *w = world_new();
+    /* every agent's KV in "CUDA memory": the harness is built so */
+    start_instance(w, 0, "prefill", 2, NULL);
+    start_group(w, 0, false);
+    return w;
+}
+
+/* Request i of 1 to 500 tokens, filled, opened and ready on both stages. */
+static void offer(world_t *w, uint32_t i, ah_req_t *r)
+{
+    ah_req(&w->m, i, 1 + (i * 131u) % 500u, r);
+    fill_all(w, 0, r);
+    open_all(w, 0, r, 0, true);
+}
+
+static bool pulling(ah_agent_t *c, const char *id)
+{
+    kvr_agent_req_status_t st;
+    return kvr_agent_status(c->agent, "prefill", 7, id, strlen(id), &st) ==
+               KVR_OK &&
+           st.recv == KVR_RECV_PULLING;
+}
+
+/* Until both ranks sent every WRITE_REQUEST of id and each stage launched
+ * (a job per stage at least, since `before`), then a little longer for any
+ * rank's pull launched on its own: the "kernels" run long past this. */
+static void wait_launched(world_t *w, const char *id, unsigned before)
+{
+    ah_agent_t *all[] = {&w->cons[0], &w->cons[1], &w->prod[0][0],
+                         &w->prod[0][1]};
+    uint64_t end = ah_now_ms() + AH_WAIT_MS;
+    while (!(kvr__emul_jobs() - before >= 2 && pulling(&w->cons[0], id) &&
+             pulling(&w->cons[1], id)) &&
+           ah_now_ms() < end)
+        ah_settle(all, 4, 5);
+    if (kvr__emul_jobs() - before < 2)
+        fail_msg("'%s': %u launches", id, kvr__emul_jobs() - before);
+    ah_settle(all, 4, 50);
+}
+
+/* Two waves of 8 requests (disjoint blocks within a wave), each wave's
+ * loads asked at once: 32 pulls in flight per wave. */
+static void many_in_flight(void **state)
+{
+    (void)state;
+    kvr__emul_kernel_us(2000);
+    world_t *w = gpu_world();
+    unsigned before = kvr__emul_notifies(), jobs0 = kvr__emul_jobs();
+    ah_req_t r[16];
+    for (uint32_t wave = 0; wave < 2; wave++) {
+        for (uint32_t i = wave * 8; i < wave * 8 + 8; i++) {
+            offer(w, i, &r[i]);
+            recv_all(w, 0, "prefill", &r[i], 0);
+        }
+        for (uint32_t i = wave * 8; i < wave * 8 + 8; i++)
+            expect_loaded(w, 0, &r[i]);
+    }
+    /* every launch (at most one per pull: 2 stages x 2 ranks x 16; pulls
+     * of one request by both ranks may share one) queued the notification
+     * that wakes its loop once its kernels are done */
+    unsigned queued = kvr__emul_notifies() - before;
+    unsigned jobs = kvr__emul_jobs() - jobs0;
+    if (queued != jobs || jobs == 0 || jobs > 2 * 2 * 16)
+        fail_msg("%u host notifications queued for %u launches of 64 pulls",
+                 queued, jobs);
+    world_free(w);
+}
+
+/* Both ranks abort while the stages' kernels run: the pulls are cut (the
+ * kernels end first), the load fails as canceled, and the next request
+ * loads. */
+static void abort_while_running(void **state)
+{
+    (void)state;
+    kvr__emul_kernel_us(500000);
+    world_t *w = gpu_world();
+    ah_req_t a, b;
+    unsigned before = kvr__emul_jobs();
+    offer(w, 1, &a);
+    recv_all(w, 0, "prefill", &a, 0);
+    wait_launched(w, a.id, before);
+    for (uint32_t c = 0; c < 2; c++)
+        assert_int_equal(kvr_agent_recv_abort(w->cons[c].agent, "prefill", 7,
+                                              a.id, strlen(a.id)),
+                         KVR_OK);
+    for (uint32_t c = 0; c < 2; c++)
+        expect_failed(&w->cons[c], a.id, KVR_ERR_CANCELED);
+    for (uint32_t s = 0; s < 2; s++)
+        ah_wait(&w->prod[0][s], a.id, KVR_AGENT_SEND_FAILED, AH_WAIT_MS);
+    kvr__emul_kernel_us(0);
+    offer(w, 2, &b);
+    recv_all(w, 0, "prefill", &b, 0);
+    expect_loaded(w, 0, &b);
+    world_free(w);
+}
+
+/* Streamed: each stage readies its layers one at a time while the ranks
+ * wait; each layer group is its own launch, the next one launched when
+ * the previous one's notification answered it. */
+static void streamed_groups(void **state)
+{
+    (void)state;
+    kvr__emul_kernel_us(3000);
+    world_t *w = gpu_world();
+    ah_req_t a;
+    ah_req(&w->m, 4, 300, &a);
+    fill_all(w, 0, &a);
+    open_all(w, 0, &a, 0, false);
+    for (uint32_t c = 0; c < 2; c++)
+        ah_recv_stream(&w->cons[c], "prefill", head_addr(w, 0), &a, 0, true);
+    ah_agent_t *all[] = {&w->cons[0], &w->cons[1], &w->prod[0][0],
+                         &w->prod[0][1]};
+    for (uint32_t layer = 0; layer < w->m.layers; layer++) {
+        ah_settle(all, 4, 10);
+        ah_agent_t *st = &w->prod[0][layer * 2 / w->m.layers];
+        assert_int_equal(kvr_agent_send_ready(st->agent, a.id, strlen(a.id),
+                                              layer, layer + 1, NULL),
+                         KVR_OK);
+    }
+    expect_loaded(w, 0, &a);
+    for (uint32_t c = 0; c < 2; c++)
+        assert_true(ah_count(&w->cons[c], a.id, KVR_AGENT_LAYERS_LOADED) >= 2);
+    world_free(w);
+}
+
+/* Both ranks pull before the stages are ready: on send_ready each
+ * stage's two pulls move at once and share one launch (issue 17: one
+ * launch for every rank that pulled the request), every byte right. */
+static void ranks_share_a_launch(void **state)
+{
+    (void)state;
+    kvr__emul_kernel_us(1000);
+    world_t *w = gpu_world();
+    ah_req_t a;
+    ah_req(&w->m, 5, 200, &a);
+    fill_all(w, 0, &a);
+    open_all(w, 0, &a, 0, false);
+    recv_all(w, 0, "prefill", &a, 0);
+    ah_agent_t *all[] = {&w->cons[0], &w->cons[1], &w->prod[0][0],
+                         &w->prod[0][1]};
+    ah_settle(all, 4, 300); /* both WRITE_REQUESTs held on each stage */
+    unsigned jobs0 = kvr__emul_jobs();
+    for (uint32_t s = 0; s < 2; s++)
+        assert_int_equal(kvr_agent_send_ready(w->prod[0][s].agent, a.id,
+                                              strlen(a.id), 0, 1u << 30, NULL),
+                         KVR_OK);
+    expect_loaded(w, 0, &a);
+    unsigned jobs = kvr__emul_jobs() - jobs0;
+    if (jobs >= 4)
+        fail_msg("%u launches for 2 stages x 2 ranks: none shared", jobs);
+    world_free(w);
+}
+
+/* The stages go while their kernels run: destroy drains the stream before
+ * it frees a job or closes the fd the host notification writes. */
+static void destroy_while_running(void **state)
+{
+    (void)state;
+    kvr__emul_kernel_us(500000);
+    world_t *w = gpu_world();
+    ah_req_t a;
+    unsigned before = kvr__emul_jobs();
+    offer(w, 3, &a);
+    recv_all(w, 0, "prefill", &a, 0);
+    wait_launched(w, a.id, before);
+    for (uint32_t s = 0; s < 2; s++)
+        ah_stop(&w->prod[0][s]);
+    for (uint32_t c = 0; c < 2; c++) {
+        ah_wait(&w->cons[c], a.id, KVR_AGENT_RELEASED, AH_WAIT_MS);
+        assert_int_equal(ah_count(&w->cons[c], a.id, KVR_AGENT_LOADED), 0);
+        assert_int_equal(ah_count(&w->cons[c], a.id, KVR_AGENT_LOAD_FAILED), 1);
+    }
+    kvr__emul_kernel_us(0);
+    world_free(w);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(many_in_flight),
+        cmocka_unit_test(abort_while_running),
+        cmocka_unit_test(streamed_groups),
+        cmocka_unit_test(ranks_share_a_launch),
+        cmocka_unit_test(destroy_while_running),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
