@@ -8,7 +8,7 @@
 # .devlibs/ (not tracked) holding build/kvrelay from a CUDA release build and root/ with Debian 12
 # libucx0 libsodium23 libjansson4 libnuma1 (dpkg -x). Run it from the repo root. RUN_S bounds each
 # run (seconds); HOST=0 skips the host-memory run; PROFILE=1 adds a debug-logged run, PP1=1 one
-# from a single stage process. Results go to $OUT, else bench/results.
+# from a single stage process, MPS=1 one under CUDA MPS. Results go to $OUT, else bench/results.
 set -u
 export CUDA_MODULE_LOADING=EAGER # the first launch in a process must not wait for the device
 if [ -n "${KVRELAY_BUILD:-}" ]; then
@@ -49,5 +49,23 @@ fi
 # PP1=1: the same trace from one prefill stage process (78 layers): no other stage's process
 # shares the GPU's time with it, as when each stage has a GPU of its own
 [ "${PP1:-0}" = 1 ] && run gpu-pp1 --device cuda --pp 1 "${TRACE[@]}"
+# MPS=1: the same trace with every process a client of one MPS server (started here with its
+# pipe and log folders under /tmp, quit afterwards): the processes' kernels share the GPU at
+# once instead of taking turns in time slices, as when stages and ranks share a GPU in service
+if [ "${MPS:-0}" = 1 ]; then
+  if command -v nvidia-cuda-mps-control > /dev/null; then
+    export CUDA_MPS_PIPE_DIRECTORY=/tmp/kvr-mps-pipe CUDA_MPS_LOG_DIRECTORY=/tmp/kvr-mps-log
+    mkdir -p "$CUDA_MPS_PIPE_DIRECTORY" "$CUDA_MPS_LOG_DIRECTORY"
+    if nvidia-cuda-mps-control -d; then
+      run gpu-mps --device cuda "${TRACE[@]}"
+      echo quit | nvidia-cuda-mps-control
+    else
+      echo "MPS: the control daemon did not start"
+    fi
+    unset CUDA_MPS_PIPE_DIRECTORY CUDA_MPS_LOG_DIRECTORY
+  else
+    echo "MPS: nvidia-cuda-mps-control not found, skipped"
+  fi
+fi
 # the same trace with KV in host memory on this machine (UCX shared memory)
 [ "${HOST:-1}" != 1 ] || run host-h200 --transport shm "${TRACE[@]}"
