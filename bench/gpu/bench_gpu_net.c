@@ -338,6 +338,7 @@ typedef struct {
     hello_t peer;
     void *src, *bufs, *copy_dst, *ipc_dst, *flush;
     cudaStream_t cs;
+    kvr_gpu_pool_t *pool; /* gpu-direct's tables, as the agent keeps them */
     kvr_mem_t *msrc, *mbufs;
     kvr_rmem_t *rdst, *rstage;
     kvr_plan_set_t *set;
@@ -416,8 +417,8 @@ static double one_xfer(prod_t *p, kvr_exec_kind_t kind, bool *ok)
         uint64_t moved = 0;
         const void *srcs[1] = {p->src};
         void *dsts[1] = {p->ipc_dst};
-        mine.st = kvr__gpu_send(0, &p->j->lay, 0, &p->j->pair, srcs, dsts, 1,
-                                &p->j->req, &moved, &e);
+        mine.st = kvr__gpu_send(0, p->cs, p->pool, &p->j->lay, 0, &p->j->pair,
+                                srcs, dsts, 1, &p->j->req, &moved, &e);
         put_all(p->fd, &mine, sizeof(mine));
     } else {
         uint32_t slots[SLOTS];
@@ -637,6 +638,7 @@ static void prod_setup(prod_t *p)
     OK_OR_DIE(kvr_gpu_malloc(0, L2_FLUSH, &p->flush, err));
     if (cudaStreamCreateWithFlags(&p->cs, cudaStreamNonBlocking) != cudaSuccess)
         DIE("cudaStreamCreate failed");
+    OK_OR_DIE(kvr_gpu_pool_create(0, p->cs, &p->pool, err));
     OK_OR_DIE(kvr_gpu_memcpy(p->src, j->src_host, j->src_len, err));
     /* what registering CUDA memory with UCX costs (the agent registers
      * every CUDA region at set-up; docs/transport.md, CUDA memory) */
@@ -681,6 +683,7 @@ static void prod_teardown(prod_t *p)
     kvr_gpu_free(p->bufs);
     kvr_gpu_free(p->copy_dst);
     kvr_gpu_free(p->flush);
+    kvr_gpu_pool_destroy(p->pool);
     cudaStreamDestroy(p->cs);
 }
 

@@ -32,8 +32,12 @@ kvr_status_t kvr__gpu_open(int device, const uint8_t *rkey, uint32_t len,
                            void **ptr, kvr_error_t *err);
 void kvr__gpu_close(const uint8_t *rkey, uint32_t len, void *ptr);
 /* Producer: rank's share of every region pair, device to device (dst are
- * the consumer's regions as mapped here), then a stream synchronize. */
-kvr_status_t kvr__gpu_send(int device, const kvr_layout_t *lay, uint32_t rank,
+ * the consumer's regions as mapped here), waited for: the agent's launch
+ * (kvr__gpu_job_start on `stream`, tables from `pool`) done synchronously,
+ * for benchmarks; stream and pool may be NULL (default stream, tables
+ * allocated per call). */
+kvr_status_t kvr__gpu_send(int device, void *stream, struct kvr_gpu_pool *pool,
+                           const kvr_layout_t *lay, uint32_t rank,
                            const kvr_region_pair_t *pairs,
                            const void *const *src, void *const *dst, size_t n,
                            const kvr_request_t *req, uint64_t *bytes,

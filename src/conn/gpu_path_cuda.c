@@ -216,7 +216,8 @@ void kvr__gpu_job_share(kvr__gpu_job_t *job)
     job->refs++;
 }
 
-kvr_status_t kvr__gpu_send(int device, const kvr_layout_t *lay, uint32_t rank,
+kvr_status_t kvr__gpu_send(int device, void *stream, struct kvr_gpu_pool *pool,
+                           const kvr_layout_t *lay, uint32_t rank,
                            const kvr_region_pair_t *pairs,
                            const void *const *src, void *const *dst, size_t n,
                            const kvr_request_t *req, uint64_t *bytes,
@@ -228,8 +229,9 @@ kvr_status_t kvr__gpu_send(int device, const kvr_layout_t *lay, uint32_t rank,
         return kvr_error_set(err, KVR_ERR_NO_MEMORY, "no memory");
     for (size_t i = 0; i < n; i++)
         ranks[i] = rank;
-    kvr_status_t st = kvr__gpu_job_start(device, NULL, NULL, lay, ranks, pairs,
-                                         src, dst, n, req, &job, bytes, err);
+    kvr_status_t st = kvr__gpu_job_start(device, stream, pool, lay, ranks,
+                                         pairs, src, dst, n, req, &job, bytes,
+                                         err);
     free(ranks);
     if (st == KVR_OK)
         st = kvr_gpu_event_sync(job->done, err);

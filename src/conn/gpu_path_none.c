@@ -50,13 +50,15 @@ void kvr__gpu_close(const uint8_t *rkey, uint32_t len, void *ptr)
     (void)rkey, (void)len, (void)ptr;
 }
 
-kvr_status_t kvr__gpu_send(int device, const kvr_layout_t *lay, uint32_t rank,
+kvr_status_t kvr__gpu_send(int device, void *stream, struct kvr_gpu_pool *pool,
+                           const kvr_layout_t *lay, uint32_t rank,
                            const kvr_region_pair_t *pairs,
                            const void *const *src, void *const *dst, size_t n,
                            const kvr_request_t *req, uint64_t *bytes,
                            kvr_error_t *err)
 {
-    (void)device, (void)lay, (void)rank, (void)pairs, (void)src, (void)dst;
+    (void)device, (void)stream, (void)pool, (void)lay, (void)rank, (void)pairs;
+    (void)src, (void)dst;
     (void)n, (void)req, (void)bytes;
     return no_cuda(err);
 }
