@@ -45,6 +45,12 @@ void kvr__chunk_set_kind(uint8_t header[KVR__CHUNK_HEADER], unsigned kind)
     kvr__put_le(header + 12, kind, 4);
 }
 
+uint64_t kvr__chunk_data_at(const uint8_t header[KVR__CHUNK_HEADER])
+{
+    return kvr__get_le(header + 8, 4) == 1u ? KVR__CHUNK_HEADER
+                                            : KVR__CHUNK_DATA;
+}
+
 kvr_status_t kvr__chunk_parse(const uint8_t h[KVR__CHUNK_HEADER],
                               kvr_chunk_key_t *key, uint64_t *len,
                               kvr_error_t *err)
@@ -52,9 +58,9 @@ kvr_status_t kvr__chunk_parse(const uint8_t h[KVR__CHUNK_HEADER],
     if (memcmp(h, KVR__CHUNK_MAGIC, 8) != 0)
         return kvr_error_set(err, KVR_ERR_VERIFY, "bad chunk magic");
     uint32_t v = (uint32_t)kvr__get_le(h + 8, 4);
-    if (v != KVR__CHUNK_VERSION)
+    if (v != 1u && v != KVR__CHUNK_VERSION)
         return kvr_error_set(err, KVR_ERR_VERSION,
-                             "chunk format version %u, expected %u", v,
+                             "chunk format version %u, expected 1 or %u", v,
                              KVR__CHUNK_VERSION);
     uint32_t kind = (uint32_t)kvr__get_le(h + 12, 4);
     if (kind != KVR__SUM_BLAKE2B && kind != KVR__SUM_POLY1305)

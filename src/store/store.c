@@ -80,7 +80,8 @@ uint8_t *kvr__store_alloc(kvr_store_t *st, uint64_t len)
             st->spare[i] = NULL;
             return b;
         }
-    return malloc(len ? len : 1);
+    void *b = NULL;
+    return posix_memalign(&b, KVR__ALIGN, len ? len : 1) == 0 ? b : NULL;
 }
 
 static void evict_tail(kvr_store_t *st)
@@ -266,7 +267,7 @@ kvr_status_t kvr_store_put(kvr_store_t *st, const kvr_chunk_key_t *key,
 {
     if (st == NULL || key == NULL || (data == NULL && len > 0))
         return kvr_error_set(err, KVR_ERR_INVALID, "store put: NULL argument");
-    uint8_t *copy = malloc(len ? len : 1);
+    uint8_t *copy = kvr__store_alloc(st, len);
     if (copy == NULL)
         return kvr_error_set(err, KVR_ERR_NO_MEMORY, "store put: %llu bytes",
                              (unsigned long long)len);

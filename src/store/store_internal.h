@@ -7,9 +7,15 @@
 #include "kvrelay/store.h"
 
 #define KVR__CHUNK_MAGIC "KVRCHNK1"
-#define KVR__CHUNK_VERSION 1u
+/* Version 2 puts the payload at KVR__CHUNK_DATA (the header's block zero
+ * padded), so large payloads move with O_DIRECT straight from and into
+ * aligned buffers; version 1 files (payload right after the header) still
+ * read. */
+#define KVR__CHUNK_VERSION 2u
 #define KVR__CHUNK_HEADER 80u
-#define KVR__CHUNK_FRAME (KVR__CHUNK_HEADER + KVR_STORE_SUM_BYTES)
+#define KVR__ALIGN 4096u /* O_DIRECT alignment: buffers, offsets, lengths */
+#define KVR__CHUNK_DATA KVR__ALIGN /* payload offset (version 2) */
+#define KVR__CHUNK_FRAME (KVR__CHUNK_DATA + KVR_STORE_SUM_BYTES)
 #define KVR__SPARES 4
 #define KVR__LEAF (4ull << 20) /* checksum leaf */
 #define KVR__HASH_THREADS 8u
@@ -36,6 +42,8 @@ struct kvr_store {
     uint64_t tmp_seq;
     unsigned sum_kind; /* for new chunk files (KVR__SUM_*) */
     void *ring;     /* io_uring, when built with liburing */
+    bool direct;    /* large payloads use O_DIRECT (off once the
+                       filesystem refused it) */
     uint8_t *spill; /* a disk hit the host tier cannot hold */
     uint64_t spill_len;
     /* buffers of evicted chunks, reused by the next chunks of their size:
@@ -53,6 +61,8 @@ kvr_status_t kvr__chunk_parse(const uint8_t h[KVR__CHUNK_HEADER],
                               kvr_chunk_key_t *key, uint64_t *len,
                               kvr_error_t *err);
 void kvr__chunk_set_kind(uint8_t header[KVR__CHUNK_HEADER], unsigned kind);
+/* Where the payload of a parsed header's file starts (its version's). */
+uint64_t kvr__chunk_data_at(const uint8_t header[KVR__CHUNK_HEADER]);
 /* The checksum of a header (which names the kind) and its payload. */
 void kvr__chunk_sum(const uint8_t header[KVR__CHUNK_HEADER], const void *data,
                     uint64_t len, uint8_t out[KVR_STORE_SUM_BYTES]);
@@ -103,7 +113,8 @@ kvr_status_t kvr__store_ref(kvr_store_t *st, const kvr_chunk_key_t *key,
                             const uint8_t **data, uint64_t *len,
                             kvr_error_t *err);
 bool kvr__store_in_host(kvr_store_t *st, const kvr_chunk_key_t *key);
-/* A buffer of len bytes for a chunk (a spare of that size, else malloc). */
+/* A buffer of len bytes for a chunk (a spare of that size, else a new one
+ * aligned to KVR__ALIGN for O_DIRECT; freed with free). */
 uint8_t *kvr__store_alloc(kvr_store_t *st, uint64_t len);
 /* Takes ownership of data (malloc'ed) on success and on failure. */
 kvr_status_t kvr__store_put_owned(kvr_store_t *st, const kvr_chunk_key_t *key,

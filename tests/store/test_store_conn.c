@@ -299,7 +299,7 @@ static void flip_byte_of(const kvr_block_hash_t *chain, uint32_t part)
         snprintf(hex + 2 * i, 3, "%02x", chain->bytes[i]);
     snprintf(cmd, sizeof cmd,
              "f=$(ls %s/*-%s-p%u.kvc) && printf '\\377' | dd of=$f bs=1 "
-             "seek=3000 conv=notrunc status=none",
+             "seek=7096 conv=notrunc status=none",
              dir, hex, part);
     assert_int_equal(system(cmd), 0);
 }

@@ -124,7 +124,7 @@ static void test_corrupt_chunk_is_a_miss(void **state)
     char cmd[512], out[16384], name[256] = "";
     snprintf(cmd, sizeof cmd,
              "f=$(ls %s/*-p1.kvc | head -1) && basename $f && printf '\\377' "
-             "| dd of=$f bs=1 seek=4000 conv=notrunc status=none",
+             "| dd of=$f bs=1 seek=8096 conv=notrunc status=none",
              dir);
     FILE *p = popen(cmd, "r");
     assert_non_null(fgets(name, sizeof name, p));
