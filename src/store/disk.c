@@ -255,6 +255,13 @@ static kvr_status_t do_io(kvr_store_t *st, int fd, io_dir_t dir, void *buf,
     return plain_pieces(fd, dir, buf, len, off, sum, err);
 }
 
+kvr_status_t kvr__disk_xfer(kvr_store_t *st, int fd, bool write, void *buf,
+                           uint64_t len, uint64_t off, kvr_error_t *err)
+{
+    return do_io(st, fd, write ? IO_WRITE : IO_READ, buf, len, off, true, NULL,
+                 err);
+}
+
 const char *kvr__disk_backend(const kvr_store_t *st)
 {
     if (st->ring != NULL)

@@ -20,9 +20,12 @@
 #define KVR__LEAF (4ull << 20) /* checksum leaf */
 #define KVR__HASH_THREADS 8u
 /* checksum kinds: how the leaves are hashed (header offset 12) */
-#define KVR__SUM_BLAKE2B 0u  /* BLAKE2b-256 */
-#define KVR__SUM_POLY1305 1u /* Poly1305 under a fixed public key */
-#define KVR__SUM_DEFAULT KVR__SUM_BLAKE2B /* opts.fast_checksum: POLY1305 */
+#define KVR__SUM_BLAKE2B 0u    /* BLAKE2b-256 (libsodium) */
+#define KVR__SUM_POLY1305 1u   /* Poly1305 under a fixed public key */
+#define KVR__SUM_BLAKE2B512 2u /* BLAKE2b-512 (OpenSSL's when built with
+                                  it, else libsodium's: the same digest) */
+#define KVR__SUM_KINDS 3u
+#define KVR__SUM_DEFAULT KVR__SUM_BLAKE2B512 /* fast_checksum: POLY1305 */
 
 /* One host-tier entry, on the LRU list (head: most recent). */
 typedef struct kvr__entry {
@@ -103,6 +106,11 @@ void kvr__disk_prefetch(kvr_store_t *st, const kvr_chunk_key_t *key);
 kvr_status_t kvr__disk_check(int dirfd, const char *name, bool full,
                              kvr_error_t *err);
 const char *kvr__disk_backend(const kvr_store_t *st);
+/* len bytes at off moved the way the store moves a payload (io_uring when
+ * it has one, 4 MiB pieces, DEPTH in flight), with no checksum: the
+ * benchmark's sequential-I/O ceiling (fd opened with O_DIRECT for it). */
+kvr_status_t kvr__disk_xfer(kvr_store_t *st, int fd, bool write, void *buf,
+                            uint64_t len, uint64_t off, kvr_error_t *err);
 /* Drops io_uring: plain pread/pwrite from now on (as where the kernel
  * refuses io_uring; tests run both paths with it). */
 void kvr__disk_plain(kvr_store_t *st);
