@@ -278,28 +278,42 @@ kvr_status_t kvr__disk_open(kvr_store_t *st, kvr_error_t *err)
     if (st->dir_fd < 0)
         return kvr_error_set(err, KVR_ERR_IO, "store directory %s: %s", st->dir,
                              strerror(errno));
-#ifdef KVR_HAVE_URING
-    struct io_uring *ring = calloc(1, sizeof *ring);
-    if (ring != NULL && io_uring_queue_init(2 * DEPTH, ring, 0) == 0)
-        st->ring = ring;
-    else
-        free(ring); /* not allowed here (seccomp, old kernel): plain I/O */
-#endif
+    st->ring = kvr__disk_ring_new();
     st->sum_kind = st->opts.fast_checksum ? KVR__SUM_POLY1305
                                           : KVR__SUM_DEFAULT;
     st->direct = true; /* until the filesystem refuses it */
     return KVR_OK;
 }
 
-void kvr__disk_plain(kvr_store_t *st)
+void *kvr__disk_ring_new(void)
 {
 #ifdef KVR_HAVE_URING
-    if (st->ring != NULL) {
-        io_uring_queue_exit(st->ring);
-        free(st->ring);
-    }
+    struct io_uring *ring = calloc(1, sizeof *ring);
+    if (ring != NULL && io_uring_queue_init(2 * DEPTH, ring, 0) == 0)
+        return ring;
+    free(ring); /* not allowed here (seccomp, old kernel): plain I/O */
 #endif
+    return NULL;
+}
+
+void kvr__disk_ring_free(void *ring)
+{
+#ifdef KVR_HAVE_URING
+    if (ring != NULL)
+        io_uring_queue_exit(ring);
+#endif
+    free(ring);
+}
+
+void kvr__disk_plain(kvr_store_t *st)
+{
+    kvr__store_ahead_drop(st);
+    kvr__disk_ring_free(st->ring);
     st->ring = NULL;
+    for (unsigned i = 0; i < KVR__AHEAD; i++) {
+        kvr__disk_ring_free(st->ahead_ring[i]);
+        st->ahead_ring[i] = NULL;
+    }
 }
 
 void kvr__disk_close(kvr_store_t *st)
@@ -417,20 +431,6 @@ bool kvr__disk_has(kvr_store_t *st, const kvr_chunk_key_t *key)
     char name[KVR_STORE_NAME_MAX];
     kvr__chunk_name(key, name);
     return st->dir_fd >= 0 && faccessat(st->dir_fd, name, F_OK, 0) == 0;
-}
-
-void kvr__disk_prefetch(kvr_store_t *st, const kvr_chunk_key_t *key)
-{
-    char name[KVR_STORE_NAME_MAX];
-    kvr__chunk_name(key, name);
-    int fd = st->dir_fd >= 0 ? openat(st->dir_fd, name, O_RDONLY | O_CLOEXEC)
-                             : -1;
-    struct stat sb;
-    if (fd >= 0 && fstat(fd, &sb) == 0 &&
-        (!st->direct || (uint64_t)sb.st_size < DIRECT_MIN + KVR__CHUNK_FRAME))
-        posix_fadvise(fd, 0, 0, POSIX_FADV_WILLNEED); /* O_DIRECT: no use */
-    if (fd >= 0)
-        close(fd);
 }
 
 /* The header block of a file of size bytes: the header names want (NULL:

@@ -442,15 +442,15 @@ static kvr_status_t scatter(const kvr_store_io_t *io, load_ctx_t *x, size_t c,
     return s;
 }
 
-/* The disk reads chunk c + 1 ahead while chunk c is checked and
- * scattered. */
-static void prefetch_next(kvr_store_t *st, const kvr_store_io_t *io, size_t c)
+/* Chunks c + 1 .. c + KVR__AHEAD are read and checked on threads while
+ * chunk c is scattered (the disk and the checksum's threads stay busy
+ * across chunks). */
+static void read_ahead(kvr_store_t *st, const kvr_store_io_t *io, size_t c)
 {
-    if (st->dir == NULL || c + 1 >= io->num_chains)
-        return;
-    kvr_chunk_key_t next = key_of(io, c + 1);
-    if (!kvr__store_in_host(st, &next))
-        kvr__disk_prefetch(st, &next);
+    for (size_t k = c + 1; k <= c + KVR__AHEAD && k < io->num_chains; k++) {
+        kvr_chunk_key_t next = key_of(io, k);
+        kvr__store_read_ahead(st, &next);
+    }
 }
 
 kvr_status_t kvr_store_load(kvr_store_t *st, const kvr_store_io_t *io,
@@ -474,9 +474,10 @@ kvr_status_t kvr_store_load(kvr_store_t *st, const kvr_store_io_t *io,
         const uint8_t *data;
         uint64_t len;
         kvr_error_t miss;
-        prefetch_next(st, io, c);
+        read_ahead(st, io, c); /* the first time: c + 1 while c is read */
         if (kvr__store_ref(st, &key, &data, &len, &miss) != KVR_OK)
             break; /* a miss or a corrupt chunk ends the hit */
+        read_ahead(st, io, c);
         s = scatter(io, &x, c, data, len, err);
         if (s == KVR_OK) {
             *tokens = (c + 1) * io->chunk;
@@ -484,5 +485,6 @@ kvr_status_t kvr_store_load(kvr_store_t *st, const kvr_store_io_t *io,
         }
     }
     load_end(&x);
+    kvr__store_ahead_drop(st); /* past a miss: reads nobody will take */
     return s;
 }

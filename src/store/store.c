@@ -3,6 +3,7 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <pthread.h>
 #include <signal.h>
 #include <sodium.h>
 #include <stdio.h>
@@ -122,6 +123,107 @@ static kvr__entry_t *host_insert(kvr_store_t *st, const kvr_chunk_key_t *key,
     return e;
 }
 
+/* ---- read-ahead ---------------------------------------------------------- */
+
+/* The thread's own view of the store: the directory, its slot's io_uring,
+ * whether O_DIRECT works, and one spare buffer; nothing it shares. */
+struct kvr__ahead {
+    kvr_store_t io;
+    kvr_chunk_key_t key;
+    uint8_t *data;
+    uint64_t len;
+    uint8_t sum[KVR_STORE_SUM_BYTES];
+    kvr_status_t status;
+    kvr_error_t err;
+    pthread_t tid;
+};
+
+static void *ahead_main(void *arg)
+{
+    kvr__ahead_t *a = arg;
+    a->status = kvr__disk_read(&a->io, &a->key, &a->data, &a->len, a->sum,
+                               &a->err);
+    return NULL;
+}
+
+/* Joins slot i; its result stays in it. */
+static kvr__ahead_t *ahead_join(kvr_store_t *st, unsigned i)
+{
+    kvr__ahead_t *a = st->ahead[i];
+    st->ahead[i] = NULL;
+    pthread_join(a->tid, NULL);
+    st->direct = st->direct && a->io.direct; /* it found O_DIRECT refused */
+    if (a->io.spare[0] != NULL) /* its spare was not the right size */
+        keep_spare(st, a->io.spare[0], a->io.spare_len[0]);
+    return a;
+}
+
+void kvr__store_ahead_drop(kvr_store_t *st)
+{
+    for (unsigned i = 0; i < KVR__AHEAD; i++)
+        if (st->ahead[i] != NULL) {
+            kvr__ahead_t *a = ahead_join(st, i);
+            free(a->data);
+            free(a);
+        }
+}
+
+void kvr__store_read_ahead(kvr_store_t *st, const kvr_chunk_key_t *key)
+{
+    unsigned slot = KVR__AHEAD;
+    for (unsigned i = 0; i < KVR__AHEAD; i++) {
+        if (st->ahead[i] != NULL &&
+            memcmp(&st->ahead[i]->key, key, sizeof *key) == 0)
+            return; /* on its way */
+        if (st->ahead[i] == NULL && slot == KVR__AHEAD)
+            slot = i;
+    }
+    if (st->dir == NULL || slot == KVR__AHEAD || find(st, key) != NULL)
+        return;
+    kvr__ahead_t *a = calloc(1, sizeof *a);
+    if (a == NULL)
+        return; /* a hint: the load reads it itself */
+    if (st->ring != NULL && st->ahead_ring[slot] == NULL)
+        st->ahead_ring[slot] = kvr__disk_ring_new();
+    a->io.dir_fd = st->dir_fd;
+    a->io.ring = st->ring != NULL ? st->ahead_ring[slot] : NULL;
+    a->io.direct = st->direct;
+    a->key = *key;
+    if (st->last_len > 0) { /* chunks of a request are alike */
+        a->io.spare[0] = kvr__store_alloc(st, st->last_len);
+        a->io.spare_len[0] = st->last_len;
+    }
+    if (pthread_create(&a->tid, NULL, ahead_main, a) != 0) {
+        free(a->io.spare[0]);
+        free(a);
+        return;
+    }
+    st->ahead[slot] = a;
+}
+
+/* The result of a read-ahead of key, when one was started: true with
+ * *s (and on success the buffer) filled. */
+static bool ahead_take(kvr_store_t *st, const kvr_chunk_key_t *key,
+                       kvr_status_t *s, uint8_t **buf, uint64_t *len,
+                       uint8_t *sum, kvr_error_t *err)
+{
+    for (unsigned i = 0; i < KVR__AHEAD; i++) {
+        if (st->ahead[i] == NULL ||
+            memcmp(&st->ahead[i]->key, key, sizeof *key) != 0)
+            continue;
+        kvr__ahead_t *a = ahead_join(st, i);
+        *s = a->status;
+        *buf = a->data;
+        *len = a->len;
+        memcpy(sum, a->sum, KVR_STORE_SUM_BYTES);
+        if (a->status != KVR_OK && err != NULL)
+            *err = a->err;
+        free(a);
+        return true;
+    }
+    return false;
+}
+
 /* ---- open, scan, close ------------------------------------------------- */
 
 /* Whether the process that wrote temp file ".tmp-<pid>-..." is gone (or
@@ -214,7 +316,7 @@ void kvr_store_close(kvr_store_t *st)
     while (st->head != NULL)
         drop_entry(st, st->head);
     if (st->dir != NULL)
-        kvr__disk_close(st);
+        kvr__disk_close(st); /* joins the read-ahead */
     for (int i = 0; i < KVR__SPARES; i++)
         free(st->spare[i]);
     free(st->spill);
@@ -307,9 +409,13 @@ kvr_status_t kvr__store_ref(kvr_store_t *st, const kvr_chunk_key_t *key,
         push_front(st, e);
         st->stats.host_hits++;
     } else if (st->dir != NULL) {
-        uint8_t *buf, sum[KVR_STORE_SUM_BYTES];
-        uint64_t n;
-        kvr_status_t s = kvr__disk_read(st, key, &buf, &n, sum, err);
+        uint8_t *buf = NULL, sum[KVR_STORE_SUM_BYTES];
+        uint64_t n = 0;
+        kvr_status_t s;
+        if (!ahead_take(st, key, &s, &buf, &n, sum, err))
+            s = kvr__disk_read(st, key, &buf, &n, sum, err);
+        if (s == KVR_OK)
+            st->last_len = n;
         if (s != KVR_OK) {
             st->stats.misses++;
             if (s == KVR_ERR_VERIFY)

@@ -19,6 +19,7 @@
 #define KVR__SPARES 4
 #define KVR__LEAF (4ull << 20) /* checksum leaf */
 #define KVR__HASH_THREADS 8u
+#define KVR__AHEAD 2u /* chunks of a load read and checked ahead */
 /* checksum kinds: how the leaves are hashed (header offset 12) */
 #define KVR__SUM_BLAKE2B 0u    /* BLAKE2b-256 (libsodium) */
 #define KVR__SUM_POLY1305 1u   /* Poly1305 under a fixed public key */
@@ -35,6 +36,10 @@ typedef struct kvr__entry {
     uint8_t sum[KVR_STORE_SUM_BYTES];
     struct kvr__entry *prev, *next;
 } kvr__entry_t;
+
+/* A chunk read and checked on a thread while the load scatters earlier
+ * ones (store.c). */
+typedef struct kvr__ahead kvr__ahead_t;
 
 struct kvr_store {
     kvr_store_opts_t opts;
@@ -53,6 +58,9 @@ struct kvr_store {
      * a full tier saves into memory already faulted in */
     uint8_t *spare[KVR__SPARES];
     uint64_t spare_len[KVR__SPARES];
+    kvr__ahead_t *ahead[KVR__AHEAD]; /* in flight, or NULL */
+    void *ahead_ring[KVR__AHEAD];    /* each read-ahead slot's io_uring */
+    uint64_t last_len;               /* the last chunk read from disk */
 };
 
 /* chunk.c: names, header and checksum */
@@ -97,10 +105,10 @@ kvr_status_t kvr__disk_read(kvr_store_t *st, const kvr_chunk_key_t *key,
                             uint8_t **data, uint64_t *len,
                             uint8_t sum[KVR_STORE_SUM_BYTES], kvr_error_t *err);
 bool kvr__disk_has(kvr_store_t *st, const kvr_chunk_key_t *key);
-/* Asks the kernel to start reading a chunk file into the page cache (a
- * hint: nothing happens when it is absent), so the next chunk of a load
- * arrives while this one is checked and scattered. */
-void kvr__disk_prefetch(kvr_store_t *st, const kvr_chunk_key_t *key);
+/* An io_uring for a read-ahead thread (NULL without liburing or where the
+ * kernel refuses it: that thread uses pread), and its release. */
+void *kvr__disk_ring_new(void);
+void kvr__disk_ring_free(void *ring);
 /* Checks one chunk file at dirfd/name: its header names it and its size
  * matches, and with full its checksum. KVR_OK or why not in err. */
 kvr_status_t kvr__disk_check(int dirfd, const char *name, bool full,
@@ -121,6 +129,12 @@ kvr_status_t kvr__store_ref(kvr_store_t *st, const kvr_chunk_key_t *key,
                             const uint8_t **data, uint64_t *len,
                             kvr_error_t *err);
 bool kvr__store_in_host(kvr_store_t *st, const kvr_chunk_key_t *key);
+/* Starts reading and checking a chunk from disk on a thread (when it is on
+ * disk only, not already on its way, and a slot is free), so that the next
+ * kvr__store_ref of it finds it read; a load runs KVR__AHEAD chunks ahead
+ * of the one it scatters. drop joins and frees every read in flight. */
+void kvr__store_read_ahead(kvr_store_t *st, const kvr_chunk_key_t *key);
+void kvr__store_ahead_drop(kvr_store_t *st);
 /* A buffer of len bytes for a chunk (a spare of that size, else a new one
  * aligned to KVR__ALIGN for O_DIRECT; freed with free). */
 uint8_t *kvr__store_alloc(kvr_store_t *st, uint64_t len);
