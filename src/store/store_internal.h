@@ -4,6 +4,7 @@
 
 #include <stdint.h>
 
+#include "book.h" /* the conn layer's keyed tables */
 #include "kvrelay/store.h"
 
 #define KVR__CHUNK_MAGIC "KVRCHNK1"
@@ -142,5 +143,20 @@ uint8_t *kvr__store_alloc(kvr_store_t *st, uint64_t len);
 kvr_status_t kvr__store_put_owned(kvr_store_t *st, const kvr_chunk_key_t *key,
                                   uint8_t *data, uint64_t len,
                                   kvr_error_t *err);
+
+/* gens.c: the latest generation of each request, bounded. */
+typedef struct kvr__gens {
+    kvr__table_t t; /* bare request id -> generation */
+    uint8_t hkey[KVR__HKEY_BYTES];
+} kvr__gens_t;
+kvr_status_t kvr__gens_init(kvr__gens_t *g, size_t max, kvr_error_t *err);
+void kvr__gens_fini(kvr__gens_t *g);
+/* The request's latest generation, -1 when none is held. */
+int64_t kvr__gens_latest(const kvr__gens_t *g, const void *id, size_t len);
+/* Makes gen the request's latest: KVR_ERR_TABLE_FULL when a new request
+ * would exceed the bound. */
+kvr_status_t kvr__gens_set(kvr__gens_t *g, const void *id, size_t len,
+                           int64_t gen, kvr_error_t *err);
+void kvr__gens_drop(kvr__gens_t *g, const void *id, size_t len);
 
 #endif
