@@ -71,6 +71,7 @@ struct kvr_store_conn {
     int event_fd;
     kvr__gens_t save_gens, load_gens;
     wait_t *waits;
+    struct note *notes;
     uint64_t record_seq;
 };
 
@@ -227,18 +228,55 @@ static void drain_pairing(kvr_store_conn_t *c)
     } while (n == 4);
 }
 
+/* The first failure of a save whose quorum is still open: SAVED names it
+ * even when a later report completes the quorum. */
+typedef struct note {
+    struct note *next;
+    uint8_t id[KVR_REQ_ID_MAX];
+    size_t id_len;
+    int64_t gen;
+    char msg[KVR_ERROR_MSG_MAX];
+} note_t;
+
+static note_t **note_find(kvr_store_conn_t *c, const kvr_completion_id_t *op)
+{
+    note_t **pn = &c->notes;
+    while (*pn != NULL &&
+           ((*pn)->gen != op->generation || (*pn)->id_len != op->req_id_len ||
+            memcmp((*pn)->id, op->req_id, op->req_id_len) != 0))
+        pn = &(*pn)->next;
+    return pn;
+}
+
 /* Under mx: one part's outcome counts toward the PP quorum. */
 static void report_part(kvr_store_conn_t *c, const kvr_completion_id_t *op,
                         uint32_t part, kvr_status_t status, const char *msg)
 {
     kvr_quorum_result_t res;
     if (kvr_quorum_report(c->saves, op, part, status, &res, NULL) != KVR_OK ||
-        res.outcome != KVR_QUORUM_DONE)
+        res.outcome == KVR_QUORUM_IGNORED)
         return;
+    note_t **pn = note_find(c, op), *n = *pn;
+    if (res.outcome == KVR_QUORUM_PENDING) {
+        if (status != KVR_OK && n == NULL && (n = calloc(1, sizeof *n))) {
+            memcpy(n->id, op->req_id, op->req_id_len);
+            n->id_len = op->req_id_len;
+            n->gen = op->generation;
+            snprintf(n->msg, sizeof n->msg, "%s", msg);
+            *pn = n;
+        }
+        return;
+    }
     kvr_store_event_t ev = event_of(KVR_STORE_SAVED, op->req_id, op->req_id_len,
                                     op->generation, res.status,
-                                    res.status == KVR_OK ? NULL : msg);
+                                    res.status == KVR_OK ? NULL
+                                    : n != NULL          ? n->msg
+                                                         : msg);
     push_event(c, &ev);
+    if (n != NULL) {
+        *pn = n->next;
+        free(n);
+    }
 }
 
 /* ---- records of parts saved (remote_wait_ms) ------------------------------ */
@@ -540,6 +578,11 @@ static void free_conn(kvr_store_conn_t *c)
         wait_t *w = c->waits;
         c->waits = w->next;
         free(w);
+    }
+    while (c->notes != NULL) {
+        struct note *n = c->notes;
+        c->notes = n->next;
+        free(n);
     }
     free(c->regions);
     free(c);
