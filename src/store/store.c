@@ -73,7 +73,7 @@ static void keep_spare(kvr_store_t *st, uint8_t *data, uint64_t len)
     free(data);
 }
 
-uint8_t *kvr__store_alloc(kvr_store_t *st, uint64_t len)
+static uint8_t *take_spare(kvr_store_t *st, uint64_t len)
 {
     for (int i = 0; i < KVR__SPARES; i++)
         if (st->spare[i] != NULL && st->spare_len[i] == len) {
@@ -81,8 +81,7 @@ uint8_t *kvr__store_alloc(kvr_store_t *st, uint64_t len)
             st->spare[i] = NULL;
             return b;
         }
-    void *b = NULL;
-    return posix_memalign(&b, KVR__ALIGN, len ? len : 1) == 0 ? b : NULL;
+    return NULL;
 }
 
 static void evict_tail(kvr_store_t *st)
@@ -94,6 +93,23 @@ static void evict_tail(kvr_store_t *st)
     drop_entry(st, e);
     keep_spare(st, data, len);
     st->stats.evictions++;
+}
+
+/* A full host tier evicts now what this chunk's insert would evict, so the
+ * chunk reuses a buffer already faulted in (same size: the chunks of a
+ * request are alike) instead of new memory the kernel must zero. */
+uint8_t *kvr__store_alloc(kvr_store_t *st, uint64_t len)
+{
+    uint8_t *b = take_spare(st, len);
+    while (b == NULL && st->tail != NULL && len <= st->opts.host_bytes &&
+           st->stats.host_bytes + len > st->opts.host_bytes) {
+        evict_tail(st);
+        b = take_spare(st, len);
+    }
+    void *fresh = NULL;
+    if (b == NULL && posix_memalign(&fresh, KVR__ALIGN, len ? len : 1) == 0)
+        b = fresh;
+    return b;
 }
 
 /* Takes data; a chunk larger than the whole tier (or with no memory for
