@@ -69,7 +69,9 @@ kvr_status_t kvr_store_open(const kvr_store_opts_t *opts, kvr_store_t **out,
                             kvr_error_t *err);
 void kvr_store_close(kvr_store_t *st);
 void kvr_store_stats(const kvr_store_t *st, kvr_store_stats_t *out);
-/* "host+disk (uring)" or similar: what the store runs with. */
+/* What the store runs with: "host" (no directory), or its disk I/O:
+ * "io_uring+O_DIRECT", "io_uring", "pread/pwrite+O_DIRECT", "pread/pwrite"
+ * (docs/store.md "Tiers"). */
 const char *kvr_store_backend(const kvr_store_t *st);
 
 /* Raw chunks. put copies len payload bytes into the host tier (LRU) and,

@@ -1,5 +1,6 @@
-/* Chunk files (docs/store.md): an 80-byte header naming the chunk, the
- * payload, and the chunk's BLAKE2b checksum. */
+/* Chunk files (docs/store.md): an 80-byte header naming the chunk (zero
+ * padded to 4096 bytes in format 2), the payload, and the chunk's BLAKE2b
+ * checksum tree. */
 #include <pthread.h>
 #include <sodium.h>
 #include <stdio.h>

@@ -247,8 +247,8 @@ static void test_blake2b512_leaves_are_libsodium_s(void **state)
 }
 
 /* A flipped byte in the first, a middle and the last leaf, and in the
- * stored checksum: each is a miss counted corrupt, for both kinds, read
- * with io_uring and O_DIRECT and with neither. */
+ * stored checksum: each is a miss counted corrupt, for every kind (the
+ * default read with io_uring and O_DIRECT and with neither). */
 static void test_flip_in_any_leaf_is_a_miss(void **state)
 {
     (void)state;
@@ -258,6 +258,8 @@ static void test_flip_in_any_leaf_is_a_miss(void **state)
     for (unsigned kind = 0; kind < KVR__SUM_KINDS; kind++)
         for (int mode = 0; mode < MODES; mode += 3) /* direct, cached */
             for (size_t i = 0; i < sizeof at / sizeof at[0]; i++, n++) {
+                if (mode != 0 && kind != KVR__SUM_DEFAULT)
+                    continue; /* the other kinds: one mode is enough */
                 kvr_chunk_key_t k = key_n(n);
                 kvr_store_t *st = open_with(kind, mode);
                 kvr_error_t err;
