@@ -281,6 +281,17 @@ static kvr_status_t gather(const kvr_store_io_t *io, const save_ctx_t *x,
     return s;
 }
 
+/* The outcome of the chunk written behind, if any, counted in *saved. */
+static kvr_status_t count_written(kvr_store_t *st, size_t *saved,
+                                  kvr_error_t *err)
+{
+    bool wrote = false;
+    kvr_status_t s = kvr__store_put_join(st, &wrote, err);
+    if (wrote && saved != NULL)
+        (*saved)++;
+    return s;
+}
+
 kvr_status_t kvr_store_save(kvr_store_t *st, const kvr_store_io_t *io,
                             size_t *saved, kvr_error_t *err)
 {
@@ -291,6 +302,8 @@ kvr_status_t kvr_store_save(kvr_store_t *st, const kvr_store_io_t *io,
         return s;
     save_ctx_t x = {0};
     s = save_begin(io, &x, err);
+    /* chunk c is gathered while chunk c - 1 is written on a thread; a
+     * failed write stops the save before c is written */
     for (size_t c = 0; s == KVR_OK && c < io->num_chains; c++) {
         kvr_chunk_key_t key = key_of(io, c);
         if (kvr_store_contains(st, &key))
@@ -306,16 +319,20 @@ kvr_status_t kvr_store_save(kvr_store_t *st, const kvr_store_io_t *io,
         }
         write_table(io, &x, buf);
         s = gather(io, &x, c, buf, err);
+        if (s == KVR_OK)
+            s = count_written(st, saved, err);
         if (s != KVR_OK) {
             free(buf);
             break;
         }
-        s = kvr__store_put_owned(st, &key, buf, len, err);
-        if (s == KVR_OK && saved)
+        bool now = false;
+        s = kvr__store_put_start(st, &key, buf, len, &now, err);
+        if (s == KVR_OK && now && saved != NULL)
             (*saved)++;
     }
+    kvr_status_t last = count_written(st, saved, s == KVR_OK ? err : NULL);
     save_end(&x);
-    return s;
+    return s == KVR_OK ? last : s;
 }
 
 /* ---- load ---------------------------------------------------------------- */

@@ -354,6 +354,18 @@ const char *kvr_store_backend(const kvr_store_t *st)
 
 /* ---- chunks -------------------------------------------------------------- */
 
+/* A chunk written (or kept in memory only): counted, and cached in the
+ * host tier or kept as the next chunk's buffer. Takes data. */
+static void put_done(kvr_store_t *st, const kvr_chunk_key_t *key,
+                     uint8_t *data, uint64_t len, const uint8_t *sum)
+{
+    st->stats.saved_bytes += len;
+    if (st->opts.host_bytes > 0)
+        (void)host_insert(st, key, data, len, sum); /* a cache: may drop */
+    else
+        keep_spare(st, data, len); /* the next chunk's buffer, faulted in */
+}
+
 kvr_status_t kvr__store_put_owned(kvr_store_t *st, const kvr_chunk_key_t *key,
                                   uint8_t *data, uint64_t len, kvr_error_t *err)
 {
@@ -372,12 +384,74 @@ kvr_status_t kvr__store_put_owned(kvr_store_t *st, const kvr_chunk_key_t *key,
             return s;
         }
     }
-    st->stats.saved_bytes += len;
-    if (st->opts.host_bytes > 0)
-        (void)host_insert(st, key, data, len, sum); /* a cache: may drop */
-    else
-        keep_spare(st, data, len); /* the next chunk's buffer, faulted in */
+    put_done(st, key, data, len, sum);
     return KVR_OK;
+}
+
+/* ---- write-behind ------------------------------------------------------ */
+
+/* One chunk written to disk on a thread while the save gathers the next.
+ * The thread uses the store's disk fields only (directory, io_uring, temp
+ * names, O_DIRECT); the caller touches none of them until it joins. */
+struct kvr__behind {
+    kvr_store_t *st;
+    kvr_chunk_key_t key;
+    uint8_t *data;
+    uint64_t len;
+    uint8_t sum[KVR_STORE_SUM_BYTES];
+    kvr_status_t status;
+    kvr_error_t err;
+    pthread_t tid;
+};
+
+static void *behind_main(void *arg)
+{
+    kvr__behind_t *b = arg;
+    b->status = kvr__disk_write(b->st, &b->key, b->data, b->len, b->sum,
+                                &b->err);
+    return NULL;
+}
+
+kvr_status_t kvr__store_put_start(kvr_store_t *st, const kvr_chunk_key_t *key,
+                                  uint8_t *data, uint64_t len, bool *now,
+                                  kvr_error_t *err)
+{
+    kvr__behind_t *b = st->dir != NULL && st->behind == NULL
+                           ? calloc(1, sizeof *b)
+                           : NULL;
+    *now = true;
+    if (b == NULL) /* host only, or no memory: write it now */
+        return kvr__store_put_owned(st, key, data, len, err);
+    *b = (kvr__behind_t){.st = st, .key = *key, .data = data, .len = len};
+    if (pthread_create(&b->tid, NULL, behind_main, b) != 0) {
+        free(b);
+        return kvr__store_put_owned(st, key, data, len, err);
+    }
+    st->behind = b;
+    *now = false;
+    return KVR_OK;
+}
+
+kvr_status_t kvr__store_put_join(kvr_store_t *st, bool *wrote,
+                                 kvr_error_t *err)
+{
+    kvr__behind_t *b = st->behind;
+    *wrote = false;
+    if (b == NULL)
+        return KVR_OK;
+    st->behind = NULL;
+    pthread_join(b->tid, NULL);
+    kvr_status_t s = b->status;
+    if (s == KVR_OK) {
+        put_done(st, &b->key, b->data, b->len, b->sum);
+        *wrote = true;
+    } else {
+        free(b->data);
+        if (err != NULL)
+            *err = b->err;
+    }
+    free(b);
+    return s;
 }
 
 kvr_status_t kvr_store_put(kvr_store_t *st, const kvr_chunk_key_t *key,

@@ -41,6 +41,8 @@ typedef struct kvr__entry {
 /* A chunk read and checked on a thread while the load scatters earlier
  * ones (store.c). */
 typedef struct kvr__ahead kvr__ahead_t;
+/* A chunk written on a thread while a save gathers the next (store.c). */
+typedef struct kvr__behind kvr__behind_t;
 
 struct kvr_store {
     kvr_store_opts_t opts;
@@ -62,6 +64,7 @@ struct kvr_store {
     kvr__ahead_t *ahead[KVR__AHEAD]; /* in flight, or NULL */
     void *ahead_ring[KVR__AHEAD];    /* each read-ahead slot's io_uring */
     uint64_t last_len;               /* the last chunk read from disk */
+    kvr__behind_t *behind;           /* a save's write in flight, or NULL */
 };
 
 /* chunk.c: names, header and checksum */
@@ -143,6 +146,16 @@ uint8_t *kvr__store_alloc(kvr_store_t *st, uint64_t len);
 kvr_status_t kvr__store_put_owned(kvr_store_t *st, const kvr_chunk_key_t *key,
                                   uint8_t *data, uint64_t len,
                                   kvr_error_t *err);
+/* The same, with the disk write on a thread (one at a time): start takes
+ * data and returns at once (*now false), or puts it now (*now true: no
+ * disk tier, or a write already in flight); join waits for the write in
+ * flight, if any, and gives its outcome (*wrote: a chunk was written).
+ * Nothing else may touch the store's disk tier between them. */
+kvr_status_t kvr__store_put_start(kvr_store_t *st, const kvr_chunk_key_t *key,
+                                  uint8_t *data, uint64_t len, bool *now,
+                                  kvr_error_t *err);
+kvr_status_t kvr__store_put_join(kvr_store_t *st, bool *wrote,
+                                 kvr_error_t *err);
 
 /* gens.c: the latest generation of each request, bounded. */
 typedef struct kvr__gens {
