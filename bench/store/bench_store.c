@@ -28,10 +28,10 @@
 #define LAYERS 78u
 #define TB 576u
 #define D 128u
-#define CACHE_NOTE                                                           \
-    "O_DIRECT for the store's payloads and the ceiling; the cached "        \
-    "variant reads cold (every file dropped from the page cache with "      \
-    "posix_fadvise DONTNEED after fsync). A VM's host may still cache its " \
+#define CACHE_NOTE                                                             \
+    "O_DIRECT for the store's payloads and the ceiling; the cached "           \
+    "variant reads cold (every file dropped from the page cache with "         \
+    "posix_fadvise DONTNEED after fsync). A VM's host may still cache its "    \
     "virtual disk."
 
 typedef struct side {
@@ -127,9 +127,9 @@ typedef struct variant {
 } variant_t;
 
 enum { V_DEFAULT, V_FAST, V_CACHED, V_COUNT };
-static const variant_t variants[V_COUNT] = {
-    {KVR__SUM_DEFAULT, false}, {KVR__SUM_POLY1305, false},
-    {KVR__SUM_DEFAULT, true}};
+static const variant_t variants[V_COUNT] = {{KVR__SUM_DEFAULT, false},
+                                            {KVR__SUM_POLY1305, false},
+                                            {KVR__SUM_DEFAULT, true}};
 
 typedef struct ctx {
     uint64_t tokens, chunk, bytes; /* bytes: canonical payload of the request */
@@ -206,8 +206,7 @@ static double time_host_load(ctx_t *c)
     kvr_store_io_t lio = io_of(c, &c->cons);
     uint64_t got = 0;
     double t0 = now_s();
-    if (kvr_store_load(c->warm, &lio, &got, &err) != KVR_OK ||
-        got != c->tokens)
+    if (kvr_store_load(c->warm, &lio, &got, &err) != KVR_OK || got != c->tokens)
         die("host load", &err);
     return now_s() - t0;
 }
@@ -312,10 +311,9 @@ static double time_seq_files(ctx_t *c, bool write)
     for (size_t i = 0; i < c->nchains; i++) {
         snprintf(tmp, sizeof tmp, ".tmp-ceiling-%zu", i);
         snprintf(name, sizeof name, "ceiling-%zu.bin", i);
-        int fd = openat(dfd, write ? tmp : name,
-                        (write ? O_WRONLY | O_CREAT | O_TRUNC : O_RDONLY) |
-                            O_DIRECT,
-                        0644);
+        int fd = openat(
+            dfd, write ? tmp : name,
+            (write ? O_WRONLY | O_CREAT | O_TRUNC : O_RDONLY) | O_DIRECT, 0644);
         if (fd < 0) {
             perror(name);
             exit(1);
@@ -326,8 +324,7 @@ static double time_seq_files(ctx_t *c, bool write)
                           : pread(fd, buf + body, c->slot - body, body);
         if (r < (ssize_t)(c->file - body) ||
             (write && (ftruncate(fd, c->file) != 0 || fsync(fd) != 0 ||
-                       renameat(dfd, tmp, dfd, name) != 0 ||
-                       fsync(dfd) != 0)))
+                       renameat(dfd, tmp, dfd, name) != 0 || fsync(dfd) != 0)))
             perror("ceiling tail/fsync/rename");
         close(fd);
     }
@@ -411,14 +408,11 @@ static double measure(ctx_t *c, measure_t m)
 /* Store measure over ceiling measure, per rep (side by side). The host
  * measures' ceiling is the mean of the memcpy just before and just after
  * each of them. */
-static const int pairs[][2] = {{M_HOST_SAVE, M_MEMCPY},
-                               {M_HOST_LOAD, M_MEMCPY},
-                               {M_DISK_SAVE, M_SEQ_WRITE},
-                               {M_DISK_LOAD, M_SEQ_READ},
-                               {M_DISK_SAVE_FAST, M_SEQ_WRITE},
-                               {M_DISK_LOAD_FAST, M_SEQ_READ},
-                               {M_DISK_SAVE_CACHED, M_SEQ_WRITE},
-                               {M_DISK_LOAD_CACHED, M_SEQ_READ}};
+static const int pairs[][2] = {
+    {M_HOST_SAVE, M_MEMCPY},           {M_HOST_LOAD, M_MEMCPY},
+    {M_DISK_SAVE, M_SEQ_WRITE},        {M_DISK_LOAD, M_SEQ_READ},
+    {M_DISK_SAVE_FAST, M_SEQ_WRITE},   {M_DISK_LOAD_FAST, M_SEQ_READ},
+    {M_DISK_SAVE_CACHED, M_SEQ_WRITE}, {M_DISK_LOAD_CACHED, M_SEQ_READ}};
 #define NPAIRS (sizeof pairs / sizeof pairs[0])
 
 static json_t *spread(double *v, int n, const char *unit)
@@ -555,9 +549,9 @@ static json_t *run_case(ctx_t *c, int reps, const char *only)
     }
     fprintf(stderr, "\r%80s\r", "");
     json_t *res = case_json(c, &S);
-    json_object_set_new(res, "load_average_1min",
-                        json_pack("{s:f,s:f}", "start", load_start, "end",
-                                  load1()));
+    json_object_set_new(
+        res, "load_average_1min",
+        json_pack("{s:f,s:f}", "start", load_start, "end", load1()));
     printf("      load average %.1f -> %.1f\n", load_start, load1());
     for (int m = 0; m < M_COUNT; m++)
         free(S.gbs[m]);
@@ -653,11 +647,10 @@ int main(int argc, char **argv)
             "{s:s,s:s,s:s,s:i,s:i,s:i,s:i,s:i,s:s,s:i,s:i,s:s,s:I,s:o}",
             "bench", "store", "cache", CACHE_NOTE, "layout",
             "78 layers MLA 576 B/token, index D=128 every third layer",
-            "block_size", BS, "layers", LAYERS, "token_bytes", TB,
-            "index_dim", D, "request_tokens", (int)tokens, "disk_backend",
-            backend, "reps", reps, "host_rounds_per_rep", HOST_PER_REP, "dir",
-            dir, "cpus", (json_int_t)sysconf(_SC_NPROCESSORS_ONLN), "cases",
-            arr);
+            "block_size", BS, "layers", LAYERS, "token_bytes", TB, "index_dim",
+            D, "request_tokens", (int)tokens, "disk_backend", backend, "reps",
+            reps, "host_rounds_per_rep", HOST_PER_REP, "dir", dir, "cpus",
+            (json_int_t)sysconf(_SC_NPROCESSORS_ONLN), "cases", arr);
         if (json_dump_file(root, out, JSON_INDENT(1)) != 0)
             fprintf(stderr, "bench_store: cannot write %s\n", out);
         json_decref(root);

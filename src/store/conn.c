@@ -317,8 +317,8 @@ static void record_write(kvr_store_conn_t *c, const kvr_store_event_t *ev)
     if (!records_on(c) || is_head(c))
         return;
     char name[160], tmp[200], text[KVR_ERROR_MSG_MAX + 64];
-    record_name(c, ev->request, ev->request_len, ev->generation, ev->part,
-                name, sizeof name);
+    record_name(c, ev->request, ev->request_len, ev->generation, ev->part, name,
+                sizeof name);
     snprintf(tmp, sizeof tmp, ".tmp-%ld-r%" PRIu64 "-%s", (long)getpid(),
              c->record_seq++, name);
     int n = snprintf(text, sizeof text, "%d %" PRIu64 " %" PRIu64 "\n%s",
@@ -373,8 +373,10 @@ static void poll_waits(kvr_store_conn_t *c)
                 if (now < w->deadline_ns)
                     continue;
                 st = KVR_ERR_TIMEOUT;
-                snprintf(msg, sizeof msg, "part %u recorded no save within "
-                         "%u ms", p, c->prm.remote_wait_ms);
+                snprintf(msg, sizeof msg,
+                         "part %u recorded no save within "
+                         "%u ms",
+                         p, c->prm.remote_wait_ms);
             }
             w->missing &= ~(1ull << p);
             report_part(c, &op, p, st, msg);
@@ -662,8 +664,8 @@ static kvr_status_t stale(const kvr__gens_t *g, kvr_error_t *err,
         return kvr_error_set(err, KVR_ERR_EXISTS, "%s %s: already declared",
                              what, repr);
     return kvr_error_set(err, KVR_ERR_CANCELED,
-                         "%s %s: superseded by generation %" PRId64, what,
-                         repr, latest);
+                         "%s %s: superseded by generation %" PRId64, what, repr,
+                         latest);
 }
 
 /* Under mx: the generation becomes the request's latest, the save is

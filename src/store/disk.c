@@ -148,8 +148,7 @@ static kvr_status_t reap_piece(uring_xfer_t *x, uint64_t i, int res,
     if (res < 0)
         return kvr_error_set(err, KVR_ERR_IO, "%s at %llu: %s",
                              x->dir == IO_WRITE ? "write" : "read",
-                             (unsigned long long)(x->off + at),
-                             strerror(-res));
+                             (unsigned long long)(x->off + at), strerror(-res));
     kvr_status_t s = KVR_OK;
     if ((uint64_t)res < want)
         s = plain_io(x->fd, x->dir, x->buf + at + res, want - res,
@@ -162,8 +161,8 @@ static kvr_status_t reap_piece(uring_xfer_t *x, uint64_t i, int res,
             x->low++;
         if (x->sum != NULL) /* never past len: the payload's tail may
                                still be on its way (read_tail) */
-            kvr__sum_ready(x->sum, x->low == x->pieces ? x->len
-                                                       : x->low * PIECE);
+            kvr__sum_ready(x->sum,
+                           x->low == x->pieces ? x->len : x->low * PIECE);
     }
     return s;
 }
@@ -201,8 +200,12 @@ static kvr_status_t uring_xfer(struct io_uring *ring, int fd, io_dir_t dir,
                                uint8_t *buf, uint64_t len, uint64_t off,
                                kvr__sum_t *sum, kvr_error_t *err)
 {
-    uring_xfer_t x = {.fd = fd, .dir = dir, .buf = buf, .len = len,
-                      .off = off, .pieces = (len + PIECE - 1) / PIECE,
+    uring_xfer_t x = {.fd = fd,
+                      .dir = dir,
+                      .buf = buf,
+                      .len = len,
+                      .off = off,
+                      .pieces = (len + PIECE - 1) / PIECE,
                       .sum = sum};
     if (dir == IO_READ) {
         x.done = calloc(x.pieces, 1);
@@ -256,7 +259,7 @@ static kvr_status_t do_io(kvr_store_t *st, int fd, io_dir_t dir, void *buf,
 }
 
 kvr_status_t kvr__disk_xfer(kvr_store_t *st, int fd, bool write, void *buf,
-                           uint64_t len, uint64_t off, kvr_error_t *err)
+                            uint64_t len, uint64_t off, kvr_error_t *err)
 {
     return do_io(st, fd, write ? IO_WRITE : IO_READ, buf, len, off, true, NULL,
                  err);
@@ -362,8 +365,8 @@ static kvr_status_t write_file(kvr_store_t *st, int fd, const uint8_t *header,
     kvr__sum_t *job = kvr__sum_start(header, data, len, true);
     kvr_status_t s = plain_io(fd, IO_WRITE, frame, KVR__ALIGN, 0, err);
     if (s == KVR_OK)
-        s = do_io(st, fd, IO_WRITE, (void *)data, body, KVR__CHUNK_DATA,
-                  direct, job, err);
+        s = do_io(st, fd, IO_WRITE, (void *)data, body, KVR__CHUNK_DATA, direct,
+                  job, err);
     if (s != KVR_OK) {
         kvr__sum_abort(job);
         return s;
@@ -443,8 +446,10 @@ static kvr_status_t read_header(int fd, const char *name, uint64_t size,
 {
     uint8_t block[KVR__ALIGN];
     if (size < KVR__CHUNK_HEADER + KVR_STORE_SUM_BYTES)
-        return kvr_error_set(err, KVR_ERR_VERIFY, "chunk %s: truncated "
-                             "(%llu bytes)", name, (unsigned long long)size);
+        return kvr_error_set(err, KVR_ERR_VERIFY,
+                             "chunk %s: truncated "
+                             "(%llu bytes)",
+                             name, (unsigned long long)size);
     kvr_status_t s = plain_io(fd, IO_READ, block, KVR__CHUNK_HEADER, 0, err);
     if (s == KVR_OK)
         s = kvr__chunk_parse(block, key, len, err);
@@ -454,15 +459,19 @@ static kvr_status_t read_header(int fd, const char *name, uint64_t size,
     if (size < at + KVR_STORE_SUM_BYTES ||
         *len != size - at - KVR_STORE_SUM_BYTES ||
         (want != NULL && memcmp(key, want, sizeof *key) != 0))
-        return kvr_error_set(err, KVR_ERR_VERIFY, "chunk %s: header does not "
-                             "match its name or size", name);
+        return kvr_error_set(err, KVR_ERR_VERIFY,
+                             "chunk %s: header does not "
+                             "match its name or size",
+                             name);
     uint64_t pad = at - KVR__CHUNK_HEADER;
-    s = plain_io(fd, IO_READ, block + KVR__CHUNK_HEADER, pad,
-                 KVR__CHUNK_HEADER, err);
+    s = plain_io(fd, IO_READ, block + KVR__CHUNK_HEADER, pad, KVR__CHUNK_HEADER,
+                 err);
     for (uint64_t i = 0; s == KVR_OK && i < pad; i++)
         if (block[KVR__CHUNK_HEADER + i] != 0)
-            s = kvr_error_set(err, KVR_ERR_VERIFY, "chunk %s: header padding "
-                              "not zero at byte %llu", name,
+            s = kvr_error_set(err, KVR_ERR_VERIFY,
+                              "chunk %s: header padding "
+                              "not zero at byte %llu",
+                              name,
                               (unsigned long long)(KVR__CHUNK_HEADER + i));
     memcpy(header, block, KVR__CHUNK_HEADER);
     return s;

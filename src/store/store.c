@@ -356,8 +356,8 @@ const char *kvr_store_backend(const kvr_store_t *st)
 
 /* A chunk written (or kept in memory only): counted, and cached in the
  * host tier or kept as the next chunk's buffer. Takes data. */
-static void put_done(kvr_store_t *st, const kvr_chunk_key_t *key,
-                     uint8_t *data, uint64_t len, const uint8_t *sum)
+static void put_done(kvr_store_t *st, const kvr_chunk_key_t *key, uint8_t *data,
+                     uint64_t len, const uint8_t *sum)
 {
     st->stats.saved_bytes += len;
     if (st->opts.host_bytes > 0)
@@ -432,8 +432,7 @@ kvr_status_t kvr__store_put_start(kvr_store_t *st, const kvr_chunk_key_t *key,
     return KVR_OK;
 }
 
-kvr_status_t kvr__store_put_join(kvr_store_t *st, bool *wrote,
-                                 kvr_error_t *err)
+kvr_status_t kvr__store_put_join(kvr_store_t *st, bool *wrote, kvr_error_t *err)
 {
     kvr__behind_t *b = st->behind;
     *wrote = false;

@@ -22,9 +22,10 @@
 #define KVR__HASH_THREADS 8u
 #define KVR__AHEAD 2u /* chunks of a load read and checked ahead */
 /* checksum kinds: how the leaves are hashed (header offset 12) */
-#define KVR__SUM_BLAKE2B 0u    /* BLAKE2b-256 (libsodium) */
-#define KVR__SUM_POLY1305 1u   /* Poly1305 under a fixed public key */
-#define KVR__SUM_BLAKE2B512 2u /* BLAKE2b-512 (OpenSSL's when built with
+#define KVR__SUM_BLAKE2B 0u  /* BLAKE2b-256 (libsodium) */
+#define KVR__SUM_POLY1305 1u /* Poly1305 under a fixed public key */
+#define KVR__SUM_BLAKE2B512                                                    \
+    2u /* BLAKE2b-512 (OpenSSL's when built with
                                   it, else libsodium's: the same digest) */
 #define KVR__SUM_KINDS 3u
 #define KVR__SUM_DEFAULT KVR__SUM_BLAKE2B512 /* fast_checksum: POLY1305 */

@@ -232,8 +232,10 @@ static void on_quorum(demo_tally_t *t, FILE *out, const char *who, uint32_t r,
     q->saved = true;
     q->status = strcmp(status, "OK") == 0 ? KVR_OK : KVR_ERR_IO;
     if (q->status != KVR_OK)
-        fprintf(out, "  %-8s req-%u (generation %lld) not saved by every "
-                "stage: %s %s\n", who, r, gen, status, rest + used);
+        fprintf(out,
+                "  %-8s req-%u (generation %lld) not saved by every "
+                "stage: %s %s\n",
+                who, r, gen, status, rest + used);
 }
 
 bool demo_tally_line(demo_tally_t *t, FILE *out, const char *who,

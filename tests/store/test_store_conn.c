@@ -450,7 +450,8 @@ static void test_save_generations(void **state)
             if (gen == 1)
                 assert_int_equal(ev.status, KVR_OK);
             else if (ev.status != KVR_OK) /* queued when gen 1 came */
-                assert_non_null(strstr(ev.message, "superseded by generation 1"));
+                assert_non_null(
+                    strstr(ev.message, "superseded by generation 1"));
             old = gen == 0 ? ev.status : old;
         } else if (ev.kind == KVR_STORE_SAVED) {
             assert_int_equal(parts[gen], 4); /* its own four parts */
@@ -654,10 +655,8 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_load_quorum_corrupt_and_namespace,
                                         setup, teardown),
         cmocka_unit_test_setup_teardown(test_full_disk, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_save_generations, setup,
-                                        teardown),
-        cmocka_unit_test_setup_teardown(test_load_generations, setup,
-                                        teardown),
+        cmocka_unit_test_setup_teardown(test_save_generations, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_load_generations, setup, teardown),
         cmocka_unit_test_setup_teardown(test_quorum_through_records, setup,
                                         teardown),
         cmocka_unit_test(test_bad_params),

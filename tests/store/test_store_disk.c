@@ -363,8 +363,8 @@ static void test_direct_and_its_fallback(void **state)
         kvr_chunk_key_t k = key_n(700 + (uint32_t)refuse);
         kvr_store_t *st = open_with(KVR__SUM_DEFAULT, 0);
         if (refuse)
-            assert_int_equal(
-                kvr_failpoint_arm("store-no-odirect", "", &err), KVR_OK);
+            assert_int_equal(kvr_failpoint_arm("store-no-odirect", "", &err),
+                             KVR_OK);
         assert_int_equal(kvr_store_put(st, &k, data, LEN, &err), KVR_OK);
         kvr_failpoint_disarm_all();
         assert_int_equal(st->direct, !refuse);
@@ -438,8 +438,8 @@ static void test_version1_reads_and_padding_checked(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test_setup_teardown(test_kinds_and_modes_round_trip,
-                                        setup, teardown),
+        cmocka_unit_test_setup_teardown(test_kinds_and_modes_round_trip, setup,
+                                        teardown),
         cmocka_unit_test_setup_teardown(
             test_default_is_blake2b_uring_and_direct, setup, teardown),
         cmocka_unit_test_setup_teardown(test_pipelined_sum_matches, setup,
