@@ -69,7 +69,9 @@ kvr_status_t kvr_store_open(const kvr_store_opts_t *opts, kvr_store_t **out,
                             kvr_error_t *err);
 void kvr_store_close(kvr_store_t *st);
 void kvr_store_stats(const kvr_store_t *st, kvr_store_stats_t *out);
-/* "host+disk (uring)" or similar: what the store runs with. */
+/* What the store runs with: "host" (no directory), or its disk I/O:
+ * "io_uring+O_DIRECT", "io_uring", "pread/pwrite+O_DIRECT", "pread/pwrite"
+ * (docs/store.md "Tiers"). */
 const char *kvr_store_backend(const kvr_store_t *st);
 
 /* Raw chunks. put copies len payload bytes into the host tier (LRU) and,
@@ -175,6 +177,15 @@ typedef struct kvr_store_conn_params {
                                           rank's; layers past the last part
                                           (consumer-only) are never loaded */
     size_t num_regions;
+    uint32_t remote_wait_ms; /* parts held by other processes: 0: the engine
+                                forwards their outcomes
+                                (kvr_store_conn_part_saved); > 0: through
+                                the store's directory, which the stages
+                                share: a connector without part 0 records
+                                each part it saves there, the one with part
+                                0 (the PP head) reads and removes those
+                                records, and fails a part none recorded
+                                within this many ms of the save */
 } kvr_store_conn_params_t;
 
 typedef struct kvr_store_conn kvr_store_conn_t;
@@ -212,7 +223,15 @@ void kvr_store_conn_destroy(kvr_store_conn_t *c);
 /* A save of this process's parts of a request: its full chunks (one chain
  * each, kvr_store_chains) from src_blocks (the stage's block table, copied),
  * operation id (request, generation). Declares the save to the pairing at
- * once (the send is held from now on) and queues it for the worker. */
+ * once (the send is held from now on) and queues it for the worker.
+ * Generations (docs/store.md): a request saved again (preempted and
+ * prefilled again) comes with a higher generation; its saves of older
+ * generations still queued are dropped, each reported PART_SAVED and
+ * SAVED with KVR_ERR_CANCELED ("superseded"); one running finishes under
+ * its own id. A generation not above the request's latest is refused:
+ * KVR_ERR_EXISTS for the same one, KVR_ERR_CANCELED for an older one. Each
+ * part saved here is also recorded in the store's directory when other
+ * processes hold parts (remote_wait_ms). */
 typedef struct kvr_store_save_req {
     const void *request_id;
     size_t request_id_len;
@@ -265,6 +284,14 @@ kvr_status_t kvr_store_conn_load(kvr_store_conn_t *c,
                                  const kvr_store_load_req_t *req,
                                  uint64_t *tokens, uint64_t *bytes,
                                  kvr_error_t *err);
+/* A load's generation is its request's latest from then on: a load of an
+ * older generation (a late call for a request since preempted and
+ * admitted again) is refused with KVR_ERR_CANCELED and lands nothing.
+ * forget drops what the connector holds about a finished request (its
+ * latest save and load generations), so that its id may be used again;
+ * a producer's are dropped at RELEASE anyway. */
+kvr_status_t kvr_store_conn_forget(kvr_store_conn_t *c, const void *request_id,
+                                   size_t len, kvr_error_t *err);
 
 KVR_API_END
 #ifdef __cplusplus

@@ -12,7 +12,8 @@ Modules: ``layout`` (Layout, RegionDesc, RegionPair, Role and the DCP math),
 an engine worker embeds, any number of prefill and decode instances, callable
 from any thread), ``books`` (Quorum, Pairing, prefix hashes, offload keys),
 ``store`` (Store: the offload tier's chunks, saved and loaded through the
-planner).
+planner; StoreConnector: saves beside the transfer with send/save pairing,
+the PP quorum and generations).
 """
 
 from __future__ import annotations
@@ -32,8 +33,8 @@ from .layout import Axis, Layout, RegionDesc, RegionPair, Role, index_stride
 from .plan import (Plan, PlanSet, Request, check_coverage, check_coverage_pair,
                    layout_digest, plan, plan_pair, sources, verify_region,
                    verify_region_pair)
-from .store import (ChunkKey, Store, store_chains, store_namespace,
-                    store_verify)
+from .store import (ChunkKey, Store, StoreConnector, StoreEvent,
+                    store_chains, store_namespace, store_verify)
 from ._types import RUN_DTYPE
 
 __version__ = "0.1.0"
@@ -52,7 +53,8 @@ def library_version() -> "str | None":
 __all__ = [
     "Agent", "AgentRole", "Axis", "Capacity", "CapacityOption", "ChunkKey",
     "Diff", "OffloadDesc", "PairOutcome", "PairRelease", "Pairing", "Quorum",
-    "QuorumOutcome", "QuorumReport", "ReleaseKind", "Store", "aligned_prefix",
+    "QuorumOutcome", "QuorumReport", "ReleaseKind", "Store",
+    "StoreConnector", "StoreEvent", "aligned_prefix",
     "offload_key", "offload_namespace", "prefix_cached", "prefix_hashes",
     "store_chains", "store_namespace", "store_verify",
     "DumpRegion", "DumpRequest", "Inspection", "KvrelayError", "Layout",

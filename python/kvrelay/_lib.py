@@ -20,7 +20,7 @@ from . import _types as T
 LIB_ENV = "KVRELAY_LIB"
 _NAME = "libkvrelay.so"
 # what libkvrelay.so links from the system (Debian 12 package names)
-_RUNTIME_PACKAGES = "libsodium23 libjansson4 libucx0"
+_RUNTIME_PACKAGES = "libsodium23 libjansson4 libucx0 libssl3"
 
 
 def _candidates() -> List[Path]:
@@ -259,6 +259,20 @@ _PROTOTYPES: Dict[str, Tuple[Any, Sequence[Any]]] = {
         _int, [_P, ctypes.POINTER(T.StoreIO), ctypes.POINTER(_sz), _E]),
     "kvr_store_load": (
         _int, [_P, ctypes.POINTER(T.StoreIO), ctypes.POINTER(_u64), _E]),
+    "kvr_store_conn_create": (
+        _int, [ctypes.POINTER(T.StoreConnParams), ctypes.POINTER(_P), _E]),
+    "kvr_store_conn_destroy": (None, [_P]),
+    "kvr_store_conn_save": (_int, [_P, ctypes.POINTER(T.StoreSaveReq), _E]),
+    "kvr_store_conn_part_saved": (
+        _int, [_P, _P, _sz, ctypes.c_int64, ctypes.c_uint32, _int, _E]),
+    "kvr_store_conn_send_done": (_int, [_P, _P, _sz, _int, _E]),
+    "kvr_store_conn_poll": (_b, [_P, ctypes.POINTER(T.StoreEvent)]),
+    "kvr_store_conn_event_fd": (_int, [_P]),
+    "kvr_store_conn_load": (
+        _int, [_P, ctypes.POINTER(T.StoreLoadReq), ctypes.POINTER(_u64),
+               ctypes.POINTER(_u64), _E]),
+    "kvr_store_conn_forget": (_int, [_P, _P, _sz, _E]),
+    "kvr_store_event_name": (_s, [_int]),
     "kvr_agent_fd": (_int, [_P]),
 }
 

@@ -422,8 +422,72 @@ class StoreIO(ctypes.Structure):
     ]
 
 
+class StoreConnParams(ctypes.Structure):
+    _c_name_ = "kvr_store_conn_params_t"
+    _c_header_ = "kvrelay/store.h"
+    _fields_ = [
+        ("store", ctypes.c_void_p),
+        ("ns", ctypes.POINTER(_u8)),
+        ("block_size", _u32),
+        ("chunk", _u64),
+        ("lay", Layout),
+        ("parts", _u32),
+        ("part_ends", ctypes.POINTER(_u32)),
+        ("regions", ctypes.POINTER(StoreRegion)),
+        ("num_regions", _size),
+        ("remote_wait_ms", _u32),
+    ]
+
+
+class StoreEvent(ctypes.Structure):
+    _c_name_ = "kvr_store_event_t"
+    _c_header_ = "kvrelay/store.h"
+    _fields_ = [
+        ("kind", _int),
+        ("request", _u8 * REQ_ID_MAX),
+        ("request_len", _size),
+        ("generation", ctypes.c_int64),
+        ("part", _u32),
+        ("status", _int),
+        ("message", ctypes.c_char * ERROR_MSG_MAX),
+        ("bytes", _u64),
+        ("chunks", _u64),
+    ]
+
+
+class StoreSaveReq(ctypes.Structure):
+    _c_name_ = "kvr_store_save_req_t"
+    _c_header_ = "kvrelay/store.h"
+    _fields_ = [
+        ("request_id", ctypes.c_void_p),
+        ("request_id_len", _size),
+        ("generation", ctypes.c_int64),
+        ("chains", ctypes.POINTER(BlockHash)),
+        ("num_chains", _size),
+        ("src_blocks", ctypes.POINTER(_u32)),
+        ("num_src_blocks", _size),
+    ]
+
+
+class StoreLoadReq(ctypes.Structure):
+    _c_name_ = "kvr_store_load_req_t"
+    _c_header_ = "kvrelay/store.h"
+    _fields_ = [
+        ("request_id", ctypes.c_void_p),
+        ("request_id_len", _size),
+        ("generation", ctypes.c_int64),
+        ("chains", ctypes.POINTER(BlockHash)),
+        ("num_chains", _size),
+        ("dst_blocks", ctypes.POINTER(_u32)),
+        ("num_dst_blocks", _size),
+        ("rank", _u32),
+        ("max_tokens", _u64),
+    ]
+
+
 ALL = [Error, Layout, RegionDesc, RegionPair, Request, Run, InspectDiff,
        InspectResult, InspectOpts, WireTopo, WireId, LoopbackParams, AgentParams, AgentSend, AgentRecv,
        AgentEvent, AgentNotify, AgentReqStatus, CompletionId, QuorumParams,
        QuorumResult, PairingParams, Release, BlockHash, OffloadDesc, ChunkKey,
-       StoreOpts, StoreStats, StoreRegion, StoreIO]
+       StoreOpts, StoreStats, StoreRegion, StoreIO, StoreConnParams,
+       StoreEvent, StoreSaveReq, StoreLoadReq]

@@ -2,7 +2,11 @@
 namespace, the prefix hash chain and the PP part, in a bounded host tier
 over a disk directory, each checked against its BLAKE2b checksum; saves and
 loads go through the planner, so a chunk saved from any PP stage loads into
-any W, I and replication. Not thread-safe: one Store per thread."""
+any W, I and replication. Not thread-safe: one Store per thread.
+
+StoreConnector is the store connector: saves on a worker thread beside the
+transfer, with send/save pairing, the PP quorum of saves and generations,
+and loads with a quorum over the parts (thread-safe)."""
 
 from __future__ import annotations
 
@@ -13,7 +17,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 from . import _types as T
 from ._buffers import BufferLike, address_of
 from ._lib import BAD_FN, LIB
-from .books import OffloadDesc, _tokens
+from .books import OffloadDesc, RequestId, _bytes, _tokens
 from .errors import Status, check, invalid, new_error
 from .layout import Layout, RegionDesc
 from .plan import _u32_ptr, block_table
@@ -205,5 +209,154 @@ class Store:
         return n.value
 
 
-__all__ = ["ChunkKey", "Store", "store_chains", "store_namespace",
-           "store_verify"]
+def _hash_array(chains: Sequence[bytes]) -> Any:
+    hashes = (T.BlockHash * (len(chains) + 1))()
+    for i, c in enumerate(chains):
+        if len(c) != 32:
+            raise invalid(f"chain {i} of {len(c)} bytes, not 32")
+        hashes[i].bytes[:] = list(c)
+    return hashes
+
+
+@dataclass(frozen=True)
+class StoreEvent:
+    """kind: "PART_SAVED" (one part held here saved: bytes, chunks),
+    "SAVED" (every part answered: the PP quorum) or "RELEASE" (the
+    request's send and saves completed: free its sources)."""
+    kind: str
+    request: bytes
+    generation: int
+    part: int
+    status: int
+    message: str
+    bytes: int
+    chunks: int
+
+
+class StoreConnector:
+    """``StoreConnector(store, ns, block_size, chunk, layout, part_ends,
+    regions)``: part p of the producer holds layers [part_ends[p-1],
+    part_ends[p]); regions are this process's (desc, buffer) pairs, kept
+    alive here. remote_wait_ms > 0: the parts of other processes come from
+    their records in the store's directory (the connector holding part 0
+    counts the quorum). The store must outlive the connector."""
+
+    def __init__(self, store: Store, ns: bytes, block_size: int, chunk: int,
+                 layout: Layout, part_ends: Sequence[int],
+                 regions: Sequence[Tuple[RegionDesc, BufferLike]],
+                 remote_wait_ms: int = 0, writable: bool = True) -> None:
+        if len(ns) != T.STORE_NS_BYTES:
+            raise invalid(f"namespace of {len(ns)} bytes, not 16")
+        self._keep: List[Any] = [store]
+        regs = (T.StoreRegion * (len(regions) + 1))()
+        for i, (desc, buf) in enumerate(regions):
+            addr, size, k = address_of(buf, writable, f"region {i}")
+            if size < desc.nbytes:
+                raise invalid(f"region {i}: buffer of {size} bytes, the "
+                              f"region needs {desc.nbytes}")
+            regs[i] = T.StoreRegion(desc.to_c(), addr)
+            self._keep += [k, buf]
+        ends = (ctypes.c_uint32 * (len(part_ends) + 1))(*part_ends)
+        nsb = (ctypes.c_uint8 * T.STORE_NS_BYTES)(*ns)
+        prm = T.StoreConnParams(store._handle(), nsb, block_size, chunk,
+                                layout.to_c(), len(part_ends), ends, regs,
+                                len(regions), remote_wait_ms)
+        handle, err = ctypes.c_void_p(), new_error()
+        check(LIB.kvr_store_conn_create(ctypes.byref(prm),
+                                        ctypes.byref(handle),
+                                        ctypes.byref(err)), err)
+        self._h: Optional[ctypes.c_void_p] = handle
+
+    def close(self) -> None:
+        """Waits for the save in progress (queued ones are dropped)."""
+        h, self._h = self._h, None
+        if h:
+            LIB.kvr_store_conn_destroy(h)
+
+    def __del__(self) -> None:
+        if getattr(self, "_h", None):
+            self.close()
+
+    def __enter__(self) -> "StoreConnector":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _handle(self) -> ctypes.c_void_p:
+        if not self._h:
+            raise invalid("store connector is closed")
+        return self._h
+
+    def save(self, request: RequestId, generation: int,
+             chains: Sequence[bytes], src_blocks: Any) -> None:
+        """Queues the save of operation (request, generation); a newer
+        generation of a request drops its older saves still queued (they
+        end CANCELED), an older or repeated one is refused."""
+        rid, hashes = _bytes(request), _hash_array(chains)
+        table = block_table(src_blocks, "src_blocks")
+        r = T.StoreSaveReq(ctypes.cast(ctypes.c_char_p(rid), ctypes.c_void_p),
+                           len(rid), generation, hashes, len(chains),
+                           _u32_ptr(table), table.size)
+        err = new_error()
+        check(LIB.kvr_store_conn_save(self._handle(), ctypes.byref(r),
+                                      ctypes.byref(err)), err)
+
+    def part_saved(self, request: RequestId, generation: int, part: int,
+                   status: int = 0) -> None:
+        """A part held by another process reported its save."""
+        rid, err = _bytes(request), new_error()
+        check(LIB.kvr_store_conn_part_saved(self._handle(), rid, len(rid),
+                                            generation, part, status,
+                                            ctypes.byref(err)), err)
+
+    def send_done(self, request: RequestId, status: int = 0) -> None:
+        """The request's send finished (the agent's SENT or a failure)."""
+        rid, err = _bytes(request), new_error()
+        check(LIB.kvr_store_conn_send_done(self._handle(), rid, len(rid),
+                                           status, ctypes.byref(err)), err)
+
+    def poll(self) -> List[StoreEvent]:
+        """Every event queued now, oldest first."""
+        out: List[StoreEvent] = []
+        ev = T.StoreEvent()
+        while LIB.kvr_store_conn_poll(self._handle(), ctypes.byref(ev)):
+            out.append(StoreEvent(
+                LIB.kvr_store_event_name(ev.kind).decode(),
+                bytes(ev.request[:ev.request_len]), ev.generation, ev.part,
+                ev.status, ev.message.decode(errors="replace"), ev.bytes,
+                ev.chunks))
+        return out
+
+    def fileno(self) -> int:
+        """Readable while events are queued (for select/poll)."""
+        return int(LIB.kvr_store_conn_event_fd(self._handle()))
+
+    def load(self, request: RequestId, generation: int,
+             chains: Sequence[bytes], dst_blocks: Any, rank: int = 0,
+             max_tokens: Optional[int] = None) -> Tuple[int, int]:
+        """Loads the longest prefix present in every part into this rank's
+        regions: (tokens, chunk bytes read). A generation older than the
+        request's latest load is refused (ERR_CANCELED)."""
+        rid, hashes = _bytes(request), _hash_array(chains)
+        table = block_table(dst_blocks, "dst_blocks")
+        cap = (1 << 64) - 1 if max_tokens is None else max_tokens
+        r = T.StoreLoadReq(ctypes.cast(ctypes.c_char_p(rid), ctypes.c_void_p),
+                           len(rid), generation, hashes, len(chains),
+                           _u32_ptr(table), table.size, rank, cap)
+        tokens, nbytes, err = ctypes.c_uint64(), ctypes.c_uint64(), new_error()
+        check(LIB.kvr_store_conn_load(self._handle(), ctypes.byref(r),
+                                      ctypes.byref(tokens),
+                                      ctypes.byref(nbytes),
+                                      ctypes.byref(err)), err)
+        return tokens.value, nbytes.value
+
+    def forget(self, request: RequestId) -> None:
+        """Drops the request's latest save and load generations."""
+        rid, err = _bytes(request), new_error()
+        check(LIB.kvr_store_conn_forget(self._handle(), rid, len(rid),
+                                        ctypes.byref(err)), err)
+
+
+__all__ = ["ChunkKey", "Store", "StoreConnector", "StoreEvent",
+           "store_chains", "store_namespace", "store_verify"]

@@ -1,7 +1,8 @@
 """kvrelay.Store: raw chunks put/get on disk and host tiers, stats, a
 flipped byte as a miss named by store_verify, and a PP2 save through the
 planner loaded into W = 2 ranks (replicated and sharded index) checked
-byte-exact with verify_region; another namespace never hits."""
+byte-exact with verify_region; another namespace never hits; the store
+connector's pairing, PP quorum and generations."""
 
 import os
 
@@ -25,7 +26,8 @@ def test_put_get_stats_and_corruption(tmp_path):
     key = kv.ChunkKey(ns_of(), bytes(range(32)), part=1)
     data = np.arange(50000, dtype=np.uint8)
     with kv.Store(str(tmp_path), host_bytes=1 << 20) as st:
-        assert st.backend in ("io_uring", "pread/pwrite")
+        assert st.backend in ("io_uring+O_DIRECT", "io_uring",
+                              "pread/pwrite+O_DIRECT", "pread/pwrite")
         st.put(key, data)
         assert st.contains(key)
         assert st.get(key) == data.tobytes()
@@ -95,3 +97,58 @@ def test_save_pp2_load_w2(tmp_path, repl):
                                      sb, db)
                 assert st.load(ns_of(spec="x"), part, BS, CHUNK, chains, clay,
                                rank, mine, dst) == 0
+
+
+def wait_events(conn, n, timeout=10.0):
+    import select
+    import time
+    got, end = [], time.monotonic() + timeout
+    while len(got) < n and time.monotonic() < end:
+        select.select([conn], [], [], 0.05)
+        got += conn.poll()
+    assert len(got) >= n, got
+    return got
+
+
+def test_connector_generations_and_quorum(tmp_path):
+    tokens = np.arange(3000, 3000 + N, dtype=np.uint32)
+    chains = kv.store_chains(tokens, CHUNK)
+    ns = ns_of()
+    play = kv.Layout(block_size=BS, preshuffle=False)
+    regions, src = producer(play, [0, 1], tokens)
+    with kv.Store(str(tmp_path)) as st:
+        with kv.StoreConnector(st, ns, BS, CHUNK, play, [2, 4],
+                               regions) as conn:
+            conn.save("r", 0, chains, src)
+            conn.send_done("r")
+            ev = wait_events(conn, 2)  # the local save and the send: free
+            assert [(e.kind, e.part, e.status) for e in ev] == \
+                [("PART_SAVED", 0, 0), ("RELEASE", 0, 0)]
+            # part 1 belongs to another process: generation 1's report
+            # does not complete generation 0, generation 0's does
+            conn.part_saved("r", 1, 1)
+            assert conn.poll() == []
+            conn.part_saved("r", 0, 1)
+            ev = wait_events(conn, 1)
+            assert [(e.kind, e.generation) for e in ev] == [("SAVED", 0)]
+            with pytest.raises(kv.KvrelayError) as e:
+                conn.save("r", 0, chains, src)  # released: refused
+            conn.save("q", 3, chains, src)
+            with pytest.raises(kv.KvrelayError) as e:
+                conn.save("q", 2, chains, src)
+            assert e.value.name == "ERR_CANCELED"
+            assert "superseded by generation 3" in str(e.value)
+        clay = kv.Layout(block_size=BS, dcp_size=2, tp=2, preshuffle=False)
+        ndst = clay.num_dst_blocks(N)
+        mine = [(kv.RegionDesc.mla(clay, l, 576, ndst),
+                 np.zeros(kv.RegionDesc.mla(clay, l, 576, ndst).nbytes,
+                          np.uint8)) for l in range(2)]
+        dst = np.arange(ndst, dtype=np.uint32)
+        with kv.StoreConnector(st, ns, BS, CHUNK, clay, [2], mine) as conn:
+            tokens_loaded, nbytes = conn.load("r", 2, chains, dst)
+            assert tokens_loaded == len(chains) * CHUNK and nbytes > 0
+            with pytest.raises(kv.KvrelayError) as e:
+                conn.load("r", 1, chains, dst)
+            assert e.value.name == "ERR_CANCELED"
+            conn.forget("r")
+            assert conn.load("r", 1, chains, dst)[0] == tokens_loaded

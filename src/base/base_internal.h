@@ -37,7 +37,8 @@ static inline uint64_t kvr__get_le(const void *p, size_t n)
     X(BAD_BLOCKS, "bad-blocks")                                                \
     X(DIE_ASSIGN, "die-assign")                                                \
     X(REFUSE_OFFER, "refuse-offer")                                            \
-    X(STORE_ENOSPC, "store-enospc")
+    X(STORE_ENOSPC, "store-enospc")                                            \
+    X(STORE_NO_ODIRECT, "store-no-odirect")
 
 /* clang-format off */
 typedef enum {

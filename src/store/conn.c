@@ -1,10 +1,15 @@
 /* The store connector (docs/store.md "The store connector"): saves on a
  * worker thread beside the agent's transfer, send/save pairing, the PP
- * quorum of saves and the quorum over parts of a load. The books
- * (kvr_pairing, kvr_quorum) are not thread-safe: `mx` guards them and the
- * event queue; `store_mx` serialises the store, which is one-thread. */
+ * quorum of saves (parts of other processes forwarded, or read from their
+ * records in the store's directory), generations, and the quorum over
+ * parts of a load. The books (kvr_pairing, kvr_quorum, the generations)
+ * are not thread-safe: `mx` guards them, the queues and the waits;
+ * `store_mx` serialises the store, which is one-thread. */
 #include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
 #include <pthread.h>
+#include <sodium.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -14,6 +19,8 @@
 #include "store_internal.h"
 
 #define MAX_PARTS 64u
+#define MAX_REQUESTS 16384u /* requests whose generations are held */
+#define POLL_MS 5u          /* how often awaited records are looked for */
 
 typedef struct job {
     struct job *next;
@@ -30,6 +37,16 @@ typedef struct ev_node {
     struct ev_node *next;
     kvr_store_event_t ev;
 } ev_node_t;
+
+/* A save whose parts held by other processes are awaited as records. */
+typedef struct wait {
+    struct wait *next;
+    uint8_t id[KVR_REQ_ID_MAX];
+    size_t id_len;
+    int64_t gen;
+    uint64_t missing; /* bit per part not heard yet */
+    uint64_t deadline_ns;
+} wait_t;
 
 /* The regions of one part, as a slice of the sorted copy. */
 typedef struct part {
@@ -52,6 +69,10 @@ struct kvr_store_conn {
     kvr_quorum_t *saves, *loads;
     ev_node_t *evs, **evs_tail;
     int event_fd;
+    kvr__gens_t save_gens, load_gens;
+    wait_t *waits;
+    struct note *notes;
+    uint64_t record_seq;
 };
 
 const char *kvr_store_event_name(kvr_store_event_kind_t kind)
@@ -202,8 +223,29 @@ static void drain_pairing(kvr_store_conn_t *c)
                                             r[i].req_id_len, 0, r[i].status,
                                             NULL);
             push_event(c, &ev);
+            kvr__gens_drop(&c->save_gens, r[i].req_id, r[i].req_id_len);
         }
     } while (n == 4);
+}
+
+/* The first failure of a save whose quorum is still open: SAVED names it
+ * even when a later report completes the quorum. */
+typedef struct note {
+    struct note *next;
+    uint8_t id[KVR_REQ_ID_MAX];
+    size_t id_len;
+    int64_t gen;
+    char msg[KVR_ERROR_MSG_MAX];
+} note_t;
+
+static note_t **note_find(kvr_store_conn_t *c, const kvr_completion_id_t *op)
+{
+    note_t **pn = &c->notes;
+    while (*pn != NULL &&
+           ((*pn)->gen != op->generation || (*pn)->id_len != op->req_id_len ||
+            memcmp((*pn)->id, op->req_id, op->req_id_len) != 0))
+        pn = &(*pn)->next;
+    return pn;
 }
 
 /* Under mx: one part's outcome counts toward the PP quorum. */
@@ -212,12 +254,162 @@ static void report_part(kvr_store_conn_t *c, const kvr_completion_id_t *op,
 {
     kvr_quorum_result_t res;
     if (kvr_quorum_report(c->saves, op, part, status, &res, NULL) != KVR_OK ||
-        res.outcome != KVR_QUORUM_DONE)
+        res.outcome == KVR_QUORUM_IGNORED)
         return;
+    note_t **pn = note_find(c, op), *n = *pn;
+    if (res.outcome == KVR_QUORUM_PENDING) {
+        if (status != KVR_OK && n == NULL && (n = calloc(1, sizeof *n))) {
+            memcpy(n->id, op->req_id, op->req_id_len);
+            n->id_len = op->req_id_len;
+            n->gen = op->generation;
+            snprintf(n->msg, sizeof n->msg, "%s", msg);
+            *pn = n;
+        }
+        return;
+    }
     kvr_store_event_t ev = event_of(KVR_STORE_SAVED, op->req_id, op->req_id_len,
                                     op->generation, res.status,
-                                    res.status == KVR_OK ? NULL : msg);
+                                    res.status == KVR_OK ? NULL
+                                    : n != NULL          ? n->msg
+                                                         : msg);
     push_event(c, &ev);
+    if (n != NULL) {
+        *pn = n->next;
+        free(n);
+    }
+}
+
+/* ---- records of parts saved (remote_wait_ms) ------------------------------ */
+
+/* "<ns>-r<BLAKE2b-128 of the request id>-g<generation>-p<part>.kvp". */
+static void record_name(const kvr_store_conn_t *c, const uint8_t *id,
+                        size_t len, int64_t gen, uint32_t part, char *out,
+                        size_t cap)
+{
+    uint8_t h[16];
+    char ns[2 * KVR_STORE_NS_BYTES + 1], rh[2 * sizeof h + 1];
+    crypto_generichash(h, sizeof h, id, len, NULL, 0);
+    sodium_bin2hex(ns, sizeof ns, c->ns, KVR_STORE_NS_BYTES);
+    sodium_bin2hex(rh, sizeof rh, h, sizeof h);
+    snprintf(out, cap, "%s-r%s-g%" PRId64 "-p%u.kvp", ns, rh, gen, part);
+}
+
+/* With remote_wait_ms, the connector holding part 0 (the PP head, where
+ * the seed keeps the PP quorum) reads the records of the parts it does not
+ * hold; a connector without part 0 writes one for each part it saves. */
+static bool records_on(const kvr_store_conn_t *c)
+{
+    return c->prm.remote_wait_ms > 0 && c->prm.store->dir != NULL &&
+           c->local_parts < c->prm.parts;
+}
+
+static bool is_head(const kvr_store_conn_t *c)
+{
+    return c->part[0].count > 0;
+}
+
+/* Under mx: a part saved here, recorded for the process that counts the
+ * request's quorum (temp name, then rename: a record is whole or absent).
+ * Best effort: a record that cannot be written fails that part there at
+ * its deadline. */
+static void record_write(kvr_store_conn_t *c, const kvr_store_event_t *ev)
+{
+    if (!records_on(c) || is_head(c))
+        return;
+    char name[160], tmp[200], text[KVR_ERROR_MSG_MAX + 64];
+    record_name(c, ev->request, ev->request_len, ev->generation, ev->part, name,
+                sizeof name);
+    snprintf(tmp, sizeof tmp, ".tmp-%ld-r%" PRIu64 "-%s", (long)getpid(),
+             c->record_seq++, name);
+    int n = snprintf(text, sizeof text, "%d %" PRIu64 " %" PRIu64 "\n%s",
+                     (int)ev->status, ev->bytes, ev->chunks, ev->message);
+    int dfd = c->prm.store->dir_fd;
+    int fd = openat(dfd, tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+    if (fd < 0)
+        return;
+    bool ok = write(fd, text, (size_t)n) == n;
+    close(fd);
+    if (!ok || renameat(dfd, tmp, dfd, name) != 0)
+        unlinkat(dfd, tmp, 0);
+}
+
+/* Reads and removes the record of part p of w, if it is there yet. */
+static bool record_take(kvr_store_conn_t *c, const wait_t *w, uint32_t p,
+                        kvr_status_t *status, char *msg, size_t cap)
+{
+    char name[160], text[KVR_ERROR_MSG_MAX + 64];
+    record_name(c, w->id, w->id_len, w->gen, p, name, sizeof name);
+    int dfd = c->prm.store->dir_fd;
+    int fd = openat(dfd, name, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return false;
+    ssize_t n = read(fd, text, sizeof text - 1);
+    close(fd);
+    int code = (int)KVR_ERR_IO, used = 0;
+    text[n > 0 ? n : 0] = '\0';
+    if (sscanf(text, "%d %*u %*u\n%n", &code, &used) < 1)
+        snprintf(msg, cap, "part %u's record %s is unreadable", p, name);
+    else
+        snprintf(msg, cap, "%s", text + used);
+    *status = (kvr_status_t)code;
+    unlinkat(dfd, name, 0);
+    return true;
+}
+
+/* Under mx: every awaited part that recorded its save, or whose time is
+ * up, reports to the quorum; finished waits go. */
+static void poll_waits(kvr_store_conn_t *c)
+{
+    uint64_t now = kvr_now_ns();
+    for (wait_t **pw = &c->waits; *pw != NULL;) {
+        wait_t *w = *pw;
+        kvr_completion_id_t op = kvr_completion_op(w->id, w->id_len, w->gen);
+        for (uint32_t p = 0; p < c->prm.parts; p++) {
+            char msg[KVR_ERROR_MSG_MAX];
+            kvr_status_t st;
+            if (!(w->missing >> p & 1u))
+                continue;
+            if (!record_take(c, w, p, &st, msg, sizeof msg)) {
+                if (now < w->deadline_ns)
+                    continue;
+                st = KVR_ERR_TIMEOUT;
+                snprintf(msg, sizeof msg,
+                         "part %u recorded no save within "
+                         "%u ms",
+                         p, c->prm.remote_wait_ms);
+            }
+            w->missing &= ~(1ull << p);
+            report_part(c, &op, p, st, msg);
+        }
+        if (w->missing == 0) {
+            *pw = w->next;
+            free(w);
+        } else {
+            pw = &w->next;
+        }
+    }
+}
+
+/* Under mx: the parts of (request, generation) held elsewhere are awaited
+ * from their records. */
+static kvr_status_t add_wait(kvr_store_conn_t *c, const kvr_completion_id_t *op,
+                             kvr_error_t *err)
+{
+    if (!records_on(c) || !is_head(c))
+        return KVR_OK;
+    wait_t *w = calloc(1, sizeof *w);
+    if (w == NULL)
+        return kvr_error_set(err, KVR_ERR_NO_MEMORY, "store save: wait");
+    memcpy(w->id, op->req_id, op->req_id_len);
+    w->id_len = op->req_id_len;
+    w->gen = op->generation;
+    for (uint32_t p = 0; p < c->prm.parts; p++)
+        if (c->part[p].count == 0)
+            w->missing |= 1ull << p;
+    w->deadline_ns = kvr_now_ns() + (uint64_t)c->prm.remote_wait_ms * 1000000u;
+    w->next = c->waits;
+    c->waits = w;
+    return KVR_OK;
 }
 
 /* ---- the worker ------------------------------------------------------------ */
@@ -270,6 +462,7 @@ static void run_job(kvr_store_conn_t *c, const job_t *j)
         kvr_store_event_t ev = save_part(c, j, p);
         pthread_mutex_lock(&c->mx);
         push_event(c, &ev);
+        record_write(c, &ev);
         report_part(c, &op, p, ev.status, ev.message);
         pthread_mutex_unlock(&c->mx);
         if (first == KVR_OK)
@@ -291,13 +484,32 @@ static void free_job(job_t *j)
     free(j);
 }
 
+/* Under mx: sleeps until a job or stop comes, looking for awaited records
+ * every POLL_MS meanwhile. */
+static void idle(kvr_store_conn_t *c)
+{
+    while (!c->stop && c->jobs == NULL) {
+        if (c->waits == NULL) {
+            pthread_cond_wait(&c->cv, &c->mx);
+            continue;
+        }
+        struct timespec ts;
+        clock_gettime(CLOCK_MONOTONIC, &ts);
+        ts.tv_nsec += POLL_MS * 1000000L;
+        ts.tv_sec += ts.tv_nsec / 1000000000L;
+        ts.tv_nsec %= 1000000000L;
+        pthread_cond_timedwait(&c->cv, &c->mx, &ts);
+        poll_waits(c);
+    }
+}
+
 static void *worker_main(void *arg)
 {
     kvr_store_conn_t *c = arg;
     pthread_mutex_lock(&c->mx);
     for (;;) {
-        while (!c->stop && c->jobs == NULL)
-            pthread_cond_wait(&c->cv, &c->mx);
+        poll_waits(c);
+        idle(c);
         if (c->stop)
             break;
         job_t *j = c->jobs;
@@ -325,6 +537,10 @@ static kvr_status_t create_books(kvr_store_conn_t *c, kvr_error_t *err)
         s = kvr_quorum_create(&q, &c->loads, err);
     if (s == KVR_OK)
         s = kvr_pairing_create(&pp, &c->pairing, err);
+    if (s == KVR_OK)
+        s = kvr__gens_init(&c->save_gens, MAX_REQUESTS, err);
+    if (s == KVR_OK)
+        s = kvr__gens_init(&c->load_gens, MAX_REQUESTS, err);
     return s;
 }
 
@@ -335,7 +551,11 @@ static kvr_status_t start(kvr_store_conn_t *c, kvr_error_t *err)
         return kvr_error_set(err, KVR_ERR_IO, "eventfd: %s", strerror(errno));
     pthread_mutex_init(&c->mx, NULL);
     pthread_mutex_init(&c->store_mx, NULL);
-    pthread_cond_init(&c->cv, NULL);
+    pthread_condattr_t ca;
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+    pthread_cond_init(&c->cv, &ca);
+    pthread_condattr_destroy(&ca);
     int rc = pthread_create(&c->worker, NULL, worker_main, c);
     if (rc != 0) {
         pthread_cond_destroy(&c->cv);
@@ -354,6 +574,18 @@ static void free_conn(kvr_store_conn_t *c)
     kvr_pairing_destroy(c->pairing);
     kvr_quorum_destroy(c->saves);
     kvr_quorum_destroy(c->loads);
+    kvr__gens_fini(&c->save_gens);
+    kvr__gens_fini(&c->load_gens);
+    while (c->waits != NULL) {
+        wait_t *w = c->waits;
+        c->waits = w->next;
+        free(w);
+    }
+    while (c->notes != NULL) {
+        struct note *n = c->notes;
+        c->notes = n->next;
+        free(n);
+    }
     free(c->regions);
     free(c);
 }
@@ -418,6 +650,90 @@ void kvr_store_conn_destroy(kvr_store_conn_t *c)
 
 /* ---- producer calls --------------------------------------------------------- */
 
+/* What an operation whose generation is not above its request's latest
+ * gets: KVR_ERR_EXISTS for the same one, KVR_ERR_CANCELED for an older. */
+static kvr_status_t stale(const kvr__gens_t *g, kvr_error_t *err,
+                          const char *what, const kvr_completion_id_t *op,
+                          int64_t latest)
+{
+    kvr__view_t v;
+    char repr[KVR__REPR_MAX] = "?";
+    if (kvr__view_of(op, g->hkey, &v, NULL) == KVR_OK)
+        kvr__view_repr(&v, repr);
+    if (latest == op->generation)
+        return kvr_error_set(err, KVR_ERR_EXISTS, "%s %s: already declared",
+                             what, repr);
+    return kvr_error_set(err, KVR_ERR_CANCELED,
+                         "%s %s: superseded by generation %" PRId64, what, repr,
+                         latest);
+}
+
+/* Under mx: the generation becomes the request's latest, the save is
+ * declared to the pairing and, with remote_wait_ms, awaited from the
+ * other parts' records; nothing changes on failure. */
+static kvr_status_t admit_save(kvr_store_conn_t *c,
+                               const kvr_completion_id_t *op, kvr_error_t *err)
+{
+    int64_t latest = kvr__gens_latest(&c->save_gens, op->req_id,
+                                      op->req_id_len);
+    if (latest >= op->generation)
+        return stale(&c->save_gens, err, "save", op, latest);
+    kvr_status_t s = kvr__gens_set(&c->save_gens, op->req_id, op->req_id_len,
+                                   op->generation, err);
+    if (s == KVR_OK)
+        s = kvr_pairing_expect_save(c->pairing, op, err);
+    if (s == KVR_OK)
+        s = add_wait(c, op, err);
+    if (s == KVR_OK)
+        return KVR_OK;
+    if (latest >= 0) /* its slot is there: setting it cannot fail */
+        (void)kvr__gens_set(&c->save_gens, op->req_id, op->req_id_len, latest,
+                            NULL);
+    else
+        kvr__gens_drop(&c->save_gens, op->req_id, op->req_id_len);
+    return s;
+}
+
+/* Under mx: a queued save of an older generation of op's request ends
+ * without running: each part held here CANCELED, its pairing released. */
+static void cancel_job(kvr_store_conn_t *c, const job_t *j, int64_t by)
+{
+    kvr_completion_id_t old = kvr_completion_op(j->id, j->id_len, j->gen);
+    char msg[96];
+    snprintf(msg, sizeof msg, "superseded by generation %" PRId64, by);
+    for (uint32_t p = 0; p < c->prm.parts; p++) {
+        if (c->part[p].count == 0)
+            continue;
+        kvr_store_event_t ev = event_of(KVR_STORE_PART_SAVED, j->id, j->id_len,
+                                        j->gen, KVR_ERR_CANCELED, msg);
+        ev.part = p;
+        push_event(c, &ev);
+        record_write(c, &ev);
+        report_part(c, &old, p, KVR_ERR_CANCELED, msg);
+    }
+    kvr_pair_outcome_t out;
+    kvr_pairing_save_done(c->pairing, &old, KVR_ERR_CANCELED, &out, NULL);
+    drain_pairing(c);
+}
+
+static void supersede(kvr_store_conn_t *c, const kvr_completion_id_t *op)
+{
+    job_t **pj = &c->jobs, *last = NULL;
+    while (*pj != NULL) {
+        job_t *j = *pj;
+        if (j->id_len == op->req_id_len && j->gen < op->generation &&
+            memcmp(j->id, op->req_id, j->id_len) == 0) {
+            *pj = j->next;
+            cancel_job(c, j, op->generation);
+            free_job(j);
+            continue;
+        }
+        last = j;
+        pj = &j->next;
+    }
+    c->jobs_tail = last != NULL ? &last->next : &c->jobs;
+}
+
 static job_t *job_of(const kvr_store_save_req_t *r)
 {
     job_t *j = calloc(1, sizeof *j);
@@ -461,8 +777,9 @@ kvr_status_t kvr_store_conn_save(kvr_store_conn_t *c,
     if (j == NULL)
         return kvr_error_set(err, KVR_ERR_NO_MEMORY, "store save");
     pthread_mutex_lock(&c->mx);
-    s = kvr_pairing_expect_save(c->pairing, &op, err);
+    s = admit_save(c, &op, err);
     if (s == KVR_OK) {
+        supersede(c, &op);
         *c->jobs_tail = j;
         c->jobs_tail = &j->next;
         pthread_cond_signal(&c->cv);
@@ -575,6 +892,35 @@ static kvr_status_t load_parts(kvr_store_conn_t *c,
     return KVR_OK;
 }
 
+/* Under mx: a load's generation becomes its request's latest; an older
+ * one is refused. */
+static kvr_status_t admit_load(kvr_store_conn_t *c,
+                               const kvr_completion_id_t *op, kvr_error_t *err)
+{
+    int64_t latest = kvr__gens_latest(&c->load_gens, op->req_id,
+                                      op->req_id_len);
+    if (latest > op->generation)
+        return stale(&c->load_gens, err, "load", op, latest);
+    return kvr__gens_set(&c->load_gens, op->req_id, op->req_id_len,
+                         op->generation, err);
+}
+
+kvr_status_t kvr_store_conn_forget(kvr_store_conn_t *c, const void *request_id,
+                                   size_t len, kvr_error_t *err)
+{
+    if (c == NULL)
+        return kvr_error_set(err, KVR_ERR_INVALID, "store conn is NULL");
+    kvr_completion_id_t id = kvr_completion_req(request_id, len);
+    kvr_status_t s = kvr_completion_id_check(&id, err);
+    if (s != KVR_OK)
+        return s;
+    pthread_mutex_lock(&c->mx);
+    kvr__gens_drop(&c->save_gens, request_id, len);
+    kvr__gens_drop(&c->load_gens, request_id, len);
+    pthread_mutex_unlock(&c->mx);
+    return KVR_OK;
+}
+
 kvr_status_t kvr_store_conn_load(kvr_store_conn_t *c,
                                  const kvr_store_load_req_t *req,
                                  uint64_t *tokens, uint64_t *bytes,
@@ -586,6 +932,11 @@ kvr_status_t kvr_store_conn_load(kvr_store_conn_t *c,
     kvr_completion_id_t op = kvr_completion_op(
         req->request_id, req->request_id_len, req->generation);
     kvr_status_t s = kvr_completion_id_check(&op, err);
+    if (s != KVR_OK)
+        return s;
+    pthread_mutex_lock(&c->mx);
+    s = admit_load(c, &op, err);
+    pthread_mutex_unlock(&c->mx);
     if (s != KVR_OK)
         return s;
     size_t chains = req->num_chains;

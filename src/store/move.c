@@ -281,6 +281,17 @@ static kvr_status_t gather(const kvr_store_io_t *io, const save_ctx_t *x,
     return s;
 }
 
+/* The outcome of the chunk written behind, if any, counted in *saved. */
+static kvr_status_t count_written(kvr_store_t *st, size_t *saved,
+                                  kvr_error_t *err)
+{
+    bool wrote = false;
+    kvr_status_t s = kvr__store_put_join(st, &wrote, err);
+    if (wrote && saved != NULL)
+        (*saved)++;
+    return s;
+}
+
 kvr_status_t kvr_store_save(kvr_store_t *st, const kvr_store_io_t *io,
                             size_t *saved, kvr_error_t *err)
 {
@@ -291,6 +302,8 @@ kvr_status_t kvr_store_save(kvr_store_t *st, const kvr_store_io_t *io,
         return s;
     save_ctx_t x = {0};
     s = save_begin(io, &x, err);
+    /* chunk c is gathered while chunk c - 1 is written on a thread; a
+     * failed write stops the save before c is written */
     for (size_t c = 0; s == KVR_OK && c < io->num_chains; c++) {
         kvr_chunk_key_t key = key_of(io, c);
         if (kvr_store_contains(st, &key))
@@ -306,16 +319,20 @@ kvr_status_t kvr_store_save(kvr_store_t *st, const kvr_store_io_t *io,
         }
         write_table(io, &x, buf);
         s = gather(io, &x, c, buf, err);
+        if (s == KVR_OK)
+            s = count_written(st, saved, err);
         if (s != KVR_OK) {
             free(buf);
             break;
         }
-        s = kvr__store_put_owned(st, &key, buf, len, err);
-        if (s == KVR_OK && saved)
+        bool now = false;
+        s = kvr__store_put_start(st, &key, buf, len, &now, err);
+        if (s == KVR_OK && now && saved != NULL)
             (*saved)++;
     }
+    kvr_status_t last = count_written(st, saved, s == KVR_OK ? err : NULL);
     save_end(&x);
-    return s;
+    return s == KVR_OK ? last : s;
 }
 
 /* ---- load ---------------------------------------------------------------- */
@@ -442,15 +459,15 @@ static kvr_status_t scatter(const kvr_store_io_t *io, load_ctx_t *x, size_t c,
     return s;
 }
 
-/* The disk reads chunk c + 1 ahead while chunk c is checked and
- * scattered. */
-static void prefetch_next(kvr_store_t *st, const kvr_store_io_t *io, size_t c)
+/* Chunks c + 1 .. c + KVR__AHEAD are read and checked on threads while
+ * chunk c is scattered (the disk and the checksum's threads stay busy
+ * across chunks). */
+static void read_ahead(kvr_store_t *st, const kvr_store_io_t *io, size_t c)
 {
-    if (st->dir == NULL || c + 1 >= io->num_chains)
-        return;
-    kvr_chunk_key_t next = key_of(io, c + 1);
-    if (!kvr__store_in_host(st, &next))
-        kvr__disk_prefetch(st, &next);
+    for (size_t k = c + 1; k <= c + KVR__AHEAD && k < io->num_chains; k++) {
+        kvr_chunk_key_t next = key_of(io, k);
+        kvr__store_read_ahead(st, &next);
+    }
 }
 
 kvr_status_t kvr_store_load(kvr_store_t *st, const kvr_store_io_t *io,
@@ -474,9 +491,10 @@ kvr_status_t kvr_store_load(kvr_store_t *st, const kvr_store_io_t *io,
         const uint8_t *data;
         uint64_t len;
         kvr_error_t miss;
-        prefetch_next(st, io, c);
+        read_ahead(st, io, c); /* the first time: c + 1 while c is read */
         if (kvr__store_ref(st, &key, &data, &len, &miss) != KVR_OK)
             break; /* a miss or a corrupt chunk ends the hit */
+        read_ahead(st, io, c);
         s = scatter(io, &x, c, data, len, err);
         if (s == KVR_OK) {
             *tokens = (c + 1) * io->chunk;
@@ -484,5 +502,6 @@ kvr_status_t kvr_store_load(kvr_store_t *st, const kvr_store_io_t *io,
         }
     }
     load_end(&x);
+    kvr__store_ahead_drop(st); /* past a miss: reads nobody will take */
     return s;
 }

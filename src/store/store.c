@@ -3,6 +3,7 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <pthread.h>
 #include <signal.h>
 #include <sodium.h>
 #include <stdio.h>
@@ -72,7 +73,7 @@ static void keep_spare(kvr_store_t *st, uint8_t *data, uint64_t len)
     free(data);
 }
 
-uint8_t *kvr__store_alloc(kvr_store_t *st, uint64_t len)
+static uint8_t *take_spare(kvr_store_t *st, uint64_t len)
 {
     for (int i = 0; i < KVR__SPARES; i++)
         if (st->spare[i] != NULL && st->spare_len[i] == len) {
@@ -80,7 +81,7 @@ uint8_t *kvr__store_alloc(kvr_store_t *st, uint64_t len)
             st->spare[i] = NULL;
             return b;
         }
-    return malloc(len ? len : 1);
+    return NULL;
 }
 
 static void evict_tail(kvr_store_t *st)
@@ -92,6 +93,23 @@ static void evict_tail(kvr_store_t *st)
     drop_entry(st, e);
     keep_spare(st, data, len);
     st->stats.evictions++;
+}
+
+/* A full host tier evicts now what this chunk's insert would evict, so the
+ * chunk reuses a buffer already faulted in (same size: the chunks of a
+ * request are alike) instead of new memory the kernel must zero. */
+uint8_t *kvr__store_alloc(kvr_store_t *st, uint64_t len)
+{
+    uint8_t *b = take_spare(st, len);
+    while (b == NULL && st->tail != NULL && len <= st->opts.host_bytes &&
+           st->stats.host_bytes + len > st->opts.host_bytes) {
+        evict_tail(st);
+        b = take_spare(st, len);
+    }
+    void *fresh = NULL;
+    if (b == NULL && posix_memalign(&fresh, KVR__ALIGN, len ? len : 1) == 0)
+        b = fresh;
+    return b;
 }
 
 /* Takes data; a chunk larger than the whole tier (or with no memory for
@@ -119,6 +137,107 @@ static kvr__entry_t *host_insert(kvr_store_t *st, const kvr_chunk_key_t *key,
     st->stats.host_bytes += len;
     st->stats.host_chunks++;
     return e;
+}
+
+/* ---- read-ahead ---------------------------------------------------------- */
+
+/* The thread's own view of the store: the directory, its slot's io_uring,
+ * whether O_DIRECT works, and one spare buffer; nothing it shares. */
+struct kvr__ahead {
+    kvr_store_t io;
+    kvr_chunk_key_t key;
+    uint8_t *data;
+    uint64_t len;
+    uint8_t sum[KVR_STORE_SUM_BYTES];
+    kvr_status_t status;
+    kvr_error_t err;
+    pthread_t tid;
+};
+
+static void *ahead_main(void *arg)
+{
+    kvr__ahead_t *a = arg;
+    a->status = kvr__disk_read(&a->io, &a->key, &a->data, &a->len, a->sum,
+                               &a->err);
+    return NULL;
+}
+
+/* Joins slot i; its result stays in it. */
+static kvr__ahead_t *ahead_join(kvr_store_t *st, unsigned i)
+{
+    kvr__ahead_t *a = st->ahead[i];
+    st->ahead[i] = NULL;
+    pthread_join(a->tid, NULL);
+    st->direct = st->direct && a->io.direct; /* it found O_DIRECT refused */
+    if (a->io.spare[0] != NULL) /* its spare was not the right size */
+        keep_spare(st, a->io.spare[0], a->io.spare_len[0]);
+    return a;
+}
+
+void kvr__store_ahead_drop(kvr_store_t *st)
+{
+    for (unsigned i = 0; i < KVR__AHEAD; i++)
+        if (st->ahead[i] != NULL) {
+            kvr__ahead_t *a = ahead_join(st, i);
+            free(a->data);
+            free(a);
+        }
+}
+
+void kvr__store_read_ahead(kvr_store_t *st, const kvr_chunk_key_t *key)
+{
+    unsigned slot = KVR__AHEAD;
+    for (unsigned i = 0; i < KVR__AHEAD; i++) {
+        if (st->ahead[i] != NULL &&
+            memcmp(&st->ahead[i]->key, key, sizeof *key) == 0)
+            return; /* on its way */
+        if (st->ahead[i] == NULL && slot == KVR__AHEAD)
+            slot = i;
+    }
+    if (st->dir == NULL || slot == KVR__AHEAD || find(st, key) != NULL)
+        return;
+    kvr__ahead_t *a = calloc(1, sizeof *a);
+    if (a == NULL)
+        return; /* a hint: the load reads it itself */
+    if (st->ring != NULL && st->ahead_ring[slot] == NULL)
+        st->ahead_ring[slot] = kvr__disk_ring_new();
+    a->io.dir_fd = st->dir_fd;
+    a->io.ring = st->ring != NULL ? st->ahead_ring[slot] : NULL;
+    a->io.direct = st->direct;
+    a->key = *key;
+    if (st->last_len > 0) { /* chunks of a request are alike */
+        a->io.spare[0] = kvr__store_alloc(st, st->last_len);
+        a->io.spare_len[0] = st->last_len;
+    }
+    if (pthread_create(&a->tid, NULL, ahead_main, a) != 0) {
+        free(a->io.spare[0]);
+        free(a);
+        return;
+    }
+    st->ahead[slot] = a;
+}
+
+/* The result of a read-ahead of key, when one was started: true with
+ * *s (and on success the buffer) filled. */
+static bool ahead_take(kvr_store_t *st, const kvr_chunk_key_t *key,
+                       kvr_status_t *s, uint8_t **buf, uint64_t *len,
+                       uint8_t *sum, kvr_error_t *err)
+{
+    for (unsigned i = 0; i < KVR__AHEAD; i++) {
+        if (st->ahead[i] == NULL ||
+            memcmp(&st->ahead[i]->key, key, sizeof *key) != 0)
+            continue;
+        kvr__ahead_t *a = ahead_join(st, i);
+        *s = a->status;
+        *buf = a->data;
+        *len = a->len;
+        memcpy(sum, a->sum, KVR_STORE_SUM_BYTES);
+        if (a->status != KVR_OK && err != NULL)
+            *err = a->err;
+        free(a);
+        return true;
+    }
+    return false;
 }
 
 /* ---- open, scan, close ------------------------------------------------- */
@@ -213,7 +332,7 @@ void kvr_store_close(kvr_store_t *st)
     while (st->head != NULL)
         drop_entry(st, st->head);
     if (st->dir != NULL)
-        kvr__disk_close(st);
+        kvr__disk_close(st); /* joins the read-ahead */
     for (int i = 0; i < KVR__SPARES; i++)
         free(st->spare[i]);
     free(st->spill);
@@ -235,6 +354,18 @@ const char *kvr_store_backend(const kvr_store_t *st)
 
 /* ---- chunks -------------------------------------------------------------- */
 
+/* A chunk written (or kept in memory only): counted, and cached in the
+ * host tier or kept as the next chunk's buffer. Takes data. */
+static void put_done(kvr_store_t *st, const kvr_chunk_key_t *key, uint8_t *data,
+                     uint64_t len, const uint8_t *sum)
+{
+    st->stats.saved_bytes += len;
+    if (st->opts.host_bytes > 0)
+        (void)host_insert(st, key, data, len, sum); /* a cache: may drop */
+    else
+        keep_spare(st, data, len); /* the next chunk's buffer, faulted in */
+}
+
 kvr_status_t kvr__store_put_owned(kvr_store_t *st, const kvr_chunk_key_t *key,
                                   uint8_t *data, uint64_t len, kvr_error_t *err)
 {
@@ -253,12 +384,73 @@ kvr_status_t kvr__store_put_owned(kvr_store_t *st, const kvr_chunk_key_t *key,
             return s;
         }
     }
-    st->stats.saved_bytes += len;
-    if (st->opts.host_bytes > 0)
-        (void)host_insert(st, key, data, len, sum); /* a cache: may drop */
-    else
-        keep_spare(st, data, len); /* the next chunk's buffer, faulted in */
+    put_done(st, key, data, len, sum);
     return KVR_OK;
+}
+
+/* ---- write-behind ------------------------------------------------------ */
+
+/* One chunk written to disk on a thread while the save gathers the next.
+ * The thread uses the store's disk fields only (directory, io_uring, temp
+ * names, O_DIRECT); the caller touches none of them until it joins. */
+struct kvr__behind {
+    kvr_store_t *st;
+    kvr_chunk_key_t key;
+    uint8_t *data;
+    uint64_t len;
+    uint8_t sum[KVR_STORE_SUM_BYTES];
+    kvr_status_t status;
+    kvr_error_t err;
+    pthread_t tid;
+};
+
+static void *behind_main(void *arg)
+{
+    kvr__behind_t *b = arg;
+    b->status = kvr__disk_write(b->st, &b->key, b->data, b->len, b->sum,
+                                &b->err);
+    return NULL;
+}
+
+kvr_status_t kvr__store_put_start(kvr_store_t *st, const kvr_chunk_key_t *key,
+                                  uint8_t *data, uint64_t len, bool *now,
+                                  kvr_error_t *err)
+{
+    kvr__behind_t *b = st->dir != NULL && st->behind == NULL
+                           ? calloc(1, sizeof *b)
+                           : NULL;
+    *now = true;
+    if (b == NULL) /* host only, or no memory: write it now */
+        return kvr__store_put_owned(st, key, data, len, err);
+    *b = (kvr__behind_t){.st = st, .key = *key, .data = data, .len = len};
+    if (pthread_create(&b->tid, NULL, behind_main, b) != 0) {
+        free(b);
+        return kvr__store_put_owned(st, key, data, len, err);
+    }
+    st->behind = b;
+    *now = false;
+    return KVR_OK;
+}
+
+kvr_status_t kvr__store_put_join(kvr_store_t *st, bool *wrote, kvr_error_t *err)
+{
+    kvr__behind_t *b = st->behind;
+    *wrote = false;
+    if (b == NULL)
+        return KVR_OK;
+    st->behind = NULL;
+    pthread_join(b->tid, NULL);
+    kvr_status_t s = b->status;
+    if (s == KVR_OK) {
+        put_done(st, &b->key, b->data, b->len, b->sum);
+        *wrote = true;
+    } else {
+        free(b->data);
+        if (err != NULL)
+            *err = b->err;
+    }
+    free(b);
+    return s;
 }
 
 kvr_status_t kvr_store_put(kvr_store_t *st, const kvr_chunk_key_t *key,
@@ -266,7 +458,7 @@ kvr_status_t kvr_store_put(kvr_store_t *st, const kvr_chunk_key_t *key,
 {
     if (st == NULL || key == NULL || (data == NULL && len > 0))
         return kvr_error_set(err, KVR_ERR_INVALID, "store put: NULL argument");
-    uint8_t *copy = malloc(len ? len : 1);
+    uint8_t *copy = kvr__store_alloc(st, len);
     if (copy == NULL)
         return kvr_error_set(err, KVR_ERR_NO_MEMORY, "store put: %llu bytes",
                              (unsigned long long)len);
@@ -306,9 +498,13 @@ kvr_status_t kvr__store_ref(kvr_store_t *st, const kvr_chunk_key_t *key,
         push_front(st, e);
         st->stats.host_hits++;
     } else if (st->dir != NULL) {
-        uint8_t *buf, sum[KVR_STORE_SUM_BYTES];
-        uint64_t n;
-        kvr_status_t s = kvr__disk_read(st, key, &buf, &n, sum, err);
+        uint8_t *buf = NULL, sum[KVR_STORE_SUM_BYTES];
+        uint64_t n = 0;
+        kvr_status_t s;
+        if (!ahead_take(st, key, &s, &buf, &n, sum, err))
+            s = kvr__disk_read(st, key, &buf, &n, sum, err);
+        if (s == KVR_OK)
+            st->last_len = n;
         if (s != KVR_OK) {
             st->stats.misses++;
             if (s == KVR_ERR_VERIFY)

@@ -4,19 +4,31 @@
 
 #include <stdint.h>
 
+#include "book.h" /* the conn layer's keyed tables */
 #include "kvrelay/store.h"
 
 #define KVR__CHUNK_MAGIC "KVRCHNK1"
-#define KVR__CHUNK_VERSION 1u
+/* Version 2 puts the payload at KVR__CHUNK_DATA (the header's block zero
+ * padded), so large payloads move with O_DIRECT straight from and into
+ * aligned buffers; version 1 files (payload right after the header) still
+ * read. */
+#define KVR__CHUNK_VERSION 2u
 #define KVR__CHUNK_HEADER 80u
-#define KVR__CHUNK_FRAME (KVR__CHUNK_HEADER + KVR_STORE_SUM_BYTES)
+#define KVR__ALIGN 4096u /* O_DIRECT alignment: buffers, offsets, lengths */
+#define KVR__CHUNK_DATA KVR__ALIGN /* payload offset (version 2) */
+#define KVR__CHUNK_FRAME (KVR__CHUNK_DATA + KVR_STORE_SUM_BYTES)
 #define KVR__SPARES 4
 #define KVR__LEAF (4ull << 20) /* checksum leaf */
 #define KVR__HASH_THREADS 8u
+#define KVR__AHEAD 2u /* chunks of a load read and checked ahead */
 /* checksum kinds: how the leaves are hashed (header offset 12) */
-#define KVR__SUM_BLAKE2B 0u  /* BLAKE2b-256 */
+#define KVR__SUM_BLAKE2B 0u  /* BLAKE2b-256 (libsodium) */
 #define KVR__SUM_POLY1305 1u /* Poly1305 under a fixed public key */
-#define KVR__SUM_DEFAULT KVR__SUM_BLAKE2B /* opts.fast_checksum: POLY1305 */
+#define KVR__SUM_BLAKE2B512                                                    \
+    2u /* BLAKE2b-512 (OpenSSL's when built with
+                                  it, else libsodium's: the same digest) */
+#define KVR__SUM_KINDS 3u
+#define KVR__SUM_DEFAULT KVR__SUM_BLAKE2B512 /* fast_checksum: POLY1305 */
 
 /* One host-tier entry, on the LRU list (head: most recent). */
 typedef struct kvr__entry {
@@ -27,6 +39,12 @@ typedef struct kvr__entry {
     struct kvr__entry *prev, *next;
 } kvr__entry_t;
 
+/* A chunk read and checked on a thread while the load scatters earlier
+ * ones (store.c). */
+typedef struct kvr__ahead kvr__ahead_t;
+/* A chunk written on a thread while a save gathers the next (store.c). */
+typedef struct kvr__behind kvr__behind_t;
+
 struct kvr_store {
     kvr_store_opts_t opts;
     char *dir;
@@ -36,12 +54,18 @@ struct kvr_store {
     uint64_t tmp_seq;
     unsigned sum_kind; /* for new chunk files (KVR__SUM_*) */
     void *ring;     /* io_uring, when built with liburing */
+    bool direct;    /* large payloads use O_DIRECT (off once the
+                       filesystem refused it) */
     uint8_t *spill; /* a disk hit the host tier cannot hold */
     uint64_t spill_len;
     /* buffers of evicted chunks, reused by the next chunks of their size:
      * a full tier saves into memory already faulted in */
     uint8_t *spare[KVR__SPARES];
     uint64_t spare_len[KVR__SPARES];
+    kvr__ahead_t *ahead[KVR__AHEAD]; /* in flight, or NULL */
+    void *ahead_ring[KVR__AHEAD];    /* each read-ahead slot's io_uring */
+    uint64_t last_len;               /* the last chunk read from disk */
+    kvr__behind_t *behind;           /* a save's write in flight, or NULL */
 };
 
 /* chunk.c: names, header and checksum */
@@ -53,6 +77,8 @@ kvr_status_t kvr__chunk_parse(const uint8_t h[KVR__CHUNK_HEADER],
                               kvr_chunk_key_t *key, uint64_t *len,
                               kvr_error_t *err);
 void kvr__chunk_set_kind(uint8_t header[KVR__CHUNK_HEADER], unsigned kind);
+/* Where the payload of a parsed header's file starts (its version's). */
+uint64_t kvr__chunk_data_at(const uint8_t header[KVR__CHUNK_HEADER]);
 /* The checksum of a header (which names the kind) and its payload. */
 void kvr__chunk_sum(const uint8_t header[KVR__CHUNK_HEADER], const void *data,
                     uint64_t len, uint8_t out[KVR_STORE_SUM_BYTES]);
@@ -84,15 +110,20 @@ kvr_status_t kvr__disk_read(kvr_store_t *st, const kvr_chunk_key_t *key,
                             uint8_t **data, uint64_t *len,
                             uint8_t sum[KVR_STORE_SUM_BYTES], kvr_error_t *err);
 bool kvr__disk_has(kvr_store_t *st, const kvr_chunk_key_t *key);
-/* Asks the kernel to start reading a chunk file into the page cache (a
- * hint: nothing happens when it is absent), so the next chunk of a load
- * arrives while this one is checked and scattered. */
-void kvr__disk_prefetch(kvr_store_t *st, const kvr_chunk_key_t *key);
+/* An io_uring for a read-ahead thread (NULL without liburing or where the
+ * kernel refuses it: that thread uses pread), and its release. */
+void *kvr__disk_ring_new(void);
+void kvr__disk_ring_free(void *ring);
 /* Checks one chunk file at dirfd/name: its header names it and its size
  * matches, and with full its checksum. KVR_OK or why not in err. */
 kvr_status_t kvr__disk_check(int dirfd, const char *name, bool full,
                              kvr_error_t *err);
 const char *kvr__disk_backend(const kvr_store_t *st);
+/* len bytes at off moved the way the store moves a payload (io_uring when
+ * it has one, 4 MiB pieces, DEPTH in flight), with no checksum: the
+ * benchmark's sequential-I/O ceiling (fd opened with O_DIRECT for it). */
+kvr_status_t kvr__disk_xfer(kvr_store_t *st, int fd, bool write, void *buf,
+                            uint64_t len, uint64_t off, kvr_error_t *err);
 /* Drops io_uring: plain pread/pwrite from now on (as where the kernel
  * refuses io_uring; tests run both paths with it). */
 void kvr__disk_plain(kvr_store_t *st);
@@ -103,11 +134,43 @@ kvr_status_t kvr__store_ref(kvr_store_t *st, const kvr_chunk_key_t *key,
                             const uint8_t **data, uint64_t *len,
                             kvr_error_t *err);
 bool kvr__store_in_host(kvr_store_t *st, const kvr_chunk_key_t *key);
-/* A buffer of len bytes for a chunk (a spare of that size, else malloc). */
+/* Starts reading and checking a chunk from disk on a thread (when it is on
+ * disk only, not already on its way, and a slot is free), so that the next
+ * kvr__store_ref of it finds it read; a load runs KVR__AHEAD chunks ahead
+ * of the one it scatters. drop joins and frees every read in flight. */
+void kvr__store_read_ahead(kvr_store_t *st, const kvr_chunk_key_t *key);
+void kvr__store_ahead_drop(kvr_store_t *st);
+/* A buffer of len bytes for a chunk (a spare of that size, else a new one
+ * aligned to KVR__ALIGN for O_DIRECT; freed with free). */
 uint8_t *kvr__store_alloc(kvr_store_t *st, uint64_t len);
 /* Takes ownership of data (malloc'ed) on success and on failure. */
 kvr_status_t kvr__store_put_owned(kvr_store_t *st, const kvr_chunk_key_t *key,
                                   uint8_t *data, uint64_t len,
                                   kvr_error_t *err);
+/* The same, with the disk write on a thread (one at a time): start takes
+ * data and returns at once (*now false), or puts it now (*now true: no
+ * disk tier, or a write already in flight); join waits for the write in
+ * flight, if any, and gives its outcome (*wrote: a chunk was written).
+ * Nothing else may touch the store's disk tier between them. */
+kvr_status_t kvr__store_put_start(kvr_store_t *st, const kvr_chunk_key_t *key,
+                                  uint8_t *data, uint64_t len, bool *now,
+                                  kvr_error_t *err);
+kvr_status_t kvr__store_put_join(kvr_store_t *st, bool *wrote,
+                                 kvr_error_t *err);
+
+/* gens.c: the latest generation of each request, bounded. */
+typedef struct kvr__gens {
+    kvr__table_t t; /* bare request id -> generation */
+    uint8_t hkey[KVR__HKEY_BYTES];
+} kvr__gens_t;
+kvr_status_t kvr__gens_init(kvr__gens_t *g, size_t max, kvr_error_t *err);
+void kvr__gens_fini(kvr__gens_t *g);
+/* The request's latest generation, -1 when none is held. */
+int64_t kvr__gens_latest(const kvr__gens_t *g, const void *id, size_t len);
+/* Makes gen the request's latest: KVR_ERR_TABLE_FULL when a new request
+ * would exceed the bound. */
+kvr_status_t kvr__gens_set(kvr__gens_t *g, const void *id, size_t len,
+                           int64_t gen, kvr_error_t *err);
+void kvr__gens_drop(kvr__gens_t *g, const void *id, size_t len);
 
 #endif

@@ -104,6 +104,7 @@ typedef struct {
     kvr_store_t *store; /* --save-to, on tp rank 0 of each stage */
     kvr_store_conn_t *saver;
     uint32_t released; /* requests whose send and save both completed */
+    uint32_t quorums;  /* head: requests whose every stage's save answered */
     char members[MAX_GROUPS][256]; /* head: its other stages' listeners */
     uint32_t num_members;
 } push_t;
@@ -396,17 +397,35 @@ static void on_notify(push_t *s, const kvr_agent_notify_t *n)
     free(m);
 }
 
-/* Store events: a part saved (a line for the demo), sources released. */
+/* Store events: a part saved (a line for the demo), the PP quorum of a
+ * save (the head's connector counts it from the other stages' records in
+ * the store directory: "quorum ID GENERATION STATUS [MESSAGE]"), sources
+ * released. */
 static void on_store_event(push_t *s, const kvr_store_event_t *e)
 {
     int idl = (int)e->request_len;
-    if (e->kind == KVR_STORE_RELEASE)
+    if (e->kind == KVR_STORE_RELEASE) {
         s->released++;
-    else if (e->kind == KVR_STORE_PART_SAVED)
+    } else if (e->kind == KVR_STORE_PART_SAVED) {
         printf("saved %.*s %u %s %llu %llu %s\n", idl, (const char *)e->request,
                e->part, kvr_status_name(e->status),
                (unsigned long long)e->bytes, (unsigned long long)e->chunks,
                e->message);
+    } else if (e->kind == KVR_STORE_SAVED) {
+        s->quorums++;
+        printf("quorum %.*s %lld %s %s\n", idl, (const char *)e->request,
+               (long long)e->generation, kvr_status_name(e->status),
+               e->message);
+    }
+}
+
+/* Whether the store still owes this stage events: a release per request,
+ * and on the head every request's quorum. */
+static bool store_pending(const push_t *s)
+{
+    if (s->saver == NULL)
+        return false;
+    return s->released < s->mine || (is_head(s) && s->quorums < s->mine);
 }
 
 static volatile sig_atomic_t push_stop;
@@ -467,8 +486,7 @@ static int push_loop(push_t *s)
     else
         join_head(s);
     while (!push_stop && !s->fatal &&
-           (s->sent + s->failed + s->canceled < s->mine ||
-            (s->saver != NULL && s->released < s->mine)) &&
+           (s->sent + s->failed + s->canceled < s->mine || store_pending(s)) &&
            kvr_now_ns() < end)
         pump(s, 20);
     if (s->fatal)

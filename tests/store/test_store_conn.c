@@ -1,9 +1,11 @@
 /* The store connector: saves on its worker with send/save pairing (either
- * order), the PP quorum of saves (parts held here and parts reported by
- * other processes), loads with a quorum over parts into W = 2 ranks checked
- * byte-exact, the max_tokens cap, a corrupt chunk or a missing part as a
- * shorter hit, a full disk failing the save while the send is released,
- * and other namespaces missing. */
+ * order), the PP quorum of saves (parts held here, parts reported by other
+ * processes, and parts read from the records other stages leave in the
+ * store's directory), generations of saves and loads, loads with a quorum
+ * over parts into W = 2 ranks checked byte-exact, the max_tokens cap, a
+ * corrupt chunk or a missing part as a shorter hit, a full disk failing
+ * the save while the send is released, and other namespaces missing. */
+#include <dirent.h>
 #include <fcntl.h>
 #include <poll.h>
 #include <setjmp.h>
@@ -98,8 +100,18 @@ static void producer(sf_side_t *s, uint32_t first, uint32_t end)
     assert_int_equal(sf_fill(s, SEED, tokens, NTOK), KVR_OK);
 }
 
+static kvr_store_conn_t *conn_wait(kvr_store_t *st, const uint8_t *ns,
+                                   const sf_side_t *s, uint32_t wait_ms);
+
 static kvr_store_conn_t *conn_of(kvr_store_t *st, const uint8_t *ns,
                                  const sf_side_t *s)
+{
+    return conn_wait(st, ns, s, 0);
+}
+
+/* wait_ms: parts of other processes awaited from the directory. */
+static kvr_store_conn_t *conn_wait(kvr_store_t *st, const uint8_t *ns,
+                                   const sf_side_t *s, uint32_t wait_ms)
 {
     kvr_store_conn_params_t p = {.store = st,
                                  .ns = ns,
@@ -109,7 +121,8 @@ static kvr_store_conn_t *conn_of(kvr_store_t *st, const uint8_t *ns,
                                  .parts = 4,
                                  .part_ends = part_ends,
                                  .regions = s->regions,
-                                 .num_regions = s->num_regions};
+                                 .num_regions = s->num_regions,
+                                 .remote_wait_ms = wait_ms};
     kvr_store_conn_t *c = NULL;
     kvr_error_t err;
     if (kvr_store_conn_create(&p, &c, &err) != KVR_OK)
@@ -299,7 +312,7 @@ static void flip_byte_of(const kvr_block_hash_t *chain, uint32_t part)
         snprintf(hex + 2 * i, 3, "%02x", chain->bytes[i]);
     snprintf(cmd, sizeof cmd,
              "f=$(ls %s/*-%s-p%u.kvc) && printf '\\377' | dd of=$f bs=1 "
-             "seek=3000 conv=notrunc status=none",
+             "seek=7096 conv=notrunc status=none",
              dir, hex, part);
     assert_int_equal(system(cmd), 0);
 }
@@ -384,6 +397,216 @@ static void test_full_disk(void **state)
     kvr_store_close(st);
 }
 
+static void save_gen(kvr_store_conn_t *c, const sf_side_t *s, const char *id,
+                     int64_t gen, kvr_status_t want, const char *why)
+{
+    kvr_store_save_req_t r = {.request_id = id,
+                              .request_id_len = strlen(id),
+                              .generation = gen,
+                              .chains = chains,
+                              .num_chains = NCH,
+                              .src_blocks = s->blocks,
+                              .num_src_blocks = s->num_blocks};
+    kvr_error_t err = {0};
+    assert_int_equal(kvr_store_conn_save(c, &r, &err), want);
+    if (why != NULL && strstr(err.msg, why) == NULL)
+        fail_msg("save %s gen %lld: '%s' lacks '%s'", id, (long long)gen,
+                 err.msg, why);
+}
+
+/* A request saved again with a newer generation while the first save is
+ * queued behind another request: each generation completes apart (four
+ * parts and a SAVED each; the older one CANCELED when it had not started),
+ * the send is released once, after both; a repeated or older generation is
+ * refused. */
+static void test_save_generations(void **state)
+{
+    (void)state;
+    kvr_store_t *st = open_store(false);
+    uint8_t ns[KVR_STORE_NS_BYTES];
+    namespace_of(model.tb, NULL, ns);
+    sf_side_t p;
+    producer(&p, 0, 8);
+    kvr_store_conn_t *c = conn_of(st, ns, &p);
+    save(c, &p, "busy", 0); /* the worker saves this one meanwhile */
+    save(c, &p, "req-g", 0);
+    save(c, &p, "req-g", 1);
+    save_gen(c, &p, "req-g", 1, KVR_ERR_EXISTS, "already declared");
+    save_gen(c, &p, "req-g", 0, KVR_ERR_CANCELED, "superseded by generation 1");
+    send_done(c, "req-g", KVR_OK);
+    send_done(c, "busy", KVR_OK);
+    int parts[2] = {0, 0}, saved[2] = {0, 0}, released = 0;
+    kvr_status_t old = KVR_OK;
+    for (int n = 0; n < 6 + 11; n++) { /* busy's six, req-g's eleven */
+        kvr_store_event_t ev = next_event(c);
+        bool g = ev.request_len == 5 && memcmp(ev.request, "req-g", 5) == 0;
+        if (!g)
+            continue;
+        assert_true(ev.generation == 0 || ev.generation == 1 ||
+                    ev.kind == KVR_STORE_RELEASE);
+        int gen = (int)ev.generation;
+        if (ev.kind == KVR_STORE_PART_SAVED) {
+            parts[gen]++;
+            if (gen == 1)
+                assert_int_equal(ev.status, KVR_OK);
+            else if (ev.status != KVR_OK) /* queued when gen 1 came */
+                assert_non_null(
+                    strstr(ev.message, "superseded by generation 1"));
+            old = gen == 0 ? ev.status : old;
+        } else if (ev.kind == KVR_STORE_SAVED) {
+            assert_int_equal(parts[gen], 4); /* its own four parts */
+            assert_int_equal(ev.status, gen == 1 ? KVR_OK : old);
+            saved[gen]++;
+        } else {
+            assert_int_equal(saved[0] + saved[1], 2); /* after both saves */
+            released++;
+        }
+    }
+    assert_int_equal(saved[0], 1);
+    assert_int_equal(saved[1], 1);
+    assert_int_equal(released, 1);
+    print_message("generation 0 ended %s\n", kvr_status_name(old));
+    /* released: the request is done here; a later save is refused */
+    save_gen(c, &p, "req-g", 2, KVR_ERR_EXISTS, NULL);
+    kvr_store_conn_destroy(c);
+    sf_side_free(&p);
+    kvr_store_close(st);
+}
+
+static kvr_status_t load_gen(kvr_store_conn_t *c, const sf_side_t *s,
+                             int64_t gen, uint64_t *got, kvr_error_t *err)
+{
+    kvr_store_load_req_t r = {.request_id = "req-c",
+                              .request_id_len = 5,
+                              .generation = gen,
+                              .chains = chains,
+                              .num_chains = NCH,
+                              .dst_blocks = s->blocks,
+                              .num_dst_blocks = s->num_blocks,
+                              .rank = 0,
+                              .max_tokens = NTOK};
+    uint64_t bytes = 0;
+    return kvr_store_conn_load(c, &r, got, &bytes, err);
+}
+
+/* A load of an older generation than the request's latest lands nothing;
+ * forget lets the id start over. */
+static void test_load_generations(void **state)
+{
+    (void)state;
+    kvr_store_t *st = open_store(false);
+    uint8_t ns[KVR_STORE_NS_BYTES];
+    namespace_of(model.tb, NULL, ns);
+    sf_side_t prod[4], cons;
+    save_all(st, ns, prod);
+    kvr_layout_t l = layout(2, true);
+    unsigned seed = 9;
+    sf_side_init(&cons, &model, &l, true, 0, model.layers,
+                 (NTOK + 2 * BS - 1) / (2 * BS), &seed);
+    kvr_store_conn_t *c = conn_of(st, ns, &cons);
+    uint64_t got = 0;
+    kvr_error_t err;
+    assert_int_equal(load_gen(c, &cons, 1, &got, &err), KVR_OK);
+    assert_int_equal(got, NCH * CHUNK);
+    kvr_store_stats_t before, after;
+    kvr_store_stats(st, &before);
+    got = 77;
+    assert_int_equal(load_gen(c, &cons, 0, &got, &err), KVR_ERR_CANCELED);
+    assert_non_null(strstr(err.msg, "superseded by generation 1"));
+    kvr_store_stats(st, &after);
+    assert_int_equal(got, 77);
+    assert_int_equal(after.loaded_bytes, before.loaded_bytes);
+    assert_int_equal(after.host_hits + after.disk_hits,
+                     before.host_hits + before.disk_hits);
+    assert_int_equal(load_gen(c, &cons, 1, &got, &err), KVR_OK); /* again */
+    assert_int_equal(load_gen(c, &cons, 2, &got, &err), KVR_OK);
+    assert_int_equal(load_gen(c, &cons, 1, &got, &err), KVR_ERR_CANCELED);
+    assert_int_equal(kvr_store_conn_forget(c, "req-c", 5, &err), KVR_OK);
+    assert_int_equal(load_gen(c, &cons, 0, &got, &err), KVR_OK);
+    verify_rank(prod, &cons, 0, NCH * CHUNK);
+    kvr_store_conn_destroy(c);
+    sf_side_free(&cons);
+    for (int i = 0; i < 4; i++)
+        sf_side_free(&prod[i]);
+    kvr_store_close(st);
+}
+
+static int count_records(void)
+{
+    DIR *d = opendir(dir);
+    struct dirent *de;
+    int n = 0;
+    while (d != NULL && (de = readdir(d)) != NULL)
+        n += strstr(de->d_name, ".kvp") != NULL;
+    if (d != NULL)
+        closedir(d);
+    return n;
+}
+
+/* Four stages, each its own store on one directory (as four processes):
+ * the head's SAVED is the quorum of its own part and the records of the
+ * other three (which it removes); a failed part's record carries its
+ * failure; a stage that never saves fails the quorum at the deadline. */
+static void test_quorum_through_records(void **state)
+{
+    (void)state;
+    uint8_t ns[KVR_STORE_NS_BYTES];
+    namespace_of(model.tb, NULL, ns);
+    kvr_store_t *st[4];
+    sf_side_t p[4];
+    kvr_store_conn_t *c[4];
+    for (uint32_t s = 0; s < 4; s++) {
+        st[s] = open_store(true);
+        producer(&p[s], 2 * s, 2 * s + 2);
+        c[s] = conn_wait(st[s], ns, &p[s], s == 3 ? 60000 : 400);
+    }
+    /* every stage saves; part 2 fails first, with a full disk */
+    assert_int_equal(kvr_failpoint_arm("store-enospc", "", NULL), KVR_OK);
+    save(c[2], &p[2], "req-q", 5);
+    kvr_store_event_t ev = next_event(c[2]);
+    assert_int_equal(ev.status, KVR_ERR_IO);
+    kvr_failpoint_disarm_all();
+    for (uint32_t s = 4; s-- > 0;)
+        if (s != 2)
+            save(c[s], &p[s], "req-q", 5);
+    ev = next_event(c[0]);
+    assert_int_equal(ev.kind, KVR_STORE_PART_SAVED);
+    assert_int_equal(ev.status, KVR_OK);
+    ev = next_event(c[0]);
+    assert_int_equal(ev.kind, KVR_STORE_SAVED);
+    assert_int_equal(ev.generation, 5);
+    assert_int_equal(ev.status, KVR_ERR_IO);
+    assert_non_null(strstr(ev.message, "No space left"));
+    for (uint32_t s = 1; s < 4; s++) {
+        if (s != 2) {
+            ev = next_event(c[s]);
+            assert_int_equal(ev.kind, KVR_STORE_PART_SAVED);
+        }
+        no_event(c[s]); /* only the head counts the quorum */
+    }
+    assert_int_equal(count_records(), 0); /* the head took them all */
+    /* all saved: OK; then stage 3 silent: the head fails it at 400 ms */
+    for (int round = 0; round < 2; round++) {
+        const char *id = round == 0 ? "req-ok" : "req-mute";
+        for (uint32_t s = round == 0 ? 4 : 3; s-- > 0;)
+            save(c[s], &p[s], id, 0);
+        ev = next_event(c[0]);
+        assert_int_equal(ev.kind, KVR_STORE_PART_SAVED);
+        ev = next_event(c[0]);
+        assert_int_equal(ev.kind, KVR_STORE_SAVED);
+        assert_memory_equal(ev.request, id, strlen(id));
+        assert_int_equal(ev.status, round == 0 ? KVR_OK : KVR_ERR_TIMEOUT);
+        if (round == 1)
+            assert_non_null(strstr(ev.message, "part 3 recorded no save"));
+    }
+    for (uint32_t s = 0; s < 4; s++) {
+        kvr_store_conn_destroy(c[s]);
+        sf_side_free(&p[s]);
+        kvr_store_close(st[s]);
+    }
+    assert_int_equal(count_records(), 0);
+}
+
 static void test_bad_params(void **state)
 {
     (void)state;
@@ -432,6 +655,10 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_load_quorum_corrupt_and_namespace,
                                         setup, teardown),
         cmocka_unit_test_setup_teardown(test_full_disk, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_save_generations, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_load_generations, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_quorum_through_records, setup,
+                                        teardown),
         cmocka_unit_test(test_bad_params),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -17,7 +17,7 @@
 #include "test_inspect_cli.h"
 
 #define PAYLOAD 5000
-#define CHUNK_FILE (80 + PAYLOAD + 32) /* header + payload + checksum */
+#define CHUNK_FILE (4096 + PAYLOAD + 32) /* header block + payload + sum */
 
 static const char *kvr_bin;
 static cli_result_t res;
@@ -143,9 +143,9 @@ static void test_flipped_byte(void **state)
     int fd = open(path, O_RDWR);
     assert_true(fd >= 0);
     uint8_t b;
-    assert_int_equal(pread(fd, &b, 1, 80 + 100), 1);
+    assert_int_equal(pread(fd, &b, 1, 4096 + 100), 1);
     b ^= 0x01;
-    assert_int_equal(pwrite(fd, &b, 1, 80 + 100), 1);
+    assert_int_equal(pwrite(fd, &b, 1, 4096 + 100), 1);
     close(fd);
 
     run_verify(1);

@@ -124,7 +124,7 @@ static void test_corrupt_chunk_is_a_miss(void **state)
     char cmd[512], out[16384], name[256] = "";
     snprintf(cmd, sizeof cmd,
              "f=$(ls %s/*-p1.kvc | head -1) && basename $f && printf '\\377' "
-             "| dd of=$f bs=1 seek=4000 conv=notrunc status=none",
+             "| dd of=$f bs=1 seek=8096 conv=notrunc status=none",
              dir);
     FILE *p = popen(cmd, "r");
     assert_non_null(fgets(name, sizeof name, p));
@@ -165,7 +165,9 @@ static void test_full_disk(void **state)
     if (strstr(out, "verified 3/3 requests byte-exact") == NULL)
         fail_msg("exit %d: %s", code, out);
     assert_int_equal(code, 1);
-    assert_non_null(strstr(out, "save failed"));
+    assert_non_null(strstr(out, "save of part 1 failed"));
+    /* the head's quorum: every part answered, with the failure */
+    assert_non_null(strstr(out, "not saved by every stage: ERR_IO"));
     assert_non_null(strstr(out, "No space left on device"));
     assert_non_null(strstr(out, "saved 0/3 requests"));
     char cmd[128];
