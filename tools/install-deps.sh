@@ -5,7 +5,7 @@ set -euo pipefail
 
 packages=(cmake ninja-build make gcc clang libclang-rt-14-dev pkg-config
           libucx-dev ucx-utils libsodium-dev libcmocka-dev libjansson-dev
-          liburing-dev
+          liburing-dev libssl-dev
           iproute2 procps)
 
 sudo=""
