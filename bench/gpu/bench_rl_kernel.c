@@ -268,26 +268,36 @@ static double now_us(void)
 }
 
 /* As kvr__gpu_send: relayout built and uploaded into a pool, one
- * scatter_regions launch, wait; host clock, L2 flushed first. */
-static double agent_path(bench_t *b, kvr_gpu_pool_t *pool, void *ps)
+ * scatter_regions launch, wait; host clock, L2 flushed first. The best
+ * rep, and its parts (create, upload, launch, wait) in *parts. */
+static double agent_path(bench_t *b, kvr_gpu_pool_t *pool, void *ps,
+                         double parts[4])
 {
     double best = 1e30;
     for (int i = 0; i < b->reps; i++) {
         flush_l2(b);
         CUDA_OK(cudaStreamSynchronize(b->s));
-        double t0 = now_us();
+        double t[5];
         kvr_gpu_relayout_t *rl = NULL;
         uint32_t rank = 0;
         const void *srcs[1] = {b->d_src};
         void *dsts[1] = {b->d_dst[0]};
+        t[0] = now_us();
         KVR_OK(kvr_gpu_relayout_create(&b->lay, &b->src, &b->dst, &b->req, &rl,
                                        &err));
+        t[1] = now_us();
         KVR_OK(kvr_gpu_relayout_upload_pool(rl, pool, &err));
+        t[2] = now_us();
         KVR_OK(kvr_gpu_scatter_regions(rl, &rank, srcs, dsts, 1, ps, &err));
+        t[3] = now_us();
         KVR_OK(kvr_gpu_sync(ps, &err));
-        double t = now_us() - t0;
+        t[4] = now_us();
         kvr_gpu_relayout_destroy(rl);
-        best = t < best ? t : best;
+        if (t[4] - t[0] < best) {
+            best = t[4] - t[0];
+            for (int k = 0; k < 4; k++)
+                parts[k] = t[k + 1] - t[k];
+        }
     }
     return best;
 }
@@ -350,7 +360,7 @@ int main(int argc, char **argv)
     double copy = time_op(&b, op_copy);
     line("copy", "-", b.bytes, copy, copy, "-");
     static const int steps[] = {2, 4, 8, 16};
-    for (int g = 0; g < 2; g++)
+    for (int g = 0; g < 1; g++)
         for (int i = 0; i < 4; i++) {
             char knob[32];
             kvr__rl_tune_step = steps[i];
@@ -374,15 +384,21 @@ int main(int argc, char **argv)
     kvr_gpu_pool_t *pool = NULL;
     KVR_OK(kvr_gpu_stream_create(0, &ps, &err));
     KVR_OK(kvr_gpu_pool_create(0, ps, &pool, &err));
-    for (int s = 2; s >= 0; s -= 2) {
+    for (int s = 4; s >= 0; s -= 4) {
+        double parts[4] = {0, 0, 0, 0};
+        char note[96];
         kvr__rl_tune_step = s;
-        us = agent_path(&b, pool, ps);
-        line("agent_path", s ? "step2" : "default", b.bytes, us, copy,
-             "host clock, best");
+        us = agent_path(&b, pool, ps, parts);
+        snprintf(note, sizeof(note),
+                 "host clock, best: create %.1f upload %.1f launch %.1f "
+                 "wait %.1f us",
+                 parts[0], parts[1], parts[2], parts[3]);
+        line("agent_path", s ? "step4" : "default", b.bytes, us, copy, note);
     }
     pack_setup(&b);
-    static const char *shapes[] = {"8x8", "old 32x1", "32x4", "16x4", "4x8"};
-    for (int k = 0; k < 5; k++) {
+    static const char *shapes[] = {"warp 8x4", "old 32x1", "team 8x8",
+                                   "warp 4x8", "warp 16x4", "warp 32x2"};
+    for (int k = 0; k < 6; k++) {
         kvr__runs_tune_unroll = k;
         runs_len = kvr_gpu_runs_bytes(runs);
         us = time_op(&b, op_pack);

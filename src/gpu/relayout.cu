@@ -121,7 +121,7 @@ __device__ __forceinline__ uint64_t source_at(const Job &j, uint64_t src,
  * on the one-rank MLA gather (docs/gpu.md, Relayout kernel speed): too few
  * bytes in flight a warp to cover HBM's latency. */
 #ifndef KVR_RL_STEP
-#define KVR_RL_STEP 8
+#define KVR_RL_STEP 2
 #endif
 
 template <typename V, int STEP>
