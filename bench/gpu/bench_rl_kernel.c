@@ -370,8 +370,12 @@ int main(int argc, char **argv)
             double us = time_op(&b, op_scatter_rank);
             line("scatter_rank", knob, b.bytes, us, copy, check_rank0(&b));
         }
-    kvr__rl_tune_step = kvr__rl_tune_grid = 0;
+    kvr__rl_tune_step = 0;
+    kvr__rl_tune_grid = 2;
     double us = time_op(&b, op_scatter_rank);
+    line("scatter_rank", "streaming", b.bytes, us, copy, check_rank0(&b));
+    kvr__rl_tune_grid = 0;
+    us = time_op(&b, op_scatter_rank);
     line("scatter_rank", "default", b.bytes, us, copy, check_rank0(&b));
     kvr__rl_tune_step = 2;
     us = time_op(&b, op_scatter_all);

@@ -53,7 +53,7 @@ kvr_status_t kvr__runs_span(const kvr_gpu_runs_t *rt, uint64_t pos,
 
 /* (CUDA) Benchmark knobs, 0 for the defaults: items a relayout warp copies
  * at once (2, 4, 8 or 16), a relayout grid of every warp that fits (1)
- * rather than a warp per 32 items, the run copy's vectors in flight a
+ * rather than a warp per 32 items or streaming cache hints (2), the run copy's vectors in flight a
  * lane (1: the old one-at-a-time loop). Only bench_rl_kernel sets them. */
 extern int kvr__rl_tune_step;
 extern int kvr__rl_tune_grid;

@@ -124,7 +124,24 @@ __device__ __forceinline__ uint64_t source_at(const Job &j, uint64_t src,
 #define KVR_RL_STEP 2
 #endif
 
-template <typename V, int STEP>
+template <typename V, bool CS>
+__device__ __forceinline__ V load(const V *p)
+{
+    if (CS)
+        return __ldcs(p);
+    return __ldg(p);
+}
+
+template <typename V, bool CS>
+__device__ __forceinline__ void store(V *p, V v)
+{
+    if (CS)
+        __stcs(p, v);
+    else
+        *p = v;
+}
+
+template <typename V, int STEP, bool CS>
 __device__ void copy_items(const Job &j, const Item (&it)[STEP], uint32_t lane)
 {
     V v[STEP][2];
@@ -133,9 +150,9 @@ __device__ void copy_items(const Job &j, const Item (&it)[STEP], uint32_t lane)
         uint32_t n = it[s].len / sizeof(V);
         uint32_t x = it[s].x0 + lane * (uint32_t)sizeof(V);
         if (lane < n)
-            v[s][0] = __ldg((const V *)source_at(j, it[s].src, x));
+            v[s][0] = load<V, CS>((const V *)source_at(j, it[s].src, x));
         if (lane + 32 < n)
-            v[s][1] = __ldg(
+            v[s][1] = load<V, CS>(
                 (const V *)source_at(j, it[s].src, x + 32 * sizeof(V)));
     }
 #pragma unroll
@@ -143,15 +160,15 @@ __device__ void copy_items(const Job &j, const Item (&it)[STEP], uint32_t lane)
         V *dst = (V *)(it[s].dst + it[s].x0);
         uint32_t n = it[s].len / sizeof(V);
         if (lane < n)
-            dst[lane] = v[s][0];
+            store<V, CS>(dst + lane, v[s][0]);
         if (lane + 32 < n)
-            dst[lane + 32] = v[s][1];
+            store<V, CS>(dst + lane + 32, v[s][1]);
     }
 }
 
 constexpr int THREADS = 256;
 
-template <typename V, int STEP>
+template <typename V, int STEP, bool CS = false>
 __global__ void __launch_bounds__(THREADS) relayout_kernel(const Job j)
 {
     uint32_t lane = threadIdx.x & 31;
@@ -167,7 +184,7 @@ __global__ void __launch_bounds__(THREADS) relayout_kernel(const Job j)
 #pragma unroll
             for (int s = 0; s < STEP; s++)
                 it[s] = from_lane(mine, (int)k + s);
-            copy_items<V, STEP>(j, it, lane);
+            copy_items<V, STEP, CS>(j, it, lane);
         }
     }
 }
@@ -192,24 +209,26 @@ uint64_t geometry_bits(const kvr__rl_geom_t *g)
     return bits;
 }
 
-template <typename V, int STEP>
+template <typename V, int STEP, bool CS = false>
 kvr_status_t launch_step(Job &j, cudaStream_t stream, kvr_error_t *err)
 {
     unsigned blocks = 0;
     /* a thread an item: a warp per 32 items, or as many as fit */
-    uint64_t work = kvr__rl_tune_grid ? UINT32_MAX : j.num_items;
+    uint64_t work = kvr__rl_tune_grid == 1 ? UINT32_MAX : j.num_items;
     kvr_status_t st =
-        kvr__grid_size((const void *)relayout_kernel<V, STEP>, THREADS, 0,
+        kvr__grid_size((const void *)relayout_kernel<V, STEP, CS>, THREADS, 0,
                        work, &blocks, err);
     if (st != KVR_OK)
         return st;
-    relayout_kernel<V, STEP><<<blocks, THREADS, 0, stream>>>(j);
+    relayout_kernel<V, STEP, CS><<<blocks, THREADS, 0, stream>>>(j);
     return kvr__launch_status("relayout_kernel", err);
 }
 
 template <typename V>
 kvr_status_t launch_as(Job &j, cudaStream_t stream, kvr_error_t *err)
 {
+    if (kvr__rl_tune_grid == 2) /* streaming cache hints */
+        return launch_step<V, KVR_RL_STEP, true>(j, stream, err);
     switch (kvr__rl_tune_step) {
     case 2:
         return launch_step<V, 2>(j, stream, err);
