@@ -400,9 +400,10 @@ int main(int argc, char **argv)
         line("agent_path", s ? "step4" : "default", b.bytes, us, copy, note);
     }
     pack_setup(&b);
-    static const char *shapes[] = {"warp 8x4", "old 32x1", "team 8x8",
-                                   "warp 4x8", "warp 16x4", "warp 32x2"};
-    for (int k = 0; k < 6; k++) {
+    static const char *shapes[] = {"default", "old 32x1", "team 8x8",
+                                   "warp 4x8", "warp 16x4", "warp 32x2",
+                                   "team 8x4"};
+    for (int k = 0; k < 7; k++) {
         kvr__runs_tune_unroll = k;
         runs_len = kvr_gpu_runs_bytes(runs);
         us = time_op(&b, op_pack);

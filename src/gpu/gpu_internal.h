@@ -39,6 +39,7 @@ struct kvr_gpu_runs {
     kvr__run_item_t *items; /* stream order */
     size_t n;
     uint64_t bytes;
+    bool some_without_src, some_without_dst; /* a 0 address among items */
     void *device; /* the uploaded items (kvr_gpu_runs_upload) */
     void *device_owner;
     kvr__gpu_free_fn free_device;

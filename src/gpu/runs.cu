@@ -1,7 +1,8 @@
-/* Run copies on the device (include/kvrelay/gpu.h, Run copies): a warp per
- * piece of a run table, each clipped to the stream range asked, copied
- * with the widest access (16, 8, 4 or 1 bytes) its addresses and length
- * allow. */
+/* Run copies on the device (include/kvrelay/gpu.h, Run copies): the pieces
+ * of a run table, each clipped to the stream range asked, copied by a team
+ * of lanes with the widest access (16, 8, 4 or 1 bytes) its addresses and
+ * length allow; large tables a warp per 32 pieces, their entries read at
+ * once. */
 #include "cuda_util.cuh"
 
 namespace {
@@ -170,6 +171,9 @@ kvr_status_t launch_warps(const RunJob &j, cudaStream_t stream,
     return kvr__launch_status("runs_kernel", err);
 }
 
+/* Pieces from which a warp per 32 of them still makes 2048 warps. */
+constexpr uint32_t WARP_BATCH_MIN = 65536;
+
 kvr_status_t launch(const RunJob &j, cudaStream_t stream, kvr_error_t *err)
 {
     switch (kvr__runs_tune_unroll) {
@@ -183,8 +187,13 @@ kvr_status_t launch(const RunJob &j, cudaStream_t stream, kvr_error_t *err)
         return launch_warps<16, 4>(j, stream, err);
     case 5:
         return launch_warps<32, 2>(j, stream, err);
-    default:
-        return launch_warps<8, 4>(j, stream, err);
+    case 6:
+        return launch_runs<8, 4>(j, stream, err);
+    default: /* batched entries where there are warps enough to fill the
+                device with them, else a team a piece for more warps */
+        if (j.n >= WARP_BATCH_MIN)
+            return launch_warps<4, 8>(j, stream, err);
+        return launch_runs<8, 8>(j, stream, err);
     }
 }
 
@@ -256,7 +265,8 @@ extern "C" kvr_status_t kvr_gpu_runs_upload_pool(kvr_gpu_runs_t *rt,
 kvr_status_t kvr__runs_warm(void *stream, kvr_error_t *err)
 {
     RunJob j = {NULL, 0, 0, 0, NULL, NULL};
-    runs_warp_kernel<8, 4><<<1, THREADS, 0, (cudaStream_t)stream>>>(j);
+    runs_warp_kernel<4, 8><<<1, THREADS, 0, (cudaStream_t)stream>>>(j);
+    runs_kernel<8, 8><<<1, THREADS, 0, (cudaStream_t)stream>>>(j);
     return kvr__launch_status("runs_kernel (warm-up)", err);
 }
 

@@ -16,6 +16,11 @@
 
 static int devices;
 
+/* The run copy's form (src/gpu/gpu_internal.h): 0 the default, which
+ * picks the warp-batched kernel only for tables of 65536 pieces or more,
+ * so the small tables here also try that one (3) and the team one (2). */
+extern int kvr__runs_tune_unroll;
+
 /* A device buffer `shift` bytes past a fresh allocation, holding `host`. */
 typedef struct {
     void *alloc;
@@ -379,8 +384,12 @@ int main(void)
     }
     check_errors();
     uint64_t rng = 0x475055ull;
-    for (int i = 0; i < 200; i++)
+    static const int FORMS[] = {0, 2, 3};
+    for (int i = 0; i < 300; i++) {
+        kvr__runs_tune_unroll = FORMS[i % 3];
         check_runs(&rng);
+    }
+    kvr__runs_tune_unroll = 0;
     int cases = 0;
     for (; cases < 400; cases++) {
         case_shape_t s = case_random_shape(&rng);
