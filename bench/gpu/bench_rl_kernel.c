@@ -360,22 +360,15 @@ int main(int argc, char **argv)
     double copy = time_op(&b, op_copy);
     line("copy", "-", b.bytes, copy, copy, "-");
     static const int steps[] = {2, 4, 8, 16};
-    for (int g = 0; g < 1; g++)
-        for (int i = 0; i < 4; i++) {
-            char knob[32];
-            kvr__rl_tune_step = steps[i];
-            kvr__rl_tune_grid = g;
-            snprintf(knob, sizeof(knob), "step%d%s", steps[i],
-                     g ? ",full" : "");
-            double us = time_op(&b, op_scatter_rank);
-            line("scatter_rank", knob, b.bytes, us, copy, check_rank0(&b));
-        }
+    for (int i = 0; i < 4; i++) {
+        char knob[32];
+        kvr__rl_tune_step = steps[i];
+        snprintf(knob, sizeof(knob), "step%d", steps[i]);
+        double us = time_op(&b, op_scatter_rank);
+        line("scatter_rank", knob, b.bytes, us, copy, check_rank0(&b));
+    }
     kvr__rl_tune_step = 0;
-    kvr__rl_tune_grid = 2;
     double us = time_op(&b, op_scatter_rank);
-    line("scatter_rank", "streaming", b.bytes, us, copy, check_rank0(&b));
-    kvr__rl_tune_grid = 0;
-    us = time_op(&b, op_scatter_rank);
     line("scatter_rank", "default", b.bytes, us, copy, check_rank0(&b));
     kvr__rl_tune_step = 2;
     us = time_op(&b, op_scatter_all);
@@ -400,10 +393,8 @@ int main(int argc, char **argv)
         line("agent_path", s ? "step4" : "default", b.bytes, us, copy, note);
     }
     pack_setup(&b);
-    static const char *shapes[] = {"default", "old 32x1", "team 8x8",
-                                   "warp 4x8", "warp 16x4", "warp 32x2",
-                                   "team 8x4"};
-    for (int k = 0; k < 7; k++) {
+    static const char *shapes[] = {"team 8x8", "old 32x1"};
+    for (int k = 0; k < 2; k++) {
         kvr__runs_tune_unroll = k;
         runs_len = kvr_gpu_runs_bytes(runs);
         us = time_op(&b, op_pack);

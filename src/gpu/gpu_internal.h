@@ -53,11 +53,10 @@ kvr_status_t kvr__runs_span(const kvr_gpu_runs_t *rt, uint64_t pos,
                             kvr_error_t *err);
 
 /* (CUDA) Benchmark knobs, 0 for the defaults: items a relayout warp copies
- * at once (2, 4, 8 or 16), a relayout grid of every warp that fits (1)
- * rather than a warp per 32 items or streaming cache hints (2), the run copy's vectors in flight a
- * lane (1: the old one-at-a-time loop). Only bench_rl_kernel sets them. */
+ * at once (2, 4, 8 or 16); the run copy's form (1: a warp a piece, one
+ * vector a lane at a time, as before). bench_rl_kernel and the device
+ * tests set them. */
 extern int kvr__rl_tune_step;
-extern int kvr__rl_tune_grid;
 extern int kvr__runs_tune_unroll;
 
 /* (CUDA) One empty launch of every relayout kernel, and of the run copy,

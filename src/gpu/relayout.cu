@@ -116,32 +116,16 @@ __device__ __forceinline__ uint64_t source_at(const Job &j, uint64_t src,
 }
 
 /* Items a warp copies together: each lane keeps 2 * STEP vectors in
- * flight, every load of the group issued before its first store. STEP = 2
- * (four 16-byte loads a lane) left one H200 at a seventh of its copy speed
- * on the one-rank MLA gather (docs/gpu.md, Relayout kernel speed): too few
- * bytes in flight a warp to cover HBM's latency. */
+ * flight, every load of the group issued before its first store. On an
+ * H200 STEP 2, 4 and 8 measured the same on the one-rank MLA gather (0.79
+ * of a device copy; docs/gpu.md, Relayout kernel speed): more items a
+ * step cost registers, so fewer warps, and the bytes in flight an SM stay
+ * the same; 16 was slower. */
 #ifndef KVR_RL_STEP
 #define KVR_RL_STEP 2
 #endif
 
-template <typename V, bool CS>
-__device__ __forceinline__ V load(const V *p)
-{
-    if (CS)
-        return __ldcs(p);
-    return __ldg(p);
-}
-
-template <typename V, bool CS>
-__device__ __forceinline__ void store(V *p, V v)
-{
-    if (CS)
-        __stcs(p, v);
-    else
-        *p = v;
-}
-
-template <typename V, int STEP, bool CS>
+template <typename V, int STEP>
 __device__ void copy_items(const Job &j, const Item (&it)[STEP], uint32_t lane)
 {
     V v[STEP][2];
@@ -150,9 +134,9 @@ __device__ void copy_items(const Job &j, const Item (&it)[STEP], uint32_t lane)
         uint32_t n = it[s].len / sizeof(V);
         uint32_t x = it[s].x0 + lane * (uint32_t)sizeof(V);
         if (lane < n)
-            v[s][0] = load<V, CS>((const V *)source_at(j, it[s].src, x));
+            v[s][0] = __ldg((const V *)source_at(j, it[s].src, x));
         if (lane + 32 < n)
-            v[s][1] = load<V, CS>(
+            v[s][1] = __ldg(
                 (const V *)source_at(j, it[s].src, x + 32 * sizeof(V)));
     }
 #pragma unroll
@@ -160,15 +144,15 @@ __device__ void copy_items(const Job &j, const Item (&it)[STEP], uint32_t lane)
         V *dst = (V *)(it[s].dst + it[s].x0);
         uint32_t n = it[s].len / sizeof(V);
         if (lane < n)
-            store<V, CS>(dst + lane, v[s][0]);
+            dst[lane] = v[s][0];
         if (lane + 32 < n)
-            store<V, CS>(dst + lane + 32, v[s][1]);
+            dst[lane + 32] = v[s][1];
     }
 }
 
 constexpr int THREADS = 256;
 
-template <typename V, int STEP, bool CS = false>
+template <typename V, int STEP>
 __global__ void __launch_bounds__(THREADS) relayout_kernel(const Job j)
 {
     uint32_t lane = threadIdx.x & 31;
@@ -184,7 +168,7 @@ __global__ void __launch_bounds__(THREADS) relayout_kernel(const Job j)
 #pragma unroll
             for (int s = 0; s < STEP; s++)
                 it[s] = from_lane(mine, (int)k + s);
-            copy_items<V, STEP, CS>(j, it, lane);
+            copy_items<V, STEP>(j, it, lane);
         }
     }
 }
@@ -209,31 +193,29 @@ uint64_t geometry_bits(const kvr__rl_geom_t *g)
     return bits;
 }
 
-template <typename V, int STEP, bool CS = false>
+template <typename V, int STEP>
 kvr_status_t launch_step(Job &j, cudaStream_t stream, kvr_error_t *err)
 {
-    unsigned blocks = 0;
-    /* a thread an item: a warp per 32 items, or as many as fit */
-    uint64_t work = kvr__rl_tune_grid == 1 ? UINT32_MAX : j.num_items;
+    unsigned blocks = 0; /* a thread an item: a warp per 32 items */
     kvr_status_t st =
-        kvr__grid_size((const void *)relayout_kernel<V, STEP, CS>, THREADS, 0,
-                       work, &blocks, err);
+        kvr__grid_size((const void *)relayout_kernel<V, STEP>, THREADS, 0,
+                       j.num_items, &blocks, err);
     if (st != KVR_OK)
         return st;
-    relayout_kernel<V, STEP, CS><<<blocks, THREADS, 0, stream>>>(j);
+    relayout_kernel<V, STEP><<<blocks, THREADS, 0, stream>>>(j);
     return kvr__launch_status("relayout_kernel", err);
 }
 
 template <typename V>
 kvr_status_t launch_as(Job &j, cudaStream_t stream, kvr_error_t *err)
 {
-    if (kvr__rl_tune_grid == 2) /* streaming cache hints */
-        return launch_step<V, KVR_RL_STEP, true>(j, stream, err);
     switch (kvr__rl_tune_step) {
     case 2:
         return launch_step<V, 2>(j, stream, err);
     case 4:
         return launch_step<V, 4>(j, stream, err);
+    case 8:
+        return launch_step<V, 8>(j, stream, err);
     case 16:
         return launch_step<V, 16>(j, stream, err);
     default:
@@ -361,7 +343,6 @@ kvr_status_t run_range(const kvr_gpu_relayout_t *rl, Mode mode, uint32_t rank,
 
 /* Benchmark knobs (bench/gpu/bench_rl_kernel.c), 0 for the defaults. */
 int kvr__rl_tune_step = 0;
-int kvr__rl_tune_grid = 0;
 
 /* The current device, as an index into rl's per-device copies; *done
  * when it has one already. */

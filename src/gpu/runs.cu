@@ -1,8 +1,7 @@
 /* Run copies on the device (include/kvrelay/gpu.h, Run copies): the pieces
  * of a run table, each clipped to the stream range asked, copied by a team
  * of lanes with the widest access (16, 8, 4 or 1 bytes) its addresses and
- * length allow; large tables a warp per 32 pieces, their entries read at
- * once. */
+ * length allow. */
 #include "cuda_util.cuh"
 
 namespace {
@@ -74,77 +73,6 @@ __global__ void __launch_bounds__(THREADS) runs_kernel(const RunJob j)
     }
 }
 
-/* Piece i clipped to the job's stream range: source, destination, bytes
- * (0: nothing of it in range). */
-struct Span {
-    const unsigned char *s;
-    unsigned char *d;
-    uint64_t n;
-};
-
-__device__ Span clip_piece(const RunJob &j, uint32_t i)
-{
-    Span sp = {NULL, NULL, 0};
-    if (i >= j.n)
-        return sp;
-    kvr__run_item_t it = j.items[i];
-    uint64_t lo = it.off > j.lo ? it.off : j.lo;
-    uint64_t end = it.off + it.len;
-    uint64_t hi = end < j.hi ? end : j.hi;
-    if (lo >= hi)
-        return sp;
-    sp.s = j.src_buf ? j.src_buf + (lo - j.lo)
-                     : (const unsigned char *)it.src + (lo - it.off);
-    sp.d = j.dst_buf ? j.dst_buf + (lo - j.lo)
-                     : (unsigned char *)it.dst + (lo - it.off);
-    sp.n = hi - lo;
-    return sp;
-}
-
-template <int G, int U>
-__device__ void copy_span(const Span &sp, uint32_t lane)
-{
-    uint64_t bits = (uintptr_t)sp.s | (uintptr_t)sp.d | sp.n;
-    if (sp.n == 0)
-        return;
-    if ((bits & 15) == 0)
-        copy_piece<uint4, G, U>(sp.s, sp.d, sp.n, lane);
-    else if ((bits & 7) == 0)
-        copy_piece<uint2, G, U>(sp.s, sp.d, sp.n, lane);
-    else if ((bits & 3) == 0)
-        copy_piece<uint32_t, G, U>(sp.s, sp.d, sp.n, lane);
-    else
-        copy_piece<unsigned char, G, U>(sp.s, sp.d, sp.n, lane);
-}
-
-/* A warp takes 32 pieces: each lane reads one piece's entry (one
- * coalesced load for all 32, rather than a dependent load before every
- * piece), then teams of G lanes copy them, 32 / G pieces at a time. */
-template <int G, int U>
-__global__ void __launch_bounds__(THREADS) runs_warp_kernel(const RunJob j)
-{
-    constexpr uint32_t TEAMS = 32 / G;
-    uint32_t lane = threadIdx.x & 31, team = lane / G;
-    uint32_t warp = (blockIdx.x * blockDim.x + threadIdx.x) >> 5;
-    uint32_t warps = (gridDim.x * blockDim.x) >> 5;
-    for (uint32_t base = warp * 32; base < j.n; base += warps * 32) {
-        Span mine = clip_piece(j, base + lane);
-        for (uint32_t k = 0; k < G; k++) {
-            int from = (int)(k * TEAMS + team);
-            Span sp;
-            sp.s = (const unsigned char *)__shfl_sync(
-                ~0u, (unsigned long long)mine.s, from);
-            sp.d = (unsigned char *)__shfl_sync(~0u,
-                                                (unsigned long long)mine.d,
-                                                from);
-            sp.n = __shfl_sync(~0u, (unsigned long long)mine.n, from);
-            copy_span<G, U>(sp, lane % G);
-        }
-    }
-}
-
-/* Lanes a piece and vectors a lane in flight: 8 and 8 by default; the
- * knob picks the old warp-a-piece loop (1) or other shapes to compare. */
 template <int G, int U>
 kvr_status_t launch_runs(const RunJob &j, cudaStream_t stream,
                          kvr_error_t *err)
@@ -158,43 +86,13 @@ kvr_status_t launch_runs(const RunJob &j, cudaStream_t stream,
     return kvr__launch_status("runs_kernel", err);
 }
 
-template <int G, int U>
-kvr_status_t launch_warps(const RunJob &j, cudaStream_t stream,
-                          kvr_error_t *err)
-{
-    unsigned blocks = 0;
-    kvr_status_t st = kvr__grid_size((const void *)runs_warp_kernel<G, U>,
-                                     THREADS, 0, j.n, &blocks, err);
-    if (st != KVR_OK)
-        return st;
-    runs_warp_kernel<G, U><<<blocks, THREADS, 0, stream>>>(j);
-    return kvr__launch_status("runs_kernel", err);
-}
-
-/* Pieces from which a warp per 32 of them still makes 2048 warps. */
-constexpr uint32_t WARP_BATCH_MIN = 65536;
-
+/* A team of 8 lanes a piece, 8 vectors a lane in flight; the knob's 1 is
+ * the earlier warp a piece, one vector a lane at a time. */
 kvr_status_t launch(const RunJob &j, cudaStream_t stream, kvr_error_t *err)
 {
-    switch (kvr__runs_tune_unroll) {
-    case 1:
+    if (kvr__runs_tune_unroll == 1)
         return launch_runs<32, 1>(j, stream, err);
-    case 2:
-        return launch_runs<8, 8>(j, stream, err);
-    case 3:
-        return launch_warps<4, 8>(j, stream, err);
-    case 4:
-        return launch_warps<16, 4>(j, stream, err);
-    case 5:
-        return launch_warps<32, 2>(j, stream, err);
-    case 6:
-        return launch_runs<8, 4>(j, stream, err);
-    default: /* batched entries where there are warps enough to fill the
-                device with them, else a team a piece for more warps */
-        if (j.n >= WARP_BATCH_MIN)
-            return launch_warps<4, 8>(j, stream, err);
-        return launch_runs<8, 8>(j, stream, err);
-    }
+    return launch_runs<8, 8>(j, stream, err);
 }
 
 void free_device(void *ptr, size_t bytes, void *stream)
@@ -265,7 +163,6 @@ extern "C" kvr_status_t kvr_gpu_runs_upload_pool(kvr_gpu_runs_t *rt,
 kvr_status_t kvr__runs_warm(void *stream, kvr_error_t *err)
 {
     RunJob j = {NULL, 0, 0, 0, NULL, NULL};
-    runs_warp_kernel<4, 8><<<1, THREADS, 0, (cudaStream_t)stream>>>(j);
     runs_kernel<8, 8><<<1, THREADS, 0, (cudaStream_t)stream>>>(j);
     return kvr__launch_status("runs_kernel (warm-up)", err);
 }
