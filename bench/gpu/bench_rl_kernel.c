@@ -17,21 +17,9 @@
 #include <string.h>
 #include <time.h>
 
+#include "bench_util.h"
 #include "gpu_internal.h"
 
-#define DIE(...)                                                               \
-    do {                                                                       \
-        fprintf(stderr, __VA_ARGS__);                                          \
-        fputc('\n', stderr);                                                   \
-        exit(1);                                                               \
-    } while (0)
-#define CUDA_OK(call)                                                          \
-    do {                                                                       \
-        cudaError_t e_ = (call);                                               \
-        if (e_ != cudaSuccess)                                                 \
-            DIE("%s:%d %s: %s", __FILE__, __LINE__, #call,                     \
-                cudaGetErrorString(e_));                                       \
-    } while (0)
 #define KVR_OK(call)                                                           \
     do {                                                                       \
         if ((call) != KVR_OK)                                                  \
@@ -44,35 +32,6 @@ enum { W = 4, BS = 64, UNIT = 576 };
 
 static kvr_error_t err;
 static uint64_t rng = 0x6b65726e656cull;
-
-static uint64_t rng_next(void)
-{
-    uint64_t z = (rng += 0x9e3779b97f4a7c15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-}
-
-static void *xmalloc(size_t n)
-{
-    void *p = malloc(n ? n : 1);
-    if (p == NULL)
-        DIE("malloc(%zu)", n);
-    return p;
-}
-
-static uint32_t *permutation(uint32_t n)
-{
-    uint32_t *p = xmalloc(n * sizeof(*p));
-    for (uint32_t i = 0; i < n; i++)
-        p[i] = i;
-    for (uint32_t i = n; i > 1; i--) {
-        uint32_t j = (uint32_t)(rng_next() % i), t = p[i - 1];
-        p[i - 1] = p[j];
-        p[j] = t;
-    }
-    return p;
-}
 
 typedef struct {
     kvr_layout_t lay;
@@ -110,8 +69,8 @@ static void setup(bench_t *b, uint64_t tokens, bool sorted)
     b->dst = b->src;
     b->dst.num_blocks = tokens / (BS * W);
     uint32_t ns = (uint32_t)b->src.num_blocks, nd = (uint32_t)b->dst.num_blocks;
-    uint32_t *sb = sorted ? identity(ns) : permutation(ns);
-    uint32_t *db = sorted ? identity(nd) : permutation(nd);
+    uint32_t *sb = sorted ? identity(ns) : bench_permutation(ns, &rng);
+    uint32_t *db = sorted ? identity(nd) : bench_permutation(nd, &rng);
     b->req = (kvr_gpu_request_t){sb, b->src.num_blocks, db,
                                  b->dst.num_blocks, tokens, 0};
     KVR_OK(kvr_gpu_relayout_create(&b->lay, &b->src, &b->dst, &b->req, &b->rl,
@@ -122,7 +81,7 @@ static void setup(bench_t *b, uint64_t tokens, bool sorted)
     b->bytes = kvr_gpu_relayout_bytes(b->rl, 0);
     b->h_src = xmalloc(b->src_bytes);
     for (uint64_t i = 0; i < b->src_bytes; i += 8) {
-        uint64_t v = rng_next();
+        uint64_t v = bench_rng(&rng);
         memcpy(b->h_src + i, &v, 8);
     }
     b->h_want = xmalloc(b->dst_bytes);
