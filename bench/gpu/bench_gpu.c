@@ -17,21 +17,9 @@
 #include <string.h>
 #include <time.h>
 
+#include "bench_util.h"
 #include "gpu_internal.h"
 
-#define DIE(...)                                                               \
-    do {                                                                       \
-        fprintf(stderr, __VA_ARGS__);                                          \
-        fputc('\n', stderr);                                                   \
-        exit(1);                                                               \
-    } while (0)
-#define CUDA_OK(call)                                                          \
-    do {                                                                       \
-        cudaError_t e_ = (call);                                               \
-        if (e_ != cudaSuccess)                                                 \
-            DIE("%s:%d %s: %s", __FILE__, __LINE__, #call,                     \
-                cudaGetErrorString(e_));                                       \
-    } while (0)
 #define KVR_OK_OR_DIE(call)                                                    \
     do {                                                                       \
         kvr_error_t err = {0};                                                 \
@@ -45,18 +33,7 @@ static uint64_t rng_state = 0x62656e6368ull;
 
 static uint64_t rng_next(void)
 {
-    uint64_t z = (rng_state += 0x9e3779b97f4a7c15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-}
-
-static void *xmalloc(size_t n)
-{
-    void *p = malloc(n ? n : 1);
-    if (p == NULL)
-        DIE("malloc(%zu)", n);
-    return p;
+    return bench_rng(&rng_state);
 }
 
 /* ---- timing ---- */
@@ -161,19 +138,6 @@ typedef struct {
     size_t runs;
 } relayout_t;
 
-static uint32_t *permutation(uint32_t n)
-{
-    uint32_t *p = xmalloc(n * sizeof(*p));
-    for (uint32_t i = 0; i < n; i++)
-        p[i] = i;
-    for (uint32_t i = n; i > 1; i--) {
-        uint32_t j = (uint32_t)(rng_next() % i), t = p[i - 1];
-        p[i - 1] = p[j];
-        p[j] = t;
-    }
-    return p;
-}
-
 static void setup_regions(relayout_t *b, kvr_region_desc_t *src,
                           kvr_region_desc_t *dst, kvr_layout_t *lay)
 {
@@ -241,8 +205,8 @@ static void relayout_setup(relayout_t *b)
     kvr_layout_t lay;
     kvr_region_desc_t src, dst;
     setup_regions(b, &src, &dst, &lay);
-    uint32_t *sb = permutation((uint32_t)src.num_blocks);
-    uint32_t *db = permutation((uint32_t)dst.num_blocks);
+    uint32_t *sb = bench_permutation((uint32_t)src.num_blocks, &rng_state);
+    uint32_t *db = bench_permutation((uint32_t)dst.num_blocks, &rng_state);
     kvr_gpu_request_t req = {sb, src.num_blocks, db, dst.num_blocks, TOKENS, 0};
     KVR_OK_OR_DIE(
         kvr_gpu_relayout_create(&lay, &src, &dst, &req, &b->rl, &err));

@@ -31,6 +31,7 @@
 
 #include <cuda_runtime.h>
 
+#include "bench_util.h"
 #include "gpu_path.h"
 #include "kvrelay/base.h"
 #include "kvrelay/gpu.h"
@@ -49,12 +50,6 @@
 
 typedef unsigned long long ull;
 
-#define DIE(...)                                                               \
-    do {                                                                       \
-        fprintf(stderr, __VA_ARGS__);                                          \
-        fputc('\n', stderr);                                                   \
-        exit(1);                                                               \
-    } while (0)
 #define OK_OR_DIE(call)                                                        \
     do {                                                                       \
         kvr_error_t e_ = {0};                                                  \

@@ -39,6 +39,7 @@ struct kvr_gpu_runs {
     kvr__run_item_t *items; /* stream order */
     size_t n;
     uint64_t bytes;
+    bool some_without_src, some_without_dst; /* a 0 address among items */
     void *device; /* the uploaded items (kvr_gpu_runs_upload) */
     void *device_owner;
     kvr__gpu_free_fn free_device;
@@ -50,6 +51,13 @@ kvr_status_t kvr__runs_span(const kvr_gpu_runs_t *rt, uint64_t pos,
                             uint64_t len, const void *src_buf,
                             const void *dst_buf, size_t *first, size_t *last,
                             kvr_error_t *err);
+
+/* (CUDA) Benchmark knobs, 0 for the defaults: items a relayout warp copies
+ * at once (2, 4, 8 or 16); the run copy's form (1: a warp a piece, one
+ * vector a lane at a time, as before). bench_rl_kernel and the device
+ * tests set them. */
+extern int kvr__rl_tune_step;
+extern int kvr__runs_tune_unroll;
 
 /* (CUDA) One empty launch of every relayout kernel, and of the run copy,
  * on stream: loads their code on the current device. */

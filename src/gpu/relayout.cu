@@ -115,19 +115,22 @@ __device__ __forceinline__ uint64_t source_at(const Job &j, uint64_t src,
     return src + c * j.stride + (x - c * j.chunk.d);
 }
 
-/* Items a warp copies together; each lane keeps 2 * KVR_RL_STEP vectors in
- * flight (loads first, then the stores). */
+/* Items a warp copies together: each lane keeps 2 * STEP vectors in
+ * flight, every load of the group issued before its first store. On an
+ * H200 STEP 2, 4 and 8 measured the same on the one-rank MLA gather (0.79
+ * of a device copy; docs/gpu.md, Relayout kernel speed): more items a
+ * step cost registers, so fewer warps, and the bytes in flight an SM stay
+ * the same; 16 was slower. */
 #ifndef KVR_RL_STEP
 #define KVR_RL_STEP 2
 #endif
 
-template <typename V>
-__device__ void copy_items(const Job &j, const Item (&it)[KVR_RL_STEP],
-                           uint32_t lane)
+template <typename V, int STEP>
+__device__ void copy_items(const Job &j, const Item (&it)[STEP], uint32_t lane)
 {
-    V v[KVR_RL_STEP][2];
+    V v[STEP][2];
 #pragma unroll
-    for (int s = 0; s < KVR_RL_STEP; s++) {
+    for (int s = 0; s < STEP; s++) {
         uint32_t n = it[s].len / sizeof(V);
         uint32_t x = it[s].x0 + lane * (uint32_t)sizeof(V);
         if (lane < n)
@@ -137,7 +140,7 @@ __device__ void copy_items(const Job &j, const Item (&it)[KVR_RL_STEP],
                 (const V *)source_at(j, it[s].src, x + 32 * sizeof(V)));
     }
 #pragma unroll
-    for (int s = 0; s < KVR_RL_STEP; s++) {
+    for (int s = 0; s < STEP; s++) {
         V *dst = (V *)(it[s].dst + it[s].x0);
         uint32_t n = it[s].len / sizeof(V);
         if (lane < n)
@@ -149,7 +152,7 @@ __device__ void copy_items(const Job &j, const Item (&it)[KVR_RL_STEP],
 
 constexpr int THREADS = 256;
 
-template <typename V>
+template <typename V, int STEP>
 __global__ void __launch_bounds__(THREADS) relayout_kernel(const Job j)
 {
     uint32_t lane = threadIdx.x & 31;
@@ -159,12 +162,13 @@ __global__ void __launch_bounds__(THREADS) relayout_kernel(const Job j)
         Item mine = {0, 0, 0, 0};
         if (base + lane < j.num_items)
             mine = describe(j, j.item0 + base + lane);
-        for (int k = 0; k < 32; k += KVR_RL_STEP) {
-            Item it[KVR_RL_STEP];
+        uint32_t left = min(32u, j.num_items - base);
+        for (uint32_t k = 0; k < left; k += STEP) {
+            Item it[STEP];
 #pragma unroll
-            for (int s = 0; s < KVR_RL_STEP; s++)
-                it[s] = from_lane(mine, k + s);
-            copy_items<V>(j, it, lane);
+            for (int s = 0; s < STEP; s++)
+                it[s] = from_lane(mine, (int)k + s);
+            copy_items<V, STEP>(j, it, lane);
         }
     }
 }
@@ -189,16 +193,34 @@ uint64_t geometry_bits(const kvr__rl_geom_t *g)
     return bits;
 }
 
+template <typename V, int STEP>
+kvr_status_t launch_step(Job &j, cudaStream_t stream, kvr_error_t *err)
+{
+    unsigned blocks = 0; /* a thread an item: a warp per 32 items */
+    kvr_status_t st =
+        kvr__grid_size((const void *)relayout_kernel<V, STEP>, THREADS, 0,
+                       j.num_items, &blocks, err);
+    if (st != KVR_OK)
+        return st;
+    relayout_kernel<V, STEP><<<blocks, THREADS, 0, stream>>>(j);
+    return kvr__launch_status("relayout_kernel", err);
+}
+
 template <typename V>
 kvr_status_t launch_as(Job &j, cudaStream_t stream, kvr_error_t *err)
 {
-    unsigned blocks = 0;
-    kvr_status_t st = kvr__grid_size((const void *)relayout_kernel<V>, THREADS,
-                                     0, j.num_items, &blocks, err);
-    if (st != KVR_OK)
-        return st;
-    relayout_kernel<V><<<blocks, THREADS, 0, stream>>>(j);
-    return kvr__launch_status("relayout_kernel", err);
+    switch (kvr__rl_tune_step) {
+    case 2:
+        return launch_step<V, 2>(j, stream, err);
+    case 4:
+        return launch_step<V, 4>(j, stream, err);
+    case 8:
+        return launch_step<V, 8>(j, stream, err);
+    case 16:
+        return launch_step<V, 16>(j, stream, err);
+    default:
+        return launch_step<V, KVR_RL_STEP>(j, stream, err);
+    }
 }
 
 kvr_status_t device_tables(const kvr_gpu_relayout_t *rl, kvr__rl_geom_t *g,
@@ -319,6 +341,9 @@ kvr_status_t run_range(const kvr_gpu_relayout_t *rl, Mode mode, uint32_t rank,
 
 } // namespace
 
+/* Benchmark knobs (bench/gpu/bench_rl_kernel.c), 0 for the defaults. */
+int kvr__rl_tune_step = 0;
+
 /* The current device, as an index into rl's per-device copies; *done
  * when it has one already. */
 static kvr_status_t upload_slot(const kvr_gpu_relayout_t *rl, int *dev,
@@ -420,10 +445,10 @@ kvr_status_t kvr__relayout_warm(void *stream, kvr_error_t *err)
     Job j = {};
     j.chunk = kvr__div_make(1);
     cudaStream_t s = (cudaStream_t)stream;
-    relayout_kernel<uint4><<<1, THREADS, 0, s>>>(j);
-    relayout_kernel<uint2><<<1, THREADS, 0, s>>>(j);
-    relayout_kernel<uint32_t><<<1, THREADS, 0, s>>>(j);
-    relayout_kernel<unsigned char><<<1, THREADS, 0, s>>>(j);
+    relayout_kernel<uint4, KVR_RL_STEP><<<1, THREADS, 0, s>>>(j);
+    relayout_kernel<uint2, KVR_RL_STEP><<<1, THREADS, 0, s>>>(j);
+    relayout_kernel<uint32_t, KVR_RL_STEP><<<1, THREADS, 0, s>>>(j);
+    relayout_kernel<unsigned char, KVR_RL_STEP><<<1, THREADS, 0, s>>>(j);
     return kvr__launch_status("relayout_kernel (warm-up)", err);
 }
 

@@ -1,7 +1,7 @@
-/* Run copies on the device (include/kvrelay/gpu.h, Run copies): a warp per
- * piece of a run table, each clipped to the stream range asked, copied
- * with the widest access (16, 8, 4 or 1 bytes) its addresses and length
- * allow. */
+/* Run copies on the device (include/kvrelay/gpu.h, Run copies): the pieces
+ * of a run table, each clipped to the stream range asked, copied by a team
+ * of lanes with the widest access (16, 8, 4 or 1 bytes) its addresses and
+ * length allow. */
 #include "cuda_util.cuh"
 
 namespace {
@@ -16,23 +16,38 @@ struct RunJob {
     unsigned char *dst_buf;
 };
 
-template <typename V>
+/* A piece copied by G lanes, each keeping U vectors in flight (all loads
+ * before the stores). On an H200 a team of 8 with 8 vectors moved one
+ * rank's 576-byte MLA runs at 0.84 of a device copy, the earlier warp a
+ * piece with one vector a lane at 0.82, and small copies no slower
+ * (docs/gpu.md, Run copy speed). */
+template <typename V, int G, int U>
 __device__ void copy_piece(const unsigned char *s, unsigned char *d,
                            uint64_t n, uint32_t lane)
 {
     const V *sv = (const V *)s;
     V *dv = (V *)d;
     uint64_t nv = n / sizeof(V);
-    for (uint64_t x = lane; x < nv; x += 32)
-        dv[x] = sv[x];
+    for (uint64_t x = lane; x < nv; x += G * U) {
+        V v[U];
+#pragma unroll
+        for (int u = 0; u < U; u++)
+            if (x + u * G < nv)
+                v[u] = sv[x + u * G];
+#pragma unroll
+        for (int u = 0; u < U; u++)
+            if (x + u * G < nv)
+                dv[x + u * G] = v[u];
+    }
 }
 
+template <int G, int U>
 __global__ void __launch_bounds__(THREADS) runs_kernel(const RunJob j)
 {
-    uint32_t lane = threadIdx.x & 31;
-    uint32_t warp = (blockIdx.x * blockDim.x + threadIdx.x) >> 5;
-    uint32_t warps = (gridDim.x * blockDim.x) >> 5;
-    for (uint32_t i = warp; i < j.n; i += warps) {
+    uint32_t lane = threadIdx.x % G;
+    uint32_t team = (blockIdx.x * blockDim.x + threadIdx.x) / G;
+    uint32_t teams = (gridDim.x * blockDim.x) / G;
+    for (uint32_t i = team; i < j.n; i += teams) {
         kvr__run_item_t it = j.items[i];
         uint64_t lo = it.off > j.lo ? it.off : j.lo;
         uint64_t end = it.off + it.len;
@@ -48,14 +63,36 @@ __global__ void __launch_bounds__(THREADS) runs_kernel(const RunJob j)
         uint64_t n = hi - lo;
         uint64_t bits = (uintptr_t)s | (uintptr_t)d | n;
         if ((bits & 15) == 0)
-            copy_piece<uint4>(s, d, n, lane);
+            copy_piece<uint4, G, U>(s, d, n, lane);
         else if ((bits & 7) == 0)
-            copy_piece<uint2>(s, d, n, lane);
+            copy_piece<uint2, G, U>(s, d, n, lane);
         else if ((bits & 3) == 0)
-            copy_piece<uint32_t>(s, d, n, lane);
+            copy_piece<uint32_t, G, U>(s, d, n, lane);
         else
-            copy_piece<unsigned char>(s, d, n, lane);
+            copy_piece<unsigned char, G, U>(s, d, n, lane);
     }
+}
+
+template <int G, int U>
+kvr_status_t launch_runs(const RunJob &j, cudaStream_t stream,
+                         kvr_error_t *err)
+{
+    unsigned blocks = 0;
+    kvr_status_t st = kvr__grid_size((const void *)runs_kernel<G, U>, THREADS,
+                                     0, (uint64_t)j.n * G, &blocks, err);
+    if (st != KVR_OK)
+        return st;
+    runs_kernel<G, U><<<blocks, THREADS, 0, stream>>>(j);
+    return kvr__launch_status("runs_kernel", err);
+}
+
+/* A team of 8 lanes a piece, 8 vectors a lane in flight; the knob's 1 is
+ * the earlier warp a piece, one vector a lane at a time. */
+kvr_status_t launch(const RunJob &j, cudaStream_t stream, kvr_error_t *err)
+{
+    if (kvr__runs_tune_unroll == 1)
+        return launch_runs<32, 1>(j, stream, err);
+    return launch_runs<8, 8>(j, stream, err);
 }
 
 void free_device(void *ptr, size_t bytes, void *stream)
@@ -68,6 +105,8 @@ void free_device(void *ptr, size_t bytes, void *stream)
 }
 
 } // namespace
+
+int kvr__runs_tune_unroll = 0;
 
 extern "C" kvr_status_t kvr_gpu_runs_upload(kvr_gpu_runs_t *rt, void *stream,
                                             kvr_error_t *err)
@@ -124,7 +163,7 @@ extern "C" kvr_status_t kvr_gpu_runs_upload_pool(kvr_gpu_runs_t *rt,
 kvr_status_t kvr__runs_warm(void *stream, kvr_error_t *err)
 {
     RunJob j = {NULL, 0, 0, 0, NULL, NULL};
-    runs_kernel<<<1, THREADS, 0, (cudaStream_t)stream>>>(j);
+    runs_kernel<8, 8><<<1, THREADS, 0, (cudaStream_t)stream>>>(j);
     return kvr__launch_status("runs_kernel (warm-up)", err);
 }
 
@@ -150,11 +189,5 @@ extern "C" kvr_status_t kvr_gpu_runs_copy(const kvr_gpu_runs_t *rt,
     if (last - first > UINT32_MAX)
         return kvr_error_set(err, KVR_ERR_UNSUPPORTED,
                              "%zu run pieces in one copy", last - first);
-    unsigned blocks = 0;
-    st = kvr__grid_size((const void *)runs_kernel, THREADS, 0,
-                        (uint64_t)(last - first) * 32, &blocks, err);
-    if (st != KVR_OK)
-        return st;
-    runs_kernel<<<blocks, THREADS, 0, (cudaStream_t)stream>>>(j);
-    return kvr__launch_status("runs_kernel", err);
+    return launch(j, (cudaStream_t)stream, err);
 }

@@ -1,6 +1,7 @@
 /* Region classes and block-table ordering, shared by plan, wire and gpu. */
 #include <stdbool.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "layout_internal.h"
 
@@ -79,6 +80,28 @@ static int cmp_id(const void *a, const void *b)
     return (x->id > y->id) - (x->id < y->id);
 }
 
+/* One stable counting pass on byte `shift / 8` of the ids, from `in` into
+ * `out`; false (and nothing moved) when every id has the same byte there. */
+static bool radix_pass(const kvr__id_index_t *in, kvr__id_index_t *out,
+                       size_t n, unsigned shift)
+{
+    size_t count[257] = {0};
+    for (size_t i = 0; i < n; i++)
+        count[((in[i].id >> shift) & 0xff) + 1]++;
+    for (int d = 0; d < 256; d++)
+        if (count[d + 1] == n)
+            return false;
+    for (int d = 0; d < 256; d++)
+        count[d + 1] += count[d];
+    for (size_t i = 0; i < n; i++)
+        out[count[(in[i].id >> shift) & 0xff]++] = in[i];
+    return true;
+}
+
+/* A 4096-entry destination table took qsort about 0.3 ms, more than the
+ * GPU needs to move a million tokens (docs/gpu.md, Relayout kernel speed):
+ * ids are 32-bit, so a least-significant-byte radix sort, O(n) a byte,
+ * skipping the bytes every id shares (the high ones, mostly). */
 void kvr__sort_ids(const uint32_t *table, uint32_t first, size_t n,
                    kvr__id_index_t *out)
 {
@@ -87,6 +110,21 @@ void kvr__sort_ids(const uint32_t *table, uint32_t first, size_t n,
         out[i] = (kvr__id_index_t){table[first + i], first + (uint32_t)i};
         sorted &= i == 0 || out[i - 1].id < out[i].id;
     }
-    if (!sorted) /* tables are mostly ascending already: skip the sort */
+    if (sorted) /* tables are mostly ascending already: skip the sort */
+        return;
+    kvr__id_index_t *tmp = malloc(n * sizeof(*tmp));
+    if (tmp == NULL) {
         qsort(out, n, sizeof(*out), cmp_id);
+        return;
+    }
+    kvr__id_index_t *a = out, *b = tmp;
+    for (unsigned shift = 0; shift < 32; shift += 8)
+        if (radix_pass(a, b, n, shift)) {
+            kvr__id_index_t *t = a;
+            a = b;
+            b = t;
+        }
+    if (a != out)
+        memcpy(out, a, n * sizeof(*out));
+    free(tmp);
 }

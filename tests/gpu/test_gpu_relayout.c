@@ -16,6 +16,10 @@
 
 static int devices;
 
+/* The run copy's form (src/gpu/gpu_internal.h): 0 the default, 1 the
+ * earlier warp a piece, both against the reference. */
+extern int kvr__runs_tune_unroll;
+
 /* A device buffer `shift` bytes past a fresh allocation, holding `host`. */
 typedef struct {
     void *alloc;
@@ -259,6 +263,107 @@ static void check_errors(void)
     case_free(&c);
 }
 
+/* ---- run copies (kvr_gpu_runs_copy) against kvr_gpu_runs_copy_ref ---- */
+
+/* n runs of random length (1 byte to past the 16 KiB piece cut) at random
+ * offsets (every alignment) of src, to disjoint places of dst: the same
+ * runs as offsets, made absolute over the host images and the device
+ * buffers. */
+typedef struct {
+    kvr_gpu_run_t *off; /* src, dst as offsets */
+    size_t n;
+    uint64_t src_bytes, dst_bytes, total;
+} runs_case_t;
+
+static runs_case_t runs_make(uint64_t *rng)
+{
+    runs_case_t rc = {0};
+    rc.n = 1 + rng_below(rng, 700);
+    rc.off = xmalloc(rc.n * sizeof(*rc.off));
+    uint64_t d = 0;
+    rc.src_bytes = 1u << 20;
+    for (size_t i = 0; i < rc.n; i++) {
+        uint32_t pick = rng_below(rng, 8);
+        uint64_t len = pick == 0   ? 1 + rng_below(rng, 40000)
+                       : pick < 4 ? 576
+                                  : 1 + rng_below(rng, 2048);
+        uint64_t align = pick < 4 ? 16 : 1;
+        uint64_t s = rng_below(rng, (uint32_t)(rc.src_bytes - len)) / align *
+                     align;
+        d += rng_below(rng, 3) == 0 ? rng_below(rng, 64) : 0;
+        rc.off[i] = (kvr_gpu_run_t){s, d, len};
+        d += len;
+        rc.total += len;
+    }
+    rc.dst_bytes = d + 1;
+    return rc;
+}
+
+static kvr_gpu_runs_t *runs_at(const runs_case_t *rc, const void *src,
+                               const void *dst)
+{
+    kvr_gpu_run_t *r = xmalloc(rc->n * sizeof(*r));
+    for (size_t i = 0; i < rc->n; i++)
+        r[i] = (kvr_gpu_run_t){(uint64_t)(uintptr_t)src + rc->off[i].src,
+                               (uint64_t)(uintptr_t)dst + rc->off[i].dst,
+                               rc->off[i].len};
+    kvr_gpu_runs_t *rt = NULL;
+    CHECK_KVR(kvr_gpu_runs_create(r, rc->n, &rt, &err));
+    free(r);
+    return rt;
+}
+
+/* Scatter of stream range [pos, pos + len), pack of it into a buffer
+ * (shifted by `shift`), unpack of that buffer back: each image equal to
+ * the reference's. */
+static void check_runs(uint64_t *rng)
+{
+    runs_case_t rc = runs_make(rng);
+    unsigned char *h_src = xmalloc(rc.src_bytes);
+    unsigned char *h_dst = xmalloc(rc.dst_bytes);
+    unsigned char *h_buf = xmalloc(rc.total + 16);
+    rng_fill(rng, h_src, rc.src_bytes);
+    memset(h_dst, 0xa5, rc.dst_bytes);
+    memset(h_buf, 0x5a, rc.total + 16);
+    uint64_t pos = rng_below(rng, 2) ? 0 : rng_below(rng, (uint32_t)rc.total);
+    uint64_t len = rng_below(rng, 2) ? rc.total - pos
+                                     : rng_below(rng, (uint32_t)(rc.total - pos) + 1);
+    uint32_t shift = rng_below(rng, 2) ? 0 : rng_below(rng, 16);
+    dbuf_t src = dbuf_make(0, h_src, rc.src_bytes, 0);
+    dbuf_t dst = dbuf_make(0, h_dst, rc.dst_bytes, 0);
+    dbuf_t buf = dbuf_make(0, h_buf, rc.total + 16, 0);
+    kvr_gpu_runs_t *host = runs_at(&rc, h_src, h_dst);
+    kvr_gpu_runs_t *dev = runs_at(&rc, src.ptr, dst.ptr);
+    CHECK_KVR(kvr_gpu_runs_upload(dev, NULL, &err));
+    /* scatter, then pack into buf + shift, then unpack it into dst again */
+    CHECK_KVR(kvr_gpu_runs_copy_ref(host, pos, len, NULL, NULL, &err));
+    CHECK_KVR(kvr_gpu_runs_copy(dev, pos, len, NULL, NULL, NULL, &err));
+    CHECK_KVR(
+        kvr_gpu_runs_copy_ref(host, pos, len, NULL, h_buf + shift, &err));
+    CHECK_KVR(kvr_gpu_runs_copy(dev, pos, len, NULL, buf.ptr + shift, NULL,
+                                &err));
+    CUDA_OK(cudaDeviceSynchronize());
+    check_device_image(&dst, h_dst, rc.dst_bytes, "runs scatter", "runs", 0);
+    check_device_image(&buf, h_buf, rc.total + 16, "runs pack", "runs", 0);
+    CUDA_OK(cudaMemset(dst.ptr, 0x3c, rc.dst_bytes));
+    memset(h_dst, 0x3c, rc.dst_bytes);
+    CHECK_KVR(
+        kvr_gpu_runs_copy_ref(host, pos, len, h_buf + shift, NULL, &err));
+    CHECK_KVR(kvr_gpu_runs_copy(dev, pos, len, buf.ptr + shift, NULL, NULL,
+                                &err));
+    CUDA_OK(cudaDeviceSynchronize());
+    check_device_image(&dst, h_dst, rc.dst_bytes, "runs unpack", "runs", 0);
+    kvr_gpu_runs_destroy(host);
+    kvr_gpu_runs_destroy(dev);
+    dbuf_free(&src);
+    dbuf_free(&dst);
+    dbuf_free(&buf);
+    free(h_src);
+    free(h_dst);
+    free(h_buf);
+    free(rc.off);
+}
+
 int main(void)
 {
     CHECK_KVR(kvr_gpu_device_count(&devices, &err));
@@ -278,6 +383,11 @@ int main(void)
     }
     check_errors();
     uint64_t rng = 0x475055ull;
+    for (int i = 0; i < 300; i++) {
+        kvr__runs_tune_unroll = i % 2;
+        check_runs(&rng);
+    }
+    kvr__runs_tune_unroll = 0;
     int cases = 0;
     for (; cases < 400; cases++) {
         case_shape_t s = case_random_shape(&rng);

@@ -3,6 +3,7 @@
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include <cmocka.h>
@@ -95,12 +96,51 @@ static void test_sort_ids(void **state)
     }
 }
 
+static int cmp_pair(const void *a, const void *b)
+{
+    const kvr__id_index_t *x = a, *y = b;
+    if (x->id != y->id)
+        return (x->id > y->id) - (x->id < y->id);
+    return (x->index > y->index) - (x->index < y->index);
+}
+
+/* Random tables whose ids differ in every byte (the radix sort's four
+ * passes), in a narrow range (passes skipped) and with repeats: the same
+ * (id, index) pairs as a plain sort, in ascending id order. */
+static void test_sort_ids_random(void **state)
+{
+    (void)state;
+    uint64_t x = 0x736f7274ull;
+    enum { N = 5000 };
+    static uint32_t table[N + 3];
+    static kvr__id_index_t got[N], want[N];
+    for (int round = 0; round < 12; round++) {
+        uint32_t mask = round % 3 == 0 ? 0xffffffffu
+                        : round % 3 == 1 ? 0xff00u
+                                         : 0x3fu; /* repeats */
+        size_t n = 1 + (size_t)(round * 417) % N;
+        for (size_t i = 0; i < n + 3; i++) {
+            x = x * 6364136223846793005ull + 1442695040888963407ull;
+            table[i] = (uint32_t)(x >> 32) & mask;
+        }
+        kvr__sort_ids(table, 3, n, got);
+        for (size_t i = 0; i < n; i++)
+            want[i] = (kvr__id_index_t){table[3 + i], 3 + (uint32_t)i};
+        qsort(want, n, sizeof(*want), cmp_pair);
+        for (size_t i = 1; i < n; i++)
+            assert_true(got[i - 1].id <= got[i].id);
+        qsort(got, n, sizeof(*got), cmp_pair); /* equal ids: any order */
+        assert_memory_equal(got, want, n * sizeof(*got));
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_class_round_trip),
         cmocka_unit_test(test_distinct_classes),
         cmocka_unit_test(test_sort_ids),
+        cmocka_unit_test(test_sort_ids_random),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
