@@ -36,7 +36,7 @@ compile() { # source file
 echo "== build: $("$NVCC" --version | tail -1), $ARCH"
 t0=$(date +%s)
 # base and layout: the files the gpu layer needs (base's init.c wants libsodium)
-CORE="src/base/status.c src/layout/layout.c"
+CORE="src/base/status.c src/layout/layout.c src/layout/region_class.c"
 SRCS="$CORE $(ls src/gpu/*.c src/gpu/*.cu) tests/gpu/relayout_case.c
       tests/gpu/decode_case.c tests/gpu/test_gpu_relayout.c tests/gpu/test_gpu_decode.c
       tests/gpu/test_gpu_ipc.c bench/gpu/bench_gpu.c"
