@@ -149,6 +149,11 @@ static int sv_option(void *ctx, const char *name, const char *value)
         c->requests = (uint32_t)v;
         return rc;
     }
+    if (strcmp(name, "reps") == 0) {
+        rc = u64_opt(name, value, 1, SV_MAX_REPS, &v);
+        c->reps = (uint32_t)v;
+        return rc;
+    }
     if (strcmp(name, "rate") == 0)
         return real_opt(name, value, 1e6, &c->rate);
     if (strcmp(name, "prefill-us-per-layer-per-ktoken") == 0)
@@ -223,6 +228,8 @@ static const char sv_usage[] =
     "  --tokens-dist fixed:N | uniform:A:B | FILE (uniform:2048:16384)\n"
     "  --prefill-us-per-layer-per-ktoken US (0)  --layer-group K (1)\n"
     "  --stream [on|off|both] | --no-stream (off)\n"
+    "  --reps N (3): the passes and a ceiling after them, N times; the\n"
+    "    medians are reported, every repetition in the JSON\n"
     "  --pool-tokens N (destination tokens per group; default: every\n"
     "    request's, so nothing is reused)\n"
     "  --device host|cuda  --json FILE\n";
@@ -239,6 +246,7 @@ int sv_parse(int argc, char **argv, sv_cfg_t *c)
     c->dist_b = 16384;
     c->layer_group = 1;
     c->passes = 1;
+    c->reps = 3;
     char **args = malloc(((size_t)argc + 1) * sizeof(*args));
     if (args == NULL)
         return CLI_EXIT_FAILED;

@@ -14,6 +14,7 @@
 
 #define SV_MAX_REQUESTS 4096u
 #define SV_MAX_PASSES 2u
+#define SV_MAX_REPS 9u /* repetitions of the passes, each with a ceiling */
 #define SV_SMALL_REPS 40u
 
 typedef enum { SV_DIST_FIXED, SV_DIST_UNIFORM, SV_DIST_FILE } sv_dist_t;
@@ -30,6 +31,7 @@ typedef struct sv_cfg {
     uint32_t layer_group; /* layers per send_ready */
     bool stream[SV_MAX_PASSES]; /* one trace pass per entry */
     uint32_t passes;
+    uint32_t reps; /* the passes and a ceiling after them, this often */
     uint64_t pool_tokens; /* destination pool per group; 0: every request's */
     const char *json_path;
 } sv_cfg_t;

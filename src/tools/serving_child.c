@@ -593,7 +593,7 @@ static void command(ch_t *h, const char *line)
         if (prod)
             producer_pass(h, T0);
         else
-            consumer_pass(h, T0, h->c->stream[pass]);
+            consumer_pass(h, T0, h->c->stream[pass % h->c->passes]);
     } else if (strcmp(line, "warm") == 0) {
         if (prod)
             producer_open_all(h, "warm", h->c->d.groups, bs);
