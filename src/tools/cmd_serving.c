@@ -550,6 +550,10 @@ static json_t *params_json(const sup_t *s)
     json_object_set_new(p, "replicate_index",
                         json_boolean(d->lay.replicate_index));
     json_object_set_new(p, "index_every", json_integer(d->index_every));
+    json_object_set_new(p, "sources", json_string(s->c.distinct_src
+                                                      ? "distinct"
+                                                      : "shared"));
+    json_object_set_new(p, "reps", json_integer(s->c.reps));
     return p;
 }
 
