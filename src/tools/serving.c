@@ -339,6 +339,15 @@ static void prefill_schedule(const sv_cfg_t *c, sv_trace_t *t)
     }
 }
 
+/* Block ids are 32-bit: a pool of n blocks, or the error (fmt names n). */
+static bool few_blocks(uint64_t n, const char *fmt)
+{
+    if (n <= UINT32_MAX / 2)
+        return true;
+    cli_usage_error("bench serving", fmt, (unsigned long long)n);
+    return false;
+}
+
 /* Each group's requests take consecutive virtual blocks of a ring, from
  * its start again when the rest does not fit (a rank waits for an earlier
  * request there to be released and verified before it loads into it). */
@@ -363,12 +372,9 @@ static bool dst_ring(const sv_cfg_t *c, sv_trace_t *t)
                         (unsigned long long)pool, (unsigned long long)most);
         return false;
     }
-    if (pool > UINT32_MAX / 2) {
-        cli_usage_error("bench serving", "a destination pool of %llu blocks "
-                                         "is too large (use --pool-tokens)",
-                        (unsigned long long)pool);
+    if (!few_blocks(pool, "a destination pool of %llu blocks is too large "
+                          "(use --pool-tokens)"))
         return false;
-    }
     t->pool_vblocks = pool;
     uint64_t cursor[64] = {0};
     for (uint32_t i = 0; i < t->n; i++) {
@@ -400,12 +406,9 @@ static bool src_stretches(const sv_cfg_t *c, sv_trace_t *t)
         at[p] += kvr_num_src_blocks(lay, t->tokens[i]);
         most = at[p] > most ? at[p] : most;
     }
-    if (most > UINT32_MAX / 2) {
-        cli_usage_error("bench serving", "--sources distinct: %llu source "
-                                         "blocks per instance are too many",
-                        (unsigned long long)most);
+    if (!few_blocks(most, "--sources distinct: %llu source blocks per "
+                          "instance are too many"))
         return false;
-    }
     t->src_blocks = most;
     return true;
 }
