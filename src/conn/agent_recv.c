@@ -122,7 +122,9 @@ static void end(kvr_agent_t *a, kvr__creq_t *r, kvr_agent_recv_state_t to)
     kvr__agent_log(a, "recv '%.*s' from '%.*s': %s %s", (int)r->id.len,
                    r->id.bytes, (int)r->producer.len, r->producer.bytes,
                    kvr_agent_recv_state_name(to), r->message);
-    event(a, r, KVR_AGENT_RELEASED); /* LOADED went out before (pulling) */
+    if (to == KVR_RECV_LOADED)
+        event(a, r, KVR_AGENT_LOADED);
+    event(a, r, KVR_AGENT_RELEASED);
     creq_free(a, r);
 }
 
@@ -422,11 +424,6 @@ static void pulling(kvr_agent_t *a, kvr__creq_t *r, const kvr__recv_input_t *in)
             return;
         r->status = KVR_OK;
         r->message[0] = '\0';
-        /* LOADED before the RELEASEs go out: the engine's thread wakes
-         * while they are sent (a one-block round trip is made of wakes) */
-        r->state = KVR_RECV_LOADED;
-        publish(a, r);
-        event(a, r, KVR_AGENT_LOADED);
         for (uint32_t i = 0; i < r->num_stages; i++)
             send_release(a, r, &r->stages[i]);
         end(a, r, KVR_RECV_LOADED);
