@@ -98,6 +98,10 @@ typedef struct kvr_loopback_params {
     uint64_t mem_limit;   /* bytes this transport may register (0: any);
                                 beyond it registration fails ERR_NO_SPACE */
     bool no_map;          /* refuse kvr_rmem_ptr (as UCX over tcp does) */
+    bool map_stores;      /* kvr_rmem_map works (as UCX shm on memory the
+                                peer allocated does); the test keeps every
+                                peer's memory alive while mapped, since
+                                loopback memory is freed with its owner */
 } kvr_loopback_params_t;
 
 #define KVR_LOOPBACK_PARAMS_INIT                                               \
@@ -185,6 +189,14 @@ uint64_t kvr_rmem_len(const kvr_rmem_t *rmem);
  * Stores through it are ordered before later control messages. */
 kvr_status_t kvr_rmem_ptr(kvr_rmem_t *rmem, uint64_t off, uint64_t len,
                           void **out);
+/* The whole peer region as a local pointer that stays valid until
+ * kvr_rmem_close, so that stores may take the place of puts (same host,
+ * memory the peer allocated with kvr_mem_alloc: UCX keeps its shared
+ * segment attached while the rkey lives, even past the peer's death).
+ * ERR_UNSUPPORTED otherwise (UCX over tcp, memory the peer registered,
+ * loopback without params.map_stores). Stores are ordered before later
+ * control messages; nothing checks their bounds: the caller does. */
+kvr_status_t kvr_rmem_map(kvr_rmem_t *rmem, void **base);
 
 /* Posts a put of [src, src+len) to dst at dst_off. Checked against the
  * region's length first (ERR_RUN_OUT_OF_BOUNDS). Waits, up to the deadline,

@@ -1235,6 +1235,15 @@ uint64_t kvr__agent_chunks(kvr_agent_t *a)
     return n;
 }
 
+void kvr__agent_direct_bytes(kvr_agent_t *a, uint64_t *stored, uint64_t *put)
+{
+    *stored = *put = 0;
+    pthread_mutex_lock(&a->turn_lock); /* the loop writes them */
+    for (kvr__alink_t *l = a->links; l != NULL; l = l->next)
+        kvr__dpeer_counts(l->data, stored, put);
+    pthread_mutex_unlock(&a->turn_lock);
+}
+
 uint32_t kvr__agent_refusals(kvr_agent_t *a, kvr_status_t *status, char *why,
                              size_t cap)
 {

@@ -491,6 +491,10 @@ static kvr_status_t map_one(kvr_agent_t *a, kvr__alink_t *l,
     else if (st == KVR_OK)
         st = kvr__dpeer_map(l->data, r->base, kvr_region_bytes(&r->desc),
                             r->rkey, r->rkey_len, &l->maps[i].mapping, err);
+    /* host KV the consumer allocated through kvrelay on this host: direct
+     * sends store into it (docs/agent.md, Executors) */
+    if (st == KVR_OK && !device && !staging)
+        kvr__dpeer_map_stores(l->data, l->maps[i].mapping);
     if (st == KVR_OK && staging)
         st = device ? kvr__agpu_link(a, l, r, &l->maps[i], err)
                     : kvr__staged_link(a, l, r, err);

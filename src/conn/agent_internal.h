@@ -750,6 +750,9 @@ void kvr__agent_set_frame_fault(kvr_agent_t *a, kvr_msg_type_t type,
                                 uint32_t nth, kvr__fault_mode_t mode);
 /* Tests: staged chunks this agent sent or unpacked so far. */
 uint64_t kvr__agent_chunks(kvr_agent_t *a);
+/* Tests: bytes direct sends on the live links stored into mapped consumer
+ * memory and put through the transport. */
+void kvr__agent_direct_bytes(kvr_agent_t *a, uint64_t *stored, uint64_t *put);
 /* Tests: how many links this agent closed by a refusal (its own or the
  * peer's BYE), with the last one's status and reason. */
 uint32_t kvr__agent_refusals(kvr_agent_t *a, kvr_status_t *status, char *why,

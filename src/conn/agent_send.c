@@ -953,6 +953,54 @@ static void reap_gpu(kvr_agent_t *a, uint64_t *moved)
     }
 }
 
+static bool is_active(const kvr_agent_t *a, const kvr__pull_t *p)
+{
+    for (const kvr__pull_t *q = a->active; q != NULL; q = q->work_next)
+        if (q == p)
+            return true;
+    return false;
+}
+
+/* The head pull and the other active pulls of its request (the consumer
+ * ranks that pulled it), in list order: at most cap. */
+static uint32_t request_pulls(kvr_agent_t *a, kvr__pull_t **out, uint32_t cap)
+{
+    uint32_t n = 0;
+    const kvr_wire_id_t *id = &a->active->request;
+    for (kvr__pull_t *q = a->active; q != NULL && n < cap; q = q->work_next)
+        if (kvr_wire_id_equal(&q->request, id))
+            out[n++] = q;
+    return n;
+}
+
+/* The head request's pulls (its consumer ranks) a slice each in turn,
+ * again while the turn lasts and they move bytes, then those still moving
+ * go to the back: round robin over requests, about a turn each. The
+ * ranks' tokens interleave in one stretch of our source pages (and each
+ * rank reads all of a replicated index), so a request served on its own
+ * walks one stretch at a time; one slice per pull in turn over twelve
+ * requests walked twelve, and moved the same bytes for 1.2-1.5x the CPU
+ * of one large transfer (docs/performance.md). */
+static void serve_request(kvr_agent_t *a, uint64_t end_ns, uint64_t *moved)
+{
+    kvr__pull_t *group[KVR_AGENT_MAX_TP * 4];
+    uint32_t n = request_pulls(a, group, sizeof(group) / sizeof(group[0]));
+    bool again = true;
+    while (again) {
+        uint64_t before = *moved;
+        for (uint32_t i = 0; i < n; i++)
+            if (is_active(a, group[i]))
+                slice(a, group[i], moved);
+        again = *moved > before && *moved < KVR_AGENT_TURN_BYTES &&
+                kvr_now_ns() < end_ns;
+    }
+    for (uint32_t i = 0; i < n; i++)
+        if (is_active(a, group[i])) {
+            unlist_active(a, group[i]);
+            list_active(a, group[i]);
+        }
+}
+
 void kvr__send_work(kvr_agent_t *a, uint64_t end_ns)
 {
     uint64_t moved = 0;
@@ -963,16 +1011,7 @@ void kvr__send_work(kvr_agent_t *a, uint64_t end_ns)
     while (a->active != NULL && kvr__agpu_cpu_work(a) &&
            (first || (kvr_now_ns() < end_ns && moved < KVR_AGENT_TURN_BYTES))) {
         first = false;
-        kvr__pull_t *p = a->active;
-        if (!slice(a, p, &moved) && a->active == p && p->work_next != NULL) {
-            /* round robin: p goes to the back */
-            a->active = p->work_next;
-            kvr__pull_t *t = a->active;
-            while (t->work_next != NULL)
-                t = t->work_next;
-            t->work_next = p;
-            p->work_next = NULL;
-        }
+        serve_request(a, end_ns, &moved);
     }
     if (moved > 0)
         a->moving_turns++;

@@ -1,6 +1,7 @@
 /* The connector's data path over the xfer layer (see data.h). */
 #include "data.h"
 
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -22,7 +23,11 @@ struct kvr__dpeer {
     kvr__data_t *d;
     kvr_ep_t *ep;
     kvr_rmem_t *maps[MAX_MAPPINGS];
+    uint8_t *stores[MAX_MAPPINGS]; /* mapped peer memory, or NULL: puts */
     uint32_t num_maps;
+    bool unflushed;        /* put_some posted puts no flush waited for */
+    uint64_t stored_bytes; /* moved by stores into mapped memory */
+    uint64_t put_bytes;    /* moved by put_some's puts */
     kvr_mem_t *pack; /* registered bounce buffer for staged chunks */
     kvr_cost_model_t model;
 };
@@ -229,6 +234,22 @@ kvr_status_t kvr__dpeer_map(kvr__dpeer_t *p, uint64_t base, uint64_t len,
     return KVR_OK;
 }
 
+bool kvr__dpeer_map_stores(kvr__dpeer_t *p, uint32_t index)
+{
+    void *base = NULL;
+    if (index >= p->num_maps || kvr_rmem_map(p->maps[index], &base) != KVR_OK)
+        return false;
+    p->stores[index] = base;
+    return true;
+}
+
+void kvr__dpeer_counts(const kvr__dpeer_t *p, uint64_t *stored,
+                       uint64_t *put)
+{
+    *stored += p ? p->stored_bytes : 0;
+    *put += p ? p->put_bytes : 0;
+}
+
 /* xfer's segment view of ours; caller frees. */
 static kvr_xfer_seg_t *to_xfer(const kvr__dpeer_t *p, const kvr__dseg_t *segs,
                                size_t n)
@@ -297,15 +318,30 @@ kvr_status_t kvr__data_put_some(kvr__dpeer_t *p, const kvr__dseg_t *segs,
         if (segs[cur->seg].remote >= p->num_maps)
             return kvr_error_set(err, KVR_ERR_INVALID, "mapping %u",
                                  segs[cur->seg].remote);
+        uint32_t m = segs[cur->seg].remote;
+        const uint8_t *src = segs[cur->seg].src;
+        if (p->stores[m] != NULL) { /* the plan was checked against both
+                                       regions: its runs are in bounds */
+            for (; cur->run < nr && posted < max_bytes; cur->run++) {
+                memcpy(p->stores[m] + runs[cur->run].dst,
+                       src + runs[cur->run].src, runs[cur->run].len);
+                posted += runs[cur->run].len;
+                p->stored_bytes += runs[cur->run].len;
+            }
+            continue;
+        }
         const kvr_run_t *r = &runs[cur->run];
-        st = kvr_xfer_put(p->ep, (const uint8_t *)segs[cur->seg].src + r->src,
-                          r->len, p->maps[segs[cur->seg].remote], r->dst,
+        st = kvr_xfer_put(p->ep, src + r->src, r->len, p->maps[m], r->dst,
                           deadline_ns);
         if (st != KVR_OK)
             break; /* not posted: the cursor stays on it */
+        p->unflushed = true;
+        p->put_bytes += r->len;
         cur->run++;
         posted += r->len;
     }
+    /* the stores land before the WRITE_DONE that follows them */
+    atomic_thread_fence(memory_order_release);
     *moved += posted;
     *done = cur->seg >= n;
     return st == KVR_OK ? KVR_OK : put_error(p, st, err, "direct transfer");
@@ -314,7 +350,11 @@ kvr_status_t kvr__data_put_some(kvr__dpeer_t *p, const kvr__dseg_t *segs,
 kvr_status_t kvr__data_flush(kvr__dpeer_t *p, uint64_t deadline_ns,
                              kvr_error_t *err)
 {
+    if (!p->unflushed) /* stores only: in place when put_some returned */
+        return KVR_OK;
     kvr_status_t st = kvr_xfer_flush(p->ep, deadline_ns);
+    if (st == KVR_OK)
+        p->unflushed = false;
     return st == KVR_OK ? KVR_OK : put_error(p, st, err, "flush");
 }
 

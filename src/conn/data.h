@@ -52,6 +52,13 @@ kvr_status_t kvr__dpeer_map(kvr__dpeer_t *p, uint64_t base, uint64_t len,
                             const uint8_t *rkey, uint32_t rkey_len,
                             uint32_t *index, kvr_error_t *err);
 
+/* Direct sends into mapping `index` become stores when the transport can
+ * map it for good (kvr_rmem_map: same host, memory the peer allocated);
+ * false leaves them puts. Host memory only. */
+bool kvr__dpeer_map_stores(kvr__dpeer_t *p, uint32_t index);
+/* Adds the bytes direct sends stored into mapped memory and put. */
+void kvr__dpeer_counts(const kvr__dpeer_t *p, uint64_t *stored, uint64_t *put);
+
 /* One region's part of a transfer. */
 typedef struct kvr__dseg {
     const kvr_plan_t *plan;
@@ -128,7 +135,8 @@ kvr_status_t kvr__data_put_some(kvr__dpeer_t *p, const kvr__dseg_t *segs,
                                 size_t n, kvr__dcursor_t *cur,
                                 uint64_t max_bytes, uint64_t deadline_ns,
                                 bool *done, uint64_t *moved, kvr_error_t *err);
-/* Waits (up to the deadline) until every put posted on p completed. */
+/* Waits (up to the deadline) until every put posted on p completed;
+ * at once when put_some only stored. */
 kvr_status_t kvr__data_flush(kvr__dpeer_t *p, uint64_t deadline_ns,
                              kvr_error_t *err);
 

@@ -1,9 +1,10 @@
 /* `kvrelay bench serving` (docs/performance.md): the supervisor. It forks
  * the prefill stages and decode ranks (each its own agent in its own
  * process, as `kvrelay demo` runs them), warms every link, then drives the
- * phases: each trace pass, the ceiling (the same bytes as one transfer per
- * (stage, rank) pair) and the one-block round trips; it gathers the
- * processes' report lines, prints a table and writes the JSON. */
+ * phases: a first (cold) ceiling, then --reps times each trace pass and
+ * a ceiling (the same bytes as one transfer per (stage, rank) pair) right
+ * after them, then the one-block round trips; it gathers the processes'
+ * report lines, prints a table and writes the JSON. */
 #include <errno.h>
 #include <jansson.h>
 #include <poll.h>
@@ -21,8 +22,7 @@
 #include "serving.h"
 
 #define MAX_KIDS 160
-#define CEILING_REPS                                                           \
-    3u /* before the passes, after them, after the round trips */
+#define MAX_RUNS (SV_MAX_PASSES * SV_MAX_REPS) /* trace passes in a run */
 
 typedef struct {
     pid_t pid;
@@ -48,13 +48,13 @@ typedef struct {
     /* phase bookkeeping */
     const char *want; /* the line prefix the phase waits for */
     uint32_t got;
-    uint32_t pass;
-    uint64_t T0[SV_MAX_PASSES];
-    rq_t *rq[SV_MAX_PASSES];
-    uint32_t done_requests, layer_events[SV_MAX_PASSES];
+    uint32_t pass, runs; /* run index: rep * passes + pass */
+    uint64_t T0[MAX_RUNS];
+    rq_t *rq[MAX_RUNS];
+    uint32_t done_requests, layer_events[MAX_RUNS];
     uint64_t done_bytes, progress_ns;
     uint64_t ceil_start, ceil_end, ceil_bytes, ceil_best_ns, ceil_best_bytes;
-    uint64_t ceil_ns[CEILING_REPS];
+    uint64_t ceil_ns[1 + SV_MAX_REPS]; /* [0]: cold, then one per rep */
     int ndev;
     bool ceil_ok;
     uint64_t small_ns[SV_SMALL_REPS * 64];
@@ -143,16 +143,18 @@ static void progress(sup_t *s, bool last)
     if (!last && now - s->progress_ns < 200000000ull)
         return;
     s->progress_ns = now;
-    fprintf(stderr, "\r  pass %u/%u (%s): %u/%u requests loaded, %.2f GB%s",
-            s->pass + 1, s->c.passes,
-            s->c.stream[s->pass] ? "stream" : "no-stream", s->done_requests,
-            s->t.n, (double)s->done_bytes / 1e9, last ? "\n" : "   ");
+    uint32_t k = s->pass % s->c.passes, rep = s->pass / s->c.passes;
+    fprintf(stderr,
+            "\r  rep %u/%u pass %u/%u (%s): %u/%u requests loaded, %.2f GB%s",
+            rep + 1, s->c.reps, k + 1, s->c.passes,
+            s->c.stream[k] ? "stream" : "no-stream", s->done_requests, s->t.n,
+            (double)s->done_bytes / 1e9, last ? "\n" : "   ");
     fflush(stderr);
 }
 
 static rq_t *trace_req(sup_t *s, unsigned pass, unsigned i)
 {
-    return pass < s->c.passes && i < s->t.n ? &s->rq[pass][i] : NULL;
+    return pass < s->runs && i < s->t.n ? &s->rq[pass][i] : NULL;
 }
 
 static void on_loaded(sup_t *s, rq_t *q, unsigned long long ns,
@@ -196,7 +198,7 @@ static void on_line(sup_t *s, const char *line)
     } else if (strncmp(line, "X ", 2) == 0) {
         fail(s, "%s", line + 2);
     } else if (sscanf(line, "D %u %*u %u", &pass, &i) == 2 &&
-               pass < SV_MAX_PASSES) {
+               pass < s->runs) {
         s->layer_events[pass] += i;
     } else if (sscanf(line, "C %u %llu %llu %u %llu", &i, &a, &b, &ok,
                       &bytes) == 5) {
@@ -339,7 +341,8 @@ static void stop_all(sup_t *s)
 /* ---- phases ---- */
 
 /* One ceiling transfer: each instance's one large request, loaded by its
- * group; the fastest of the run's three counts. */
+ * group. rep 0 is cold (it maps the pages every pass writes); each later
+ * one follows a repetition's passes. */
 static bool ceiling(sup_t *s, uint32_t rep)
 {
     char line[64];
@@ -375,26 +378,31 @@ static bool run_phases(sup_t *s)
     s->ceil_ok = true;
     if (!ceiling(s, 0))
         return false;
-    for (uint32_t k = 0; k < s->c.passes; k++) {
-        s->pass = k;
-        s->done_requests = 0;
-        s->done_bytes = 0;
-        s->T0[k] = kvr_now_ns() + 50000000ull;
-        snprintf(line, sizeof(line), "go %llu %u\n",
-                 (unsigned long long)s->T0[k], k);
-        tell(s, true, true, line);
-        bool ok = await(s, "D ", s->nkids);
-        progress(s, true);
-        if (!ok)
+    /* the trace is measured as often as the ceiling, each ceiling right
+     * after its repetition's passes (the machine as they found it) */
+    for (uint32_t rep = 0; rep < s->c.reps; rep++) {
+        for (uint32_t k = 0; k < s->c.passes; k++) {
+            uint32_t run = rep * s->c.passes + k;
+            s->pass = run;
+            s->done_requests = 0;
+            s->done_bytes = 0;
+            s->T0[run] = kvr_now_ns() + 50000000ull;
+            snprintf(line, sizeof(line), "go %llu %u\n",
+                     (unsigned long long)s->T0[run], run);
+            tell(s, true, true, line);
+            bool ok = await(s, "D ", s->nkids);
+            progress(s, true);
+            if (!ok)
+                return false;
+        }
+        if (!ceiling(s, rep + 1))
             return false;
     }
-    if (!ceiling(s, 1))
-        return false;
     tell(s, true, false, "small\n");
     if (!await(s, "opened", s->nprod))
         return false;
     tell(s, false, true, "small\n");
-    return await(s, "D small", ncons) && ceiling(s, 2);
+    return await(s, "D small", ncons);
 }
 
 /* ---- the report ---- */
@@ -476,7 +484,8 @@ static json_t *pass_json(const sup_t *s, uint32_t k, double ceiling,
     free(xfer);
     free(whole);
     return json_pack("{s:b,s:f,s:f,s:I,s:f,s:f,s:f,s:f,s:f,s:f,s:I,s:I,s:o}",
-                     "stream", s->c.stream[k], "aggregate_GBps", o->agg,
+                     "stream", s->c.stream[k % s->c.passes], "aggregate_GBps",
+                     o->agg,
                      "ratio", ceiling > 0 ? o->agg / ceiling : 0.0, "bytes",
                      (json_int_t)o->bytes, "seconds", o->secs, "gap_ms_p50",
                      o->gap[0], "gap_ms_p90", o->gap[1], "gap_ms_p99",
@@ -541,6 +550,10 @@ static json_t *params_json(const sup_t *s)
     json_object_set_new(p, "replicate_index",
                         json_boolean(d->lay.replicate_index));
     json_object_set_new(p, "index_every", json_integer(d->index_every));
+    json_object_set_new(p, "sources", json_string(s->c.distinct_src
+                                                      ? "distinct"
+                                                      : "shared"));
+    json_object_set_new(p, "reps", json_integer(s->c.reps));
     return p;
 }
 
@@ -580,27 +593,80 @@ static void print_table(const sup_t *s, const pass_sum_t *ps, double ceiling,
     for (uint32_t k = 0; k < s->c.passes; k++)
         printf("%10u/%-3u", ps[k].verified, s->t.n);
     printf("\nceiling %.3f GB/s (%.1f MB per instance as one transfer per "
-           "stage-rank pair)\n",
-           ceiling, (double)s->ceil_best_bytes / d->instances / 1e6);
+           "stage-rank pair; median of %u, each after its rep's passes)\n",
+           ceiling, (double)s->ceil_best_bytes / d->instances / 1e6,
+           s->c.reps);
     printf("one-block request round trip p50 %.1f us (%u samples)\n", small_p50,
            s->nsmall);
+}
+
+static double rate(uint64_t bytes, uint64_t ns)
+{
+    return ns ? (double)bytes / (double)ns : 0;
+}
+
+/* The warm ceilings (one per rep), each as GB/s, and their median. */
+static double ceilings(const sup_t *s, double *each)
+{
+    double v[SV_MAX_REPS];
+    for (uint32_t r = 0; r < s->c.reps; r++)
+        v[r] = each[r] = rate(s->ceil_best_bytes, s->ceil_ns[r + 1]);
+    return pct(v, s->c.reps, 50);
+}
+
+/* Pass k of every rep: the median rep's record (its requests and gaps),
+ * with every rep's aggregate and its ratio to the ceiling measured right
+ * after it. */
+static json_t *pass_reps(const sup_t *s, uint32_t k, double ceiling,
+                         const double *ceil_each, pass_sum_t *o)
+{
+    json_t *rec[SV_MAX_REPS], *aggs = json_array(), *ratios = json_array();
+    pass_sum_t sum[SV_MAX_REPS];
+    double agg[SV_MAX_REPS];
+    for (uint32_t r = 0; r < s->c.reps; r++) {
+        rec[r] = pass_json(s, r * s->c.passes + k, ceiling, &sum[r]);
+        agg[r] = sum[r].agg;
+        json_array_append_new(aggs, json_real(sum[r].agg));
+        json_array_append_new(
+            ratios, json_real(ceil_each[r] > 0 ? sum[r].agg / ceil_each[r] : 0));
+    }
+    double mid = pct(agg, s->c.reps, 50);
+    uint32_t pick = 0;
+    for (uint32_t r = 0; r < s->c.reps; r++)
+        if (sum[r].agg == mid)
+            pick = r;
+    *o = sum[pick];
+    for (uint32_t r = 0; r < s->c.reps; r++) {
+        o->verified = sum[r].verified < o->verified ? sum[r].verified
+                                                    : o->verified;
+        if (r != pick)
+            json_decref(rec[r]);
+    }
+    json_object_set_new(rec[pick], "rep", json_integer(pick));
+    json_object_set_new(rec[pick], "aggregate_GBps_each", aggs);
+    json_object_set_new(rec[pick], "ratio_each", ratios);
+    return rec[pick];
 }
 
 static int report(sup_t *s, FILE *json_file)
 {
     pass_sum_t ps[SV_MAX_PASSES];
     uint64_t cb = s->ceil_best_bytes;
-    double ceiling = s->ceil_best_ns ? (double)cb / (double)s->ceil_best_ns : 0;
+    double ceil_each[SV_MAX_REPS];
+    double ceiling = ceilings(s, ceil_each);
     double small[SV_SMALL_REPS * 64];
     for (uint32_t i = 0; i < s->nsmall; i++)
         small[i] = (double)s->small_ns[i] / 1e3;
     double small_p50 = pct(small, s->nsmall, 50);
-    json_t *runs = json_array(), *sm = json_array();
+    json_t *runs = json_array(), *sm = json_array(), *ce = json_array();
     bool ok = !s->failed && s->ceil_ok;
     for (uint32_t k = 0; k < s->c.passes; k++) {
-        json_array_append_new(runs, pass_json(s, k, ceiling, &ps[k]));
+        json_array_append_new(runs,
+                              pass_reps(s, k, ceiling, ceil_each, &ps[k]));
         ok &= ps[k].verified == s->t.n;
     }
+    for (uint32_t r = 0; r < s->c.reps; r++)
+        json_array_append_new(ce, json_real(ceil_each[r]));
     for (uint32_t i = 0; i < s->nsmall; i++)
         json_array_append_new(sm, json_real(small[i]));
     /* the last pass (streaming with --stream both) is the headline */
@@ -609,14 +675,24 @@ static int report(sup_t *s, FILE *json_file)
     json_object_set_new(root, "command", json_string(s->command));
     json_object_set_new(root, "machine", machine_json(s->ndev));
     json_object_set_new(root, "params", params_json(s));
+    json_object_set_new(root, "reps", json_integer(s->c.reps));
     json_object_set_new(root, "ceiling_GBps", json_real(ceiling));
+    json_object_set_new(root, "ceiling_GBps_each", ce);
+    /* the fastest ceiling of the run, cold one included (the definition
+     * before --reps: compare old files with ratio_to_best_ceiling) */
+    double best = rate(cb, s->ceil_best_ns);
+    json_object_set_new(root, "ceiling_GBps_best", json_real(best));
+    json_object_set_new(root, "ratio_to_best_ceiling",
+                        json_real(best > 0 ? ps[s->c.passes - 1].agg / best
+                                           : 0));
     json_object_set_new(root, "ceiling_bytes", json_integer((json_int_t)cb));
     json_object_set_new(root, "ceiling_seconds",
-                        json_real((double)s->ceil_best_ns / 1e9));
-    json_object_set_new(root, "ceiling_seconds_each",
-                        json_pack("[f,f,f]", (double)s->ceil_ns[0] / 1e9,
-                                  (double)s->ceil_ns[1] / 1e9,
-                                  (double)s->ceil_ns[2] / 1e9));
+                        json_real(ceiling > 0 ? (double)cb / ceiling / 1e9
+                                              : 0));
+    json_t *secs = json_array();
+    for (uint32_t r = 0; r <= s->c.reps; r++)
+        json_array_append_new(secs, json_real((double)s->ceil_ns[r] / 1e9));
+    json_object_set_new(root, "ceiling_seconds_each", secs);
     json_object_set_new(root, "small_request_us_p50", json_real(small_p50));
     json_object_set_new(root, "small_request_us", sm);
     /* issue 17's streaming target: the streaming gap against the whole
@@ -627,10 +703,11 @@ static int report(sup_t *s, FILE *json_file)
     json_object_set_new(root, "runs", runs);
     json_object_set_new(root, "ok", json_boolean(ok));
     print_table(s, ps, ceiling, small_p50);
-    for (uint32_t k = 0; k < s->c.passes; k++)
+    for (uint32_t k = 0; k < s->runs; k++)
         for (uint32_t i = 0; i < s->t.n; i++)
             if (s->rq[k][i].failure[0])
-                printf("  pass %u request %u FAILED: %s\n", k, i,
+                printf("  rep %u pass %u request %u FAILED: %s\n",
+                       k / s->c.passes, k % s->c.passes, i,
                        s->rq[k][i].failure);
     int rc = ok ? CLI_EXIT_OK : CLI_EXIT_FAILED;
     if (json_file != NULL && (json_dumpf(root, json_file, JSON_INDENT(1)) ||
@@ -678,7 +755,8 @@ static int setup(sup_t *s, int argc, char **argv, FILE **json_file, int *ndev)
                                "kvrelay was built without CUDA)");
     if (!sv_trace_build(&s->c, &s->t))
         return CLI_EXIT_USAGE;
-    for (uint32_t k = 0; k < s->c.passes; k++)
+    s->runs = s->c.passes * s->c.reps;
+    for (uint32_t k = 0; k < s->runs; k++)
         if ((s->rq[k] = calloc(s->t.n + 1, sizeof(rq_t))) == NULL)
             return CLI_EXIT_FAILED;
     remember_command(s, argc, argv);
@@ -707,7 +785,7 @@ int cli_cmd_bench_serving(int argc, char **argv)
         rc = CLI_EXIT_FAILED;
     if (json_file != NULL && rc != CLI_EXIT_OK)
         remove(s->c.json_path);
-    for (uint32_t k = 0; k < SV_MAX_PASSES; k++)
+    for (uint32_t k = 0; k < MAX_RUNS; k++)
         free(s->rq[k]);
     sv_trace_free(&s->t);
     sv_cfg_free(&s->c);

@@ -149,6 +149,11 @@ static int sv_option(void *ctx, const char *name, const char *value)
         c->requests = (uint32_t)v;
         return rc;
     }
+    if (strcmp(name, "reps") == 0) {
+        rc = u64_opt(name, value, 1, SV_MAX_REPS, &v);
+        c->reps = (uint32_t)v;
+        return rc;
+    }
     if (strcmp(name, "rate") == 0)
         return real_opt(name, value, 1e6, &c->rate);
     if (strcmp(name, "prefill-us-per-layer-per-ktoken") == 0)
@@ -162,6 +167,12 @@ static int sv_option(void *ctx, const char *name, const char *value)
     }
     if (strcmp(name, "pool-tokens") == 0)
         return u64_opt(name, value, 1, 1ull << 26, &c->pool_tokens);
+    if (strcmp(name, "sources") == 0) {
+        if (strcmp(value, "shared") != 0 && strcmp(value, "distinct") != 0)
+            return bad("--%s: '%s' is not shared or distinct", name, value);
+        c->distinct_src = value[0] == 'd';
+        return 1;
+    }
     if (strcmp(name, "json") == 0) {
         c->json_path = value;
         return 1;
@@ -223,8 +234,14 @@ static const char sv_usage[] =
     "  --tokens-dist fixed:N | uniform:A:B | FILE (uniform:2048:16384)\n"
     "  --prefill-us-per-layer-per-ktoken US (0)  --layer-group K (1)\n"
     "  --stream [on|off|both] | --no-stream (off)\n"
+    "  --reps N (3): the passes and a ceiling after them, N times; the\n"
+    "    medians are reported, every repetition in the JSON\n"
     "  --pool-tokens N (destination tokens per group; default: every\n"
     "    request's, so nothing is reused)\n"
+    "  --sources shared|distinct (shared): every request reads one shared\n"
+    "    source (the ceiling cycles over it), or each its own blocks (the\n"
+    "    ceiling reads exactly those; the sources take as much memory as\n"
+    "    the destinations)\n"
     "  --device host|cuda  --json FILE\n";
 
 int sv_parse(int argc, char **argv, sv_cfg_t *c)
@@ -239,6 +256,7 @@ int sv_parse(int argc, char **argv, sv_cfg_t *c)
     c->dist_b = 16384;
     c->layer_group = 1;
     c->passes = 1;
+    c->reps = 3;
     char **args = malloc(((size_t)argc + 1) * sizeof(*args));
     if (args == NULL)
         return CLI_EXIT_FAILED;
@@ -321,6 +339,15 @@ static void prefill_schedule(const sv_cfg_t *c, sv_trace_t *t)
     }
 }
 
+/* Block ids are 32-bit: a pool of n blocks, or the error (fmt names n). */
+static bool few_blocks(uint64_t n, const char *fmt)
+{
+    if (n <= UINT32_MAX / 2)
+        return true;
+    cli_usage_error("bench serving", fmt, (unsigned long long)n);
+    return false;
+}
+
 /* Each group's requests take consecutive virtual blocks of a ring, from
  * its start again when the rest does not fit (a rank waits for an earlier
  * request there to be released and verified before it loads into it). */
@@ -345,12 +372,9 @@ static bool dst_ring(const sv_cfg_t *c, sv_trace_t *t)
                         (unsigned long long)pool, (unsigned long long)most);
         return false;
     }
-    if (pool > UINT32_MAX / 2) {
-        cli_usage_error("bench serving", "a destination pool of %llu blocks "
-                                         "is too large (use --pool-tokens)",
-                        (unsigned long long)pool);
+    if (!few_blocks(pool, "a destination pool of %llu blocks is too large "
+                          "(use --pool-tokens)"))
         return false;
-    }
     t->pool_vblocks = pool;
     uint64_t cursor[64] = {0};
     for (uint32_t i = 0; i < t->n; i++) {
@@ -362,6 +386,40 @@ static bool dst_ring(const sv_cfg_t *c, sv_trace_t *t)
         cursor[g] += v;
     }
     return true;
+}
+
+/* Distinct sources: each instance's requests take consecutive stretches
+ * of its source table. */
+static bool src_stretches(const sv_cfg_t *c, sv_trace_t *t)
+{
+    const kvr_layout_t *lay = &c->d.lay;
+    t->src_blocks = kvr_num_src_blocks(lay, t->src_tokens);
+    if (!c->distinct_src)
+        return true;
+    uint64_t at[64] = {0}, most = 0;
+    t->src_at = calloc(t->n + 1, sizeof(uint64_t));
+    if (t->src_at == NULL)
+        return false;
+    for (uint32_t i = 0; i < t->n; i++) {
+        uint32_t p = demo_instance_of(&c->d, i);
+        t->src_at[i] = at[p];
+        at[p] += kvr_num_src_blocks(lay, t->tokens[i]);
+        most = at[p] > most ? at[p] : most;
+    }
+    if (!few_blocks(most, "--sources distinct: %llu source blocks per "
+                          "instance are too many"))
+        return false;
+    t->src_blocks = most;
+    return true;
+}
+
+void sv_src_table(const sv_trace_t *t, const uint32_t *table, uint32_t i,
+                  uint64_t n, uint32_t *out)
+{
+    uint64_t at = t->src_at == NULL || i == UINT32_MAX ? 0 : t->src_at[i];
+    uint64_t m = t->src_blocks;
+    for (uint64_t k = 0; k < n; k++)
+        out[k] = table[(at + k) % m];
 }
 
 bool sv_trace_build(const sv_cfg_t *c, sv_trace_t *t)
@@ -397,7 +455,7 @@ bool sv_trace_build(const sv_cfg_t *c, sv_trace_t *t)
     if (t->ceiling_tokens == 0)
         t->ceiling_tokens = 1;
     t->src_tokens = most; /* the ceiling reads it cyclically */
-    return true;
+    return src_stretches(c, t);
 }
 
 void sv_trace_free(sv_trace_t *t)
@@ -407,6 +465,7 @@ void sv_trace_free(sv_trace_t *t)
     free(t->stage_start);
     free(t->layer_ns);
     free(t->dst_start);
+    free(t->src_at);
     memset(t, 0, sizeof(*t));
 }
 
@@ -428,8 +487,8 @@ uint64_t sv_prefill_end(const sv_cfg_t *cfg, const sv_trace_t *t, uint32_t i)
 
 uint32_t sv_src_pool(const sv_trace_t *t, const sv_cfg_t *cfg)
 {
-    uint64_t bs = cfg->d.lay.block_size;
-    return (uint32_t)((t->src_tokens + bs - 1) / bs + 7);
+    (void)cfg;
+    return (uint32_t)(t->src_blocks + 7);
 }
 
 void sv_perm(uint32_t n, uint64_t seed, uint32_t *out)

@@ -14,6 +14,7 @@
 
 #define SV_MAX_REQUESTS 4096u
 #define SV_MAX_PASSES 2u
+#define SV_MAX_REPS 9u /* repetitions of the passes, each with a ceiling */
 #define SV_SMALL_REPS 40u
 
 typedef enum { SV_DIST_FIXED, SV_DIST_UNIFORM, SV_DIST_FILE } sv_dist_t;
@@ -30,7 +31,9 @@ typedef struct sv_cfg {
     uint32_t layer_group; /* layers per send_ready */
     bool stream[SV_MAX_PASSES]; /* one trace pass per entry */
     uint32_t passes;
+    uint32_t reps; /* the passes and a ceiling after them, this often */
     uint64_t pool_tokens; /* destination pool per group; 0: every request's */
+    bool distinct_src;    /* each request its own source blocks */
     const char *json_path;
 } sv_cfg_t;
 
@@ -44,6 +47,8 @@ typedef struct sv_trace {
     uint64_t *dst_start;   /* position in its group's destination ring */
     uint64_t pool_vblocks; /* destination ring per group, virtual blocks */
     uint64_t src_tokens;   /* tokens the shared source table covers */
+    uint64_t *src_at;      /* distinct sources: request i's first block */
+    uint64_t src_blocks;   /* blocks of each instance's source table */
     uint64_t ceiling_tokens;
     uint64_t total_tokens;
 } sv_trace_t;
@@ -66,6 +71,11 @@ uint64_t sv_vblocks(const sv_cfg_t *cfg, uint64_t n);
 /* The shared source table (a seeded permutation of the instance's pool,
  * every request reads a prefix of it) and the group's destination ring. */
 uint32_t sv_src_pool(const sv_trace_t *t, const sv_cfg_t *cfg);
+/* The source blocks request i reads (n of them) into out: its own stretch
+ * of the table with distinct sources, else the shared prefix. i ==
+ * UINT32_MAX: the ceiling, which reads the trace's blocks in turn. */
+void sv_src_table(const sv_trace_t *t, const uint32_t *table, uint32_t i,
+                  uint64_t n, uint32_t *out);
 void sv_perm(uint32_t n, uint64_t seed, uint32_t *out);
 
 /* Request ids: "t<pass>-<i>" for the trace, else "<kind>-<a>-<b>":

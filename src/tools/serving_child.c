@@ -239,8 +239,32 @@ static kvr_status_t add_region(ch_t *h, const kvr_region_desc_t *d,
     return KVR_OK;
 }
 
-/* This stage's layers over the shared source table, filled with request
- * 0's synthetic KV up to the longest length anything reads. */
+/* Request 0's synthetic KV (the content every request carries) into the
+ * source blocks: the shared table's prefix once, or each request's own
+ * stretch with distinct sources. */
+static kvr_status_t fill_source(ch_t *h, const kvr_region_desc_t *d,
+                                const uint32_t *ids, void *base,
+                                kvr_error_t *err)
+{
+    const sv_trace_t *t = h->t;
+    const kvr_layout_t *lay = &h->c->d.lay;
+    uint64_t seed = h->c->d.seed;
+    if (t->src_at == NULL)
+        return kvr_synth_fill_source(lay, d, seed, h->table,
+                                     kvr_num_src_blocks(lay, t->src_tokens),
+                                     ids, t->src_tokens, base, err);
+    kvr_status_t st = KVR_OK;
+    for (uint32_t i = 0; st == KVR_OK && i < t->n; i++)
+        if (demo_instance_of(&h->c->d, i) == h->role->who)
+            st = kvr_synth_fill_source(
+                lay, d, seed, h->table + t->src_at[i],
+                kvr_num_src_blocks(lay, t->tokens[i]), ids, t->tokens[i],
+                base, err);
+    return st;
+}
+
+/* This stage's layers over the source table, filled with request 0's
+ * synthetic KV up to the longest length anything reads. */
 static kvr_status_t producer_regions(ch_t *h, kvr_error_t *err)
 {
     const sv_cfg_t *c = h->c;
@@ -264,9 +288,7 @@ static kvr_status_t producer_regions(ch_t *h, kvr_error_t *err)
             continue;
         st = add_region(h, &d, err);
         if (st == KVR_OK)
-            st = kvr_synth_fill_source(&c->d.lay, &d, c->d.seed, h->table,
-                                       kvr_num_src_blocks(&c->d.lay, N), ids, N,
-                                       h->mirrors[h->nreg - 1], err);
+            st = fill_source(h, &d, ids, h->mirrors[h->nreg - 1], err);
         if (st == KVR_OK && h->role->cuda_device >= 0 &&
             kvr_agent_copy(h->agent, h->bases[h->nreg - 1],
                            h->mirrors[h->nreg - 1], kvr_region_bytes(&d)))
@@ -355,18 +377,17 @@ static kvr_status_t create(ch_t *h, kvr_error_t *err)
 
 /* ---- the producer ---- */
 
-/* Requests read a prefix of the shared source table; one longer than the
- * filled source (the ceiling) reads it again from its start (only
- * destination ids must be distinct). */
-static bool open_request(ch_t *h, const char *id, uint64_t tokens,
+/* Trace request i (UINT32_MAX: the ceiling; warm-up and one-block
+ * requests read request 0's blocks) with its source table (sv_src_table;
+ * only destination ids must be distinct). */
+static bool open_request(ch_t *h, const char *id, uint32_t i, uint64_t tokens,
                          bool all_ready)
 {
     const kvr_layout_t *lay = &h->c->d.lay;
     uint64_t n = kvr_num_src_blocks(lay, tokens);
-    uint64_t m = kvr_num_src_blocks(lay, h->t->src_tokens);
     uint32_t *src = malloc((n + 1) * sizeof(*src));
-    for (uint64_t k = 0; src != NULL && k < n; k++)
-        src[k] = h->table[k % m];
+    if (src != NULL)
+        sv_src_table(h->t, h->table, i, n, src);
     kvr_agent_send_t o = {id, strlen(id), src, (size_t)n, tokens, 0, 1};
     bool ok = src != NULL && kvr_agent_send_open(h->agent, &o) == KVR_OK &&
               (!all_ready ||
@@ -428,7 +449,7 @@ static void producer_pass(ch_t *h, uint64_t T0)
                 sv_request_id(id, sizeof(id), "t", h->pass, i);
                 opened[i] = true;
                 next[i] = h->lo;
-                if (!open_request(h, id, t->tokens[i], false))
+                if (!open_request(h, id, i, t->tokens[i], false))
                     h->outcomes++;
             }
             uint64_t at = announce(h, i, &next[i], T0);
@@ -576,7 +597,7 @@ static void producer_open_all(ch_t *h, const char *kind, uint32_t n,
     for (uint32_t k = 0; k < n; k++) {
         char id[32];
         sv_request_id(id, sizeof(id), kind, k, 0);
-        open_request(h, id, tokens, true);
+        open_request(h, id, 0, tokens, true);
     }
     fprintf(h->out, "opened\n");
 }
@@ -593,7 +614,7 @@ static void command(ch_t *h, const char *line)
         if (prod)
             producer_pass(h, T0);
         else
-            consumer_pass(h, T0, h->c->stream[pass]);
+            consumer_pass(h, T0, h->c->stream[pass % h->c->passes]);
     } else if (strcmp(line, "warm") == 0) {
         if (prod)
             producer_open_all(h, "warm", h->c->d.groups, bs);
@@ -603,7 +624,7 @@ static void command(ch_t *h, const char *line)
         char id[32];
         if (prod) { /* one request, named after this instance */
             sv_request_id(id, sizeof(id), "ceil", h->role->who, pass);
-            open_request(h, id, h->t->ceiling_tokens, true);
+            open_request(h, id, UINT32_MAX, h->t->ceiling_tokens, true);
             fprintf(h->out, "opened\n");
         } else {
             consumer_ceiling(h, pass);

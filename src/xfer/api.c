@@ -210,6 +210,17 @@ kvr_status_t kvr_rmem_ptr(kvr_rmem_t *rmem, uint64_t off, uint64_t len,
     return rmem->ep->t->ops->rmem_ptr(rmem, off, out);
 }
 
+kvr_status_t kvr_rmem_map(kvr_rmem_t *rmem, void **base)
+{
+    if (rmem == NULL || base == NULL)
+        return KVR_ERR_INVALID;
+    if (!rmem->ep->t->map_stores)
+        return kvr__fail(rmem->ep->t, KVR_ERR_UNSUPPORTED,
+                         "%s: no stores into mapped peer memory",
+                         rmem->ep->t->name);
+    return kvr_rmem_ptr(rmem, 0, rmem->len, base);
+}
+
 kvr_status_t kvr_xfer_put(kvr_ep_t *ep, const void *src, uint64_t len,
                           kvr_rmem_t *dst, uint64_t dst_off,
                           uint64_t deadline_ns)

@@ -414,6 +414,7 @@ kvr_status_t kvr_transport_loopback_create(kvr_transport_t *join,
                             tr->p.msg_queue_max) != KVR_OK)
         goto no_memory;
     tr->base.threaded = true; /* peers deliver from their own threads */
+    tr->base.map_stores = tr->p.map_stores && !tr->p.no_map;
     if (!hub_join(hub, tr)) {
         kvr__transport_fini(&tr->base);
         goto no_memory;

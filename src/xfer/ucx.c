@@ -356,6 +356,9 @@ kvr_status_t kvr_transport_ucx_create(const kvr_ucx_params_t *params,
     }
     tr->base.name = names[p->tl];
     tr->base.threaded = p->progress == KVR_XFER_PROGRESS_THREAD;
+    /* ucp_rkey_ptr succeeds only for a segment the unpacked rkey attached
+     * (sysv/posix, UCX-allocated), which stays attached while it lives */
+    tr->base.map_stores = true;
     st = init_context(tr);
     if (st == KVR_OK)
         st = init_worker(tr);

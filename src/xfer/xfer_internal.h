@@ -51,6 +51,7 @@ struct kvr_transport {
     uint32_t max_inflight;
     bool threaded; /* messages arrive from another thread: sleep on cond */
     bool has_cuda; /* reg_cuda works (UCX with CUDA memory support) */
+    bool map_stores; /* kvr_rmem_map may hand out rmem_ptr's pointers */
     pthread_mutex_t lock; /* guards the queue and wakes waiters */
     pthread_cond_t cond;
     kvr__queued_msg_t *head, *tail;

@@ -41,6 +41,57 @@ static void test_pp2_to_dcp2(void **state)
     world_free(w);
 }
 
+static void direct(kvr_agent_params_t *p)
+{
+    p->executor = KVR_AGENT_EXEC_DIRECT;
+}
+
+/* The consumer's memory can be mapped for good (as UCX shm maps memory
+ * the peer allocated through kvrelay). */
+static void direct_mapped(kvr_agent_params_t *p)
+{
+    direct(p);
+    p->loopback.map_stores = true;
+}
+
+/* Mapping is allowed but every kvr_rmem_ptr fails (as ucp_rkey_ptr does
+ * on memory the peer registered rather than allocated). */
+static void direct_map_refused(kvr_agent_params_t *p)
+{
+    direct_mapped(p);
+    p->loopback.no_map = true;
+}
+
+/* Each stage of both instances moved bytes, all of them by stores into
+ * mapped memory (stores) or all by puts. */
+static void expect_direct_bytes(world_t *w, bool stores)
+{
+    for (uint32_t k = 0; k < 2; k++)
+        for (uint32_t s = 0; s < w->pp[k]; s++) {
+            uint64_t stored, put;
+            kvr__agent_direct_bytes(w->prod[k][s].agent, &stored, &put);
+            assert_true((stores ? stored : put) > 0);
+            assert_int_equal(stores ? put : stored, 0);
+        }
+}
+
+/* Direct sends store straight into the consumer's mapped pages when the
+ * transport can map them, and put otherwise; every byte is verified in
+ * both (two_instances_loaded checks each rank). */
+static void test_direct_stores_or_puts(void **state)
+{
+    (void)state;
+    world_t *w = two_instances_loaded(direct_mapped);
+    expect_direct_bytes(w, true);
+    world_free(w);
+    w = two_instances_loaded(direct);
+    expect_direct_bytes(w, false);
+    world_free(w);
+    w = two_instances_loaded(direct_map_refused);
+    expect_direct_bytes(w, false);
+    world_free(w);
+}
+
 /* Pulls that arrive before send_open and before send_ready are held, then
  * served. */
 static void test_pull_before_open_and_ready(void **state)
@@ -214,6 +265,7 @@ int main(void)
         cmocka_unit_test(test_never_opened),
         cmocka_unit_test(test_unknown_producer),
         cmocka_unit_test(test_two_instances),
+        cmocka_unit_test(test_direct_stores_or_puts),
         cmocka_unit_test(test_lease_expiry),
         cmocka_unit_test(test_consumer_only_layer),
         cmocka_unit_test(test_cuda_refusals),

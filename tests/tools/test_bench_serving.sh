@@ -4,7 +4,9 @@
 # simulated prefill (layers made ready one by one while pulls stream),
 # Poisson arrivals and a destination pool small enough that blocks are
 # reused (verify-before-reuse) exits 0 with every request verified,
-# LAYERS_LOADED only in the streaming pass, and the JSON fields in place.
+# LAYERS_LOADED only in the streaming pass, and the JSON fields in place;
+# a run with distinct sources and two repetitions verifies every request
+# of each and reports both.
 # With "cuda" as $2: the GPU form, exit 77 (skip) without a usable device.
 set -u
 cli="$1"
@@ -43,6 +45,9 @@ printf '100\n0\n' >"$dir/zero.txt"
 refused "'0'" --tokens-dist "$dir/zero.txt"
 refused "'maybe'" --stream=maybe
 refused "'0'" --requests 0
+refused "'0'" --reps 0
+refused "'10'" --reps 10
+refused "'both'" --sources both
 refused "--tokens" --tokens 5
 refused "--pool-tokens 64" "${small[@]}" --tokens-dist fixed:300 --pool-tokens 64
 refused "$dir/no/such.json" --json "$dir/no/such.json"
@@ -75,5 +80,18 @@ for r in d["runs"]:
         assert q["bytes"] > 0 and q["verified"]
         assert q["loaded_ns"] > q["prefill_end_ns"] > 0
         assert abs(q["gap_ms"] - (q["loaded_ns"] - q["prefill_end_ns"]) / 1e6) < 1e-3
+PY
+"$cli" bench serving "${small[@]}" --requests 3 --tokens-dist uniform:60:300 \
+  --sources distinct --reps 2 --json "$dir/reps.json" >"$dir/stdout" 2>"$dir/stderr" \
+  || fail "distinct-source run failed: $(cat "$dir/stdout" "$dir/stderr")"
+python3 - "$dir/reps.json" <<'PY' || fail "reps JSON check"
+import json, sys
+d = json.load(open(sys.argv[1]))
+assert d["ok"] is True and d["reps"] == 2
+assert len(d["ceiling_GBps_each"]) == 2 and len(d["ceiling_seconds_each"]) == 3
+r = d["runs"][0]
+assert r["verified"] == 3 and len(r["aggregate_GBps_each"]) == 2
+assert len(r["ratio_each"]) == 2 and all(x > 0 for x in r["ratio_each"])
+assert d["ratio_to_best_ceiling"] > 0
 PY
 echo "bench serving smoke: ok"

@@ -428,6 +428,34 @@ static void test_pack_roundtrip(void **state)
     fix_fini(&f);
 }
 
+/* kvr_rmem_map: the whole peer region for stores, only where the
+ * transport promises the mapping lasts (map_stores, and kvr_rmem_ptr
+ * works). */
+static void test_rmem_map(void **state)
+{
+    (void)state;
+    kvr_loopback_params_t p = KVR_LOOPBACK_PARAMS_INIT;
+    for (int c = 0; c < 3; c++) {
+        p.map_stores = c > 0;
+        p.no_map = c == 2;
+        fix_t f;
+        fix_init(&f, &p, 4096, 2, SUCCESS_MS);
+        void *base = NULL;
+        kvr_status_t st = kvr_rmem_map(f.rstage, &base);
+        if (c != 1) {
+            assert_int_equal(st, KVR_ERR_UNSUPPORTED);
+            fix_fini(&f);
+            continue;
+        }
+        assert_int_equal(st, KVR_OK);
+        assert_ptr_equal(base, kvr_mem_addr(f.stage));
+        memset(base, 0x5a, 8192); /* the stores land in the peer's memory */
+        assert_int_equal(((unsigned char *)kvr_mem_addr(f.stage))[8191], 0x5a);
+        fix_fini(&f);
+    }
+    assert_int_equal(kvr_rmem_map(NULL, NULL), KVR_ERR_INVALID);
+}
+
 static void test_bounds_and_garbage(void **state)
 {
     (void)state;
@@ -816,6 +844,7 @@ int main(void)
         cmocka_unit_test(test_cuda_refused),
         cmocka_unit_test(test_cost_choose_gpu),
         cmocka_unit_test(test_pack_roundtrip),
+        cmocka_unit_test(test_rmem_map),
         cmocka_unit_test(test_bounds_and_garbage),
         cmocka_unit_test(test_messages),
         cmocka_unit_test(test_fault_fail_put),
