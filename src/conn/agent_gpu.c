@@ -67,12 +67,12 @@ kvr_status_t kvr__agpu_map(kvr_agent_t *a, kvr__alink_t *l,
         return kvr_error_set(err, KVR_ERR_PROTO, "CUDA region key of %u bytes",
                              r->rkey_len);
     map_ipc(a, r, m);
-    /* one host (CUDA IPC works): gpu-direct alone. The transport's CUDA
-     * path beside IPC mappings failed on the H200 (docs/transport.md, CUDA
-     * memory: the producer crashed in the probe's small puts with UCX's
-     * cuda_ipc, and the probe's flushes hung without it), so it serves
-     * consumers IPC cannot reach (another host, or tcp forced) */
-    uint32_t ulen = m->dev ? 0 : r->rkey_len - KVR_GPU_RKEY_BYTES;
+    /* the transport's key too, where the consumer sent one, even when CUDA
+     * IPC reached it: the cost model then prices gpu-direct, gpu-staged and
+     * direct puts alike (kvr__agpu_choose). Puts of CUDA memory name their
+     * memory type, which ended the crash beside IPC mappings on the H200
+     * (docs/transport.md, CUDA memory) */
+    uint32_t ulen = r->rkey_len - KVR_GPU_RKEY_BYTES;
     kvr_status_t st = KVR_OK;
     if (ulen > 0 && l->data != NULL)
         st = kvr__dpeer_map(l->data, r->base, kvr_region_bytes(&r->desc),
