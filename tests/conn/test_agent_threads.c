@@ -31,6 +31,7 @@ typedef struct shared {
     kvr_agent_event_t *log; /* every event polled by any thread */
     uint32_t nlog;
     uint32_t aborted, loaded;
+    uint32_t failed; /* checks that failed on a worker (named on stderr) */
 } shared_t;
 
 typedef struct worker {
@@ -85,6 +86,22 @@ static uint32_t finals(shared_t *sh, const char *id)
            count(sh, 3, id, KVR_AGENT_RELEASED);
 }
 
+/* A check on a worker thread: cmocka's assertions may only fail on the
+ * test's own thread, so a worker names the failure and counts it, and the
+ * test asserts the count after joining. */
+#define CHECK_EQ(sh, got, want, id)                                            \
+    do {                                                                       \
+        long long g_ = (long long)(got), w_ = (long long)(want);               \
+        if (g_ != w_) {                                                        \
+            fprintf(stderr, "%s:%d: %s: %s is %lld, expected %lld\n",          \
+                    __FILE__, __LINE__, (id), #got, g_, w_);                   \
+            pthread_mutex_lock(&(sh)->lock);                                   \
+            (sh)->failed++;                                                    \
+            pthread_mutex_unlock(&(sh)->lock);                                 \
+            return;                                                            \
+        }                                                                      \
+    } while (0)
+
 static void run_one(shared_t *sh, uint32_t t, uint32_t k, unsigned *seed)
 {
     world_t *w = sh->w;
@@ -121,16 +138,16 @@ static void run_one(shared_t *sh, uint32_t t, uint32_t k, unsigned *seed)
                            .events = POLLIN};
         poll(&p, 1, 5);
     }
-    assert_int_equal(finals(sh, r.id), 4);
+    CHECK_EQ(sh, finals(sh, r.id), 4, r.id);
     for (uint32_t c = 0; c < 2; c++) {
         uint32_t ok = count(sh, 2 + c, r.id, KVR_AGENT_LOADED);
         uint32_t bad = count(sh, 2 + c, r.id, KVR_AGENT_LOAD_FAILED);
-        assert_int_equal(ok + bad, 1);
-        assert_int_equal(count(sh, 2 + c, r.id, KVR_AGENT_RELEASED), 1);
+        CHECK_EQ(sh, ok + bad, 1, r.id);
+        CHECK_EQ(sh, count(sh, 2 + c, r.id, KVR_AGENT_RELEASED), 1, r.id);
         if (ok)
             ah_verify(&w->m, stages_of(w, 0), 2, &w->cons[c], &r);
         if (c == 1) /* rank 1 was never aborted */
-            assert_int_equal(ok, 1);
+            CHECK_EQ(sh, ok, 1, r.id);
     }
     pthread_mutex_lock(&sh->lock);
     sh->aborted += abort_it;
@@ -163,6 +180,7 @@ static void test_engine_threads(void **state)
     }
     for (uint32_t t = 0; t < THREADS; t++)
         pthread_join(th[t], NULL);
+    assert_int_equal(sh.failed, 0);
     assert_int_equal(sh.loaded, THREADS * PER_THREAD);
     print_message("  %u requests, %u aborted on rank 0\n", sh.loaded,
                   sh.aborted);
