@@ -699,7 +699,9 @@ static int serve_loop(serve_t *s)
 #define SERVE_ROUTER_SLACK_MS 3000u
 
 /* Rank 0: the group's router, told which requests the group expects from
- * which prefill instance, so that an OFFER lost on the way is noticed. */
+ * which prefill instance, so that an OFFER lost on the way is noticed, and
+ * which one reuses request 0's prefix, so that it is placed after it
+ * whatever order the instances' OFFERs come in. */
 static kvr_status_t create_router(serve_t *s, kvr_error_t *err)
 {
     router_ops_t ops = {s, rt_to_rank, rt_to_producer, rt_aborts};
@@ -713,13 +715,16 @@ static kvr_status_t create_router(serve_t *s, kvr_error_t *err)
         return kvr_error_set(err, KVR_ERR_NO_MEMORY,
                              "no memory for the router");
     for (uint32_t r = 0; r < s->cfg.requests && r < DEMO_MAX_REQUESTS; r++) {
-        char id[32], producer[KVR_AGENT_INSTANCE_MAX + 1];
+        char id[32], first[32], producer[KVR_AGENT_INSTANCE_MAX + 1];
         if (demo_group_of(&s->cfg, r) != s->o.group)
             continue;
         demo_request_id(r, id, sizeof(id));
         demo_instance_id(false, demo_instance_of(&s->cfg, r), producer,
                          sizeof(producer));
         router_expect(s->router, id, producer);
+        demo_request_id(0, first, sizeof(first));
+        if (demo_reuses(&s->cfg, r)) /* it may be offered before req-0 */
+            router_reuses(s->router, id, first);
     }
     return KVR_OK;
 }

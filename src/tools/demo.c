@@ -520,7 +520,7 @@ uint32_t demo_token_id(const demo_cfg_t *cfg, uint32_t req, uint64_t pos)
 {
     uint64_t V = kvr_virtual_block(&cfg->lay);
     uint64_t shared = (cfg->tokens / 2) / V * V;
-    if (cfg->reuse && req > 0 && req + 1 == cfg->requests && pos < shared)
+    if (demo_reuses(cfg, req) && pos < shared)
         req = 0;
     return (
         uint32_t)(mix(mix(cfg->seed ^ 0x70ce) ^ ((uint64_t)req << 40) ^ pos) %
@@ -551,10 +551,14 @@ uint32_t demo_instance_of(const demo_cfg_t *cfg, uint32_t req)
     return req % cfg->instances;
 }
 
+bool demo_reuses(const demo_cfg_t *cfg, uint32_t req)
+{
+    return cfg->reuse && req > 0 && req + 1 == cfg->requests;
+}
+
 uint32_t demo_group_of(const demo_cfg_t *cfg, uint32_t req)
 {
-    bool reusing = cfg->reuse && req > 0 && req + 1 == cfg->requests;
-    return reusing ? 0 : req % cfg->groups;
+    return demo_reuses(cfg, req) ? demo_group_of(cfg, 0) : req % cfg->groups;
 }
 
 uint32_t demo_count(const demo_cfg_t *cfg, uint32_t who, bool by_group)

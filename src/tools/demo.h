@@ -94,6 +94,9 @@ bool demo_parse_request_id(const char *bytes, size_t len, uint32_t *req);
  * 0's prefix is cached: the group of request 0). */
 uint32_t demo_instance_of(const demo_cfg_t *cfg, uint32_t req);
 uint32_t demo_group_of(const demo_cfg_t *cfg, uint32_t req);
+/* Whether request req reuses request 0's prefix (the last one, unless
+ * --no-reuse). */
+bool demo_reuses(const demo_cfg_t *cfg, uint32_t req);
 /* Requests of instance p (group g when by_group). */
 uint32_t demo_count(const demo_cfg_t *cfg, uint32_t who, bool by_group);
 /* Whether the consumer aborts request req (--abort N: every Nth). */

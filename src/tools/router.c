@@ -135,6 +135,8 @@ typedef struct {
     uint64_t released; /* ranks that reported, bit per rank */
     kvr_status_t outcome;
     uint64_t deadline_ns;
+    uint64_t offered_ns; /* when its OFFER came */
+    bool gave_up;        /* placed without the prefix it reuses */
 } rreq_t;
 
 typedef struct {
@@ -142,12 +144,14 @@ typedef struct {
     bool used;
 } cached_t;
 
-/* A request the group expects from a producer instance, and whether its
- * OFFER came. */
+/* A request the group expects from a producer instance, whether its
+ * OFFER came, and the expected request whose prefix it reuses (an index,
+ * -1 for none). */
 typedef struct {
     char request[RT_ID_MAX + 1];
     char producer[KVR_AGENT_INSTANCE_MAX + 1];
     bool offered;
+    int32_t source;
 } expected_t;
 
 /* A producer instance heard from: its first OFFER is the known point from
@@ -396,10 +400,44 @@ static bool prefix_in_flight(const router_t *r, const rreq_t *q)
     return false;
 }
 
+static rreq_t *find(router_t *r, const char *id);
+
+static expected_t *expected_of(router_t *r, const char *request)
+{
+    for (uint32_t i = 0; i < r->num_expected; i++)
+        if (strcmp(r->expected[i].request, request) == 0)
+            return &r->expected[i];
+    return NULL;
+}
+
+/* An offer that reuses another request's prefix (router_reuses) waits
+ * until that request was placed or ended here: OFFERs of different
+ * producers arrive in any order, and one placed first would miss the
+ * prefix (the other then waits for it in prefix_in_flight). Bounded by
+ * timeout_ms after its own OFFER: past that it is placed without. */
+static bool source_pending(router_t *r, rreq_t *q)
+{
+    const expected_t *e = expected_of(r, q->offer->request);
+    if (q->gave_up || e == NULL || e->source < 0)
+        return false;
+    const expected_t *src = &r->expected[e->source];
+    const rreq_t *s = find(r, src->request);
+    if (src->offered && (s == NULL || s->assigned))
+        return false;
+    if (kvr_now_ns() < q->offered_ns + r->offer_wait_ns)
+        return true;
+    printf("reuse-missed %s %s not placed within %llu ms of this offer\n",
+           q->offer->request, src->request,
+           (unsigned long long)(r->offer_wait_ns / 1000000u));
+    q->gave_up = true;
+    return false;
+}
+
 static void try_place(router_t *r, rreq_t *q)
 {
     char why[200];
-    if (q->assigned || !all_joined(r) || prefix_in_flight(r, q))
+    if (q->assigned || !all_joined(r) || prefix_in_flight(r, q) ||
+        source_pending(r, q))
         return;
     const char *id = q->offer->request;
     kvr_status_t st = KVR_ERR_REFUSED; /* docs/failpoints.md */
@@ -447,6 +485,15 @@ void router_expect(router_t *r, const char *request, const char *producer)
     memset(e, 0, sizeof(*e));
     snprintf(e->request, sizeof(e->request), "%s", request);
     snprintf(e->producer, sizeof(e->producer), "%s", producer);
+    e->source = -1;
+}
+
+void router_reuses(router_t *r, const char *request, const char *source)
+{
+    const expected_t *src = expected_of(r, source);
+    expected_t *e = expected_of(r, request);
+    if (e != NULL && src != NULL && src != e)
+        e->source = (int32_t)(src - r->expected);
 }
 
 /* An OFFER came: its producer is heard from, its request no longer due. */
@@ -518,7 +565,7 @@ void router_offer(router_t *r, const rt_msg_t *offer)
         return;
     }
     *copy = *offer;
-    *q = (rreq_t){.used = true, .offer = copy};
+    *q = (rreq_t){.used = true, .offer = copy, .offered_ns = kvr_now_ns()};
     try_place(r, q);
 }
 

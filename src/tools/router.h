@@ -86,6 +86,12 @@ void router_join(router_t *r, uint32_t rank);
  * (a head offers in one burst); past that it counts as lost, and the
  * producer and every rank are told (REFUSE, ERR_TIMEOUT). */
 void router_expect(router_t *r, const char *request, const char *producer);
+/* Expected `request` reuses the prefix of expected `source`: its OFFER
+ * is placed only once source's was placed or ended here (it then finds
+ * the prefix in flight or cached), or timeout_ms after it came (then
+ * without, saying "reuse-missed"). OFFERs of different producers arrive
+ * in any order. */
+void router_reuses(router_t *r, const char *request, const char *source);
 void router_offer(router_t *r, const rt_msg_t *offer);
 void router_released(router_t *r, uint32_t rank, const rt_msg_t *m);
 /* Timeouts and queued offers. */

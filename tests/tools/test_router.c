@@ -4,7 +4,8 @@
  * back when every rank released it and its prefix is cached for the next
  * request; a rank silent past the timeout fails the request and later
  * offers until it answers; an expected OFFER that never came is refused
- * as lost; router messages survive encoding and truncated ones are
+ * as lost; an OFFER that reuses another's prefix waits for it, within
+ * the timeout; router messages survive encoding and truncated ones are
  * refused. */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -216,6 +217,57 @@ static void test_lost_offer(void **state)
     router_destroy(r);
 }
 
+static rt_msg_t *prefixed(const char *id)
+{
+    rt_msg_t *o = offer(id, 100);
+    o->num_hashes = 3;
+    for (uint32_t i = 0; i < 3; i++)
+        memset(o->hashes[i].bytes, (int)i + 1, KVR_BLOCK_HASH_BYTES);
+    return o;
+}
+
+/* z reuses a's prefix and its OFFER comes first (another producer's):
+ * it waits until a was placed and released, then hits a's 3 cached
+ * blocks. y reuses x's, which never comes: y is placed without once the
+ * timeout passed after y's OFFER. */
+static void test_reuse_waits_for_source(void **state)
+{
+    (void)state;
+    seen_t s = {0};
+    router_t *r = make(&s, 16, 200);
+    router_expect(r, "a", "prefill-0");
+    router_expect(r, "z", "prefill-1");
+    router_reuses(r, "z", "a");
+    router_offer(r, prefixed("z"));
+    router_tick(r);
+    assert_int_equal(s.assigns[0], 0);
+    router_offer(r, prefixed("a"));
+    assert_int_equal(s.assigns[0], 1);
+    assert_string_equal(s.last_assign.request, "a");
+    router_tick(r);
+    assert_int_equal(s.assigns[0], 1); /* a's prefix is in flight */
+    release(r, "a", 0, KVR_OK);
+    release(r, "a", 1, KVR_OK);
+    router_tick(r);
+    assert_int_equal(s.assigns[0], 2);
+    assert_string_equal(s.last_assign.request, "z");
+    assert_int_equal(s.last_assign.computed, 3);
+    release(r, "z", 0, KVR_OK);
+    release(r, "z", 1, KVR_OK);
+    router_expect(r, "x", "prefill-2"); /* never heard from: not lost */
+    router_expect(r, "y", "prefill-0");
+    router_reuses(r, "y", "x");
+    router_offer(r, offer("y", 40));
+    router_tick(r);
+    assert_int_equal(s.assigns[0], 2);
+    usleep(300000);
+    router_tick(r);
+    assert_int_equal(s.assigns[0], 3);
+    assert_string_equal(s.last_assign.request, "y");
+    assert_int_equal(s.refuses, 0);
+    router_destroy(r);
+}
+
 static void test_encoding(void **state)
 {
     (void)state;
@@ -249,6 +301,7 @@ int main(void)
         cmocka_unit_test(test_assign_release_cache),
         cmocka_unit_test(test_silent_rank_times_out),
         cmocka_unit_test(test_lost_offer),
+        cmocka_unit_test(test_reuse_waits_for_source),
         cmocka_unit_test(test_encoding),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
