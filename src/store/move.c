@@ -451,12 +451,15 @@ static kvr_status_t scatter(const kvr_store_io_t *io, load_ctx_t *x, size_t c,
     return s;
 }
 
-/* Chunks c + 1 .. c + KVR__AHEAD are read and checked on threads while
- * chunk c is scattered (the disk and the checksum's threads stay busy
- * across chunks). */
+/* Chunks c + 1 .. c + depth are read and checked on threads while chunk c
+ * is scattered (the disk and the checksum's threads stay busy across
+ * chunks); small chunks further ahead (store_internal.h). */
 static void read_ahead(kvr_store_t *st, const kvr_store_io_t *io, size_t c)
 {
-    for (size_t k = c + 1; k <= c + KVR__AHEAD && k < io->num_chains; k++) {
+    size_t depth = st->last_len > 0 && st->last_len <= KVR__AHEAD_SMALL
+                       ? KVR__AHEAD
+                       : 2;
+    for (size_t k = c + 1; k <= c + depth && k < io->num_chains; k++) {
         kvr_chunk_key_t next = key_of(io, k);
         kvr__store_read_ahead(st, &next);
     }

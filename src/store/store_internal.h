@@ -20,7 +20,11 @@
 #define KVR__SPARES 4
 #define KVR__LEAF (4ull << 20) /* checksum leaf */
 #define KVR__HASH_THREADS 8u
-#define KVR__AHEAD 2u /* chunks of a load read and checked ahead */
+/* chunks of a load read and checked ahead: KVR__AHEAD when they are
+ * KVR__AHEAD_SMALL bytes or less (too few 4 MiB pieces each to keep the
+ * disk busy while earlier ones are hashed), else 2 (memory) */
+#define KVR__AHEAD 4u
+#define KVR__AHEAD_SMALL (16ull << 20)
 #define KVR__BEHIND 2u /* chunks of a save written behind it */
 #define KVR__TMP_NAME_MAX (KVR_STORE_NAME_MAX + 48)
 /* checksum kinds: how the leaves are hashed (header offset 12) */
