@@ -35,8 +35,9 @@ uint64_t kvr_deadline_ns(uint32_t timeout_ms);
  * `kvrelay demo|serve|push --fault`. All are off until armed. Arming is
  * process-wide; arming and the checks are safe from any thread. */
 
-/* Longest key a failpoint is armed with, terminator included. */
-#define KVR_FAILPOINT_KEY_MAX 64
+/* Longest key a failpoint is armed with, terminator included: a request
+ * id, or a store chunk file name (KVR_STORE_NAME_MAX). */
+#define KVR_FAILPOINT_KEY_MAX 128
 
 /* Arms failpoint `name` for the request whose id is `key` ("" or NULL: for
  * every request). KVR_ERR_NOT_FOUND for an unknown name, KVR_ERR_INVALID for

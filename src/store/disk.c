@@ -317,6 +317,10 @@ void kvr__disk_plain(kvr_store_t *st)
         kvr__disk_ring_free(st->ahead_ring[i]);
         st->ahead_ring[i] = NULL;
     }
+    for (unsigned i = 0; i < KVR__BEHIND; i++) {
+        kvr__disk_ring_free(st->behind_ring[i]);
+        st->behind_ring[i] = NULL;
+    }
 }
 
 void kvr__disk_close(kvr_store_t *st)
@@ -391,16 +395,17 @@ static uint8_t *frame_alloc(void)
     return posix_memalign(&b, KVR__ALIGN, KVR__ALIGN + TAIL) == 0 ? b : NULL;
 }
 
-kvr_status_t kvr__disk_write(kvr_store_t *st, const kvr_chunk_key_t *key,
-                             const void *data, uint64_t len,
-                             uint8_t sum[KVR_STORE_SUM_BYTES], kvr_error_t *err)
+kvr_status_t kvr__disk_write_tmp(kvr_store_t *st, const kvr_chunk_key_t *key,
+                                 const void *data, uint64_t len,
+                                 uint8_t sum[KVR_STORE_SUM_BYTES],
+                                 char tmp[KVR__TMP_NAME_MAX], kvr_error_t *err)
 {
-    char name[KVR_STORE_NAME_MAX], tmp[KVR_STORE_NAME_MAX + 48];
+    char name[KVR_STORE_NAME_MAX];
     uint8_t header[KVR__CHUNK_HEADER];
     kvr__chunk_name(key, name);
     kvr__chunk_header(key, len, header);
     kvr__chunk_set_kind(header, st->sum_kind);
-    snprintf(tmp, sizeof tmp, ".tmp-%ld-%llu-%s", (long)getpid(),
+    snprintf(tmp, KVR__TMP_NAME_MAX, ".tmp-%ld-%llu-%s", (long)getpid(),
              (unsigned long long)st->tmp_seq++, name);
     uint8_t *frame = frame_alloc();
     if (frame == NULL)
@@ -416,10 +421,19 @@ kvr_status_t kvr__disk_write(kvr_store_t *st, const kvr_chunk_key_t *key,
                                 err);
     free(frame);
     close(fd);
-    if (s == KVR_OK && renameat(st->dir_fd, tmp, st->dir_fd, name) != 0)
-        s = kvr_error_set(err, KVR_ERR_IO, "rename to %s/%s: %s", st->dir, name,
-                          strerror(errno));
-    if (s != KVR_OK) {
+    if (s != KVR_OK)
+        unlinkat(st->dir_fd, tmp, 0);
+    return s;
+}
+
+kvr_status_t kvr__disk_commit(kvr_store_t *st, const kvr_chunk_key_t *key,
+                              const char *tmp, kvr_error_t *err)
+{
+    char name[KVR_STORE_NAME_MAX];
+    kvr__chunk_name(key, name);
+    if (renameat(st->dir_fd, tmp, st->dir_fd, name) != 0) {
+        kvr_status_t s = kvr_error_set(err, KVR_ERR_IO, "rename to %s/%s: %s",
+                                       st->dir, name, strerror(errno));
         unlinkat(st->dir_fd, tmp, 0);
         return s;
     }
@@ -427,6 +441,15 @@ kvr_status_t kvr__disk_write(kvr_store_t *st, const kvr_chunk_key_t *key,
         return kvr_error_set(err, KVR_ERR_IO, "fsync of %s: %s", st->dir,
                              strerror(errno));
     return KVR_OK;
+}
+
+kvr_status_t kvr__disk_write(kvr_store_t *st, const kvr_chunk_key_t *key,
+                             const void *data, uint64_t len,
+                             uint8_t sum[KVR_STORE_SUM_BYTES], kvr_error_t *err)
+{
+    char tmp[KVR__TMP_NAME_MAX];
+    kvr_status_t s = kvr__disk_write_tmp(st, key, data, len, sum, tmp, err);
+    return s == KVR_OK ? kvr__disk_commit(st, key, tmp, err) : s;
 }
 
 bool kvr__disk_has(kvr_store_t *st, const kvr_chunk_key_t *key)

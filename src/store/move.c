@@ -281,17 +281,6 @@ static kvr_status_t gather(const kvr_store_io_t *io, const save_ctx_t *x,
     return s;
 }
 
-/* The outcome of the chunk written behind, if any, counted in *saved. */
-static kvr_status_t count_written(kvr_store_t *st, size_t *saved,
-                                  kvr_error_t *err)
-{
-    bool wrote = false;
-    kvr_status_t s = kvr__store_put_join(st, &wrote, err);
-    if (wrote && saved != NULL)
-        (*saved)++;
-    return s;
-}
-
 kvr_status_t kvr_store_save(kvr_store_t *st, const kvr_store_io_t *io,
                             size_t *saved, kvr_error_t *err)
 {
@@ -302,8 +291,10 @@ kvr_status_t kvr_store_save(kvr_store_t *st, const kvr_store_io_t *io,
         return s;
     save_ctx_t x = {0};
     s = save_begin(io, &x, err);
-    /* chunk c is gathered while chunk c - 1 is written on a thread; a
-     * failed write stops the save before c is written */
+    /* chunk c is gathered while chunks c - 1 and c - 2 are written on
+     * threads (c - 2 fsynced and renamed while c - 1 is written and
+     * hashed); a failed write stops the save: c is not started, and no
+     * chunk after the failed one becomes visible */
     for (size_t c = 0; s == KVR_OK && c < io->num_chains; c++) {
         kvr_chunk_key_t key = key_of(io, c);
         if (kvr_store_contains(st, &key))
@@ -320,7 +311,7 @@ kvr_status_t kvr_store_save(kvr_store_t *st, const kvr_store_io_t *io,
         write_table(io, &x, buf);
         s = gather(io, &x, c, buf, err);
         if (s == KVR_OK)
-            s = count_written(st, saved, err);
+            s = kvr__store_put_join(st, KVR__BEHIND - 1, saved, err);
         if (s != KVR_OK) {
             free(buf);
             break;
@@ -330,7 +321,8 @@ kvr_status_t kvr_store_save(kvr_store_t *st, const kvr_store_io_t *io,
         if (s == KVR_OK && now && saved != NULL)
             (*saved)++;
     }
-    kvr_status_t last = count_written(st, saved, s == KVR_OK ? err : NULL);
+    kvr_status_t last = kvr__store_put_join(st, 0, saved,
+                                            s == KVR_OK ? err : NULL);
     save_end(&x);
     return s == KVR_OK ? last : s;
 }
@@ -459,12 +451,15 @@ static kvr_status_t scatter(const kvr_store_io_t *io, load_ctx_t *x, size_t c,
     return s;
 }
 
-/* Chunks c + 1 .. c + KVR__AHEAD are read and checked on threads while
- * chunk c is scattered (the disk and the checksum's threads stay busy
- * across chunks). */
+/* Chunks c + 1 .. c + depth are read and checked on threads while chunk c
+ * is scattered (the disk and the checksum's threads stay busy across
+ * chunks); small chunks further ahead (store_internal.h). */
 static void read_ahead(kvr_store_t *st, const kvr_store_io_t *io, size_t c)
 {
-    for (size_t k = c + 1; k <= c + KVR__AHEAD && k < io->num_chains; k++) {
+    size_t depth = st->last_len > 0 && st->last_len <= KVR__AHEAD_SMALL
+                       ? KVR__AHEAD
+                       : 2;
+    for (size_t k = c + 1; k <= c + depth && k < io->num_chains; k++) {
         kvr_chunk_key_t next = key_of(io, k);
         kvr__store_read_ahead(st, &next);
     }

@@ -325,6 +325,8 @@ kvr_status_t kvr_store_open(const kvr_store_opts_t *opts, kvr_store_t **out,
     return KVR_OK;
 }
 
+static void turn_free(kvr__turn_t *t);
+
 void kvr_store_close(kvr_store_t *st)
 {
     if (st == NULL)
@@ -333,6 +335,7 @@ void kvr_store_close(kvr_store_t *st)
         drop_entry(st, st->head);
     if (st->dir != NULL)
         kvr__disk_close(st); /* joins the read-ahead */
+    turn_free(st->turn); /* every write-behind was joined by its save */
     for (int i = 0; i < KVR__SPARES; i++)
         free(st->spare[i]);
     free(st->spill);
@@ -390,11 +393,27 @@ kvr_status_t kvr__store_put_owned(kvr_store_t *st, const kvr_chunk_key_t *key,
 
 /* ---- write-behind ------------------------------------------------------ */
 
-/* One chunk written to disk on a thread while the save gathers the next.
- * The thread uses the store's disk fields only (directory, io_uring, temp
- * names, O_DIRECT); the caller touches none of them until it joins. */
+/* The renames of a save's writes in flight go in the order the save
+ * started them: each waits for its turn, and once one has failed none
+ * after it becomes visible (a failed write stops the save). */
+struct kvr__turn {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    uint64_t next, now; /* the next write's number; whose turn it is */
+    bool failed;
+};
+
+/* Chunks written to disk on threads, KVR__BEHIND at most, while the save
+ * gathers the next: one chunk's data is written and hashed while the one
+ * before it is fsynced and renamed. Each thread has its own view of the
+ * store (the directory, its slot's io_uring, a temp name number, whether
+ * O_DIRECT works); the caller touches none of the disk fields until every
+ * write is joined. */
 struct kvr__behind {
-    kvr_store_t *st;
+    kvr_store_t io;
+    kvr__turn_t *turn;
+    uint64_t seq;
+    unsigned slot;
     kvr_chunk_key_t key;
     uint8_t *data;
     uint64_t len;
@@ -407,50 +426,135 @@ struct kvr__behind {
 static void *behind_main(void *arg)
 {
     kvr__behind_t *b = arg;
-    b->status = kvr__disk_write(b->st, &b->key, b->data, b->len, b->sum,
-                                &b->err);
+    char tmp[KVR__TMP_NAME_MAX];
+    kvr_status_t s = kvr__disk_write_tmp(&b->io, &b->key, b->data, b->len,
+                                         b->sum, tmp, &b->err);
+    kvr__turn_t *t = b->turn;
+    pthread_mutex_lock(&t->mu);
+    while (t->now != b->seq)
+        pthread_cond_wait(&t->cv, &t->mu); /* the write before: on its way */
+    if (s == KVR_OK && t->failed) {
+        unlinkat(b->io.dir_fd, tmp, 0);
+        s = kvr_error_set(&b->err, KVR_ERR_IO, "chunk not kept: an earlier "
+                                               "write of the save failed");
+    } else if (s == KVR_OK) {
+        s = kvr__disk_commit(&b->io, &b->key, tmp, &b->err);
+    }
+    t->failed = t->failed || s != KVR_OK;
+    t->now++;
+    pthread_cond_broadcast(&t->cv);
+    pthread_mutex_unlock(&t->mu);
+    b->status = s;
     return NULL;
+}
+
+static kvr__turn_t *turn_get(kvr_store_t *st)
+{
+    if (st->turn == NULL && (st->turn = calloc(1, sizeof *st->turn)) != NULL) {
+        pthread_mutex_init(&st->turn->mu, NULL);
+        pthread_cond_init(&st->turn->cv, NULL);
+    }
+    if (st->turn != NULL && st->behinds == 0)
+        st->turn->failed = false; /* nothing in flight: a new save */
+    return st->turn;
+}
+
+static void turn_free(kvr__turn_t *t)
+{
+    if (t == NULL)
+        return;
+    pthread_mutex_destroy(&t->mu);
+    pthread_cond_destroy(&t->cv);
+    free(t);
+}
+
+static unsigned free_slot(const kvr_store_t *st)
+{
+    unsigned slot = 0;
+    for (unsigned i = 0; i < st->behinds; i++)
+        if (st->behind[i]->slot == slot)
+            slot++, i = (unsigned)-1; /* taken: look again from the first */
+    return slot;
+}
+
+/* A write-behind of key, or NULL when none can start (host only, full,
+ * no memory): its view of the store set up. */
+static kvr__behind_t *behind_new(kvr_store_t *st, const kvr_chunk_key_t *key)
+{
+    kvr__turn_t *t = st->dir != NULL && st->behinds < KVR__BEHIND
+                         ? turn_get(st)
+                         : NULL;
+    kvr__behind_t *b = t != NULL ? calloc(1, sizeof *b) : NULL;
+    if (b == NULL)
+        return NULL;
+    b->slot = free_slot(st);
+    if (st->ring != NULL && st->behind_ring[b->slot] == NULL)
+        st->behind_ring[b->slot] = kvr__disk_ring_new();
+    b->io.dir = st->dir;
+    b->io.dir_fd = st->dir_fd;
+    b->io.ring = st->ring != NULL ? st->behind_ring[b->slot] : NULL;
+    b->io.direct = st->direct;
+    b->io.sum_kind = st->sum_kind;
+    b->io.tmp_seq = st->tmp_seq++;
+    b->turn = t;
+    b->seq = t->next;
+    b->key = *key;
+    return b;
 }
 
 kvr_status_t kvr__store_put_start(kvr_store_t *st, const kvr_chunk_key_t *key,
                                   uint8_t *data, uint64_t len, bool *now,
                                   kvr_error_t *err)
 {
-    kvr__behind_t *b = st->dir != NULL && st->behind == NULL
-                           ? calloc(1, sizeof *b)
-                           : NULL;
+    kvr__behind_t *b = behind_new(st, key);
     *now = true;
     if (b == NULL) /* host only, or no memory: write it now */
         return kvr__store_put_owned(st, key, data, len, err);
-    *b = (kvr__behind_t){.st = st, .key = *key, .data = data, .len = len};
+    b->data = data;
+    b->len = len;
     if (pthread_create(&b->tid, NULL, behind_main, b) != 0) {
         free(b);
         return kvr__store_put_owned(st, key, data, len, err);
     }
-    st->behind = b;
+    st->turn->next++;
+    st->behind[st->behinds++] = b;
     *now = false;
     return KVR_OK;
 }
 
-kvr_status_t kvr__store_put_join(kvr_store_t *st, bool *wrote, kvr_error_t *err)
+/* Joins the oldest write in flight: its outcome, its chunk kept in the
+ * host tier when written. */
+static kvr_status_t join_oldest(kvr_store_t *st, bool *wrote, kvr_error_t *err)
 {
-    kvr__behind_t *b = st->behind;
-    *wrote = false;
-    if (b == NULL)
-        return KVR_OK;
-    st->behind = NULL;
+    kvr__behind_t *b = st->behind[0];
+    memmove(st->behind, st->behind + 1, --st->behinds * sizeof *st->behind);
     pthread_join(b->tid, NULL);
+    st->direct = st->direct && b->io.direct; /* it found O_DIRECT refused */
     kvr_status_t s = b->status;
-    if (s == KVR_OK) {
+    *wrote = s == KVR_OK;
+    if (s == KVR_OK)
         put_done(st, &b->key, b->data, b->len, b->sum);
-        *wrote = true;
-    } else {
+    else
         free(b->data);
-        if (err != NULL)
-            *err = b->err;
-    }
+    if (s != KVR_OK && err != NULL)
+        *err = b->err;
     free(b);
     return s;
+}
+
+kvr_status_t kvr__store_put_join(kvr_store_t *st, unsigned keep, size_t *wrote,
+                                 kvr_error_t *err)
+{
+    kvr_status_t first = KVR_OK;
+    while (st->behinds > keep || (first != KVR_OK && st->behinds > 0)) {
+        bool ok = false;
+        kvr_status_t s = join_oldest(st, &ok, first == KVR_OK ? err : NULL);
+        if (first == KVR_OK)
+            first = s;
+        if (ok && wrote != NULL)
+            (*wrote)++;
+    }
+    return first;
 }
 
 kvr_status_t kvr_store_put(kvr_store_t *st, const kvr_chunk_key_t *key,

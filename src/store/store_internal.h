@@ -20,7 +20,13 @@
 #define KVR__SPARES 4
 #define KVR__LEAF (4ull << 20) /* checksum leaf */
 #define KVR__HASH_THREADS 8u
-#define KVR__AHEAD 2u /* chunks of a load read and checked ahead */
+/* chunks of a load read and checked ahead: KVR__AHEAD when they are
+ * KVR__AHEAD_SMALL bytes or less (too few 4 MiB pieces each to keep the
+ * disk busy while earlier ones are hashed), else 2 (memory) */
+#define KVR__AHEAD 4u
+#define KVR__AHEAD_SMALL (16ull << 20)
+#define KVR__BEHIND 2u /* chunks of a save written behind it */
+#define KVR__TMP_NAME_MAX (KVR_STORE_NAME_MAX + 48)
 /* checksum kinds: how the leaves are hashed (header offset 12) */
 #define KVR__SUM_BLAKE2B 0u  /* BLAKE2b-256 (libsodium) */
 #define KVR__SUM_POLY1305 1u /* Poly1305 under a fixed public key */
@@ -44,6 +50,7 @@ typedef struct kvr__entry {
 typedef struct kvr__ahead kvr__ahead_t;
 /* A chunk written on a thread while a save gathers the next (store.c). */
 typedef struct kvr__behind kvr__behind_t;
+typedef struct kvr__turn kvr__turn_t;
 
 struct kvr_store {
     kvr_store_opts_t opts;
@@ -65,7 +72,11 @@ struct kvr_store {
     kvr__ahead_t *ahead[KVR__AHEAD]; /* in flight, or NULL */
     void *ahead_ring[KVR__AHEAD];    /* each read-ahead slot's io_uring */
     uint64_t last_len;               /* the last chunk read from disk */
-    kvr__behind_t *behind;           /* a save's write in flight, or NULL */
+    /* a save's writes in flight, oldest first (store.c) */
+    kvr__behind_t *behind[KVR__BEHIND];
+    unsigned behinds;
+    void *behind_ring[KVR__BEHIND]; /* each write-behind slot's io_uring */
+    kvr__turn_t *turn;              /* the order their renames go in */
 };
 
 /* chunk.c: names, header and checksum */
@@ -109,6 +120,16 @@ kvr_status_t kvr__disk_write(kvr_store_t *st, const kvr_chunk_key_t *key,
 kvr_status_t kvr__disk_read(kvr_store_t *st, const kvr_chunk_key_t *key,
                             uint8_t **data, uint64_t *len,
                             uint8_t sum[KVR_STORE_SUM_BYTES], kvr_error_t *err);
+/* The same in two steps: the file written and fsynced under a temp name
+ * (tmp; removed on failure), then renamed to its own name and the
+ * directory fsynced (commit: the chunk becomes visible; the temp file is
+ * removed when the rename fails). */
+kvr_status_t kvr__disk_write_tmp(kvr_store_t *st, const kvr_chunk_key_t *key,
+                                 const void *data, uint64_t len,
+                                 uint8_t sum[KVR_STORE_SUM_BYTES],
+                                 char tmp[KVR__TMP_NAME_MAX], kvr_error_t *err);
+kvr_status_t kvr__disk_commit(kvr_store_t *st, const kvr_chunk_key_t *key,
+                              const char *tmp, kvr_error_t *err);
 bool kvr__disk_has(kvr_store_t *st, const kvr_chunk_key_t *key);
 /* An io_uring for a read-ahead thread (NULL without liburing or where the
  * kernel refuses it: that thread uses pread), and its release. */
@@ -147,15 +168,17 @@ uint8_t *kvr__store_alloc(kvr_store_t *st, uint64_t len);
 kvr_status_t kvr__store_put_owned(kvr_store_t *st, const kvr_chunk_key_t *key,
                                   uint8_t *data, uint64_t len,
                                   kvr_error_t *err);
-/* The same, with the disk write on a thread (one at a time): start takes
- * data and returns at once (*now false), or puts it now (*now true: no
- * disk tier, or a write already in flight); join waits for the write in
- * flight, if any, and gives its outcome (*wrote: a chunk was written).
- * Nothing else may touch the store's disk tier between them. */
+/* The same, with the disk write on a thread (KVR__BEHIND at most): start
+ * takes data and returns at once (*now false), or puts it now (*now true:
+ * no disk tier, or KVR__BEHIND writes already in flight); join waits until
+ * at most keep writes are in flight (all of them once one has failed) and
+ * gives the first failure, counting the chunks written in *wrote. Chunks
+ * become visible in the order started; none after a failed one does.
+ * Nothing else may touch the store's disk tier until all are joined. */
 kvr_status_t kvr__store_put_start(kvr_store_t *st, const kvr_chunk_key_t *key,
                                   uint8_t *data, uint64_t len, bool *now,
                                   kvr_error_t *err);
-kvr_status_t kvr__store_put_join(kvr_store_t *st, bool *wrote,
+kvr_status_t kvr__store_put_join(kvr_store_t *st, unsigned keep, size_t *wrote,
                                  kvr_error_t *err);
 
 /* gens.c: the latest generation of each request, bounded. */

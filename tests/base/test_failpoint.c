@@ -5,6 +5,7 @@
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <string.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -76,7 +77,10 @@ static void test_bad_arguments(void **state)
     memset(key, 'k', sizeof(key) - 1);
     key[sizeof(key) - 1] = '\0';
     assert_int_equal(kvr_failpoint_arm("refuse", key, &err), KVR_ERR_INVALID);
-    assert_non_null(strstr(err.msg, "64 bytes, at most 63"));
+    char want[64];
+    snprintf(want, sizeof want, "%d bytes, at most %d", KVR_FAILPOINT_KEY_MAX,
+             KVR_FAILPOINT_KEY_MAX - 1);
+    assert_non_null(strstr(err.msg, want));
     key[KVR_FAILPOINT_KEY_MAX - 1] = '\0'; /* the longest that fits */
     assert_int_equal(kvr_failpoint_arm("refuse", key, &err), KVR_OK);
     assert_true(hit(KVR__FP_REFUSE, key));

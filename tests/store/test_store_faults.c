@@ -342,6 +342,57 @@ static void test_full_disk(void **state)
     free(data);
 }
 
+/* A write failing mid-save (store-enospc on the second chunk's name)
+ * stops the save: the first chunk is on disk, no later one is, although
+ * the third may have been written behind it before the failure was seen;
+ * no temp file is left. */
+static void test_failed_write_mid_save(void **state)
+{
+    (void)state;
+    kvr_store_opts_t o = {.dir = dir, .host_bytes = 1 << 20};
+    kvr_store_t *st;
+    kvr_error_t err;
+    assert_int_equal(kvr_store_open(&o, &st, &err), KVR_OK);
+    sf_model_t m = {
+        .layers = 1, .pp = 1, .bs = 16, .tb = 64, .D = 128, .pool = 8};
+    kvr_layout_t lay = KVR_LAYOUT_INIT;
+    lay.block_size = 16;
+    unsigned seed = 2;
+    sf_side_t s;
+    sf_side_init(&s, &m, &lay, false, 0, 1, 8, &seed);
+    uint8_t ns[KVR_STORE_NS_BYTES] = {0};
+    kvr_block_hash_t chains[4] = {{{1}}, {{2}}, {{3}}, {{4}}};
+    kvr_store_io_t io = {.ns = ns,
+                         .block_size = 16,
+                         .chunk = 32,
+                         .chains = chains,
+                         .num_chains = 4,
+                         .lay = &lay,
+                         .regions = s.regions,
+                         .num_regions = s.num_regions,
+                         .blocks = s.blocks,
+                         .num_blocks = s.num_blocks};
+    char second[KVR_STORE_NAME_MAX];
+    snprintf(second, sizeof second, "%032d-02%062d-p0.kvc", 0, 0);
+    assert_int_equal(kvr_failpoint_arm("store-enospc", second, &err), KVR_OK);
+    size_t saved = 9;
+    assert_int_equal(kvr_store_save(st, &io, &saved, &err), KVR_ERR_IO);
+    assert_non_null(strstr(err.msg, second));
+    kvr_failpoint_disarm_all();
+    assert_int_equal(saved, 1);
+    assert_int_equal(count_files(".kvc"), 1);
+    assert_int_equal(count_files(NULL), 0);
+    for (size_t c = 0; c < 4; c++) {
+        kvr_chunk_key_t k = {.chain = chains[c]};
+        assert_int_equal(kvr_store_contains(st, &k), c == 0);
+    }
+    assert_int_equal(kvr_store_save(st, &io, &saved, &err), KVR_OK);
+    assert_int_equal(saved, 3);
+    assert_int_equal(count_files(".kvc"), 4);
+    sf_side_free(&s);
+    kvr_store_close(st);
+}
+
 /* LRU by bytes: a tier of 2.5 chunks holds the two most recent. */
 static void test_lru_by_bytes(void **state)
 {
@@ -456,6 +507,8 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_torn_files, setup, teardown),
         cmocka_unit_test_setup_teardown(test_killed_mid_save, setup, teardown),
         cmocka_unit_test_setup_teardown(test_full_disk, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_failed_write_mid_save, setup,
+                                        teardown),
         cmocka_unit_test_setup_teardown(test_lru_by_bytes, setup, teardown),
         cmocka_unit_test(test_bad_input),
     };
