@@ -815,14 +815,24 @@ kvr_status_t kvr_store_conn_part_saved(kvr_store_conn_t *c,
     return KVR_OK;
 }
 
+/* The calls about a whole request (not one save or load): the connector
+ * and the request id checked, the id as the books key it. */
+static kvr_status_t request_of(const kvr_store_conn_t *c,
+                               const void *request_id, size_t len,
+                               kvr_completion_id_t *id, kvr_error_t *err)
+{
+    if (c == NULL)
+        return kvr_error_set(err, KVR_ERR_INVALID, "store conn is NULL");
+    *id = kvr_completion_req(request_id, len);
+    return kvr_completion_id_check(id, err);
+}
+
 kvr_status_t kvr_store_conn_send_done(kvr_store_conn_t *c,
                                       const void *request_id, size_t len,
                                       kvr_status_t status, kvr_error_t *err)
 {
-    if (c == NULL)
-        return kvr_error_set(err, KVR_ERR_INVALID, "store conn is NULL");
-    kvr_completion_id_t id = kvr_completion_req(request_id, len);
-    kvr_status_t s = kvr_completion_id_check(&id, err);
+    kvr_completion_id_t id;
+    kvr_status_t s = request_of(c, request_id, len, &id, err);
     if (s != KVR_OK)
         return s;
     pthread_mutex_lock(&c->mx);
@@ -908,10 +918,8 @@ static kvr_status_t admit_load(kvr_store_conn_t *c,
 kvr_status_t kvr_store_conn_forget(kvr_store_conn_t *c, const void *request_id,
                                    size_t len, kvr_error_t *err)
 {
-    if (c == NULL)
-        return kvr_error_set(err, KVR_ERR_INVALID, "store conn is NULL");
-    kvr_completion_id_t id = kvr_completion_req(request_id, len);
-    kvr_status_t s = kvr_completion_id_check(&id, err);
+    kvr_completion_id_t id;
+    kvr_status_t s = request_of(c, request_id, len, &id, err);
     if (s != KVR_OK)
         return s;
     pthread_mutex_lock(&c->mx);
