@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import ctypes
 from dataclasses import dataclass
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple, TypeVar
 
 from . import _types as T
 from ._buffers import BufferLike, address_of
@@ -81,8 +81,42 @@ def store_verify(directory: str) -> Tuple[int, List[Tuple[str, str]]]:
     return ok.value, bad
 
 
-class Store:
+_Owner = TypeVar("_Owner", bound="_Owned")
+
+
+class _Owned:
+    """A C handle this object owns: closed once, by close(), the with
+    block's end or the collector; _handle() refuses a closed one."""
+
+    _destroy = ""  # the LIB function that frees the handle
+    _what = ""     # for the error once closed
+    _h: Optional[ctypes.c_void_p] = None
+
+    def close(self) -> None:
+        h, self._h = self._h, None
+        if h:
+            getattr(LIB, self._destroy)(h)
+
+    def __del__(self) -> None:
+        if getattr(self, "_h", None):
+            self.close()
+
+    def __enter__(self: _Owner) -> _Owner:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _handle(self) -> ctypes.c_void_p:
+        if not self._h:
+            raise invalid(f"{self._what} is closed")
+        return self._h
+
+
+class Store(_Owned):
     """A store: ``Store(dir, host_bytes=...)``; a context manager."""
+
+    _destroy, _what = "kvr_store_close", "store"
 
     def __init__(self, directory: Optional[str] = None, host_bytes: int = 0,
                  verify_host: bool = False, quick_scan: bool = False,
@@ -92,27 +126,7 @@ class Store:
         handle, err = ctypes.c_void_p(), new_error()
         check(LIB.kvr_store_open(ctypes.byref(opts), ctypes.byref(handle),
                                  ctypes.byref(err)), err)
-        self._h: Optional[ctypes.c_void_p] = handle
-
-    def close(self) -> None:
-        h, self._h = self._h, None
-        if h:
-            LIB.kvr_store_close(h)
-
-    def __del__(self) -> None:
-        if getattr(self, "_h", None):
-            self.close()
-
-    def __enter__(self) -> "Store":
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    def _handle(self) -> ctypes.c_void_p:
-        if not self._h:
-            raise invalid("store is closed")
-        return self._h
+        self._h = handle
 
     @property
     def backend(self) -> str:
@@ -233,13 +247,16 @@ class StoreEvent:
     chunks: int
 
 
-class StoreConnector:
+class StoreConnector(_Owned):
     """``StoreConnector(store, ns, block_size, chunk, layout, part_ends,
     regions)``: part p of the producer holds layers [part_ends[p-1],
     part_ends[p]); regions are this process's (desc, buffer) pairs, kept
     alive here. remote_wait_ms > 0: the parts of other processes come from
     their records in the store's directory (the connector holding part 0
-    counts the quorum). The store must outlive the connector."""
+    counts the quorum). The store must outlive the connector. close()
+    waits for the save in progress (queued ones are dropped)."""
+
+    _destroy, _what = "kvr_store_conn_destroy", "store connector"
 
     def __init__(self, store: Store, ns: bytes, block_size: int, chunk: int,
                  layout: Layout, part_ends: Sequence[int],
@@ -265,28 +282,7 @@ class StoreConnector:
         check(LIB.kvr_store_conn_create(ctypes.byref(prm),
                                         ctypes.byref(handle),
                                         ctypes.byref(err)), err)
-        self._h: Optional[ctypes.c_void_p] = handle
-
-    def close(self) -> None:
-        """Waits for the save in progress (queued ones are dropped)."""
-        h, self._h = self._h, None
-        if h:
-            LIB.kvr_store_conn_destroy(h)
-
-    def __del__(self) -> None:
-        if getattr(self, "_h", None):
-            self.close()
-
-    def __enter__(self) -> "StoreConnector":
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    def _handle(self) -> ctypes.c_void_p:
-        if not self._h:
-            raise invalid("store connector is closed")
-        return self._h
+        self._h = handle
 
     def save(self, request: RequestId, generation: int,
              chains: Sequence[bytes], src_blocks: Any) -> None:
