@@ -70,6 +70,10 @@ kvr_status_t kvr__runs_warm(void *stream, kvr_error_t *err);
 kvr_status_t kvr__pool_get(kvr_gpu_pool_t *pool, size_t bytes, void **ptr,
                            kvr_error_t *err);
 void kvr__pool_put(void *ptr, size_t bytes, void *owner);
+/* The other kvr__gpu_free_fn: cudaFreeAsync on the stream `stream` when
+ * the table was uploaded on one (freed after the launches queued there,
+ * without the device-wide wait of cudaFree), else cudaFree. */
+void kvr__cuda_free_on(void *ptr, size_t bytes, void *stream);
 void *kvr__pool_stream(const kvr_gpu_pool_t *pool);
 
 /* Checks rank and that [offset, offset + len) lies inside rank's stream. */

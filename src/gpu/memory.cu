@@ -253,6 +253,15 @@ kvr_status_t kvr__pool_get(kvr_gpu_pool_t *pool, size_t bytes, void **ptr,
     return KVR_OK;
 }
 
+void kvr__cuda_free_on(void *ptr, size_t bytes, void *stream)
+{
+    (void)bytes;
+    if (stream != NULL)
+        cudaFreeAsync(ptr, (cudaStream_t)stream);
+    else
+        cudaFree(ptr);
+}
+
 void kvr__pool_put(void *ptr, size_t bytes, void *owner)
 {
     kvr_gpu_pool_t *pool = (kvr_gpu_pool_t *)owner;

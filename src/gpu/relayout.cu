@@ -288,17 +288,6 @@ uint32_t all_pieces(const kvr_gpu_relayout_t *rl)
     return rl->geom.num_blocks * kvr__rl_pieces_per_block(&rl->geom);
 }
 
-/* Stream-ordered when the tables were uploaded on a stream: freed after
- * the launches queued there, without the device-wide wait of cudaFree. */
-void free_device(void *ptr, size_t bytes, void *stream)
-{
-    (void)bytes;
-    if (stream != NULL)
-        cudaFreeAsync(ptr, (cudaStream_t)stream);
-    else
-        cudaFree(ptr);
-}
-
 kvr_status_t check_pointers(const void *a, const void *b, kvr_error_t *err)
 {
     if (a == NULL || b == NULL)
@@ -377,7 +366,7 @@ extern "C" kvr_status_t kvr_gpu_relayout_upload(kvr_gpu_relayout_t *rl,
         return kvr__cuda_status(e, "cudaMemcpy(relayout tables)", err);
     }
     rl->device[dev] = p;
-    rl->free_device = free_device;
+    rl->free_device = kvr__cuda_free_on;
     return KVR_OK;
 }
 
@@ -405,7 +394,7 @@ extern "C" kvr_status_t kvr_gpu_relayout_upload_async(kvr_gpu_relayout_t *rl,
     }
     rl->device[dev] = p;
     rl->device_owner[dev] = stream;
-    rl->free_device = free_device;
+    rl->free_device = kvr__cuda_free_on;
     return KVR_OK;
 }
 

@@ -95,15 +95,6 @@ kvr_status_t launch(const RunJob &j, cudaStream_t stream, kvr_error_t *err)
     return launch_runs<8, 8>(j, stream, err);
 }
 
-void free_device(void *ptr, size_t bytes, void *stream)
-{
-    (void)bytes;
-    if (stream != NULL)
-        cudaFreeAsync(ptr, (cudaStream_t)stream);
-    else
-        cudaFree(ptr);
-}
-
 } // namespace
 
 int kvr__runs_tune_unroll = 0;
@@ -125,12 +116,12 @@ extern "C" kvr_status_t kvr_gpu_runs_upload(kvr_gpu_runs_t *rt, void *stream,
         s ? cudaMemcpyAsync(p, rt->items, bytes, cudaMemcpyHostToDevice, s)
           : cudaMemcpy(p, rt->items, bytes, cudaMemcpyHostToDevice);
     if (e != cudaSuccess) {
-        free_device(p, bytes, stream);
+        kvr__cuda_free_on(p, bytes, stream);
         return kvr__cuda_status(e, "cudaMemcpy(run table)", err);
     }
     rt->device = p;
     rt->device_owner = stream;
-    rt->free_device = free_device;
+    rt->free_device = kvr__cuda_free_on;
     return KVR_OK;
 }
 
