@@ -344,6 +344,12 @@ typedef struct {
     bool keep_ipc; /* IPC mapping open while UCX puts into the region */
     FILE *js;
     bool first_cell, all_ok;
+    /* gpu-direct: tables made before the timed part, as the agent makes
+     * them when the pull arrives (else inside it, as before), and each
+     * timed rep's parts in microseconds: tables, launch, wait, free */
+    bool prep;
+    double parts[32][4];
+    int nparts;
 } prod_t;
 
 /* Evicts L2 (both processes share the GPU's): every timed rep, the
@@ -406,15 +412,24 @@ static double one_xfer(prod_t *p, kvr_exec_kind_t kind, bool *ok)
                                           : ask(p, CMD_RECV, (int)kind);
     res_t mine = {0};
     kvr_error_t e = {0};
+    kvr__gpu_tables_t *tables = NULL;
+    if (kind == KVR_EXEC_GPU_DIRECT && p->prep) /* as the pull arrives */
+        OK_OR_DIE(kvr__gpu_tables_make(0, p->cs, p->pool, &p->j->lay,
+                                       &p->j->pair, 1, &p->j->req, &tables,
+                                       err));
     l2_flush(p); /* after the consumer's poisoning: every rep starts cold */
     uint64_t t0 = kvr_now_ns();
     if (kind == KVR_EXEC_GPU_DIRECT) {
-        uint64_t moved = 0;
+        uint64_t moved = 0, at[5];
         const void *srcs[1] = {p->src};
         void *dsts[1] = {p->ipc_dst};
         mine.st = kvr__gpu_send(0, p->cs, p->pool, &p->j->lay, 0, &p->j->pair,
-                                srcs, dsts, 1, &p->j->req, &moved, &e);
+                                srcs, dsts, 1, &p->j->req, tables, &moved, at,
+                                &e);
         put_all(p->fd, &mine, sizeof(mine));
+        for (int k = 0; k < 4 && p->nparts < 32; k++)
+            p->parts[p->nparts][k] = (double)(at[k + 1] - at[k]) * 1e-3;
+        p->nparts += p->nparts < 32;
     } else {
         uint32_t slots[SLOTS];
         kvr_exec_params_t x;
@@ -425,6 +440,7 @@ static double one_xfer(prod_t *p, kvr_exec_kind_t kind, bool *ok)
         mine.st = kvr_exec_send(p->s.ep, kind, &seg, 1, &x, NULL, &e);
     }
     double secs = (double)(kvr_now_ns() - t0) * 1e-9;
+    kvr__gpu_tables_free(tables);
     if (mine.st != KVR_OK)
         snprintf(mine.msg, sizeof(mine.msg), "%s", e.msg);
     r = finish(p, mine);
@@ -494,6 +510,7 @@ static double measure(prod_t *p, kvr_exec_kind_t kind, int *reps,
     double warm = one_xfer(p, kind, &one); /* registration caches, pages */
     ok = one;
     *reps = warm > SLOW_S ? 1 : p->reps;
+    p->nparts = 0;
     for (int i = 0; i < *reps; i++) {
         t[i] = one_xfer(p, kind, &one);
         ok = ok && one;
@@ -682,6 +699,99 @@ static void prod_teardown(prod_t *p)
     cudaStreamDestroy(p->cs);
 }
 
+/* The median of each part of the gpu-direct reps just measured. */
+static void print_parts(prod_t *p, const char *what)
+{
+    double m[4], col[32];
+    for (int k = 0; k < 4; k++) {
+        for (int i = 0; i < p->nparts; i++)
+            col[i] = p->parts[i][k];
+        m[k] = p->nparts ? median(col, p->nparts) : 0;
+    }
+    printf("  %-16s %s, median parts (host clock): tables %.1f us, launch "
+           "%.1f us, wait %.1f us, free %.1f us\n",
+           tl_name(p->tl), what, m[0], m[1], m[2], m[3]);
+    fprintf(p->js,
+            ",\n    {\"transport\": \"%s\", \"executor\": \"%s-parts\", "
+            "\"tables_us\": %.1f, \"launch_us\": %.1f, \"wait_us\": %.1f, "
+            "\"free_us\": %.1f}",
+            tl_name(p->tl), what, m[0], m[1], m[2], m[3]);
+    fflush(p->js);
+}
+
+/* The relayout kernel alone into the consumer's IPC-mapped region, CUDA
+ * events on the producer's stream, L2 flushed before each rep: whether
+ * writing through the mapping costs anything beside bench_rl_kernel's
+ * local buffers. Every byte checked by the consumer afterwards. */
+static void kernel_cell(prod_t *p, double ceiling)
+{
+    kvr__gpu_tables_t *t = NULL;
+    kvr__gpu_job_t *job = NULL;
+    cudaEvent_t e0, e1;
+    float ms[32];
+    uint32_t rank = 0;
+    uint64_t moved = 0;
+    const void *srcs[1] = {p->src};
+    void *dsts[1] = {p->ipc_dst};
+    OK_OR_DIE(kvr__gpu_tables_make(0, p->cs, p->pool, &p->j->lay,
+                                   &p->j->pair, 1, &p->j->req, &t, err));
+    if (cudaEventCreate(&e0) != cudaSuccess ||
+        cudaEventCreate(&e1) != cudaSuccess)
+        DIE("cudaEventCreate failed");
+    bool ok = true;
+    for (int i = 0; i <= p->reps; i++) {
+        res_t r = ask(p, CMD_VERIFY, 0), mine = {0};
+        l2_flush(p);
+        kvr_error_t e = {0};
+        cudaEventRecord(e0, p->cs);
+        mine.st = kvr__gpu_job_start(0, p->cs, p->pool, &p->j->lay, t, &rank,
+                                     &p->j->pair, srcs, dsts, 1, &p->j->req,
+                                     &job, &moved, &e);
+        cudaEventRecord(e1, p->cs);
+        if (cudaEventSynchronize(e1) != cudaSuccess)
+            DIE("kernel cell: %s", cudaGetErrorString(cudaGetLastError()));
+        kvr__gpu_job_free(job);
+        job = NULL;
+        if (i > 0)
+            cudaEventElapsedTime(&ms[i - 1], e0, e1);
+        put_all(p->fd, &mine, sizeof(mine));
+        r = finish(p, mine);
+        ok = ok && r.st == KVR_OK && r.verified;
+    }
+    kvr__gpu_tables_free(t);
+    cudaEventDestroy(e0);
+    cudaEventDestroy(e1);
+    double t_ms[32];
+    for (int i = 0; i < p->reps; i++)
+        t_ms[i] = ms[i];
+    double gbps = (double)p->bytes / (median(t_ms, p->reps) * 1e-3) / 1e9;
+    cell(p, "gpu-direct-kernel-events", gbps, ceiling, p->reps, ok,
+         "the launch alone, CUDA events, into the IPC mapping; the ceiling "
+         "is host-timed: compare with bench_rl_kernel's event-timed copy");
+}
+
+/* gpu-direct: as the agent runs it (tables made when the pull arrives,
+ * before the timed part), then with the tables made inside it (how the
+ * cell was measured before 2026-12-02), then the kernel alone. */
+static void direct_cells(prod_t *p, double ceiling, double *got, int *reps)
+{
+    bool v;
+    p->prep = true;
+    *got = measure(p, KVR_EXEC_GPU_DIRECT, reps, &v);
+    cell(p, "gpu-direct", *got, ceiling, *reps, v,
+         "tables made before the timed part, as the agent makes them when "
+         "the pull arrives");
+    print_parts(p, "gpu-direct");
+    p->prep = false;
+    int r2 = 0;
+    double inside = measure(p, KVR_EXEC_GPU_DIRECT, &r2, &v);
+    cell(p, "gpu-direct-tables-inside", inside, ceiling, r2, v,
+         "tables made (checked, sorted, uploaded) inside the timed part");
+    print_parts(p, "gpu-direct-tables-inside");
+    p->prep = true;
+    kernel_cell(p, ceiling);
+}
+
 /* One executor's cell: its GB/s against the ceiling, into got and reps. */
 static void one_cell(prod_t *p, kvr_exec_kind_t kind, double ceiling,
                      double got[KVR_COST_KINDS], int reps[KVR_COST_KINDS])
@@ -718,7 +828,8 @@ static void prod_cells(prod_t *p)
      * UCX: with cuda_ipc that crashed a producer on the H200
      * (docs/transport.md, CUDA memory) */
     if (ipc)
-        one_cell(p, KVR_EXEC_GPU_DIRECT, ceiling, got, reps);
+        direct_cells(p, ceiling, &got[KVR_EXEC_GPU_DIRECT],
+                     &reps[KVR_EXEC_GPU_DIRECT]);
     double t[KVR_COST_KINDS];
     t0 = kvr_now_ns();
     kvr_exec_kind_t k = pick(p, ipc, t);
@@ -756,7 +867,8 @@ static bool keep_ipc; /* --ipc-beside-ucx */
 static int producer(job_t *j, int fd, int tl, int reps, bool first, FILE *js,
                     bool *ok)
 {
-    prod_t p = {.j = j, .fd = fd, .tl = tl, .reps = reps, .js = js};
+    prod_t p = {
+        .j = j, .fd = fd, .tl = tl, .reps = reps, .js = js, .prep = true};
     p.keep_ipc = keep_ipc;
     p.first_cell = first;
     p.all_ok = true;

@@ -57,6 +57,9 @@ kvr_status_t kvr__runs_span(const kvr_gpu_runs_t *rt, uint64_t pos,
  * vector a lane at a time, as before). bench_rl_kernel and the device
  * tests set them. */
 extern int kvr__rl_tune_step;
+/* (CUDA) Relayout blocks an SM must fit (6 or 8: registers capped, two
+ * items a step), 0 for the default. */
+extern int kvr__rl_tune_minblocks;
 extern int kvr__runs_tune_unroll;
 
 /* (CUDA) One empty launch of every relayout kernel, and of the run copy,

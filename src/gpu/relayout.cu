@@ -152,8 +152,10 @@ __device__ void copy_items(const Job &j, const Item (&it)[STEP], uint32_t lane)
 
 constexpr int THREADS = 256;
 
-template <typename V, int STEP>
-__global__ void __launch_bounds__(THREADS) relayout_kernel(const Job j)
+/* MINB > 1: registers capped so that MINB blocks fit an SM (more warps,
+ * more bytes in flight; a benchmark knob, kvr__rl_tune_minblocks). */
+template <typename V, int STEP, int MINB = 1>
+__global__ void __launch_bounds__(THREADS, MINB) relayout_kernel(const Job j)
 {
     uint32_t lane = threadIdx.x & 31;
     uint32_t warp = (blockIdx.x * blockDim.x + threadIdx.x) >> 5;
@@ -193,22 +195,26 @@ uint64_t geometry_bits(const kvr__rl_geom_t *g)
     return bits;
 }
 
-template <typename V, int STEP>
+template <typename V, int STEP, int MINB = 1>
 kvr_status_t launch_step(Job &j, cudaStream_t stream, kvr_error_t *err)
 {
     unsigned blocks = 0; /* a thread an item: a warp per 32 items */
     kvr_status_t st =
-        kvr__grid_size((const void *)relayout_kernel<V, STEP>, THREADS, 0,
-                       j.num_items, &blocks, err);
+        kvr__grid_size((const void *)relayout_kernel<V, STEP, MINB>, THREADS,
+                       0, j.num_items, &blocks, err);
     if (st != KVR_OK)
         return st;
-    relayout_kernel<V, STEP><<<blocks, THREADS, 0, stream>>>(j);
+    relayout_kernel<V, STEP, MINB><<<blocks, THREADS, 0, stream>>>(j);
     return kvr__launch_status("relayout_kernel", err);
 }
 
 template <typename V>
 kvr_status_t launch_as(Job &j, cudaStream_t stream, kvr_error_t *err)
 {
+    if (kvr__rl_tune_minblocks == 6)
+        return launch_step<V, 2, 6>(j, stream, err);
+    if (kvr__rl_tune_minblocks == 8)
+        return launch_step<V, 2, 8>(j, stream, err);
     switch (kvr__rl_tune_step) {
     case 2:
         return launch_step<V, 2>(j, stream, err);
@@ -332,6 +338,7 @@ kvr_status_t run_range(const kvr_gpu_relayout_t *rl, Mode mode, uint32_t rank,
 
 /* Benchmark knobs (bench/gpu/bench_rl_kernel.c), 0 for the defaults. */
 int kvr__rl_tune_step = 0;
+int kvr__rl_tune_minblocks = 0;
 
 /* The current device, as an index into rl's per-device copies; *done
  * when it has one already. */
