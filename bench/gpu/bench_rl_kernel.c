@@ -344,14 +344,12 @@ static void sorted_case(uint64_t tokens, int reps)
     double copy = time_op(&b, op_copy);
     double c2d = time_op(&b, op_copy2d);
     line("sorted_copy2d", "memcpy2d", b.bytes, c2d, copy, "-");
-    static const int steps[] = {2, 0};
-    for (int i = 0; i < 2; i++) {
-        kvr__rl_tune_step = steps[i];
+    for (int k = 0; k < 2; k++) { /* the items kernel, then the default */
+        kvr__rl_tune_chunks = k ? 0 : 1;
         double us = time_op(&b, op_scatter_rank);
-        line("sorted_rank", steps[i] ? "step2" : "default", b.bytes, us, copy,
+        line("sorted_rank", k ? "default" : "items", b.bytes, us, copy,
              check_rank0(&b));
     }
-    kvr__rl_tune_step = 0;
     teardown(&b);
 }
 
@@ -377,34 +375,34 @@ int main(int argc, char **argv)
            (unsigned long long)b.bytes, b.reps);
     double copy = time_op(&b, op_copy);
     line("copy", "-", b.bytes, copy, copy, "-");
-    static const int steps[] = {2, 4, 8, 16};
-    for (int i = 0; i < 4; i++) {
-        char knob[32];
-        kvr__rl_tune_step = steps[i];
-        snprintf(knob, sizeof(knob), "step%d", steps[i]);
-        double us = time_op(&b, op_scatter_rank);
-        line("scatter_rank", knob, b.bytes, us, copy, check_rank0(&b));
-    }
-    kvr__rl_tune_step = 0;
     double us = time_op(&b, op_copy2d);
     line("copy2d", "memcpy2d", b.bytes, us, copy, "-");
-    for (int mb = 6; mb <= 8; mb += 2) {
+    /* the items kernel (relayout_kernel, two items a step) as it was, and
+     * with registers capped for 6 or 8 blocks an SM */
+    kvr__rl_tune_chunks = 1;
+    for (int mb = 0; mb <= 8; mb += mb ? 2 : 6) {
         char knob[32];
         kvr__rl_tune_minblocks = mb;
-        snprintf(knob, sizeof(knob), "minblocks%d", mb);
+        snprintf(knob, sizeof(knob), mb ? "items mb%d" : "items", mb);
         us = time_op(&b, op_scatter_rank);
         line("scatter_rank", knob, b.bytes, us, copy, check_rank0(&b));
     }
     kvr__rl_tune_minblocks = 0;
-    us = time_op(&b, op_scatter_rank);
-    line("scatter_rank", "default", b.bytes, us, copy, check_rank0(&b));
-    kvr__rl_tune_step = 2;
-    us = time_op(&b, op_scatter_all);
-    line("scatter_all", "step2", b.bytes * W, us, copy * W, "-");
-    kvr__rl_tune_step = 0;
-    us = time_op(&b, op_scatter_all);
-    line("scatter_all", "default", b.bytes * W, us, copy * W,
-         check_rank0(&b));
+    /* chunk_kernel's team shapes; 0 the default (8 lanes of 8) */
+    static const int teams[] = {3, 4, 5, 0};
+    static const char *names[] = {"teams 4x9", "teams 8x5", "teams 8x5 mb6",
+                                  "default 8x8"};
+    for (int i = 0; i < 4; i++) {
+        kvr__rl_tune_chunks = teams[i];
+        us = time_op(&b, op_scatter_rank);
+        line("scatter_rank", names[i], b.bytes, us, copy, check_rank0(&b));
+    }
+    for (int k = 0; k < 2; k++) {
+        kvr__rl_tune_chunks = k ? 0 : 1;
+        us = time_op(&b, op_scatter_all);
+        line("scatter_all", k ? "default" : "items", b.bytes * W, us,
+             copy * W, check_rank0(&b));
+    }
     void *ps = NULL;
     kvr_gpu_pool_t *pool = NULL;
     KVR_OK(kvr_gpu_stream_create(0, &ps, &err));

@@ -175,6 +175,59 @@ __global__ void __launch_bounds__(THREADS, MINB) relayout_kernel(const Job j)
     }
 }
 
+/* The MLA gather of small chunks (I tokens, at most CHUNK_MAX bytes):
+ * an item is one source chunk, contiguous on both sides, copied by a team
+ * of G lanes with U vectors each in flight, as the run copy does
+ * (kvr__copy_team): more bytes in flight an SM than relayout_kernel's two
+ * items a lane, whose registers bound it to half occupancy (docs/gpu.md,
+ * Relayout kernel speed). */
+constexpr uint32_t CHUNK_MAX = 4096;
+
+template <typename V, int G, int U, int MINB>
+__global__ void __launch_bounds__(THREADS, MINB) chunk_kernel(const Job j)
+{
+    uint32_t lane = threadIdx.x % G;
+    uint32_t team = (blockIdx.x * blockDim.x + threadIdx.x) / G;
+    uint32_t teams = (gridDim.x * blockDim.x) / G;
+    for (uint32_t i = team; i < j.num_items; i += teams) {
+        Item it = describe(j, j.item0 + i);
+        if (it.len == 0)
+            continue;
+        kvr__copy_team<V, G, U>(
+            (const unsigned char *)source_at(j, it.src, it.x0),
+            (unsigned char *)(it.dst + it.x0), it.len, lane);
+    }
+}
+
+template <typename V, int G, int U, int MINB>
+kvr_status_t launch_team(Job &j, cudaStream_t stream, kvr_error_t *err)
+{
+    unsigned blocks = 0;
+    kvr_status_t st = kvr__grid_size((const void *)chunk_kernel<V, G, U, MINB>,
+                                     THREADS, 0, (uint64_t)j.num_items * G,
+                                     &blocks, err);
+    if (st != KVR_OK)
+        return st;
+    chunk_kernel<V, G, U, MINB><<<blocks, THREADS, 0, stream>>>(j);
+    return kvr__launch_status("relayout chunk_kernel", err);
+}
+
+/* Teams of 8 lanes, 8 vectors each: the run copy's shape, which moved the
+ * same 576-byte runs at 0.84 of a device copy; the knob's 3: 4 lanes of
+ * 9, 4: 8 lanes of 5, 5: 8 lanes of 5 with registers capped for 6 blocks
+ * an SM (bench_rl_kernel times them all). */
+template <typename V>
+kvr_status_t launch_chunks(Job &j, cudaStream_t stream, kvr_error_t *err)
+{
+    if (kvr__rl_tune_chunks == 3)
+        return launch_team<V, 4, 9, 1>(j, stream, err);
+    if (kvr__rl_tune_chunks == 4)
+        return launch_team<V, 8, 5, 1>(j, stream, err);
+    if (kvr__rl_tune_chunks == 5)
+        return launch_team<V, 8, 5, 6>(j, stream, err);
+    return launch_team<V, 8, 8, 1>(j, stream, err);
+}
+
 /* Widest access (16, 8, 4 or 1 bytes) that divides every size, offset and
  * base pointer in `bits`. */
 uint32_t vector_bytes(uint64_t bits)
@@ -209,8 +262,11 @@ kvr_status_t launch_step(Job &j, cudaStream_t stream, kvr_error_t *err)
 }
 
 template <typename V>
-kvr_status_t launch_as(Job &j, cudaStream_t stream, kvr_error_t *err)
+kvr_status_t launch_as(Job &j, cudaStream_t stream, bool chunked,
+                       kvr_error_t *err)
 {
+    if (chunked)
+        return launch_chunks<V>(j, stream, err);
     if (kvr__rl_tune_minblocks == 6)
         return launch_step<V, 2, 6>(j, stream, err);
     if (kvr__rl_tune_minblocks == 8)
@@ -268,8 +324,14 @@ kvr_status_t launch(const kvr_gpu_relayout_t *rl, Job &j, uint64_t bits,
     bool strided = j.g.kind == KVR__RL_MLA && j.mode != UNPACK;
     j.chunk = kvr__div_make(strided ? j.g.I * (uint32_t)j.g.unit : INT32_MAX);
     j.stride = strided ? (uint64_t)j.g.I * j.g.W * j.g.unit : 0;
-    j.parts = (uint32_t)((piece + 64 * vb - 1) / (64 * vb));
-    j.part_bytes = (uint32_t)((piece + j.parts * vb - 1) / (j.parts * vb) * vb);
+    /* scatters of small MLA chunks: an item a chunk (chunk_kernel) */
+    bool chunked = strided && (j.mode == SCATTER || j.mode == SCATTER_ALL) &&
+                   j.chunk.d <= CHUNK_MAX && kvr__rl_tune_chunks != 1;
+    j.parts = chunked ? (uint32_t)(piece / j.chunk.d)
+                      : (uint32_t)((piece + 64 * vb - 1) / (64 * vb));
+    j.part_bytes =
+        chunked ? j.chunk.d
+                : (uint32_t)((piece + j.parts * vb - 1) / (j.parts * vb) * vb);
     uint64_t items = (uint64_t)count * j.parts * ranks;
     if ((uint64_t)(first + count) * j.parts * ranks > INT32_MAX)
         return kvr_error_set(err, KVR_ERR_UNSUPPORTED,
@@ -281,12 +343,12 @@ kvr_status_t launch(const kvr_gpu_relayout_t *rl, Job &j, uint64_t bits,
     j.region_items = count * j.parts;
     cudaStream_t s = (cudaStream_t)stream;
     if (vb == 16)
-        return launch_as<uint4>(j, s, err);
+        return launch_as<uint4>(j, s, chunked, err);
     if (vb == 8)
-        return launch_as<uint2>(j, s, err);
+        return launch_as<uint2>(j, s, chunked, err);
     if (vb == 4)
-        return launch_as<uint32_t>(j, s, err);
-    return launch_as<unsigned char>(j, s, err);
+        return launch_as<uint32_t>(j, s, chunked, err);
+    return launch_as<unsigned char>(j, s, chunked, err);
 }
 
 uint32_t all_pieces(const kvr_gpu_relayout_t *rl)
@@ -339,6 +401,7 @@ kvr_status_t run_range(const kvr_gpu_relayout_t *rl, Mode mode, uint32_t rank,
 /* Benchmark knobs (bench/gpu/bench_rl_kernel.c), 0 for the defaults. */
 int kvr__rl_tune_step = 0;
 int kvr__rl_tune_minblocks = 0;
+int kvr__rl_tune_chunks = 0;
 
 /* The current device, as an index into rl's per-device copies; *done
  * when it has one already. */
@@ -445,6 +508,10 @@ kvr_status_t kvr__relayout_warm(void *stream, kvr_error_t *err)
     relayout_kernel<uint2, KVR_RL_STEP><<<1, THREADS, 0, s>>>(j);
     relayout_kernel<uint32_t, KVR_RL_STEP><<<1, THREADS, 0, s>>>(j);
     relayout_kernel<unsigned char, KVR_RL_STEP><<<1, THREADS, 0, s>>>(j);
+    chunk_kernel<uint4, 8, 8, 1><<<1, THREADS, 0, s>>>(j);
+    chunk_kernel<uint2, 8, 8, 1><<<1, THREADS, 0, s>>>(j);
+    chunk_kernel<uint32_t, 8, 8, 1><<<1, THREADS, 0, s>>>(j);
+    chunk_kernel<unsigned char, 8, 8, 1><<<1, THREADS, 0, s>>>(j);
     return kvr__launch_status("relayout_kernel (warm-up)", err);
 }
 
