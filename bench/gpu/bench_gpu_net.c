@@ -770,6 +770,56 @@ static void kernel_cell(prod_t *p, double ceiling)
          "is host-timed: compare with bench_rl_kernel's event-timed copy");
 }
 
+static double host_us(uint64_t t0)
+{
+    return (double)(kvr_now_ns() - t0) * 1e-3;
+}
+
+/* What the host calls of a launch cost in this process (UCX loaded, the
+ * consumer's region mapped): medians of 32 of each, host clock. */
+static void host_costs(prod_t *p)
+{
+    double t[5][32];
+    kvr__gpu_tables_t *tb = NULL;
+    OK_OR_DIE(kvr__gpu_tables_make(0, p->cs, p->pool, &p->j->lay,
+                                   &p->j->pair, 1, &p->j->req, &tb, err));
+    for (int i = 0; i < 32; i++) {
+        void *ev = NULL, *mem = NULL;
+        kvr__gpu_job_t *job = NULL;
+        uint32_t rank = 0;
+        uint64_t moved = 0;
+        const void *srcs[1] = {p->src};
+        void *dsts[1] = {p->ipc_dst};
+        uint64_t t0 = kvr_now_ns();
+        OK_OR_DIE(kvr_gpu_set_device(0, err));
+        t[0][i] = host_us(t0);
+        t0 = kvr_now_ns();
+        OK_OR_DIE(kvr_gpu_event_create(0, &ev, err));
+        kvr_gpu_event_destroy(ev);
+        t[1][i] = host_us(t0);
+        t0 = kvr_now_ns();
+        mem = malloc(100000);
+        memset(mem, 1, 100000);
+        free(mem);
+        t[2][i] = host_us(t0);
+        t0 = kvr_now_ns();
+        OK_OR_DIE(kvr__gpu_job_start(0, p->cs, p->pool, &p->j->lay, tb,
+                                     &rank, &p->j->pair, srcs, dsts, 1,
+                                     &p->j->req, &job, &moved, err));
+        t[3][i] = host_us(t0);
+        OK_OR_DIE(kvr_gpu_sync(p->cs, err));
+        t0 = kvr_now_ns();
+        kvr__gpu_job_free(job);
+        t[4][i] = host_us(t0);
+    }
+    kvr__gpu_tables_free(tb);
+    printf("  %-16s host calls, medians of 32: set_device %.1f us, event "
+           "create+destroy %.1f us, 100 kB malloc+touch+free %.1f us, "
+           "job_start %.1f us, job_free %.1f us\n",
+           tl_name(p->tl), median(t[0], 32), median(t[1], 32),
+           median(t[2], 32), median(t[3], 32), median(t[4], 32));
+}
+
 /* gpu-direct: as the agent runs it (tables made when the pull arrives,
  * before the timed part), then with the tables made inside it (how the
  * cell was measured before 2026-12-02), then the kernel alone. */
@@ -790,6 +840,7 @@ static void direct_cells(prod_t *p, double ceiling, double *got, int *reps)
     print_parts(p, "gpu-direct-tables-inside");
     p->prep = true;
     kernel_cell(p, ceiling);
+    host_costs(p);
 }
 
 /* One executor's cell: its GB/s against the ceiling, into got and reps. */

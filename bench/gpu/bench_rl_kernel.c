@@ -377,32 +377,19 @@ int main(int argc, char **argv)
     line("copy", "-", b.bytes, copy, copy, "-");
     double us = time_op(&b, op_copy2d);
     line("copy2d", "memcpy2d", b.bytes, us, copy, "-");
-    /* the items kernel (relayout_kernel, two items a step) as it was, and
-     * with registers capped for 6 or 8 blocks an SM */
-    kvr__rl_tune_chunks = 1;
-    for (int mb = 0; mb <= 8; mb += mb ? 2 : 6) {
-        char knob[32];
-        kvr__rl_tune_minblocks = mb;
-        snprintf(knob, sizeof(knob), mb ? "items mb%d" : "items", mb);
-        us = time_op(&b, op_scatter_rank);
-        line("scatter_rank", knob, b.bytes, us, copy, check_rank0(&b));
-    }
-    kvr__rl_tune_minblocks = 0;
-    /* chunk_kernel's team shapes; 0 the default (8 lanes of 8) */
-    static const int teams[] = {3, 4, 5, 0};
-    static const char *names[] = {"teams 4x9", "teams 8x5", "teams 8x5 mb6",
-                                  "default 8x8"};
+    /* the items kernel (relayout_kernel, two items a step) the gather
+     * used before 2026-12-02, then chunk_kernel's team shapes, the
+     * default (8 lanes of 5 vectors) last */
+    static const int teams[] = {1, 3, 4, 0};
+    static const char *names[] = {"items", "teams 4x9", "teams 8x8",
+                                  "default 8x5"};
     for (int i = 0; i < 4; i++) {
         kvr__rl_tune_chunks = teams[i];
         us = time_op(&b, op_scatter_rank);
         line("scatter_rank", names[i], b.bytes, us, copy, check_rank0(&b));
     }
-    for (int k = 0; k < 2; k++) {
-        kvr__rl_tune_chunks = k ? 0 : 1;
-        us = time_op(&b, op_scatter_all);
-        line("scatter_all", k ? "default" : "items", b.bytes * W, us,
-             copy * W, check_rank0(&b));
-    }
+    us = time_op(&b, op_scatter_all);
+    line("scatter_all", "default", b.bytes * W, us, copy * W, check_rank0(&b));
     void *ps = NULL;
     kvr_gpu_pool_t *pool = NULL;
     KVR_OK(kvr_gpu_stream_create(0, &ps, &err));

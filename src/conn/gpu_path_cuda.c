@@ -1,6 +1,7 @@
 /* The connector's GPU path over the gpu layer (see gpu_path.h). */
 #include "gpu_path.h"
 
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -89,6 +90,44 @@ static bool same_class(const kvr_region_pair_t *a, const kvr_region_pair_t *b)
            kvr_region_bytes(&a->dst) == kvr_region_bytes(&b->dst);
 }
 
+/* Completion events kept for reuse: a CUDA event created and destroyed
+ * per launch cost microseconds on the H200's host (docs/gpu.md, The
+ * agent's launch). One comes back only once it fired (waited for). */
+#define EVENT_CACHE 64
+
+static struct {
+    void *ev;
+    int device;
+} event_cache[EVENT_CACHE];
+static int event_cached;
+static pthread_mutex_t event_lock = PTHREAD_MUTEX_INITIALIZER;
+
+static kvr_status_t event_get(int device, void **ev, kvr_error_t *err)
+{
+    pthread_mutex_lock(&event_lock);
+    for (int i = event_cached - 1; i >= 0; i--)
+        if (event_cache[i].device == device) {
+            *ev = event_cache[i].ev;
+            event_cache[i] = event_cache[--event_cached];
+            pthread_mutex_unlock(&event_lock);
+            return KVR_OK;
+        }
+    pthread_mutex_unlock(&event_lock);
+    return kvr_gpu_event_create(device, ev, err);
+}
+
+static void event_put(int device, void *ev)
+{
+    pthread_mutex_lock(&event_lock);
+    if (ev != NULL && event_cached < EVENT_CACHE) {
+        event_cache[event_cached].ev = ev;
+        event_cache[event_cached++].device = device;
+        ev = NULL;
+    }
+    pthread_mutex_unlock(&event_lock);
+    kvr_gpu_event_destroy(ev);
+}
+
 struct kvr__gpu_job {
     kvr_gpu_relayout_t **rl; /* classes it made (no tables given for them),
                                 alive until the job ends */
@@ -96,7 +135,8 @@ struct kvr__gpu_job {
     const void **src; /* one class's slots at a time, for its launch */
     void **dst;
     uint32_t *ranks;
-    void *done;    /* recorded after the last launch */
+    void *done;    /* recorded after the last launch (event_get) */
+    int device;
     uint32_t refs; /* the pulls it serves */
 };
 
@@ -243,14 +283,16 @@ kvr__gpu_job_start(int device, void *stream, struct kvr_gpu_pool *pool,
          (job->dst = calloc(n + 1, sizeof(*job->dst))) == NULL ||
          (job->ranks = calloc(n + 1, sizeof(*job->ranks))) == NULL))
         st = KVR_ERR_NO_MEMORY;
-    if (st == KVR_OK)
+    if (st == KVR_OK) {
         job->refs = 1;
+        job->device = device;
+    }
     if (st != KVR_OK)
         kvr_error_set(err, st, "no memory");
     if (st == KVR_OK)
         st = kvr_gpu_set_device(device, err);
     if (st == KVR_OK)
-        st = kvr_gpu_event_create(device, &job->done, err);
+        st = event_get(device, &job->done, err);
     *bytes = 0;
     for (size_t i = 0; i < n && st == KVR_OK; i++)
         if (!launched[i])
@@ -292,7 +334,7 @@ void kvr__gpu_job_free(kvr__gpu_job_t *job)
     }
     for (size_t i = 0; i < job->nrl; i++)
         kvr_gpu_relayout_destroy(job->rl[i]);
-    kvr_gpu_event_destroy(job->done);
+    event_put(job->device, job->done);
     free(job->rl);
     free(job->src);
     free(job->dst);
@@ -424,9 +466,10 @@ kvr_status_t kvr__gpu_job_runs(int device, void *stream,
     if (job == NULL)
         return kvr_error_set(err, KVR_ERR_NO_MEMORY, "no memory");
     job->refs = 1;
+    job->device = device;
     kvr_status_t st = kvr_gpu_set_device(device, err);
     if (st == KVR_OK)
-        st = kvr_gpu_event_create(device, &job->done, err);
+        st = event_get(device, &job->done, err);
     if (st == KVR_OK)
         st = kvr__gpu_runs_copy(rt, pos, len, src_buf, dst_buf, stream, err);
     if (st == KVR_OK)

@@ -57,12 +57,10 @@ kvr_status_t kvr__runs_span(const kvr_gpu_runs_t *rt, uint64_t pos,
  * vector a lane at a time, as before). bench_rl_kernel and the device
  * tests set them. */
 extern int kvr__rl_tune_step;
-/* (CUDA) Relayout blocks an SM must fit (6 or 8: registers capped, two
- * items a step), 0 for the default. */
-extern int kvr__rl_tune_minblocks;
-/* (CUDA) 1: MLA scatters through relayout_kernel's items of up to 1024
- * bytes instead of chunk_kernel's one source chunk an item (the default,
- * teams of 8 lanes); 3-5: other team shapes (relayout.cu). */
+/* (CUDA) 1: one-rank MLA scatters through relayout_kernel's items of up
+ * to 1024 bytes instead of chunk_kernel's one source chunk an item (the
+ * default, teams of 8 lanes of 5 vectors); 3, 4: other team shapes
+ * (relayout.cu). */
 extern int kvr__rl_tune_chunks;
 extern int kvr__runs_tune_unroll;
 

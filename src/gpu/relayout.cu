@@ -152,10 +152,8 @@ __device__ void copy_items(const Job &j, const Item (&it)[STEP], uint32_t lane)
 
 constexpr int THREADS = 256;
 
-/* MINB > 1: registers capped so that MINB blocks fit an SM (more warps,
- * more bytes in flight; a benchmark knob, kvr__rl_tune_minblocks). */
-template <typename V, int STEP, int MINB = 1>
-__global__ void __launch_bounds__(THREADS, MINB) relayout_kernel(const Job j)
+template <typename V, int STEP>
+__global__ void __launch_bounds__(THREADS) relayout_kernel(const Job j)
 {
     uint32_t lane = threadIdx.x & 31;
     uint32_t warp = (blockIdx.x * blockDim.x + threadIdx.x) >> 5;
@@ -183,8 +181,8 @@ __global__ void __launch_bounds__(THREADS, MINB) relayout_kernel(const Job j)
  * Relayout kernel speed). */
 constexpr uint32_t CHUNK_MAX = 4096;
 
-template <typename V, int G, int U, int MINB>
-__global__ void __launch_bounds__(THREADS, MINB) chunk_kernel(const Job j)
+template <typename V, int G, int U>
+__global__ void __launch_bounds__(THREADS) chunk_kernel(const Job j)
 {
     uint32_t lane = threadIdx.x % G;
     uint32_t team = (blockIdx.x * blockDim.x + threadIdx.x) / G;
@@ -199,33 +197,33 @@ __global__ void __launch_bounds__(THREADS, MINB) chunk_kernel(const Job j)
     }
 }
 
-template <typename V, int G, int U, int MINB>
+template <typename V, int G, int U>
 kvr_status_t launch_team(Job &j, cudaStream_t stream, kvr_error_t *err)
 {
     unsigned blocks = 0;
-    kvr_status_t st = kvr__grid_size((const void *)chunk_kernel<V, G, U, MINB>,
+    kvr_status_t st = kvr__grid_size((const void *)chunk_kernel<V, G, U>,
                                      THREADS, 0, (uint64_t)j.num_items * G,
                                      &blocks, err);
     if (st != KVR_OK)
         return st;
-    chunk_kernel<V, G, U, MINB><<<blocks, THREADS, 0, stream>>>(j);
+    chunk_kernel<V, G, U><<<blocks, THREADS, 0, stream>>>(j);
     return kvr__launch_status("relayout chunk_kernel", err);
 }
 
-/* Teams of 8 lanes, 8 vectors each: the run copy's shape, which moved the
- * same 576-byte runs at 0.84 of a device copy; the knob's 3: 4 lanes of
- * 9, 4: 8 lanes of 5, 5: 8 lanes of 5 with registers capped for 6 blocks
- * an SM (bench_rl_kernel times them all). */
+/* Teams of 8 lanes, 5 vectors each (a 576-byte token of 16-byte vectors
+ * in one round): on an H200 the one-rank gather ran at 0.859 of a device
+ * copy, the items kernel at 0.820 in the same run, teams of 4 lanes of 9
+ * at 0.826, the run copy's 8 of 8 at 0.807, and capping registers for
+ * more blocks an SM (spills) at 0.615 (docs/gpu.md, Relayout kernel
+ * speed). The knob's 3: 4 lanes of 9, 4: 8 lanes of 8. */
 template <typename V>
 kvr_status_t launch_chunks(Job &j, cudaStream_t stream, kvr_error_t *err)
 {
     if (kvr__rl_tune_chunks == 3)
-        return launch_team<V, 4, 9, 1>(j, stream, err);
+        return launch_team<V, 4, 9>(j, stream, err);
     if (kvr__rl_tune_chunks == 4)
-        return launch_team<V, 8, 5, 1>(j, stream, err);
-    if (kvr__rl_tune_chunks == 5)
-        return launch_team<V, 8, 5, 6>(j, stream, err);
-    return launch_team<V, 8, 8, 1>(j, stream, err);
+        return launch_team<V, 8, 8>(j, stream, err);
+    return launch_team<V, 8, 5>(j, stream, err);
 }
 
 /* Widest access (16, 8, 4 or 1 bytes) that divides every size, offset and
@@ -248,16 +246,16 @@ uint64_t geometry_bits(const kvr__rl_geom_t *g)
     return bits;
 }
 
-template <typename V, int STEP, int MINB = 1>
+template <typename V, int STEP>
 kvr_status_t launch_step(Job &j, cudaStream_t stream, kvr_error_t *err)
 {
     unsigned blocks = 0; /* a thread an item: a warp per 32 items */
     kvr_status_t st =
-        kvr__grid_size((const void *)relayout_kernel<V, STEP, MINB>, THREADS,
-                       0, j.num_items, &blocks, err);
+        kvr__grid_size((const void *)relayout_kernel<V, STEP>, THREADS, 0,
+                       j.num_items, &blocks, err);
     if (st != KVR_OK)
         return st;
-    relayout_kernel<V, STEP, MINB><<<blocks, THREADS, 0, stream>>>(j);
+    relayout_kernel<V, STEP><<<blocks, THREADS, 0, stream>>>(j);
     return kvr__launch_status("relayout_kernel", err);
 }
 
@@ -267,10 +265,6 @@ kvr_status_t launch_as(Job &j, cudaStream_t stream, bool chunked,
 {
     if (chunked)
         return launch_chunks<V>(j, stream, err);
-    if (kvr__rl_tune_minblocks == 6)
-        return launch_step<V, 2, 6>(j, stream, err);
-    if (kvr__rl_tune_minblocks == 8)
-        return launch_step<V, 2, 8>(j, stream, err);
     switch (kvr__rl_tune_step) {
     case 2:
         return launch_step<V, 2>(j, stream, err);
@@ -324,9 +318,11 @@ kvr_status_t launch(const kvr_gpu_relayout_t *rl, Job &j, uint64_t bits,
     bool strided = j.g.kind == KVR__RL_MLA && j.mode != UNPACK;
     j.chunk = kvr__div_make(strided ? j.g.I * (uint32_t)j.g.unit : INT32_MAX);
     j.stride = strided ? (uint64_t)j.g.I * j.g.W * j.g.unit : 0;
-    /* scatters of small MLA chunks: an item a chunk (chunk_kernel) */
-    bool chunked = strided && (j.mode == SCATTER || j.mode == SCATTER_ALL) &&
-                   j.chunk.d <= CHUNK_MAX && kvr__rl_tune_chunks != 1;
+    /* one-rank scatters of small MLA chunks: an item a chunk
+     * (chunk_kernel); every rank at once reads whole pages, where the
+     * items kernel measured faster (0.921 against 0.871) */
+    bool chunked = strided && j.mode == SCATTER && j.chunk.d <= CHUNK_MAX &&
+                   kvr__rl_tune_chunks != 1;
     j.parts = chunked ? (uint32_t)(piece / j.chunk.d)
                       : (uint32_t)((piece + 64 * vb - 1) / (64 * vb));
     j.part_bytes =
@@ -400,7 +396,6 @@ kvr_status_t run_range(const kvr_gpu_relayout_t *rl, Mode mode, uint32_t rank,
 
 /* Benchmark knobs (bench/gpu/bench_rl_kernel.c), 0 for the defaults. */
 int kvr__rl_tune_step = 0;
-int kvr__rl_tune_minblocks = 0;
 int kvr__rl_tune_chunks = 0;
 
 /* The current device, as an index into rl's per-device copies; *done
@@ -508,10 +503,10 @@ kvr_status_t kvr__relayout_warm(void *stream, kvr_error_t *err)
     relayout_kernel<uint2, KVR_RL_STEP><<<1, THREADS, 0, s>>>(j);
     relayout_kernel<uint32_t, KVR_RL_STEP><<<1, THREADS, 0, s>>>(j);
     relayout_kernel<unsigned char, KVR_RL_STEP><<<1, THREADS, 0, s>>>(j);
-    chunk_kernel<uint4, 8, 8, 1><<<1, THREADS, 0, s>>>(j);
-    chunk_kernel<uint2, 8, 8, 1><<<1, THREADS, 0, s>>>(j);
-    chunk_kernel<uint32_t, 8, 8, 1><<<1, THREADS, 0, s>>>(j);
-    chunk_kernel<unsigned char, 8, 8, 1><<<1, THREADS, 0, s>>>(j);
+    chunk_kernel<uint4, 8, 5><<<1, THREADS, 0, s>>>(j);
+    chunk_kernel<uint2, 8, 5><<<1, THREADS, 0, s>>>(j);
+    chunk_kernel<uint32_t, 8, 5><<<1, THREADS, 0, s>>>(j);
+    chunk_kernel<unsigned char, 8, 5><<<1, THREADS, 0, s>>>(j);
     return kvr__launch_status("relayout_kernel (warm-up)", err);
 }
 
