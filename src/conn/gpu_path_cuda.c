@@ -266,13 +266,23 @@ static kvr_status_t launch_class(kvr__gpu_job_t *job, void *stream,
                                    stream, err);
 }
 
-kvr_status_t
-kvr__gpu_job_start(int device, void *stream, struct kvr_gpu_pool *pool,
-                   const kvr_layout_t *lay, const kvr__gpu_tables_t *tables,
-                   const uint32_t *ranks,
-                   const kvr_region_pair_t *pairs, const void *const *src,
-                   void *const *dst, size_t n, const kvr_request_t *req,
-                   kvr__gpu_job_t **out, uint64_t *bytes, kvr_error_t *err)
+static uint64_t stamp(uint64_t *stamps, int i)
+{
+    uint64_t t = stamps != NULL ? kvr_now_ns() : 0;
+    if (stamps != NULL)
+        stamps[i] = t;
+    return t;
+}
+
+/* kvr__gpu_job_start; stamps (NULL or 4): set up, event, launched,
+ * recorded (kvr__gpu_send's breakdown). */
+static kvr_status_t
+job_start(int device, void *stream, struct kvr_gpu_pool *pool,
+          const kvr_layout_t *lay, const kvr__gpu_tables_t *tables,
+          const uint32_t *ranks, const kvr_region_pair_t *pairs,
+          const void *const *src, void *const *dst, size_t n,
+          const kvr_request_t *req, kvr__gpu_job_t **out, uint64_t *bytes,
+          uint64_t *stamps, kvr_error_t *err)
 {
     kvr__gpu_job_t *job = calloc(1, sizeof(*job));
     bool *launched = calloc(n + 1, sizeof(*launched));
@@ -291,15 +301,19 @@ kvr__gpu_job_start(int device, void *stream, struct kvr_gpu_pool *pool,
         kvr_error_set(err, st, "no memory");
     if (st == KVR_OK)
         st = kvr_gpu_set_device(device, err);
+    stamp(stamps, 0);
     if (st == KVR_OK)
         st = event_get(device, &job->done, err);
+    stamp(stamps, 1);
     *bytes = 0;
     for (size_t i = 0; i < n && st == KVR_OK; i++)
         if (!launched[i])
             st = launch_class(job, stream, pool, lay, tables, ranks, pairs,
                               src, dst, n, i, launched, req, bytes, err);
+    stamp(stamps, 2);
     if (st == KVR_OK)
         st = kvr_gpu_event_record(job->done, stream, err);
+    stamp(stamps, 3);
     free(launched);
     if (st != KVR_OK) {
         kvr__gpu_job_free(job);
@@ -307,6 +321,18 @@ kvr__gpu_job_start(int device, void *stream, struct kvr_gpu_pool *pool,
     }
     *out = job;
     return KVR_OK;
+}
+
+kvr_status_t
+kvr__gpu_job_start(int device, void *stream, struct kvr_gpu_pool *pool,
+                   const kvr_layout_t *lay, const kvr__gpu_tables_t *tables,
+                   const uint32_t *ranks,
+                   const kvr_region_pair_t *pairs, const void *const *src,
+                   void *const *dst, size_t n, const kvr_request_t *req,
+                   kvr__gpu_job_t **out, uint64_t *bytes, kvr_error_t *err)
+{
+    return job_start(device, stream, pool, lay, tables, ranks, pairs, src,
+                     dst, n, req, out, bytes, NULL, err);
 }
 
 kvr_status_t kvr__gpu_job_done(kvr__gpu_job_t *job, bool *done,
@@ -347,14 +373,6 @@ void kvr__gpu_job_share(kvr__gpu_job_t *job)
     job->refs++;
 }
 
-static uint64_t stamp(uint64_t *stamps, int i)
-{
-    uint64_t t = stamps != NULL ? kvr_now_ns() : 0;
-    if (stamps != NULL)
-        stamps[i] = t;
-    return t;
-}
-
 kvr_status_t kvr__gpu_send(int device, void *stream, struct kvr_gpu_pool *pool,
                            const kvr_layout_t *lay, uint32_t rank,
                            const kvr_region_pair_t *pairs,
@@ -377,17 +395,16 @@ kvr_status_t kvr__gpu_send(int device, void *stream, struct kvr_gpu_pool *pool,
                                   &made, err);
     stamp(stamps, 1);
     if (st == KVR_OK)
-        st = kvr__gpu_job_start(device, stream, pool, lay,
-                                tables ? tables : made, ranks, pairs, src, dst,
-                                n, req, &job, bytes, err);
-    stamp(stamps, 2);
+        st = job_start(device, stream, pool, lay, tables ? tables : made,
+                       ranks, pairs, src, dst, n, req, &job, bytes,
+                       stamps ? stamps + 2 : NULL, err);
     free(ranks);
     if (st == KVR_OK)
         st = kvr_gpu_event_sync(job->done, err);
-    stamp(stamps, 3);
+    stamp(stamps, 6);
     kvr__gpu_job_free(job);
     kvr__gpu_tables_free(made);
-    stamp(stamps, 4);
+    stamp(stamps, 7);
     return st;
 }
 

@@ -9,9 +9,7 @@
 
 kvr_status_t kvr_gpu_set_device(int device, kvr_error_t *err)
 {
-    int n = 0, cur = -1;
-    if (cudaGetDevice(&cur) == cudaSuccess && cur == device && device >= 0)
-        return KVR_OK; /* current already: every launch of the agent asks */
+    int n = 0;
     KVR__CUDA_TRY(cudaGetDeviceCount(&n), err);
     if (device < 0 || device >= n)
         return kvr_error_set(err, KVR_ERR_INVALID,
