@@ -1,12 +1,14 @@
 /* Relayout kernels: direct scatter into peer pages, pack into and unpack
- * from consumer-ordered staging. One kernel moves the pieces of
+ * from consumer-ordered staging. relayout_kernel moves the pieces of
  * relayout_map.h for all three: a warp takes 32 items (a piece, or an even
  * part of a large one, of at most 64 vectors), each lane works out one
  * item's addresses with the layout math, then the warp copies the items a
  * few at a time, every lane moving up to two vectors of each. Index
  * arithmetic is paid once per item; stores are full-warp and contiguous
  * (pieces are contiguous on the destination, so whole 128-byte lines go
- * over NVLink), loads follow the source's chunks. */
+ * over NVLink), loads follow the source's chunks. One-rank scatters of
+ * small MLA chunks go through chunk_kernel instead: an item is one source
+ * chunk, copied by a team of 8 lanes. */
 #include "cuda_util.cuh"
 
 namespace
