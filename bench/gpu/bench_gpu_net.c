@@ -584,11 +584,17 @@ static double put_ceiling(prod_t *p)
 /* The same bytes as one cudaMemcpyAsync device to device, timed as the
  * executors are (from the host: launch to completion); cold: L2 flushed
  * before each rep, as before every executor's rep; warm: straight after
- * the previous copy. */
-static double copy_ceiling(prod_t *p, bool cold)
+ * the previous copy. exchange: each rep after the same exchange with the
+ * consumer as an executor's rep (it poisons its region first, and checks
+ * it afterwards: unwritten here, so its verdict is ignored), so that the
+ * copy and the executors start from the same host state. */
+static double copy_ceiling(prod_t *p, bool cold, bool exchange)
 {
     double t[32];
     for (int i = 0; i <= p->reps; i++) {
+        res_t mine = {0};
+        if (exchange)
+            ask(p, CMD_VERIFY, 0);
         if (cold)
             l2_flush(p);
         uint64_t t0 = kvr_now_ns();
@@ -598,6 +604,10 @@ static double copy_ceiling(prod_t *p, bool cold)
             DIE("device copy: %s", cudaGetErrorString(cudaGetLastError()));
         if (i > 0)
             t[i - 1] = (double)(kvr_now_ns() - t0) * 1e-9;
+        if (exchange) {
+            put_all(p->fd, &mine, sizeof(mine));
+            finish(p, mine);
+        }
     }
     return (double)p->bytes / median(t, p->reps) / 1e9;
 }
@@ -734,30 +744,6 @@ static void print_parts(prod_t *p, const char *what)
     fflush(p->js);
 }
 
-/* The cold copy again, each rep after the same exchange with the consumer
- * as an executor's rep (it poisons its region first, and checks it
- * afterwards: unwritten here, so its verdict is ignored), so that the
- * copy and the executors start from the same host state. */
-static double copy_after_handshake(prod_t *p)
-{
-    double t[32];
-    for (int i = 0; i <= p->reps; i++) {
-        res_t mine = {0};
-        ask(p, CMD_VERIFY, 0);
-        l2_flush(p);
-        uint64_t t0 = kvr_now_ns();
-        if (cudaMemcpyAsync(p->copy_dst, p->src, p->bytes,
-                            cudaMemcpyDeviceToDevice, p->cs) != cudaSuccess ||
-            cudaStreamSynchronize(p->cs) != cudaSuccess)
-            DIE("device copy: %s", cudaGetErrorString(cudaGetLastError()));
-        if (i > 0)
-            t[i - 1] = (double)(kvr_now_ns() - t0) * 1e-9;
-        put_all(p->fd, &mine, sizeof(mine));
-        finish(p, mine);
-    }
-    return (double)p->bytes / median(t, p->reps) / 1e9;
-}
-
 /* The relayout kernel alone into the consumer's IPC-mapped region, CUDA
  * events on the producer's stream, L2 flushed before each rep: whether
  * writing through the mapping costs anything beside bench_rl_kernel's
@@ -871,7 +857,7 @@ static void direct_cells(prod_t *p, double ceiling, double *got, int *reps)
          "tables made before the timed part, as the agent makes them when "
          "the pull arrives");
     print_parts(p, "gpu-direct");
-    double hs = copy_after_handshake(p);
+    double hs = copy_ceiling(p, true, true);
     cell(p, "d2d-copy-cold-handshake", hs, 0, p->reps, true,
          "the cold copy, each rep after the consumer's exchange as the "
          "executors' reps");
@@ -902,7 +888,8 @@ static void prod_cells(prod_t *p)
     bool ipc = p->tl != KVR_XFER_TL_TCP;
     uint64_t t0 = kvr_now_ns();
     double put_c = put_ceiling(p);
-    double cold = copy_ceiling(p, true), warm = copy_ceiling(p, false);
+    double cold = copy_ceiling(p, true, false);
+    double warm = copy_ceiling(p, false, false);
     elapsed("ceilings", t0);
     double ceiling = ipc ? cold : put_c;
     char note[160];
