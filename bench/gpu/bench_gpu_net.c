@@ -18,7 +18,11 @@
  * without a GPU or without a CUDA-capable UCX (a ctest SKIP).
  * --ipc-beside-ucx: kvrelay's IPC mapping of the consumer's region stays
  * open while UCX's cuda_ipc puts into it (by default it is closed after
- * the gpu-direct cells). */
+ * the gpu-direct cells). gpu-direct is timed until kvr__gpu_send returns
+ * (its kernels done), with its relayout tables made before the clock
+ * starts, as the agent makes them when a pull arrives (and again with
+ * them made inside), its parts printed; the bench's note to the consumer
+ * afterwards is timed apart. */
 #include <errno.h>
 #include <poll.h>
 #include <signal.h>
@@ -344,6 +348,12 @@ typedef struct {
     bool keep_ipc; /* IPC mapping open while UCX puts into the region */
     FILE *js;
     bool first_cell, all_ok;
+    /* gpu-direct: tables made before the timed part, as the agent makes
+     * them when the pull arrives (else inside it, as before), and each
+     * timed rep's parts in microseconds: tables, launch, wait, free */
+    bool prep;
+    double parts[32][8];
+    int nparts;
 } prod_t;
 
 /* Evicts L2 (both processes share the GPU's): every timed rep, the
@@ -406,15 +416,29 @@ static double one_xfer(prod_t *p, kvr_exec_kind_t kind, bool *ok)
                                           : ask(p, CMD_RECV, (int)kind);
     res_t mine = {0};
     kvr_error_t e = {0};
+    kvr__gpu_tables_t *tables = NULL;
+    if (kind == KVR_EXEC_GPU_DIRECT && p->prep) /* as the pull arrives */
+        OK_OR_DIE(kvr__gpu_tables_make(0, p->cs, p->pool, &p->j->lay,
+                                       &p->j->pair, 1, &p->j->req, &tables,
+                                       err));
     l2_flush(p); /* after the consumer's poisoning: every rep starts cold */
-    uint64_t t0 = kvr_now_ns();
+    uint64_t t0 = kvr_now_ns(), t1 = 0;
     if (kind == KVR_EXEC_GPU_DIRECT) {
-        uint64_t moved = 0;
+        /* the bytes are in place when kvr__gpu_send returns (its kernels
+         * waited for); the note to the consumer after it is the bench's
+         * protocol, timed apart as the part "notify" */
+        uint64_t moved = 0, at[9];
         const void *srcs[1] = {p->src};
         void *dsts[1] = {p->ipc_dst};
         mine.st = kvr__gpu_send(0, p->cs, p->pool, &p->j->lay, 0, &p->j->pair,
-                                srcs, dsts, 1, &p->j->req, &moved, &e);
+                                srcs, dsts, 1, &p->j->req, tables, &moved, at,
+                                &e);
+        t1 = kvr_now_ns();
         put_all(p->fd, &mine, sizeof(mine));
+        at[8] = kvr_now_ns();
+        for (int k = 0; k < 8 && p->nparts < 32; k++)
+            p->parts[p->nparts][k] = (double)(at[k + 1] - at[k]) * 1e-3;
+        p->nparts += p->nparts < 32;
     } else {
         uint32_t slots[SLOTS];
         kvr_exec_params_t x;
@@ -424,7 +448,8 @@ static double one_xfer(prod_t *p, kvr_exec_kind_t kind, bool *ok)
                               .dst = p->rdst};
         mine.st = kvr_exec_send(p->s.ep, kind, &seg, 1, &x, NULL, &e);
     }
-    double secs = (double)(kvr_now_ns() - t0) * 1e-9;
+    double secs = (double)((t1 ? t1 : kvr_now_ns()) - t0) * 1e-9;
+    kvr__gpu_tables_free(tables);
     if (mine.st != KVR_OK)
         snprintf(mine.msg, sizeof(mine.msg), "%s", e.msg);
     r = finish(p, mine);
@@ -494,6 +519,7 @@ static double measure(prod_t *p, kvr_exec_kind_t kind, int *reps,
     double warm = one_xfer(p, kind, &one); /* registration caches, pages */
     ok = one;
     *reps = warm > SLOW_S ? 1 : p->reps;
+    p->nparts = 0;
     for (int i = 0; i < *reps; i++) {
         t[i] = one_xfer(p, kind, &one);
         ok = ok && one;
@@ -558,11 +584,17 @@ static double put_ceiling(prod_t *p)
 /* The same bytes as one cudaMemcpyAsync device to device, timed as the
  * executors are (from the host: launch to completion); cold: L2 flushed
  * before each rep, as before every executor's rep; warm: straight after
- * the previous copy. */
-static double copy_ceiling(prod_t *p, bool cold)
+ * the previous copy. exchange: each rep after the same exchange with the
+ * consumer as an executor's rep (it poisons its region first, and checks
+ * it afterwards: unwritten here, so its verdict is ignored), so that the
+ * copy and the executors start from the same host state. */
+static double copy_ceiling(prod_t *p, bool cold, bool exchange)
 {
     double t[32];
     for (int i = 0; i <= p->reps; i++) {
+        res_t mine = {0};
+        if (exchange)
+            ask(p, CMD_VERIFY, 0);
         if (cold)
             l2_flush(p);
         uint64_t t0 = kvr_now_ns();
@@ -572,6 +604,10 @@ static double copy_ceiling(prod_t *p, bool cold)
             DIE("device copy: %s", cudaGetErrorString(cudaGetLastError()));
         if (i > 0)
             t[i - 1] = (double)(kvr_now_ns() - t0) * 1e-9;
+        if (exchange) {
+            put_all(p->fd, &mine, sizeof(mine));
+            finish(p, mine);
+        }
     }
     return (double)p->bytes / median(t, p->reps) / 1e9;
 }
@@ -682,6 +718,162 @@ static void prod_teardown(prod_t *p)
     cudaStreamDestroy(p->cs);
 }
 
+/* The median of each part of the gpu-direct reps just measured. */
+/* kvr__gpu_send's parts (its stamps), then the note to the consumer */
+static const char *const PARTS[8] = {"tables", "setup",  "event", "launch",
+                                     "record", "wait",   "free",  "notify"};
+
+static void print_parts(prod_t *p, const char *what)
+{
+    double col[32];
+    printf("  %-16s %s, median parts (host clock, us):", tl_name(p->tl),
+           what);
+    fprintf(p->js,
+            ",\n    {\"transport\": \"%s\", \"executor\": \"%s-parts\", "
+            "\"note\": \"median us; notify is after the timed part\"",
+            tl_name(p->tl), what);
+    for (int k = 0; k < 8; k++) {
+        for (int i = 0; i < p->nparts; i++)
+            col[i] = p->parts[i][k];
+        double m = p->nparts ? median(col, p->nparts) : 0;
+        printf(" %s %.1f", PARTS[k], m);
+        fprintf(p->js, ", \"%s_us\": %.1f", PARTS[k], m);
+    }
+    printf("\n");
+    fprintf(p->js, "}");
+    fflush(p->js);
+}
+
+/* The relayout kernel alone into the consumer's IPC-mapped region, CUDA
+ * events on the producer's stream, L2 flushed before each rep: whether
+ * writing through the mapping costs anything beside bench_rl_kernel's
+ * local buffers. Every byte checked by the consumer afterwards. */
+static void kernel_cell(prod_t *p, double ceiling)
+{
+    kvr__gpu_tables_t *t = NULL;
+    kvr__gpu_job_t *job = NULL;
+    cudaEvent_t e0, e1;
+    float ms[32];
+    uint32_t rank = 0;
+    uint64_t moved = 0;
+    const void *srcs[1] = {p->src};
+    void *dsts[1] = {p->ipc_dst};
+    OK_OR_DIE(kvr__gpu_tables_make(0, p->cs, p->pool, &p->j->lay,
+                                   &p->j->pair, 1, &p->j->req, &t, err));
+    if (cudaEventCreate(&e0) != cudaSuccess ||
+        cudaEventCreate(&e1) != cudaSuccess)
+        DIE("cudaEventCreate failed");
+    bool ok = true;
+    for (int i = 0; i <= p->reps; i++) {
+        res_t r = ask(p, CMD_VERIFY, 0), mine = {0};
+        l2_flush(p);
+        kvr_error_t e = {0};
+        cudaEventRecord(e0, p->cs);
+        mine.st = kvr__gpu_job_start(0, p->cs, p->pool, &p->j->lay, t, &rank,
+                                     &p->j->pair, srcs, dsts, 1, &p->j->req,
+                                     &job, &moved, &e);
+        cudaEventRecord(e1, p->cs);
+        if (cudaEventSynchronize(e1) != cudaSuccess)
+            DIE("kernel cell: %s", cudaGetErrorString(cudaGetLastError()));
+        kvr__gpu_job_free(job);
+        job = NULL;
+        if (i > 0)
+            cudaEventElapsedTime(&ms[i - 1], e0, e1);
+        put_all(p->fd, &mine, sizeof(mine));
+        r = finish(p, mine);
+        ok = ok && r.st == KVR_OK && r.verified;
+    }
+    kvr__gpu_tables_free(t);
+    cudaEventDestroy(e0);
+    cudaEventDestroy(e1);
+    double t_ms[32];
+    for (int i = 0; i < p->reps; i++)
+        t_ms[i] = ms[i];
+    double gbps = (double)p->bytes / (median(t_ms, p->reps) * 1e-3) / 1e9;
+    cell(p, "gpu-direct-kernel-events", gbps, ceiling, p->reps, ok,
+         "the launch alone, CUDA events, into the IPC mapping; the ceiling "
+         "is host-timed: compare with bench_rl_kernel's event-timed copy");
+}
+
+static double host_us(uint64_t t0)
+{
+    return (double)(kvr_now_ns() - t0) * 1e-3;
+}
+
+/* What the host calls of a launch cost in this process (UCX loaded, the
+ * consumer's region mapped): medians of 32 of each, host clock. */
+static void host_costs(prod_t *p)
+{
+    double t[5][32];
+    kvr__gpu_tables_t *tb = NULL;
+    OK_OR_DIE(kvr__gpu_tables_make(0, p->cs, p->pool, &p->j->lay,
+                                   &p->j->pair, 1, &p->j->req, &tb, err));
+    for (int i = 0; i < 32; i++) {
+        void *ev = NULL, *mem = NULL;
+        kvr__gpu_job_t *job = NULL;
+        uint32_t rank = 0;
+        uint64_t moved = 0;
+        const void *srcs[1] = {p->src};
+        void *dsts[1] = {p->ipc_dst};
+        uint64_t t0 = kvr_now_ns();
+        OK_OR_DIE(kvr_gpu_set_device(0, err));
+        t[0][i] = host_us(t0);
+        t0 = kvr_now_ns();
+        OK_OR_DIE(kvr_gpu_event_create(0, &ev, err));
+        kvr_gpu_event_destroy(ev);
+        t[1][i] = host_us(t0);
+        t0 = kvr_now_ns();
+        mem = malloc(100000);
+        memset(mem, 1, 100000);
+        free(mem);
+        t[2][i] = host_us(t0);
+        t0 = kvr_now_ns();
+        OK_OR_DIE(kvr__gpu_job_start(0, p->cs, p->pool, &p->j->lay, tb,
+                                     &rank, &p->j->pair, srcs, dsts, 1,
+                                     &p->j->req, &job, &moved, err));
+        t[3][i] = host_us(t0);
+        OK_OR_DIE(kvr_gpu_sync(p->cs, err));
+        t0 = kvr_now_ns();
+        kvr__gpu_job_free(job);
+        t[4][i] = host_us(t0);
+    }
+    kvr__gpu_tables_free(tb);
+    printf("  %-16s host calls, medians of 32: set_device %.1f us, event "
+           "create+destroy %.1f us, 100 kB malloc+touch+free %.1f us, "
+           "job_start %.1f us, job_free %.1f us\n",
+           tl_name(p->tl), median(t[0], 32), median(t[1], 32),
+           median(t[2], 32), median(t[3], 32), median(t[4], 32));
+}
+
+/* gpu-direct: as the agent runs it (tables made when the pull arrives,
+ * before the timed part), then with the tables made inside it (how the
+ * cell was measured before 2026-12-02), then the kernel alone. */
+static void direct_cells(prod_t *p, double ceiling, double *got, int *reps)
+{
+    bool v;
+    p->prep = true;
+    *got = measure(p, KVR_EXEC_GPU_DIRECT, reps, &v);
+    cell(p, "gpu-direct", *got, ceiling, *reps, v,
+         "tables made before the timed part, as the agent makes them when "
+         "the pull arrives");
+    print_parts(p, "gpu-direct");
+    double hs = copy_ceiling(p, true, true);
+    cell(p, "d2d-copy-cold-handshake", hs, 0, p->reps, true,
+         "the cold copy, each rep after the consumer's exchange as the "
+         "executors' reps");
+    printf("  %-16s gpu-direct / the copy after the same exchange: %.3f\n",
+           tl_name(p->tl), *got / hs);
+    p->prep = false;
+    int r2 = 0;
+    double inside = measure(p, KVR_EXEC_GPU_DIRECT, &r2, &v);
+    cell(p, "gpu-direct-tables-inside", inside, ceiling, r2, v,
+         "tables made (checked, sorted, uploaded) inside the timed part");
+    print_parts(p, "gpu-direct-tables-inside");
+    p->prep = true;
+    kernel_cell(p, ceiling);
+    host_costs(p);
+}
+
 /* One executor's cell: its GB/s against the ceiling, into got and reps. */
 static void one_cell(prod_t *p, kvr_exec_kind_t kind, double ceiling,
                      double got[KVR_COST_KINDS], int reps[KVR_COST_KINDS])
@@ -696,7 +888,8 @@ static void prod_cells(prod_t *p)
     bool ipc = p->tl != KVR_XFER_TL_TCP;
     uint64_t t0 = kvr_now_ns();
     double put_c = put_ceiling(p);
-    double cold = copy_ceiling(p, true), warm = copy_ceiling(p, false);
+    double cold = copy_ceiling(p, true, false);
+    double warm = copy_ceiling(p, false, false);
     elapsed("ceilings", t0);
     double ceiling = ipc ? cold : put_c;
     char note[160];
@@ -718,7 +911,8 @@ static void prod_cells(prod_t *p)
      * UCX: with cuda_ipc that crashed a producer on the H200
      * (docs/transport.md, CUDA memory) */
     if (ipc)
-        one_cell(p, KVR_EXEC_GPU_DIRECT, ceiling, got, reps);
+        direct_cells(p, ceiling, &got[KVR_EXEC_GPU_DIRECT],
+                     &reps[KVR_EXEC_GPU_DIRECT]);
     double t[KVR_COST_KINDS];
     t0 = kvr_now_ns();
     kvr_exec_kind_t k = pick(p, ipc, t);
@@ -756,7 +950,8 @@ static bool keep_ipc; /* --ipc-beside-ucx */
 static int producer(job_t *j, int fd, int tl, int reps, bool first, FILE *js,
                     bool *ok)
 {
-    prod_t p = {.j = j, .fd = fd, .tl = tl, .reps = reps, .js = js};
+    prod_t p = {
+        .j = j, .fd = fd, .tl = tl, .reps = reps, .js = js, .prep = true};
     p.keep_ipc = keep_ipc;
     p.first_cell = first;
     p.all_ok = true;

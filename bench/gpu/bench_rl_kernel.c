@@ -5,8 +5,12 @@
  *  - copy: one cudaMemcpyAsync of the rank's bytes (the ceiling);
  *  - scatter_rank: the one-rank strided gather, at each knob setting;
  *  - scatter_all: every rank at once (four destinations);
+ *  - copy2d: cudaMemcpy2DAsync of the same rows (576 B at a 2304 B pitch),
+ *    the strided-read reference;
  *  - agent_path: relayout create + pool upload + scatter_regions + sync,
- *    host-timed, as kvr__gpu_send does it;
+ *    host-timed, as kvr__gpu_send does it; "prepared": the tables made
+ *    before the clock starts, as the agent makes them when a pull arrives;
+ *    copy_host: the copy host-timed the same way (bench_gpu_net's ceiling);
  *  - pack_runs: kvr_gpu_runs_copy of the rank's 576-byte runs into one
  *    buffer (gpu-staged's pack), whole and as one 4 MiB slot, per knob.
  * Every variant's output is compared with the host reference.
@@ -117,6 +121,12 @@ static int cmp_float(const void *x, const void *y)
     return (a > c) - (a < c);
 }
 
+static int cmp_double(const void *x, const void *y)
+{
+    double a = *(const double *)x, c = *(const double *)y;
+    return (a > c) - (a < c);
+}
+
 /* Median microseconds of op over reps, each after an L2 flush. */
 static double time_op(bench_t *b, op_fn op)
 {
@@ -147,6 +157,18 @@ static void op_copy(bench_t *b)
 {
     CUDA_OK(cudaMemcpyAsync(b->d_flat, b->d_src, b->bytes,
                             cudaMemcpyDeviceToDevice, b->s));
+}
+
+/* The same strided gather through CUDA's own 2D copy: rows of one token
+ * (576 B) every W tokens (pitch 2304 B) into a packed buffer, the rank's
+ * token count of rows (block tables in address order: what the sorted
+ * case reads). The reference for what a strided read of this shape
+ * costs, beside the contiguous copy. */
+static void op_copy2d(bench_t *b)
+{
+    CUDA_OK(cudaMemcpy2DAsync(b->d_flat, UNIT, b->d_src, (size_t)UNIT * W,
+                              UNIT, b->bytes / UNIT, cudaMemcpyDeviceToDevice,
+                              b->s));
 }
 
 static void op_scatter_rank(bench_t *b)
@@ -226,39 +248,74 @@ static double now_us(void)
     return (double)ts.tv_sec * 1e6 + (double)ts.tv_nsec * 1e-3;
 }
 
-/* As kvr__gpu_send: relayout built and uploaded into a pool, one
- * scatter_regions launch, wait; host clock, L2 flushed first. The best
- * rep, and its parts (create, upload, launch, wait) in *parts. */
+/* As the agent's gpu-direct: relayout built and uploaded into a pool,
+ * one scatter_regions launch, wait; host clock, L2 flushed first (on the
+ * pool's stream, as the agent's kernels run). prepared: the tables made
+ * before the clock starts, as the agent makes them when the pull
+ * arrives. The median rep, and its parts (create, upload, launch, wait;
+ * medians) in *parts. */
 static double agent_path(bench_t *b, kvr_gpu_pool_t *pool, void *ps,
-                         double parts[4])
+                         bool prepared, double parts[4])
 {
-    double best = 1e30;
-    for (int i = 0; i < b->reps; i++) {
-        flush_l2(b);
-        CUDA_OK(cudaStreamSynchronize(b->s));
-        double t[5];
+    double tot[64], part[4][64];
+    int n = b->reps < 64 ? b->reps : 64;
+    for (int i = 0; i < n; i++) {
         kvr_gpu_relayout_t *rl = NULL;
         uint32_t rank = 0;
         const void *srcs[1] = {b->d_src};
         void *dsts[1] = {b->d_dst[0]};
+        double t[5];
+        if (prepared) {
+            KVR_OK(kvr_gpu_relayout_create(&b->lay, &b->src, &b->dst, &b->req,
+                                           &rl, &err));
+            KVR_OK(kvr_gpu_relayout_upload_pool(rl, pool, &err));
+        }
+        CUDA_OK(cudaMemsetAsync(b->d_flush, i & 0xff, FLUSH_BYTES,
+                                (cudaStream_t)ps));
+        CUDA_OK(cudaStreamSynchronize((cudaStream_t)ps));
         t[0] = now_us();
-        KVR_OK(kvr_gpu_relayout_create(&b->lay, &b->src, &b->dst, &b->req, &rl,
-                                       &err));
+        if (!prepared)
+            KVR_OK(kvr_gpu_relayout_create(&b->lay, &b->src, &b->dst, &b->req,
+                                           &rl, &err));
         t[1] = now_us();
-        KVR_OK(kvr_gpu_relayout_upload_pool(rl, pool, &err));
+        if (!prepared)
+            KVR_OK(kvr_gpu_relayout_upload_pool(rl, pool, &err));
         t[2] = now_us();
         KVR_OK(kvr_gpu_scatter_regions(rl, &rank, srcs, dsts, 1, ps, &err));
         t[3] = now_us();
         KVR_OK(kvr_gpu_sync(ps, &err));
         t[4] = now_us();
         kvr_gpu_relayout_destroy(rl);
-        if (t[4] - t[0] < best) {
-            best = t[4] - t[0];
-            for (int k = 0; k < 4; k++)
-                parts[k] = t[k + 1] - t[k];
-        }
+        tot[i] = t[4] - t[0];
+        for (int k = 0; k < 4; k++)
+            part[k][i] = t[k + 1] - t[k];
     }
-    return best;
+    for (int k = 0; k < 4; k++) {
+        qsort(part[k], (size_t)n, sizeof(double), cmp_double);
+        parts[k] = part[k][n / 2];
+    }
+    qsort(tot, (size_t)n, sizeof(double), cmp_double);
+    return tot[n / 2];
+}
+
+/* The same copy as op_copy, host-timed from launch to completion (as
+ * bench_gpu_net's ceiling): the median. */
+static double copy_host(bench_t *b, void *ps)
+{
+    double t[64];
+    int n = b->reps < 64 ? b->reps : 64;
+    for (int i = 0; i < n; i++) {
+        CUDA_OK(cudaMemsetAsync(b->d_flush, i & 0xff, FLUSH_BYTES,
+                                (cudaStream_t)ps));
+        CUDA_OK(cudaStreamSynchronize((cudaStream_t)ps));
+        double t0 = now_us();
+        CUDA_OK(cudaMemcpyAsync(b->d_flat, b->d_src, b->bytes,
+                                cudaMemcpyDeviceToDevice, (cudaStream_t)ps));
+        CUDA_OK(cudaStreamSynchronize((cudaStream_t)ps));
+        t[i] = now_us() - t0;
+    }
+    qsort(t, (size_t)n, sizeof(double), cmp_double);
+    return t[n / 2];
 }
 
 static void teardown(bench_t *b)
@@ -285,14 +342,14 @@ static void sorted_case(uint64_t tokens, int reps)
     bench_t b = {.reps = reps};
     setup(&b, tokens, true);
     double copy = time_op(&b, op_copy);
-    static const int steps[] = {2, 0};
-    for (int i = 0; i < 2; i++) {
-        kvr__rl_tune_step = steps[i];
+    double c2d = time_op(&b, op_copy2d);
+    line("sorted_copy2d", "memcpy2d", b.bytes, c2d, copy, "-");
+    for (int k = 0; k < 2; k++) { /* the items kernel, then the default */
+        kvr__rl_tune_chunks = k ? 0 : 1;
         double us = time_op(&b, op_scatter_rank);
-        line("sorted_rank", steps[i] ? "step2" : "default", b.bytes, us, copy,
+        line("sorted_rank", k ? "default" : "items", b.bytes, us, copy,
              check_rank0(&b));
     }
-    kvr__rl_tune_step = 0;
     teardown(&b);
 }
 
@@ -318,39 +375,42 @@ int main(int argc, char **argv)
            (unsigned long long)b.bytes, b.reps);
     double copy = time_op(&b, op_copy);
     line("copy", "-", b.bytes, copy, copy, "-");
-    static const int steps[] = {2, 4, 8, 16};
+    double us = time_op(&b, op_copy2d);
+    line("copy2d", "memcpy2d", b.bytes, us, copy, "-");
+    /* the items kernel (relayout_kernel, two items a step) the gather
+     * used before 2026-12-02, then chunk_kernel's team shapes, the
+     * default (8 lanes of 5 vectors) last */
+    static const int teams[] = {1, 3, 4, 0};
+    static const char *names[] = {"items", "teams 4x9", "teams 8x8",
+                                  "default 8x5"};
     for (int i = 0; i < 4; i++) {
-        char knob[32];
-        kvr__rl_tune_step = steps[i];
-        snprintf(knob, sizeof(knob), "step%d", steps[i]);
-        double us = time_op(&b, op_scatter_rank);
-        line("scatter_rank", knob, b.bytes, us, copy, check_rank0(&b));
+        kvr__rl_tune_chunks = teams[i];
+        us = time_op(&b, op_scatter_rank);
+        line("scatter_rank", names[i], b.bytes, us, copy, check_rank0(&b));
     }
-    kvr__rl_tune_step = 0;
-    double us = time_op(&b, op_scatter_rank);
-    line("scatter_rank", "default", b.bytes, us, copy, check_rank0(&b));
-    kvr__rl_tune_step = 2;
     us = time_op(&b, op_scatter_all);
-    line("scatter_all", "step2", b.bytes * W, us, copy * W, "-");
-    kvr__rl_tune_step = 0;
-    us = time_op(&b, op_scatter_all);
-    line("scatter_all", "default", b.bytes * W, us, copy * W,
-         check_rank0(&b));
+    line("scatter_all", "default", b.bytes * W, us, copy * W, check_rank0(&b));
     void *ps = NULL;
     kvr_gpu_pool_t *pool = NULL;
     KVR_OK(kvr_gpu_stream_create(0, &ps, &err));
     KVR_OK(kvr_gpu_pool_create(0, ps, &pool, &err));
-    for (int s = 4; s >= 0; s -= 4) {
+    double host_copy = copy_host(&b, ps);
+    line("copy_host", "-", b.bytes, host_copy, host_copy, "host clock");
+    for (int prep = 0; prep < 2; prep++) {
         double parts[4] = {0, 0, 0, 0};
-        char note[96];
-        kvr__rl_tune_step = s;
-        us = agent_path(&b, pool, ps, parts);
+        char note[128];
+        us = agent_path(&b, pool, ps, prep, parts);
         snprintf(note, sizeof(note),
-                 "host clock, best: create %.1f upload %.1f launch %.1f "
-                 "wait %.1f us",
-                 parts[0], parts[1], parts[2], parts[3]);
-        line("agent_path", s ? "step4" : "default", b.bytes, us, copy, note);
+                 "host clock, medians: create %.1f upload %.1f launch %.1f "
+                 "wait %.1f us; vs copy_host %.3f",
+                 parts[0], parts[1], parts[2], parts[3], host_copy / us);
+        line("agent_path", prep ? "prepared" : "inside", b.bytes, us, copy,
+             note);
     }
+    CUDA_OK(cudaMemcpy(b.h_got, b.d_dst[0], b.dst_bytes,
+                       cudaMemcpyDeviceToHost));
+    printf("agent_path output %s\n",
+           memcmp(b.h_got, b.h_want, b.dst_bytes) ? "MISMATCH" : "verified");
     pack_setup(&b);
     static const char *shapes[] = {"team 8x8", "old 32x1"};
     for (int k = 0; k < 2; k++) {

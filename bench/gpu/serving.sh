@@ -7,7 +7,7 @@
 # its libraries already on LD_LIBRARY_PATH) it runs $KVRELAY_BUILD/bin/kvrelay; otherwise it expects
 # .devlibs/ (not tracked) holding build/kvrelay from a CUDA release build and root/ with Debian 12
 # libucx0 libsodium23 libjansson4 libnuma1 (dpkg -x). Run it from the repo root. RUN_S bounds each
-# run (seconds); HOST=0 skips the host-memory run; PROFILE=1 adds a debug-logged run, PP1=1 one
+# run (seconds); HOST=0 skips the host-memory run, BASE=0 the first two; PROFILE=1 adds a debug-logged run, PP1=1 one
 # from a single stage process, MPS=1 one under CUDA MPS. Results go to $OUT, else bench/results.
 set -u
 export CUDA_MODULE_LOADING=EAGER # the first launch in a process must not wait for the device
@@ -35,11 +35,13 @@ run() { # run NAME ARGS...: one bench serving run, its JSON and log in $R
       python3 -m kvrelay.plot "$R/serving-$name-$DAY.json" -o "$R/serving-$name-$DAY.png"
   fi
 }
-# ratio, gaps and the one-block round trip, all requests at once
-run gpu --device cuda "${TRACE[@]}"
-# streaming against not, with a prefill of 1 ms per layer per 1k tokens, Poisson arrivals
-run gpu-stream --device cuda "${TRACE[@]}" --stream both \
-  --prefill-us-per-layer-per-ktoken 1000 --rate 3
+# ratio, gaps and the one-block round trip, all requests at once; then streaming against
+# not, with a prefill of 1 ms per layer per 1k tokens, Poisson arrivals (BASE=0 skips both)
+if [ "${BASE:-1}" = 1 ]; then
+  run gpu --device cuda "${TRACE[@]}"
+  run gpu-stream --device cuda "${TRACE[@]}" --stream both \
+    --prefill-us-per-layer-per-ktoken 1000 --rate 3
+fi
 # PROFILE=1: two 2048-token requests and the one-block round trips with every agent's
 # debug log (KVR_AGENT_DEBUG, microsecond stamps), for where a request's time goes
 if [ "${PROFILE:-0}" = 1 ]; then

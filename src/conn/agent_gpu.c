@@ -9,7 +9,9 @@
  * answered once their completion event fired. A host function queued
  * after the kernels writes the wake eventfd, so the loop looks at the
  * event when it fired, not on a timer; it is never waited on, except when
- * a pull is cut. Tables live in the agent's pool (kvr_gpu_pool_t). */
+ * a pull is cut. Tables live in the agent's pool (kvr_gpu_pool_t), made
+ * once per pull when it starts (kvr__agpu_prepare: before its layers are
+ * ready when it is streamed) and read by the launch of every layer group. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -140,16 +142,17 @@ static uint32_t gather(const kvr_agent_t *a, kvr__pull_t *p,
     return k;
 }
 
-/* p's regions of the layer group moving (all its layers when it is not
- * streamed) in (layer, role) order with the consumer's twins, as its plan
- * has them, appended at n; returns the new count. */
+/* p's regions of layers [lo, hi) (of the group moving: all its layers
+ * when it is not streamed) in (layer, role) order with the consumer's
+ * twins, as its plan has them, appended at n; returns the new count. */
 static uint32_t add_pairs(const kvr_agent_t *a, const kvr__pull_t *p,
-                          kvr_region_pair_t *pairs, const void **src,
-                          void **dst, uint32_t *ranks, uint32_t n)
+                          uint32_t lo, uint32_t hi, kvr_region_pair_t *pairs,
+                          const void **src, void **dst, uint32_t *ranks,
+                          uint32_t n)
 {
     for (uint32_t i = 0; i < a->num_order; i++) {
         const kvr__aregion_t *g = &a->regions[a->order[i]];
-        if (g->desc.layer < p->group_begin || g->desc.layer >= p->group_end ||
+        if (g->desc.layer < lo || g->desc.layer >= hi ||
             g->desc.layer < p->layer_lo || g->desc.layer >= p->layer_hi)
             continue;
         const kvr__amap_t *m =
@@ -180,14 +183,15 @@ static kvr_status_t launch(kvr_agent_t *a, const kvr__preq_t *r, kvr__pull_t *p,
         kvr_error_set(err, st, "no memory");
     uint64_t want = 0, bytes = 0;
     for (uint32_t i = 0; st == KVR_OK && i < k; i++) {
-        n = add_pairs(a, set[i], pairs, src, dst, ranks, n);
+        n = add_pairs(a, set[i], set[i]->group_begin, set[i]->group_end, pairs,
+                      src, dst, ranks, n);
         want += set[i]->group_off - set[i]->group_off0;
     }
     kvr_request_t req = {r->src,  r->nsrc,       p->dst,
                          p->ndst, p->num_tokens, p->num_computed};
     if (st == KVR_OK)
         st = kvr__gpu_job_start(a->p.cuda_device, a->stream, a->gpool,
-                                &a->p.layout, ranks, pairs, src,
+                                &a->p.layout, p->tables, ranks, pairs, src,
                                 (void *const *)dst, n, &req, &p->job, &bytes,
                                 err);
     if (st == KVR_OK && bytes != want)
@@ -224,6 +228,62 @@ static bool plain(const kvr_agent_t *a)
     const kvr_layout_t *l = &a->p.layout;
     bool heads = a->axis == KVR_AXIS_TP && l->tp != l->producer_tp;
     return kvr_layout_producer_plain(l) && !heads;
+}
+
+/* Another pull of the request whose tables serve p: the same tokens,
+ * destination blocks and layers (the DCP ranks of one group; a class its
+ * tables lack would be made at the launch). */
+static kvr__gpu_tables_t *tables_of_peer(const kvr__preq_t *r,
+                                         const kvr__pull_t *p)
+{
+    for (const kvr__pull_t *q = r->pulls; q != NULL; q = q->next)
+        if (q != p && q->tables != NULL &&
+            q->num_tokens == p->num_tokens &&
+            q->num_computed == p->num_computed && q->ndst == p->ndst &&
+            q->layer_lo == p->layer_lo && q->layer_hi == p->layer_hi &&
+            memcmp(q->dst, p->dst, p->ndst * sizeof(*p->dst)) == 0)
+            return q->tables;
+    return NULL;
+}
+
+kvr_status_t kvr__agpu_prepare(kvr_agent_t *a, const kvr__preq_t *r,
+                               kvr__pull_t *p, kvr_error_t *err)
+{
+    if (!p->gpu || !plain(a) || p->tables != NULL)
+        return KVR_OK; /* the run copy's table is made at its launch */
+    if ((p->tables = tables_of_peer(r, p)) != NULL) {
+        kvr__gpu_tables_share(p->tables);
+        return KVR_OK;
+    }
+    size_t cap = (size_t)a->num_order + 1;
+    kvr_region_pair_t *pairs = calloc(cap, sizeof(*pairs));
+    const void **src = calloc(cap, sizeof(*src));
+    void **dst = calloc(cap, sizeof(*dst));
+    uint32_t *ranks = calloc(cap, sizeof(*ranks));
+    kvr_status_t st = pairs && src && dst && ranks
+                          ? KVR_OK
+                          : kvr_error_set(err, KVR_ERR_NO_MEMORY, "no memory");
+    uint32_t n = st == KVR_OK ? add_pairs(a, p, p->layer_lo, p->layer_hi,
+                                          pairs, src, dst, ranks, 0)
+                              : 0;
+    kvr_request_t req = {r->src,  r->nsrc,       p->dst,
+                         p->ndst, p->num_tokens, p->num_computed};
+    uint64_t t0 = kvr_now_ns();
+    if (st == KVR_OK)
+        st = kvr__gpu_tables_make(a->p.cuda_device, a->stream, a->gpool,
+                                  &a->p.layout, pairs, n, &req, &p->tables,
+                                  err);
+    if (st == KVR_OK)
+        kvr__agent_log(a,
+                       "pull of '%.*s' for dcp %u: relayout tables of %u "
+                       "regions made in %.1f us",
+                       (int)p->request.len, p->request.bytes, p->dcp_rank, n,
+                       (double)(kvr_now_ns() - t0) * 1e-3);
+    free(pairs);
+    free(src);
+    free(dst);
+    free(ranks);
+    return st;
 }
 
 kvr_status_t kvr__agpu_seg_ends(const kvr_agent_t *a, const kvr__pull_t *p,

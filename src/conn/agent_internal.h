@@ -254,6 +254,7 @@ typedef struct kvr__pull {
     /* gpu-direct (agent_gpu.c) */
     bool gpu;              /* chosen: scatter kernels via CUDA IPC */
     kvr__gpu_job_t *job;   /* launched, not yet seen complete */
+    kvr__gpu_tables_t *tables; /* its relayout tables, made as it starts */
     bool job_done;         /* its event fired: to answer this turn */
     kvr__gpu_runs_t *runs; /* its plan's run table (pair plans; gpu-staged) */
     bool gstaged;          /* staged with GPU packing (CUDA KV) */
@@ -708,6 +709,11 @@ void kvr__agpu_unmap(kvr__amap_t *m);
  * on the agent's stream, later ones look whether they completed. */
 kvr_status_t kvr__agpu_slice(kvr_agent_t *a, const kvr__preq_t *r,
                              kvr__pull_t *p, bool *done, kvr_error_t *err);
+/* Producer: a gpu-direct pull's relayout tables, made (checked, sorted,
+ * uploaded) as it starts, before its layers are ready, for every launch of
+ * its layer groups. */
+kvr_status_t kvr__agpu_prepare(kvr_agent_t *a, const kvr__preq_t *r,
+                               kvr__pull_t *p, kvr_error_t *err);
 /* The sources (ours) and destinations (the consumer's IPC mappings, NULL
  * where not mapped) of the pull's segs, in seg order. */
 kvr_status_t kvr__agpu_seg_ends(const kvr_agent_t *a, const kvr__pull_t *p,

@@ -108,6 +108,7 @@ static void pull_free(kvr__pull_t *p)
 {
     kvr__gpu_job_free(p->job);
     kvr__gpu_runs_free(p->runs); /* stream-ordered after the job */
+    kvr__gpu_tables_free(p->tables);
     if (p->link != NULL)
         p->link->users--;
     kvr__pcache_release(p->plans);
@@ -209,6 +210,8 @@ static void start_pull(kvr_agent_t *a, const kvr__preq_t *r, kvr__pull_t *p)
         p->bytes = kvr__dseg_bytes(p->segs, p->nsegs);
         st = kvr__staged_choose(a, p, &err);
     }
+    if (st == KVR_OK)
+        st = kvr__agpu_prepare(a, r, p, &err);
     if (st != KVR_OK) {
         answer(a, p, err.code, err.msg);
         return;

@@ -31,17 +31,38 @@ kvr_status_t kvr__gpu_export(const void *ptr, uint8_t *rkey, uint32_t *len,
 kvr_status_t kvr__gpu_open(int device, const uint8_t *rkey, uint32_t len,
                            void **ptr, kvr_error_t *err);
 void kvr__gpu_close(const uint8_t *rkey, uint32_t len, void *ptr);
+/* A request's relayout tables, one per region class (role and widths):
+ * checked, sorted and uploaded once on `stream` (into blocks of pool when
+ * it is not NULL), then given to every kvr__gpu_job_start of the request's
+ * layer groups. The agent makes them when a gpu-direct pull arrives,
+ * before its layers are ready. Freed stream-ordered: after the launches
+ * queued on that stream, by the last of its holders (one more: share). */
+typedef struct kvr__gpu_tables kvr__gpu_tables_t;
+
+kvr_status_t kvr__gpu_tables_make(int device, void *stream,
+                                  struct kvr_gpu_pool *pool,
+                                  const kvr_layout_t *lay,
+                                  const kvr_region_pair_t *pairs, size_t n,
+                                  const kvr_request_t *req,
+                                  kvr__gpu_tables_t **out, kvr_error_t *err);
+void kvr__gpu_tables_share(kvr__gpu_tables_t *t);
+void kvr__gpu_tables_free(kvr__gpu_tables_t *t);
+
 /* Producer: rank's share of every region pair, device to device (dst are
  * the consumer's regions as mapped here), waited for: the agent's launch
  * (kvr__gpu_job_start on `stream`, tables from `pool`) done synchronously,
  * for benchmarks; stream and pool may be NULL (default stream, tables
- * allocated per call). */
+ * allocated per call). tables: made beforehand (kvr__gpu_tables_make), or
+ * NULL to make them inside. stamps (NULL or 8 entries): kvr_now_ns at the
+ * start, tables ready, job set up (set_device), its event, kernels
+ * launched, event recorded, kernels done, all freed. */
 kvr_status_t kvr__gpu_send(int device, void *stream, struct kvr_gpu_pool *pool,
                            const kvr_layout_t *lay, uint32_t rank,
                            const kvr_region_pair_t *pairs,
                            const void *const *src, void *const *dst, size_t n,
-                           const kvr_request_t *req, uint64_t *bytes,
-                           kvr_error_t *err);
+                           const kvr_request_t *req,
+                           const kvr__gpu_tables_t *tables, uint64_t *bytes,
+                           uint64_t *stamps, kvr_error_t *err);
 
 /* The agent's asynchronous form: the scatters of one pull launched on
  * `stream` (after whatever is queued there, e.g. waits on the engine's
@@ -49,12 +70,14 @@ kvr_status_t kvr__gpu_send(int device, void *stream, struct kvr_gpu_pool *pool,
  * (the stream's, see kvr_gpu_pool_t) when it is not NULL, else allocated
  * stream-ordered. Pair i moves rank ranks[i]'s share: pairs of one class
  * for any ranks (one request's pulls by several ranks) go in one launch;
- * *bytes is the total. */
+ * *bytes is the total. A class found in `tables` (NULL: none) uses them,
+ * which must outlive the job; others are made here, kept by the job. */
 typedef struct kvr__gpu_job kvr__gpu_job_t;
 
 kvr_status_t
 kvr__gpu_job_start(int device, void *stream, struct kvr_gpu_pool *pool,
-                   const kvr_layout_t *lay, const uint32_t *ranks,
+                   const kvr_layout_t *lay, const kvr__gpu_tables_t *tables,
+                   const uint32_t *ranks,
                    const kvr_region_pair_t *pairs, const void *const *src,
                    void *const *dst, size_t n, const kvr_request_t *req,
                    kvr__gpu_job_t **out, uint64_t *bytes, kvr_error_t *err);

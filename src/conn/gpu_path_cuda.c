@@ -1,6 +1,7 @@
 /* The connector's GPU path over the gpu layer (see gpu_path.h). */
 #include "gpu_path.h"
 
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -89,20 +90,153 @@ static bool same_class(const kvr_region_pair_t *a, const kvr_region_pair_t *b)
            kvr_region_bytes(&a->dst) == kvr_region_bytes(&b->dst);
 }
 
+/* Completion events kept for reuse: a CUDA event created and destroyed
+ * per launch cost microseconds on the H200's host (docs/gpu.md, The
+ * agent's launch). One comes back only once it fired (waited for). */
+#define EVENT_CACHE 64
+
+static struct {
+    void *ev;
+    int device;
+} event_cache[EVENT_CACHE];
+static int event_cached;
+static pthread_mutex_t event_lock = PTHREAD_MUTEX_INITIALIZER;
+
+static kvr_status_t event_get(int device, void **ev, kvr_error_t *err)
+{
+    pthread_mutex_lock(&event_lock);
+    for (int i = event_cached - 1; i >= 0; i--)
+        if (event_cache[i].device == device) {
+            *ev = event_cache[i].ev;
+            event_cache[i] = event_cache[--event_cached];
+            pthread_mutex_unlock(&event_lock);
+            return KVR_OK;
+        }
+    pthread_mutex_unlock(&event_lock);
+    return kvr_gpu_event_create(device, ev, err);
+}
+
+static void event_put(int device, void *ev)
+{
+    pthread_mutex_lock(&event_lock);
+    if (ev != NULL && event_cached < EVENT_CACHE) {
+        event_cache[event_cached].ev = ev;
+        event_cache[event_cached++].device = device;
+        ev = NULL;
+    }
+    pthread_mutex_unlock(&event_lock);
+    kvr_gpu_event_destroy(ev);
+}
+
 struct kvr__gpu_job {
-    kvr_gpu_relayout_t **rl; /* one per class, alive until the job ends */
+    kvr_gpu_relayout_t **rl; /* classes it made (no tables given for them),
+                                alive until the job ends */
     size_t nrl;
     const void **src; /* one class's slots at a time, for its launch */
     void **dst;
     uint32_t *ranks;
-    void *done;    /* recorded after the last launch */
+    void *done;    /* recorded after the last launch (event_get) */
+    int device;
     uint32_t refs; /* the pulls it serves */
 };
 
-/* One class's relayout, checked and uploaded once, then one launch for
- * every region of that class and every rank (kvr_gpu_scatter_regions). */
+/* A request's relayout tables, one per region class: checked, sorted and
+ * uploaded once (kvr__gpu_tables_make), then read by every launch of the
+ * request's layer groups. */
+struct kvr__gpu_tables {
+    kvr_region_pair_t *reps; /* a pair of each class */
+    kvr_gpu_relayout_t **rl; /* its relayout, on the device */
+    size_t n;
+    uint32_t refs; /* the pulls sharing it */
+};
+
+static kvr_gpu_relayout_t *tables_find(const kvr__gpu_tables_t *t,
+                                       const kvr_region_pair_t *pair)
+{
+    for (size_t c = 0; t != NULL && c < t->n; c++)
+        if (same_class(&t->reps[c], pair))
+            return t->rl[c];
+    return NULL;
+}
+
+/* The relayout of pair's class, checked and uploaded (into a block of
+ * pool, on stream, or synchronously). */
+static kvr_status_t class_relayout(void *stream, kvr_gpu_pool_t *pool,
+                                   const kvr_layout_t *lay,
+                                   const kvr_region_pair_t *pair,
+                                   const kvr_request_t *req,
+                                   kvr_gpu_relayout_t **out, kvr_error_t *err)
+{
+    kvr_gpu_request_t g = {req->src_blocks, req->num_src_blocks,
+                           req->dst_blocks, req->num_dst_blocks,
+                           req->num_tokens, req->num_computed_blocks};
+    kvr_gpu_relayout_t *rl = NULL;
+    kvr_status_t st =
+        kvr_gpu_relayout_create(lay, &pair->src, &pair->dst, &g, &rl, err);
+    if (st == KVR_OK)
+        st = pool     ? kvr_gpu_relayout_upload_pool(rl, pool, err)
+             : stream ? kvr_gpu_relayout_upload_async(rl, stream, err)
+                      : kvr_gpu_relayout_upload(rl, err);
+    if (st != KVR_OK) {
+        kvr_gpu_relayout_destroy(rl);
+        return st;
+    }
+    *out = rl;
+    return KVR_OK;
+}
+
+kvr_status_t kvr__gpu_tables_make(int device, void *stream,
+                                  struct kvr_gpu_pool *pool,
+                                  const kvr_layout_t *lay,
+                                  const kvr_region_pair_t *pairs, size_t n,
+                                  const kvr_request_t *req,
+                                  kvr__gpu_tables_t **out, kvr_error_t *err)
+{
+    kvr__gpu_tables_t *t = calloc(1, sizeof(*t));
+    if (t != NULL)
+        t->refs = 1;
+    kvr_status_t st = t && (t->reps = calloc(n + 1, sizeof(*t->reps))) &&
+                              (t->rl = calloc(n + 1, sizeof(*t->rl)))
+                          ? kvr_gpu_set_device(device, err)
+                          : kvr_error_set(err, KVR_ERR_NO_MEMORY, "no memory");
+    for (size_t i = 0; i < n && st == KVR_OK; i++) {
+        if (tables_find(t, &pairs[i]) != NULL)
+            continue;
+        st = class_relayout(stream, pool, lay, &pairs[i], req, &t->rl[t->n],
+                            err);
+        if (st == KVR_OK)
+            t->reps[t->n++] = pairs[i];
+    }
+    if (st != KVR_OK) {
+        kvr__gpu_tables_free(t);
+        return st;
+    }
+    *out = t;
+    return KVR_OK;
+}
+
+void kvr__gpu_tables_share(kvr__gpu_tables_t *t)
+{
+    t->refs++;
+}
+
+void kvr__gpu_tables_free(kvr__gpu_tables_t *t)
+{
+    if (t == NULL || --t->refs > 0)
+        return;
+    for (size_t c = 0; c < t->n; c++) /* device copies: stream-ordered */
+        kvr_gpu_relayout_destroy(t->rl[c]);
+    free(t->reps);
+    free(t->rl);
+    free(t);
+}
+
+/* One class's relayout (from tables, else checked and uploaded now and
+ * kept by the job), then one launch for every region of that class and
+ * every rank (kvr_gpu_scatter_regions). */
 static kvr_status_t launch_class(kvr__gpu_job_t *job, void *stream,
                                  kvr_gpu_pool_t *pool, const kvr_layout_t *lay,
+                                 const kvr__gpu_tables_t *tables,
                                  const uint32_t *ranks,
                                  const kvr_region_pair_t *pairs,
                                  const void *const *src, void *const *dst,
@@ -110,20 +244,16 @@ static kvr_status_t launch_class(kvr__gpu_job_t *job, void *stream,
                                  const kvr_request_t *req, uint64_t *bytes,
                                  kvr_error_t *err)
 {
-    kvr_gpu_request_t g = {req->src_blocks, req->num_src_blocks,
-                           req->dst_blocks, req->num_dst_blocks,
-                           req->num_tokens, req->num_computed_blocks};
-    kvr_gpu_relayout_t *rl = NULL;
-    kvr_status_t st = kvr_gpu_relayout_create(lay, &pairs[first].src,
-                                              &pairs[first].dst, &g, &rl, err);
-    if (st != KVR_OK)
-        return st;
-    job->rl[job->nrl++] = rl;
-    st = pool     ? kvr_gpu_relayout_upload_pool(rl, pool, err)
-         : stream ? kvr_gpu_relayout_upload_async(rl, stream, err)
-                  : kvr_gpu_relayout_upload(rl, err);
+    kvr_gpu_relayout_t *rl = tables_find(tables, &pairs[first]);
+    kvr_status_t st = KVR_OK;
+    if (rl == NULL) {
+        st = class_relayout(stream, pool, lay, &pairs[first], req, &rl, err);
+        if (st != KVR_OK)
+            return st;
+        job->rl[job->nrl++] = rl;
+    }
     size_t m = 0;
-    for (size_t i = first; i < n && st == KVR_OK; i++) {
+    for (size_t i = first; i < n; i++) {
         if (launched[i] || !same_class(&pairs[first], &pairs[i]))
             continue;
         job->src[m] = src[i];
@@ -132,18 +262,27 @@ static kvr_status_t launch_class(kvr__gpu_job_t *job, void *stream,
         *bytes += kvr_gpu_relayout_bytes(rl, ranks[i]);
         launched[i] = true;
     }
-    if (st == KVR_OK)
-        st = kvr_gpu_scatter_regions(rl, job->ranks, job->src, job->dst, m,
-                                     stream, err);
-    return st;
+    return kvr_gpu_scatter_regions(rl, job->ranks, job->src, job->dst, m,
+                                   stream, err);
 }
 
-kvr_status_t
-kvr__gpu_job_start(int device, void *stream, struct kvr_gpu_pool *pool,
-                   const kvr_layout_t *lay, const uint32_t *ranks,
-                   const kvr_region_pair_t *pairs, const void *const *src,
-                   void *const *dst, size_t n, const kvr_request_t *req,
-                   kvr__gpu_job_t **out, uint64_t *bytes, kvr_error_t *err)
+static uint64_t stamp(uint64_t *stamps, int i)
+{
+    uint64_t t = stamps != NULL ? kvr_now_ns() : 0;
+    if (stamps != NULL)
+        stamps[i] = t;
+    return t;
+}
+
+/* kvr__gpu_job_start; stamps (NULL or 4): set up, event, launched,
+ * recorded (kvr__gpu_send's breakdown). */
+static kvr_status_t
+job_start(int device, void *stream, struct kvr_gpu_pool *pool,
+          const kvr_layout_t *lay, const kvr__gpu_tables_t *tables,
+          const uint32_t *ranks, const kvr_region_pair_t *pairs,
+          const void *const *src, void *const *dst, size_t n,
+          const kvr_request_t *req, kvr__gpu_job_t **out, uint64_t *bytes,
+          uint64_t *stamps, kvr_error_t *err)
 {
     kvr__gpu_job_t *job = calloc(1, sizeof(*job));
     bool *launched = calloc(n + 1, sizeof(*launched));
@@ -154,21 +293,27 @@ kvr__gpu_job_start(int device, void *stream, struct kvr_gpu_pool *pool,
          (job->dst = calloc(n + 1, sizeof(*job->dst))) == NULL ||
          (job->ranks = calloc(n + 1, sizeof(*job->ranks))) == NULL))
         st = KVR_ERR_NO_MEMORY;
-    if (st == KVR_OK)
+    if (st == KVR_OK) {
         job->refs = 1;
+        job->device = device;
+    }
     if (st != KVR_OK)
         kvr_error_set(err, st, "no memory");
     if (st == KVR_OK)
         st = kvr_gpu_set_device(device, err);
+    stamp(stamps, 0);
     if (st == KVR_OK)
-        st = kvr_gpu_event_create(device, &job->done, err);
+        st = event_get(device, &job->done, err);
+    stamp(stamps, 1);
     *bytes = 0;
     for (size_t i = 0; i < n && st == KVR_OK; i++)
         if (!launched[i])
-            st = launch_class(job, stream, pool, lay, ranks, pairs, src, dst,
-                              n, i, launched, req, bytes, err);
+            st = launch_class(job, stream, pool, lay, tables, ranks, pairs,
+                              src, dst, n, i, launched, req, bytes, err);
+    stamp(stamps, 2);
     if (st == KVR_OK)
         st = kvr_gpu_event_record(job->done, stream, err);
+    stamp(stamps, 3);
     free(launched);
     if (st != KVR_OK) {
         kvr__gpu_job_free(job);
@@ -176,6 +321,18 @@ kvr__gpu_job_start(int device, void *stream, struct kvr_gpu_pool *pool,
     }
     *out = job;
     return KVR_OK;
+}
+
+kvr_status_t
+kvr__gpu_job_start(int device, void *stream, struct kvr_gpu_pool *pool,
+                   const kvr_layout_t *lay, const kvr__gpu_tables_t *tables,
+                   const uint32_t *ranks,
+                   const kvr_region_pair_t *pairs, const void *const *src,
+                   void *const *dst, size_t n, const kvr_request_t *req,
+                   kvr__gpu_job_t **out, uint64_t *bytes, kvr_error_t *err)
+{
+    return job_start(device, stream, pool, lay, tables, ranks, pairs, src,
+                     dst, n, req, out, bytes, NULL, err);
 }
 
 kvr_status_t kvr__gpu_job_done(kvr__gpu_job_t *job, bool *done,
@@ -203,7 +360,7 @@ void kvr__gpu_job_free(kvr__gpu_job_t *job)
     }
     for (size_t i = 0; i < job->nrl; i++)
         kvr_gpu_relayout_destroy(job->rl[i]);
-    kvr_gpu_event_destroy(job->done);
+    event_put(job->device, job->done);
     free(job->rl);
     free(job->src);
     free(job->dst);
@@ -220,22 +377,34 @@ kvr_status_t kvr__gpu_send(int device, void *stream, struct kvr_gpu_pool *pool,
                            const kvr_layout_t *lay, uint32_t rank,
                            const kvr_region_pair_t *pairs,
                            const void *const *src, void *const *dst, size_t n,
-                           const kvr_request_t *req, uint64_t *bytes,
-                           kvr_error_t *err)
+                           const kvr_request_t *req,
+                           const kvr__gpu_tables_t *tables, uint64_t *bytes,
+                           uint64_t *stamps, kvr_error_t *err)
 {
     kvr__gpu_job_t *job = NULL;
+    kvr__gpu_tables_t *made = NULL;
     uint32_t *ranks = calloc(n + 1, sizeof(*ranks));
+    stamp(stamps, 0);
     if (ranks == NULL)
         return kvr_error_set(err, KVR_ERR_NO_MEMORY, "no memory");
     for (size_t i = 0; i < n; i++)
         ranks[i] = rank;
-    kvr_status_t st = kvr__gpu_job_start(device, stream, pool, lay, ranks,
-                                         pairs, src, dst, n, req, &job, bytes,
-                                         err);
+    kvr_status_t st = KVR_OK;
+    if (tables == NULL)
+        st = kvr__gpu_tables_make(device, stream, pool, lay, pairs, n, req,
+                                  &made, err);
+    stamp(stamps, 1);
+    if (st == KVR_OK)
+        st = job_start(device, stream, pool, lay, tables ? tables : made,
+                       ranks, pairs, src, dst, n, req, &job, bytes,
+                       stamps ? stamps + 2 : NULL, err);
     free(ranks);
     if (st == KVR_OK)
         st = kvr_gpu_event_sync(job->done, err);
+    stamp(stamps, 6);
     kvr__gpu_job_free(job);
+    kvr__gpu_tables_free(made);
+    stamp(stamps, 7);
     return st;
 }
 
@@ -314,9 +483,10 @@ kvr_status_t kvr__gpu_job_runs(int device, void *stream,
     if (job == NULL)
         return kvr_error_set(err, KVR_ERR_NO_MEMORY, "no memory");
     job->refs = 1;
+    job->device = device;
     kvr_status_t st = kvr_gpu_set_device(device, err);
     if (st == KVR_OK)
-        st = kvr_gpu_event_create(device, &job->done, err);
+        st = event_get(device, &job->done, err);
     if (st == KVR_OK)
         st = kvr__gpu_runs_copy(rt, pos, len, src_buf, dst_buf, stream, err);
     if (st == KVR_OK)

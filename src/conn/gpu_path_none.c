@@ -50,27 +50,52 @@ void kvr__gpu_close(const uint8_t *rkey, uint32_t len, void *ptr)
     (void)rkey, (void)len, (void)ptr;
 }
 
+kvr_status_t kvr__gpu_tables_make(int device, void *stream,
+                                  struct kvr_gpu_pool *pool,
+                                  const kvr_layout_t *lay,
+                                  const kvr_region_pair_t *pairs, size_t n,
+                                  const kvr_request_t *req,
+                                  kvr__gpu_tables_t **out, kvr_error_t *err)
+{
+    (void)device, (void)stream, (void)pool, (void)lay, (void)pairs, (void)n;
+    (void)req, (void)out;
+    return no_cuda(err);
+}
+
+void kvr__gpu_tables_share(kvr__gpu_tables_t *t)
+{
+    (void)t;
+}
+
+void kvr__gpu_tables_free(kvr__gpu_tables_t *t)
+{
+    (void)t;
+}
+
 kvr_status_t kvr__gpu_send(int device, void *stream, struct kvr_gpu_pool *pool,
                            const kvr_layout_t *lay, uint32_t rank,
                            const kvr_region_pair_t *pairs,
                            const void *const *src, void *const *dst, size_t n,
-                           const kvr_request_t *req, uint64_t *bytes,
-                           kvr_error_t *err)
+                           const kvr_request_t *req,
+                           const kvr__gpu_tables_t *tables, uint64_t *bytes,
+                           uint64_t *stamps, kvr_error_t *err)
 {
     (void)device, (void)stream, (void)pool, (void)lay, (void)rank, (void)pairs;
     (void)src, (void)dst;
-    (void)n, (void)req, (void)bytes;
+    (void)n, (void)req, (void)tables, (void)bytes, (void)stamps;
     return no_cuda(err);
 }
 
 kvr_status_t
 kvr__gpu_job_start(int device, void *stream, struct kvr_gpu_pool *pool,
-                   const kvr_layout_t *lay, const uint32_t *ranks,
+                   const kvr_layout_t *lay, const kvr__gpu_tables_t *tables,
+                   const uint32_t *ranks,
                    const kvr_region_pair_t *pairs, const void *const *src,
                    void *const *dst, size_t n, const kvr_request_t *req,
                    kvr__gpu_job_t **out, uint64_t *bytes, kvr_error_t *err)
 {
-    (void)device, (void)stream, (void)pool, (void)lay, (void)ranks;
+    (void)device, (void)stream, (void)pool, (void)lay, (void)tables;
+    (void)ranks;
     (void)pairs, (void)src, (void)dst, (void)n, (void)req, (void)out;
     (void)bytes;
     return no_cuda(err);

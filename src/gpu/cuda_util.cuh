@@ -51,4 +51,29 @@ __device__ __forceinline__ uint32_t kvr__div_by(const kvr__div &d, uint32_t n)
     return (__umulhi(n, d.mul) + n) >> d.shift;
 }
 
+/* n bytes from s to d (V-aligned, n a multiple of sizeof(V)) by the G
+ * lanes of a team (lane in [0, G)), each keeping U vectors in flight: all
+ * its loads of a round before its stores. The run copy and the relayout's
+ * chunk kernel use it. */
+template <typename V, int G, int U>
+__device__ __forceinline__ void kvr__copy_team(const unsigned char *s,
+                                               unsigned char *d, uint64_t n,
+                                               uint32_t lane)
+{
+    const V *sv = (const V *)s;
+    V *dv = (V *)d;
+    uint64_t nv = n / sizeof(V);
+    for (uint64_t x = lane; x < nv; x += G * U) {
+        V v[U];
+#pragma unroll
+        for (int u = 0; u < U; u++)
+            if (x + u * G < nv)
+                v[u] = sv[x + u * G];
+#pragma unroll
+        for (int u = 0; u < U; u++)
+            if (x + u * G < nv)
+                dv[x + u * G] = v[u];
+    }
+}
+
 #endif

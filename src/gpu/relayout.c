@@ -130,15 +130,15 @@ static kvr_status_t check_ids(const uint32_t *ids, uint64_t from, uint64_t to,
                               kvr_error_t *err)
 {
     uint32_t top = 0;
-    for (uint64_t i = from; i < to; i++) {
+    for (uint64_t i = from; i < to; i++) /* branch-free: vectorised */
+        top = ids[i] > top ? ids[i] : top;
+    for (uint64_t i = from; top >= r->num_blocks && i < to; i++)
         if (ids[i] >= r->num_blocks)
             return kvr_error_set(err, KVR_ERR_BLOCK_RANGE,
                                  "%s block id %u at table index %llu is "
                                  "outside %s layer %u's %llu blocks",
                                  side, ids[i], (ull)i, kvr_role_name(r->role),
                                  r->layer, (ull)r->num_blocks);
-        top = ids[i] > top ? ids[i] : top;
-    }
     if (to > from && (top + 1ull) * r->page_bytes > kvr_region_bytes(r))
         return kvr_error_set(err, KVR_ERR_RUN_OUT_OF_BOUNDS,
                              "%s %s layer %u: page of block %u ends at %llu, "
@@ -149,13 +149,55 @@ static kvr_status_t check_ids(const uint32_t *ids, uint64_t from, uint64_t to,
     return KVR_OK;
 }
 
-/* order[s] = table index of the s-th destination block by id. */
+static kvr_status_t duplicate(uint32_t id, kvr_error_t *err)
+{
+    return kvr_error_set(err, KVR_ERR_DUPLICATE_BLOCK,
+                         "destination block id %u appears twice in the table",
+                         id);
+}
+
+/* sort_blocks where the region's ids are few beside the table (ids are
+ * checked below num_blocks): each id's table index in a slot of its own,
+ * then the slots read in id order; no comparison, O(num_blocks + count).
+ * 4096 random ids: 61 -> 2x us on the build machine (docs/gpu.md). */
+static kvr_status_t place_blocks(const uint32_t *ids, uint32_t first,
+                                 uint32_t count, uint64_t num_blocks,
+                                 uint32_t *order, uint32_t *s_last,
+                                 kvr_error_t *err)
+{
+    uint32_t *slot = malloc(num_blocks * sizeof(*slot));
+    if (slot == NULL)
+        return kvr_error_set(err, KVR_ERR_NO_MEMORY, "no memory for %llu ids",
+                             (ull)num_blocks);
+    memset(slot, 0xff, num_blocks * sizeof(*slot));
+    kvr_status_t st = KVR_OK;
+    for (uint32_t i = first; i < first + count && st == KVR_OK; i++) {
+        if (slot[ids[i]] != UINT32_MAX)
+            st = duplicate(ids[i], err);
+        slot[ids[i]] = i;
+    }
+    for (uint64_t id = 0, s = 0; id < num_blocks && st == KVR_OK; id++) {
+        if (slot[id] == UINT32_MAX)
+            continue;
+        if (slot[id] == first + count - 1)
+            *s_last = (uint32_t)s;
+        order[s++] = slot[id];
+    }
+    free(slot);
+    return st;
+}
+
+/* order[s] = table index of the s-th destination block by id (ids below
+ * num_blocks, checked). */
 static kvr_status_t sort_blocks(const uint32_t *ids, uint32_t first,
-                                uint32_t count, uint32_t *order,
-                                uint32_t *s_last, kvr_error_t *err)
+                                uint32_t count, uint64_t num_blocks,
+                                uint32_t *order, uint32_t *s_last,
+                                kvr_error_t *err)
 {
     if (count == 0)
         return KVR_OK;
+    if (num_blocks <= 8ull * count + 4096)
+        return place_blocks(ids, first, count, num_blocks, order, s_last, err);
     kvr__id_index_t *v = malloc(count * sizeof(*v));
     if (v == NULL)
         return kvr_error_set(err, KVR_ERR_NO_MEMORY, "no memory for %u ids",
@@ -164,10 +206,7 @@ static kvr_status_t sort_blocks(const uint32_t *ids, uint32_t first,
     kvr_status_t st = KVR_OK;
     for (uint32_t s = 0; s < count && st == KVR_OK; s++) {
         if (s > 0 && v[s].id == v[s - 1].id)
-            st = kvr_error_set(err, KVR_ERR_DUPLICATE_BLOCK,
-                               "destination block id %u appears twice in the "
-                               "table",
-                               v[s].id);
+            st = duplicate(v[s].id, err);
         order[s] = v[s].index;
         if (v[s].index == first + count - 1)
             *s_last = s;
@@ -248,8 +287,8 @@ kvr_status_t kvr_gpu_relayout_create(const kvr_layout_t *lay,
     memcpy(t, req->src_blocks, end_src * sizeof(*t));
     memcpy(t + end_src, req->dst_blocks, end_dst * sizeof(*t));
     kvr__rl_geom_t *g = &rl->geom;
-    st = sort_blocks(t + end_src, first, count, t + end_src + end_dst,
-                     &g->s_last, err);
+    st = sort_blocks(t + end_src, first, count, dst->num_blocks,
+                     t + end_src + end_dst, &g->s_last, err);
     if (st != KVR_OK) {
         free(t);
         free(rl);

@@ -1,12 +1,14 @@
 /* Relayout kernels: direct scatter into peer pages, pack into and unpack
- * from consumer-ordered staging. One kernel moves the pieces of
+ * from consumer-ordered staging. relayout_kernel moves the pieces of
  * relayout_map.h for all three: a warp takes 32 items (a piece, or an even
  * part of a large one, of at most 64 vectors), each lane works out one
  * item's addresses with the layout math, then the warp copies the items a
  * few at a time, every lane moving up to two vectors of each. Index
  * arithmetic is paid once per item; stores are full-warp and contiguous
  * (pieces are contiguous on the destination, so whole 128-byte lines go
- * over NVLink), loads follow the source's chunks. */
+ * over NVLink), loads follow the source's chunks. One-rank scatters of
+ * small MLA chunks go through chunk_kernel instead: an item is one source
+ * chunk, copied by a team of 8 lanes. */
 #include "cuda_util.cuh"
 
 namespace
@@ -173,6 +175,59 @@ __global__ void __launch_bounds__(THREADS) relayout_kernel(const Job j)
     }
 }
 
+/* The MLA gather of small chunks (I tokens, at most CHUNK_MAX bytes):
+ * an item is one source chunk, contiguous on both sides, copied by a team
+ * of G lanes with U vectors each in flight, as the run copy does
+ * (kvr__copy_team): more bytes in flight an SM than relayout_kernel's two
+ * items a lane, whose registers bound it to half occupancy (docs/gpu.md,
+ * Relayout kernel speed). */
+constexpr uint32_t CHUNK_MAX = 4096;
+
+template <typename V, int G, int U>
+__global__ void __launch_bounds__(THREADS) chunk_kernel(const Job j)
+{
+    uint32_t lane = threadIdx.x % G;
+    uint32_t team = (blockIdx.x * blockDim.x + threadIdx.x) / G;
+    uint32_t teams = (gridDim.x * blockDim.x) / G;
+    for (uint32_t i = team; i < j.num_items; i += teams) {
+        Item it = describe(j, j.item0 + i);
+        if (it.len == 0)
+            continue;
+        kvr__copy_team<V, G, U>(
+            (const unsigned char *)source_at(j, it.src, it.x0),
+            (unsigned char *)(it.dst + it.x0), it.len, lane);
+    }
+}
+
+template <typename V, int G, int U>
+kvr_status_t launch_team(Job &j, cudaStream_t stream, kvr_error_t *err)
+{
+    unsigned blocks = 0;
+    kvr_status_t st = kvr__grid_size((const void *)chunk_kernel<V, G, U>,
+                                     THREADS, 0, (uint64_t)j.num_items * G,
+                                     &blocks, err);
+    if (st != KVR_OK)
+        return st;
+    chunk_kernel<V, G, U><<<blocks, THREADS, 0, stream>>>(j);
+    return kvr__launch_status("relayout chunk_kernel", err);
+}
+
+/* Teams of 8 lanes, 5 vectors each (a 576-byte token of 16-byte vectors
+ * in one round): on an H200 the one-rank gather ran at 0.859 of a device
+ * copy, the items kernel at 0.820 in the same run, teams of 4 lanes of 9
+ * at 0.826, the run copy's 8 of 8 at 0.807, and capping registers for
+ * more blocks an SM (spills) at 0.615 (docs/gpu.md, Relayout kernel
+ * speed). The knob's 3: 4 lanes of 9, 4: 8 lanes of 8. */
+template <typename V>
+kvr_status_t launch_chunks(Job &j, cudaStream_t stream, kvr_error_t *err)
+{
+    if (kvr__rl_tune_chunks == 3)
+        return launch_team<V, 4, 9>(j, stream, err);
+    if (kvr__rl_tune_chunks == 4)
+        return launch_team<V, 8, 8>(j, stream, err);
+    return launch_team<V, 8, 5>(j, stream, err);
+}
+
 /* Widest access (16, 8, 4 or 1 bytes) that divides every size, offset and
  * base pointer in `bits`. */
 uint32_t vector_bytes(uint64_t bits)
@@ -207,8 +262,11 @@ kvr_status_t launch_step(Job &j, cudaStream_t stream, kvr_error_t *err)
 }
 
 template <typename V>
-kvr_status_t launch_as(Job &j, cudaStream_t stream, kvr_error_t *err)
+kvr_status_t launch_as(Job &j, cudaStream_t stream, bool chunked,
+                       kvr_error_t *err)
 {
+    if (chunked)
+        return launch_chunks<V>(j, stream, err);
     switch (kvr__rl_tune_step) {
     case 2:
         return launch_step<V, 2>(j, stream, err);
@@ -262,8 +320,16 @@ kvr_status_t launch(const kvr_gpu_relayout_t *rl, Job &j, uint64_t bits,
     bool strided = j.g.kind == KVR__RL_MLA && j.mode != UNPACK;
     j.chunk = kvr__div_make(strided ? j.g.I * (uint32_t)j.g.unit : INT32_MAX);
     j.stride = strided ? (uint64_t)j.g.I * j.g.W * j.g.unit : 0;
-    j.parts = (uint32_t)((piece + 64 * vb - 1) / (64 * vb));
-    j.part_bytes = (uint32_t)((piece + j.parts * vb - 1) / (j.parts * vb) * vb);
+    /* one-rank scatters of small MLA chunks: an item a chunk
+     * (chunk_kernel); every rank at once reads whole pages, where the
+     * items kernel measured faster (0.921 against 0.871) */
+    bool chunked = strided && j.mode == SCATTER && j.chunk.d <= CHUNK_MAX &&
+                   kvr__rl_tune_chunks != 1;
+    j.parts = chunked ? (uint32_t)(piece / j.chunk.d)
+                      : (uint32_t)((piece + 64 * vb - 1) / (64 * vb));
+    j.part_bytes =
+        chunked ? j.chunk.d
+                : (uint32_t)((piece + j.parts * vb - 1) / (j.parts * vb) * vb);
     uint64_t items = (uint64_t)count * j.parts * ranks;
     if ((uint64_t)(first + count) * j.parts * ranks > INT32_MAX)
         return kvr_error_set(err, KVR_ERR_UNSUPPORTED,
@@ -275,12 +341,12 @@ kvr_status_t launch(const kvr_gpu_relayout_t *rl, Job &j, uint64_t bits,
     j.region_items = count * j.parts;
     cudaStream_t s = (cudaStream_t)stream;
     if (vb == 16)
-        return launch_as<uint4>(j, s, err);
+        return launch_as<uint4>(j, s, chunked, err);
     if (vb == 8)
-        return launch_as<uint2>(j, s, err);
+        return launch_as<uint2>(j, s, chunked, err);
     if (vb == 4)
-        return launch_as<uint32_t>(j, s, err);
-    return launch_as<unsigned char>(j, s, err);
+        return launch_as<uint32_t>(j, s, chunked, err);
+    return launch_as<unsigned char>(j, s, chunked, err);
 }
 
 uint32_t all_pieces(const kvr_gpu_relayout_t *rl)
@@ -332,6 +398,7 @@ kvr_status_t run_range(const kvr_gpu_relayout_t *rl, Mode mode, uint32_t rank,
 
 /* Benchmark knobs (bench/gpu/bench_rl_kernel.c), 0 for the defaults. */
 int kvr__rl_tune_step = 0;
+int kvr__rl_tune_chunks = 0;
 
 /* The current device, as an index into rl's per-device copies; *done
  * when it has one already. */
@@ -438,6 +505,10 @@ kvr_status_t kvr__relayout_warm(void *stream, kvr_error_t *err)
     relayout_kernel<uint2, KVR_RL_STEP><<<1, THREADS, 0, s>>>(j);
     relayout_kernel<uint32_t, KVR_RL_STEP><<<1, THREADS, 0, s>>>(j);
     relayout_kernel<unsigned char, KVR_RL_STEP><<<1, THREADS, 0, s>>>(j);
+    chunk_kernel<uint4, 8, 5><<<1, THREADS, 0, s>>>(j);
+    chunk_kernel<uint2, 8, 5><<<1, THREADS, 0, s>>>(j);
+    chunk_kernel<uint32_t, 8, 5><<<1, THREADS, 0, s>>>(j);
+    chunk_kernel<unsigned char, 8, 5><<<1, THREADS, 0, s>>>(j);
     return kvr__launch_status("relayout_kernel (warm-up)", err);
 }
 

@@ -16,31 +16,11 @@ struct RunJob {
     unsigned char *dst_buf;
 };
 
-/* A piece copied by G lanes, each keeping U vectors in flight (all loads
- * before the stores). On an H200 a team of 8 with 8 vectors moved one
+/* A piece copied by a team of G lanes, each keeping U vectors in flight
+ * (kvr__copy_team). On an H200 a team of 8 with 8 vectors moved one
  * rank's 576-byte MLA runs at 0.84 of a device copy, the earlier warp a
  * piece with one vector a lane at 0.82, and small copies no slower
  * (docs/gpu.md, Run copy speed). */
-template <typename V, int G, int U>
-__device__ void copy_piece(const unsigned char *s, unsigned char *d,
-                           uint64_t n, uint32_t lane)
-{
-    const V *sv = (const V *)s;
-    V *dv = (V *)d;
-    uint64_t nv = n / sizeof(V);
-    for (uint64_t x = lane; x < nv; x += G * U) {
-        V v[U];
-#pragma unroll
-        for (int u = 0; u < U; u++)
-            if (x + u * G < nv)
-                v[u] = sv[x + u * G];
-#pragma unroll
-        for (int u = 0; u < U; u++)
-            if (x + u * G < nv)
-                dv[x + u * G] = v[u];
-    }
-}
-
 template <int G, int U>
 __global__ void __launch_bounds__(THREADS) runs_kernel(const RunJob j)
 {
@@ -63,13 +43,13 @@ __global__ void __launch_bounds__(THREADS) runs_kernel(const RunJob j)
         uint64_t n = hi - lo;
         uint64_t bits = (uintptr_t)s | (uintptr_t)d | n;
         if ((bits & 15) == 0)
-            copy_piece<uint4, G, U>(s, d, n, lane);
+            kvr__copy_team<uint4, G, U>(s, d, n, lane);
         else if ((bits & 7) == 0)
-            copy_piece<uint2, G, U>(s, d, n, lane);
+            kvr__copy_team<uint2, G, U>(s, d, n, lane);
         else if ((bits & 3) == 0)
-            copy_piece<uint32_t, G, U>(s, d, n, lane);
+            kvr__copy_team<uint32_t, G, U>(s, d, n, lane);
         else
-            copy_piece<unsigned char, G, U>(s, d, n, lane);
+            kvr__copy_team<unsigned char, G, U>(s, d, n, lane);
     }
 }
 

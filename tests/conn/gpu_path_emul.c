@@ -272,6 +272,7 @@ void kvr__gpu_close(const uint8_t *rkey, uint32_t len, void *ptr)
 
 struct kvr__gpu_job {
     kvr_gpu_relayout_t **rl; /* one per pair (NULL: a run copy) */
+    bool *owned;             /* made by the job, not from given tables */
     const void **src;
     void **dst;
     uint32_t *ranks;
@@ -326,18 +327,111 @@ static kvr__gpu_job_t *job_new(size_t n)
     j->src = calloc(n + 1, sizeof(*j->src));
     j->dst = calloc(n + 1, sizeof(*j->dst));
     j->ranks = calloc(n + 1, sizeof(*j->ranks));
+    j->owned = calloc(n + 1, sizeof(*j->owned));
     j->refs = 1;
     if (j->rl == NULL || j->src == NULL || j->dst == NULL ||
-        j->ranks == NULL) {
+        j->ranks == NULL || j->owned == NULL) {
         kvr__gpu_job_free(j);
         return NULL;
     }
     return j;
 }
 
+/* Emulated tables: a relayout per pair given, found again by the pair's
+ * descriptions (stricter than the device's per-class tables: a launch
+ * finds them only for pairs the tables were made with). */
+struct kvr__gpu_tables {
+    kvr_region_pair_t *pairs;
+    kvr_gpu_relayout_t **rl;
+    size_t n;
+    uint32_t refs; /* the pulls sharing it */
+};
+
+static atomic_uint tables_used; /* pairs launched from given tables */
+static atomic_uint pairs_launched;
+
+unsigned kvr__emul_tables_used(void);
+unsigned kvr__emul_pairs(void);
+
+unsigned kvr__emul_tables_used(void)
+{
+    return atomic_load(&tables_used);
+}
+
+unsigned kvr__emul_pairs(void)
+{
+    return atomic_load(&pairs_launched);
+}
+
+kvr_status_t kvr__gpu_tables_make(int device, void *stream,
+                                  struct kvr_gpu_pool *pool,
+                                  const kvr_layout_t *lay,
+                                  const kvr_region_pair_t *pairs, size_t n,
+                                  const kvr_request_t *req,
+                                  kvr__gpu_tables_t **out, kvr_error_t *err)
+{
+    (void)device, (void)stream, (void)pool;
+    kvr_gpu_request_t g = {req->src_blocks, req->num_src_blocks,
+                           req->dst_blocks, req->num_dst_blocks,
+                           req->num_tokens, req->num_computed_blocks};
+    kvr__gpu_tables_t *t = calloc(1, sizeof(*t));
+    if (t != NULL)
+        t->refs = 1;
+    kvr_status_t st = t && (t->pairs = calloc(n + 1, sizeof(*t->pairs))) &&
+                              (t->rl = calloc(n + 1, sizeof(*t->rl)))
+                          ? KVR_OK
+                          : kvr_error_set(err, KVR_ERR_NO_MEMORY, "no memory");
+    for (size_t i = 0; i < n && st == KVR_OK; i++) {
+        st = kvr_gpu_relayout_create(lay, &pairs[i].src, &pairs[i].dst, &g,
+                                     &t->rl[i], err);
+        t->pairs[i] = pairs[i];
+        t->n += st == KVR_OK;
+    }
+    if (st != KVR_OK) {
+        kvr__gpu_tables_free(t);
+        return st;
+    }
+    *out = t;
+    return KVR_OK;
+}
+
+void kvr__gpu_tables_share(kvr__gpu_tables_t *t)
+{
+    t->refs++;
+}
+
+void kvr__gpu_tables_free(kvr__gpu_tables_t *t)
+{
+    if (t == NULL || --t->refs > 0)
+        return;
+    for (size_t i = 0; i < t->n; i++)
+        kvr_gpu_relayout_destroy(t->rl[i]);
+    free(t->pairs);
+    free(t->rl);
+    free(t);
+}
+
+static bool same_desc(const kvr_region_desc_t *a, const kvr_region_desc_t *b)
+{
+    return a->role == b->role && a->layer == b->layer &&
+           a->num_blocks == b->num_blocks && a->page_bytes == b->page_bytes &&
+           a->index_dim == b->index_dim && a->bytes == b->bytes;
+}
+
+static kvr_gpu_relayout_t *tables_find(const kvr__gpu_tables_t *t,
+                                       const kvr_region_pair_t *pair)
+{
+    for (size_t i = 0; t != NULL && i < t->n; i++)
+        if (same_desc(&t->pairs[i].src, &pair->src) &&
+            same_desc(&t->pairs[i].dst, &pair->dst))
+            return t->rl[i];
+    return NULL;
+}
+
 kvr_status_t
 kvr__gpu_job_start(int device, void *stream, struct kvr_gpu_pool *pool,
-                   const kvr_layout_t *lay, const uint32_t *ranks,
+                   const kvr_layout_t *lay, const kvr__gpu_tables_t *tables,
+                   const uint32_t *ranks,
                    const kvr_region_pair_t *pairs, const void *const *src,
                    void *const *dst, size_t n, const kvr_request_t *req,
                    kvr__gpu_job_t **out, uint64_t *bytes, kvr_error_t *err)
@@ -352,8 +446,14 @@ kvr__gpu_job_start(int device, void *stream, struct kvr_gpu_pool *pool,
     kvr_status_t st = KVR_OK;
     *bytes = 0;
     for (size_t i = 0; i < n && st == KVR_OK; i++, j->n++) {
-        st = kvr_gpu_relayout_create(lay, &pairs[i].src, &pairs[i].dst, &g,
-                                     &j->rl[i], err);
+        j->rl[i] = tables_find(tables, &pairs[i]);
+        if (j->rl[i] != NULL)
+            atomic_fetch_add(&tables_used, 1);
+        atomic_fetch_add(&pairs_launched, 1);
+        j->owned[i] = j->rl[i] == NULL;
+        if (j->owned[i])
+            st = kvr_gpu_relayout_create(lay, &pairs[i].src, &pairs[i].dst,
+                                         &g, &j->rl[i], err);
         j->src[i] = src[i];
         j->dst[i] = dst[i];
         j->ranks[i] = ranks[i];
@@ -390,8 +490,10 @@ void kvr__gpu_job_free(kvr__gpu_job_t *job)
         return;
     }
     for (size_t i = 0; i < job->n; i++)
-        kvr_gpu_relayout_destroy(job->rl[i]);
+        if (job->owned[i])
+            kvr_gpu_relayout_destroy(job->rl[i]);
     free(job->rl);
+    free(job->owned);
     free(job->src);
     free(job->dst);
     free(job->ranks);

@@ -24,6 +24,8 @@
 void kvr__emul_kernel_us(unsigned us);
 unsigned kvr__emul_notifies(void);
 unsigned kvr__emul_jobs(void);
+unsigned kvr__emul_tables_used(void);
+unsigned kvr__emul_pairs(void);
 
 static world_t *gpu_world(void)
 {
@@ -125,12 +127,14 @@ static void abort_while_running(void **state)
 
 /* Streamed: each stage readies its layers one at a time while the ranks
  * wait; each layer group is its own launch, the next one launched when
- * the previous one's notification answered it. */
+ * the previous one's notification answered it, every one from the
+ * relayout tables its pull made when it arrived (none made per launch). */
 static void streamed_groups(void **state)
 {
     (void)state;
     kvr__emul_kernel_us(3000);
     world_t *w = gpu_world();
+    unsigned used0 = kvr__emul_tables_used(), pairs0 = kvr__emul_pairs();
     ah_req_t a;
     ah_req(&w->m, 4, 300, &a);
     fill_all(w, 0, &a);
@@ -149,6 +153,11 @@ static void streamed_groups(void **state)
     expect_loaded(w, 0, &a);
     for (uint32_t c = 0; c < 2; c++)
         assert_true(ah_count(&w->cons[c], a.id, KVR_AGENT_LAYERS_LOADED) >= 2);
+    unsigned pairs = kvr__emul_pairs() - pairs0;
+    unsigned used = kvr__emul_tables_used() - used0;
+    if (pairs == 0 || used != pairs)
+        fail_msg("%u of %u launched regions from the pulls' tables", used,
+                 pairs);
     world_free(w);
 }
 

@@ -118,6 +118,44 @@ static void test_random_cases_match_planner(void **state)
     }
 }
 
+/* Consumer regions far larger than the request (more than 8 blocks a
+ * table entry plus 4096): the destination order then comes from the radix
+ * sort, not from a slot per id (relayout.c), and must be the same. */
+static void test_large_consumer_regions(void **state)
+{
+    (void)state;
+    uint64_t rng = 0x6c61726765ull;
+    for (int i = 0; i < 20;) {
+        case_shape_t shape = case_random_shape(&rng);
+        if (shape.role != KVR_ROLE_MLA || shape.bs * shape.unit > 1600)
+            continue;
+        relayout_case_t c;
+        case_make(&c, &shape, &rng);
+        uint64_t big = 8 * c.req.num_dst_blocks + 4097 + rng_below(&rng, 999);
+        uint32_t *ids = xmalloc(big * sizeof(*ids));
+        for (uint64_t k = 0; k < big; k++)
+            ids[k] = (uint32_t)k;
+        for (uint64_t k = big; k > 1; k--) {
+            uint32_t j = rng_below(&rng, (uint32_t)k), t = ids[k - 1];
+            ids[k - 1] = ids[j];
+            ids[j] = t;
+        }
+        free(c.dst_blocks);
+        c.dst_blocks = ids;
+        c.req.dst_blocks = ids;
+        c.dst.num_blocks = big;
+        c.dst_bytes = big * c.dst.page_bytes;
+        kvr_gpu_relayout_t *rl = NULL;
+        CHECK_KVR(kvr_gpu_relayout_create(&c.lay, &c.src, &c.dst, &c.req, &rl,
+                                          &err));
+        for (uint32_t r = 0; r < shape.W; r++)
+            check_rank(&c, rl, r, &rng);
+        kvr_gpu_relayout_destroy(rl);
+        case_free(&c);
+        i++;
+    }
+}
+
 /* A small valid MLA case to break one field at a time. */
 typedef struct {
     kvr_layout_t lay;
@@ -335,6 +373,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_random_cases_match_planner),
+        cmocka_unit_test(test_large_consumer_regions),
         cmocka_unit_test(test_checks),
         cmocka_unit_test(test_index_checks),
         cmocka_unit_test(test_limits_and_ranges),
