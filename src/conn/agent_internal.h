@@ -502,7 +502,9 @@ struct kvr_agent {
     uint64_t moving_turns;       /* tests: turns that put bytes */
     uint64_t chunks_moved;       /* tests: staged chunks sent (producer)
                                      or unpacked (consumer) */
-    char log[KVR_ERROR_MSG_MAX]; /* the loop's last notable failure */
+    char log[KVR_ERROR_MSG_MAX]; /* the loop's last line, when debug */
+    bool debug;                  /* KVR_AGENT_DEBUG set: lines to stderr */
+    uint64_t inline_turns; /* kvr__loop_commands run by callers (atomic) */
     uint32_t refusals;           /* tests: links closed by a refusal */
     kvr_status_t refusal_status; /* the last one's status and reason */
     char refusal_why[KVR_ERROR_MSG_MAX];
@@ -544,6 +546,13 @@ kvr_status_t kvr__loop_init(kvr_agent_t *a, kvr_error_t *err);
 kvr_status_t kvr__loop_start(kvr_agent_t *a, kvr_error_t *err);
 void kvr__loop_fini(kvr_agent_t *a);
 void kvr__loop_turn(kvr_agent_t *a, uint32_t timeout_ms);
+/* The progress thread's turn: it waits without turn_lock (a consumer's
+ * call may run its commands meanwhile, kvr__loop_commands), then takes it
+ * for the turn; what woke it is used unless such a call ran meanwhile. */
+void kvr__loop_thread_turn(kvr_agent_t *a);
+/* Queued commands, timers and links, without waiting and without moving
+ * data: true when data is left to move (the progress thread's work). */
+bool kvr__loop_commands(kvr_agent_t *a);
 kvr_status_t kvr__loop_watch(kvr_agent_t *a, int fd, void *tag, bool out);
 void kvr__loop_unwatch(kvr_agent_t *a, int fd);
 

@@ -199,12 +199,10 @@ static uint64_t run_timers(kvr_agent_t *a)
     return next;
 }
 
-void kvr__loop_turn(kvr_agent_t *a, uint32_t timeout_ms)
+/* A turn on the events ev[0..n) of one wait. */
+static void turn_on(kvr_agent_t *a, const struct epoll_event *ev, int n,
+                    uint32_t timeout_ms)
 {
-    struct epoll_event ev[64];
-    bool busy = kvr__agpu_cpu_work(a);
-    int wait = busy ? 0 : (int)timeout_ms;
-    int n = epoll_wait(a->epoll_fd, ev, 64, wait);
     uint64_t start = kvr_now_ns();
     run_commands(a);
     if (n > 0)
@@ -220,4 +218,36 @@ void kvr__loop_turn(kvr_agent_t *a, uint32_t timeout_ms)
     arm_timer(a, next);
     if (kvr__agpu_cpu_work(a))
         kvr__agent_wake(a); /* more slices: the fd stays readable */
+}
+
+void kvr__loop_turn(kvr_agent_t *a, uint32_t timeout_ms)
+{
+    struct epoll_event ev[64];
+    bool busy = kvr__agpu_cpu_work(a);
+    int wait = busy ? 0 : (int)timeout_ms;
+    int n = epoll_wait(a->epoll_fd, ev, 64, wait);
+    turn_on(a, ev, n, timeout_ms);
+}
+
+void kvr__loop_thread_turn(kvr_agent_t *a)
+{
+    struct epoll_event ev[64];
+    uint64_t seen = __atomic_load_n(&a->inline_turns, __ATOMIC_ACQUIRE);
+    int n = epoll_wait(a->epoll_fd, ev, 64, 100);
+    pthread_mutex_lock(&a->turn_lock);
+    /* a caller's commands ran meanwhile: a link an event names may be gone */
+    if (__atomic_load_n(&a->inline_turns, __ATOMIC_ACQUIRE) != seen)
+        n = epoll_wait(a->epoll_fd, ev, 64, 0);
+    turn_on(a, ev, n, 0);
+    pthread_mutex_unlock(&a->turn_lock);
+}
+
+bool kvr__loop_commands(kvr_agent_t *a)
+{
+    run_commands(a);
+    uint64_t next = run_timers(a);
+    kvr__alink_reap(a);
+    update_interest(a);
+    arm_timer(a, next);
+    return a->active != NULL;
 }

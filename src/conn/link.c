@@ -356,6 +356,8 @@ kvr_status_t kvr__link_read(kvr__link_t *link)
         ssize_t n = recv(link->fd, link->rx + link->rx_len, want, 0);
         if (n > 0) {
             link->rx_len += (size_t)n;
+            if ((size_t)n < want) /* drained for now: the fd is polled level- */
+                return KVR_OK;    /* triggered, so no recv just for EAGAIN */
             continue;
         }
         if (n < 0 && (errno == EAGAIN || errno == EINTR))
