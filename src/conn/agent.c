@@ -248,6 +248,7 @@ kvr_status_t kvr_agent_create(const kvr_agent_params_t *params,
         return kvr_error_set(err, KVR_ERR_NO_MEMORY, "no memory");
     a->p = *params;
     a->wake_fd = a->event_fd = a->epoll_fd = a->timer_fd = a->listen_fd = -1;
+    a->local_fd = -1;
     a->staging = -1;
     kvr_wire_id_set(&a->instance, params->instance_id, params->instance_id_len,
                     NULL);

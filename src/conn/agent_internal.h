@@ -463,6 +463,7 @@ struct kvr_agent {
     bool thread_running;
     volatile int stop;
     int epoll_fd, timer_fd, listen_fd;
+    int local_fd; /* listen_fd's same-host twin (kvr__local_listen) or -1 */
     kvr__data_t *data;
     kvr__aregion_t regions[KVR_AGENT_MAX_REGIONS];
     uint32_t num_regions;
@@ -560,7 +561,7 @@ void kvr__loop_unwatch(kvr_agent_t *a, int fd);
 kvr_status_t kvr__alink_dial(kvr_agent_t *a, const char *address,
                              kvr__alink_kind_t kind, kvr__alink_t **out,
                              kvr_error_t *err);
-void kvr__alink_accept(kvr_agent_t *a);
+void kvr__alink_accept(kvr_agent_t *a, int listen_fd);
 void kvr__alink_on_io(kvr_agent_t *a, kvr__alink_t *l, uint32_t events);
 /* Tests and fuzzing: m handled as if it had arrived on the agent's first
  * ready link of this kind; false when there is none. Only for an agent

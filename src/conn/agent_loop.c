@@ -12,7 +12,7 @@
 #include "agent_internal.h"
 
 /* epoll tags for the fixed fds; links are tagged by their kvr__alink_t. */
-static char tag_wake, tag_timer, tag_listen;
+static char tag_wake, tag_timer, tag_listen, tag_local;
 
 kvr_status_t kvr__loop_watch(kvr_agent_t *a, int fd, void *tag, bool out)
 {
@@ -48,6 +48,8 @@ void kvr__loop_fini(kvr_agent_t *a)
 {
     if (a->listen_fd >= 0)
         close(a->listen_fd);
+    if (a->local_fd >= 0)
+        close(a->local_fd);
     if (a->timer_fd >= 0)
         close(a->timer_fd);
     if (a->epoll_fd >= 0)
@@ -90,6 +92,13 @@ static kvr_status_t start_listen(kvr_agent_t *a, kvr_error_t *err)
         snprintf(a->address, sizeof(a->address), "%s", a->advertise_spec);
     else
         snprintf(a->address, sizeof(a->address), "%s:%u", host, bound);
+    /* peers on this host dial the twin first (kvr__alink_dial) */
+    a->local_fd = kvr__local_listen(a->address);
+    if (a->local_fd >= 0 &&
+        kvr__loop_watch(a, a->local_fd, &tag_local, false) != KVR_OK) {
+        close(a->local_fd);
+        a->local_fd = -1;
+    }
     return KVR_OK;
 }
 
@@ -181,7 +190,9 @@ static void handle_ready(kvr_agent_t *a, const struct epoll_event *ev, int n)
         else if (tag == &tag_timer)
             drain_fd(a->timer_fd);
         else if (tag == &tag_listen)
-            kvr__alink_accept(a);
+            kvr__alink_accept(a, a->listen_fd);
+        else if (tag == &tag_local)
+            kvr__alink_accept(a, a->local_fd);
         else
             kvr__alink_on_io(a, tag, ev[i].events);
     }

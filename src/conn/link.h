@@ -59,6 +59,16 @@ kvr_status_t kvr__tcp_connect(const char *host, uint16_t port,
 kvr_status_t kvr__tcp_listen(const char *host, uint16_t port, int *fd,
                              uint16_t *bound, kvr_error_t *err);
 
+/* A listener's twin on this host: a Unix socket in the abstract namespace
+ * named after its TCP address ("host:port", as peers dial it). A message
+ * across it costs about half a loopback TCP one (docs/performance.md).
+ * Abstract names live in the network namespace, as 127.0.0.1 does. -1 when
+ * the name is taken (peers then use TCP). */
+int kvr__local_listen(const char *address);
+/* Connected (non-blocking) to the local twin of address, or -1: no such
+ * listener on this host, or its queue is full (dial TCP then). */
+int kvr__local_connect(const char *address);
+
 /* Encodes and queues a frame (and its tag), writing what the socket takes
  * now. HELLO and HELLO_ACK frames are noted for AUTH. */
 kvr_status_t kvr__link_send(kvr__link_t *link, const kvr_msg_t *msg);
