@@ -464,6 +464,8 @@ struct kvr_agent {
     volatile int stop;
     int epoll_fd, timer_fd, listen_fd;
     int local_fd; /* listen_fd's same-host twin (kvr__local_listen) or -1 */
+    uint64_t timer_at; /* timer_fd is set to this (when timer_armed) */
+    bool timer_armed;
     kvr__data_t *data;
     kvr__aregion_t regions[KVR_AGENT_MAX_REGIONS];
     uint32_t num_regions;

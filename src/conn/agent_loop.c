@@ -152,8 +152,13 @@ static void run_commands(kvr_agent_t *a)
     }
 }
 
+/* A syscall only when the time changed (or the timer fired since). */
 static void arm_timer(kvr_agent_t *a, uint64_t at_ns)
 {
+    if (a->timer_armed && a->timer_at == at_ns)
+        return;
+    a->timer_armed = true;
+    a->timer_at = at_ns;
     struct itimerspec its;
     memset(&its, 0, sizeof(its));
     if (at_ns != UINT64_MAX) {
@@ -187,8 +192,10 @@ static void handle_ready(kvr_agent_t *a, const struct epoll_event *ev, int n)
         void *tag = ev[i].data.ptr;
         if (tag == &tag_wake)
             drain_fd(a->wake_fd);
-        else if (tag == &tag_timer)
+        else if (tag == &tag_timer) {
             drain_fd(a->timer_fd);
+            a->timer_armed = false; /* it fired: set again even if equal */
+        }
         else if (tag == &tag_listen)
             kvr__alink_accept(a, a->listen_fd);
         else if (tag == &tag_local)
