@@ -701,22 +701,43 @@ static kvr__snap_t *snap_find(kvr_agent_t *a, const kvr__key_t *k)
     return kvr__map_get(&a->snap, k->b, k->len);
 }
 
-/* A consumer's command on the calling thread, when the progress thread
- * sleeps: the request is planned and its WRITE_REQUESTs are out without
- * waiting for that thread to wake (on a loaded host, 10-400 us); the
- * caller waits for LOADED anyway. Not with CUDA memory (its context is
- * the progress thread's), nor while that thread runs a turn. False: the
- * thread must still wake. */
+/* The inbox's one command when it is a recv whose producer's links are
+ * all up (nothing to dial or resolve), else NULL and the inbox stays. */
+static kvr__cmd_t *take_ready_recv(kvr_agent_t *a)
+{
+    pthread_mutex_lock(&a->lock);
+    kvr__cmd_t *c = a->inbox_head;
+    if (c != NULL && c->next == NULL && c->kind == KVR__CMD_RECV &&
+        kvr__pdir_ready_for(a, &c->producer))
+        a->inbox_head = a->inbox_tail = NULL;
+    else
+        c = NULL;
+    pthread_mutex_unlock(&a->lock);
+    return c;
+}
+
+/* A recv started on the calling thread while the progress thread sleeps:
+ * planned, and its WRITE_REQUESTs written to links already up (never a
+ * dial, a lookup or a wait), without waiting for that thread to wake (on
+ * a loaded host 10-400 us; the caller waits for LOADED anyway). Not with
+ * CUDA memory (its context is the progress thread's), nor while that
+ * thread runs a turn. False: the thread must wake for the command. */
 static bool run_inline(kvr_agent_t *a)
 {
     if (!a->p.progress_thread || a->p.cuda_device >= 0 ||
         pthread_mutex_trylock(&a->turn_lock) != 0)
         return false;
-    bool done = a->started && !kvr__loop_commands(a);
-    /* after its changes: a wait that overlapped them polls again */
-    __atomic_add_fetch(&a->inline_turns, 1, __ATOMIC_RELEASE);
+    kvr__cmd_t *c = a->started ? take_ready_recv(a) : NULL;
+    if (c != NULL) {
+        uint64_t deadline = kvr_now_ns() + (uint64_t)c->ms * 1000000ull;
+        kvr__recv_command(a, c);
+        kvr__cmd_free(c);
+        kvr__loop_after_inline(a, deadline);
+        /* after its changes: a wait that overlapped them polls again */
+        __atomic_add_fetch(&a->inline_turns, 1, __ATOMIC_RELEASE);
+    }
     pthread_mutex_unlock(&a->turn_lock);
-    return done;
+    return c != NULL;
 }
 
 /* Queues c. Opening commands (new = true) claim the key in the snapshot,
@@ -1267,6 +1288,11 @@ uint64_t kvr__agent_chunks(kvr_agent_t *a)
     uint64_t n = a->chunks_moved;
     pthread_mutex_unlock(&a->turn_lock);
     return n;
+}
+
+uint64_t kvr__agent_inline_recvs(kvr_agent_t *a)
+{
+    return __atomic_load_n(&a->inline_turns, __ATOMIC_ACQUIRE);
 }
 
 void kvr__agent_direct_bytes(kvr_agent_t *a, uint64_t *stored, uint64_t *put)

@@ -507,7 +507,7 @@ struct kvr_agent {
                                      or unpacked (consumer) */
     char log[KVR_ERROR_MSG_MAX]; /* the loop's last line, when debug */
     bool debug;                  /* KVR_AGENT_DEBUG set: lines to stderr */
-    uint64_t inline_turns; /* kvr__loop_commands run by callers (atomic) */
+    uint64_t inline_turns; /* recvs started by callers (atomic, run_inline) */
     uint32_t refusals;           /* tests: links closed by a refusal */
     kvr_status_t refusal_status; /* the last one's status and reason */
     char refusal_why[KVR_ERROR_MSG_MAX];
@@ -553,9 +553,10 @@ void kvr__loop_turn(kvr_agent_t *a, uint32_t timeout_ms);
  * call may run its commands meanwhile, kvr__loop_commands), then takes it
  * for the turn; what woke it is used unless such a call ran meanwhile. */
 void kvr__loop_thread_turn(kvr_agent_t *a);
-/* Queued commands, timers and links, without waiting and without moving
- * data: true when data is left to move (the progress thread's work). */
-bool kvr__loop_commands(kvr_agent_t *a);
+/* After a command run on a caller's thread (agent.c, run_inline): links
+ * with bytes queued are watched for room, and the timer fires by
+ * timer_by_ns at the latest (the next turn sets it exactly). */
+void kvr__loop_after_inline(kvr_agent_t *a, uint64_t timer_by_ns);
 kvr_status_t kvr__loop_watch(kvr_agent_t *a, int fd, void *tag, bool out);
 void kvr__loop_unwatch(kvr_agent_t *a, int fd);
 
@@ -587,6 +588,8 @@ kvr__pdir_t *kvr__pdir_get(kvr_agent_t *a, const kvr_wire_id_t *instance,
                            const char *bootstrap);
 void kvr__pdir_kick(kvr_agent_t *a, kvr__pdir_t *d);
 bool kvr__pdir_ready(const kvr_agent_t *a, const kvr__pdir_t *d);
+/* A directory for instance exists and kvr__pdir_ready holds. */
+bool kvr__pdir_ready_for(const kvr_agent_t *a, const kvr_wire_id_t *instance);
 void kvr__pdir_free_all(kvr_agent_t *a);
 /* Head: our stage table changed or a consumer link became ready. */
 void kvr__stages_send(kvr_agent_t *a, kvr__alink_t *only);
@@ -768,6 +771,8 @@ void kvr__agent_set_frame_fault(kvr_agent_t *a, kvr_msg_type_t type,
                                 uint32_t nth, kvr__fault_mode_t mode);
 /* Tests: staged chunks this agent sent or unpacked so far. */
 uint64_t kvr__agent_chunks(kvr_agent_t *a);
+/* Tests: recvs started on the caller's thread (run_inline in agent.c). */
+uint64_t kvr__agent_inline_recvs(kvr_agent_t *a);
 /* Tests: bytes direct sends on the live links stored into mapped consumer
  * memory and put through the transport. */
 void kvr__agent_direct_bytes(kvr_agent_t *a, uint64_t *stored, uint64_t *put);

@@ -260,12 +260,9 @@ void kvr__loop_thread_turn(kvr_agent_t *a)
     pthread_mutex_unlock(&a->turn_lock);
 }
 
-bool kvr__loop_commands(kvr_agent_t *a)
+void kvr__loop_after_inline(kvr_agent_t *a, uint64_t timer_by_ns)
 {
-    run_commands(a);
-    uint64_t next = run_timers(a);
-    kvr__alink_reap(a);
     update_interest(a);
-    arm_timer(a, next);
-    return a->active != NULL;
+    if (!a->timer_armed || timer_by_ns < a->timer_at)
+        arm_timer(a, timer_by_ns);
 }
