@@ -465,6 +465,8 @@ struct kvr_agent {
     int epoll_fd, timer_fd, listen_fd;
     int local_fd; /* listen_fd's same-host twin (kvr__local_listen) or -1 */
     uint64_t timer_at; /* timer_fd is set to this (when timer_armed) */
+    bool corking; /* in kvr__send_work: answers wait for its end */
+    bool corked;  /* a link holds such answers (kvr__alink_uncork_all) */
     bool timer_armed;
     kvr__data_t *data;
     kvr__aregion_t regions[KVR_AGENT_MAX_REGIONS];
@@ -579,6 +581,11 @@ void kvr__alink_close(kvr_agent_t *a, kvr__alink_t *l, kvr_status_t why,
     ;
 kvr_status_t kvr__alink_send(kvr_agent_t *a, kvr__alink_t *l,
                              const kvr_msg_t *msg);
+/* As kvr__alink_send, but the frame waits in the link's buffer until
+ * kvr__alink_uncork_all (the end of kvr__send_work) writes every such link. */
+kvr_status_t kvr__alink_send_corked(kvr_agent_t *a, kvr__alink_t *l,
+                                    const kvr_msg_t *msg);
+void kvr__alink_uncork_all(kvr_agent_t *a);
 void kvr__alink_tick(kvr_agent_t *a, uint64_t now, uint64_t *next);
 void kvr__alink_reap(kvr_agent_t *a);
 void kvr__alink_free_all(kvr_agent_t *a);

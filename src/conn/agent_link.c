@@ -292,6 +292,29 @@ kvr_status_t kvr__alink_send(kvr_agent_t *a, kvr__alink_t *l,
     return st;
 }
 
+kvr_status_t kvr__alink_send_corked(kvr_agent_t *a, kvr__alink_t *l,
+                                    const kvr_msg_t *msg)
+{
+    if (l != NULL && l->link != NULL)
+        l->link->corked = a->corked = true;
+    return kvr__alink_send(a, l, msg);
+}
+
+void kvr__alink_uncork_all(kvr_agent_t *a)
+{
+    if (!a->corked)
+        return;
+    a->corked = false;
+    for (kvr__alink_t *l = a->links; l != NULL; l = l->next) {
+        if (l->link == NULL || !l->link->corked)
+            continue;
+        l->link->corked = false;
+        if (l->state != KVR__LINK_CLOSED && !kvr__link_flush(l->link))
+            kvr__alink_close(a, l, KVR_ERR_PEER_DEAD, "%s: %s", l->address,
+                             l->link->close_why);
+    }
+}
+
 static void refuse(kvr_agent_t *a, kvr__alink_t *l, kvr_status_t st,
                    const char *why)
 {

@@ -314,7 +314,7 @@ kvr_status_t kvr__link_send(kvr__link_t *link, const kvr_msg_t *msg)
         link->tx_len += len + tag_len;
     }
     free(frame);
-    if (st == KVR_OK)
+    if (st == KVR_OK && !link->corked)
         kvr__link_flush(link);
     return st;
 }

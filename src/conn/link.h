@@ -46,6 +46,7 @@ typedef struct kvr__link {
     size_t hello_len;
     bool tamper_next; /* tests: flip a bit of the next frame sent, after
                          its tag was made (a forgery on the wire) */
+    bool corked; /* kvr__link_send queues only; the owner flushes later */
 } kvr__link_t;
 
 /* Takes ownership of a connected socket. key may be NULL. */
