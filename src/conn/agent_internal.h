@@ -552,8 +552,8 @@ kvr_status_t kvr__loop_start(kvr_agent_t *a, kvr_error_t *err);
 void kvr__loop_fini(kvr_agent_t *a);
 void kvr__loop_turn(kvr_agent_t *a, uint32_t timeout_ms);
 /* The progress thread's turn: it waits without turn_lock (a consumer's
- * call may run its commands meanwhile, kvr__loop_commands), then takes it
- * for the turn; what woke it is used unless such a call ran meanwhile. */
+ * recv may start its request meanwhile: run_inline in agent.c), then takes
+ * it for the turn; what woke it is used unless such a call ran meanwhile. */
 void kvr__loop_thread_turn(kvr_agent_t *a);
 /* After a command run on a caller's thread (agent.c, run_inline): links
  * with bytes queued are watched for room, and the timer fires by

@@ -93,13 +93,11 @@ static kvr_status_t start_listen(kvr_agent_t *a, kvr_error_t *err)
     else
         snprintf(a->address, sizeof(a->address), "%s:%u", host, bound);
     /* peers on this host dial the twin first (kvr__alink_dial) */
-    a->local_fd = kvr__local_listen(a->address);
-    if (a->local_fd >= 0 &&
-        kvr__loop_watch(a, a->local_fd, &tag_local, false) != KVR_OK) {
-        close(a->local_fd);
-        a->local_fd = -1;
-    }
-    return KVR_OK;
+    st = kvr__local_listen(a->address, &a->local_fd, err);
+    if (st == KVR_OK && a->local_fd >= 0 &&
+        kvr__loop_watch(a, a->local_fd, &tag_local, false) != KVR_OK)
+        st = kvr_error_set(err, KVR_ERR_IO, "epoll_ctl: %s", strerror(errno));
+    return st;
 }
 
 /* The PP head's table of its instance's stages: itself first. */

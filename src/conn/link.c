@@ -1,4 +1,4 @@
-/* TCP control links: framing over a byte stream, bounded buffers, the frame
+/* Control links (TCP, or a Unix socket on one host): framing over a byte stream, bounded buffers, the frame
  * bookkeeping AUTH needs and the session MAC (docs/PROTOCOL.md Session MAC). */
 #include "link.h"
 
@@ -157,19 +157,26 @@ static socklen_t local_name(const char *address, struct sockaddr_un *sun)
     return (socklen_t)(offsetof(struct sockaddr_un, sun_path) + 1 + (size_t)n);
 }
 
-int kvr__local_listen(const char *address)
+kvr_status_t kvr__local_listen(const char *address, int *fd, kvr_error_t *err)
 {
     struct sockaddr_un sun;
     socklen_t len = local_name(address, &sun);
     int s = len ? socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0) : -1;
+    *fd = -1;
     if (s >= 0 && (bind(s, (struct sockaddr *)&sun, len) != 0 ||
                    listen(s, 64) != 0)) {
+        bool taken = errno == EADDRINUSE;
         close(s);
-        return -1;
+        return taken ? kvr_error_set(err, KVR_ERR_EXISTS,
+                                     "another process on this host holds "
+                                     "the local name of %s (kvrelay-link)",
+                                     address)
+                     : KVR_OK;
     }
     if (s >= 0)
         set_nonblocking(s);
-    return s;
+    *fd = s;
+    return KVR_OK;
 }
 
 int kvr__local_connect(const char *address)

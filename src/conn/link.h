@@ -63,9 +63,11 @@ kvr_status_t kvr__tcp_listen(const char *host, uint16_t port, int *fd,
 /* A listener's twin on this host: a Unix socket in the abstract namespace
  * named after its TCP address ("host:port", as peers dial it). A message
  * across it costs about half a loopback TCP one (docs/performance.md).
- * Abstract names live in the network namespace, as 127.0.0.1 does. -1 when
- * the name is taken (peers then use TCP). */
-int kvr__local_listen(const char *address);
+ * Abstract names live in the network namespace, as 127.0.0.1 does. *fd is
+ * -1 where there can be none (an address too long for the name, no socket):
+ * peers then use TCP. A name another process holds is KVR_ERR_EXISTS, as a
+ * port taken is: peers on this host would dial that process. */
+kvr_status_t kvr__local_listen(const char *address, int *fd, kvr_error_t *err);
 /* Connected (non-blocking) to the local twin of address, or -1: no such
  * listener on this host, or its queue is full (dial TCP then). */
 int kvr__local_connect(const char *address);

@@ -5,7 +5,8 @@
  * sender; before authentication a large frame is refused at its header with
  * nothing buffered; malformed frames and other major versions get a BYE.
  * A listener's same-host twin (a Unix socket named after its address) is
- * found by that address only, once, and its links count as loopback. */
+ * found by that address only, a name held is refused, and its links count
+ * as loopback. */
 #include <errno.h>
 #include <fcntl.h>
 #include <setjmp.h>
@@ -131,9 +132,14 @@ static void test_local_twin(void **state)
     char name[64], other[64];
     snprintf(name, sizeof(name), "127.0.0.1:%d", 1000 + (int)getpid());
     snprintf(other, sizeof(other), "127.0.0.2:%d", 1000 + (int)getpid());
-    int l = kvr__local_listen(name);
+    int l = -1, l2 = -1;
+    kvr_error_t err = {0};
+    assert_int_equal(kvr__local_listen(name, &l, &err), KVR_OK);
     assert_true(l >= 0);
-    assert_int_equal(kvr__local_listen(name), -1); /* the name is taken */
+    /* the name is taken: refused as a taken port is, naming the address */
+    assert_int_equal(kvr__local_listen(name, &l2, &err), KVR_ERR_EXISTS);
+    assert_int_equal(l2, -1);
+    assert_non_null(strstr(err.msg, name));
     assert_int_equal(kvr__local_connect(other), -1); /* no such twin */
     int c = kvr__local_connect(name);
     assert_true(c >= 0);
