@@ -41,15 +41,16 @@ const char *kvr_agent_last_error(const kvr_agent_t *agent)
 
 void kvr__agent_log(kvr_agent_t *a, const char *fmt, ...)
 {
+    if (!a->debug) /* formatted only to be printed: several a request */
+        return;
     va_list ap;
     va_start(ap, fmt);
     vsnprintf(a->log, sizeof(a->log), fmt, ap);
     va_end(ap);
-    if (getenv("KVR_AGENT_DEBUG") != NULL)
-        fprintf(stderr, "kvr agent %.*s pp %u tp %u dcp %u %.6f: %s\n",
-                (int)a->instance.len, a->instance.bytes, a->p.topo.pp_rank,
-                a->p.topo.tp_rank, a->p.topo.dcp_rank,
-                (double)(kvr_now_ns() % 100000000000ull) / 1e9, a->log);
+    fprintf(stderr, "kvr agent %.*s pp %u tp %u dcp %u %.6f: %s\n",
+            (int)a->instance.len, a->instance.bytes, a->p.topo.pp_rank,
+            a->p.topo.tp_rank, a->p.topo.dcp_rank,
+            (double)(kvr_now_ns() % 100000000000ull) / 1e9, a->log);
 }
 
 /* ---- creation ---- */
@@ -200,6 +201,7 @@ static kvr_status_t init_shared(kvr_agent_t *a, kvr_error_t *err)
     if (pthread_mutex_init(&a->lock, NULL) != 0 ||
         pthread_mutex_init(&a->turn_lock, NULL) != 0)
         return kvr_error_set(err, KVR_ERR_NO_MEMORY, "mutex init failed");
+    a->debug = getenv("KVR_AGENT_DEBUG") != NULL;
     a->wake_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
     a->event_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
     if (a->wake_fd < 0 || a->event_fd < 0)
@@ -246,6 +248,7 @@ kvr_status_t kvr_agent_create(const kvr_agent_params_t *params,
         return kvr_error_set(err, KVR_ERR_NO_MEMORY, "no memory");
     a->p = *params;
     a->wake_fd = a->event_fd = a->epoll_fd = a->timer_fd = a->listen_fd = -1;
+    a->local_fd = -1;
     a->staging = -1;
     kvr_wire_id_set(&a->instance, params->instance_id, params->instance_id_len,
                     NULL);
@@ -562,11 +565,8 @@ static void order_regions(kvr_agent_t *a)
 static void *thread_main(void *arg)
 {
     kvr_agent_t *a = arg;
-    while (!__atomic_load_n(&a->stop, __ATOMIC_ACQUIRE)) {
-        pthread_mutex_lock(&a->turn_lock);
-        kvr__loop_turn(a, 100);
-        pthread_mutex_unlock(&a->turn_lock);
-    }
+    while (!__atomic_load_n(&a->stop, __ATOMIC_ACQUIRE))
+        kvr__loop_thread_turn(a);
     return NULL;
 }
 
@@ -701,6 +701,45 @@ static kvr__snap_t *snap_find(kvr_agent_t *a, const kvr__key_t *k)
     return kvr__map_get(&a->snap, k->b, k->len);
 }
 
+/* The inbox's one command when it is a recv whose producer's links are
+ * all up (nothing to dial or resolve), else NULL and the inbox stays. */
+static kvr__cmd_t *take_ready_recv(kvr_agent_t *a)
+{
+    pthread_mutex_lock(&a->lock);
+    kvr__cmd_t *c = a->inbox_head;
+    if (c != NULL && c->next == NULL && c->kind == KVR__CMD_RECV &&
+        kvr__pdir_ready_for(a, &c->producer))
+        a->inbox_head = a->inbox_tail = NULL;
+    else
+        c = NULL;
+    pthread_mutex_unlock(&a->lock);
+    return c;
+}
+
+/* A recv started on the calling thread while the progress thread sleeps:
+ * planned, and its WRITE_REQUESTs written to links already up (never a
+ * dial, a lookup or a wait), without waiting for that thread to wake (on
+ * a loaded host 10-400 us; the caller waits for LOADED anyway). Not with
+ * CUDA memory (its context is the progress thread's), nor while that
+ * thread runs a turn. False: the thread must wake for the command. */
+static bool run_inline(kvr_agent_t *a)
+{
+    if (!a->p.progress_thread || a->p.cuda_device >= 0 ||
+        pthread_mutex_trylock(&a->turn_lock) != 0)
+        return false;
+    kvr__cmd_t *c = a->started ? take_ready_recv(a) : NULL;
+    if (c != NULL) {
+        uint64_t deadline = kvr_now_ns() + (uint64_t)c->ms * 1000000ull;
+        kvr__recv_command(a, c);
+        kvr__cmd_free(c);
+        kvr__loop_after_inline(a, deadline);
+        /* after its changes: a wait that overlapped them polls again */
+        __atomic_add_fetch(&a->inline_turns, 1, __ATOMIC_RELEASE);
+    }
+    pthread_mutex_unlock(&a->turn_lock);
+    return c != NULL;
+}
+
 /* Queues c. Opening commands (new = true) claim the key in the snapshot,
  * so that a second open of a live key fails here; others need the key. */
 static kvr_status_t enqueue(kvr_agent_t *a, kvr__cmd_t *c, uint8_t side,
@@ -746,7 +785,8 @@ static kvr_status_t enqueue(kvr_agent_t *a, kvr__cmd_t *c, uint8_t side,
         kvr__cmd_free(c);
         return st;
     }
-    kvr__agent_wake(a);
+    if (side != KVR__SIDE_RECV || !run_inline(a))
+        kvr__agent_wake(a);
     return KVR_OK;
 }
 
@@ -947,11 +987,19 @@ static uint8_t side_of(kvr_agent_event_kind_t k)
 }
 
 /* event_fd is readable while either queue holds something: it is written
- * when the first entry arrives and drained when the last one leaves. Both
- * under lock. */
-static void was_idle_signal(kvr_agent_t *a)
+ * when the first entry arrives and drained (under lock) when a poll finds
+ * or leaves both empty. The write comes after the lock is let go: an
+ * engine thread it wakes on this core would otherwise run only to block
+ * on the lock the loop still holds. A poll between the two finds the
+ * entry; the write then wakes once for nothing, and the next poll drains. */
+static bool was_idle(const kvr_agent_t *a)
 {
-    if (a->ev_head == NULL && a->nt_head == NULL) {
+    return a->ev_head == NULL && a->nt_head == NULL;
+}
+
+static void signal_events(kvr_agent_t *a, bool first)
+{
+    if (first) {
         uint64_t one = 1;
         ssize_t n = write(a->event_fd, &one, sizeof(one));
         (void)n;
@@ -967,14 +1015,16 @@ static void drain_if_idle(kvr_agent_t *a)
     }
 }
 
-static void push_event(kvr_agent_t *a, kvr__event_node_t *e)
+/* Under lock; true when the queues were empty (signal_events after it). */
+static bool push_event(kvr_agent_t *a, kvr__event_node_t *e)
 {
-    was_idle_signal(a);
+    bool first = was_idle(a);
     if (a->ev_tail)
         a->ev_tail->next = e;
     else
         a->ev_head = e;
     a->ev_tail = e;
+    return first;
 }
 
 static void request_event(kvr_agent_t *a, kvr_agent_event_kind_t kind,
@@ -1000,8 +1050,9 @@ static void request_event(kvr_agent_t *a, kvr_agent_event_kind_t kind,
     kvr__snap_t *s = snap_find(a, &e->key);
     if (s != NULL && e->final)
         s->final_queued = true;
-    push_event(a, e);
+    bool first = push_event(a, e);
     pthread_mutex_unlock(&a->lock);
+    signal_events(a, first);
 }
 
 void kvr__agent_event(kvr_agent_t *a, kvr_agent_event_kind_t kind,
@@ -1033,8 +1084,9 @@ static void peer_event(kvr_agent_t *a, kvr_agent_event_kind_t kind,
     e->ev.bytes = len;
     snprintf(e->ev.message, sizeof(e->ev.message), "%s", msg);
     pthread_mutex_lock(&a->lock);
-    push_event(a, e);
+    bool first = push_event(a, e);
     pthread_mutex_unlock(&a->lock);
+    signal_events(a, first);
 }
 
 void kvr__agent_notify_failed(kvr_agent_t *a, const kvr_wire_id_t *peer,
@@ -1054,10 +1106,10 @@ void kvr__agent_notify_in(kvr_agent_t *a, kvr__notify_node_t *n)
     pthread_mutex_lock(&a->lock);
     bool full = a->nt_count >= KVR_AGENT_NOTIFY_QUEUE ||
                 a->nt_bytes + n->len > KVR_AGENT_NOTIFY_QUEUE_BYTES;
+    bool first = !full && was_idle(a);
     if (full) {
         a->nt_dropped++;
     } else {
-        was_idle_signal(a);
         n->dropped = a->nt_dropped;
         a->nt_dropped = 0;
         a->nt_count++;
@@ -1069,6 +1121,7 @@ void kvr__agent_notify_in(kvr_agent_t *a, kvr__notify_node_t *n)
         a->nt_tail = n;
     }
     pthread_mutex_unlock(&a->lock);
+    signal_events(a, first);
     if (full)
         free(n);
 }
@@ -1100,7 +1153,9 @@ bool kvr_agent_poll(kvr_agent_t *a, kvr_agent_event_t *out)
         a->ev_head = e->next;
         if (a->ev_head == NULL)
             a->ev_tail = NULL;
-        drain_if_idle(a);
+    }
+    drain_if_idle(a); /* also a signal that came after its entry left */
+    if (e != NULL) {
         /* the last event of a request frees its key */
         if (e->final && kvr__map_get(&a->snap, e->key.b, e->key.len)) {
             free(kvr__map_del(&a->snap, e->key.b, e->key.len));
@@ -1127,8 +1182,8 @@ bool kvr_agent_poll_notify(kvr_agent_t *a, kvr_agent_notify_t *out)
             a->nt_tail = NULL;
         a->nt_count--;
         a->nt_bytes -= n->len;
-        drain_if_idle(a);
     }
+    drain_if_idle(a); /* also a signal that came after its entry left */
     pthread_mutex_unlock(&a->lock);
     if (n == NULL)
         return false;
@@ -1233,6 +1288,11 @@ uint64_t kvr__agent_chunks(kvr_agent_t *a)
     uint64_t n = a->chunks_moved;
     pthread_mutex_unlock(&a->turn_lock);
     return n;
+}
+
+uint64_t kvr__agent_inline_recvs(kvr_agent_t *a)
+{
+    return __atomic_load_n(&a->inline_turns, __ATOMIC_ACQUIRE);
 }
 
 void kvr__agent_direct_bytes(kvr_agent_t *a, uint64_t *stored, uint64_t *put)

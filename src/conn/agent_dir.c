@@ -133,6 +133,14 @@ bool kvr__pdir_ready(const kvr_agent_t *a, const kvr__pdir_t *d)
     return true;
 }
 
+bool kvr__pdir_ready_for(const kvr_agent_t *a, const kvr_wire_id_t *instance)
+{
+    const kvr__pdir_t *d = a->dirs;
+    while (d != NULL && !kvr_wire_id_equal(&d->instance, instance))
+        d = d->next;
+    return d != NULL && kvr__pdir_ready(a, d);
+}
+
 /* REGIONS: our regions that move, with their keys and our data address. */
 static kvr_status_t send_regions(kvr_agent_t *a, kvr__alink_t *l)
 {

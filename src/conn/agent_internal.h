@@ -463,6 +463,11 @@ struct kvr_agent {
     bool thread_running;
     volatile int stop;
     int epoll_fd, timer_fd, listen_fd;
+    int local_fd; /* listen_fd's same-host twin (kvr__local_listen) or -1 */
+    uint64_t timer_at; /* timer_fd is set to this (when timer_armed) */
+    bool corking; /* in kvr__send_work: answers wait for its end */
+    bool corked;  /* a link holds such answers (kvr__alink_uncork_all) */
+    bool timer_armed;
     kvr__data_t *data;
     kvr__aregion_t regions[KVR_AGENT_MAX_REGIONS];
     uint32_t num_regions;
@@ -502,7 +507,9 @@ struct kvr_agent {
     uint64_t moving_turns;       /* tests: turns that put bytes */
     uint64_t chunks_moved;       /* tests: staged chunks sent (producer)
                                      or unpacked (consumer) */
-    char log[KVR_ERROR_MSG_MAX]; /* the loop's last notable failure */
+    char log[KVR_ERROR_MSG_MAX]; /* the loop's last line, when debug */
+    bool debug;                  /* KVR_AGENT_DEBUG set: lines to stderr */
+    uint64_t inline_turns; /* recvs started by callers (atomic, run_inline) */
     uint32_t refusals;           /* tests: links closed by a refusal */
     kvr_status_t refusal_status; /* the last one's status and reason */
     char refusal_why[KVR_ERROR_MSG_MAX];
@@ -544,6 +551,14 @@ kvr_status_t kvr__loop_init(kvr_agent_t *a, kvr_error_t *err);
 kvr_status_t kvr__loop_start(kvr_agent_t *a, kvr_error_t *err);
 void kvr__loop_fini(kvr_agent_t *a);
 void kvr__loop_turn(kvr_agent_t *a, uint32_t timeout_ms);
+/* The progress thread's turn: it waits without turn_lock (a consumer's
+ * recv may start its request meanwhile: run_inline in agent.c), then takes
+ * it for the turn; what woke it is used unless such a call ran meanwhile. */
+void kvr__loop_thread_turn(kvr_agent_t *a);
+/* After a command run on a caller's thread (agent.c, run_inline): links
+ * with bytes queued are watched for room, and the timer fires by
+ * timer_by_ns at the latest (the next turn sets it exactly). */
+void kvr__loop_after_inline(kvr_agent_t *a, uint64_t timer_by_ns);
 kvr_status_t kvr__loop_watch(kvr_agent_t *a, int fd, void *tag, bool out);
 void kvr__loop_unwatch(kvr_agent_t *a, int fd);
 
@@ -551,7 +566,7 @@ void kvr__loop_unwatch(kvr_agent_t *a, int fd);
 kvr_status_t kvr__alink_dial(kvr_agent_t *a, const char *address,
                              kvr__alink_kind_t kind, kvr__alink_t **out,
                              kvr_error_t *err);
-void kvr__alink_accept(kvr_agent_t *a);
+void kvr__alink_accept(kvr_agent_t *a, int listen_fd);
 void kvr__alink_on_io(kvr_agent_t *a, kvr__alink_t *l, uint32_t events);
 /* Tests and fuzzing: m handled as if it had arrived on the agent's first
  * ready link of this kind; false when there is none. Only for an agent
@@ -566,6 +581,11 @@ void kvr__alink_close(kvr_agent_t *a, kvr__alink_t *l, kvr_status_t why,
     ;
 kvr_status_t kvr__alink_send(kvr_agent_t *a, kvr__alink_t *l,
                              const kvr_msg_t *msg);
+/* As kvr__alink_send, but the frame waits in the link's buffer until
+ * kvr__alink_uncork_all (the end of kvr__send_work) writes every such link. */
+kvr_status_t kvr__alink_send_corked(kvr_agent_t *a, kvr__alink_t *l,
+                                    const kvr_msg_t *msg);
+void kvr__alink_uncork_all(kvr_agent_t *a);
 void kvr__alink_tick(kvr_agent_t *a, uint64_t now, uint64_t *next);
 void kvr__alink_reap(kvr_agent_t *a);
 void kvr__alink_free_all(kvr_agent_t *a);
@@ -575,6 +595,8 @@ kvr__pdir_t *kvr__pdir_get(kvr_agent_t *a, const kvr_wire_id_t *instance,
                            const char *bootstrap);
 void kvr__pdir_kick(kvr_agent_t *a, kvr__pdir_t *d);
 bool kvr__pdir_ready(const kvr_agent_t *a, const kvr__pdir_t *d);
+/* A directory for instance exists and kvr__pdir_ready holds. */
+bool kvr__pdir_ready_for(const kvr_agent_t *a, const kvr_wire_id_t *instance);
 void kvr__pdir_free_all(kvr_agent_t *a);
 /* Head: our stage table changed or a consumer link became ready. */
 void kvr__stages_send(kvr_agent_t *a, kvr__alink_t *only);
@@ -756,6 +778,8 @@ void kvr__agent_set_frame_fault(kvr_agent_t *a, kvr_msg_type_t type,
                                 uint32_t nth, kvr__fault_mode_t mode);
 /* Tests: staged chunks this agent sent or unpacked so far. */
 uint64_t kvr__agent_chunks(kvr_agent_t *a);
+/* Tests: recvs started on the caller's thread (run_inline in agent.c). */
+uint64_t kvr__agent_inline_recvs(kvr_agent_t *a);
 /* Tests: bytes direct sends on the live links stored into mapped consumer
  * memory and put through the transport. */
 void kvr__agent_direct_bytes(kvr_agent_t *a, uint64_t *stored, uint64_t *put);

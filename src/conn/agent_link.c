@@ -88,22 +88,33 @@ static kvr_status_t resolve(const char *address, struct addrinfo **res,
     return KVR_OK;
 }
 
-kvr_status_t kvr__alink_dial(kvr_agent_t *a, const char *address,
-                             kvr__alink_kind_t kind, kvr__alink_t **out,
-                             kvr_error_t *err)
+/* The peer's local twin when it runs on this host, else TCP (connecting:
+ * the loop waits for it to be writable). */
+static kvr_status_t open_socket(const char *address, int *fd, kvr_error_t *err)
 {
+    *fd = kvr__local_connect(address);
+    if (*fd >= 0)
+        return KVR_OK;
     struct addrinfo *res = NULL;
     kvr_status_t st = resolve(address, &res, err);
     if (st != KVR_OK)
         return st;
-    int fd = socket(res->ai_family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK,
-                    0);
-    if (fd < 0 || (connect(fd, res->ai_addr, res->ai_addrlen) != 0 &&
-                   errno != EINPROGRESS))
+    *fd = socket(res->ai_family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+    if (*fd < 0 || (connect(*fd, res->ai_addr, res->ai_addrlen) != 0 &&
+                    errno != EINPROGRESS))
         st = kvr_error_set(
             err, errno == ECONNREFUSED ? KVR_ERR_PEER_DEAD : KVR_ERR_IO,
             "connect %s: %s", address, strerror(errno));
     freeaddrinfo(res);
+    return st;
+}
+
+kvr_status_t kvr__alink_dial(kvr_agent_t *a, const char *address,
+                             kvr__alink_kind_t kind, kvr__alink_t **out,
+                             kvr_error_t *err)
+{
+    int fd = -1;
+    kvr_status_t st = open_socket(address, &fd, err);
     kvr__alink_t *l = st == KVR_OK ? link_new(a, kind, address) : NULL;
     if (st == KVR_OK && l == NULL)
         st = kvr_error_set(err, KVR_ERR_NO_SPACE, "dialling %s: %u links open",
@@ -169,17 +180,19 @@ static void make_unauth_room(kvr_agent_t *a)
 
 /* At most max_unauth_links a turn: the ones closed for room are reaped
  * (their fds closed) before more come in; the listener stays readable. */
-void kvr__alink_accept(kvr_agent_t *a)
+void kvr__alink_accept(kvr_agent_t *a, int listen_fd)
 {
     for (uint32_t i = 0; i < a->p.max_unauth_links; i++) {
         struct sockaddr_storage ss;
         socklen_t len = sizeof(ss);
-        int fd = accept4(a->listen_fd, (struct sockaddr *)&ss, &len,
+        int fd = accept4(listen_fd, (struct sockaddr *)&ss, &len,
                          SOCK_CLOEXEC | SOCK_NONBLOCK);
         if (fd < 0)
             return;
         char peer[KVR_AGENT_ADDR_MAX] = "?";
         char host[INET6_ADDRSTRLEN] = "?";
+        if (ss.ss_family == AF_UNIX)
+            snprintf(host, sizeof(host), "local");
         if (ss.ss_family == AF_INET)
             inet_ntop(AF_INET, &((struct sockaddr_in *)&ss)->sin_addr, host,
                       sizeof(host));
@@ -277,6 +290,29 @@ kvr_status_t kvr__alink_send(kvr_agent_t *a, kvr__alink_t *l,
         kvr__alink_close(a, l, st, "sending %s failed (%s)",
                          kvr_msg_type_name(msg->type), kvr_status_name(st));
     return st;
+}
+
+kvr_status_t kvr__alink_send_corked(kvr_agent_t *a, kvr__alink_t *l,
+                                    const kvr_msg_t *msg)
+{
+    if (l != NULL && l->link != NULL)
+        l->link->corked = a->corked = true;
+    return kvr__alink_send(a, l, msg);
+}
+
+void kvr__alink_uncork_all(kvr_agent_t *a)
+{
+    if (!a->corked)
+        return;
+    a->corked = false;
+    for (kvr__alink_t *l = a->links; l != NULL; l = l->next) {
+        if (l->link == NULL || !l->link->corked)
+            continue;
+        l->link->corked = false;
+        if (l->state != KVR__LINK_CLOSED && !kvr__link_flush(l->link))
+            kvr__alink_close(a, l, KVR_ERR_PEER_DEAD, "%s: %s", l->address,
+                             l->link->close_why);
+    }
 }
 
 static void refuse(kvr_agent_t *a, kvr__alink_t *l, kvr_status_t st,

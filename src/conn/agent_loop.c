@@ -12,7 +12,7 @@
 #include "agent_internal.h"
 
 /* epoll tags for the fixed fds; links are tagged by their kvr__alink_t. */
-static char tag_wake, tag_timer, tag_listen;
+static char tag_wake, tag_timer, tag_listen, tag_local;
 
 kvr_status_t kvr__loop_watch(kvr_agent_t *a, int fd, void *tag, bool out)
 {
@@ -48,6 +48,8 @@ void kvr__loop_fini(kvr_agent_t *a)
 {
     if (a->listen_fd >= 0)
         close(a->listen_fd);
+    if (a->local_fd >= 0)
+        close(a->local_fd);
     if (a->timer_fd >= 0)
         close(a->timer_fd);
     if (a->epoll_fd >= 0)
@@ -90,7 +92,12 @@ static kvr_status_t start_listen(kvr_agent_t *a, kvr_error_t *err)
         snprintf(a->address, sizeof(a->address), "%s", a->advertise_spec);
     else
         snprintf(a->address, sizeof(a->address), "%s:%u", host, bound);
-    return KVR_OK;
+    /* peers on this host dial the twin first (kvr__alink_dial) */
+    st = kvr__local_listen(a->address, &a->local_fd, err);
+    if (st == KVR_OK && a->local_fd >= 0 &&
+        kvr__loop_watch(a, a->local_fd, &tag_local, false) != KVR_OK)
+        st = kvr_error_set(err, KVR_ERR_IO, "epoll_ctl: %s", strerror(errno));
+    return st;
 }
 
 /* The PP head's table of its instance's stages: itself first. */
@@ -143,8 +150,13 @@ static void run_commands(kvr_agent_t *a)
     }
 }
 
+/* A syscall only when the time changed (or the timer fired since). */
 static void arm_timer(kvr_agent_t *a, uint64_t at_ns)
 {
+    if (a->timer_armed && a->timer_at == at_ns)
+        return;
+    a->timer_armed = true;
+    a->timer_at = at_ns;
     struct itimerspec its;
     memset(&its, 0, sizeof(its));
     if (at_ns != UINT64_MAX) {
@@ -178,10 +190,14 @@ static void handle_ready(kvr_agent_t *a, const struct epoll_event *ev, int n)
         void *tag = ev[i].data.ptr;
         if (tag == &tag_wake)
             drain_fd(a->wake_fd);
-        else if (tag == &tag_timer)
+        else if (tag == &tag_timer) {
             drain_fd(a->timer_fd);
+            a->timer_armed = false; /* it fired: set again even if equal */
+        }
         else if (tag == &tag_listen)
-            kvr__alink_accept(a);
+            kvr__alink_accept(a, a->listen_fd);
+        else if (tag == &tag_local)
+            kvr__alink_accept(a, a->local_fd);
         else
             kvr__alink_on_io(a, tag, ev[i].events);
     }
@@ -199,12 +215,10 @@ static uint64_t run_timers(kvr_agent_t *a)
     return next;
 }
 
-void kvr__loop_turn(kvr_agent_t *a, uint32_t timeout_ms)
+/* A turn on the events ev[0..n) of one wait. */
+static void turn_on(kvr_agent_t *a, const struct epoll_event *ev, int n,
+                    uint32_t timeout_ms)
 {
-    struct epoll_event ev[64];
-    bool busy = kvr__agpu_cpu_work(a);
-    int wait = busy ? 0 : (int)timeout_ms;
-    int n = epoll_wait(a->epoll_fd, ev, 64, wait);
     uint64_t start = kvr_now_ns();
     run_commands(a);
     if (n > 0)
@@ -220,4 +234,33 @@ void kvr__loop_turn(kvr_agent_t *a, uint32_t timeout_ms)
     arm_timer(a, next);
     if (kvr__agpu_cpu_work(a))
         kvr__agent_wake(a); /* more slices: the fd stays readable */
+}
+
+void kvr__loop_turn(kvr_agent_t *a, uint32_t timeout_ms)
+{
+    struct epoll_event ev[64];
+    bool busy = kvr__agpu_cpu_work(a);
+    int wait = busy ? 0 : (int)timeout_ms;
+    int n = epoll_wait(a->epoll_fd, ev, 64, wait);
+    turn_on(a, ev, n, timeout_ms);
+}
+
+void kvr__loop_thread_turn(kvr_agent_t *a)
+{
+    struct epoll_event ev[64];
+    uint64_t seen = __atomic_load_n(&a->inline_turns, __ATOMIC_ACQUIRE);
+    int n = epoll_wait(a->epoll_fd, ev, 64, 100);
+    pthread_mutex_lock(&a->turn_lock);
+    /* a caller's commands ran meanwhile: a link an event names may be gone */
+    if (__atomic_load_n(&a->inline_turns, __ATOMIC_ACQUIRE) != seen)
+        n = epoll_wait(a->epoll_fd, ev, 64, 0);
+    turn_on(a, ev, n, 0);
+    pthread_mutex_unlock(&a->turn_lock);
+}
+
+void kvr__loop_after_inline(kvr_agent_t *a, uint64_t timer_by_ns)
+{
+    update_interest(a);
+    if (!a->timer_armed || timer_by_ns < a->timer_at)
+        arm_timer(a, timer_by_ns);
 }

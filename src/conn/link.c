@@ -1,4 +1,4 @@
-/* TCP control links: framing over a byte stream, bounded buffers, the frame
+/* Control links (TCP, or a Unix socket on one host): framing over a byte stream, bounded buffers, the frame
  * bookkeeping AUTH needs and the session MAC (docs/PROTOCOL.md Session MAC). */
 #include "link.h"
 
@@ -10,10 +10,12 @@
 #include <netinet/tcp.h>
 #include <poll.h>
 #include <stdarg.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <sys/un.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -41,7 +43,7 @@ static bool is_loopback(int fd)
         const struct sockaddr_in6 *in6 = (const struct sockaddr_in6 *)&ss;
         return IN6_IS_ADDR_LOOPBACK(&in6->sin6_addr);
     }
-    return false;
+    return ss.ss_family == AF_UNIX; /* a local twin: as 127.0.0.1 */
 }
 
 static void set_nonblocking(int fd)
@@ -141,6 +143,55 @@ kvr_status_t kvr__tcp_listen(const char *host, uint16_t port, int *fd,
     if (bound != NULL)
         *bound = ntohs(p);
     return KVR_OK;
+}
+
+/* "\0kvrelay-link host:port": abstract (no file), gone with its socket. */
+static socklen_t local_name(const char *address, struct sockaddr_un *sun)
+{
+    memset(sun, 0, sizeof(*sun));
+    sun->sun_family = AF_UNIX;
+    int n = snprintf(sun->sun_path + 1, sizeof(sun->sun_path) - 1,
+                     "kvrelay-link %s", address);
+    if (n < 0 || (size_t)n >= sizeof(sun->sun_path) - 1)
+        return 0;
+    return (socklen_t)(offsetof(struct sockaddr_un, sun_path) + 1 + (size_t)n);
+}
+
+kvr_status_t kvr__local_listen(const char *address, int *fd, kvr_error_t *err)
+{
+    struct sockaddr_un sun;
+    socklen_t len = local_name(address, &sun);
+    int s = len ? socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0) : -1;
+    *fd = -1;
+    if (s >= 0 && (bind(s, (struct sockaddr *)&sun, len) != 0 ||
+                   listen(s, 64) != 0)) {
+        bool taken = errno == EADDRINUSE;
+        close(s);
+        return taken ? kvr_error_set(err, KVR_ERR_EXISTS,
+                                     "another process on this host holds "
+                                     "the local name of %s (kvrelay-link)",
+                                     address)
+                     : KVR_OK;
+    }
+    if (s >= 0)
+        set_nonblocking(s);
+    *fd = s;
+    return KVR_OK;
+}
+
+int kvr__local_connect(const char *address)
+{
+    struct sockaddr_un sun;
+    socklen_t len = local_name(address, &sun);
+    int s = len ? socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK,
+                         0)
+                : -1;
+    /* a Unix connect is done or refused at once; EAGAIN: queue full */
+    if (s >= 0 && connect(s, (struct sockaddr *)&sun, len) != 0) {
+        close(s);
+        return -1;
+    }
+    return s;
 }
 
 kvr_status_t kvr__link_create(int fd, bool initiator, const uint8_t *key,
@@ -270,7 +321,7 @@ kvr_status_t kvr__link_send(kvr__link_t *link, const kvr_msg_t *msg)
         link->tx_len += len + tag_len;
     }
     free(frame);
-    if (st == KVR_OK)
+    if (st == KVR_OK && !link->corked)
         kvr__link_flush(link);
     return st;
 }
@@ -356,6 +407,8 @@ kvr_status_t kvr__link_read(kvr__link_t *link)
         ssize_t n = recv(link->fd, link->rx + link->rx_len, want, 0);
         if (n > 0) {
             link->rx_len += (size_t)n;
+            if ((size_t)n < want) /* drained for now: the fd is polled level- */
+                return KVR_OK;    /* triggered, so no recv just for EAGAIN */
             continue;
         }
         if (n < 0 && (errno == EAGAIN || errno == EINTR))

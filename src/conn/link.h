@@ -46,6 +46,7 @@ typedef struct kvr__link {
     size_t hello_len;
     bool tamper_next; /* tests: flip a bit of the next frame sent, after
                          its tag was made (a forgery on the wire) */
+    bool corked; /* kvr__link_send queues only; the owner flushes later */
 } kvr__link_t;
 
 /* Takes ownership of a connected socket. key may be NULL. */
@@ -58,6 +59,18 @@ kvr_status_t kvr__tcp_connect(const char *host, uint16_t port,
                               uint32_t timeout_ms, int *fd, kvr_error_t *err);
 kvr_status_t kvr__tcp_listen(const char *host, uint16_t port, int *fd,
                              uint16_t *bound, kvr_error_t *err);
+
+/* A listener's twin on this host: a Unix socket in the abstract namespace
+ * named after its TCP address ("host:port", as peers dial it). A message
+ * across it costs about half a loopback TCP one (docs/performance.md).
+ * Abstract names live in the network namespace, as 127.0.0.1 does. *fd is
+ * -1 where there can be none (an address too long for the name, no socket):
+ * peers then use TCP. A name another process holds is KVR_ERR_EXISTS, as a
+ * port taken is: peers on this host would dial that process. */
+kvr_status_t kvr__local_listen(const char *address, int *fd, kvr_error_t *err);
+/* Connected (non-blocking) to the local twin of address, or -1: no such
+ * listener on this host, or its queue is full (dial TCP then). */
+int kvr__local_connect(const char *address);
 
 /* Encodes and queues a frame (and its tag), writing what the socket takes
  * now. HELLO and HELLO_ACK frames are noted for AUTH. */

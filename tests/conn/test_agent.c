@@ -41,6 +41,32 @@ static void test_pp2_to_dcp2(void **state)
     world_free(w);
 }
 
+/* A recv whose producer's links are all up starts on the caller's thread
+ * while the progress thread sleeps; the first one, which must dial, never
+ * does (the caller does no network I/O that can wait). Both load whole. */
+static void test_recv_started_by_caller(void **state)
+{
+    (void)state;
+    world_t *w = world_new();
+    start_instance(w, 0, "prefill-a", 2, NULL);
+    start_group(w, 0, false);
+    ah_req_t r[6];
+    for (uint32_t i = 0; i < 6; i++) {
+        ah_req(&w->m, i, 64 + 50 * i, &r[i]);
+        fill_all(w, 0, &r[i]);
+        open_all(w, 0, &r[i], 0, true);
+        recv_all(w, 0, "prefill-a", &r[i], 0);
+        if (i == 0)
+            for (uint32_t c = 0; c < 2; c++)
+                assert_int_equal(kvr__agent_inline_recvs(w->cons[c].agent), 0);
+        expect_loaded(w, 0, &r[i]); /* the thread is idle after it */
+    }
+    /* five chances each: only a turn running at that instant passes one */
+    for (uint32_t c = 0; c < 2; c++)
+        assert_true(kvr__agent_inline_recvs(w->cons[c].agent) >= 1);
+    world_free(w);
+}
+
 static void direct(kvr_agent_params_t *p)
 {
     p->executor = KVR_AGENT_EXEC_DIRECT;
@@ -261,6 +287,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_pp2_to_dcp2),
+        cmocka_unit_test(test_recv_started_by_caller),
         cmocka_unit_test(test_pull_before_open_and_ready),
         cmocka_unit_test(test_never_opened),
         cmocka_unit_test(test_unknown_producer),

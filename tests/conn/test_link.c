@@ -3,7 +3,10 @@
  * bytes). A keyed handshake completes; a frame changed on the way closes the
  * receiving link with ERR_AUTH naming the frame, and its BYE reaches the
  * sender; before authentication a large frame is refused at its header with
- * nothing buffered; malformed frames and other major versions get a BYE. */
+ * nothing buffered; malformed frames and other major versions get a BYE.
+ * A listener's same-host twin (a Unix socket named after its address) is
+ * found by that address only, a name held is refused, and its links count
+ * as loopback. */
 #include <errno.h>
 #include <fcntl.h>
 #include <setjmp.h>
@@ -121,6 +124,41 @@ static void connect_pair(side_t *a, side_t *b, const uint8_t *key)
     }
     assert_true(a->l->ready && b->l->ready);
     assert_false(a->l->closed || b->l->closed);
+}
+
+static void test_local_twin(void **state)
+{
+    (void)state;
+    char name[64], other[64];
+    snprintf(name, sizeof(name), "127.0.0.1:%d", 1000 + (int)getpid());
+    snprintf(other, sizeof(other), "127.0.0.2:%d", 1000 + (int)getpid());
+    int l = -1, l2 = -1;
+    kvr_error_t err = {0};
+    assert_int_equal(kvr__local_listen(name, &l, &err), KVR_OK);
+    assert_true(l >= 0);
+    /* the name is taken: refused as a taken port is, naming the address */
+    assert_int_equal(kvr__local_listen(name, &l2, &err), KVR_ERR_EXISTS);
+    assert_int_equal(l2, -1);
+    assert_non_null(strstr(err.msg, name));
+    assert_int_equal(kvr__local_connect(other), -1); /* no such twin */
+    int c = kvr__local_connect(name);
+    assert_true(c >= 0);
+    int s = -1;
+    for (int i = 0; i < 1000 && s < 0; i++) /* the listener is non-blocking */
+        s = accept(l, NULL, NULL);
+    assert_true(s >= 0);
+    side_t e;
+    memset(&e, 0, sizeof(e));
+    assert_int_equal(kvr__link_create(s, false, NULL, &e.l, NULL), KVR_OK);
+    assert_true(e.l->loopback_peer); /* local as 127.0.0.1 is */
+    uint8_t byte = 7;
+    assert_int_equal(send(c, &byte, 1, MSG_NOSIGNAL), 1);
+    kvr__link_read(e.l);
+    assert_int_equal(e.l->rx_len, 1);
+    kvr__link_destroy(e.l);
+    close(c);
+    close(l);
+    assert_int_equal(kvr__local_connect(name), -1); /* gone with its socket */
 }
 
 static void send_sample(side_t *e, kvr_msg_type_t type)
@@ -322,6 +360,7 @@ int main(void)
         cmocka_unit_test(test_keyless_frames_unchanged),
         cmocka_unit_test(test_preauth_large_frame),
         cmocka_unit_test(test_malformed_and_version_get_bye),
+        cmocka_unit_test(test_local_twin),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
