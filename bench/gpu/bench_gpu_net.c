@@ -1216,8 +1216,13 @@ int main(int argc, char **argv)
     fprintf(js,
             "\",\n  \"W\": %d, \"rank\": 0, \"bs\": %d, \"token_bytes\": %d, "
             "\"tokens\": %llu, \"reps\": %d, \"slot_bytes\": %u, \"slots\": "
-            "%u, \"pack_depth\": %u,\n  \"cells\": [",
-            W, BS, TOKEN, (ull)tokens, reps, SLOT, SLOTS, DEPTH);
+            "%u, \"pack_depth\": %u,\n  \"verify\": \"%s\",\n  "
+            "\"cells\": [",
+            W, BS, TOKEN, (ull)tokens, reps, SLOT, SLOTS, DEPTH,
+            host_check ? "every rep: device compare with the expected image "
+                         "and kvr_verify_region on the host"
+                       : "every rep: device compare with the expected "
+                         "image (poisoned on the device)");
     fflush(js);
     off_t cells = lseek(fileno(js), 0, SEEK_CUR);
     printf("%s, UCX %s, rank 0 of W=%d, I=1, %llu tokens of %d B\n",
