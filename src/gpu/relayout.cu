@@ -17,9 +17,9 @@ namespace
 enum Mode : uint32_t { SCATTER_ALL, SCATTER, PACK, UNPACK };
 
 /* A launch's parameters. R: its slots; one-slot jobs (pack, unpack, a
- * one-region scatter: the gpu-direct pull's launch) pass 160-odd bytes
- * where the 64-slot form passes 1.4 KB, which the driver copies into
- * every launch (docs/gpu.md, The launch and a faster gather). */
+ * one-region scatter: the gpu-direct pull's launch) pass 200 bytes where
+ * the 64-slot form passes 1.3 KB, which the driver copies into every
+ * launch (docs/gpu.md, The cell under fair conditions). */
 template <int R> struct JobT {
     kvr__rl_geom_t g;          /* device tables */
     const unsigned char *src;  /* region, or staging */
@@ -42,6 +42,7 @@ typedef JobT<1> Job1;
 
 /* A kernel's parameters must fit CUDA's 4 KiB. */
 static_assert(sizeof(Job) <= 4096, "relayout Job too large for a parameter");
+static_assert(sizeof(Job1) <= 256, "one-slot relayout Job grew");
 
 /* Bytes [x0, x0 + len) of a piece; src and dst are the addresses of the
  * piece's byte 0 on each side (the source side in chunks). */
