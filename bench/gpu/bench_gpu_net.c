@@ -9,13 +9,20 @@
  * bandwidth for CUDA memory over the same transports, and the same bytes
  * as one device-to-device cudaMemcpyAsync, cold (L2 flushed before each
  * rep, as before every executor's rep) and warm. Every transfer lands in
- * a poisoned region and every byte of the rank's share is checked. Also
- * what registering the producer's CUDA region with UCX took.
+ * a region poisoned on the device (cudaMemsetAsync) and every byte of the
+ * region is compared on the device with the expected image (made once on
+ * the host by the plan's reference and kvr_verify_region, uploaded once;
+ * bench_cmp.cu), so no host sweep of the region's size sits between the
+ * reps; the compare is checked at set-up on a flipped byte. Also what
+ * registering the producer's CUDA region with UCX took.
  *   bench_gpu_net [--test] [--tokens N] [--reps N] [--out FILE]
- *                 [--ipc-beside-ucx]
+ *                 [--ipc-beside-ucx] [--host-check]
  * Default 262144 tokens (37.7 MB to the rank). --test: at most 8192
- * tokens, one repetition, exit 1 unless every transfer verified; exit 77
- * without a GPU or without a CUDA-capable UCX (a ctest SKIP).
+ * tokens, one repetition, --host-check, exit 1 unless every transfer
+ * verified; exit 77 without a GPU or without a CUDA-capable UCX (a ctest
+ * SKIP). --host-check: every rep is also read back and checked on the
+ * host by kvr_verify_region (as before 2026-12-02b), the two verdicts
+ * must agree.
  * --ipc-beside-ucx: kvrelay's IPC mapping of the consumer's region stays
  * open while UCX's cuda_ipc puts into it (by default it is closed after
  * the gpu-direct cells). gpu-direct is timed until kvr__gpu_send returns
@@ -35,6 +42,7 @@
 
 #include <cuda_runtime.h>
 
+#include "bench_cmp.h"
 #include "bench_util.h"
 #include "gpu_path.h"
 #include "kvrelay/base.h"
@@ -209,19 +217,94 @@ typedef struct {
     kvr_mem_t *mdst, *mstage;
     kvr_plan_set_t *set;
     kvr__gpu_packer_t *pk;
-    unsigned char *poison, *back;
+    cudaStream_t cs;
+    void *expect, *scratch; /* the expected image; the compare's result */
+    unsigned char *back;    /* host_check: the region read back */
 } cons_t;
 
+#define POISON 0xa5
+
+static bool host_check; /* --test, --host-check */
+
+/* The first byte where the region differs from the expected image,
+ * dst_len when none (on the device: no host sweep between reps). */
+static uint64_t cons_diff(cons_t *c)
+{
+    uint64_t first = 0;
+    if (bench_first_diff(c->dst, c->expect, c->j->dst_len, c->scratch, c->cs,
+                         &first) != 0)
+        DIE("device compare: %s", cudaGetErrorString(cudaGetLastError()));
+    return first;
+}
+
+/* Every byte of the region against the expected image (the plan's host
+ * reference over a poisoned region, checked by kvr_verify_region once at
+ * set-up): the rank's share, and nothing written outside it. host_check:
+ * also read back and checked by kvr_verify_region, both verdicts must
+ * agree. */
 static void cons_verify(cons_t *c, res_t *r)
 {
+    uint64_t first = cons_diff(c);
+    r->verified = first == c->j->dst_len;
+    if (!r->verified)
+        snprintf(r->msg, sizeof(r->msg),
+                 "region differs from the expected image at byte %llu of "
+                 "%llu",
+                 (ull)first, (ull)c->j->dst_len);
+    if (!host_check)
+        return;
     kvr_error_t e = {0};
     kvr_status_t st = kvr_gpu_memcpy(c->back, c->dst, c->j->dst_len, &e);
     if (st == KVR_OK)
         st = kvr_verify_region(&c->j->lay, 0, &c->j->pair, &c->j->req,
                                c->j->src_host, c->back, &e);
-    r->verified = st == KVR_OK;
+    if (st == KVR_OK && !r->verified)
+        DIE("the device compare saw byte %llu differ where the host "
+            "verifier passed the region",
+            (ull)first);
+    if (st != KVR_OK && r->verified)
+        DIE("the host verifier failed a region the device compare passed: "
+            "%s",
+            e.msg);
     if (st != KVR_OK)
         memcpy(r->msg, e.msg, sizeof(r->msg));
+}
+
+static void cons_poison(cons_t *c)
+{
+    if (cudaMemsetAsync(c->dst, POISON, c->j->dst_len, c->cs) != cudaSuccess ||
+        cudaStreamSynchronize(c->cs) != cudaSuccess)
+        DIE("poison: %s", cudaGetErrorString(cudaGetLastError()));
+}
+
+/* The expected image: a poisoned region with the plan's runs applied on
+ * the host, checked once by kvr_verify_region, uploaded once. Then the
+ * compare itself is checked: the image copied into the region must
+ * compare equal, and one flipped byte must be found at its offset. */
+static void cons_expect(cons_t *c)
+{
+    job_t *j = c->j;
+    unsigned char *img = malloc(j->dst_len);
+    if (img == NULL)
+        DIE("no memory");
+    memset(img, POISON, j->dst_len);
+    kvr_plan_apply_host(kvr_plan_set_plan_of(c->set, 0), j->src_host, img);
+    OK_OR_DIE(kvr_verify_region(&j->lay, 0, &j->pair, &j->req, j->src_host,
+                                img, err));
+    OK_OR_DIE(kvr_gpu_malloc(0, j->dst_len, &c->expect, err));
+    OK_OR_DIE(kvr_gpu_malloc(0, 16, &c->scratch, err));
+    OK_OR_DIE(kvr_gpu_memcpy(c->expect, img, j->dst_len, err));
+    OK_OR_DIE(kvr_gpu_memcpy(c->dst, img, j->dst_len, err));
+    uint64_t at = j->dst_len / 2 + 7;
+    unsigned char flip = (unsigned char)~img[at];
+    free(img);
+    if (cons_diff(c) != j->dst_len)
+        DIE("device compare: the expected image differs from its copy");
+    OK_OR_DIE(kvr_gpu_memcpy((unsigned char *)c->dst + at, &flip, 1, err));
+    uint64_t got = cons_diff(c);
+    if (got != at)
+        DIE("device compare: byte %llu flipped, found %llu", (ull)at,
+            (ull)got);
 }
 
 static void cons_serve(cons_t *c)
@@ -242,7 +325,7 @@ static void cons_serve(cons_t *c)
             continue;
         }
         kvr_error_t e = {0};
-        OK_OR_DIE(kvr_gpu_memcpy(c->dst, c->poison, c->j->dst_len, err));
+        cons_poison(c);
         put_all(c->fd, &r, sizeof(r)); /* poisoned: go */
         if (cmd.op == CMD_RECV) {
             uint32_t slots[SLOTS];
@@ -275,12 +358,12 @@ static int consumer(job_t *j, int fd, int tl)
 {
     cons_t c = {.j = j, .fd = fd};
     hello_t *h = calloc(1, sizeof(*h));
-    c.poison = malloc(j->dst_len);
-    c.back = malloc(j->dst_len);
-    if (h == NULL || c.poison == NULL || c.back == NULL)
+    c.back = host_check ? malloc(j->dst_len) : NULL;
+    if (h == NULL || (host_check && c.back == NULL))
         DIE("no memory");
-    memset(c.poison, 0xa5, j->dst_len);
     OK_OR_DIE(kvr_gpu_set_device(0, err));
+    if (cudaStreamCreateWithFlags(&c.cs, cudaStreamNonBlocking) != cudaSuccess)
+        DIE("cudaStreamCreate failed");
     side_open(&c.s, tl, 2);
     h->has_cuda = kvr_xfer_has_cuda(c.s.t);
     snprintf(h->ucx, sizeof(h->ucx), "%s", kvr_xfer_ucx_version());
@@ -299,6 +382,7 @@ static int consumer(job_t *j, int fd, int tl)
         void *dsts[1] = {c.dst};
         OK_OR_DIE(kvr__gpu_packer_create(0, &j->lay, 0, &j->pair, NULL, dsts,
                                          1, &j->req, 1, &c.pk, err));
+        cons_expect(&c);
     }
     const void *addr;
     size_t len;
@@ -320,10 +404,12 @@ static int consumer(job_t *j, int fd, int tl)
         kvr_mem_destroy(c.mstage);
         kvr_gpu_free(c.dst);
         kvr_gpu_free(c.stage);
+        kvr_gpu_free(c.expect);
+        kvr_gpu_free(c.scratch);
     }
+    cudaStreamDestroy(c.cs);
     kvr_transport_destroy(c.s.t);
     free(h);
-    free(c.poison);
     free(c.back);
     return 0;
 }
@@ -1098,12 +1184,15 @@ int main(int argc, char **argv)
             out = argv[++i];
         else if (!strcmp(argv[i], "--ipc-beside-ucx"))
             keep_ipc = true;
+        else if (!strcmp(argv[i], "--host-check"))
+            host_check = true;
         else
             DIE("usage: %s [--test] [--tokens N] [--reps N] [--out FILE] "
-                "[--ipc-beside-ucx]; bad argument '%s'",
+                "[--ipc-beside-ucx] [--host-check]; bad argument '%s'",
                 argv[0], argv[i]);
     }
     if (test) {
+        host_check = true;
         reps = 1;
         tokens = tokens > 8192 ? 8192 : tokens;
     }
@@ -1127,8 +1216,13 @@ int main(int argc, char **argv)
     fprintf(js,
             "\",\n  \"W\": %d, \"rank\": 0, \"bs\": %d, \"token_bytes\": %d, "
             "\"tokens\": %llu, \"reps\": %d, \"slot_bytes\": %u, \"slots\": "
-            "%u, \"pack_depth\": %u,\n  \"cells\": [",
-            W, BS, TOKEN, (ull)tokens, reps, SLOT, SLOTS, DEPTH);
+            "%u, \"pack_depth\": %u,\n  \"verify\": \"%s\",\n  "
+            "\"cells\": [",
+            W, BS, TOKEN, (ull)tokens, reps, SLOT, SLOTS, DEPTH,
+            host_check ? "every rep: device compare with the expected image "
+                         "and kvr_verify_region on the host"
+                       : "every rep: device compare with the expected "
+                         "image (poisoned on the device)");
     fflush(js);
     off_t cells = lseek(fileno(js), 0, SEEK_CUR);
     printf("%s, UCX %s, rank 0 of W=%d, I=1, %llu tokens of %d B\n",

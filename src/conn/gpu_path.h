@@ -54,8 +54,9 @@ void kvr__gpu_tables_free(kvr__gpu_tables_t *t);
  * for benchmarks; stream and pool may be NULL (default stream, tables
  * allocated per call). tables: made beforehand (kvr__gpu_tables_make), or
  * NULL to make them inside. stamps (NULL or 8 entries): kvr_now_ns at the
- * start, tables ready, job set up (set_device), its event, kernels
- * launched, event recorded, kernels done, all freed. */
+ * start, tables ready, job set up (set_device), (no event: the same
+ * again), kernels launched, (no record: the same again), kernels done
+ * (the stream synchronised), all freed. */
 kvr_status_t kvr__gpu_send(int device, void *stream, struct kvr_gpu_pool *pool,
                            const kvr_layout_t *lay, uint32_t rank,
                            const kvr_region_pair_t *pairs,

@@ -16,26 +16,33 @@ namespace
 
 enum Mode : uint32_t { SCATTER_ALL, SCATTER, PACK, UNPACK };
 
-struct Job {
-    kvr__rl_geom_t g;                       /* device tables */
-    const unsigned char *src;               /* region, or staging */
-    unsigned char *dst[KVR__GPU_MAX_RANKS]; /* SCATTER_ALL: per rank;
-                                               SCATTER: per region */
-    const unsigned char *srcs[KVR__GPU_MAX_RANKS]; /* SCATTER: per slot */
-    uint16_t ranks[KVR__GPU_MAX_RANKS];            /* SCATTER: per slot */
+/* A launch's parameters. R: its slots; one-slot jobs (pack, unpack, a
+ * one-region scatter: the gpu-direct pull's launch) pass 200 bytes where
+ * the 64-slot form passes 1.3 KB, which the driver copies into every
+ * launch (docs/gpu.md, The cell under fair conditions). */
+template <int R> struct JobT {
+    kvr__rl_geom_t g;          /* device tables */
+    const unsigned char *src;  /* region, or staging */
+    unsigned char *dst[R];     /* SCATTER_ALL: per rank; SCATTER: per slot */
+    const unsigned char *srcs[R]; /* SCATTER: per slot */
+    uint16_t ranks[R];            /* SCATTER: per slot */
     uint32_t regions;      /* SCATTER: slots (a region for a rank), >= 1 */
     uint32_t region_items; /* SCATTER: items of each */
-    uint64_t lo, hi;                        /* stream range, pack/unpack */
-    uint64_t stride;                        /* source chunk distance */
-    kvr__div chunk;                         /* source chunk bytes */
+    uint64_t lo, hi;       /* stream range, pack/unpack */
+    uint64_t stride;       /* source chunk distance */
+    kvr__div chunk;        /* source chunk bytes */
     uint32_t mode, rank;
     uint32_t item0, num_items;
     uint32_t parts; /* items per piece */
     uint32_t part_bytes;
 };
 
+typedef JobT<KVR__GPU_MAX_RANKS> Job; /* every rank, or many slots */
+typedef JobT<1> Job1;
+
 /* A kernel's parameters must fit CUDA's 4 KiB. */
 static_assert(sizeof(Job) <= 4096, "relayout Job too large for a parameter");
+static_assert(sizeof(Job1) <= 256, "one-slot relayout Job grew");
 
 /* Bytes [x0, x0 + len) of a piece; src and dst are the addresses of the
  * piece's byte 0 on each side (the source side in chunks). */
@@ -45,7 +52,8 @@ struct Item {
 };
 
 /* Clips the part [a, b) of piece p to the job's stream range. */
-__device__ bool clip(const Job &j, const kvr__rl_piece_t &p, uint64_t *a,
+template <typename J>
+__device__ bool clip(const J &j, const kvr__rl_piece_t &p, uint64_t *a,
                      uint64_t *b)
 {
     if (j.mode != PACK && j.mode != UNPACK)
@@ -56,18 +64,18 @@ __device__ bool clip(const Job &j, const kvr__rl_piece_t &p, uint64_t *a,
     return s0 < s1;
 }
 
-__device__ Item describe(const Job &j, uint32_t item)
+template <int R> __device__ Item describe(const JobT<R> &j, uint32_t item)
 {
     Item it = {0, 0, 0, 0};
     uint32_t rank = j.rank;
-    if (j.mode == SCATTER_ALL) { /* rank-minor: a replicated page's W
+    if (R > 1 && j.mode == SCATTER_ALL) { /* rank-minor: a replicated page's W
                                     copies are read back to back */
         uint32_t i = item / j.g.W;
         rank = item - i * j.g.W;
         item = i;
     }
     uint32_t r = 0; /* SCATTER: slot-major, each slot's items whole */
-    if (j.mode == SCATTER && j.regions > 1) {
+    if (R > 1 && j.mode == SCATTER && j.regions > 1) {
         r = item / j.region_items;
         item -= r * j.region_items;
         rank = j.ranks[r];
@@ -86,7 +94,8 @@ __device__ Item describe(const Job &j, uint32_t item)
     case SCATTER_ALL:
     case SCATTER:
         it.src = region;
-        it.dst = (uint64_t)j.dst[j.mode == SCATTER_ALL ? rank : r] + p.dst;
+        it.dst = (uint64_t)j.dst[R > 1 && j.mode == SCATTER_ALL ? rank : r] +
+                 p.dst;
         break;
     case PACK:
         it.src = region;
@@ -110,7 +119,8 @@ __device__ Item from_lane(const Item &it, int lane)
 }
 
 /* Source address of byte x of a piece. */
-__device__ __forceinline__ uint64_t source_at(const Job &j, uint64_t src,
+template <typename J>
+__device__ __forceinline__ uint64_t source_at(const J &j, uint64_t src,
                                               uint32_t x)
 {
     uint32_t c = kvr__div_by(j.chunk, x);
@@ -127,8 +137,8 @@ __device__ __forceinline__ uint64_t source_at(const Job &j, uint64_t src,
 #define KVR_RL_STEP 2
 #endif
 
-template <typename V, int STEP>
-__device__ void copy_items(const Job &j, const Item (&it)[STEP], uint32_t lane)
+template <typename J, typename V, int STEP>
+__device__ void copy_items(const J &j, const Item (&it)[STEP], uint32_t lane)
 {
     V v[STEP][2];
 #pragma unroll
@@ -154,8 +164,8 @@ __device__ void copy_items(const Job &j, const Item (&it)[STEP], uint32_t lane)
 
 constexpr int THREADS = 256;
 
-template <typename V, int STEP>
-__global__ void __launch_bounds__(THREADS) relayout_kernel(const Job j)
+template <typename J, typename V, int STEP>
+__global__ void __launch_bounds__(THREADS) relayout_kernel(const J j)
 {
     uint32_t lane = threadIdx.x & 31;
     uint32_t warp = (blockIdx.x * blockDim.x + threadIdx.x) >> 5;
@@ -170,7 +180,7 @@ __global__ void __launch_bounds__(THREADS) relayout_kernel(const Job j)
 #pragma unroll
             for (int s = 0; s < STEP; s++)
                 it[s] = from_lane(mine, (int)k + s);
-            copy_items<V, STEP>(j, it, lane);
+            copy_items<J, V, STEP>(j, it, lane);
         }
     }
 }
@@ -183,8 +193,8 @@ __global__ void __launch_bounds__(THREADS) relayout_kernel(const Job j)
  * Relayout kernel speed). */
 constexpr uint32_t CHUNK_MAX = 4096;
 
-template <typename V, int G, int U>
-__global__ void __launch_bounds__(THREADS) chunk_kernel(const Job j)
+template <typename J, typename V, int G, int U>
+__global__ void __launch_bounds__(THREADS) chunk_kernel(const J j)
 {
     uint32_t lane = threadIdx.x % G;
     uint32_t team = (blockIdx.x * blockDim.x + threadIdx.x) / G;
@@ -199,16 +209,16 @@ __global__ void __launch_bounds__(THREADS) chunk_kernel(const Job j)
     }
 }
 
-template <typename V, int G, int U>
-kvr_status_t launch_team(Job &j, cudaStream_t stream, kvr_error_t *err)
+template <typename J, typename V, int G, int U>
+kvr_status_t launch_team(const J &j, cudaStream_t stream, kvr_error_t *err)
 {
     unsigned blocks = 0;
-    kvr_status_t st = kvr__grid_size((const void *)chunk_kernel<V, G, U>,
+    kvr_status_t st = kvr__grid_size((const void *)chunk_kernel<J, V, G, U>,
                                      THREADS, 0, (uint64_t)j.num_items * G,
                                      &blocks, err);
     if (st != KVR_OK)
         return st;
-    chunk_kernel<V, G, U><<<blocks, THREADS, 0, stream>>>(j);
+    chunk_kernel<J, V, G, U><<<blocks, THREADS, 0, stream>>>(j);
     return kvr__launch_status("relayout chunk_kernel", err);
 }
 
@@ -218,14 +228,14 @@ kvr_status_t launch_team(Job &j, cudaStream_t stream, kvr_error_t *err)
  * at 0.826, the run copy's 8 of 8 at 0.807, and capping registers for
  * more blocks an SM (spills) at 0.615 (docs/gpu.md, Relayout kernel
  * speed). The knob's 3: 4 lanes of 9, 4: 8 lanes of 8. */
-template <typename V>
-kvr_status_t launch_chunks(Job &j, cudaStream_t stream, kvr_error_t *err)
+template <typename J, typename V>
+kvr_status_t launch_chunks(const J &j, cudaStream_t stream, kvr_error_t *err)
 {
     if (kvr__rl_tune_chunks == 3)
-        return launch_team<V, 4, 9>(j, stream, err);
+        return launch_team<J, V, 4, 9>(j, stream, err);
     if (kvr__rl_tune_chunks == 4)
-        return launch_team<V, 8, 8>(j, stream, err);
-    return launch_team<V, 8, 5>(j, stream, err);
+        return launch_team<J, V, 8, 8>(j, stream, err);
+    return launch_team<J, V, 8, 5>(j, stream, err);
 }
 
 /* Widest access (16, 8, 4 or 1 bytes) that divides every size, offset and
@@ -248,36 +258,36 @@ uint64_t geometry_bits(const kvr__rl_geom_t *g)
     return bits;
 }
 
-template <typename V, int STEP>
-kvr_status_t launch_step(Job &j, cudaStream_t stream, kvr_error_t *err)
+template <typename J, typename V, int STEP>
+kvr_status_t launch_step(const J &j, cudaStream_t stream, kvr_error_t *err)
 {
     unsigned blocks = 0; /* a thread an item: a warp per 32 items */
     kvr_status_t st =
-        kvr__grid_size((const void *)relayout_kernel<V, STEP>, THREADS, 0,
+        kvr__grid_size((const void *)relayout_kernel<J, V, STEP>, THREADS, 0,
                        j.num_items, &blocks, err);
     if (st != KVR_OK)
         return st;
-    relayout_kernel<V, STEP><<<blocks, THREADS, 0, stream>>>(j);
+    relayout_kernel<J, V, STEP><<<blocks, THREADS, 0, stream>>>(j);
     return kvr__launch_status("relayout_kernel", err);
 }
 
-template <typename V>
-kvr_status_t launch_as(Job &j, cudaStream_t stream, bool chunked,
+template <typename J, typename V>
+kvr_status_t launch_as(const J &j, cudaStream_t stream, bool chunked,
                        kvr_error_t *err)
 {
     if (chunked)
-        return launch_chunks<V>(j, stream, err);
+        return launch_chunks<J, V>(j, stream, err);
     switch (kvr__rl_tune_step) {
     case 2:
-        return launch_step<V, 2>(j, stream, err);
+        return launch_step<J, V, 2>(j, stream, err);
     case 4:
-        return launch_step<V, 4>(j, stream, err);
+        return launch_step<J, V, 4>(j, stream, err);
     case 8:
-        return launch_step<V, 8>(j, stream, err);
+        return launch_step<J, V, 8>(j, stream, err);
     case 16:
-        return launch_step<V, 16>(j, stream, err);
+        return launch_step<J, V, 16>(j, stream, err);
     default:
-        return launch_step<V, KVR_RL_STEP>(j, stream, err);
+        return launch_step<J, V, KVR_RL_STEP>(j, stream, err);
     }
 }
 
@@ -300,7 +310,8 @@ kvr_status_t device_tables(const kvr_gpu_relayout_t *rl, kvr__rl_geom_t *g,
 }
 
 /* Runs pieces [first, first + count) of the job's rank(s). */
-kvr_status_t launch(const kvr_gpu_relayout_t *rl, Job &j, uint64_t bits,
+template <int R>
+kvr_status_t launch(const kvr_gpu_relayout_t *rl, JobT<R> &j, uint64_t bits,
                     uint32_t first, uint32_t count, void *stream,
                     kvr_error_t *err)
 {
@@ -341,12 +352,12 @@ kvr_status_t launch(const kvr_gpu_relayout_t *rl, Job &j, uint64_t bits,
     j.region_items = count * j.parts;
     cudaStream_t s = (cudaStream_t)stream;
     if (vb == 16)
-        return launch_as<uint4>(j, s, chunked, err);
+        return launch_as<JobT<R>, uint4>(j, s, chunked, err);
     if (vb == 8)
-        return launch_as<uint2>(j, s, chunked, err);
+        return launch_as<JobT<R>, uint2>(j, s, chunked, err);
     if (vb == 4)
-        return launch_as<uint32_t>(j, s, chunked, err);
-    return launch_as<unsigned char>(j, s, chunked, err);
+        return launch_as<JobT<R>, uint32_t>(j, s, chunked, err);
+    return launch_as<JobT<R>, unsigned char>(j, s, chunked, err);
 }
 
 uint32_t all_pieces(const kvr_gpu_relayout_t *rl)
@@ -362,9 +373,10 @@ kvr_status_t check_pointers(const void *a, const void *b, kvr_error_t *err)
 }
 
 /* A one-rank job from src into dst. */
-Job rank_job(Mode mode, uint32_t rank, const void *src, void *dst)
+template <int R = 1>
+JobT<R> rank_job(Mode mode, uint32_t rank, const void *src, void *dst)
 {
-    Job j = {};
+    JobT<R> j = {};
     j.mode = mode;
     j.rank = rank;
     j.src = j.srcs[0] = (const unsigned char *)src;
@@ -385,7 +397,7 @@ kvr_status_t run_range(const kvr_gpu_relayout_t *rl, Mode mode, uint32_t rank,
     st = check_pointers(src, dst, err);
     if (st != KVR_OK)
         return st;
-    Job j = rank_job(mode, rank, src, dst);
+    Job1 j = rank_job(mode, rank, src, dst);
     j.lo = offset;
     j.hi = offset + len;
     uint32_t s0, s1, per = kvr__rl_pieces_per_block(&rl->geom);
@@ -496,19 +508,25 @@ extern "C" kvr_status_t kvr_gpu_relayout_upload_pool(kvr_gpu_relayout_t *rl,
     return KVR_OK;
 }
 
+/* The default kernels of one job form, launched empty. */
+template <typename J> static void warm(cudaStream_t s)
+{
+    J j = {};
+    j.chunk = kvr__div_make(1);
+    relayout_kernel<J, uint4, KVR_RL_STEP><<<1, THREADS, 0, s>>>(j);
+    relayout_kernel<J, uint2, KVR_RL_STEP><<<1, THREADS, 0, s>>>(j);
+    relayout_kernel<J, uint32_t, KVR_RL_STEP><<<1, THREADS, 0, s>>>(j);
+    relayout_kernel<J, unsigned char, KVR_RL_STEP><<<1, THREADS, 0, s>>>(j);
+    chunk_kernel<J, uint4, 8, 5><<<1, THREADS, 0, s>>>(j);
+    chunk_kernel<J, uint2, 8, 5><<<1, THREADS, 0, s>>>(j);
+    chunk_kernel<J, uint32_t, 8, 5><<<1, THREADS, 0, s>>>(j);
+    chunk_kernel<J, unsigned char, 8, 5><<<1, THREADS, 0, s>>>(j);
+}
+
 kvr_status_t kvr__relayout_warm(void *stream, kvr_error_t *err)
 {
-    Job j = {};
-    j.chunk = kvr__div_make(1);
-    cudaStream_t s = (cudaStream_t)stream;
-    relayout_kernel<uint4, KVR_RL_STEP><<<1, THREADS, 0, s>>>(j);
-    relayout_kernel<uint2, KVR_RL_STEP><<<1, THREADS, 0, s>>>(j);
-    relayout_kernel<uint32_t, KVR_RL_STEP><<<1, THREADS, 0, s>>>(j);
-    relayout_kernel<unsigned char, KVR_RL_STEP><<<1, THREADS, 0, s>>>(j);
-    chunk_kernel<uint4, 8, 5><<<1, THREADS, 0, s>>>(j);
-    chunk_kernel<uint2, 8, 5><<<1, THREADS, 0, s>>>(j);
-    chunk_kernel<uint32_t, 8, 5><<<1, THREADS, 0, s>>>(j);
-    chunk_kernel<unsigned char, 8, 5><<<1, THREADS, 0, s>>>(j);
+    warm<Job1>((cudaStream_t)stream);
+    warm<Job>((cudaStream_t)stream);
     return kvr__launch_status("relayout_kernel (warm-up)", err);
 }
 
@@ -550,9 +568,35 @@ extern "C" kvr_status_t kvr_gpu_scatter_rank(const kvr_gpu_relayout_t *rl,
         st = check_pointers(src_base, dst_base, err);
     if (st != KVR_OK)
         return st;
-    Job j = rank_job(SCATTER, rank, src_base, dst_base);
+    Job1 j = rank_job(SCATTER, rank, src_base, dst_base);
     uint64_t bits = (uintptr_t)src_base | (uintptr_t)dst_base;
     return launch(rl, j, bits, 0, all_pieces(rl), stream, err);
+}
+
+/* One launch of m <= R slots. */
+template <int R>
+static kvr_status_t scatter_slots(const kvr_gpu_relayout_t *rl,
+                                  const uint32_t *ranks,
+                                  const void *const *src_bases,
+                                  void *const *dst_bases, size_t m,
+                                  void *stream, kvr_error_t *err)
+{
+    JobT<R> j = rank_job<R>(SCATTER, ranks[0], NULL, NULL);
+    uint64_t bits = 0;
+    kvr_status_t st = KVR_OK;
+    for (size_t i = 0; st == KVR_OK && i < m; i++) {
+        st = kvr__rl_check_range(rl, ranks[i], 0, 0, err);
+        if (st == KVR_OK)
+            st = check_pointers(src_bases[i], dst_bases[i], err);
+        j.ranks[i] = (uint16_t)ranks[i];
+        j.srcs[i] = (const unsigned char *)src_bases[i];
+        j.dst[i] = (unsigned char *)dst_bases[i];
+        bits |= (uintptr_t)src_bases[i] | (uintptr_t)dst_bases[i];
+    }
+    j.regions = (uint32_t)m;
+    if (st == KVR_OK)
+        st = launch(rl, j, bits, 0, all_pieces(rl), stream, err);
+    return st;
 }
 
 extern "C" kvr_status_t
@@ -564,21 +608,12 @@ kvr_gpu_scatter_regions(const kvr_gpu_relayout_t *rl, const uint32_t *ranks,
     if (ranks == NULL || src_bases == NULL || dst_bases == NULL)
         st = kvr_error_set(err, KVR_ERR_INVALID, "slot arrays are NULL");
     for (size_t k = 0; st == KVR_OK && k < n; k += KVR__GPU_MAX_RANKS) {
-        Job j = rank_job(SCATTER, ranks[k], NULL, NULL);
-        uint64_t bits = 0;
         size_t m = n - k < KVR__GPU_MAX_RANKS ? n - k : KVR__GPU_MAX_RANKS;
-        for (size_t i = 0; st == KVR_OK && i < m; i++) {
-            st = kvr__rl_check_range(rl, ranks[k + i], 0, 0, err);
-            if (st == KVR_OK)
-                st = check_pointers(src_bases[k + i], dst_bases[k + i], err);
-            j.ranks[i] = (uint16_t)ranks[k + i];
-            j.srcs[i] = (const unsigned char *)src_bases[k + i];
-            j.dst[i] = (unsigned char *)dst_bases[k + i];
-            bits |= (uintptr_t)src_bases[k + i] | (uintptr_t)dst_bases[k + i];
-        }
-        j.regions = (uint32_t)m;
-        if (st == KVR_OK)
-            st = launch(rl, j, bits, 0, all_pieces(rl), stream, err);
+        st = m == 1 ? scatter_slots<1>(rl, ranks + k, src_bases + k,
+                                       dst_bases + k, m, stream, err)
+                    : scatter_slots<KVR__GPU_MAX_RANKS>(
+                          rl, ranks + k, src_bases + k, dst_bases + k, m,
+                          stream, err);
     }
     return st;
 }
