@@ -7,9 +7,10 @@
  * Headline layout (docs/design.md §13, §17): 78 layers of MLA 576 B/token,
  * an index cache (D = 128) every third layer, bs = 64, one PP stage holding
  * all layers, producer W_p = 1 preshuffled, consumer W = 1.
- * Usage: bench_store [out.json] [dir] [reps] [measures]: measures (names
- * joined by commas) limits the run to those and their ceilings. Release
- * build only. */
+ * Usage: bench_store [out.json] [dir] [reps] [measures] [chunks]:
+ * measures (names joined by commas, or "all") limits the run to those and
+ * their ceilings, chunks (token counts joined by commas; default
+ * 256,1024,4096) to those chunk sizes. Release build only. */
 #include <dirent.h>
 #include <fcntl.h>
 #include <jansson.h>
@@ -614,16 +615,39 @@ static void ctx_free(ctx_t *c)
     free(c->ceil);
 }
 
+/* Chunk sizes from "256,1024": each a divisor of the request and a
+ * multiple of bs; the count, or 0 (said on stderr) when one is not. */
+static int parse_chunks(const char *arg, uint64_t tokens, uint64_t *out)
+{
+    int n = 0;
+    for (const char *p = arg; *p != '\0' && n < 8; n++) {
+        char *end = NULL;
+        unsigned long long v = strtoull(p, &end, 10);
+        if (end == p || v == 0 || v % BS != 0 || tokens % v != 0) {
+            fprintf(stderr, "bench_store: chunk size '%s' is not a multiple of "
+                            "%u dividing %llu\n",
+                    p, BS, (unsigned long long)tokens);
+            return 0;
+        }
+        out[n] = v;
+        p = *end == ',' ? end + 1 : end;
+    }
+    return n;
+}
+
 int main(int argc, char **argv)
 {
     const char *out = argc > 1 ? argv[1] : "bench/results/store.json";
     const char *dir = argc > 2 ? argv[2] : "/tmp/kvr-bench-store";
     int reps = argc > 3 ? atoi(argv[3]) : 5;
-    const char *only = argc > 4 ? argv[4] : NULL; /* measure names */
-    if (sodium_init() < 0 || reps < 1)
+    const char *only = argc > 4 && strcmp(argv[4], "all") != 0
+                           ? argv[4]
+                           : NULL; /* measure names */
+    const uint64_t tokens = 4096;
+    uint64_t chunks[8] = {256, 1024, 4096};
+    int ncase = argc > 5 ? parse_chunks(argv[5], tokens, chunks) : 3;
+    if (sodium_init() < 0 || reps < 1 || ncase < 1)
         return 1;
-    const uint64_t tokens = 4096, chunks[] = {256, 1024, 4096};
-    const int ncase = (int)(sizeof chunks / sizeof chunks[0]);
     char cmd[600];
     snprintf(cmd, sizeof cmd, "mkdir -p '%s'", dir);
     if (system(cmd) != 0)

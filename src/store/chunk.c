@@ -177,8 +177,9 @@ static unsigned hash_threads(uint64_t count)
     return (unsigned)(t < count ? t : count);
 }
 
-kvr__sum_t *kvr__sum_start(const uint8_t header[KVR__CHUNK_HEADER],
-                           const void *data, uint64_t len, bool present)
+static kvr__sum_t *sum_new(const uint8_t header[KVR__CHUNK_HEADER],
+                           const void *data, uint64_t len, bool present,
+                           unsigned callers)
 {
     uint64_t count = len == 0 ? 1 : (len + KVR__LEAF - 1) / KVR__LEAF;
     unsigned kind = sum_kind(header), dlen = digest_bytes(kind);
@@ -195,13 +196,25 @@ kvr__sum_t *kvr__sum_start(const uint8_t header[KVR__CHUNK_HEADER],
     s->ready = present ? count : 0;
     pthread_mutex_init(&s->mu, NULL);
     pthread_cond_init(&s->cv, NULL);
-    /* the calling thread hashes too (kvr__sum_step, kvr__sum_finish) */
-    for (unsigned t = 1; t < hash_threads(count); t++) {
+    for (unsigned t = callers; t < hash_threads(count); t++) {
         if (pthread_create(&s->tid[s->helpers], NULL, helper, s) != 0)
             break; /* fewer threads: the same result, later */
         s->helpers++;
     }
     return s;
+}
+
+kvr__sum_t *kvr__sum_start(const uint8_t header[KVR__CHUNK_HEADER],
+                           const void *data, uint64_t len, bool present)
+{
+    /* the calling thread hashes too (kvr__sum_step, kvr__sum_finish) */
+    return sum_new(header, data, len, present, 1);
+}
+
+kvr__sum_t *kvr__sum_start_apart(const uint8_t header[KVR__CHUNK_HEADER],
+                                 const void *data, uint64_t len)
+{
+    return sum_new(header, data, len, false, 0);
 }
 
 void kvr__sum_ready(kvr__sum_t *s, uint64_t bytes)

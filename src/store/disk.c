@@ -68,6 +68,19 @@ static kvr_status_t plain_io(int fd, io_dir_t dir, uint8_t *buf, uint64_t len,
     return io_upto(fd, dir, buf, len, off, NULL, err);
 }
 
+/* Reads up to len bytes, of which at least need (the rest may lie past
+ * the end of the file). */
+static kvr_status_t read_need(int fd, uint8_t *buf, uint64_t len,
+                              uint64_t need, uint64_t off, kvr_error_t *err)
+{
+    uint64_t got = 0;
+    kvr_status_t s = io_upto(fd, IO_READ, buf, len, off, &got, err);
+    if (s == KVR_OK && got < need)
+        s = kvr_error_set(err, KVR_ERR_IO, "short read at %llu",
+                          (unsigned long long)(off + got));
+    return s;
+}
+
 /* A written piece starts its writeback now (a hint; nothing to do after an
  * O_DIRECT write), so the device works while later pieces are copied and
  * hashed and the final fsync finds little left to write. */
@@ -106,15 +119,18 @@ static int submit_or_hash(struct io_uring *ring, kvr__sum_t *sum)
 }
 
 /* Transfer state: pieces are submitted in order, DEPTH in flight; reads
- * tell the checksum how many leading pieces have landed. */
+ * tell the checksum how many leading pieces have landed. A read may end
+ * early at the end of the file once need bytes have come (an O_DIRECT
+ * read of whole blocks past the file's last byte). */
 typedef struct uring_xfer {
     int fd;
     io_dir_t dir;
     uint8_t *buf;
-    uint64_t len, off, pieces, next, low;
+    uint64_t len, need, off, pieces, next, low;
     uint8_t *done; /* reads: per piece, landed */
     unsigned inflight;
     kvr__sum_t *sum;
+    bool help; /* this thread hashes leaves while it waits */
 } uring_xfer_t;
 
 static uint64_t piece_len(const uring_xfer_t *x, uint64_t i)
@@ -139,7 +155,8 @@ static void queue_pieces(struct io_uring *ring, uring_xfer_t *x)
     }
 }
 
-/* One completion: a short transfer finishes with plain I/O. */
+/* One completion: a short transfer finishes with plain I/O (a read up to
+ * the end of the file). */
 static kvr_status_t reap_piece(uring_xfer_t *x, uint64_t i, int res,
                                kvr_error_t *err)
 {
@@ -150,9 +167,12 @@ static kvr_status_t reap_piece(uring_xfer_t *x, uint64_t i, int res,
                              x->dir == IO_WRITE ? "write" : "read",
                              (unsigned long long)(x->off + at), strerror(-res));
     kvr_status_t s = KVR_OK;
-    if ((uint64_t)res < want)
+    if ((uint64_t)res < want && x->dir == IO_WRITE)
         s = plain_io(x->fd, x->dir, x->buf + at + res, want - res,
                      x->off + at + res, err);
+    else if ((uint64_t)res < want && at + res < x->need)
+        s = read_need(x->fd, x->buf + at + res, want - res, x->need - at - res,
+                      x->off + at + res, err);
     if (s == KVR_OK && x->dir == IO_WRITE)
         kick_writeback(x->fd, x->off + at, want);
     if (s == KVR_OK && x->done != NULL) {
@@ -176,7 +196,7 @@ static kvr_status_t uring_io(struct io_uring *ring, uring_xfer_t *x,
             queue_pieces(ring, x);
         if (x->inflight == 0)
             break;
-        int r = submit_or_hash(ring, x->sum);
+        int r = submit_or_hash(ring, x->help ? x->sum : NULL);
         if (r < 0 && r != -EINTR)
             return kvr_error_set(err, KVR_ERR_IO, "io_uring submit: %s",
                                  strerror(-r));
@@ -197,16 +217,19 @@ static kvr_status_t uring_io(struct io_uring *ring, uring_xfer_t *x,
 
 /* Through io_uring, DEPTH pieces in flight. */
 static kvr_status_t uring_xfer(struct io_uring *ring, int fd, io_dir_t dir,
-                               uint8_t *buf, uint64_t len, uint64_t off,
-                               kvr__sum_t *sum, kvr_error_t *err)
+                               uint8_t *buf, uint64_t len, uint64_t need,
+                               uint64_t off, kvr__sum_t *sum, bool help,
+                               kvr_error_t *err)
 {
     uring_xfer_t x = {.fd = fd,
                       .dir = dir,
                       .buf = buf,
                       .len = len,
+                      .need = need,
                       .off = off,
                       .pieces = (len + PIECE - 1) / PIECE,
-                      .sum = sum};
+                      .sum = sum,
+                      .help = help};
     if (dir == IO_READ) {
         x.done = calloc(x.pieces, 1);
         if (x.done == NULL)
@@ -220,49 +243,57 @@ static kvr_status_t uring_xfer(struct io_uring *ring, int fd, io_dir_t dir,
 #endif
 
 /* Plain I/O a piece at a time: the checksum's helpers hash the leading
- * pieces of a read while the rest is read; written pieces start their
- * writeback. */
+ * pieces of a read while the rest is read (up to the end of the file once
+ * need bytes came); written pieces start their writeback. */
 static kvr_status_t plain_pieces(int fd, io_dir_t dir, uint8_t *buf,
-                                 uint64_t len, uint64_t off, kvr__sum_t *sum,
-                                 kvr_error_t *err)
+                                 uint64_t len, uint64_t need, uint64_t off,
+                                 kvr__sum_t *sum, kvr_error_t *err)
 {
     for (uint64_t at = 0; at < len; at += PIECE) {
         uint64_t n = len - at > PIECE ? PIECE : len - at;
-        kvr_status_t s = plain_io(fd, dir, buf + at, n, off + at, err);
+        uint64_t must = need - at < n ? need - at : n;
+        kvr_status_t s = dir == IO_WRITE
+                             ? plain_io(fd, dir, buf + at, n, off + at, err)
+                             : read_need(fd, buf + at, n, must, off + at, err);
         if (s != KVR_OK)
             return s;
         if (dir == IO_WRITE)
             kick_writeback(fd, off + at, n);
         else if (sum != NULL)
             kvr__sum_ready(sum, at + n);
+        if (must < n)
+            break; /* the end of the file */
     }
     return KVR_OK;
 }
 
-/* A payload transfer; sum (may be NULL) is the checksum of its bytes, fed
- * and helped along as the transfer goes. Writes, and O_DIRECT reads, go
- * through io_uring where it is allowed; buffered reads are sequential
- * preads, which the kernel's readahead serves faster than parallel
- * io_uring reads of a cold file (measured: docs/store.md). */
+/* A payload transfer of len bytes (a read: of which need must come, the
+ * rest may lie past the end of the file); sum (may be NULL) is the
+ * checksum of its bytes, fed and helped along as the transfer goes.
+ * Writes, and O_DIRECT reads, go through io_uring where it is allowed;
+ * buffered reads are sequential preads, which the kernel's readahead
+ * serves faster than parallel io_uring reads of a cold file (measured:
+ * docs/store.md). */
 static kvr_status_t do_io(kvr_store_t *st, int fd, io_dir_t dir, void *buf,
-                          uint64_t len, uint64_t off, bool direct,
-                          kvr__sum_t *sum, kvr_error_t *err)
+                          uint64_t len, uint64_t need, uint64_t off,
+                          bool direct, kvr__sum_t *sum, kvr_error_t *err)
 {
 #ifdef KVR_HAVE_URING
     if (st->ring != NULL && (dir == IO_WRITE || direct) && len >= PIECE)
-        return uring_xfer(st->ring, fd, dir, buf, len, off, sum, err);
+        return uring_xfer(st->ring, fd, dir, buf, len, need, off, sum,
+                          !st->apart, err);
 #else
     (void)st;
     (void)direct;
 #endif
-    return plain_pieces(fd, dir, buf, len, off, sum, err);
+    return plain_pieces(fd, dir, buf, len, need, off, sum, err);
 }
 
 kvr_status_t kvr__disk_xfer(kvr_store_t *st, int fd, bool write, void *buf,
                             uint64_t len, uint64_t off, kvr_error_t *err)
 {
-    return do_io(st, fd, write ? IO_WRITE : IO_READ, buf, len, off, true, NULL,
-                 err);
+    return do_io(st, fd, write ? IO_WRITE : IO_READ, buf, len, len, off, true,
+                 NULL, err);
 }
 
 const char *kvr__disk_backend(const kvr_store_t *st)
@@ -313,10 +344,8 @@ void kvr__disk_plain(kvr_store_t *st)
     kvr__store_ahead_drop(st);
     kvr__disk_ring_free(st->ring);
     st->ring = NULL;
-    for (unsigned i = 0; i < KVR__AHEAD; i++) {
-        kvr__disk_ring_free(st->ahead_ring[i]);
-        st->ahead_ring[i] = NULL;
-    }
+    kvr__disk_ring_free(st->ahead_ring);
+    st->ahead_ring = NULL;
     for (unsigned i = 0; i < KVR__BEHIND; i++) {
         kvr__disk_ring_free(st->behind_ring[i]);
         st->behind_ring[i] = NULL;
@@ -369,8 +398,8 @@ static kvr_status_t write_file(kvr_store_t *st, int fd, const uint8_t *header,
     kvr__sum_t *job = kvr__sum_start(header, data, len, true);
     kvr_status_t s = plain_io(fd, IO_WRITE, frame, KVR__ALIGN, 0, err);
     if (s == KVR_OK)
-        s = do_io(st, fd, IO_WRITE, (void *)data, body, KVR__CHUNK_DATA, direct,
-                  job, err);
+        s = do_io(st, fd, IO_WRITE, (void *)data, body, body, KVR__CHUNK_DATA,
+                  direct, job, err);
     if (s != KVR_OK) {
         kvr__sum_abort(job);
         return s;
@@ -473,7 +502,10 @@ static kvr_status_t read_header(int fd, const char *name, uint64_t size,
                              "chunk %s: truncated "
                              "(%llu bytes)",
                              name, (unsigned long long)size);
-    kvr_status_t s = plain_io(fd, IO_READ, block, KVR__CHUNK_HEADER, 0, err);
+    /* the header block in one read (a version 1 file's payload follows its
+     * header: those bytes are read and ignored) */
+    uint64_t n = size < KVR__ALIGN ? size : KVR__ALIGN;
+    kvr_status_t s = plain_io(fd, IO_READ, block, n, 0, err);
     if (s == KVR_OK)
         s = kvr__chunk_parse(block, key, len, err);
     if (s != KVR_OK)
@@ -487,8 +519,6 @@ static kvr_status_t read_header(int fd, const char *name, uint64_t size,
                              "match its name or size",
                              name);
     uint64_t pad = at - KVR__CHUNK_HEADER;
-    s = plain_io(fd, IO_READ, block + KVR__CHUNK_HEADER, pad, KVR__CHUNK_HEADER,
-                 err);
     for (uint64_t i = 0; s == KVR_OK && i < pad; i++)
         if (block[KVR__CHUNK_HEADER + i] != 0)
             s = kvr_error_set(err, KVR_ERR_VERIFY,
@@ -500,72 +530,84 @@ static kvr_status_t read_header(int fd, const char *name, uint64_t size,
     return s;
 }
 
-/* The payload's last n bytes (after an O_DIRECT body; none after a plain
- * one) and the stored checksum, at off. O_DIRECT reads whole blocks: up to
- * the end of the file, through an aligned buffer. */
-static kvr_status_t read_tail(int fd, uint8_t *rest, uint64_t n,
-                              uint8_t *stored, uint64_t off, bool direct,
-                              kvr_error_t *err)
-{
-    uint64_t need = n + KVR_STORE_SUM_BYTES, got = 0;
-    uint8_t *tmp = frame_alloc();
-    if (tmp == NULL)
-        return kvr_error_set(err, KVR_ERR_NO_MEMORY, "chunk tail");
-    kvr_status_t s = io_upto(fd, IO_READ, tmp, direct ? round_up(need) : need,
-                             off, &got, err);
-    if (s == KVR_OK && got < need)
-        s = kvr_error_set(err, KVR_ERR_IO, "short read at %llu",
-                          (unsigned long long)(off + got));
-    if (s == KVR_OK) {
-        memcpy(rest, tmp, n);
-        memcpy(stored, tmp + n, KVR_STORE_SUM_BYTES);
-    }
-    free(tmp);
-    return s;
-}
-
-/* Reads a whole chunk file: header checked against want (NULL: any),
- * payload into a new buffer (its leaves hashed as they land), checksum
- * compared. */
-static kvr_status_t read_chunk(kvr_store_t *st, int fd, const char *name,
-                               const kvr_chunk_key_t *want, uint8_t **data,
-                               uint64_t *len, uint8_t *sum, kvr_error_t *err)
+/* Starts reading a whole chunk file: header checked against want (NULL:
+ * any), then the payload and the stored checksum in one transfer into a
+ * new buffer (its slack holds the checksum and, with O_DIRECT, the rest of
+ * the last block), its leaves hashed as they land; the rest of the hash is
+ * left to kvr__disk_read_check. */
+static kvr_status_t read_start(kvr_store_t *st, int fd, const char *name,
+                               const kvr_chunk_key_t *want, kvr__read_t *r,
+                               kvr_error_t *err)
 {
     struct stat sb;
-    uint8_t header[KVR__CHUNK_HEADER], stored[KVR_STORE_SUM_BYTES];
     kvr_chunk_key_t key;
+    memset(r, 0, sizeof *r);
+    snprintf(r->name, sizeof r->name, "%s", name);
     if (fstat(fd, &sb) != 0)
         return kvr_error_set(err, KVR_ERR_IO, "chunk %s: %s", name,
                              strerror(errno));
-    kvr_status_t s = read_header(fd, name, (uint64_t)sb.st_size, want, header,
-                                 &key, len, err);
+    kvr_status_t s = read_header(fd, name, (uint64_t)sb.st_size, want,
+                                 r->header, &key, &r->len, err);
     if (s != KVR_OK)
         return s;
-    uint64_t at = kvr__chunk_data_at(header);
-    *data = kvr__store_alloc(st, *len);
-    if (*data == NULL)
+    uint64_t at = kvr__chunk_data_at(r->header);
+    r->data = kvr__store_alloc(st, r->len);
+    if (r->data == NULL)
         return kvr_error_set(err, KVR_ERR_NO_MEMORY, "chunk %s: %llu bytes",
-                             name, (unsigned long long)*len);
-    bool direct = at == KVR__CHUNK_DATA && go_direct(st, fd, *data, *len, name);
-    uint64_t body = direct ? *len / KVR__ALIGN * KVR__ALIGN : *len;
-    kvr__sum_t *job = kvr__sum_start(header, *data, *len, false);
-    s = do_io(st, fd, IO_READ, *data, body, at, direct, job, err);
-    if (s == KVR_OK)
-        s = read_tail(fd, *data + body, *len - body, stored, at + body, direct,
-                      err);
-    if (s != KVR_OK)
-        kvr__sum_abort(job);
-    else if (job != NULL)
-        kvr__sum_finish(job, sum);
-    else
-        kvr__chunk_sum(header, *data, *len, sum);
-    if (s == KVR_OK && memcmp(sum, stored, sizeof stored) != 0)
-        s = kvr_error_set(err, KVR_ERR_VERIFY, "chunk %s: checksum mismatch",
-                          name);
+                             name, (unsigned long long)r->len);
+    bool direct = at == KVR__CHUNK_DATA &&
+                  go_direct(st, fd, r->data, r->len, name);
+    uint64_t need = r->len + KVR_STORE_SUM_BYTES;
+    r->job = st->apart ? kvr__sum_start_apart(r->header, r->data, r->len)
+                       : kvr__sum_start(r->header, r->data, r->len, false);
+    s = do_io(st, fd, IO_READ, r->data, direct ? round_up(need) : need, need,
+              at, direct, r->job, err);
     if (s != KVR_OK) {
-        free(*data);
-        *data = NULL;
+        kvr__disk_read_abort(r);
+        return s;
     }
+    memcpy(r->stored, r->data + r->len, KVR_STORE_SUM_BYTES);
+    return KVR_OK;
+}
+
+kvr_status_t kvr__disk_read_check(kvr__read_t *r,
+                                  uint8_t sum[KVR_STORE_SUM_BYTES],
+                                  kvr_error_t *err)
+{
+    if (r->job != NULL)
+        kvr__sum_finish(r->job, sum);
+    else
+        kvr__chunk_sum(r->header, r->data, r->len, sum);
+    r->job = NULL;
+    if (memcmp(sum, r->stored, KVR_STORE_SUM_BYTES) == 0)
+        return KVR_OK;
+    free(r->data);
+    r->data = NULL;
+    return kvr_error_set(err, KVR_ERR_VERIFY, "chunk %s: checksum mismatch",
+                         r->name);
+}
+
+void kvr__disk_read_abort(kvr__read_t *r)
+{
+    kvr__sum_abort(r->job);
+    r->job = NULL;
+    free(r->data);
+    r->data = NULL;
+}
+
+kvr_status_t kvr__disk_read_start(kvr_store_t *st, const kvr_chunk_key_t *key,
+                                  kvr__read_t *r, kvr_error_t *err)
+{
+    char name[KVR_STORE_NAME_MAX];
+    kvr__chunk_name(key, name);
+    int fd = openat(st->dir_fd, name, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) {
+        memset(r, 0, sizeof *r);
+        return kvr_error_set(err, KVR_ERR_NOT_FOUND, "chunk %s: %s", name,
+                             strerror(errno));
+    }
+    kvr_status_t s = read_start(st, fd, name, key, r, err);
+    close(fd);
     return s;
 }
 
@@ -573,14 +615,12 @@ kvr_status_t kvr__disk_read(kvr_store_t *st, const kvr_chunk_key_t *key,
                             uint8_t **data, uint64_t *len,
                             uint8_t sum[KVR_STORE_SUM_BYTES], kvr_error_t *err)
 {
-    char name[KVR_STORE_NAME_MAX];
-    kvr__chunk_name(key, name);
-    int fd = openat(st->dir_fd, name, O_RDONLY | O_CLOEXEC);
-    if (fd < 0)
-        return kvr_error_set(err, KVR_ERR_NOT_FOUND, "chunk %s: %s", name,
-                             strerror(errno));
-    kvr_status_t s = read_chunk(st, fd, name, key, data, len, sum, err);
-    close(fd);
+    kvr__read_t r;
+    kvr_status_t s = kvr__disk_read_start(st, key, &r, err);
+    if (s == KVR_OK)
+        s = kvr__disk_read_check(&r, sum, err);
+    *data = r.data;
+    *len = r.len;
     return s;
 }
 
@@ -588,7 +628,7 @@ kvr_status_t kvr__disk_check(int dirfd, const char *name, bool full,
                              kvr_error_t *err)
 {
     kvr_store_t tmp = {.dir_fd = dirfd, .ring = NULL, .direct = true};
-    uint8_t *data = NULL, sum[KVR_STORE_SUM_BYTES], header[KVR__CHUNK_HEADER];
+    uint8_t sum[KVR_STORE_SUM_BYTES], header[KVR__CHUNK_HEADER];
     uint64_t len;
     int fd = openat(dirfd, name, O_RDONLY | O_CLOEXEC);
     if (fd < 0)
@@ -608,9 +648,12 @@ kvr_status_t kvr__disk_check(int dirfd, const char *name, bool full,
             s = kvr_error_set(err, KVR_ERR_VERIFY, "chunk %s: header names %s",
                               name, expect);
     }
+    kvr__read_t r = {0};
     if (s == KVR_OK && full)
-        s = read_chunk(&tmp, fd, name, &named, &data, &len, sum, err);
+        s = read_start(&tmp, fd, name, &named, &r, err);
+    if (s == KVR_OK && full)
+        s = kvr__disk_read_check(&r, sum, err);
     close(fd);
-    free(data);
+    free(r.data);
     return s;
 }

@@ -451,15 +451,15 @@ static kvr_status_t scatter(const kvr_store_io_t *io, load_ctx_t *x, size_t c,
     return s;
 }
 
-/* Chunks c + 1 .. c + depth are read and checked on threads while chunk c
- * is scattered (the disk and the checksum's threads stay busy across
- * chunks); small chunks further ahead (store_internal.h). */
+/* Chunk c and c + 1 .. c + depth are queued for the store's reader, so
+ * that chunks after c are read (and hashed) while c is checked and
+ * scattered; small chunks further ahead (store_internal.h). */
 static void read_ahead(kvr_store_t *st, const kvr_store_io_t *io, size_t c)
 {
     size_t depth = st->last_len > 0 && st->last_len <= KVR__AHEAD_SMALL
                        ? KVR__AHEAD
                        : 2;
-    for (size_t k = c + 1; k <= c + depth && k < io->num_chains; k++) {
+    for (size_t k = c; k <= c + depth && k < io->num_chains; k++) {
         kvr_chunk_key_t next = key_of(io, k);
         kvr__store_read_ahead(st, &next);
     }
@@ -486,10 +486,9 @@ kvr_status_t kvr_store_load(kvr_store_t *st, const kvr_store_io_t *io,
         const uint8_t *data;
         uint64_t len;
         kvr_error_t miss;
-        read_ahead(st, io, c); /* the first time: c + 1 while c is read */
+        read_ahead(st, io, c);
         if (kvr__store_ref(st, &key, &data, &len, &miss) != KVR_OK)
             break; /* a miss or a corrupt chunk ends the hit */
-        read_ahead(st, io, c);
         s = scatter(io, &x, c, data, len, err);
         if (s == KVR_OK) {
             *tokens = (c + 1) * io->chunk;

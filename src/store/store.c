@@ -64,7 +64,7 @@ static kvr__entry_t *find(kvr_store_t *st, const kvr_chunk_key_t *key)
 
 static void keep_spare(kvr_store_t *st, uint8_t *data, uint64_t len)
 {
-    for (int i = 0; i < KVR__SPARES; i++)
+    for (unsigned i = 0; i < KVR__SPARES; i++)
         if (st->spare[i] == NULL) {
             st->spare[i] = data;
             st->spare_len[i] = len;
@@ -75,7 +75,7 @@ static void keep_spare(kvr_store_t *st, uint8_t *data, uint64_t len)
 
 static uint8_t *take_spare(kvr_store_t *st, uint64_t len)
 {
-    for (int i = 0; i < KVR__SPARES; i++)
+    for (unsigned i = 0; i < KVR__SPARES; i++)
         if (st->spare[i] != NULL && st->spare_len[i] == len) {
             uint8_t *b = st->spare[i];
             st->spare[i] = NULL;
@@ -107,7 +107,8 @@ uint8_t *kvr__store_alloc(kvr_store_t *st, uint64_t len)
         b = take_spare(st, len);
     }
     void *fresh = NULL;
-    if (b == NULL && posix_memalign(&fresh, KVR__ALIGN, len ? len : 1) == 0)
+    uint64_t cap = (len + KVR__ALIGN - 1) / KVR__ALIGN * KVR__ALIGN;
+    if (b == NULL && posix_memalign(&fresh, KVR__ALIGN, cap + KVR__SLACK) == 0)
         b = fresh;
     return b;
 }
@@ -141,103 +142,201 @@ static kvr__entry_t *host_insert(kvr_store_t *st, const kvr_chunk_key_t *key,
 
 /* ---- read-ahead ---------------------------------------------------------- */
 
-/* The thread's own view of the store: the directory, its slot's io_uring,
- * whether O_DIRECT works, and one spare buffer; nothing it shares. */
+/* A load's chunks are read by one thread, one chunk at a time in the order
+ * the load queued them, as the sequential-I/O ceiling reads its files:
+ * each lands as early as the disk allows, and no chunk's small reads wait
+ * behind other chunks' (several chunks read at once all landed late, each
+ * one's header read queued behind the others' payloads). The reader goes
+ * on to the next chunk as soon as one is in memory; that chunk's leaves
+ * are still hashed on the checksum's threads, and the load finishes and
+ * compares its checksum when it takes it. */
 struct kvr__ahead {
-    kvr_store_t io;
     kvr_chunk_key_t key;
-    uint8_t *data;
-    uint64_t len;
-    uint8_t sum[KVR_STORE_SUM_BYTES];
+    uint64_t seq;     /* the order queued */
+    uint8_t *buf;     /* a buffer offered for it; back to the load unused */
+    uint64_t buf_len;
+    bool started, done, direct;
+    kvr__read_t rd; /* once done, with status KVR_OK */
     kvr_status_t status;
     kvr_error_t err;
+};
+
+/* The queue (under mu) and the reader's own view of the store: the
+ * directory, its io_uring, whether O_DIRECT works, the buffer offered
+ * for the chunk it reads; nothing it shares. */
+struct kvr__reader {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    kvr__ahead_t *q[KVR__AHEAD + 1];
+    unsigned n;
+    uint64_t seq;
+    bool stop;
+    kvr_store_t io;
     pthread_t tid;
 };
 
-static void *ahead_main(void *arg)
+/* The queued chunk not yet started that was queued first, or NULL. */
+static kvr__ahead_t *first_waiting(const kvr__reader_t *r)
 {
-    kvr__ahead_t *a = arg;
-    a->status = kvr__disk_read(&a->io, &a->key, &a->data, &a->len, a->sum,
-                               &a->err);
+    kvr__ahead_t *a = NULL;
+    for (unsigned i = 0; i < r->n; i++)
+        if (!r->q[i]->started && (a == NULL || r->q[i]->seq < a->seq))
+            a = r->q[i];
+    return a;
+}
+
+static void read_one(kvr__reader_t *r, kvr__ahead_t *a)
+{
+    r->io.spare[0] = a->buf;
+    r->io.spare_len[0] = a->buf_len;
+    a->status = kvr__disk_read_start(&r->io, &a->key, &a->rd, &a->err);
+    a->buf = r->io.spare[0]; /* not taken: the wrong size, or no file */
+    r->io.spare[0] = NULL;
+    a->direct = r->io.direct; /* it found O_DIRECT refused */
+}
+
+static void *reader_main(void *arg)
+{
+    kvr__reader_t *r = arg;
+    pthread_mutex_lock(&r->mu);
+    for (;;) {
+        kvr__ahead_t *a = NULL;
+        while (!r->stop && (a = first_waiting(r)) == NULL)
+            pthread_cond_wait(&r->cv, &r->mu);
+        if (r->stop)
+            break;
+        a->started = true;
+        pthread_mutex_unlock(&r->mu);
+        read_one(r, a);
+        pthread_mutex_lock(&r->mu);
+        a->done = true;
+        pthread_cond_broadcast(&r->cv);
+    }
+    pthread_mutex_unlock(&r->mu);
     return NULL;
 }
 
-/* Joins slot i; its result stays in it. */
-static kvr__ahead_t *ahead_join(kvr_store_t *st, unsigned i)
+/* The store's reader, started on first use (NULL where no thread can
+ * start: the load reads each chunk itself). */
+static kvr__reader_t *reader_get(kvr_store_t *st)
 {
-    kvr__ahead_t *a = st->ahead[i];
-    st->ahead[i] = NULL;
-    pthread_join(a->tid, NULL);
-    st->direct = st->direct && a->io.direct; /* it found O_DIRECT refused */
-    if (a->io.spare[0] != NULL) /* its spare was not the right size */
-        keep_spare(st, a->io.spare[0], a->io.spare_len[0]);
-    return a;
+    if (st->reader != NULL)
+        return st->reader;
+    kvr__reader_t *r = calloc(1, sizeof *r);
+    if (r == NULL)
+        return NULL;
+    if (st->ring != NULL && st->ahead_ring == NULL)
+        st->ahead_ring = kvr__disk_ring_new();
+    r->io.dir_fd = st->dir_fd;
+    r->io.ring = st->ring != NULL ? st->ahead_ring : NULL;
+    r->io.direct = st->direct;
+    r->io.apart = true;
+    pthread_mutex_init(&r->mu, NULL);
+    pthread_cond_init(&r->cv, NULL);
+    if (pthread_create(&r->tid, NULL, reader_main, r) != 0) {
+        pthread_mutex_destroy(&r->mu);
+        pthread_cond_destroy(&r->cv);
+        free(r);
+        return NULL;
+    }
+    st->reader = r;
+    return r;
+}
+
+/* Index of key's entry in the queue, or r->n. Under mu. */
+static unsigned queued_at(const kvr__reader_t *r, const kvr_chunk_key_t *key)
+{
+    unsigned i = 0;
+    while (i < r->n && memcmp(&r->q[i]->key, key, sizeof *key) != 0)
+        i++;
+    return i;
+}
+
+/* An entry's buffers back: a read done but never taken is dropped. */
+static void ahead_free(kvr_store_t *st, kvr__ahead_t *a)
+{
+    if (a->done && a->status == KVR_OK)
+        kvr__disk_read_abort(&a->rd);
+    if (a->buf != NULL)
+        keep_spare(st, a->buf, a->buf_len);
+    free(a);
 }
 
 void kvr__store_ahead_drop(kvr_store_t *st)
 {
-    for (unsigned i = 0; i < KVR__AHEAD; i++)
-        if (st->ahead[i] != NULL) {
-            kvr__ahead_t *a = ahead_join(st, i);
-            free(a->data);
-            free(a);
-        }
+    kvr__reader_t *r = st->reader;
+    if (r == NULL)
+        return;
+    pthread_mutex_lock(&r->mu);
+    r->stop = true;
+    pthread_cond_broadcast(&r->cv);
+    pthread_mutex_unlock(&r->mu);
+    pthread_join(r->tid, NULL); /* after the chunk it reads, if any */
+    for (unsigned i = 0; i < r->n; i++)
+        ahead_free(st, r->q[i]);
+    st->direct = st->direct && r->io.direct;
+    pthread_mutex_destroy(&r->mu);
+    pthread_cond_destroy(&r->cv);
+    free(r);
+    st->reader = NULL;
 }
 
 void kvr__store_read_ahead(kvr_store_t *st, const kvr_chunk_key_t *key)
 {
-    unsigned slot = KVR__AHEAD;
-    for (unsigned i = 0; i < KVR__AHEAD; i++) {
-        if (st->ahead[i] != NULL &&
-            memcmp(&st->ahead[i]->key, key, sizeof *key) == 0)
-            return; /* on its way */
-        if (st->ahead[i] == NULL && slot == KVR__AHEAD)
-            slot = i;
-    }
-    if (st->dir == NULL || slot == KVR__AHEAD || find(st, key) != NULL)
+    if (st->dir == NULL || find(st, key) != NULL)
         return;
-    kvr__ahead_t *a = calloc(1, sizeof *a);
-    if (a == NULL)
+    kvr__reader_t *r = reader_get(st);
+    if (r == NULL)
         return; /* a hint: the load reads it itself */
-    if (st->ring != NULL && st->ahead_ring[slot] == NULL)
-        st->ahead_ring[slot] = kvr__disk_ring_new();
-    a->io.dir_fd = st->dir_fd;
-    a->io.ring = st->ring != NULL ? st->ahead_ring[slot] : NULL;
-    a->io.direct = st->direct;
+    pthread_mutex_lock(&r->mu);
+    bool skip = queued_at(r, key) < r->n || r->n == KVR__AHEAD + 1;
+    pthread_mutex_unlock(&r->mu);
+    kvr__ahead_t *a = skip ? NULL : calloc(1, sizeof *a);
+    if (a == NULL)
+        return;
     a->key = *key;
     if (st->last_len > 0) { /* chunks of a request are alike */
-        a->io.spare[0] = kvr__store_alloc(st, st->last_len);
-        a->io.spare_len[0] = st->last_len;
+        a->buf = kvr__store_alloc(st, st->last_len);
+        a->buf_len = a->buf != NULL ? st->last_len : 0;
     }
-    if (pthread_create(&a->tid, NULL, ahead_main, a) != 0) {
-        free(a->io.spare[0]);
-        free(a);
-        return;
-    }
-    st->ahead[slot] = a;
+    pthread_mutex_lock(&r->mu); /* only this thread adds to the queue */
+    a->seq = r->seq++;
+    r->q[r->n++] = a;
+    pthread_cond_broadcast(&r->cv);
+    pthread_mutex_unlock(&r->mu);
 }
 
-/* The result of a read-ahead of key, when one was started: true with
- * *s (and on success the buffer) filled. */
+/* The queued read of key, when there is one: waits until it is read, then
+ * checks it; true with *s (and on success the buffer) filled. */
 static bool ahead_take(kvr_store_t *st, const kvr_chunk_key_t *key,
                        kvr_status_t *s, uint8_t **buf, uint64_t *len,
                        uint8_t *sum, kvr_error_t *err)
 {
-    for (unsigned i = 0; i < KVR__AHEAD; i++) {
-        if (st->ahead[i] == NULL ||
-            memcmp(&st->ahead[i]->key, key, sizeof *key) != 0)
-            continue;
-        kvr__ahead_t *a = ahead_join(st, i);
-        *s = a->status;
-        *buf = a->data;
-        *len = a->len;
-        memcpy(sum, a->sum, KVR_STORE_SUM_BYTES);
-        if (a->status != KVR_OK && err != NULL)
-            *err = a->err;
-        free(a);
-        return true;
-    }
-    return false;
+    kvr__reader_t *r = st->reader;
+    if (r == NULL)
+        return false;
+    pthread_mutex_lock(&r->mu);
+    unsigned i = queued_at(r, key);
+    kvr__ahead_t *a = i < r->n ? r->q[i] : NULL;
+    while (a != NULL && !a->done)
+        pthread_cond_wait(&r->cv, &r->mu); /* the reader's own I/O bounds it */
+    if (a != NULL)
+        r->q[i] = r->q[--r->n];
+    pthread_mutex_unlock(&r->mu);
+    if (a == NULL)
+        return false;
+    st->direct = st->direct && a->direct;
+    *s = a->status;
+    if (*s == KVR_OK)
+        *s = kvr__disk_read_check(&a->rd, sum, &a->err);
+    *buf = a->rd.data;
+    *len = a->rd.len;
+    a->rd.data = NULL;
+    a->done = false; /* nothing left for ahead_free to drop */
+    if (*s != KVR_OK && err != NULL)
+        *err = a->err;
+    ahead_free(st, a);
+    return true;
 }
 
 /* ---- open, scan, close ------------------------------------------------- */
@@ -336,7 +435,7 @@ void kvr_store_close(kvr_store_t *st)
     if (st->dir != NULL)
         kvr__disk_close(st); /* joins the read-ahead */
     turn_free(st->turn); /* every write-behind was joined by its save */
-    for (int i = 0; i < KVR__SPARES; i++)
+    for (unsigned i = 0; i < KVR__SPARES; i++)
         free(st->spare[i]);
     free(st->spill);
     free(st->dir);

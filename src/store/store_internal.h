@@ -17,14 +17,15 @@
 #define KVR__ALIGN 4096u /* O_DIRECT alignment: buffers, offsets, lengths */
 #define KVR__CHUNK_DATA KVR__ALIGN /* payload offset (version 2) */
 #define KVR__CHUNK_FRAME (KVR__CHUNK_DATA + KVR_STORE_SUM_BYTES)
-#define KVR__SPARES 4
+#define KVR__SPARES (KVR__AHEAD + 1) /* a load queues this many */
 #define KVR__LEAF (4ull << 20) /* checksum leaf */
 #define KVR__HASH_THREADS 8u
-/* chunks of a load read and checked ahead: KVR__AHEAD when they are
- * KVR__AHEAD_SMALL bytes or less (too few 4 MiB pieces each to keep the
- * disk busy while earlier ones are hashed), else 2 (memory) */
+/* chunks of a load read ahead of the one it waits for: KVR__AHEAD when
+ * they are KVR__AHEAD_SMALL bytes or less (their hashing lags their reads
+ * more), else 2 (memory) */
 #define KVR__AHEAD 4u
 #define KVR__AHEAD_SMALL (16ull << 20)
+#define KVR__SLACK KVR__ALIGN
 #define KVR__BEHIND 2u /* chunks of a save written behind it */
 #define KVR__TMP_NAME_MAX (KVR_STORE_NAME_MAX + 48)
 /* checksum kinds: how the leaves are hashed (header offset 12) */
@@ -45,9 +46,10 @@ typedef struct kvr__entry {
     struct kvr__entry *prev, *next;
 } kvr__entry_t;
 
-/* A chunk read and checked on a thread while the load scatters earlier
- * ones (store.c). */
+/* Chunks read on a thread, in order, while the load scatters earlier ones
+ * (store.c). */
 typedef struct kvr__ahead kvr__ahead_t;
+typedef struct kvr__reader kvr__reader_t;
 /* A chunk written on a thread while a save gathers the next (store.c). */
 typedef struct kvr__behind kvr__behind_t;
 typedef struct kvr__turn kvr__turn_t;
@@ -61,6 +63,8 @@ struct kvr_store {
     uint64_t tmp_seq;
     unsigned sum_kind; /* for new chunk files (KVR__SUM_*) */
     void *ring;     /* io_uring, when built with liburing */
+    bool apart;     /* a load's reader: reads leave every leaf to the
+                       checksum's helpers (kvr__sum_start_apart) */
     bool direct;    /* large payloads use O_DIRECT (off once the
                        filesystem refused it) */
     uint8_t *spill; /* a disk hit the host tier cannot hold */
@@ -69,8 +73,8 @@ struct kvr_store {
      * a full tier saves into memory already faulted in */
     uint8_t *spare[KVR__SPARES];
     uint64_t spare_len[KVR__SPARES];
-    kvr__ahead_t *ahead[KVR__AHEAD]; /* in flight, or NULL */
-    void *ahead_ring[KVR__AHEAD];    /* each read-ahead slot's io_uring */
+    kvr__reader_t *reader; /* a load's read-ahead, or NULL */
+    void *ahead_ring;      /* the read-ahead's io_uring, kept across loads */
     uint64_t last_len;               /* the last chunk read from disk */
     /* a save's writes in flight, oldest first (store.c) */
     kvr__behind_t *behind[KVR__BEHIND];
@@ -102,6 +106,10 @@ void kvr__chunk_sum(const uint8_t header[KVR__CHUNK_HEADER], const void *data,
 typedef struct kvr__sum kvr__sum_t;
 kvr__sum_t *kvr__sum_start(const uint8_t header[KVR__CHUNK_HEADER],
                            const void *data, uint64_t len, bool present);
+/* The same for a payload still to be read by a thread that does not hash
+ * (a load's reader): a helper thread per CPU hashes until finish. */
+kvr__sum_t *kvr__sum_start_apart(const uint8_t header[KVR__CHUNK_HEADER],
+                                 const void *data, uint64_t len);
 void kvr__sum_ready(kvr__sum_t *s, uint64_t bytes);
 bool kvr__sum_step(kvr__sum_t *s);
 void kvr__sum_finish(kvr__sum_t *s, uint8_t out[KVR_STORE_SUM_BYTES]);
@@ -120,6 +128,26 @@ kvr_status_t kvr__disk_write(kvr_store_t *st, const kvr_chunk_key_t *key,
 kvr_status_t kvr__disk_read(kvr_store_t *st, const kvr_chunk_key_t *key,
                             uint8_t **data, uint64_t *len,
                             uint8_t sum[KVR_STORE_SUM_BYTES], kvr_error_t *err);
+/* The same in two steps, so that a reader can go on to the next chunk
+ * while this one's leaves are still being hashed: start reads the file
+ * (header checked, payload and stored checksum in memory, the checksum's
+ * threads hashing the leaves); check finishes the checksum and compares
+ * it (on a mismatch KVR_ERR_VERIFY, data freed); abort drops a started
+ * read. Until check succeeds the bytes are not verified. */
+typedef struct kvr__read {
+    uint8_t header[KVR__CHUNK_HEADER];
+    uint8_t stored[KVR_STORE_SUM_BYTES];
+    uint8_t *data; /* len bytes (and the buffer's slack) */
+    uint64_t len;
+    kvr__sum_t *job; /* NULL: hashed by check */
+    char name[KVR_STORE_NAME_MAX];
+} kvr__read_t;
+kvr_status_t kvr__disk_read_start(kvr_store_t *st, const kvr_chunk_key_t *key,
+                                  kvr__read_t *r, kvr_error_t *err);
+kvr_status_t kvr__disk_read_check(kvr__read_t *r,
+                                  uint8_t sum[KVR_STORE_SUM_BYTES],
+                                  kvr_error_t *err);
+void kvr__disk_read_abort(kvr__read_t *r);
 /* The same in two steps: the file written and fsynced under a temp name
  * (tmp; removed on failure), then renamed to its own name and the
  * directory fsynced (commit: the chunk becomes visible; the temp file is
@@ -155,14 +183,18 @@ kvr_status_t kvr__store_ref(kvr_store_t *st, const kvr_chunk_key_t *key,
                             const uint8_t **data, uint64_t *len,
                             kvr_error_t *err);
 bool kvr__store_in_host(kvr_store_t *st, const kvr_chunk_key_t *key);
-/* Starts reading and checking a chunk from disk on a thread (when it is on
- * disk only, not already on its way, and a slot is free), so that the next
- * kvr__store_ref of it finds it read; a load runs KVR__AHEAD chunks ahead
- * of the one it scatters. drop joins and frees every read in flight. */
+/* Queues a chunk for the read-ahead thread (when it is on disk only, not
+ * already queued, and fewer than KVR__AHEAD + 1 are), which reads queued
+ * chunks one at a time in the order queued, so that a kvr__store_ref of
+ * it finds it read and checks it; a load queues the chunk it is about to
+ * take and up to KVR__AHEAD after it. drop stops the thread and frees
+ * every chunk queued. */
 void kvr__store_read_ahead(kvr_store_t *st, const kvr_chunk_key_t *key);
 void kvr__store_ahead_drop(kvr_store_t *st);
 /* A buffer of len bytes for a chunk (a spare of that size, else a new one
- * aligned to KVR__ALIGN for O_DIRECT; freed with free). */
+ * aligned to KVR__ALIGN for O_DIRECT; freed with free), with KVR__SLACK
+ * bytes of room past len rounded up to KVR__ALIGN: a read lands the stored
+ * checksum there (and with O_DIRECT the rest of the file's last block). */
 uint8_t *kvr__store_alloc(kvr_store_t *st, uint64_t len);
 /* Takes ownership of data (malloc'ed) on success and on failure. */
 kvr_status_t kvr__store_put_owned(kvr_store_t *st, const kvr_chunk_key_t *key,
