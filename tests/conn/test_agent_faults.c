@@ -137,9 +137,12 @@ static void test_abort_pulling(void **state)
     world_free(w);
 }
 
-static void no_thread(kvr_agent_params_t *p)
+/* A stage driven by the test that holds unknown requests' pulls for a
+ * minute: the open below comes within the wait however slow the run. */
+static void no_thread_patient(kvr_agent_params_t *p)
 {
     p->progress_thread = false;
+    p->unknown_wait_ms = 60000;
 }
 
 typedef bool (*world_cond_t)(world_t *w, const char *id);
@@ -189,11 +192,11 @@ static void test_abort_held_before_open(void **state)
 {
     (void)state;
     world_t *w;
-    one_stage_world(&w, no_thread, NULL, 1);
+    one_stage_world(&w, no_thread_patient, NULL, 1);
     ah_req_t r;
     ah_req(&w->m, 3, 150, &r);
     fill_all(w, 0, &r);
-    ah_recv(&w->cons[0], A, head_addr(w, 0), &r, 0);
+    ah_recv(&w->cons[0], A, head_addr(w, 0), &r, 60000);
     assert_true(turn_until(w, r.id, pull_held));
     assert_int_equal(kvr_agent_recv_abort(w->cons[0].agent, A, strlen(A), r.id,
                                           strlen(r.id)),
