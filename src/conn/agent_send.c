@@ -503,20 +503,38 @@ static void preq_step(kvr_agent_t *a, kvr__preq_t *r, kvr__send_in_t in,
 
 /* ---- commands ---- */
 
+static void on_release_unasked(kvr_agent_t *a, kvr__preq_t *r, kvr__alink_t *l,
+                               kvr_status_t outcome);
+
+/* Takes an orphan of request r off the list: a held pull, or (released)
+ * the record of a rank's RELEASE that came before the open. */
+static kvr__pull_t *take_orphan(kvr_agent_t *a, const kvr__preq_t *r,
+                                bool released)
+{
+    for (kvr__pull_t **pp = &a->orphans; *pp != NULL; pp = &(*pp)->next) {
+        kvr__pull_t *p = *pp;
+        if (kvr_wire_id_equal(&p->request, &r->id) &&
+            (p->state == KVR__PULL_RELEASED) == released) {
+            *pp = p->next;
+            p->next = NULL;
+            return p;
+        }
+    }
+    return NULL;
+}
+
+/* Releases first: each ended a pull sent before any still held. */
 static void adopt_orphans(kvr_agent_t *a, kvr__preq_t *r)
 {
-    for (kvr__pull_t **pp = &a->orphans; *pp != NULL;) {
-        kvr__pull_t *p = *pp;
-        if (!kvr_wire_id_equal(&p->request, &r->id)) {
-            pp = &p->next;
-            continue;
-        }
-        *pp = p->next;
+    kvr__pull_t *p;
+    while (preq_find(a, &r->id) == r && (p = take_orphan(a, r, true))) {
+        on_release_unasked(a, r, p->link, p->status);
+        pull_free(p);
+    }
+    while (preq_find(a, &r->id) == r && (p = take_orphan(a, r, false))) {
         p->next = r->pulls;
         r->pulls = p;
         preq_step(a, r, KVR__SIN_PULL, p, KVR_OK);
-        if (preq_find(a, &r->id) != r)
-            return; /* the request ended */
     }
 }
 
@@ -700,6 +718,22 @@ static void on_release_unasked(kvr_agent_t *a, kvr__preq_t *r, kvr__alink_t *l,
     preq_step(a, r, KVR__SIN_ANSWERED, NULL, KVR_OK);
 }
 
+/* RELEASE of a pull held for a request not opened (yet): answered, and
+ * kept in state RELEASED for the rest of the unknown-request wait, so that
+ * a send_open within it counts the rank as released (adopt_orphans)
+ * instead of waiting for it until give-up or the lease. A RELEASE of no
+ * held pull is dropped: it may be a late one of a request that ended. */
+static void release_unopened(kvr_agent_t *a, kvr__alink_t *l,
+                             const kvr_msg_release_t *m)
+{
+    kvr__pull_t *o = pull_of(a->orphans, l, m->write_nonce);
+    if (o == NULL || o->state == KVR__PULL_RELEASED)
+        return;
+    answer(a, o, KVR_ERR_CANCELED, "released by the consumer");
+    o->state = KVR__PULL_RELEASED;
+    o->status = m->outcome;
+}
+
 static void on_release(kvr_agent_t *a, kvr__alink_t *l,
                        const kvr_msg_release_t *m)
 {
@@ -713,15 +747,8 @@ static void on_release(kvr_agent_t *a, kvr__alink_t *l,
         on_release_unasked(a, r, l, m->outcome);
         return;
     }
-    /* a pull still waiting for its request: answer, forget */
-    for (kvr__pull_t **pp = &a->orphans; *pp != NULL; pp = &(*pp)->next)
-        if ((*pp)->link == l && (*pp)->nonce == m->write_nonce) {
-            kvr__pull_t *o = *pp;
-            *pp = o->next;
-            answer(a, o, KVR_ERR_CANCELED, "released by the consumer");
-            pull_free(o);
-            return;
-        }
+    if (r == NULL)
+        release_unopened(a, l, m);
 }
 
 /* The consumer unpacked chunk m->chunk (acks come in order): its slot is
@@ -804,7 +831,8 @@ static void tick_orphans(kvr_agent_t *a, uint64_t now, uint64_t *next)
                  "producer '%.*s' stage (pp %u, tp %u)",
                  (int)o->request.len, o->request.bytes, (int)a->instance.len,
                  a->instance.bytes, a->p.topo.pp_rank, a->p.topo.tp_rank);
-        answer(a, o, KVR_ERR_NOT_FOUND, text);
+        if (o->state != KVR__PULL_RELEASED) /* a release record: forgotten */
+            answer(a, o, KVR_ERR_NOT_FOUND, text);
         pull_free(o);
     }
 }

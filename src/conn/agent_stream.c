@@ -196,5 +196,7 @@ kvr_status_t kvr__stream_stage_done(kvr_agent_t *a, kvr__creq_t *r,
 
 void kvr__agent_speak_3_0(kvr_agent_t *a)
 {
+    pthread_mutex_lock(&a->turn_lock); /* the loop reads it in its turns */
     a->speaks_3_0 = true;
+    pthread_mutex_unlock(&a->turn_lock);
 }

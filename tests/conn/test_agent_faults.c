@@ -2,6 +2,7 @@
  * control frames, failing and slow puts, lost peers and restarted peers.
  * Every request ends in exactly one terminal event; on the consumer
  * RELEASED follows only once no source can still write. */
+#include <poll.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -133,6 +134,83 @@ static void test_abort_pulling(void **state)
         assert_int_equal(e->status, KVR_ERR_CANCELED);
         assert_int_equal(terminal_sends(&w->prod[0][s], r.id), 1);
     }
+    world_free(w);
+}
+
+/* A stage driven by the test that holds unknown requests' pulls for a
+ * minute: the open below comes within the wait however slow the run. */
+static void no_thread_patient(kvr_agent_params_t *p)
+{
+    p->progress_thread = false;
+    p->unknown_wait_ms = 60000;
+}
+
+typedef bool (*world_cond_t)(world_t *w, const char *id);
+
+/* Turns of stage 0 (no progress thread) until cond holds; false if it did
+ * not within the wait. Events of it and both ranks are collected. */
+static bool turn_until(world_t *w, const char *id, world_cond_t cond)
+{
+    ah_agent_t *p = &w->prod[0][0];
+    uint64_t end = ah_now_ms() + AH_WAIT_MS;
+    while (!cond(w, id)) {
+        if (ah_now_ms() > end)
+            return false;
+        struct pollfd fd = {.fd = kvr_agent_fd(p->agent), .events = POLLIN};
+        poll(&fd, 1, 20);
+        assert_int_equal(kvr_agent_progress(p->agent, 0), KVR_OK);
+        ah_collect(p);
+        ah_collect(&w->cons[0]);
+        ah_collect(&w->cons[1]);
+    }
+    return true;
+}
+
+/* (the loop of stage 0 is the test's thread between progress calls) */
+static bool pull_held(world_t *w, const char *id)
+{
+    (void)id;
+    return w->prod[0][0].agent->orphans != NULL;
+}
+
+static bool rank0_released(world_t *w, const char *id)
+{
+    return ah_count(&w->cons[0], id, KVR_AGENT_RELEASED) == 1;
+}
+
+static bool both_ended(world_t *w, const char *id)
+{
+    return ah_count(&w->cons[1], id, KVR_AGENT_RELEASED) == 1 &&
+           terminal_sends(&w->prod[0][0], id) == 1;
+}
+
+/* Rank 0 pulls before the stage opened the request and aborts while its
+ * pull is held there: the stage answers, and once opened counts rank 0 as
+ * released, so its request fails when rank 1 released rather than when
+ * rank 1's deadline (60 s) plus grace gives up on rank 0. */
+static void test_abort_held_before_open(void **state)
+{
+    (void)state;
+    world_t *w;
+    one_stage_world(&w, no_thread_patient, NULL, 1);
+    ah_req_t r;
+    ah_req(&w->m, 3, 150, &r);
+    fill_all(w, 0, &r);
+    ah_recv(&w->cons[0], A, head_addr(w, 0), &r, 60000);
+    assert_true(turn_until(w, r.id, pull_held));
+    assert_int_equal(kvr_agent_recv_abort(w->cons[0].agent, A, strlen(A), r.id,
+                                          strlen(r.id)),
+                     KVR_OK);
+    assert_true(turn_until(w, r.id, rank0_released));
+    expect_failed(&w->cons[0], r.id, KVR_ERR_CANCELED);
+    ah_open(&w->prod[0][0], &r, 0, 1, true);
+    ah_recv(&w->cons[1], A, head_addr(w, 0), &r, 60000);
+    assert_true(turn_until(w, r.id, both_ended));
+    assert_int_equal(ah_count(&w->cons[1], r.id, KVR_AGENT_LOADED), 1);
+    ah_verify(&w->m, stages_of(w, 0), 1, &w->cons[1], &r);
+    const kvr_agent_event_t *e = ah_wait(&w->prod[0][0], r.id,
+                                         KVR_AGENT_SEND_FAILED, 0);
+    assert_int_equal(e->status, KVR_ERR_CANCELED);
     world_free(w);
 }
 
@@ -532,6 +610,7 @@ int main(void)
         cmocka_unit_test(test_abort_dialing_and_queued),
         cmocka_unit_test(test_abort_pulling),
         cmocka_unit_test(test_abort_before_pull_tells_producer),
+        cmocka_unit_test(test_abort_held_before_open),
         cmocka_unit_test(test_producer_abort),
         cmocka_unit_test(test_duplicate_write_done),
         cmocka_unit_test(test_lost_write_done),

@@ -30,6 +30,7 @@ typedef struct shared {
     pthread_mutex_t lock;
     kvr_agent_event_t *log; /* every event polled by any thread */
     uint32_t nlog;
+    uint32_t polling; /* threads between an agent poll and its log entry */
     uint32_t aborted, loaded;
     uint32_t failed; /* checks that failed on a worker (named on stderr) */
 } shared_t;
@@ -45,45 +46,118 @@ static ah_agent_t *agent_at(world_t *w, uint32_t i)
 }
 
 /* Any thread polls every agent; events go to the shared log tagged by the
- * agent that produced them (in the event's layer_begin, unused here). */
-static void poll_all(shared_t *sh)
+ * agent that produced them (in the event's layer_begin, unused here).
+ * Taking an event and logging it are two steps, so a thread that took a
+ * rank's LOADED can log it after another thread took and logged the
+ * RELEASED queued behind it: `polling` counts the threads between the
+ * steps, and a request's log is complete only while it is zero. */
+static bool poll_one(shared_t *sh, uint32_t i)
 {
     kvr_agent_event_t ev;
-    for (uint32_t i = 0; i < 4; i++)
-        while (kvr_agent_poll(agent_at(sh->w, i)->agent, &ev)) {
-            ev.layer_begin = i;
-            pthread_mutex_lock(&sh->lock);
-            assert_true(sh->nlog < AH_MAX_EVENTS);
-            sh->log[sh->nlog++] = ev;
-            pthread_mutex_unlock(&sh->lock);
-        }
+    pthread_mutex_lock(&sh->lock);
+    sh->polling++;
+    pthread_mutex_unlock(&sh->lock);
+    bool got = kvr_agent_poll(agent_at(sh->w, i)->agent, &ev);
+    ev.layer_begin = i;
+    pthread_mutex_lock(&sh->lock);
+    if (got && sh->nlog < AH_MAX_EVENTS)
+        sh->log[sh->nlog++] = ev;
+    else if (got) { /* the counts would go wrong */
+        fprintf(stderr, "the event log of %u entries is full\n", sh->nlog);
+        sh->failed++;
+    }
+    sh->polling--;
+    pthread_mutex_unlock(&sh->lock);
+    return got;
 }
 
-static uint32_t count(shared_t *sh, uint32_t agent, const char *id,
-                      kvr_agent_event_kind_t kind)
+static void poll_all(shared_t *sh)
+{
+    for (uint32_t i = 0; i < 4; i++)
+        while (poll_one(sh, i))
+            ;
+}
+
+/* Events of `kind` for request id from agent `agent`; under sh->lock. */
+static uint32_t count_locked(const shared_t *sh, uint32_t agent,
+                             const char *id, kvr_agent_event_kind_t kind)
 {
     uint32_t n = 0;
-    pthread_mutex_lock(&sh->lock);
     for (uint32_t i = 0; i < sh->nlog; i++) {
         const kvr_agent_event_t *e = &sh->log[i];
         n += e->layer_begin == agent && e->kind == kind &&
              e->request.len == strlen(id) &&
              memcmp(e->request.bytes, id, e->request.len) == 0;
     }
+    return n;
+}
+
+static uint32_t count(shared_t *sh, uint32_t agent, const char *id,
+                      kvr_agent_event_kind_t kind)
+{
+    pthread_mutex_lock(&sh->lock);
+    uint32_t n = count_locked(sh, agent, id, kind);
     pthread_mutex_unlock(&sh->lock);
+    return n;
+}
+
+/* The last events of request id: one per producer stage, one per rank. */
+static uint32_t finals_locked(const shared_t *sh, const char *id)
+{
+    static const kvr_agent_event_kind_t send_end[] = {
+        KVR_AGENT_SENT, KVR_AGENT_SEND_FAILED, KVR_AGENT_SEND_EXPIRED};
+    uint32_t n = count_locked(sh, 2, id, KVR_AGENT_RELEASED) +
+                 count_locked(sh, 3, id, KVR_AGENT_RELEASED);
+    for (uint32_t k = 0; k < 3; k++)
+        n += count_locked(sh, 0, id, send_end[k]) +
+             count_locked(sh, 1, id, send_end[k]);
     return n;
 }
 
 static uint32_t finals(shared_t *sh, const char *id)
 {
-    return count(sh, 0, id, KVR_AGENT_SENT) +
-           count(sh, 0, id, KVR_AGENT_SEND_FAILED) +
-           count(sh, 0, id, KVR_AGENT_SEND_EXPIRED) +
-           count(sh, 1, id, KVR_AGENT_SENT) +
-           count(sh, 1, id, KVR_AGENT_SEND_FAILED) +
-           count(sh, 1, id, KVR_AGENT_SEND_EXPIRED) +
-           count(sh, 2, id, KVR_AGENT_RELEASED) +
-           count(sh, 3, id, KVR_AGENT_RELEASED);
+    pthread_mutex_lock(&sh->lock);
+    uint32_t n = finals_locked(sh, id);
+    pthread_mutex_unlock(&sh->lock);
+    return n;
+}
+
+/* Every event of request id is in the log: its final events are, and no
+ * thread holds one it took before them (see poll_all). */
+static bool settled(shared_t *sh, const char *id)
+{
+    pthread_mutex_lock(&sh->lock);
+    bool done = sh->polling == 0 && finals_locked(sh, id) >= 4;
+    pthread_mutex_unlock(&sh->lock);
+    return done;
+}
+
+/* A request that did not settle: its logged events and where each agent
+ * says it stands, for the failure message. */
+static void dump(shared_t *sh, const char *id, uint64_t started)
+{
+    pthread_mutex_lock(&sh->lock);
+    fprintf(stderr, "%s after %llu ms, %u threads polling:\n", id,
+            (unsigned long long)(ah_now_ms() - started), sh->polling);
+    for (uint32_t i = 0; i < sh->nlog; i++) {
+        const kvr_agent_event_t *e = &sh->log[i];
+        if (e->request.len == strlen(id) &&
+            memcmp(e->request.bytes, id, e->request.len) == 0)
+            fprintf(stderr, "  agent %u: %s %s %s\n", e->layer_begin,
+                    kvr_agent_event_name(e->kind), kvr_status_str(e->status),
+                    e->message);
+    }
+    pthread_mutex_unlock(&sh->lock);
+    for (uint32_t i = 0; i < 4; i++) {
+        kvr_agent_req_status_t st;
+        memset(&st, 0, sizeof(st));
+        kvr_status_t rc = kvr_agent_status(agent_at(sh->w, i)->agent, A,
+                                           strlen(A), id, strlen(id), &st);
+        fprintf(stderr, "  agent %u: %s send %s recv %s: %s\n", i,
+                kvr_status_str(rc), kvr_agent_send_state_name(st.send),
+                kvr_agent_recv_state_name(st.recv),
+                rc == KVR_OK ? st.message : "");
+    }
 }
 
 /* A check on a worker thread: cmocka's assertions may only fail on the
@@ -106,6 +180,7 @@ static void run_one(shared_t *sh, uint32_t t, uint32_t k, unsigned *seed)
 {
     world_t *w = sh->w;
     ah_req_t r;
+    uint64_t started = ah_now_ms();
     ah_req(&w->m, t, 64 + (uint64_t)(rand_r(seed) % 400), &r);
     snprintf(r.id, sizeof(r.id), "t%u-r%u", t, k);
     fill_all(w, 0, &r);
@@ -119,7 +194,8 @@ static void run_one(shared_t *sh, uint32_t t, uint32_t k, unsigned *seed)
     /* abort once the pulls are out: a rank that never pulled leaves the
      * producer to its lease */
     kvr_agent_req_status_t now;
-    while (abort_it &&
+    uint64_t end = ah_now_ms() + AH_WAIT_MS;
+    while (abort_it && ah_now_ms() < end &&
            kvr_agent_status(w->cons[0].agent, A, strlen(A), r.id, strlen(r.id),
                             &now) == KVR_OK &&
            now.recv < KVR_RECV_PULLING) {
@@ -131,13 +207,15 @@ static void run_one(shared_t *sh, uint32_t t, uint32_t k, unsigned *seed)
                              strlen(r.id));
     kvr_agent_req_status_t st;
     kvr_agent_status(w->cons[1].agent, A, strlen(A), r.id, strlen(r.id), &st);
-    uint64_t end = ah_now_ms() + AH_WAIT_MS;
-    while (finals(sh, r.id) < 4 && ah_now_ms() < end) {
+    end = ah_now_ms() + AH_WAIT_MS;
+    while (!settled(sh, r.id) && ah_now_ms() < end) {
         poll_all(sh);
         struct pollfd p = {.fd = kvr_agent_event_fd(w->cons[t % 2].agent),
                            .events = POLLIN};
         poll(&p, 1, 5);
     }
+    if (!settled(sh, r.id))
+        dump(sh, r.id, started);
     CHECK_EQ(sh, finals(sh, r.id), 4, r.id);
     for (uint32_t c = 0; c < 2; c++) {
         uint32_t ok = count(sh, 2 + c, r.id, KVR_AGENT_LOADED);
