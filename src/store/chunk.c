@@ -179,7 +179,7 @@ static unsigned hash_threads(uint64_t count)
 
 static kvr__sum_t *sum_new(const uint8_t header[KVR__CHUNK_HEADER],
                            const void *data, uint64_t len, bool present,
-                           unsigned callers)
+                           unsigned callers, unsigned most)
 {
     uint64_t count = len == 0 ? 1 : (len + KVR__LEAF - 1) / KVR__LEAF;
     unsigned kind = sum_kind(header), dlen = digest_bytes(kind);
@@ -196,7 +196,8 @@ static kvr__sum_t *sum_new(const uint8_t header[KVR__CHUNK_HEADER],
     s->ready = present ? count : 0;
     pthread_mutex_init(&s->mu, NULL);
     pthread_cond_init(&s->cv, NULL);
-    for (unsigned t = callers; t < hash_threads(count); t++) {
+    for (unsigned t = callers; t < hash_threads(count) && s->helpers < most;
+         t++) {
         if (pthread_create(&s->tid[s->helpers], NULL, helper, s) != 0)
             break; /* fewer threads: the same result, later */
         s->helpers++;
@@ -208,13 +209,19 @@ kvr__sum_t *kvr__sum_start(const uint8_t header[KVR__CHUNK_HEADER],
                            const void *data, uint64_t len, bool present)
 {
     /* the calling thread hashes too (kvr__sum_step, kvr__sum_finish) */
-    return sum_new(header, data, len, present, 1);
+    return sum_new(header, data, len, present, 1, KVR__HASH_THREADS);
 }
 
 kvr__sum_t *kvr__sum_start_apart(const uint8_t header[KVR__CHUNK_HEADER],
                                  const void *data, uint64_t len)
 {
-    return sum_new(header, data, len, false, 0);
+    /* a load's small chunks are read ahead and hashed several at once
+     * (store.c): one helper each keeps the hash threads near the number of
+     * cores, so that the chunk the load waits for is not slowed by the
+     * leaves of chunks queued after it (two per chunk measured slower:
+     * docs/store.md); a large chunk gets one per CPU */
+    return sum_new(header, data, len, false, 0,
+                   len <= KVR__AHEAD_SMALL ? 1 : KVR__HASH_THREADS);
 }
 
 void kvr__sum_ready(kvr__sum_t *s, uint64_t bytes)

@@ -344,8 +344,10 @@ void kvr__disk_plain(kvr_store_t *st)
     kvr__store_ahead_drop(st);
     kvr__disk_ring_free(st->ring);
     st->ring = NULL;
-    kvr__disk_ring_free(st->ahead_ring);
-    st->ahead_ring = NULL;
+    for (unsigned i = 0; i < KVR__READERS; i++) {
+        kvr__disk_ring_free(st->ahead_ring[i]);
+        st->ahead_ring[i] = NULL;
+    }
     for (unsigned i = 0; i < KVR__BEHIND; i++) {
         kvr__disk_ring_free(st->behind_ring[i]);
         st->behind_ring[i] = NULL;

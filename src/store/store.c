@@ -142,14 +142,17 @@ static kvr__entry_t *host_insert(kvr_store_t *st, const kvr_chunk_key_t *key,
 
 /* ---- read-ahead ---------------------------------------------------------- */
 
-/* A load's chunks are read by one thread, one chunk at a time in the order
- * the load queued them, as the sequential-I/O ceiling reads its files:
- * each lands as early as the disk allows, and no chunk's small reads wait
- * behind other chunks' (several chunks read at once all landed late, each
- * one's header read queued behind the others' payloads). The reader goes
- * on to the next chunk as soon as one is in memory; that chunk's leaves
- * are still hashed on the checksum's threads, and the load finishes and
- * compares its checksum when it takes it. */
+/* A load's chunks are read in the order the load queued them by
+ * KVR__READERS threads, each one chunk at a time: at most two chunks are in
+ * flight, so each lands nearly as early as the disk allows and no chunk's
+ * small reads wait behind many others' payloads (five chunks read at once
+ * all landed late), while one reader's open, header read and submission
+ * overlap the other's payload (a single reader, preempted by the hash
+ * threads between chunks on a busy machine, left the disk idle for
+ * milliseconds per chunk: docs/store.md). A reader goes on to the next
+ * chunk as soon as one is in memory; that chunk's leaves are still hashed
+ * on the checksum's threads, and the load finishes and compares its
+ * checksum when it takes it. */
 struct kvr__ahead {
     kvr_chunk_key_t key;
     uint64_t seq;     /* the order queued */
@@ -161,9 +164,16 @@ struct kvr__ahead {
     kvr_error_t err;
 };
 
-/* The queue (under mu) and the reader's own view of the store: the
- * directory, its io_uring, whether O_DIRECT works, the buffer offered
- * for the chunk it reads; nothing it shares. */
+/* One reader thread and its own view of the store: the directory, its
+ * io_uring, whether O_DIRECT works, the buffer offered for the chunk it
+ * reads; nothing it shares. */
+typedef struct reader_thread {
+    struct kvr__reader *r;
+    kvr_store_t io;
+    pthread_t tid;
+} reader_thread_t;
+
+/* The queue (under mu) and the reader threads that take from it. */
 struct kvr__reader {
     pthread_mutex_t mu;
     pthread_cond_t cv;
@@ -171,8 +181,8 @@ struct kvr__reader {
     unsigned n;
     uint64_t seq;
     bool stop;
-    kvr_store_t io;
-    pthread_t tid;
+    reader_thread_t t[KVR__READERS];
+    unsigned threads;
 };
 
 /* The queued chunk not yet started that was queued first, or NULL. */
@@ -185,19 +195,20 @@ static kvr__ahead_t *first_waiting(const kvr__reader_t *r)
     return a;
 }
 
-static void read_one(kvr__reader_t *r, kvr__ahead_t *a)
+static void read_one(reader_thread_t *t, kvr__ahead_t *a)
 {
-    r->io.spare[0] = a->buf;
-    r->io.spare_len[0] = a->buf_len;
-    a->status = kvr__disk_read_start(&r->io, &a->key, &a->rd, &a->err);
-    a->buf = r->io.spare[0]; /* not taken: the wrong size, or no file */
-    r->io.spare[0] = NULL;
-    a->direct = r->io.direct; /* it found O_DIRECT refused */
+    t->io.spare[0] = a->buf;
+    t->io.spare_len[0] = a->buf_len;
+    a->status = kvr__disk_read_start(&t->io, &a->key, &a->rd, &a->err);
+    a->buf = t->io.spare[0]; /* not taken: the wrong size, or no file */
+    t->io.spare[0] = NULL;
+    a->direct = t->io.direct; /* it found O_DIRECT refused */
 }
 
 static void *reader_main(void *arg)
 {
-    kvr__reader_t *r = arg;
+    reader_thread_t *t = arg;
+    kvr__reader_t *r = t->r;
     pthread_mutex_lock(&r->mu);
     for (;;) {
         kvr__ahead_t *a = NULL;
@@ -207,7 +218,7 @@ static void *reader_main(void *arg)
             break;
         a->started = true;
         pthread_mutex_unlock(&r->mu);
-        read_one(r, a);
+        read_one(t, a);
         pthread_mutex_lock(&r->mu);
         a->done = true;
         pthread_cond_broadcast(&r->cv);
@@ -225,15 +236,22 @@ static kvr__reader_t *reader_get(kvr_store_t *st)
     kvr__reader_t *r = calloc(1, sizeof *r);
     if (r == NULL)
         return NULL;
-    if (st->ring != NULL && st->ahead_ring == NULL)
-        st->ahead_ring = kvr__disk_ring_new();
-    r->io.dir_fd = st->dir_fd;
-    r->io.ring = st->ring != NULL ? st->ahead_ring : NULL;
-    r->io.direct = st->direct;
-    r->io.apart = true;
     pthread_mutex_init(&r->mu, NULL);
     pthread_cond_init(&r->cv, NULL);
-    if (pthread_create(&r->tid, NULL, reader_main, r) != 0) {
+    for (unsigned i = 0; i < KVR__READERS; i++) {
+        reader_thread_t *t = &r->t[r->threads];
+        if (st->ring != NULL && st->ahead_ring[i] == NULL)
+            st->ahead_ring[i] = kvr__disk_ring_new();
+        t->r = r;
+        t->io.dir_fd = st->dir_fd;
+        t->io.ring = st->ring != NULL ? st->ahead_ring[i] : NULL;
+        t->io.direct = st->direct;
+        t->io.apart = true;
+        if (pthread_create(&t->tid, NULL, reader_main, t) != 0)
+            break; /* fewer readers: the same reads, less overlapped */
+        r->threads++;
+    }
+    if (r->threads == 0) {
         pthread_mutex_destroy(&r->mu);
         pthread_cond_destroy(&r->cv);
         free(r);
@@ -271,10 +289,12 @@ void kvr__store_ahead_drop(kvr_store_t *st)
     r->stop = true;
     pthread_cond_broadcast(&r->cv);
     pthread_mutex_unlock(&r->mu);
-    pthread_join(r->tid, NULL); /* after the chunk it reads, if any */
+    for (unsigned i = 0; i < r->threads; i++) {
+        pthread_join(r->t[i].tid, NULL); /* after the chunk it reads */
+        st->direct = st->direct && r->t[i].io.direct;
+    }
     for (unsigned i = 0; i < r->n; i++)
         ahead_free(st, r->q[i]);
-    st->direct = st->direct && r->io.direct;
     pthread_mutex_destroy(&r->mu);
     pthread_cond_destroy(&r->cv);
     free(r);

@@ -25,6 +25,10 @@
  * more), else 2 (memory) */
 #define KVR__AHEAD 4u
 #define KVR__AHEAD_SMALL (16ull << 20)
+/* a load's reader threads: each reads one chunk at a time, so that the next
+ * chunk's open, header read and submission overlap the payload of the
+ * chunk before it (one reader left the disk idle between chunks) */
+#define KVR__READERS 2u
 #define KVR__SLACK KVR__ALIGN
 #define KVR__BEHIND 2u /* chunks of a save written behind it */
 #define KVR__TMP_NAME_MAX (KVR_STORE_NAME_MAX + 48)
@@ -74,7 +78,8 @@ struct kvr_store {
     uint8_t *spare[KVR__SPARES];
     uint64_t spare_len[KVR__SPARES];
     kvr__reader_t *reader; /* a load's read-ahead, or NULL */
-    void *ahead_ring;      /* the read-ahead's io_uring, kept across loads */
+    void *ahead_ring[KVR__READERS]; /* the readers' io_urings, kept across
+                                       loads */
     uint64_t last_len;               /* the last chunk read from disk */
     /* a save's writes in flight, oldest first (store.c) */
     kvr__behind_t *behind[KVR__BEHIND];
@@ -183,11 +188,11 @@ kvr_status_t kvr__store_ref(kvr_store_t *st, const kvr_chunk_key_t *key,
                             const uint8_t **data, uint64_t *len,
                             kvr_error_t *err);
 bool kvr__store_in_host(kvr_store_t *st, const kvr_chunk_key_t *key);
-/* Queues a chunk for the read-ahead thread (when it is on disk only, not
- * already queued, and fewer than KVR__AHEAD + 1 are), which reads queued
- * chunks one at a time in the order queued, so that a kvr__store_ref of
+/* Queues a chunk for the read-ahead threads (when it is on disk only, not
+ * already queued, and fewer than KVR__AHEAD + 1 are), which read queued
+ * chunks in the order queued, each one at a time, so that a kvr__store_ref of
  * it finds it read and checks it; a load queues the chunk it is about to
- * take and up to KVR__AHEAD after it. drop stops the thread and frees
+ * take and up to KVR__AHEAD after it. drop stops the threads and frees
  * every chunk queued. */
 void kvr__store_read_ahead(kvr_store_t *st, const kvr_chunk_key_t *key);
 void kvr__store_ahead_drop(kvr_store_t *st);
