@@ -266,12 +266,10 @@ static kvr_status_t launch_class(kvr__gpu_job_t *job, void *stream,
                                    stream, err);
 }
 
-static uint64_t stamp(uint64_t *stamps, int i)
+static void stamp(uint64_t *stamps, int i)
 {
-    uint64_t t = stamps != NULL ? kvr_now_ns() : 0;
     if (stamps != NULL)
-        stamps[i] = t;
-    return t;
+        stamps[i] = kvr_now_ns();
 }
 
 /* kvr__gpu_job_start; stamps (NULL or 4): set up, event, launched,

@@ -351,8 +351,7 @@ static bool ahead_take(kvr_store_t *st, const kvr_chunk_key_t *key,
         *s = kvr__disk_read_check(&a->rd, sum, &a->err);
     *buf = a->rd.data;
     *len = a->rd.len;
-    a->rd.data = NULL;
-    a->done = false; /* nothing left for ahead_free to drop */
+    a->rd.data = NULL; /* the caller's now; check left no hash running */
     if (*s != KVR_OK && err != NULL)
         *err = a->err;
     ahead_free(st, a);

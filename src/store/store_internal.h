@@ -112,7 +112,9 @@ typedef struct kvr__sum kvr__sum_t;
 kvr__sum_t *kvr__sum_start(const uint8_t header[KVR__CHUNK_HEADER],
                            const void *data, uint64_t len, bool present);
 /* The same for a payload still to be read by a thread that does not hash
- * (a load's reader): a helper thread per CPU hashes until finish. */
+ * (a load's reader): helper threads hash until finish, one for a chunk of
+ * KVR__AHEAD_SMALL bytes or less (several such are read ahead at once),
+ * else one per CPU. */
 kvr__sum_t *kvr__sum_start_apart(const uint8_t header[KVR__CHUNK_HEADER],
                                  const void *data, uint64_t len);
 void kvr__sum_ready(kvr__sum_t *s, uint64_t bytes);
