@@ -42,12 +42,16 @@ if [ "${BASE:-1}" = 1 ]; then
   run gpu-stream --device cuda "${TRACE[@]}" --stream both \
     --prefill-us-per-layer-per-ktoken 1000 --rate 3
 fi
-# PROFILE=1: two 2048-token requests and the one-block round trips with every agent's
-# debug log (KVR_AGENT_DEBUG, microsecond stamps), for where a request's time goes; with
-# MPS=1 it runs under the MPS server instead (profile NAME: gpu-profile or gpu-mps-profile)
+# PROFILE=1: two 2048-token requests (PROFILE_ARGS: others, e.g. the trace's) and the
+# one-block round trips with every agent's debug log (KVR_AGENT_DEBUG, microsecond stamps),
+# for where a request's time goes; with MPS=1 it runs under the MPS server instead (profile
+# NAME: gpu-profile or gpu-mps-profile)
 profile() {
-  KVR_AGENT_DEBUG=1 run "$1" --device cuda --requests 2 --tokens-dist fixed:2048 --timeout 500
-  python3 bench/gpu/profile_steps.py "$R/serving-$1-$DAY.log" | tee "$R/profile-steps-$1-$DAY.txt"
+  # shellcheck disable=SC2086 # PROFILE_ARGS is a list of arguments
+  KVR_AGENT_DEBUG=1 run "$1" --device cuda ${PROFILE_ARGS:---requests 2 --tokens-dist fixed:2048} \
+    --timeout 500
+  python3 bench/gpu/profile_steps.py --trace t0- "$R/serving-$1-$DAY.log" |
+    tee "$R/profile-steps-$1-$DAY.txt"
 }
 [ "${PROFILE:-0}" = 1 ] && [ "${MPS:-0}" != 1 ] && profile gpu-profile
 # PP1=1: the same trace from one prefill stage process (78 layers): no other stage's process
