@@ -66,6 +66,8 @@ if [ "${MPS:-0}" = 1 ]; then
     mkdir -p "$CUDA_MPS_PIPE_DIRECTORY" "$CUDA_MPS_LOG_DIRECTORY"
     if nvidia-cuda-mps-control -d; then
       run gpu-mps --device cuda "${TRACE[@]}"
+      # MPS_RUNS=N: N runs of it (gpu-mps, gpu-mps-2, ...), for run-to-run spread
+      for k in $(seq 2 "${MPS_RUNS:-1}"); do run "gpu-mps-$k" --device cuda "${TRACE[@]}"; done
       [ "${PROFILE:-0}" = 1 ] && profile gpu-mps-profile
       echo quit | nvidia-cuda-mps-control
     else

@@ -400,6 +400,16 @@ kvr_status_t kvr__agpu_slice(kvr_agent_t *a, const kvr__preq_t *r,
     return st;
 }
 
+void kvr__agpu_launch_now(kvr_agent_t *a, const kvr__preq_t *r,
+                          kvr__pull_t *p)
+{
+    bool done = false;
+    kvr_error_t err = {0};
+    if (p->gpu && p->job == NULL && p->state == KVR__PULL_MOVING &&
+        !p->wait_layers)
+        (void)kvr__agpu_slice(a, r, p, &done, &err);
+}
+
 bool kvr__agpu_cpu_work(const kvr_agent_t *a)
 {
     for (const kvr__pull_t *p = a->active; p != NULL; p = p->work_next)

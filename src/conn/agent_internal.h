@@ -762,6 +762,14 @@ kvr_status_t kvr__agpu_runs(kvr_agent_t *a, kvr__pull_t *p, bool src, bool dst,
 /* Is any active pull one the loop must work on (not only waiting for its
  * kernels)? */
 bool kvr__agpu_cpu_work(const kvr_agent_t *a);
+/* Producer: a gpu-direct pull that arrived ready is launched at once
+ * (with the pulls of its request that wait), not after the turn's other
+ * messages: a stage handling a burst of WRITE_REQUESTs left the GPU idle
+ * until the burst ended. Pulls that become ready together (send_ready)
+ * still share one launch in the turn's work. A failed launch is tried
+ * again, and answered, by the pull's next slice. */
+void kvr__agpu_launch_now(kvr_agent_t *a, const kvr__preq_t *r,
+                          kvr__pull_t *p);
 /* The progress thread's wait while kernels launched moments ago run
  * (a short gpu-direct pull): polls the loop's fds and the kernels'
  * events for up to KVR_AGENT_GPU_SPIN_NS after the launch instead of
