@@ -42,12 +42,18 @@ if [ "${BASE:-1}" = 1 ]; then
   run gpu-stream --device cuda "${TRACE[@]}" --stream both \
     --prefill-us-per-layer-per-ktoken 1000 --rate 3
 fi
-# PROFILE=1: two 2048-token requests and the one-block round trips with every agent's
-# debug log (KVR_AGENT_DEBUG, microsecond stamps), for where a request's time goes
-if [ "${PROFILE:-0}" = 1 ]; then
-  KVR_AGENT_DEBUG=1 run gpu-profile --device cuda --requests 2 --tokens-dist fixed:2048 --timeout 500
-  python3 bench/gpu/profile_steps.py "$R/serving-gpu-profile-$DAY.log" | tee "$R/profile-steps-$DAY.txt"
-fi
+# PROFILE=1: two 2048-token requests (PROFILE_ARGS: others, e.g. the trace's) and the
+# one-block round trips with every agent's debug log (KVR_AGENT_DEBUG, microsecond stamps),
+# for where a request's time goes; with MPS=1 it runs under the MPS server instead (profile
+# NAME: gpu-profile or gpu-mps-profile)
+profile() {
+  # shellcheck disable=SC2086 # PROFILE_ARGS is a list of arguments
+  KVR_AGENT_DEBUG=1 run "$1" --device cuda ${PROFILE_ARGS:---requests 2 --tokens-dist fixed:2048} \
+    --timeout 500
+  python3 bench/gpu/profile_steps.py --trace t0- "$R/serving-$1-$DAY.log" |
+    tee "$R/profile-steps-$1-$DAY.txt"
+}
+[ "${PROFILE:-0}" = 1 ] && [ "${MPS:-0}" != 1 ] && profile gpu-profile
 # PP1=1: the same trace from one prefill stage process (78 layers): no other stage's process
 # shares the GPU's time with it, as when each stage has a GPU of its own
 [ "${PP1:-0}" = 1 ] && run gpu-pp1 --device cuda --pp 1 "${TRACE[@]}"
@@ -60,6 +66,9 @@ if [ "${MPS:-0}" = 1 ]; then
     mkdir -p "$CUDA_MPS_PIPE_DIRECTORY" "$CUDA_MPS_LOG_DIRECTORY"
     if nvidia-cuda-mps-control -d; then
       run gpu-mps --device cuda "${TRACE[@]}"
+      # MPS_RUNS=N: N runs of it (gpu-mps, gpu-mps-2, ...), for run-to-run spread
+      for k in $(seq 2 "${MPS_RUNS:-1}"); do run "gpu-mps-$k" --device cuda "${TRACE[@]}"; done
+      [ "${PROFILE:-0}" = 1 ] && profile gpu-mps-profile
       echo quit | nvidia-cuda-mps-control
     else
       echo "MPS: the control daemon did not start"

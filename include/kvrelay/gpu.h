@@ -133,6 +133,17 @@ kvr_status_t kvr_gpu_relayout_upload_pool(kvr_gpu_relayout_t *rl,
                                           kvr_gpu_pool_t *pool,
                                           kvr_error_t *err);
 
+/* (CUDA) Tables of at most 128 bytes (a request of a few blocks) into a
+ * slot of the pool's mapped pinned host memory, read there by the
+ * kernels: no copy, no CUDA call. Larger tables, or every slot taken: as
+ * kvr_gpu_relayout_upload_pool. The slot is written again by the next
+ * upload as soon as it is given back, so destroy such a relayout only
+ * after every launch that read it completed (event or stream
+ * synchronised), not stream-ordered. */
+kvr_status_t kvr_gpu_relayout_upload_mapped(kvr_gpu_relayout_t *rl,
+                                            kvr_gpu_pool_t *pool,
+                                            kvr_error_t *err);
+
 /* (CUDA) Direct scatter into every rank at once: dst_bases[r] is rank r's
  * region base, any pointer the current device can write (its own memory, a
  * peer's with peer access enabled, a CUDA IPC mapping). W <= 64. */

@@ -305,8 +305,12 @@ void kvr_agent_destroy(kvr_agent_t *a)
      * read a pooled table after the pool goes */
     if (a->stream != NULL)
         kvr__gpu_stream_sync(a->stream, NULL);
+    if (a->nstream != NULL)
+        kvr__gpu_stream_sync(a->nstream, NULL);
     kvr__gpu_pool_destroy(a->gpool);
     kvr__gpu_stream_destroy(a->stream);
+    kvr__gpu_stream_destroy(a->nstream);
+    kvr__agpu_free(a);
     kvr__data_destroy(a->data);
     for (kvr__cmd_t *c = a->inbox_head, *n; c != NULL; c = n) {
         n = c->next;
@@ -580,6 +584,10 @@ static kvr_status_t gpu_start(kvr_agent_t *a, kvr_error_t *err)
         st = kvr__gpu_pool_create(a->p.cuda_device, a->stream, &a->gpool, err);
     if (st == KVR_OK)
         st = kvr__gpu_warm(a->p.cuda_device, a->stream, err);
+    if (st == KVR_OK)
+        st = kvr__gpu_stream_create(a->p.cuda_device, &a->nstream, err);
+    if (st == KVR_OK)
+        st = kvr__gpu_warm(a->p.cuda_device, a->nstream, err);
     return st;
 }
 

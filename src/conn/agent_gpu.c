@@ -6,14 +6,20 @@
  * send_ready's CUDA event was made a wait on that stream when it was
  * called, so the kernels run after the engine's work, without a host
  * synchronisation; the pull stays active while its kernels run and is
- * answered once their completion event fired. A host function queued
- * after the kernels writes the wake eventfd, so the loop looks at the
- * event when it fired, not on a timer; it is never waited on, except when
- * a pull is cut. Tables live in the agent's pool (kvr_gpu_pool_t), made
- * once per pull when it starts (kvr__agpu_prepare: before its layers are
- * ready when it is streamed) and read by the launch of every layer group. */
+ * answered once their completion event fired. A host function on a side
+ * stream that waits for that event writes the wake eventfd (on the work
+ * stream it held every later launch for the callback's round trip), so
+ * the loop looks at the event when it fired, not on a timer; for a few
+ * hundred microseconds after a launch the progress thread polls the
+ * event itself (kvr__agpu_spin). It is never waited on, except when a
+ * pull is cut. Tables live in the agent's pool (kvr_gpu_pool_t; small
+ * ones in its mapped host slots, read in place), made once per pull when
+ * it starts (kvr__agpu_prepare: before its layers are ready when it is
+ * streamed) and read by the launch of every layer group; the launch's
+ * slot arrays are the agent's, reused (a->gslots). */
 #include <stdlib.h>
 #include <string.h>
+#include <sys/epoll.h>
 
 #include "agent_internal.h"
 
@@ -165,6 +171,37 @@ static uint32_t add_pairs(const kvr_agent_t *a, const kvr__pull_t *p,
     return n;
 }
 
+/* The agent's slot arrays (a->gslots) with room for n entries: grown
+ * once, then reused by every launch and every pull's tables. */
+static kvr_status_t slots_room(kvr_agent_t *a, size_t n, kvr_error_t *err)
+{
+    if (n <= a->gslots.cap)
+        return KVR_OK;
+    size_t cap = n < 64 ? 64 : n;
+    kvr_region_pair_t *pairs = realloc(a->gslots.pairs, cap * sizeof(*pairs));
+    a->gslots.pairs = pairs ? pairs : a->gslots.pairs;
+    const void **src = realloc(a->gslots.src, cap * sizeof(*src));
+    a->gslots.src = src ? src : a->gslots.src;
+    void **dst = realloc(a->gslots.dst, cap * sizeof(*dst));
+    a->gslots.dst = dst ? dst : a->gslots.dst;
+    uint32_t *ranks = realloc(a->gslots.ranks, cap * sizeof(*ranks));
+    a->gslots.ranks = ranks ? ranks : a->gslots.ranks;
+    if (pairs == NULL || src == NULL || dst == NULL || ranks == NULL)
+        return kvr_error_set(err, KVR_ERR_NO_MEMORY,
+                             "no memory for %zu launch slots", cap);
+    a->gslots.cap = cap;
+    return KVR_OK;
+}
+
+void kvr__agpu_free(kvr_agent_t *a)
+{
+    free(a->gslots.pairs);
+    free(a->gslots.src);
+    free(a->gslots.dst);
+    free(a->gslots.ranks);
+    memset(&a->gslots, 0, sizeof(a->gslots));
+}
+
 /* The launch of p's layer group and of every pull that joins it (their
  * tables are p's): one job they share, on the agent's stream, so after
  * every cudaStreamWaitEvent that send_ready made for these layers. */
@@ -173,14 +210,11 @@ static kvr_status_t launch(kvr_agent_t *a, const kvr__preq_t *r, kvr__pull_t *p,
 {
     kvr__pull_t *set[JOIN_MAX];
     uint32_t k = gather(a, p, set), n = 0;
-    size_t cap = (size_t)k * a->num_order + 1;
-    kvr_region_pair_t *pairs = calloc(cap, sizeof(*pairs));
-    const void **src = calloc(cap, sizeof(*src));
-    void **dst = calloc(cap, sizeof(*dst));
-    uint32_t *ranks = calloc(cap, sizeof(*ranks));
-    kvr_status_t st = pairs && src && dst && ranks ? KVR_OK : KVR_ERR_NO_MEMORY;
-    if (st != KVR_OK)
-        kvr_error_set(err, st, "no memory");
+    kvr_status_t st = slots_room(a, (size_t)k * a->num_order + 1, err);
+    kvr_region_pair_t *pairs = a->gslots.pairs;
+    const void **src = a->gslots.src;
+    void **dst = a->gslots.dst;
+    uint32_t *ranks = a->gslots.ranks;
     uint64_t want = 0, bytes = 0;
     for (uint32_t i = 0; st == KVR_OK && i < k; i++) {
         n = add_pairs(a, set[i], set[i]->group_begin, set[i]->group_end, pairs,
@@ -189,11 +223,13 @@ static kvr_status_t launch(kvr_agent_t *a, const kvr__preq_t *r, kvr__pull_t *p,
     }
     kvr_request_t req = {r->src,  r->nsrc,       p->dst,
                          p->ndst, p->num_tokens, p->num_computed};
+    uint64_t t0 = kvr_now_ns();
     if (st == KVR_OK)
         st = kvr__gpu_job_start(a->p.cuda_device, a->stream, a->gpool,
                                 &a->p.layout, p->tables, ranks, pairs, src,
                                 (void *const *)dst, n, &req, &p->job, &bytes,
                                 err);
+    uint64_t took = kvr_now_ns() - t0;
     if (st == KVR_OK && bytes != want)
         st = kvr_error_set(err, KVR_ERR_VERIFY,
                            "gpu-direct launched %llu bytes for %u ranks, "
@@ -207,15 +243,11 @@ static kvr_status_t launch(kvr_agent_t *a, const kvr__preq_t *r, kvr__pull_t *p,
         }
         kvr__agent_log(a,
                        "pull of '%.*s' for dcp %u, layers [%u, %u): kernels "
-                       "launched, %u ranks at once, %llu bytes",
+                       "launched, %u ranks at once, %llu bytes, in %.1f us",
                        (int)p->request.len, p->request.bytes,
                        set[i]->dcp_rank, p->group_begin, p->group_end, k,
-                       (unsigned long long)bytes);
+                       (unsigned long long)bytes, (double)took * 1e-3);
     }
-    free(pairs);
-    free(src);
-    free(dst);
-    free(ranks);
     return st;
 }
 
@@ -255,16 +287,11 @@ kvr_status_t kvr__agpu_prepare(kvr_agent_t *a, const kvr__preq_t *r,
         kvr__gpu_tables_share(p->tables);
         return KVR_OK;
     }
-    size_t cap = (size_t)a->num_order + 1;
-    kvr_region_pair_t *pairs = calloc(cap, sizeof(*pairs));
-    const void **src = calloc(cap, sizeof(*src));
-    void **dst = calloc(cap, sizeof(*dst));
-    uint32_t *ranks = calloc(cap, sizeof(*ranks));
-    kvr_status_t st = pairs && src && dst && ranks
-                          ? KVR_OK
-                          : kvr_error_set(err, KVR_ERR_NO_MEMORY, "no memory");
+    kvr_status_t st = slots_room(a, (size_t)a->num_order + 1, err);
+    kvr_region_pair_t *pairs = a->gslots.pairs;
     uint32_t n = st == KVR_OK ? add_pairs(a, p, p->layer_lo, p->layer_hi,
-                                          pairs, src, dst, ranks, 0)
+                                          pairs, a->gslots.src, a->gslots.dst,
+                                          a->gslots.ranks, 0)
                               : 0;
     kvr_request_t req = {r->src,  r->nsrc,       p->dst,
                          p->ndst, p->num_tokens, p->num_computed};
@@ -279,10 +306,6 @@ kvr_status_t kvr__agpu_prepare(kvr_agent_t *a, const kvr__preq_t *r,
                        "regions made in %.1f us",
                        (int)p->request.len, p->request.bytes, p->dcp_rank, n,
                        (double)(kvr_now_ns() - t0) * 1e-3);
-    free(pairs);
-    free(src);
-    free(dst);
-    free(ranks);
     return st;
 }
 
@@ -358,10 +381,12 @@ kvr_status_t kvr__agpu_slice(kvr_agent_t *a, const kvr__preq_t *r,
         kvr_status_t st = plain(a) ? launch(a, r, p, err)
                                    : launch_runs(a, p, err);
         if (st == KVR_OK) /* the loop wakes when the kernels are done */
-            st = kvr__gpu_notify(a->stream, a->wake_fd, err);
+            st = kvr__gpu_job_notify(p->job, a->nstream, a->wake_fd, err);
         if (st != KVR_OK) {
             kvr__gpu_job_free(p->job);
             p->job = NULL;
+        } else { /* and watches them meanwhile (kvr__agpu_spin) */
+            a->gpu_spin_until = kvr_now_ns() + KVR_AGENT_GPU_SPIN_NS;
         }
         return st;
     }
@@ -375,12 +400,58 @@ kvr_status_t kvr__agpu_slice(kvr_agent_t *a, const kvr__preq_t *r,
     return st;
 }
 
+void kvr__agpu_launch_now(kvr_agent_t *a, const kvr__preq_t *r,
+                          kvr__pull_t *p)
+{
+    bool done = false;
+    kvr_error_t err = {0};
+    if (p->gpu && p->job == NULL && p->state == KVR__PULL_MOVING &&
+        !p->wait_layers)
+        (void)kvr__agpu_slice(a, r, p, &done, &err);
+}
+
 bool kvr__agpu_cpu_work(const kvr_agent_t *a)
 {
     for (const kvr__pull_t *p = a->active; p != NULL; p = p->work_next)
         if (!p->gpu || p->job == NULL)
             return true;
     return false;
+}
+
+/* 1: some pull's kernels completed (or failed), 0: they run, -1: none
+ * runs, or more than KVR_AGENT_GPU_SPIN_JOBS do (a busy stage; their
+ * host functions wake it, the queries would only cost it). */
+static int kernels_done(kvr_agent_t *a)
+{
+    uint32_t k = 0;
+    for (const kvr__pull_t *p = a->active; p != NULL; p = p->work_next)
+        if (p->gpu && p->job != NULL && ++k > KVR_AGENT_GPU_SPIN_JOBS)
+            return -1;
+    for (kvr__pull_t *p = a->active; k > 0 && p != NULL; p = p->work_next) {
+        bool done = false;
+        kvr_error_t err = {0};
+        if (p->gpu && p->job != NULL &&
+            (kvr__gpu_job_done(p->job, &done, &err) != KVR_OK || done))
+            return 1;
+    }
+    return k > 0 ? 0 : -1;
+}
+
+int kvr__agpu_spin(kvr_agent_t *a, struct epoll_event *ev, int cap)
+{
+    if (a->p.cuda_device < 0)
+        return -1;
+    for (;;) { /* the list is the turn's: looked at under its lock */
+        if (pthread_mutex_trylock(&a->turn_lock) != 0)
+            return -1;
+        int d = kvr_now_ns() < a->gpu_spin_until ? kernels_done(a) : -1;
+        pthread_mutex_unlock(&a->turn_lock);
+        if (d != 0)
+            return d > 0 ? 0 : -1;
+        int n = epoll_wait(a->epoll_fd, ev, cap, 0);
+        if (n != 0)
+            return n;
+    }
 }
 
 /* ---- gpu-staged and the choice among the GPU executors ---- */

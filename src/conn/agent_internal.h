@@ -33,6 +33,10 @@
  * eventfd); this only bounds how late a device fault that kept it from
  * running is seen. */
 #define KVR_AGENT_GPU_BACKSTOP_NS 50000000ull
+/* kvr__agpu_spin: how long after a launch the loop polls its kernels
+ * rather than sleeping, and for how many jobs at most */
+#define KVR_AGENT_GPU_SPIN_NS 300000ull
+#define KVR_AGENT_GPU_SPIN_JOBS 8u
 #define KVR_AGENT_CUT_FLUSH_MS                                                 \
     200u                                  /* a pull cut past its deadline: its
                                        flush, at most */
@@ -477,7 +481,18 @@ struct kvr_agent {
     uint32_t num_order;
     int staging;        /* consumer: its STAGING region, or -1 */
     void *stream;       /* cuda_device >= 0: the agent's stream */
+    void *nstream;      /* and its host functions' (kvr__gpu_job_notify) */
     struct kvr_gpu_pool *gpool; /* its relayout and run tables' memory */
+    /* agent_gpu.c: a launch's (and a pull's tables') region pairs and
+     * slots, grown as needed and reused by every pull */
+    struct {
+        kvr_region_pair_t *pairs;
+        const void **src;
+        void **dst;
+        uint32_t *ranks;
+        size_t cap;
+    } gslots;
+    uint64_t gpu_spin_until; /* kvr__agpu_spin watches kernels till then */
     uint8_t *slot_busy; /* its slots granted to a stage */
     bool slots_freed;   /* waiting stages may be sent now */
     kvr__alink_t *links;
@@ -747,6 +762,24 @@ kvr_status_t kvr__agpu_runs(kvr_agent_t *a, kvr__pull_t *p, bool src, bool dst,
 /* Is any active pull one the loop must work on (not only waiting for its
  * kernels)? */
 bool kvr__agpu_cpu_work(const kvr_agent_t *a);
+/* Producer: a gpu-direct pull that arrived ready is launched at once
+ * (with the pulls of its request that wait), not after the turn's other
+ * messages: a stage handling a burst of WRITE_REQUESTs left the GPU idle
+ * until the burst ended. Pulls that become ready together (send_ready)
+ * still share one launch in the turn's work. A failed launch is tried
+ * again, and answered, by the pull's next slice. */
+void kvr__agpu_launch_now(kvr_agent_t *a, const kvr__preq_t *r,
+                          kvr__pull_t *p);
+/* The progress thread's wait while kernels launched moments ago run
+ * (a short gpu-direct pull): polls the loop's fds and the kernels'
+ * events for up to KVR_AGENT_GPU_SPIN_NS after the launch instead of
+ * sleeping until the host function's wake, which came tens of
+ * microseconds after the kernels on the H200. Returns the fds' events
+ * (0: a pull's kernels completed, -1: nothing to watch, or another
+ * thread holds the turn: sleep as usual). */
+struct epoll_event;
+int kvr__agpu_spin(kvr_agent_t *a, struct epoll_event *ev, int cap);
+void kvr__agpu_free(kvr_agent_t *a);
 
 /* agent_stream.c: layer-wise streaming (docs/agent.md Streaming) */
 /* Producer: the pull's next layer group from the layers ready now (all of

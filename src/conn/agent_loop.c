@@ -249,7 +249,9 @@ void kvr__loop_thread_turn(kvr_agent_t *a)
 {
     struct epoll_event ev[64];
     uint64_t seen = __atomic_load_n(&a->inline_turns, __ATOMIC_ACQUIRE);
-    int n = epoll_wait(a->epoll_fd, ev, 64, 100);
+    int n = kvr__agpu_spin(a, ev, 64); /* kernels just launched: watched */
+    if (n < 0)
+        n = epoll_wait(a->epoll_fd, ev, 64, 100);
     pthread_mutex_lock(&a->turn_lock);
     /* a caller's commands ran meanwhile: a link an event names may be gone */
     if (__atomic_load_n(&a->inline_turns, __ATOMIC_ACQUIRE) != seen)

@@ -456,8 +456,10 @@ static void preq_step(kvr_agent_t *a, kvr__preq_t *r, kvr__send_in_t in,
             answer(a, p, st, why);
         else if (kvr_now_ns() >= r->lease_end_ns)
             answer(a, p, KVR_ERR_TIMEOUT, "the lease ended");
-        else if (r->state == KVR_SEND_READY || p->stream)
+        else if (r->state == KVR_SEND_READY || p->stream) {
             start_pull(a, r, p); /* streamed: served group by group */
+            kvr__agpu_launch_now(a, r, p);
+        }
         if (st != KVR_OK)        /* not in any group: nothing to release */
             p->state = KVR__PULL_RELEASED;
         break;

@@ -35,8 +35,10 @@ void kvr__gpu_close(const uint8_t *rkey, uint32_t len, void *ptr);
  * checked, sorted and uploaded once on `stream` (into blocks of pool when
  * it is not NULL), then given to every kvr__gpu_job_start of the request's
  * layer groups. The agent makes them when a gpu-direct pull arrives,
- * before its layers are ready. Freed stream-ordered: after the launches
- * queued on that stream, by the last of its holders (one more: share). */
+ * before its layers are ready. Freed by the last of its holders (one
+ * more: share), and only after the kernels that read them completed
+ * (small tables are read in place from mapped host memory, which the
+ * next request writes at once: kvr_gpu_relayout_upload_mapped). */
 typedef struct kvr__gpu_tables kvr__gpu_tables_t;
 
 kvr_status_t kvr__gpu_tables_make(int device, void *stream,
@@ -82,6 +84,13 @@ kvr__gpu_job_start(int device, void *stream, struct kvr_gpu_pool *pool,
                    const kvr_region_pair_t *pairs, const void *const *src,
                    void *const *dst, size_t n, const kvr_request_t *req,
                    kvr__gpu_job_t **out, uint64_t *bytes, kvr_error_t *err);
+/* fd (the agent's wake eventfd) is written once the job's kernels
+ * completed, by a host function on `side`, a stream of its own that waits
+ * for the job's event: the job's stream never waits for the host
+ * function (a host function on the work stream held every later launch
+ * there for a callback's round trip to the host). */
+kvr_status_t kvr__gpu_job_notify(kvr__gpu_job_t *job, void *side, int fd,
+                                 kvr_error_t *err);
 /* Non-blocking: whether every kernel of the job completed (or failed). */
 kvr_status_t kvr__gpu_job_done(kvr__gpu_job_t *job, bool *done,
                                kvr_error_t *err);
@@ -136,9 +145,6 @@ void kvr__gpu_stream_destroy(void *stream);
 kvr_status_t kvr__gpu_pool_create(int device, void *stream,
                                   struct kvr_gpu_pool **pool, kvr_error_t *err);
 void kvr__gpu_pool_destroy(struct kvr_gpu_pool *pool);
-/* fd (the agent's wake eventfd) is written once the work queued on stream
- * so far is done (kvr_gpu_stream_notify). */
-kvr_status_t kvr__gpu_notify(void *stream, int fd, kvr_error_t *err);
 /* The copy kernels loaded and CUDA's host-function thread started, with
  * empty work on stream (kvr_gpu_warm). */
 kvr_status_t kvr__gpu_warm(int device, void *stream, kvr_error_t *err);

@@ -130,12 +130,12 @@ static void event_put(int device, void *ev)
 
 struct kvr__gpu_job {
     kvr_gpu_relayout_t **rl; /* classes it made (no tables given for them),
-                                alive until the job ends */
+                                alive until the job ends; NULL: none */
     size_t nrl;
-    const void **src; /* one class's slots at a time, for its launch */
-    void **dst;
-    uint32_t *ranks;
+    void *stream;  /* where its kernels run */
     void *done;    /* recorded after the last launch (event_get) */
+    bool launched; /* some kernel was queued */
+    bool recorded; /* done was recorded after them */
     int device;
     uint32_t refs; /* the pulls it serves */
 };
@@ -159,8 +159,11 @@ static kvr_gpu_relayout_t *tables_find(const kvr__gpu_tables_t *t,
     return NULL;
 }
 
-/* The relayout of pair's class, checked and uploaded (into a block of
- * pool, on stream, or synchronously). */
+/* The relayout of pair's class, checked and uploaded (small tables into
+ * a mapped slot of pool, others into a block of it, on stream, or
+ * synchronously). Every caller frees the tables only after the kernels
+ * that read them completed (kvr__gpu_job_free waits for them), as a
+ * mapped slot needs. */
 static kvr_status_t class_relayout(void *stream, kvr_gpu_pool_t *pool,
                                    const kvr_layout_t *lay,
                                    const kvr_region_pair_t *pair,
@@ -174,7 +177,7 @@ static kvr_status_t class_relayout(void *stream, kvr_gpu_pool_t *pool,
     kvr_status_t st =
         kvr_gpu_relayout_create(lay, &pair->src, &pair->dst, &g, &rl, err);
     if (st == KVR_OK)
-        st = pool     ? kvr_gpu_relayout_upload_pool(rl, pool, err)
+        st = pool     ? kvr_gpu_relayout_upload_mapped(rl, pool, err)
              : stream ? kvr_gpu_relayout_upload_async(rl, stream, err)
                       : kvr_gpu_relayout_upload(rl, err);
     if (st != KVR_OK) {
@@ -231,16 +234,46 @@ void kvr__gpu_tables_free(kvr__gpu_tables_t *t)
     free(t);
 }
 
-/* One class's relayout (from tables, else checked and uploaded now and
- * kept by the job), then one launch for every region of that class and
- * every rank (kvr_gpu_scatter_regions). */
+/* A class made at the launch (its tables were not given): kept by the
+ * job until it ends. */
+static kvr_status_t job_keep(kvr__gpu_job_t *job, kvr_gpu_relayout_t *rl,
+                             kvr_error_t *err)
+{
+    kvr_gpu_relayout_t **k = realloc(job->rl, (job->nrl + 1) * sizeof(*k));
+    if (k == NULL) {
+        kvr_gpu_relayout_destroy(rl);
+        return kvr_error_set(err, KVR_ERR_NO_MEMORY, "no memory");
+    }
+    job->rl = k;
+    k[job->nrl++] = rl;
+    return KVR_OK;
+}
+
+/* Whether pair i is the first of its class in pairs (the pairs of a pull
+ * alternate among two or three classes, so a later pair finds its class
+ * within the first few). */
+static bool first_of_class(const kvr_region_pair_t *pairs, size_t i)
+{
+    for (size_t j = 0; j < i; j++)
+        if (same_class(&pairs[j], &pairs[i]))
+            return false;
+    return true;
+}
+
+/* Slots of one kvr_gpu_scatter_regions launch. */
+#define LAUNCH_SLOTS 64
+
+/* The relayout of the class of pairs[first] (from tables, else checked
+ * and uploaded now and kept by the job), then one launch for every region
+ * of that class and every rank, 64 slots a launch, from slot arrays on
+ * the stack: a pull allocates nothing here (kvr_gpu_scatter_regions). */
 static kvr_status_t launch_class(kvr__gpu_job_t *job, void *stream,
                                  kvr_gpu_pool_t *pool, const kvr_layout_t *lay,
                                  const kvr__gpu_tables_t *tables,
                                  const uint32_t *ranks,
                                  const kvr_region_pair_t *pairs,
                                  const void *const *src, void *const *dst,
-                                 size_t n, size_t first, bool *launched,
+                                 size_t n, size_t first,
                                  const kvr_request_t *req, uint64_t *bytes,
                                  kvr_error_t *err)
 {
@@ -248,22 +281,32 @@ static kvr_status_t launch_class(kvr__gpu_job_t *job, void *stream,
     kvr_status_t st = KVR_OK;
     if (rl == NULL) {
         st = class_relayout(stream, pool, lay, &pairs[first], req, &rl, err);
+        if (st == KVR_OK)
+            st = job_keep(job, rl, err);
         if (st != KVR_OK)
             return st;
-        job->rl[job->nrl++] = rl;
     }
+    const void *s[LAUNCH_SLOTS];
+    void *d[LAUNCH_SLOTS];
+    uint32_t r[LAUNCH_SLOTS];
     size_t m = 0;
-    for (size_t i = first; i < n; i++) {
-        if (launched[i] || !same_class(&pairs[first], &pairs[i]))
+    for (size_t i = first; i < n && st == KVR_OK; i++) {
+        if (i > first && !same_class(&pairs[first], &pairs[i]))
             continue;
-        job->src[m] = src[i];
-        job->dst[m] = dst[i];
-        job->ranks[m++] = ranks[i];
+        s[m] = src[i];
+        d[m] = dst[i];
+        r[m++] = ranks[i];
         *bytes += kvr_gpu_relayout_bytes(rl, ranks[i]);
-        launched[i] = true;
+        if (m == LAUNCH_SLOTS) {
+            job->launched = true;
+            st = kvr_gpu_scatter_regions(rl, r, s, d, m, stream, err);
+            m = 0;
+        }
     }
-    return kvr_gpu_scatter_regions(rl, job->ranks, job->src, job->dst, m,
-                                   stream, err);
+    job->launched = job->launched || m > 0;
+    return st == KVR_OK && m > 0
+               ? kvr_gpu_scatter_regions(rl, r, s, d, m, stream, err)
+               : st;
 }
 
 static void stamp(uint64_t *stamps, int i)
@@ -284,36 +327,26 @@ job_start(int device, void *stream, struct kvr_gpu_pool *pool,
           bool waits, uint64_t *stamps, kvr_error_t *err)
 {
     kvr__gpu_job_t *job = calloc(1, sizeof(*job));
-    bool *launched = calloc(n + 1, sizeof(*launched));
-    kvr_status_t st = job && launched ? KVR_OK : KVR_ERR_NO_MEMORY;
-    if (st == KVR_OK &&
-        ((job->rl = calloc(n + 1, sizeof(*job->rl))) == NULL ||
-         (job->src = calloc(n + 1, sizeof(*job->src))) == NULL ||
-         (job->dst = calloc(n + 1, sizeof(*job->dst))) == NULL ||
-         (job->ranks = calloc(n + 1, sizeof(*job->ranks))) == NULL))
-        st = KVR_ERR_NO_MEMORY;
-    if (st == KVR_OK) {
-        job->refs = 1;
-        job->device = device;
-    }
-    if (st != KVR_OK)
-        kvr_error_set(err, st, "no memory");
-    if (st == KVR_OK)
-        st = kvr_gpu_set_device(device, err);
+    if (job == NULL)
+        return kvr_error_set(err, KVR_ERR_NO_MEMORY, "no memory");
+    job->refs = 1;
+    job->device = device;
+    job->stream = stream;
+    kvr_status_t st = kvr_gpu_set_device(device, err);
     stamp(stamps, 0);
     if (st == KVR_OK && !waits)
         st = event_get(device, &job->done, err);
     stamp(stamps, 1);
     *bytes = 0;
     for (size_t i = 0; i < n && st == KVR_OK; i++)
-        if (!launched[i])
+        if (first_of_class(pairs, i))
             st = launch_class(job, stream, pool, lay, tables, ranks, pairs,
-                              src, dst, n, i, launched, req, bytes, err);
+                              src, dst, n, i, req, bytes, err);
     stamp(stamps, 2);
     if (st == KVR_OK && !waits)
         st = kvr_gpu_event_record(job->done, stream, err);
+    job->recorded = st == KVR_OK && !waits;
     stamp(stamps, 3);
-    free(launched);
     if (st != KVR_OK) {
         kvr__gpu_job_free(job);
         return st;
@@ -334,6 +367,15 @@ kvr__gpu_job_start(int device, void *stream, struct kvr_gpu_pool *pool,
                      dst, n, req, out, bytes, false, NULL, err);
 }
 
+kvr_status_t kvr__gpu_job_notify(kvr__gpu_job_t *job, void *side, int fd,
+                                 kvr_error_t *err)
+{
+    if (!job->recorded) /* no event to wait for: after it on its stream */
+        return kvr_gpu_stream_notify(job->stream, fd, err);
+    kvr_status_t st = kvr_gpu_stream_wait(side, job->done, err);
+    return st == KVR_OK ? kvr_gpu_stream_notify(side, fd, err) : st;
+}
+
 kvr_status_t kvr__gpu_job_done(kvr__gpu_job_t *job, bool *done,
                                kvr_error_t *err)
 {
@@ -347,12 +389,14 @@ void kvr__gpu_job_free(kvr__gpu_job_t *job)
 {
     if (job == NULL)
         return;
-    /* the tables must outlive the launches using them, and a cut pull's
-     * mappings its kernels */
-    if (job->done != NULL)
+    /* the tables must outlive the launches using them (tables read in
+     * place are rewritten by the next upload at once), and a cut pull's
+     * mappings its kernels: the event, or (none recorded after kernels
+     * that were queued: a failed start, or kvr__gpu_send's) the stream */
+    if (job->recorded)
         kvr_gpu_event_sync(job->done, NULL);
-    else if (job->nrl > 0)
-        kvr_gpu_sync(NULL, NULL);
+    else if (job->launched)
+        kvr_gpu_sync(job->stream, NULL);
     if (job->refs > 1) {
         job->refs--;
         return;
@@ -361,9 +405,6 @@ void kvr__gpu_job_free(kvr__gpu_job_t *job)
         kvr_gpu_relayout_destroy(job->rl[i]);
     event_put(job->device, job->done);
     free(job->rl);
-    free(job->src);
-    free(job->dst);
-    free(job->ranks);
     free(job);
 }
 
@@ -485,13 +526,16 @@ kvr_status_t kvr__gpu_job_runs(int device, void *stream,
         return kvr_error_set(err, KVR_ERR_NO_MEMORY, "no memory");
     job->refs = 1;
     job->device = device;
+    job->stream = stream;
     kvr_status_t st = kvr_gpu_set_device(device, err);
     if (st == KVR_OK)
         st = event_get(device, &job->done, err);
+    job->launched = st == KVR_OK;
     if (st == KVR_OK)
         st = kvr__gpu_runs_copy(rt, pos, len, src_buf, dst_buf, stream, err);
     if (st == KVR_OK)
         st = kvr_gpu_event_record(job->done, stream, err);
+    job->recorded = st == KVR_OK;
     if (st != KVR_OK) {
         kvr__gpu_job_free(job);
         return st;
@@ -552,11 +596,6 @@ kvr_status_t kvr__gpu_pool_create(int device, void *stream,
 void kvr__gpu_pool_destroy(struct kvr_gpu_pool *pool)
 {
     kvr_gpu_pool_destroy(pool);
-}
-
-kvr_status_t kvr__gpu_notify(void *stream, int fd, kvr_error_t *err)
-{
-    return kvr_gpu_stream_notify(stream, fd, err);
 }
 
 kvr_status_t kvr__gpu_warm(int device, void *stream, kvr_error_t *err)

@@ -101,6 +101,13 @@ kvr__gpu_job_start(int device, void *stream, struct kvr_gpu_pool *pool,
     return no_cuda(err);
 }
 
+kvr_status_t kvr__gpu_job_notify(kvr__gpu_job_t *job, void *side, int fd,
+                                 kvr_error_t *err)
+{
+    (void)job, (void)side, (void)fd;
+    return no_cuda(err);
+}
+
 kvr_status_t kvr__gpu_job_done(kvr__gpu_job_t *job, bool *done,
                                kvr_error_t *err)
 {
@@ -234,12 +241,6 @@ kvr_status_t kvr__gpu_pool_create(int device, void *stream,
 void kvr__gpu_pool_destroy(struct kvr_gpu_pool *pool)
 {
     (void)pool;
-}
-
-kvr_status_t kvr__gpu_notify(void *stream, int fd, kvr_error_t *err)
-{
-    (void)stream, (void)fd;
-    return no_cuda(err);
 }
 
 kvr_status_t kvr__gpu_warm(int device, void *stream, kvr_error_t *err)

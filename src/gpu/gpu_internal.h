@@ -80,6 +80,14 @@ void kvr__pool_put(void *ptr, size_t bytes, void *owner);
  * without the device-wide wait of cudaFree), else cudaFree. */
 void kvr__cuda_free_on(void *ptr, size_t bytes, void *stream);
 void *kvr__pool_stream(const kvr_gpu_pool_t *pool);
+/* (CUDA) A slot of the pool's mapped pinned memory for a table of
+ * `bytes`, *host to write it and *dev for the kernels to read it there
+ * (kvr_gpu_relayout_upload_mapped); KVR_ERR_NO_MEMORY when the table is
+ * larger than a slot or every slot is taken. kvr__pool_mapped_put (a
+ * kvr__gpu_free_fn, owner the pool) gives it back. */
+kvr_status_t kvr__pool_mapped_get(kvr_gpu_pool_t *pool, size_t bytes,
+                                  void **host, void **dev);
+void kvr__pool_mapped_put(void *dev, size_t bytes, void *owner);
 
 /* Checks rank and that [offset, offset + len) lies inside rank's stream. */
 kvr_status_t kvr__rl_check_range(const kvr_gpu_relayout_t *rl, uint32_t rank,

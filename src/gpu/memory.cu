@@ -177,12 +177,22 @@ typedef struct pool_class {
     size_t n, cap;
 } pool_class_t;
 
+/* Mapped pinned slots for small tables read in place by the kernels: a
+ * one-block request's tables are a few dozen bytes, and their copy was
+ * one more CUDA call per class and pull (docs/gpu.md, The launch). */
+#define MAPPED_SLOT 128u
+#define MAPPED_SLOTS 256u
+
 struct kvr_gpu_pool {
     int device;
     void *stream;
     uint64_t bytes; /* held, in use or free */
     uint32_t in_use;
     pool_class_t cls[POOL_CLASSES];
+    unsigned char *mapped;     /* MAPPED_SLOTS slots (cudaHostAlloc) */
+    unsigned char *mapped_dev; /* the same, as the device sees it */
+    uint16_t mfree[MAPPED_SLOTS]; /* a stack of free slot indices */
+    uint32_t mn;
 };
 
 static int pool_class_of(size_t bytes)
@@ -207,6 +217,20 @@ kvr_status_t kvr_gpu_pool_create(int device, void *stream, kvr_gpu_pool_t **out,
         return kvr_error_set(err, KVR_ERR_NO_MEMORY, "no memory");
     p->device = device;
     p->stream = stream;
+    /* the mapped slots now, not at a request (pinning takes a while);
+     * without them every table is copied */
+    void *h = NULL, *d = NULL;
+    cudaError_t e = cudaHostAlloc(&h, MAPPED_SLOT * MAPPED_SLOTS,
+                                  cudaHostAllocMapped | cudaHostAllocPortable);
+    if (e == cudaSuccess && cudaHostGetDevicePointer(&d, h, 0) != cudaSuccess)
+        cudaFreeHost(h);
+    else if (e == cudaSuccess) {
+        p->mapped = (unsigned char *)h;
+        p->mapped_dev = (unsigned char *)d;
+        for (uint32_t i = 0; i < MAPPED_SLOTS; i++)
+            p->mfree[p->mn++] = (uint16_t)(MAPPED_SLOTS - 1 - i);
+    }
+    (void)cudaGetLastError(); /* a failure here is not the next call's */
     *out = p;
     return KVR_OK;
 }
@@ -221,6 +245,8 @@ void kvr_gpu_pool_destroy(kvr_gpu_pool_t *pool)
             cudaFree(pool->cls[k].free[i]);
         free(pool->cls[k].free);
     }
+    if (pool->mapped != NULL)
+        cudaFreeHost(pool->mapped);
     free(pool);
 }
 
@@ -285,4 +311,23 @@ void kvr__pool_put(void *ptr, size_t bytes, void *owner)
 void *kvr__pool_stream(const kvr_gpu_pool_t *pool)
 {
     return pool->stream;
+}
+
+kvr_status_t kvr__pool_mapped_get(kvr_gpu_pool_t *pool, size_t bytes,
+                                  void **host, void **dev)
+{
+    if (bytes > MAPPED_SLOT || pool->mn == 0)
+        return KVR_ERR_NO_MEMORY;
+    size_t off = (size_t)pool->mfree[--pool->mn] * MAPPED_SLOT;
+    *host = pool->mapped + off;
+    *dev = pool->mapped_dev + off;
+    return KVR_OK;
+}
+
+void kvr__pool_mapped_put(void *dev, size_t bytes, void *owner)
+{
+    (void)bytes;
+    kvr_gpu_pool_t *pool = (kvr_gpu_pool_t *)owner;
+    size_t off = (size_t)((unsigned char *)dev - pool->mapped_dev);
+    pool->mfree[pool->mn++] = (uint16_t)(off / MAPPED_SLOT);
 }

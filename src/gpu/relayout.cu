@@ -9,6 +9,8 @@
  * over NVLink), loads follow the source's chunks. One-rank scatters of
  * small MLA chunks go through chunk_kernel instead: an item is one source
  * chunk, copied by a team of 8 lanes. */
+#include <string.h>
+
 #include "cuda_util.cuh"
 
 namespace
@@ -505,6 +507,29 @@ extern "C" kvr_status_t kvr_gpu_relayout_upload_pool(kvr_gpu_relayout_t *rl,
     rl->device[dev] = p;
     rl->device_owner[dev] = pool;
     rl->free_device = kvr__pool_put;
+    return KVR_OK;
+}
+
+extern "C" kvr_status_t kvr_gpu_relayout_upload_mapped(kvr_gpu_relayout_t *rl,
+                                                       kvr_gpu_pool_t *pool,
+                                                       kvr_error_t *err)
+{
+    int dev = 0;
+    bool done = false;
+    kvr_status_t st = upload_slot(rl, &dev, &done, err);
+    if (st != KVR_OK || done)
+        return st;
+    if (pool == NULL)
+        return kvr_error_set(err, KVR_ERR_INVALID, "pool is NULL");
+    size_t bytes = rl->table_words * sizeof(uint32_t);
+    void *host = NULL, *p = NULL;
+    if (kvr__pool_mapped_get(pool, bytes, &host, &p) != KVR_OK)
+        return kvr_gpu_relayout_upload_pool(rl, pool, err);
+    /* read by kernels launched after this store (a launch orders it) */
+    memcpy(host, rl->tables, bytes);
+    rl->device[dev] = p;
+    rl->device_owner[dev] = pool;
+    rl->free_device = kvr__pool_mapped_put;
     return KVR_OK;
 }
 

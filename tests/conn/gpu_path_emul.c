@@ -173,7 +173,7 @@ static void notify_task(void *arg)
     (void)n;
 }
 
-kvr_status_t kvr__gpu_notify(void *stream, int fd, kvr_error_t *err)
+static kvr_status_t notify_on(void *stream, int fd, kvr_error_t *err)
 {
     atomic_fetch_add(&notifies, 1);
     return enqueue(stream, notify_task, (void *)(intptr_t)fd, err);
@@ -280,6 +280,7 @@ struct kvr__gpu_job {
     uint32_t refs; /* the pulls sharing it (the loop's thread only) */
     const kvr__gpu_runs_t *runs; /* a run copy's table and range */
     uint64_t pos, len;
+    void *stream; /* where it was queued */
     atomic_bool done;
     atomic_int status;
 };
@@ -312,6 +313,7 @@ static void run_job(void *arg)
 static kvr_status_t queue_job(void *stream, kvr__gpu_job_t *j,
                               kvr_error_t *err)
 {
+    j->stream = stream;
     kvr_status_t st = enqueue(stream, run_job, j, err);
     if (st == KVR_OK)
         atomic_fetch_add(&jobs, 1);
@@ -498,6 +500,15 @@ void kvr__gpu_job_free(kvr__gpu_job_t *job)
     free(job->dst);
     free(job->ranks);
     free(job);
+}
+
+/* The side stream is not emulated: the note follows the job on its own
+ * stream's worker (what it must come after). */
+kvr_status_t kvr__gpu_job_notify(kvr__gpu_job_t *job, void *side, int fd,
+                                 kvr_error_t *err)
+{
+    (void)side;
+    return notify_on(job->stream, fd, err);
 }
 
 void kvr__gpu_job_share(kvr__gpu_job_t *job)

@@ -189,6 +189,35 @@ static void ranks_share_a_launch(void **state)
     world_free(w);
 }
 
+/* Four requests asked at once, kernels of 300 ms: each stage launches
+ * every request's pulls while the first ones' kernels still run (the
+ * stream queues them), not one request after another's completion. */
+static void launches_overlap(void **state)
+{
+    (void)state;
+    kvr__emul_kernel_us(300000);
+    world_t *w = gpu_world();
+    ah_req_t r[4];
+    unsigned jobs0 = kvr__emul_jobs();
+    for (uint32_t i = 0; i < 4; i++) {
+        offer(w, 20 + i, &r[i]);
+        recv_all(w, 0, "prefill", &r[i], 0);
+    }
+    ah_agent_t *all[] = {&w->cons[0], &w->cons[1], &w->prod[0][0],
+                         &w->prod[0][1]};
+    uint64_t end = ah_now_ms() + 250; /* the first kernels still run */
+    while (kvr__emul_jobs() - jobs0 < 8 && ah_now_ms() < end)
+        ah_settle(all, 4, 5);
+    unsigned jobs = kvr__emul_jobs() - jobs0;
+    if (jobs < 8)
+        fail_msg("%u launches of 4 requests on 2 stages while the first "
+                 "kernels ran", jobs);
+    kvr__emul_kernel_us(0);
+    for (uint32_t i = 0; i < 4; i++)
+        expect_loaded(w, 0, &r[i]);
+    world_free(w);
+}
+
 /* The stages go while their kernels run: destroy drains the stream before
  * it frees a job or closes the fd the host notification writes. */
 static void destroy_while_running(void **state)
@@ -220,6 +249,7 @@ int main(void)
         cmocka_unit_test(streamed_groups),
         cmocka_unit_test(ranks_share_a_launch),
         cmocka_unit_test(destroy_while_running),
+        cmocka_unit_test(launches_overlap),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

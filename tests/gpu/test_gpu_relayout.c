@@ -106,7 +106,8 @@ static void check_scatter_rank(run_t *t, uint32_t r)
 /* n slots at once (kvr_gpu_scatter_regions: past 64, more than one
  * launch), slot k rank (r + k) % W into a region of its own, its tables
  * in a pool block on a stream of its own; twice, the second time into the
- * block the first gave back. */
+ * block the first gave back; then a third time with the tables read in
+ * place from a mapped slot (copied, the same, where they are larger). */
 static void check_scatter_regions(run_t *t, uint32_t r, uint64_t *rng)
 {
     size_t n = t->c->dst_bytes < (1u << 20) && rng_below(rng, 4) == 0 ? 66 : 3;
@@ -120,11 +121,14 @@ static void check_scatter_regions(run_t *t, uint32_t r, uint64_t *rng)
     uint64_t held[2];
     CHECK_KVR(kvr_gpu_stream_create(0, &stream, &err));
     CHECK_KVR(kvr_gpu_pool_create(0, stream, &pool, &err));
-    for (int rep = 0; rep < 2; rep++) {
+    for (int rep = 0; rep < 3; rep++) {
         kvr_gpu_relayout_t *rl = NULL;
         CHECK_KVR(kvr_gpu_relayout_create(&t->c->lay, &t->c->src, &t->c->dst,
                                           &t->c->req, &rl, &err));
-        CHECK_KVR(kvr_gpu_relayout_upload_pool(rl, pool, &err));
+        if (rep < 2)
+            CHECK_KVR(kvr_gpu_relayout_upload_pool(rl, pool, &err));
+        else
+            CHECK_KVR(kvr_gpu_relayout_upload_mapped(rl, pool, &err));
         for (size_t k = 0; k < n; k++) {
             dst[k] = dbuf_make(0, t->poison, t->c->dst_bytes, 0);
             srcs[k] = t->src.ptr;
@@ -133,14 +137,18 @@ static void check_scatter_regions(run_t *t, uint32_t r, uint64_t *rng)
         }
         CHECK_KVR(
             kvr_gpu_scatter_regions(rl, ranks, srcs, bases, n, stream, &err));
-        kvr_gpu_relayout_destroy(rl); /* stream-ordered: the block waits */
+        if (rep < 2)
+            kvr_gpu_relayout_destroy(rl); /* stream-ordered: the block waits */
         CHECK_KVR(kvr_gpu_sync(stream, &err));
+        if (rep == 2)
+            kvr_gpu_relayout_destroy(rl); /* a mapped slot: once read */
         for (size_t k = 0; k < n; k++) {
             check_device_image(&dst[k], t->expect[ranks[k]], t->c->dst_bytes,
                                "scatter_regions", t->name, ranks[k]);
             dbuf_free(&dst[k]);
         }
-        held[rep] = kvr_gpu_pool_bytes(pool);
+        if (rep < 2)
+            held[rep] = kvr_gpu_pool_bytes(pool);
     }
     CHECK(held[0] > 0 && held[1] == held[0],
           "%s: the pool held %llu bytes after one table, %llu after the "
