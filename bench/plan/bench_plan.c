@@ -195,6 +195,12 @@ static json_t *run_case(const case_t *c, int reps)
 
 int main(int argc, char **argv)
 {
+    if (argc > 2 || (argc == 2 && argv[1][0] == '-')) {
+        fprintf(stderr, "usage: bench_plan [OUT.json] (default "
+                        "bench/results/plan.json); unexpected '%s'\n",
+                argc > 2 ? argv[2] : argv[1]);
+        return 2;
+    }
     const char *out = argc > 1 ? argv[1] : "bench/results/plan.json";
     static const case_t cases[] = {
         {"mla-128k", 8, 1, 131072, false, 0, 0, 0, false},
