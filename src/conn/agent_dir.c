@@ -459,13 +459,44 @@ void kvr__join_tick(kvr_agent_t *a, uint64_t now, uint64_t *next)
 
 /* ---- producer: a consumer's REGIONS ---- */
 
+static int cmp_twin(const void *x, const void *y)
+{
+    const kvr__twin_t *a = x, *b = y;
+    if (a->layer != b->layer)
+        return a->layer < b->layer ? -1 : 1;
+    if (a->role != b->role)
+        return a->role < b->role ? -1 : 1;
+    return a->index < b->index ? -1 : a->index > b->index;
+}
+
+/* The maps by (layer, role), the first index first (as a scan finds). */
+static kvr_status_t index_twins(kvr__alink_t *l, kvr_error_t *err)
+{
+    l->twins = malloc((l->num_maps + 1) * sizeof(*l->twins));
+    if (l->twins == NULL)
+        return kvr_error_set(err, KVR_ERR_NO_MEMORY, "no memory");
+    for (uint32_t j = 0; j < l->num_maps; j++)
+        l->twins[j] = (kvr__twin_t){l->maps[j].desc.layer,
+                                    (uint32_t)l->maps[j].desc.role, j};
+    qsort(l->twins, l->num_maps, sizeof(*l->twins), cmp_twin);
+    return KVR_OK;
+}
+
 static int twin_of(const kvr__alink_t *l, const kvr_region_desc_t *d)
 {
-    for (uint32_t j = 0; j < l->num_maps; j++)
-        if (l->maps[j].desc.role == d->role &&
-            l->maps[j].desc.layer == d->layer)
-            return (int)j;
-    return -1;
+    kvr__twin_t want = {d->layer, (uint32_t)d->role, 0};
+    size_t lo = 0, hi = l->twins != NULL ? l->num_maps : 0, n = hi;
+    while (lo < hi) { /* the first entry not below want */
+        size_t mid = lo + (hi - lo) / 2;
+        if (cmp_twin(&l->twins[mid], &want) < 0)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    if (lo == n || l->twins[lo].layer != want.layer ||
+        l->twins[lo].role != want.role)
+        return -1;
+    return (int)l->twins[lo].index;
 }
 
 /* One region of a consumer's REGIONS: checked, then mapped on our data
@@ -524,6 +555,9 @@ static kvr_status_t map_regions(kvr_agent_t *a, kvr__alink_t *l,
         if (st != KVR_OK)
             return st;
     }
+    kvr_status_t st = index_twins(l, err);
+    if (st != KVR_OK)
+        return st;
     for (uint32_t i = 0; i < a->num_regions; i++)
         if (kvr__region_moves(&a->regions[i]) &&
             twin_of(l, &a->regions[i].desc) < 0)

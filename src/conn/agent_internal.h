@@ -124,6 +124,10 @@ typedef struct kvr__pnotify {
     uint8_t payload[];
 } kvr__pnotify_t;
 
+typedef struct {
+    uint32_t layer, role, index;
+} kvr__twin_t;
+
 typedef struct kvr__alink {
     struct kvr__alink *next, *prev;
     uint32_t serial; /* for logs */
@@ -141,6 +145,8 @@ typedef struct kvr__alink {
     bool unauth;       /* accepted, handshake not done: counted
                                     in num_unauth, not in the link table */
     bool regions_sent; /* consumer: REGIONS went out on it */
+    bool need_known;   /* consumer: need holds, for the peer's topology */
+    uint64_t need;     /* consumer: kvr__sources_mask of the peer's layers */
     kvr_status_t close_status;
     char close_why[KVR_ERROR_MSG_MAX];
     /* the peer, from its HELLO (its LAYOUT, with a key) */
@@ -160,6 +166,8 @@ typedef struct kvr__alink {
     kvr__dpeer_t *data;
     kvr__amap_t *maps;
     uint32_t num_maps;
+    kvr__twin_t *twins; /* maps by (layer, role, index), sorted: looked
+                           up per region of every pull (kvr__twin_index) */
     int staging; /* index in maps of its STAGING region,
                                     or -1 */
     /* CUDA KV (agent_gpu.c): gpu-staged pack buffers (2 slots of CUDA
@@ -441,6 +449,9 @@ struct kvr_agent {
     kvr__pcache_t *pcache; /* plans by key (plan_cache.h), made on first use */
     kvr_wire_id_t instance;
     uint64_t incarnation;
+    uint64_t nonces[32]; /* random write nonces drawn 32 at a time (one
+                            getrandom), used under the turn lock */
+    uint32_t nonces_left;
     uint8_t key[KVR_WIRE_KEY_BYTES];
     bool has_key, started;
     char listen_spec[KVR_AGENT_ADDR_MAX];
@@ -469,6 +480,9 @@ struct kvr_agent {
     int epoll_fd, timer_fd, listen_fd;
     int local_fd; /* listen_fd's same-host twin (kvr__local_listen) or -1 */
     uint64_t timer_at; /* timer_fd is set to this (when timer_armed) */
+    uint64_t thread_wake; /* the progress thread's wait ends by then: its
+                             own timers are its wait's timeout, not
+                             timer_fd (set under turn_lock) */
     bool corking; /* in kvr__send_work: answers wait for its end */
     bool corked;  /* a link holds such answers (kvr__alink_uncork_all) */
     bool timer_armed;

@@ -767,6 +767,7 @@ static void link_free(kvr_agent_t *a, kvr__alink_t *l)
     for (uint32_t i = 0; l->maps != NULL && i < l->num_maps; i++)
         kvr__agpu_unmap(&l->maps[i]);
     free(l->maps);
+    free(l->twins);
     for (kvr__pnotify_t *p = l->pending, *n; p != NULL; p = n) {
         n = p->next;
         free(p);

@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/epoll.h>
+#include <sys/syscall.h>
 #include <sys/timerfd.h>
 #include <unistd.h>
 
@@ -215,9 +216,12 @@ static uint64_t run_timers(kvr_agent_t *a)
     return next;
 }
 
-/* A turn on the events ev[0..n) of one wait. */
+/* A turn on the events ev[0..n) of one wait. The progress thread's next
+ * timer becomes its next wait's timeout (a timerfd_settime less per turn,
+ * 2-3 per one-block load and process); others arm timer_fd, which
+ * kvr_agent_fd's pollers wait on. */
 static void turn_on(kvr_agent_t *a, const struct epoll_event *ev, int n,
-                    uint32_t timeout_ms)
+                    uint32_t timeout_ms, bool thread)
 {
     uint64_t start = kvr_now_ns();
     run_commands(a);
@@ -231,7 +235,10 @@ static void turn_on(kvr_agent_t *a, const struct epoll_event *ev, int n,
     uint64_t next = run_timers(a);
     kvr__alink_reap(a);
     update_interest(a);
-    arm_timer(a, next);
+    if (thread)
+        a->thread_wake = next;
+    else
+        arm_timer(a, next);
     if (kvr__agpu_cpu_work(a))
         kvr__agent_wake(a); /* more slices: the fd stays readable */
 }
@@ -242,7 +249,29 @@ void kvr__loop_turn(kvr_agent_t *a, uint32_t timeout_ms)
     bool busy = kvr__agpu_cpu_work(a);
     int wait = busy ? 0 : (int)timeout_ms;
     int n = epoll_wait(a->epoll_fd, ev, 64, wait);
-    turn_on(a, ev, n, timeout_ms);
+    turn_on(a, ev, n, timeout_ms, false);
+}
+
+#define THREAD_WAIT_MAX_NS 100000000ull /* the stop flag is seen by then */
+
+/* Waits until `until` (ns, absolute) at most: to the nanosecond where the
+ * kernel has epoll_pwait2 (5.11; called directly, as glibc wraps it only
+ * from 2.35), else to the next millisecond. */
+static int wait_until(kvr_agent_t *a, struct epoll_event *ev, uint64_t until)
+{
+    uint64_t now = kvr_now_ns();
+    uint64_t ns = until > now ? until - now : 0;
+    if (ns > THREAD_WAIT_MAX_NS)
+        ns = THREAD_WAIT_MAX_NS;
+    long n = -1;
+    errno = ENOSYS;
+#ifdef SYS_epoll_pwait2
+    struct timespec ts = {(time_t)(ns / 1000000000u), (long)(ns % 1000000000u)};
+    n = syscall(SYS_epoll_pwait2, a->epoll_fd, ev, 64, &ts, NULL, 0);
+#endif
+    if (n < 0 && errno == ENOSYS)
+        n = epoll_wait(a->epoll_fd, ev, 64, (int)((ns + 999999u) / 1000000u));
+    return (int)n;
 }
 
 void kvr__loop_thread_turn(kvr_agent_t *a)
@@ -251,18 +280,23 @@ void kvr__loop_thread_turn(kvr_agent_t *a)
     uint64_t seen = __atomic_load_n(&a->inline_turns, __ATOMIC_ACQUIRE);
     int n = kvr__agpu_spin(a, ev, 64); /* kernels just launched: watched */
     if (n < 0)
-        n = epoll_wait(a->epoll_fd, ev, 64, 100);
+        n = wait_until(a, ev, a->thread_wake);
     pthread_mutex_lock(&a->turn_lock);
     /* a caller's commands ran meanwhile: a link an event names may be gone */
     if (__atomic_load_n(&a->inline_turns, __ATOMIC_ACQUIRE) != seen)
         n = epoll_wait(a->epoll_fd, ev, 64, 0);
-    turn_on(a, ev, n, 0);
+    turn_on(a, ev, n, 0, true);
     pthread_mutex_unlock(&a->turn_lock);
 }
 
+/* Under turn_lock. A timer the sleeping thread's timeout would miss is
+ * set on timer_fd, which wakes it. */
 void kvr__loop_after_inline(kvr_agent_t *a, uint64_t timer_by_ns)
 {
     update_interest(a);
-    if (!a->timer_armed || timer_by_ns < a->timer_at)
+    uint64_t by = a->timer_armed ? a->timer_at : UINT64_MAX;
+    if (a->thread_running && a->thread_wake < by)
+        by = a->thread_wake;
+    if (timer_by_ns < by)
         arm_timer(a, timer_by_ns);
 }

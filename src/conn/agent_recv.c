@@ -12,6 +12,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <sodium.h>
+
 #include "agent_internal.h"
 #include "base_internal.h"
 
@@ -264,8 +266,11 @@ static kvr_status_t attach_stages(kvr_agent_t *a, kvr__creq_t *r,
         if (l == NULL)
             continue;
         const kvr_wire_topo_t *t = &l->link->peer.topo;
-        st = kvr__sources_mask(a, t->layer_start, t->layer_end,
-                               a->p.topo.tp_rank, &need, err);
+        if (!l->need_known) /* the link's peer and our regions are fixed */
+            st = kvr__sources_mask(a, t->layer_start, t->layer_end,
+                                   a->p.topo.tp_rank, &l->need, err);
+        l->need_known = st == KVR_OK;
+        need = l->need;
         if (st != KVR_OK || !(need >> t->tp_rank & 1))
             continue; /* holds nothing of these layers for us */
         if (r->num_stages == KVR_AGENT_MAX_STAGES)
@@ -525,6 +530,21 @@ static void creq_step(kvr_agent_t *a, kvr__creq_t *r,
 
 /* ---- commands, messages, links, timers ---- */
 
+/* A random nonce, never 0: a syscall per request cost 1-2 us of a
+ * one-block load's CPU. */
+static uint64_t next_nonce(kvr_agent_t *a)
+{
+    uint64_t v = 0;
+    while (v == 0) {
+        if (a->nonces_left == 0) {
+            randombytes_buf(a->nonces, sizeof(a->nonces));
+            a->nonces_left = sizeof(a->nonces) / sizeof(a->nonces[0]);
+        }
+        v = a->nonces[--a->nonces_left];
+    }
+    return v;
+}
+
 static void start(kvr_agent_t *a, kvr__cmd_t *c)
 {
     kvr__creq_t *r = calloc(1, sizeof(*r));
@@ -546,7 +566,7 @@ static void start(kvr_agent_t *a, kvr__cmd_t *c)
     c->blocks = NULL; /* the request owns the table now */
     r->num_tokens = c->num_tokens;
     r->num_computed = c->num_computed;
-    r->nonce = kvr_wire_random_nonce();
+    r->nonce = next_nonce(a);
     r->stream = c->stream;
     r->started_ns = kvr_now_ns();
     r->deadline_ns = r->started_ns + ms_ns(c->ms);

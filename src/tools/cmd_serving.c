@@ -38,6 +38,9 @@ typedef struct {
     char failure[400];
 } rq_t;
 
+#define SMALL_B2B "small" /* request ids and M lines of each kind */
+#define SMALL_PACED "paced"
+
 typedef struct {
     sv_cfg_t c;
     sv_trace_t t;
@@ -57,8 +60,10 @@ typedef struct {
     uint64_t ceil_ns[1 + SV_MAX_REPS]; /* [0]: cold, then one per rep */
     int ndev;
     bool ceil_ok;
-    uint64_t small_ns[SV_SMALL_REPS * 64];
-    uint32_t nsmall;
+    /* one-block round trips: [0] back to back (the figure of every
+     * earlier file), [1] paced, each request alone (consumer_small) */
+    uint64_t small_ns[2][SV_SMALL_REPS * 64];
+    uint32_t nsmall[2];
     bool failed;
     char why[512];
     char last_addr[300]; /* the last "ready ADDR" */
@@ -207,11 +212,12 @@ static void on_line(sup_t *s, const char *line)
         s->ceil_start = s->ceil_start == 0 || a < s->ceil_start ? a
                                                                 : s->ceil_start;
         s->ceil_end = b > s->ceil_end ? b : s->ceil_end;
-    } else if (sscanf(line, "M %llu %u", &a, &ok) == 2) {
+    } else if (sscanf(line, "M %15s %llu %u", text, &a, &ok) == 3) {
+        int k = strcmp(text, SMALL_PACED) == 0;
         if (ok != 1)
             fail(s, "%s", "a one-block request did not load");
-        else if (s->nsmall < sizeof(s->small_ns) / sizeof(s->small_ns[0]))
-            s->small_ns[s->nsmall++] = a;
+        else if (s->nsmall[k] < SV_SMALL_REPS * 64)
+            s->small_ns[k][s->nsmall[k]++] = a;
     } else if (strncmp(line, "ready ", 6) == 0) {
         snprintf(s->last_addr, sizeof(s->last_addr), "%s", line + 6);
     } else if (strcmp(line, "warm-failed") == 0) {
@@ -343,6 +349,21 @@ static void stop_all(sup_t *s)
 /* One ceiling transfer: each instance's one large request, loaded by its
  * group. rep 0 is cold (it maps the pages every pass writes); each later
  * one follows a repetition's passes. */
+/* One-block requests of one kind (their ids' prefix): opened, then
+ * loaded paced from T0 (or back to back: T0 = 0). */
+static bool small(sup_t *s, const char *kind, uint64_t T0, uint32_t ncons)
+{
+    char line[96];
+    snprintf(line, sizeof(line), "small %s 0\n", kind);
+    tell(s, true, false, line);
+    if (!await(s, "opened", s->nprod))
+        return false;
+    snprintf(line, sizeof(line), "small %s %llu\n", kind,
+             (unsigned long long)T0);
+    tell(s, false, true, line);
+    return await(s, "D small", ncons);
+}
+
 static bool ceiling(sup_t *s, uint32_t rep)
 {
     char line[64];
@@ -398,11 +419,9 @@ static bool run_phases(sup_t *s)
         if (!ceiling(s, rep + 1))
             return false;
     }
-    tell(s, true, false, "small\n");
-    if (!await(s, "opened", s->nprod))
-        return false;
-    tell(s, false, true, "small\n");
-    return await(s, "D small", ncons);
+    return small(s, SMALL_B2B, 0, ncons) &&
+           (SV_SMALL_PACE_NS == 0 ||
+            small(s, SMALL_PACED, kvr_now_ns() + 50000000ull, ncons));
 }
 
 /* ---- the report ---- */
@@ -558,7 +577,7 @@ static json_t *params_json(const sup_t *s)
 }
 
 static void print_table(const sup_t *s, const pass_sum_t *ps, double ceiling,
-                        double small_p50)
+                        const double *small_p50)
 {
     const demo_cfg_t *d = &s->c.d;
     char dist[64];
@@ -596,8 +615,9 @@ static void print_table(const sup_t *s, const pass_sum_t *ps, double ceiling,
            "stage-rank pair; median of %u, each after its rep's passes)\n",
            ceiling, (double)s->ceil_best_bytes / d->instances / 1e6,
            s->c.reps);
-    printf("one-block request round trip p50 %.1f us (%u samples)\n", small_p50,
-           s->nsmall);
+    printf("one-block request round trip p50 %.1f us (%u samples); each "
+           "request alone %.1f us (%u)\n",
+           small_p50[0], s->nsmall[0], small_p50[1], s->nsmall[1]);
 }
 
 static double rate(uint64_t bytes, uint64_t ns)
@@ -654,11 +674,16 @@ static int report(sup_t *s, FILE *json_file)
     uint64_t cb = s->ceil_best_bytes;
     double ceil_each[SV_MAX_REPS];
     double ceiling = ceilings(s, ceil_each);
-    double small[SV_SMALL_REPS * 64];
-    for (uint32_t i = 0; i < s->nsmall; i++)
-        small[i] = (double)s->small_ns[i] / 1e3;
-    double small_p50 = pct(small, s->nsmall, 50);
-    json_t *runs = json_array(), *sm = json_array(), *ce = json_array();
+    double small[2][SV_SMALL_REPS * 64], small_p50[2];
+    json_t *sm[2] = {json_array(), json_array()};
+    for (int k = 0; k < 2; k++) {
+        for (uint32_t i = 0; i < s->nsmall[k]; i++) {
+            small[k][i] = (double)s->small_ns[k][i] / 1e3;
+            json_array_append_new(sm[k], json_real(small[k][i]));
+        }
+        small_p50[k] = pct(small[k], s->nsmall[k], 50);
+    }
+    json_t *runs = json_array(), *ce = json_array();
     bool ok = !s->failed && s->ceil_ok;
     for (uint32_t k = 0; k < s->c.passes; k++) {
         json_array_append_new(runs,
@@ -667,8 +692,6 @@ static int report(sup_t *s, FILE *json_file)
     }
     for (uint32_t r = 0; r < s->c.reps; r++)
         json_array_append_new(ce, json_real(ceil_each[r]));
-    for (uint32_t i = 0; i < s->nsmall; i++)
-        json_array_append_new(sm, json_real(small[i]));
     /* the last pass (streaming with --stream both) is the headline */
     json_t *root = json_deep_copy(json_array_get(runs, s->c.passes - 1));
     json_object_set_new(root, "bench", json_string("serving"));
@@ -693,8 +716,11 @@ static int report(sup_t *s, FILE *json_file)
     for (uint32_t r = 0; r <= s->c.reps; r++)
         json_array_append_new(secs, json_real((double)s->ceil_ns[r] / 1e9));
     json_object_set_new(root, "ceiling_seconds_each", secs);
-    json_object_set_new(root, "small_request_us_p50", json_real(small_p50));
-    json_object_set_new(root, "small_request_us", sm);
+    /* issue 17's one-block figure: each rank's loads back to back */
+    json_object_set_new(root, "small_request_us_p50", json_real(small_p50[0]));
+    json_object_set_new(root, "small_request_us", sm[0]);
+    json_object_set_new(root, "small_paced_us_p50", json_real(small_p50[1]));
+    json_object_set_new(root, "small_paced_us", sm[1]);
     /* issue 17's streaming target: the streaming gap against the whole
      * transfer of the same requests without streaming */
     if (s->c.passes == 2 && ps[0].whole_p50 > 0)

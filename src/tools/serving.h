@@ -15,7 +15,15 @@
 #define SV_MAX_REQUESTS 4096u
 #define SV_MAX_PASSES 2u
 #define SV_MAX_REPS 9u /* repetitions of the passes, each with a ceiling */
+#ifndef SV_SMALL_REPS /* profiling builds may set more */
 #define SV_SMALL_REPS 40u
+#endif
+/* One-block requests paced this far apart: each finds the system idle
+ * (every rank's load and the stages' releases of the one before done);
+ * profiling builds may set 0, no paced requests */
+#ifndef SV_SMALL_PACE_NS
+#define SV_SMALL_PACE_NS 2000000ull
+#endif
 
 typedef enum { SV_DIST_FIXED, SV_DIST_UNIFORM, SV_DIST_FILE } sv_dist_t;
 

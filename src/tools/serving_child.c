@@ -176,19 +176,33 @@ static void drain(ch_t *h)
     fflush(h->out);
 }
 
-/* Sleeps until `until` (ns, absolute), waking for events; the ctl fd too
- * when want_ctl. Returns true when ctl is readable. */
-static bool wait_until(ch_t *h, uint64_t until, bool want_ctl)
+/* Sleeps until fd is readable or `until` (ns, absolute), then serves the
+ * events queued; true when fd was readable. */
+static bool sleep_on(ch_t *h, int fd, uint64_t until)
 {
-    struct pollfd p[2] = {{kvr_agent_event_fd(h->agent), POLLIN, 0},
-                          {h->ctl, POLLIN, 0}};
+    struct pollfd p = {fd, POLLIN, 0};
     uint64_t now = now_ns();
     uint64_t wait = until > now ? until - now : 0;
     struct timespec ts = {(time_t)(wait / 1000000000u),
                           (long)(wait % 1000000000u)};
-    int n = ppoll(p, want_ctl ? 2 : 1, &ts, NULL);
+    int n = ppoll(&p, 1, &ts, NULL);
     drain(h);
-    return n > 0 && want_ctl && (p[1].revents & (POLLIN | POLLHUP));
+    return n > 0 && (p.revents & (POLLIN | POLLHUP));
+}
+
+/* Sleeps until `until`, waking for events. */
+static void wait_until(ch_t *h, uint64_t until)
+{
+    sleep_on(h, kvr_agent_event_fd(h->agent), until);
+}
+
+/* Sleeps until a command comes (or `until`): between commands nothing
+ * waits on an event (a producer's SENTs while the one-block requests
+ * load), and a wake for each would take a core from the loads measured;
+ * they are served after. */
+static bool wait_ctl(ch_t *h, uint64_t until)
+{
+    return sleep_on(h, h->ctl, until);
 }
 
 /* The next command line from the supervisor (events served meanwhile);
@@ -206,7 +220,7 @@ static bool next_cmd(ch_t *h, char *line, size_t cap)
         }
         if (now_ns() > h->deadline)
             return false;
-        if (!wait_until(h, now_ns() + WAIT_SLICE_NS, true))
+        if (!wait_ctl(h, now_ns() + WAIT_SLICE_NS))
             continue;
         size_t room = sizeof(h->ctl_buf) - 1 - h->ctl_len;
         if (h->ctl_len >= sizeof(h->ctl_buf) - 1 || room == 0)
@@ -456,7 +470,7 @@ static void producer_pass(ch_t *h, uint64_t T0)
             due = at < due ? at : due;
             first += first == i && at == UINT64_MAX;
         }
-        wait_until(h, due, false);
+        wait_until(h, due);
     }
     fprintf(h->out, "D %u %u\n", h->pass, h->failures);
     free(next);
@@ -502,7 +516,7 @@ static bool load_one(ch_t *h, uint32_t instance, const char *id,
         return false;
     uint64_t end = now_ns() + (uint64_t)h->c->d.deadline_ms * 2000000ull;
     while (!h->released && now_ns() < end)
-        wait_until(h, end, false);
+        wait_until(h, end);
     return h->loaded && !h->load_failed;
 }
 
@@ -535,7 +549,7 @@ static void consumer_pass(ch_t *h, uint64_t T0, bool stream)
                 h->outcomes++;
             }
         }
-        wait_until(h, due, false);
+        wait_until(h, due);
     }
     for (uint32_t i = 0; i < t->n; i++)
         if (h->st[i] == RQ_RELEASED)
@@ -564,23 +578,31 @@ static void consumer_ceiling(ch_t *h, uint32_t rep)
     fprintf(h->out, "D ceiling\n");
 }
 
-/* Round trips of one-block requests from instance 0 on an idle link,
- * reported together at the end: a line per round trip would wake the
- * supervisor between them, on the cores the next one needs. */
-static void consumer_small(ch_t *h)
+/* Round trips of one-block requests from instance 0, reported together
+ * at the end: a line per round trip would wake the supervisor between
+ * them, on the cores the next one needs. Paced (T0 != 0): request k is
+ * asked by every rank at T0 + k * SV_SMALL_PACE_NS, the round trip of a
+ * request that finds the links idle; else each rank asks for the next as
+ * soon as its last is released (the ranks drift apart, and about four
+ * loads of two requests are in flight at any time). */
+static void consumer_small(ch_t *h, const char *kind, uint64_t T0)
 {
     uint64_t took[SV_SMALL_REPS];
     bool ok[SV_SMALL_REPS];
     uint32_t n = h->role->who == 0 ? SV_SMALL_REPS : 0;
     for (uint32_t k = 0; k < n; k++) {
         char id[32];
-        sv_request_id(id, sizeof(id), "small", k, 0);
+        sv_request_id(id, sizeof(id), kind, k, 0);
+        uint64_t at = T0 + k * SV_SMALL_PACE_NS;
+        while (T0 != 0 && now_ns() < at)
+            wait_until(h, at);
         uint64_t start = now_ns();
         ok[k] = load_one(h, 0, id, h->c->d.lay.block_size, 0);
         took[k] = h->loaded_ns - start;
     }
     for (uint32_t k = 0; k < n; k++)
-        fprintf(h->out, "M %llu %d\n", (unsigned long long)took[k], ok[k]);
+        fprintf(h->out, "M %s %llu %d\n", kind, (unsigned long long)took[k],
+                ok[k]);
     fprintf(h->out, "D small\n");
 }
 
@@ -612,6 +634,7 @@ static void command(ch_t *h, const char *line)
 {
     unsigned long long T0 = 0;
     unsigned pass = 0;
+    char kind[16];
     bool prod = !h->role->consumer;
     uint64_t bs = h->c->d.lay.block_size;
     if (sscanf(line, "go %llu %u", &T0, &pass) == 2) {
@@ -635,12 +658,12 @@ static void command(ch_t *h, const char *line)
         } else {
             consumer_ceiling(h, pass);
         }
-    } else if (strcmp(line, "small") == 0) {
+    } else if (sscanf(line, "small %15s %llu", kind, &T0) == 2) {
         if (prod)
-            producer_open_all(h, "small", h->role->who == 0 ? SV_SMALL_REPS : 0,
+            producer_open_all(h, kind, h->role->who == 0 ? SV_SMALL_REPS : 0,
                               bs);
         else
-            consumer_small(h);
+            consumer_small(h, kind, T0);
     }
     fflush(h->out);
 }

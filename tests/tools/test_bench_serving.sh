@@ -68,6 +68,8 @@ for k in ("ceiling_GBps", "aggregate_GBps", "ratio", "stream", "requests",
     assert k in d, k
 assert d["ok"] is True
 assert d["ceiling_GBps"] > 0 and d["small_request_us_p50"] > 0
+assert d["small_paced_us_p50"] > 0
+assert len(d["small_request_us"]) == len(d["small_paced_us"]) > 0
 assert [r["stream"] for r in d["runs"]] == [False, True]
 # layer groups land as LAYERS_LOADED only when streaming
 assert d["runs"][0]["layer_events"] == 0, d["runs"][0]["layer_events"]
