@@ -58,22 +58,52 @@ static kvr_region_desc_t canon_desc(const kvr_region_desc_t *r,
     return d;
 }
 
+/* Moves one 16-token group of D key bytes between the plain order t*D+d
+ * and the preshuffled tiles (docs/design.md §3), in 16-byte pieces. */
+static void tile_group(uint8_t *dst, const uint8_t *src, uint32_t D,
+                       bool to_tiles)
+{
+    for (uint32_t t = 0; t < 16; t++)
+        for (uint32_t d = 0; d < D; d += 16) {
+            uint64_t plain = (uint64_t)t * D + d;
+            uint64_t tile = (uint64_t)(d / 16) * 256 + t * 16u;
+            if (to_tiles)
+                memcpy(dst + tile, src + plain, 16);
+            else
+                memcpy(dst + plain, src + tile, 16);
+        }
+}
+
+#define TILE_STAGE (8u << 10)
+
 /* Copies n key bytes (whole 16-token groups of D bytes) between the plain
- * order t*D+d and the preshuffled tiles (docs/design.md §3). */
+ * order and the tiles, through two buffers on the stack that stay in L1:
+ * the source is copied in with one sequential memcpy, shuffled from one
+ * buffer into the other, and copied out with another, so that memory is
+ * only read and written in order. Shuffling straight between the regions
+ * stalled on the strided reads (a save) or writes (a load): about 2.4
+ * times the time per byte of a plain copy, which made the index planes
+ * (7 % of a headline chunk's bytes) 13-15 % of a host save or load. */
 static void tile_copy(uint8_t *dst, const uint8_t *src, uint64_t n, uint32_t D,
                       bool to_tiles)
 {
+    uint8_t in[TILE_STAGE] __attribute__((aligned(64)));
+    uint8_t out[TILE_STAGE] __attribute__((aligned(64)));
     uint64_t group = 16ull * D;
-    for (uint64_t g = 0; g < n; g += group)
-        for (uint32_t t = 0; t < 16; t++)
-            for (uint32_t d = 0; d < D; d += 16) {
-                uint64_t plain = g + (uint64_t)t * D + d;
-                uint64_t tile = g + (uint64_t)(d / 16) * 256 + t * 16u;
-                if (to_tiles)
-                    memcpy(dst + tile, src + plain, 16);
-                else
-                    memcpy(dst + plain, src + tile, 16);
-            }
+    uint64_t step = group <= TILE_STAGE ? TILE_STAGE / group * group : 0;
+    for (uint64_t g = 0; g < n;) {
+        if (step == 0) { /* a group larger than a buffer (D > 512) */
+            tile_group(dst + g, src + g, D, to_tiles);
+            g += group;
+            continue;
+        }
+        uint64_t len = n - g < step ? n - g : step;
+        memcpy(in, src + g, len);
+        for (uint64_t k = 0; k < len; k += group)
+            tile_group(out + k, in + k, D, to_tiles);
+        memcpy(dst + g, out, len);
+        g += len;
+    }
 }
 
 typedef struct apply {
@@ -114,6 +144,19 @@ static kvr_status_t apply_index_run(const apply_t *a, uint64_t s, uint64_t d,
     return KVR_OK;
 }
 
+/* Asks for the first bytes of the next run's source while this run is
+ * copied: runs start on other pages (another block, another region), and
+ * each one stalled until the hardware prefetcher caught up with it. */
+#define PREFETCH_BYTES 4096u
+
+static void prefetch_run(const apply_t *a, const kvr_run_t *run)
+{
+    const uint8_t *p = a->src + (run->src - a->src_off0);
+    uint64_t n = run->len < PREFETCH_BYTES ? run->len : PREFETCH_BYTES;
+    for (uint64_t o = 0; o < n; o += 64)
+        __builtin_prefetch(p + o);
+}
+
 static kvr_status_t apply_plan(const kvr_plan_t *plan, const apply_t *a,
                                kvr_error_t *err)
 {
@@ -121,6 +164,8 @@ static kvr_status_t apply_plan(const kvr_plan_t *plan, const apply_t *a,
     const kvr_run_t *runs = kvr_plan_runs(plan, &n);
     for (size_t i = 0; i < n; i++) {
         uint64_t s = runs[i].src - a->src_off0, d = runs[i].dst - a->dst_off0;
+        if (i + 1 < n)
+            prefetch_run(a, &runs[i + 1]);
         if (!a->shuffle) {
             memcpy(a->dst + d, a->src + s, runs[i].len);
             continue;
