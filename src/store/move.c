@@ -144,28 +144,43 @@ static kvr_status_t apply_index_run(const apply_t *a, uint64_t s, uint64_t d,
     return KVR_OK;
 }
 
-/* Asks for the first bytes of the next run's source while this run is
- * copied: runs start on other pages (another block, another region), and
- * each one stalled until the hardware prefetcher caught up with it. */
+/* Asks for the first bytes of the next run's pages on the side that is
+ * not canonical (the source of a save, the destination of a load) while
+ * this run is copied: each run starts on other pages (another block,
+ * another region) and stalled until the hardware prefetcher caught up
+ * with it; the canonical side is one sequential stream. */
 #define PREFETCH_BYTES 4096u
 
 static void prefetch_run(const apply_t *a, const kvr_run_t *run)
 {
-    const uint8_t *p = a->src + (run->src - a->src_off0);
     uint64_t n = run->len < PREFETCH_BYTES ? run->len : PREFETCH_BYTES;
+    if (a->canon_is_src) {
+        uint8_t *p = a->dst + (run->dst - a->dst_off0);
+        for (uint64_t o = 0; o < n; o += 64)
+            __builtin_prefetch(p + o, 1);
+        return;
+    }
+    const uint8_t *p = a->src + (run->src - a->src_off0);
     for (uint64_t o = 0; o < n; o += 64)
-        __builtin_prefetch(p + o);
+        __builtin_prefetch(p + o, 0);
 }
 
+/* Applies plan's runs with a; next (NULL after the last region) is the
+ * next region's plan and its apply, whose first run is prefetched during
+ * the last run of this one. */
 static kvr_status_t apply_plan(const kvr_plan_t *plan, const apply_t *a,
+                               const kvr_plan_t *next, const apply_t *next_a,
                                kvr_error_t *err)
 {
-    size_t n;
+    size_t n, nn = 0;
     const kvr_run_t *runs = kvr_plan_runs(plan, &n);
+    const kvr_run_t *after = next != NULL ? kvr_plan_runs(next, &nn) : NULL;
     for (size_t i = 0; i < n; i++) {
         uint64_t s = runs[i].src - a->src_off0, d = runs[i].dst - a->dst_off0;
         if (i + 1 < n)
             prefetch_run(a, &runs[i + 1]);
+        else if (nn > 0)
+            prefetch_run(next_a, &after[0]);
         if (!a->shuffle) {
             memcpy(a->dst + d, a->src + s, runs[i].len);
             continue;
@@ -175,6 +190,25 @@ static kvr_status_t apply_plan(const kvr_plan_t *plan, const apply_t *a,
             return st;
     }
     return KVR_OK;
+}
+
+/* Applies region i's plan of set and every one after it (a_of(i) gives
+ * region i's apply), each prefetching the next one's first run. */
+static kvr_status_t apply_set(const kvr_plan_set_t *set, size_t regions,
+                              apply_t (*a_of)(const void *, size_t),
+                              const void *arg, kvr_error_t *err)
+{
+    kvr_status_t s = KVR_OK;
+    apply_t a = regions > 0 ? a_of(arg, 0) : (apply_t){0};
+    for (size_t i = 0; s == KVR_OK && i < regions; i++) {
+        bool last = i + 1 == regions;
+        apply_t next = last ? a : a_of(arg, i + 1);
+        s = apply_plan(kvr_plan_set_plan_of(set, i), &a,
+                       last ? NULL : kvr_plan_set_plan_of(set, i + 1), &next,
+                       err);
+        a = next;
+    }
+    return s;
 }
 
 static uint32_t *identity(uint64_t n)
@@ -225,6 +259,7 @@ typedef struct save_ctx {
     kvr_region_pair_t *pairs;
     canon_t *canon;
     uint32_t *ident;
+    uint8_t **at; /* per region: its bytes in the chunk being gathered */
     uint64_t table_bytes, data_bytes;
 } save_ctx_t;
 
@@ -246,7 +281,8 @@ static kvr_status_t save_begin(const kvr_store_io_t *io, save_ctx_t *x,
     x->pairs = calloc(io->num_regions + 1, sizeof *x->pairs);
     x->canon = calloc(io->num_regions + 1, sizeof *x->canon);
     x->ident = identity(io->num_chains * io->chunk / io->block_size);
-    if (!x->pairs || !x->canon || !x->ident)
+    x->at = calloc(io->num_regions + 1, sizeof *x->at);
+    if (!x->pairs || !x->canon || !x->ident || !x->at)
         return kvr_error_set(err, KVR_ERR_NO_MEMORY, "store save");
     x->table_bytes = 8 + TABLE_ENTRY * io->num_regions;
     x->data_bytes = 0;
@@ -266,6 +302,7 @@ static kvr_status_t save_begin(const kvr_store_io_t *io, save_ctx_t *x,
 
 static void save_end(save_ctx_t *x)
 {
+    free(x->at);
     free(x->pairs);
     free(x->canon);
     free(x->ident);
@@ -294,6 +331,28 @@ static kvr_status_t plan_set(const kvr_layout_t *lay, uint32_t rank,
     return kvr_plan_set_create_pair(lay, 0, rank, pairs, n, req, out, err);
 }
 
+typedef struct gather_arg {
+    const kvr_store_io_t *io;
+    const save_ctx_t *x;
+    uint64_t start;
+    uint8_t *const *at; /* each region's canonical bytes in the chunk */
+} gather_arg_t;
+
+static apply_t gather_apply(const void *arg, size_t i)
+{
+    const gather_arg_t *g = arg;
+    const canon_t *cn = &g->x->canon[i];
+    apply_t a = {.src = g->io->regions[i].base,
+                 .dst = g->at[i],
+                 .src_off0 = 0,
+                 .dst_off0 = g->start * cn->width,
+                 .canon_is_src = false,
+                 .shuffle = cn->role == KVR_ROLE_INDEX && g->x->lay.preshuffle,
+                 .D = cn->D,
+                 .bs = g->io->block_size};
+    return a;
+}
+
 /* Gathers chunk c of every region into buf (table already written). */
 static kvr_status_t gather(const kvr_store_io_t *io, const save_ctx_t *x,
                            size_t c, uint8_t *buf, kvr_error_t *err)
@@ -305,23 +364,17 @@ static kvr_status_t gather(const kvr_store_io_t *io, const save_ctx_t *x,
                          .num_dst_blocks = end / io->block_size,
                          .num_tokens = end,
                          .num_computed_blocks = start / io->block_size};
+    uint8_t *at = buf + x->table_bytes;
+    for (size_t i = 0; i < io->num_regions; i++) {
+        x->at[i] = at;
+        at += x->canon[i].width * io->chunk;
+    }
     kvr_plan_set_t *set = NULL;
     kvr_status_t s = plan_set(&x->lay, 0, x->pairs, io->num_regions, &req, &set,
                               err);
-    uint8_t *at = buf + x->table_bytes;
-    for (size_t i = 0; s == KVR_OK && i < io->num_regions; i++) {
-        apply_t a = {.src = io->regions[i].base,
-                     .dst = at,
-                     .src_off0 = 0,
-                     .dst_off0 = start * x->canon[i].width,
-                     .canon_is_src = false,
-                     .shuffle = x->canon[i].role == KVR_ROLE_INDEX &&
-                                x->lay.preshuffle,
-                     .D = x->canon[i].D,
-                     .bs = io->block_size};
-        s = apply_plan(kvr_plan_set_plan_of(set, i), &a, err);
-        at += x->canon[i].width * io->chunk;
-    }
+    gather_arg_t g = {.io = io, .x = x, .start = start, .at = x->at};
+    if (s == KVR_OK)
+        s = apply_set(set, io->num_regions, gather_apply, &g, err);
     kvr_plan_set_destroy(set);
     return s;
 }
@@ -460,6 +513,28 @@ static void load_end(load_ctx_t *x)
     free(x->ident);
 }
 
+typedef struct scatter_arg {
+    const kvr_store_io_t *io;
+    const load_ctx_t *x;
+    uint64_t start;
+    const uint8_t *data; /* the chunk's payload */
+} scatter_arg_t;
+
+static apply_t scatter_apply(const void *arg, size_t i)
+{
+    const scatter_arg_t *g = arg;
+    const canon_t *cn = &g->x->canon[i];
+    apply_t a = {.src = g->data + g->x->off[i],
+                 .dst = g->io->regions[i].base,
+                 .src_off0 = g->start * cn->width,
+                 .dst_off0 = 0,
+                 .canon_is_src = true,
+                 .shuffle = cn->role == KVR_ROLE_INDEX && g->x->lay.preshuffle,
+                 .D = cn->D,
+                 .bs = g->io->block_size};
+    return a;
+}
+
 static kvr_status_t scatter(const kvr_store_io_t *io, load_ctx_t *x, size_t c,
                             const uint8_t *data, uint64_t len, kvr_error_t *err)
 {
@@ -480,18 +555,9 @@ static kvr_status_t scatter(const kvr_store_io_t *io, load_ctx_t *x, size_t c,
     kvr_plan_set_t *set = NULL;
     s = kvr_plan_set_create(&x->lay, io->rank, x->pairs, io->num_regions, &req,
                             &set, err);
-    for (size_t i = 0; s == KVR_OK && i < io->num_regions; i++) {
-        apply_t a = {.src = data + x->off[i],
-                     .dst = io->regions[i].base,
-                     .src_off0 = start * x->canon[i].width,
-                     .dst_off0 = 0,
-                     .canon_is_src = true,
-                     .shuffle = x->canon[i].role == KVR_ROLE_INDEX &&
-                                x->lay.preshuffle,
-                     .D = x->canon[i].D,
-                     .bs = io->block_size};
-        s = apply_plan(kvr_plan_set_plan_of(set, i), &a, err);
-    }
+    scatter_arg_t g = {.io = io, .x = x, .start = start, .data = data};
+    if (s == KVR_OK)
+        s = apply_set(set, io->num_regions, scatter_apply, &g, err);
     kvr_plan_set_destroy(set);
     return s;
 }
