@@ -144,25 +144,22 @@ static kvr_status_t apply_index_run(const apply_t *a, uint64_t s, uint64_t d,
     return KVR_OK;
 }
 
-/* Asks for the first bytes of the next run's pages on the side that is
- * not canonical (the source of a save, the destination of a load) while
- * this run is copied: each run starts on other pages (another block,
- * another region) and stalled until the hardware prefetcher caught up
- * with it; the canonical side is one sequential stream. */
+/* A save asks for the first bytes of the next run's source while this run
+ * is copied: each run starts on other pages of the producer (another
+ * block, another region) and stalled until the hardware prefetcher caught
+ * up with it (about 6 points of memcpy's rate on a 256-token save). A
+ * load's source is the chunk, one sequential stream; prefetching its
+ * destination for write gained nothing measurable. */
 #define PREFETCH_BYTES 4096u
 
 static void prefetch_run(const apply_t *a, const kvr_run_t *run)
 {
-    uint64_t n = run->len < PREFETCH_BYTES ? run->len : PREFETCH_BYTES;
-    if (a->canon_is_src) {
-        uint8_t *p = a->dst + (run->dst - a->dst_off0);
-        for (uint64_t o = 0; o < n; o += 64)
-            __builtin_prefetch(p + o, 1);
+    if (a->canon_is_src)
         return;
-    }
     const uint8_t *p = a->src + (run->src - a->src_off0);
+    uint64_t n = run->len < PREFETCH_BYTES ? run->len : PREFETCH_BYTES;
     for (uint64_t o = 0; o < n; o += 64)
-        __builtin_prefetch(p + o, 0);
+        __builtin_prefetch(p + o);
 }
 
 /* Applies plan's runs with a; next (NULL after the last region) is the
