@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include "store_internal.h"
@@ -95,6 +96,29 @@ static void evict_tail(kvr_store_t *st)
     st->stats.evictions++;
 }
 
+/* A new chunk buffer (aligned to KVR__ALIGN for O_DIRECT, with
+ * KVR__SLACK bytes of room). One of KVR__HUGE bytes or more starts on a
+ * huge page boundary and asks for transparent huge pages: the gather and
+ * the scatter walk the chunk's side of every copy in order, and with huge
+ * pages that side needs one TLB entry per 2 MiB rather than per 4 KiB (a
+ * few points of memcpy's rate on a host load here), and a fresh buffer
+ * faults in 2 MiB at a time. Only advice: where THP is off the buffer is
+ * an ordinary one. */
+static uint8_t *chunk_buffer(uint64_t len)
+{
+    uint64_t cap = (len + KVR__ALIGN - 1) / KVR__ALIGN * KVR__ALIGN;
+    cap += KVR__SLACK;
+    size_t align = cap >= KVR__HUGE ? KVR__HUGE : KVR__ALIGN;
+    void *b = NULL;
+    if (posix_memalign(&b, align, cap) != 0)
+        return NULL;
+#ifdef MADV_HUGEPAGE
+    if (align == KVR__HUGE)
+        (void)madvise(b, cap, MADV_HUGEPAGE);
+#endif
+    return b;
+}
+
 /* A full host tier evicts now what this chunk's insert would evict, so the
  * chunk reuses a buffer already faulted in (same size: the chunks of a
  * request are alike) instead of new memory the kernel must zero. */
@@ -106,11 +130,7 @@ uint8_t *kvr__store_alloc(kvr_store_t *st, uint64_t len)
         evict_tail(st);
         b = take_spare(st, len);
     }
-    void *fresh = NULL;
-    uint64_t cap = (len + KVR__ALIGN - 1) / KVR__ALIGN * KVR__ALIGN;
-    if (b == NULL && posix_memalign(&fresh, KVR__ALIGN, cap + KVR__SLACK) == 0)
-        b = fresh;
-    return b;
+    return b != NULL ? b : chunk_buffer(len);
 }
 
 /* Takes data; a chunk larger than the whole tier (or with no memory for

@@ -30,6 +30,7 @@
  * chunk before it (one reader left the disk idle between chunks) */
 #define KVR__READERS 2u
 #define KVR__SLACK KVR__ALIGN
+#define KVR__HUGE (2u << 20) /* chunk buffers this large ask for huge pages */
 #define KVR__BEHIND 2u /* chunks of a save written behind it */
 #define KVR__TMP_NAME_MAX (KVR_STORE_NAME_MAX + 48)
 /* checksum kinds: how the leaves are hashed (header offset 12) */

@@ -12,19 +12,23 @@
 #include "store_fixture.h"
 #include "store_tmp.h"
 
-#define BS 16
-#define CHUNK 64u /* bs * 4: loads into W = 1, 2 and 4 */
-#define NTOK 202u /* three full chunks and a tail */
-#define SEED 0x5eedull
+/* The model and request of every test but test_index_widths, which runs
+ * others (bs, index width, tokens) through the same code. */
+static sf_model_t model = {
+    .layers = 8, .pp = 4, .bs = 16, .tb = 576, .D = 128, .pool = 48};
+static uint32_t ntok = 202; /* three full chunks and a tail */
 
-static const sf_model_t model = {
-    .layers = 8, .pp = 4, .bs = BS, .tb = 576, .D = 128, .pool = 48};
+#define BS (model.bs)
+#define CHUNK (model.bs * 4u) /* loads into W = 1, 2 and 4 */
+#define NTOK ntok
+#define NTOK_MAX 530u
+#define SEED 0x5eedull
 
 typedef struct world {
     kvr_store_t *st;
     sf_side_t prod[4];
-    uint32_t tokens[NTOK];
-    kvr_block_hash_t chains[NTOK / CHUNK];
+    uint32_t tokens[NTOK_MAX];
+    kvr_block_hash_t chains[NTOK_MAX / 16];
     size_t num_chains;
     uint8_t ns[KVR_STORE_NS_BYTES];
 } world_t;
@@ -254,28 +258,25 @@ static void test_partial_hit_and_namespace(void **state)
     remove_dir();
 }
 
-/* The chunk itself is canonical: token-major latents, unshuffled index
- * keys then scales, whatever the producer's preshuffle. */
-static void test_canonical_bytes(void **state)
+/* Chunk 1 of part 0 (layers 0 and 1) is canonical: token-major latents,
+ * unshuffled index keys then scales, whatever the producer's preshuffle. */
+static void check_canonical(world_t *w)
 {
-    (void)state;
-    kvr_store_opts_t o = {.host_bytes = 64u << 20};
-    world_t w;
-    world_init(&w, true, &o);
-    kvr_chunk_key_t k = {.chain = w.chains[1], .part = 0};
-    memcpy(k.ns, w.ns, sizeof k.ns);
+    kvr_chunk_key_t k = {.chain = w->chains[1], .part = 0};
+    memcpy(k.ns, w->ns, sizeof k.ns);
     uint64_t tb = model.tb, D = model.D, len = 0;
     uint64_t want = 8 + 3 * 16 + CHUNK * (2 * tb + D + 4);
     uint8_t *buf = malloc(want), ref[1152];
+    assert_true(tb <= sizeof ref && D <= sizeof ref);
     kvr_error_t err;
-    assert_int_equal(kvr_store_get(w.st, &k, buf, want, &len, &err), KVR_OK);
+    assert_int_equal(kvr_store_get(w->st, &k, buf, want, &len, &err), KVR_OK);
     assert_int_equal(len, want);
     const uint8_t *mla = buf + 56, *idx = mla + CHUNK * tb;
     for (uint64_t t = 0; t < CHUNK; t++) {
         uint64_t g = CHUNK + t;
-        kvr_synth_latent(SEED, 0, g, w.tokens[g], ref, tb);
+        kvr_synth_latent(SEED, 0, g, w->tokens[g], ref, tb);
         assert_memory_equal(mla + t * tb, ref, tb);
-        kvr_synth_index_key(SEED, 0, g, w.tokens[g], ref, (uint32_t)D);
+        kvr_synth_index_key(SEED, 0, g, w->tokens[g], ref, (uint32_t)D);
         uint64_t page = t / BS, in = t % BS;
         const uint8_t *pg = idx + page * BS * (D + 4);
         assert_memory_equal(pg + in * D, ref, D);
@@ -284,7 +285,46 @@ static void test_canonical_bytes(void **state)
         assert_true(got == sc);
     }
     free(buf);
+}
+
+static void test_canonical_bytes(void **state)
+{
+    (void)state;
+    kvr_store_opts_t o = {.host_bytes = 64u << 20};
+    world_t w;
+    world_init(&w, true, &o);
+    check_canonical(&w);
     world_free(&w);
+}
+
+/* Index key planes of other sizes through the preshuffled path: a plane
+ * smaller than the move's staging buffer (bs 48), one several times its
+ * size with groups that do not fill it (D 320), and groups larger than it
+ * (D 1024); saved, the chunk checked canonical, and loaded into W = 1
+ * and 2, checked byte-exact. */
+static void test_index_widths(void **state)
+{
+    (void)state;
+    const sf_model_t keep = model;
+    const uint32_t keep_ntok = ntok;
+    const struct {
+        uint32_t bs, D, ntok;
+    } cases[] = {{48, 128, 400}, {64, 320, 530}, {16, 1024, 202}};
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        model.bs = cases[i].bs;
+        model.D = cases[i].D;
+        ntok = cases[i].ntok;
+        kvr_store_opts_t o = {.host_bytes = 64u << 20};
+        world_t w;
+        world_init(&w, true, &o);
+        check_canonical(&w);
+        load_case(&w, 1, 1, false, true);
+        load_case(&w, 2, 1, true, true);
+        load_case(&w, 2, BS, false, true);
+        world_free(&w);
+    }
+    model = keep;
+    ntok = keep_ntok;
 }
 
 int main(void)
@@ -295,6 +335,7 @@ int main(void)
         cmocka_unit_test(test_disk_only),
         cmocka_unit_test(test_partial_hit_and_namespace),
         cmocka_unit_test(test_canonical_bytes),
+        cmocka_unit_test(test_index_widths),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
