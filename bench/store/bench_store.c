@@ -637,6 +637,13 @@ static int parse_chunks(const char *arg, uint64_t tokens, uint64_t *out)
 
 int main(int argc, char **argv)
 {
+    for (int i = 1; i < argc && i < 6; i++)
+        if (argv[i][0] == '-') {
+            fprintf(stderr, "usage: bench_store [OUT.json [DIR [REPS [all|NAMES "
+                            "[CHUNKS]]]]]; unexpected '%s'\n",
+                    argv[i]);
+            return 2;
+        }
     const char *out = argc > 1 ? argv[1] : "bench/results/store.json";
     const char *dir = argc > 2 ? argv[2] : "/tmp/kvr-bench-store";
     int reps = argc > 3 ? atoi(argv[3]) : 5;
