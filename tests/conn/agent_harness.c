@@ -21,7 +21,7 @@
 const char *__tsan_default_suppressions(void);
 const char *__tsan_default_suppressions(void)
 {
-    return "race:kvr_cost_measure\n";
+    return "race:kvr_cost_step\n";
 }
 
 uint64_t ah_now_ms(void)
