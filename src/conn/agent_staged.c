@@ -140,25 +140,31 @@ static bool probe_step(kvr_agent_t *a, kvr__alink_t *l, uint64_t until_ns)
     return !done;
 }
 
+/* One probe at a time, the oldest link's (a->links is newest first): a
+ * probe's source is 16-128 MiB, and links set up together had their
+ * probes one after the other before probes ran in steps too. A link with
+ * a pull moving waits: a turn after the pull answered steps it. */
 bool kvr__probe_work(kvr_agent_t *a, uint64_t until_ns)
 {
     if (a->probing == 0)
         return false;
-    uint32_t left = 0;
-    bool stepped = false;
+    uint32_t left = 0, ready = 0;
+    kvr__alink_t *oldest = NULL;
     for (kvr__alink_t *l = a->links; l != NULL; l = l->next) {
         if (l->state == KVR__LINK_CLOSED || !kvr__data_probing(l->data))
             continue;
-        if (link_moving(a, l)) {
-            left++; /* a turn after the pull answered steps it again */
-            continue;
+        left++;
+        if (!link_moving(a, l)) {
+            oldest = l;
+            ready++;
         }
-        bool more = probe_step(a, l, until_ns);
-        left += more;
-        stepped = stepped || more;
+    }
+    if (oldest != NULL && !probe_step(a, oldest, until_ns)) {
+        left--;
+        ready--;
     }
     a->probing = left;
-    return stepped;
+    return ready > 0;
 }
 
 static int forced(kvr_wire_exec_t asked, kvr_agent_exec_t ours)

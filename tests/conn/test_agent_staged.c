@@ -231,6 +231,29 @@ static void test_probe_in_steps(void **state)
     world_free(w);
 }
 
+static void first_put_fails(kvr_agent_params_t *p)
+{
+    p->loopback.no_map = true;
+    p->loopback.fail_put_at = 1;
+}
+
+/* The probe's own put fails (the stage holds the pull: its request was
+ * never opened, so the probe makes the first put): the link is refused
+ * and the load fails with the transport's error, as when the probe ran
+ * whole at REGIONS. */
+static void test_probe_failure(void **state)
+{
+    (void)state;
+    world_t *w = staged_world(1, first_put_fails, 8, NULL);
+    ah_req_t r;
+    ah_req(&w->m, 46, 150, &r);
+    ah_recv(&w->cons[0], A, head_addr(w, 0), &r, 0);
+    expect_failed(&w->cons[0], r.id, KVR_ERR_TRANSPORT);
+    ah_wait(&w->cons[0], r.id, KVR_AGENT_RELEASED, AH_WAIT_MS);
+    assert_int_equal(kvr__agent_probing(w->prod[0][0].agent), 0);
+    world_free(w);
+}
+
 static int disarm(void **state)
 {
     (void)state;
@@ -356,6 +379,7 @@ int main(void)
         cmocka_unit_test(test_staged_put_failure),
         cmocka_unit_test(test_auto_put_failure),
         cmocka_unit_test_teardown(test_probe_in_steps, disarm),
+        cmocka_unit_test(test_probe_failure),
         cmocka_unit_test(test_slow_puts),
         cmocka_unit_test(test_abort_while_staging),
         cmocka_unit_test(test_ucx_tcp_held_pulls),
