@@ -720,10 +720,10 @@ kvr_status_t kvr__staged_link(kvr_agent_t *a, kvr__alink_t *l,
 kvr_status_t kvr__probe_start(kvr_agent_t *a, kvr__alink_t *l, uint32_t scratch,
                               uint64_t slot_bytes, const kvr__dmem_t *put_src,
                               kvr_error_t *err);
-/* The loop, once a turn: a step of every cost probe under way (until
- * until_ns, at least one timed batch each), except on a link with a pull
- * moving; a failed probe refuses its link. true while a probe that made
- * a step is not done (the loop then turns again at once). */
+/* The loop, once a turn: a step (until until_ns, at least one unit) of
+ * the oldest cost probe under way whose link has no pull moving; a failed
+ * probe refuses its link. true while such a probe is left (the loop then
+ * turns again at once). */
 bool kvr__probe_work(kvr_agent_t *a, uint64_t until_ns);
 /* Producer: direct or staged for pull p (its plan made). */
 kvr_status_t kvr__staged_choose(kvr_agent_t *a, kvr__pull_t *p,
