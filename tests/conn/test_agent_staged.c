@@ -237,20 +237,24 @@ static void first_put_fails(kvr_agent_params_t *p)
     p->loopback.fail_put_at = 1;
 }
 
-/* The probe's own put fails (the stage holds the pull: its request was
- * never opened, so the probe makes the first put): the link is refused
- * and the load fails with the transport's error, as when the probe ran
- * whole at REGIONS. */
+/* The probe's own put fails (the stage holds the pull: its request is
+ * open with no layer ready, so the probe makes the first put): the link
+ * is refused and the load fails with the transport's error, as when the
+ * probe ran whole at REGIONS. */
 static void test_probe_failure(void **state)
 {
     (void)state;
     world_t *w = staged_world(1, first_put_fails, 8, NULL);
     ah_req_t r;
     ah_req(&w->m, 46, 150, &r);
+    fill_all(w, 0, &r);
+    open_all(w, 0, &r, 0, false);
     ah_recv(&w->cons[0], A, head_addr(w, 0), &r, 0);
     expect_failed(&w->cons[0], r.id, KVR_ERR_TRANSPORT);
     ah_wait(&w->cons[0], r.id, KVR_AGENT_RELEASED, AH_WAIT_MS);
     assert_int_equal(kvr__agent_probing(w->prod[0][0].agent), 0);
+    kvr_agent_send_abort(w->prod[0][0].agent, r.id, strlen(r.id));
+    ah_wait(&w->prod[0][0], r.id, KVR_AGENT_SEND_FAILED, AH_WAIT_MS);
     world_free(w);
 }
 
