@@ -134,7 +134,8 @@ static bool probe_step(kvr_agent_t *a, kvr__alink_t *l, uint64_t until_ns)
     if (done) {
         char what[256];
         kvr__data_model_describe(l->data, what, sizeof(what));
-        kvr__agent_log(a, "link %u: transport probe (in steps) ended %.1f "
+        kvr__agent_log(a,
+                       "link %u: transport probe (in steps) ended %.1f "
                        "ms after REGIONS: %s",
                        l->serial, (double)(kvr_now_ns() - l->probe_ns) * 1e-6,
                        what);
