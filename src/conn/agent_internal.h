@@ -42,6 +42,9 @@
                                        flush, at most */
 #define KVR_AGENT_TURN_BYTES (8ull << 20) /* and at most these bytes */
 #define KVR_AGENT_MAX_SLOTS 16u           /* staging slots granted per stage */
+/* While pulls move, a cost probe makes a step at most this often (it
+ * yields to them: the default model prices them meanwhile). */
+#define KVR_AGENT_PROBE_BUSY_NS 100000000ull
 
 /* ---- small byte-keyed hash map (agent_table.c) ---- */
 
@@ -538,8 +541,10 @@ struct kvr_agent {
     uint64_t chunks_moved;       /* tests: staged chunks sent (producer)
                                      or unpacked (consumer) */
     /* consumer links whose cost probe is under way, as the last
-     * kvr__probe_work counted (agent_staged.c) */
+     * kvr__probe_work counted, and when one last made a step
+     * (agent_staged.c) */
     uint32_t probing;
+    uint64_t probe_step_ns;
     char log[KVR_ERROR_MSG_MAX]; /* the loop's last line, when debug */
     bool debug;                  /* KVR_AGENT_DEBUG set: lines to stderr */
     uint64_t inline_turns; /* recvs started by callers (atomic, run_inline) */
@@ -721,9 +726,10 @@ kvr_status_t kvr__probe_start(kvr_agent_t *a, kvr__alink_t *l, uint32_t scratch,
                               uint64_t slot_bytes, const kvr__dmem_t *put_src,
                               kvr_error_t *err);
 /* The loop, once a turn: a step (until until_ns, at least one unit) of
- * the oldest cost probe under way whose link has no pull moving; a failed
- * probe refuses its link. true while such a probe is left (the loop then
- * turns again at once). */
+ * the oldest cost probe under way whose link has no pull moving, when no
+ * pull moves or none made a step for KVR_AGENT_PROBE_BUSY_NS; a failed
+ * probe refuses its link. true while such a probe is left and no pull
+ * moves (the loop then turns again at once). */
 bool kvr__probe_work(kvr_agent_t *a, uint64_t until_ns);
 /* Producer: direct or staged for pull p (its plan made). */
 kvr_status_t kvr__staged_choose(kvr_agent_t *a, kvr__pull_t *p,

@@ -145,11 +145,17 @@ static bool probe_step(kvr_agent_t *a, kvr__alink_t *l, uint64_t until_ns)
 
 /* One probe at a time, the oldest link's (a->links is newest first): a
  * probe's source is 16-128 MiB, and links set up together had their
- * probes one after the other before probes ran in steps too. A link with
- * a pull moving waits: a turn after the pull answered steps it. */
+ * probes one after the other before probes ran in steps too. Pulls come
+ * first: while one moves a probe makes a step only every
+ * KVR_AGENT_PROBE_BUSY_NS (so it still ends under constant load), and
+ * never on the link of a moving pull; the turn in which the last pull
+ * stops moving steps it again. */
 bool kvr__probe_work(kvr_agent_t *a, uint64_t until_ns)
 {
-    if (a->probing == 0)
+    uint64_t now = kvr_now_ns();
+    bool busy = a->active != NULL;
+    if (a->probing == 0 ||
+        (busy && now < a->probe_step_ns + KVR_AGENT_PROBE_BUSY_NS))
         return false;
     uint32_t left = 0, ready = 0;
     kvr__alink_t *oldest = NULL;
@@ -162,12 +168,15 @@ bool kvr__probe_work(kvr_agent_t *a, uint64_t until_ns)
             ready++;
         }
     }
-    if (oldest != NULL && !probe_step(a, oldest, until_ns)) {
-        left--;
-        ready--;
+    if (oldest != NULL) {
+        if (!probe_step(a, oldest, until_ns)) {
+            left--;
+            ready--;
+        }
+        a->probe_step_ns = kvr_now_ns(); /* after it: a slow unit too */
     }
     a->probing = left;
-    return ready > 0;
+    return ready > 0 && !busy;
 }
 
 static int forced(kvr_wire_exec_t asked, kvr_agent_exec_t ours)
