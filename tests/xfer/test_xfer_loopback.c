@@ -808,16 +808,22 @@ static void test_cost_choose_curves(void **state)
     kvr_plan_destroy(mid);
 }
 
+/* A probe of sizes 576 B to 1 MiB into the fixture's staging. */
+static kvr_cost_probe_t small_probe(const fix_t *f)
+{
+    return (kvr_cost_probe_t){.scratch = f->rstage,
+                              .small_bytes = 576,
+                              .small_count = 64,
+                              .large_bytes = 1 << 20,
+                              .deadline_ns = kvr_deadline_ns(SUCCESS_MS)};
+}
+
 static void test_cost_measure(void **state)
 {
     (void)state;
     fix_t f;
     fix_init(&f, NULL, 4u << 20, 1, SUCCESS_MS);
-    kvr_cost_probe_t probe = {.scratch = f.rstage,
-                              .small_bytes = 576,
-                              .small_count = 64,
-                              .large_bytes = 1 << 20,
-                              .deadline_ns = kvr_deadline_ns(SUCCESS_MS)};
+    kvr_cost_probe_t probe = small_probe(&f);
     kvr_cost_model_t m;
     assert_int_equal(kvr_cost_measure(f.ep_pc, &probe, &m, NULL), KVR_OK);
     assert_true(m.put_Bps > 0 && m.copy_Bps > 0 && m.put_s >= 0);
@@ -842,10 +848,7 @@ static void test_cost_steps(void **state)
     (void)state;
     fix_t f;
     fix_init(&f, NULL, 4u << 20, 1, SUCCESS_MS);
-    kvr_cost_probe_t probe = {.scratch = f.rstage,
-                              .small_bytes = 576,
-                              .small_count = 64,
-                              .large_bytes = 1 << 20};
+    kvr_cost_probe_t probe = small_probe(&f);
     kvr_cost_run_t *run = NULL;
     assert_int_equal(kvr_cost_start(f.ep_pc, &probe, &run, NULL), KVR_OK);
     kvr_cost_model_t m;
