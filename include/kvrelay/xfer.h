@@ -441,6 +441,25 @@ typedef struct kvr_cost_probe {
  * No put counts faster than a copy of its bytes. */
 kvr_status_t kvr_cost_measure(kvr_ep_t *ep, const kvr_cost_probe_t *probe,
                               kvr_cost_model_t *out, kvr_error_t *err);
+
+/* The same probe in steps, for a caller that must keep serving other work
+ * meanwhile (the agent's loop). kvr_cost_start checks and copies probe
+ * (its deadline_ns unused) and allocates the probe's memory; no put yet.
+ * kvr_cost_step runs units of the probe until until_ns (at least one: a
+ * stretch of the source faulted in, the warm-up, or one timed batch, each
+ * timed alone, so other work between steps does not enter a sample), its
+ * puts and flushes bounded by deadline_ns; *done once the model is made.
+ * kvr_cost_result gives it (false until then). After a failed step, free
+ * it. The endpoint and the probe's memories must outlive the run; nothing
+ * else may use the endpoint while a step runs (steps run on the caller's
+ * thread, as every other use of a UCX worker does). */
+typedef struct kvr_cost_run kvr_cost_run_t;
+kvr_status_t kvr_cost_start(kvr_ep_t *ep, const kvr_cost_probe_t *probe,
+                            kvr_cost_run_t **out, kvr_error_t *err);
+kvr_status_t kvr_cost_step(kvr_cost_run_t *run, uint64_t until_ns,
+                           uint64_t deadline_ns, bool *done, kvr_error_t *err);
+bool kvr_cost_result(const kvr_cost_run_t *run, kvr_cost_model_t *out);
+void kvr_cost_free(kvr_cost_run_t *run);
 /* Picks the cheaper executor; force != AUTO wins. Predicted seconds go to
  * t_direct / t_staged when non-NULL. */
 kvr_exec_kind_t kvr_cost_choose(const kvr_cost_model_t *model,

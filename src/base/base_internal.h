@@ -38,7 +38,8 @@ static inline uint64_t kvr__get_le(const void *p, size_t n)
     X(DIE_ASSIGN, "die-assign")                                                \
     X(REFUSE_OFFER, "refuse-offer")                                            \
     X(STORE_ENOSPC, "store-enospc")                                            \
-    X(STORE_NO_ODIRECT, "store-no-odirect")
+    X(STORE_NO_ODIRECT, "store-no-odirect")                                    \
+    X(SLOW_PROBE, "slow-probe")
 
 /* clang-format off */
 typedef enum {

@@ -1298,6 +1298,14 @@ uint64_t kvr__agent_chunks(kvr_agent_t *a)
     return n;
 }
 
+uint32_t kvr__agent_probing(kvr_agent_t *a)
+{
+    pthread_mutex_lock(&a->turn_lock); /* the loop writes it */
+    uint32_t n = a->probing;
+    pthread_mutex_unlock(&a->turn_lock);
+    return n;
+}
+
 uint64_t kvr__agent_inline_recvs(kvr_agent_t *a)
 {
     return __atomic_load_n(&a->inline_turns, __ATOMIC_ACQUIRE);

@@ -591,15 +591,21 @@ void kvr__link_on_regions(kvr_agent_t *a, kvr__alink_t *l,
     if (st == KVR_OK)
         st = map_regions(a, l, m, &err);
     if (st != KVR_OK) {
-        kvr_msg_t bye;
-        kvr_msg_init(&bye, KVR_MSG_BYE);
-        bye.u.bye.status = st;
-        snprintf(bye.u.bye.text, sizeof(bye.u.bye.text), "%s", err.msg);
-        kvr__alink_send(a, l, &bye);
-        kvr__alink_close(a, l, st, "REGIONS: %s", err.msg);
+        kvr__regions_refuse(a, l, st, err.msg);
         return;
     }
     l->regions_ready = true;
+}
+
+void kvr__regions_refuse(kvr_agent_t *a, kvr__alink_t *l, kvr_status_t st,
+                         const char *why)
+{
+    kvr_msg_t bye;
+    kvr_msg_init(&bye, KVR_MSG_BYE);
+    bye.u.bye.status = st;
+    snprintf(bye.u.bye.text, sizeof(bye.u.bye.text), "%s", why);
+    kvr__alink_send(a, l, &bye);
+    kvr__alink_close(a, l, st, "REGIONS: %s", why);
 }
 
 int kvr__twin_index(const kvr__alink_t *l, const kvr_region_desc_t *d)

@@ -547,19 +547,12 @@ kvr_status_t kvr__agpu_link(kvr_agent_t *a, kvr__alink_t *l,
     st = kvr__dpeer_map(l->data, staging->base + probe, slot,
                         staging->rkey + KVR_GPU_RKEY_BYTES,
                         staging->rkey_len - KVR_GPU_RKEY_BYTES, &scratch, err);
-    uint64_t t0 = kvr_now_ns();
-    if (st == KVR_OK)
-        st = kvr__data_probe(l->data, scratch, slot, l->gpack_mem, err);
-    if (st == KVR_OK) {
-        char what[256];
-        kvr__data_model_describe(l->data, what, sizeof(what));
-        kvr__agent_log(a, "link %u: transport probe (%s) in %.1f ms: %s",
-                       l->serial, sm->dev ? "beside CUDA IPC" : "network only",
-                       (double)(kvr_now_ns() - t0) * 1e-6, what);
-    }
     if (st == KVR_OK)
         st = measure(a, l, sm->dev ? (uint8_t *)sm->dev + probe : NULL, slot,
                      err);
+    /* the transport's figures in steps between turns (kvr__probe_work) */
+    if (st == KVR_OK)
+        st = kvr__probe_start(a, l, scratch, slot, l->gpack_mem, err);
     return st;
 }
 

@@ -42,6 +42,9 @@
                                        flush, at most */
 #define KVR_AGENT_TURN_BYTES (8ull << 20) /* and at most these bytes */
 #define KVR_AGENT_MAX_SLOTS 16u           /* staging slots granted per stage */
+/* While pulls move, a cost probe makes a step at most this often (it
+ * yields to them: the default model prices them meanwhile). */
+#define KVR_AGENT_PROBE_BUSY_NS 100000000ull
 
 /* ---- small byte-keyed hash map (agent_table.c) ---- */
 
@@ -175,6 +178,7 @@ typedef struct kvr__alink {
     void *gpack;
     kvr__dmem_t *gpack_mem;
     kvr__dgpu_t gfig;
+    uint64_t probe_ns; /* when its cost probe started (agent_staged.c) */
     bool regions_ready;
     /* consumer side: the producer instance it belongs to */
     struct kvr__pdir *dir;
@@ -536,6 +540,11 @@ struct kvr_agent {
     uint64_t moving_turns;       /* tests: turns that put bytes */
     uint64_t chunks_moved;       /* tests: staged chunks sent (producer)
                                      or unpacked (consumer) */
+    /* consumer links whose cost probe is under way, as the last
+     * kvr__probe_work counted, and when one last made a step
+     * (agent_staged.c) */
+    uint32_t probing;
+    uint64_t probe_step_ns;
     char log[KVR_ERROR_MSG_MAX]; /* the loop's last line, when debug */
     bool debug;                  /* KVR_AGENT_DEBUG set: lines to stderr */
     uint64_t inline_turns; /* recvs started by callers (atomic, run_inline) */
@@ -636,6 +645,10 @@ void kvr__link_ready_accept(kvr_agent_t *a, kvr__alink_t *l);
 void kvr__link_ready_join(kvr_agent_t *a, kvr__alink_t *l);
 void kvr__link_on_regions(kvr_agent_t *a, kvr__alink_t *l,
                           const kvr_msg_regions_t *m);
+/* Producer: refuses a consumer's REGIONS (now, or when its cost probe
+ * failed): BYE with st and why, then the link closes. */
+void kvr__regions_refuse(kvr_agent_t *a, kvr__alink_t *l, kvr_status_t st,
+                         const char *why);
 void kvr__link_on_join(kvr_agent_t *a, kvr__alink_t *l,
                        const kvr_msg_join_t *m);
 void kvr__link_on_stages(kvr_agent_t *a, kvr__alink_t *l,
@@ -705,6 +718,19 @@ kvr_status_t kvr__staged_unpack(kvr_agent_t *a, kvr__cstage_t *s,
 kvr_status_t kvr__staged_link(kvr_agent_t *a, kvr__alink_t *l,
                               const kvr_wire_region_t *staging,
                               kvr_error_t *err);
+/* Producer: starts link l's cost probe into the mapping `scratch` (one
+ * slot of slot_bytes; puts from put_src, or NULL: a host buffer). The
+ * loop runs it in steps between turns (kvr__probe_work); until it is
+ * measured, pulls on l are priced with the default model. */
+kvr_status_t kvr__probe_start(kvr_agent_t *a, kvr__alink_t *l, uint32_t scratch,
+                              uint64_t slot_bytes, const kvr__dmem_t *put_src,
+                              kvr_error_t *err);
+/* The loop, once a turn: a step (until until_ns, at least one unit) of
+ * the oldest cost probe under way whose link has no pull moving, when no
+ * pull moves or none made a step for KVR_AGENT_PROBE_BUSY_NS; a failed
+ * probe refuses its link. true while such a probe is left and no pull
+ * moves (the loop then turns again at once). */
+bool kvr__probe_work(kvr_agent_t *a, uint64_t until_ns);
 /* Producer: direct or staged for pull p (its plan made). */
 kvr_status_t kvr__staged_choose(kvr_agent_t *a, kvr__pull_t *p,
                                 kvr_error_t *err);
@@ -825,6 +851,8 @@ void kvr__agent_set_frame_fault(kvr_agent_t *a, kvr_msg_type_t type,
                                 uint32_t nth, kvr__fault_mode_t mode);
 /* Tests: staged chunks this agent sent or unpacked so far. */
 uint64_t kvr__agent_chunks(kvr_agent_t *a);
+/* Tests: consumer links whose cost probe is under way. */
+uint32_t kvr__agent_probing(kvr_agent_t *a);
 /* Tests: recvs started on the caller's thread (run_inline in agent.c). */
 uint64_t kvr__agent_inline_recvs(kvr_agent_t *a);
 /* Tests: bytes direct sends on the live links stored into mapped consumer

@@ -232,6 +232,8 @@ static void turn_on(kvr_agent_t *a, const struct epoll_event *ev, int n,
     if (budget > KVR_AGENT_TURN_WORK_NS || budget == 0)
         budget = KVR_AGENT_TURN_WORK_NS;
     kvr__send_work(a, start + budget);
+    /* cost probes in steps: the loop never stalls on one (docs/agent.md) */
+    bool probing = kvr__probe_work(a, start + budget);
     uint64_t next = run_timers(a);
     kvr__alink_reap(a);
     update_interest(a);
@@ -239,7 +241,7 @@ static void turn_on(kvr_agent_t *a, const struct epoll_event *ev, int n,
         a->thread_wake = next;
     else
         arm_timer(a, next);
-    if (kvr__agpu_cpu_work(a))
+    if (kvr__agpu_cpu_work(a) || probing)
         kvr__agent_wake(a); /* more slices: the fd stays readable */
 }
 

@@ -6,7 +6,8 @@
  * slot may be unacked, so a pull with every slot full leaves the active
  * list until an ack comes. The consumer's LOADED needs every chunk
  * unpacked. The producer picks direct or staged per pull with the cost
- * model (kvr__data_choose), probed once per consumer link. */
+ * model (kvr__data_choose), probed once per consumer link, in steps
+ * between the loop's turns (kvr__probe_work). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -94,8 +95,88 @@ kvr_status_t kvr__staged_link(kvr_agent_t *a, kvr__alink_t *l,
         l->data, staging->base + (d->num_blocks - 1) * d->page_bytes,
         d->page_bytes, staging->rkey, staging->rkey_len, &scratch, err);
     if (st == KVR_OK)
-        st = kvr__data_probe(l->data, scratch, d->page_bytes, NULL, err);
+        st = kvr__probe_start(a, l, scratch, d->page_bytes, NULL, err);
     return st;
+}
+
+kvr_status_t kvr__probe_start(kvr_agent_t *a, kvr__alink_t *l, uint32_t scratch,
+                              uint64_t slot_bytes, const kvr__dmem_t *put_src,
+                              kvr_error_t *err)
+{
+    kvr_status_t st = kvr__data_probe_start(l->data, scratch, slot_bytes,
+                                            put_src, err);
+    if (st == KVR_OK) {
+        l->probe_ns = kvr_now_ns();
+        a->probing++;
+    }
+    return st;
+}
+
+/* Is a pull of link l moving? Its puts would be timed with the probe's. */
+static bool link_moving(const kvr_agent_t *a, const kvr__alink_t *l)
+{
+    for (const kvr__pull_t *p = a->active; p != NULL; p = p->work_next)
+        if (p->link == l)
+            return true;
+    return false;
+}
+
+/* One step of link l's probe; false once it ended (measured or failed). */
+static bool probe_step(kvr_agent_t *a, kvr__alink_t *l, uint64_t until_ns)
+{
+    kvr_error_t err = {0};
+    bool done = false;
+    kvr_status_t st = kvr__data_probe_step(l->data, until_ns, &done, &err);
+    if (st != KVR_OK) { /* as a probe failing at REGIONS always did */
+        kvr__regions_refuse(a, l, st, err.msg);
+        return false;
+    }
+    if (done) {
+        char what[256];
+        kvr__data_model_describe(l->data, what, sizeof(what));
+        kvr__agent_log(a,
+                       "link %u: transport probe (in steps) ended %.1f "
+                       "ms after REGIONS: %s",
+                       l->serial, (double)(kvr_now_ns() - l->probe_ns) * 1e-6,
+                       what);
+    }
+    return !done;
+}
+
+/* One probe at a time, the oldest link's (a->links is newest first): a
+ * probe's source is 16-128 MiB, and links set up together had their
+ * probes one after the other before probes ran in steps too. Pulls come
+ * first: while one moves a probe makes a step only every
+ * KVR_AGENT_PROBE_BUSY_NS (so it still ends under constant load), and
+ * never on the link of a moving pull; the turn in which the last pull
+ * stops moving steps it again. */
+bool kvr__probe_work(kvr_agent_t *a, uint64_t until_ns)
+{
+    uint64_t now = kvr_now_ns();
+    bool busy = a->active != NULL;
+    if (a->probing == 0 ||
+        (busy && now < a->probe_step_ns + KVR_AGENT_PROBE_BUSY_NS))
+        return false;
+    uint32_t left = 0, ready = 0;
+    kvr__alink_t *oldest = NULL;
+    for (kvr__alink_t *l = a->links; l != NULL; l = l->next) {
+        if (l->state == KVR__LINK_CLOSED || !kvr__data_probing(l->data))
+            continue;
+        left++;
+        if (!link_moving(a, l)) {
+            oldest = l;
+            ready++;
+        }
+    }
+    if (oldest != NULL) {
+        if (!probe_step(a, oldest, until_ns)) {
+            left--;
+            ready--;
+        }
+        a->probe_step_ns = kvr_now_ns(); /* after it: a slow unit too */
+    }
+    a->probing = left;
+    return ready > 0 && !busy;
 }
 
 static int forced(kvr_wire_exec_t asked, kvr_agent_exec_t ours)

@@ -28,8 +28,9 @@ struct kvr__dpeer {
     bool unflushed;        /* put_some posted puts no flush waited for */
     uint64_t stored_bytes; /* moved by stores into mapped memory */
     uint64_t put_bytes;    /* moved by put_some's puts */
-    kvr_mem_t *pack; /* registered bounce buffer for staged chunks */
+    kvr_mem_t *pack;       /* registered bounce buffer for staged chunks */
     kvr_cost_model_t model;
+    kvr_cost_run_t *probe; /* measuring the model, or NULL */
 };
 
 kvr_status_t kvr__data_create(int tl, bool progress_thread, bool cuda,
@@ -200,6 +201,7 @@ void kvr__dpeer_close(kvr__dpeer_t *p)
 {
     if (p == NULL)
         return;
+    kvr_cost_free(p->probe); /* before the scratch mapping it puts into */
     for (uint32_t i = 0; i < p->num_maps; i++)
         kvr_rmem_close(p->maps[i]);
     kvr_mem_destroy(p->pack);
@@ -493,28 +495,45 @@ int kvr__data_choose_gpu(kvr__dpeer_t *p, int force, const kvr__dgpu_t *g,
     return k == KVR_EXEC_GPU_DIRECT ? 4 : k == KVR_EXEC_GPU_STAGED ? 2 : 1;
 }
 
-kvr_status_t kvr__data_probe(kvr__dpeer_t *p, uint32_t scratch,
-                             uint64_t scratch_len, const kvr__dmem_t *put_src,
-                             kvr_error_t *err)
+kvr_status_t kvr__data_probe_start(kvr__dpeer_t *p, uint32_t scratch,
+                                   uint64_t scratch_len,
+                                   const kvr__dmem_t *put_src, kvr_error_t *err)
 {
-    if (scratch >= p->num_maps)
-        return kvr_error_set(err, KVR_ERR_INVALID, "scratch mapping %u",
-                             scratch);
+    if (scratch >= p->num_maps || p->probe != NULL)
+        return kvr_error_set(err, KVR_ERR_INVALID, "scratch mapping %u%s",
+                             scratch, p->probe ? " (a probe under way)" : "");
     kvr_cost_probe_t probe = {
         .scratch = p->maps[scratch],
         .stage_scratch = p->maps[scratch],
         .small_bytes = 576,
         .small_count = put_src ? 64 : 256,
         .large_bytes = scratch_len < (4u << 20) ? scratch_len : (4u << 20),
-        .deadline_ns = kvr_deadline_ns(5000),
         .put_src = put_src ? put_src->mem : NULL,
         /* CUDA regions: puts only (their packing is a kernel, measured by
-         * the agent), in milliseconds: the probe runs inside the first
-         * pull of a link */
+         * the agent), in milliseconds */
         .lean = put_src != NULL};
-    kvr_cost_model_t m;
-    kvr_status_t st = kvr_cost_measure(p->ep, &probe, &m, err);
-    if (st == KVR_OK)
-        p->model = m;
+    return kvr_cost_start(p->ep, &probe, &p->probe, err);
+}
+
+kvr_status_t kvr__data_probe_step(kvr__dpeer_t *p, uint64_t until_ns,
+                                  bool *done, kvr_error_t *err)
+{
+    *done = true;
+    if (p->probe == NULL)
+        return KVR_OK;
+    kvr_status_t st = kvr_cost_step(p->probe, until_ns, kvr_deadline_ns(5000),
+                                    done, err);
+    if (st == KVR_OK && *done)
+        kvr_cost_result(p->probe, &p->model);
+    if (st != KVR_OK || *done) {
+        kvr_cost_free(p->probe);
+        p->probe = NULL;
+        *done = true;
+    }
     return st;
+}
+
+bool kvr__data_probing(const kvr__dpeer_t *p)
+{
+    return p != NULL && p->probe != NULL;
 }

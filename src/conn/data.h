@@ -93,12 +93,22 @@ void kvr__data_unpack(const kvr__dseg_t *segs, size_t n, uint64_t off,
 /* Executor choice from the cost model; force 1 direct, 2 staged. */
 int kvr__data_choose(kvr__dpeer_t *p, int force, const kvr__dseg_t *segs,
                      size_t n, uint64_t slot_bytes);
-/* Measures the cost model once with a scratch mapping of the peer; puts
- * read from put_src (registered, >= scratch_len; CUDA memory for CUDA
- * regions: then the lean probe, puts only) or, NULL, a host buffer. */
-kvr_status_t kvr__data_probe(kvr__dpeer_t *p, uint32_t scratch,
-                             uint64_t scratch_len, const kvr__dmem_t *put_src,
-                             kvr_error_t *err);
+/* Starts measuring the cost model with a scratch mapping of the peer; puts
+ * read from put_src (registered, >= scratch_len, kept until the probe
+ * ends; CUDA memory for CUDA regions: then the lean probe, puts only) or,
+ * NULL, a host buffer. Until it is measured the peer keeps the default
+ * model. */
+kvr_status_t kvr__data_probe_start(kvr__dpeer_t *p, uint32_t scratch,
+                                   uint64_t scratch_len,
+                                   const kvr__dmem_t *put_src,
+                                   kvr_error_t *err);
+/* Runs the probe until until_ns (at least one timed batch of it, each put
+ * and flush bounded by 5 s); *done once it ended: the model is measured,
+ * or, on an error, the default stays. */
+kvr_status_t kvr__data_probe_step(kvr__dpeer_t *p, uint64_t until_ns,
+                                  bool *done, kvr_error_t *err);
+/* A probe was started and has not ended. */
+bool kvr__data_probing(const kvr__dpeer_t *p);
 /* The probe's figures in a line for the log: a put of the smallest size
  * (a lean probe's: a put's fixed cost) and the largest put's rate, a
  * staging put's rate, the round trip, a chunk's fixed cost. */

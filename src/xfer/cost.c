@@ -3,8 +3,10 @@
  * decides between direct and staged execution. */
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
+#include "base_internal.h"
 #include "exec_internal.h"
 
 typedef unsigned long long ull;
@@ -20,6 +22,11 @@ typedef unsigned long long ull;
 #define SRC_MIN_BYTES (16u << 20)
 #define SRC_MAX_BYTES (128u << 20)
 #define LLC_GUESS_BYTES (32u << 20)
+/* The source is faulted in this much per step (kvr_cost_step), so that a
+ * step stays short even while the source is filled. */
+#define FILL_BYTES (4u << 20)
+/* Failpoint slow-probe: every unit of the probe starts this late. */
+#define SLOW_PROBE_NS 150000000L
 
 typedef struct {
     kvr_ep_t *ep;
@@ -31,6 +38,7 @@ typedef struct {
     unsigned char *own_dst;
     uint64_t batch_bytes; /* bytes per timed batch (at least 2 pieces) */
     bool mapped;          /* staging memory reachable through kvr_rmem_ptr */
+    uint64_t deadline_ns; /* of this step's puts and flushes */
     uint32_t points;
     uint64_t size[KVR_COST_POINTS];
     uint32_t puts[KVR_COST_POINTS];      /* puts per timed batch */
@@ -43,6 +51,7 @@ typedef struct {
     double copy[KVR_COST_POINTS][ROUNDS];
     double unpack[KVR_COST_POINTS][ROUNDS];
     double one[KVR_COST_POINTS][ROUNDS];
+    double small[ROUNDS], large[ROUNDS], stage[ROUNDS]; /* lean */
 } samples_t;
 
 static double seconds_since(uint64_t t0)
@@ -140,9 +149,9 @@ static kvr_status_t put_batch(probe_t *pr, kvr_rmem_t *dst, uint64_t bytes,
     uint64_t t0 = kvr_now_ns();
     for (uint32_t i = 0; i < count && st == KVR_OK; i++)
         st = kvr_xfer_put(pr->ep, src + 2 * ((i * bytes) % span), bytes, dst,
-                          (i * bytes) % room, pr->p->deadline_ns);
+                          (i * bytes) % room, pr->deadline_ns);
     if (st == KVR_OK)
-        st = kvr_xfer_flush(pr->ep, pr->p->deadline_ns);
+        st = kvr_xfer_flush(pr->ep, pr->deadline_ns);
     if (secs != NULL)
         *secs = seconds_since(t0);
     return st;
@@ -175,32 +184,6 @@ static double copy_batch(probe_t *pr, uint32_t i, bool pack)
             kvr_xfer_unpack(&seg, 1, &cur, pos, pr->copy_dst, len);
     }
     return seconds_since(t0);
-}
-
-static kvr_status_t round_of(probe_t *pr, int r, samples_t *sm)
-{
-    const kvr_cost_probe_t *p = pr->p;
-    kvr_status_t st = wake(pr);
-    if (st == KVR_OK)
-        st = put_batch(pr, p->scratch, p->small_bytes, 1, &sm->rtt[r]);
-    for (uint32_t i = 0; i < pr->points && st == KVR_OK; i++) {
-        st = wake(pr);
-        if (st == KVR_OK)
-            st = put_batch(pr, p->scratch, pr->size[i], pr->puts[i],
-                           &sm->put[i][r]);
-    }
-    /* a staged chunk: one put into staging memory and its flush, alone */
-    for (uint32_t i = 0; i < pr->points && st == KVR_OK && !pr->mapped; i++) {
-        st = wake(pr);
-        if (st == KVR_OK)
-            st = put_batch(pr, pr->stage, pr->size[i], 1, &sm->one[i][r]);
-    }
-    /* local copies last: the target may fall asleep meanwhile */
-    for (uint32_t i = 0; i < pr->points && st == KVR_OK; i++)
-        sm->copy[i][r] = copy_batch(pr, i, true);
-    for (uint32_t i = 0; i < pr->points && st == KVR_OK; i++)
-        sm->unpack[i][r] = copy_batch(pr, i, false);
-    return st;
 }
 
 /* Per put of a batch: less the flush's round trip, which a stream of puts
@@ -253,75 +236,131 @@ static void fit(const probe_t *pr, const samples_t *sm, kvr_cost_model_t *m)
     m->chunk_s = 2 * m->put_at[0] + (m->mapped ? 0 : m->rtt_s);
 }
 
-static kvr_status_t measure(probe_t *pr, kvr_cost_model_t *m)
+/* ---- the probe in steps ---- */
+
+struct kvr_cost_run {
+    kvr_cost_probe_t p; /* the caller's, copied */
+    probe_t pr;
+    samples_t sm;
+    uint64_t filled; /* source bytes faulted in */
+    bool warm;       /* the warm-up puts were made */
+    uint32_t round;  /* the next unit: `unit` of round `round` */
+    uint32_t unit;
+    bool done;
+    kvr_cost_model_t m;
+};
+
+/* Units of a full round: its round trip, then per size a put batch, a
+ * staged put (none when mapped), a pack and an unpack, in that order
+ * (local copies last: the target may fall asleep meanwhile). */
+static kvr_status_t full_unit(probe_t *pr, uint32_t r, uint32_t u,
+                              samples_t *sm)
 {
     const kvr_cost_probe_t *p = pr->p;
-    void *ptr;
-    m->mapped = kvr_rmem_ptr(pr->stage, 0, p->large_bytes, &ptr) == KVR_OK;
-    if (m->mapped)
-        pr->copy_dst = ptr;
-    else {
-        pr->copy_dst = pr->own_dst = malloc(p->large_bytes);
-        if (pr->own_dst == NULL)
-            return KVR_ERR_NO_MEMORY;
+    uint32_t n = pr->points, i = (u - 1) % n,
+             part = u == 0 ? 0 : 1 + (u - 1) / n;
+    if (part == 2 && pr->mapped)
+        return KVR_OK; /* no put into staging memory will be made */
+    if (part == 3 || part == 4) {
+        double *t = part == 3 ? &sm->copy[i][r] : &sm->unpack[i][r];
+        *t = copy_batch(pr, i, part == 3);
+        return KVR_OK;
     }
-    memset(pr->copy_dst, 0, p->large_bytes); /* fault the pages in */
-    samples_t *sm = calloc(1, sizeof(*sm));
-    if (sm == NULL)
-        return KVR_ERR_NO_MEMORY;
-    /* warm-up: faults in the target's pages and the paths' buffers */
-    kvr_status_t st = put_batch(pr, p->scratch, p->large_bytes, 1, NULL);
-    pr->mapped = m->mapped;
-    if (m->mapped) /* no put into staging memory will be made */
-        pr->stage = p->scratch;
-    if (st == KVR_OK && pr->stage != p->scratch)
-        st = put_batch(pr, pr->stage, p->large_bytes, 1, NULL);
-    for (int r = 0; r < ROUNDS && st == KVR_OK; r++)
-        st = round_of(pr, r, sm);
-    if (st == KVR_OK)
-        fit(pr, sm, m);
-    free(sm);
+    kvr_status_t st = wake(pr);
+    if (st == KVR_OK && part == 0)
+        st = put_batch(pr, p->scratch, p->small_bytes, 1, &sm->rtt[r]);
+    else if (st == KVR_OK && part == 1)
+        st = put_batch(pr, p->scratch, pr->size[i], pr->puts[i],
+                       &sm->put[i][r]);
+    else if (st == KVR_OK) /* a staged chunk: one put and its flush, alone */
+        st = put_batch(pr, pr->stage, pr->size[i], 1, &sm->one[i][r]);
     return st;
 }
 
-/* The lean probe (kvr_cost_probe_t.lean): medians of ROUNDS rounds of a
- * round trip, a batch of small puts, one large put into scratch and one
- * into staging memory, each ended by its flush; a linear model. */
-static kvr_status_t measure_lean(probe_t *pr, kvr_cost_model_t *m)
+/* The lean probe (kvr_cost_probe_t.lean), a round in 4 units: a round
+ * trip (after a wake), a batch of small puts, one large put into scratch
+ * and one into staging memory, each ended by its flush. */
+static kvr_status_t lean_unit(probe_t *pr, uint32_t r, uint32_t u,
+                              samples_t *sm)
 {
     const kvr_cost_probe_t *p = pr->p;
-    double rtt[ROUNDS], small[ROUNDS], large[ROUNDS], stage[ROUNDS];
-    /* warm-up: the target's pages and the paths' buffers */
+    kvr_status_t st = u == 0 ? wake(pr) : KVR_OK;
+    if (st == KVR_OK && u == 0)
+        st = put_batch(pr, p->scratch, p->small_bytes, 1, &sm->rtt[r]);
+    else if (st == KVR_OK && u == 1)
+        st = put_batch(pr, p->scratch, p->small_bytes, p->small_count,
+                       &sm->small[r]);
+    else if (st == KVR_OK && u == 2)
+        st = put_batch(pr, p->scratch, p->large_bytes, 1, &sm->large[r]);
+    else if (st == KVR_OK)
+        st = put_batch(pr, pr->stage, p->large_bytes, 1, &sm->stage[r]);
+    return st;
+}
+
+/* The lean probe's linear model: medians of its rounds. */
+static void lean_fit(const probe_t *pr, const samples_t *sm,
+                     kvr_cost_model_t *m)
+{
+    const kvr_cost_probe_t *p = pr->p;
+    double big = (double)p->large_bytes;
+    *m = (kvr_cost_model_t){.rtt_s = median(sm->rtt)};
+    m->put_s = per_put(median(sm->small), m->rtt_s, p->small_count);
+    m->put_Bps = big / per_put(median(sm->large), m->rtt_s, 1);
+    m->stage_Bps = big / per_put(median(sm->stage), m->rtt_s, 1);
+    m->chunk_s = 2 * m->put_s + m->rtt_s;
+}
+
+/* The warm-up: faults in the target's pages and the paths' buffers. */
+static kvr_status_t warm_up(probe_t *pr)
+{
+    const kvr_cost_probe_t *p = pr->p;
     kvr_status_t st = put_batch(pr, p->scratch, p->large_bytes, 1, NULL);
     if (st == KVR_OK && pr->stage != p->scratch)
         st = put_batch(pr, pr->stage, p->large_bytes, 1, NULL);
-    for (int r = 0; r < ROUNDS && st == KVR_OK; r++) {
-        st = wake(pr);
-        if (st == KVR_OK)
-            st = put_batch(pr, p->scratch, p->small_bytes, 1, &rtt[r]);
-        if (st == KVR_OK)
-            st = put_batch(pr, p->scratch, p->small_bytes, p->small_count,
-                           &small[r]);
-        if (st == KVR_OK)
-            st = put_batch(pr, p->scratch, p->large_bytes, 1, &large[r]);
-        if (st == KVR_OK)
-            st = put_batch(pr, pr->stage, p->large_bytes, 1, &stage[r]);
+    return st;
+}
+
+/* One unit of the probe: a stretch of the source faulted in, the
+ * warm-up, or one timed batch; the model once the last round is done. */
+static kvr_status_t unit(kvr_cost_run_t *run)
+{
+    probe_t *pr = &run->pr;
+    if (kvr__failpoint(KVR__FP_SLOW_PROBE, NULL, 0)) /* untimed */
+        nanosleep(&(struct timespec){0, SLOW_PROBE_NS}, NULL);
+    if (run->filled < pr->src_len) {
+        uint64_t n = pr->src_len - run->filled;
+        n = n < FILL_BYTES ? n : FILL_BYTES;
+        memset(pr->src + run->filled, 0x5a, n);
+        run->filled += n;
+        return KVR_OK;
     }
+    if (!run->warm) {
+        run->warm = true;
+        return warm_up(pr);
+    }
+    bool lean = run->p.lean;
+    kvr_status_t st = lean ? lean_unit(pr, run->round, run->unit, &run->sm)
+                           : full_unit(pr, run->round, run->unit, &run->sm);
     if (st != KVR_OK)
         return st;
-    double big = (double)p->large_bytes;
-    *m = (kvr_cost_model_t){.rtt_s = median(rtt)};
-    m->put_s = per_put(median(small), m->rtt_s, p->small_count);
-    m->put_Bps = big / per_put(median(large), m->rtt_s, 1);
-    m->stage_Bps = big / per_put(median(stage), m->rtt_s, 1);
-    m->chunk_s = 2 * m->put_s + m->rtt_s;
+    if (++run->unit == (lean ? 4 : 1 + 4 * pr->points)) {
+        run->unit = 0;
+        run->round++;
+    }
+    if (run->round == ROUNDS) {
+        if (lean)
+            lean_fit(pr, &run->sm, &run->m);
+        else
+            fit(pr, &run->sm, &run->m);
+        run->done = true;
+    }
     return KVR_OK;
 }
 
-kvr_status_t kvr_cost_measure(kvr_ep_t *ep, const kvr_cost_probe_t *probe,
-                              kvr_cost_model_t *out, kvr_error_t *err)
+static kvr_status_t check_probe(kvr_ep_t *ep, const kvr_cost_probe_t *probe,
+                                kvr_error_t *err)
 {
-    if (ep == NULL || probe == NULL || out == NULL || probe->scratch == NULL ||
+    if (ep == NULL || probe == NULL || probe->scratch == NULL ||
         probe->small_bytes == 0 || probe->small_count == 0 ||
         probe->large_bytes < 4 * probe->small_bytes)
         return kvr_error_set(err, KVR_ERR_INVALID, "bad probe parameters");
@@ -332,39 +371,116 @@ kvr_status_t kvr_cost_measure(kvr_ep_t *ep, const kvr_cost_probe_t *probe,
                              "probe scratch smaller than %llu bytes",
                              (ull)probe->large_bytes);
     if (probe->put_src && kvr_mem_len(probe->put_src) < probe->large_bytes)
-        return kvr_error_set(err, KVR_ERR_INVALID,
-                             "probe put source of %zu bytes < %llu",
-                             kvr_mem_len(probe->put_src),
-                             (ull)probe->large_bytes);
-    probe_t pr = {.ep = ep,
-                  .p = probe,
-                  .stage = probe->stage_scratch ? probe->stage_scratch
-                                                : probe->scratch,
-                  .batch_bytes = probe->large_bytes / 4,
-                  .src_len = source_bytes(probe->large_bytes)};
-    if (probe->lean) /* no host copies: a source as large as one put */
-        pr.src_len = probe->large_bytes * 2;
-    pr.src = malloc(pr.src_len);
-    if (pr.src == NULL)
-        return kvr_error_set(err, KVR_ERR_NO_MEMORY, "probe buffer");
-    memset(pr.src, 0x5a, pr.src_len);
-    kvr_cost_model_t m = {0};
-    kvr_status_t st = probe->lean ? KVR_OK : ladder(&pr);
-    if (st == KVR_OK)
-        st = probe->lean ? measure_lean(&pr, &m) : measure(&pr, &m);
-    for (uint32_t i = 0; i < KVR_COST_POINTS; i++)
-        kvr_plan_destroy(pr.pieces[i]);
-    free(pr.src);
-    free(pr.own_dst);
-    if (st == KVR_ERR_NO_MEMORY)
-        return kvr_error_set(err, st, "cost probe: out of memory");
-    if (st != KVR_OK)
-        return kvr_error_set(err, st, "cost probe: %s",
-                             kvr_xfer_last_error(ep->t));
-    *out = m;
+        return kvr_error_set(
+            err, KVR_ERR_INVALID, "probe put source of %zu bytes < %llu",
+            kvr_mem_len(probe->put_src), (ull)probe->large_bytes);
     return KVR_OK;
 }
 
+/* The probe's memory: the source (faulted in by the first units), the
+ * size ladder and, for a full probe, where copies land. */
+static kvr_status_t prepare(kvr_cost_run_t *run)
+{
+    probe_t *pr = &run->pr;
+    const kvr_cost_probe_t *p = &run->p;
+    pr->src = malloc(pr->src_len);
+    if (pr->src == NULL || p->lean)
+        return pr->src == NULL ? KVR_ERR_NO_MEMORY : KVR_OK;
+    kvr_status_t st = ladder(pr);
+    void *ptr;
+    run->m.mapped = kvr_rmem_ptr(pr->stage, 0, p->large_bytes, &ptr) == KVR_OK;
+    pr->mapped = run->m.mapped;
+    if (pr->mapped) { /* no put into staging memory will be made */
+        pr->copy_dst = ptr;
+        pr->stage = p->scratch;
+    } else {
+        pr->copy_dst = pr->own_dst = malloc(p->large_bytes);
+    }
+    if (st == KVR_OK && pr->copy_dst == NULL)
+        st = KVR_ERR_NO_MEMORY;
+    if (st == KVR_OK)
+        memset(pr->copy_dst, 0, p->large_bytes); /* fault the pages in */
+    return st;
+}
+
+void kvr_cost_free(kvr_cost_run_t *run)
+{
+    if (run == NULL)
+        return;
+    for (uint32_t i = 0; i < KVR_COST_POINTS; i++)
+        kvr_plan_destroy(run->pr.pieces[i]);
+    free(run->pr.src);
+    free(run->pr.own_dst);
+    free(run);
+}
+
+kvr_status_t kvr_cost_start(kvr_ep_t *ep, const kvr_cost_probe_t *probe,
+                            kvr_cost_run_t **out, kvr_error_t *err)
+{
+    kvr_status_t st = check_probe(ep, probe, err);
+    if (st != KVR_OK)
+        return st;
+    kvr_cost_run_t *run = calloc(1, sizeof(*run));
+    if (run == NULL)
+        return kvr_error_set(err, KVR_ERR_NO_MEMORY, "cost probe: no memory");
+    run->p = *probe;
+    run->pr = (probe_t){.ep = ep,
+                        .p = &run->p,
+                        .stage = probe->stage_scratch ? probe->stage_scratch
+                                                      : probe->scratch,
+                        .batch_bytes = probe->large_bytes / 4,
+                        .src_len = source_bytes(probe->large_bytes)};
+    if (probe->lean) /* no host copies: a source as large as one put */
+        run->pr.src_len = probe->large_bytes * 2;
+    st = prepare(run);
+    if (st != KVR_OK) {
+        kvr_cost_free(run);
+        return kvr_error_set(err, st, "cost probe: %s",
+                             st == KVR_ERR_NO_MEMORY ? "out of memory"
+                                                     : kvr_status_str(st));
+    }
+    *out = run;
+    return KVR_OK;
+}
+
+kvr_status_t kvr_cost_step(kvr_cost_run_t *run, uint64_t until_ns,
+                           uint64_t deadline_ns, bool *done, kvr_error_t *err)
+{
+    kvr_status_t st = KVR_OK;
+    run->pr.deadline_ns = deadline_ns;
+    do
+        st = run->done ? KVR_OK : unit(run);
+    while (st == KVR_OK && !run->done && kvr_now_ns() < until_ns);
+    *done = run->done;
+    if (st != KVR_OK)
+        return kvr_error_set(err, st, "cost probe: %s",
+                             kvr_xfer_last_error(run->pr.ep->t));
+    return KVR_OK;
+}
+
+bool kvr_cost_result(const kvr_cost_run_t *run, kvr_cost_model_t *out)
+{
+    if (run == NULL || !run->done)
+        return false;
+    *out = run->m;
+    return true;
+}
+
+kvr_status_t kvr_cost_measure(kvr_ep_t *ep, const kvr_cost_probe_t *probe,
+                              kvr_cost_model_t *out, kvr_error_t *err)
+{
+    if (out == NULL)
+        return kvr_error_set(err, KVR_ERR_INVALID, "bad probe parameters");
+    kvr_cost_run_t *run = NULL;
+    kvr_status_t st = kvr_cost_start(ep, probe, &run, err);
+    bool done = false;
+    if (st == KVR_OK)
+        st = kvr_cost_step(run, UINT64_MAX, probe->deadline_ns, &done, err);
+    if (st == KVR_OK)
+        kvr_cost_result(run, out);
+    kvr_cost_free(run);
+    return st;
+}
 static double per_byte(double rate)
 {
     return rate > 0 ? 1.0 / rate : 0;

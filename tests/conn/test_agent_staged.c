@@ -66,6 +66,18 @@ static world_t *staged_world(uint32_t pp, ah_tweak_t prod, uint32_t slots,
     return w;
 }
 
+/* Until the stage has a cost probe under way (want) or none. */
+static void wait_probing(ah_agent_t *x, bool want)
+{
+    uint64_t end = ah_now_ms() + AH_WAIT_MS;
+    while ((kvr__agent_probing(x->agent) > 0) != want) {
+        if (ah_now_ms() >= end)
+            fail_msg("the stage's cost probes: still %s after %u ms",
+                     want ? "none" : "some", AH_WAIT_MS);
+        ah_settle((ah_agent_t *[]){x}, 1, 10);
+    }
+}
+
 static void load_n(world_t *w, uint32_t n, uint32_t first)
 {
     ah_req_t r[8];
@@ -112,6 +124,8 @@ static void test_auto_and_forced(void **state)
     (void)state;
     world_t *w = staged_world(2, NULL, 8, NULL);
     load_n(w, 2, 20);
+    for (uint32_t s = 0; s < 2; s++) /* each stage's probes ended */
+        wait_probing(&w->prod[0][s], false);
     world_free(w);
 
     w = staged_world(1, exec_staged, 8, NULL);
@@ -181,23 +195,6 @@ static void slower_staged(kvr_agent_params_t *p)
     p->loopback.delay_ms = 40;
 }
 
-/* Rank 0 loads request id, then rank 1. With AUTO each consumer link's
- * cost probe runs on the stage's loop, and slow puts make it take about
- * 2 s (more under ThreadSanitizer) in which the stage reads no other
- * link: a rank dialling meanwhile would find its handshake timed out
- * (3 s on the stage), which this world is not about. */
-static void load_ranks_in_turn(world_t *w, uint32_t id)
-{
-    ah_req_t r;
-    ah_req(&w->m, id, 150, &r);
-    fill_all(w, 0, &r);
-    open_all(w, 0, &r, 0, true);
-    ah_recv(&w->cons[0], A, head_addr(w, 0), &r, 0);
-    ah_wait(&w->cons[0], r.id, KVR_AGENT_RELEASED, AH_WAIT_MS);
-    ah_recv(&w->cons[1], A, head_addr(w, 0), &r, 0);
-    expect_loaded(w, 0, &r);
-}
-
 /* Slow puts, staged (forced) and AUTO (the probe too is slow): loaded. */
 static void test_slow_puts(void **state)
 {
@@ -206,8 +203,66 @@ static void test_slow_puts(void **state)
     load_n(w, 1, 40);
     world_free(w);
     w = staged_world(1, unmapped_slow, 8, NULL);
-    load_ranks_in_turn(w, 41);
+    load_n(w, 1, 41);
     world_free(w);
+}
+
+/* The cost probe runs in steps between the stage's turns. Every unit of
+ * it made 150 ms late (failpoint slow-probe: some 15 s a probe, which, run
+ * at once on the stage's loop, timed out the handshake of a rank dialling
+ * meanwhile), rank 1 dials while rank 0's link is probed and both load
+ * (priced by the default model while unmeasured). Disarmed, the probes
+ * then end. */
+static void test_probe_in_steps(void **state)
+{
+    (void)state;
+    world_t *w = staged_world(1, NULL, 8, NULL);
+    assert_int_equal(kvr_failpoint_arm("slow-probe", "", NULL), KVR_OK);
+    ah_req_t r;
+    ah_req(&w->m, 45, 150, &r);
+    fill_all(w, 0, &r);
+    open_all(w, 0, &r, 0, true);
+    ah_recv(&w->cons[0], A, head_addr(w, 0), &r, 0);
+    wait_probing(&w->prod[0][0], true);
+    ah_recv(&w->cons[1], A, head_addr(w, 0), &r, 0);
+    expect_loaded(w, 0, &r);
+    kvr_failpoint_disarm_all();
+    wait_probing(&w->prod[0][0], false);
+    world_free(w);
+}
+
+static void first_put_fails(kvr_agent_params_t *p)
+{
+    p->loopback.no_map = true;
+    p->loopback.fail_put_at = 1;
+}
+
+/* The probe's own put fails (the stage holds the pull: its request is
+ * open with no layer ready, so the probe makes the first put): the link
+ * is refused and the load fails with the transport's error, as when the
+ * probe ran whole at REGIONS. */
+static void test_probe_failure(void **state)
+{
+    (void)state;
+    world_t *w = staged_world(1, first_put_fails, 8, NULL);
+    ah_req_t r;
+    ah_req(&w->m, 46, 150, &r);
+    fill_all(w, 0, &r);
+    open_all(w, 0, &r, 0, false);
+    ah_recv(&w->cons[0], A, head_addr(w, 0), &r, 0);
+    expect_failed(&w->cons[0], r.id, KVR_ERR_TRANSPORT);
+    ah_wait(&w->cons[0], r.id, KVR_AGENT_RELEASED, AH_WAIT_MS);
+    assert_int_equal(kvr__agent_probing(w->prod[0][0].agent), 0);
+    kvr_agent_send_abort(w->prod[0][0].agent, r.id, strlen(r.id));
+    ah_wait(&w->prod[0][0], r.id, KVR_AGENT_SEND_FAILED, AH_WAIT_MS);
+    world_free(w);
+}
+
+static int disarm(void **state)
+{
+    (void)state;
+    kvr_failpoint_disarm_all();
+    return 0;
 }
 
 /* The consumer aborts while chunks are moving (slow puts): one
@@ -327,6 +382,8 @@ int main(void)
         cmocka_unit_test(test_staged_unmapped),
         cmocka_unit_test(test_staged_put_failure),
         cmocka_unit_test(test_auto_put_failure),
+        cmocka_unit_test_teardown(test_probe_in_steps, disarm),
+        cmocka_unit_test(test_probe_failure),
         cmocka_unit_test(test_slow_puts),
         cmocka_unit_test(test_abort_while_staging),
         cmocka_unit_test(test_ucx_tcp_held_pulls),

@@ -808,16 +808,22 @@ static void test_cost_choose_curves(void **state)
     kvr_plan_destroy(mid);
 }
 
+/* A probe of sizes 576 B to 1 MiB into the fixture's staging. */
+static kvr_cost_probe_t small_probe(const fix_t *f)
+{
+    return (kvr_cost_probe_t){.scratch = f->rstage,
+                              .small_bytes = 576,
+                              .small_count = 64,
+                              .large_bytes = 1 << 20,
+                              .deadline_ns = kvr_deadline_ns(SUCCESS_MS)};
+}
+
 static void test_cost_measure(void **state)
 {
     (void)state;
     fix_t f;
     fix_init(&f, NULL, 4u << 20, 1, SUCCESS_MS);
-    kvr_cost_probe_t probe = {.scratch = f.rstage,
-                              .small_bytes = 576,
-                              .small_count = 64,
-                              .large_bytes = 1 << 20,
-                              .deadline_ns = kvr_deadline_ns(SUCCESS_MS)};
+    kvr_cost_probe_t probe = small_probe(&f);
     kvr_cost_model_t m;
     assert_int_equal(kvr_cost_measure(f.ep_pc, &probe, &m, NULL), KVR_OK);
     assert_true(m.put_Bps > 0 && m.copy_Bps > 0 && m.put_s >= 0);
@@ -830,6 +836,40 @@ static void test_cost_measure(void **state)
                     m.stage_at[i] == 0);
     probe.large_bytes = 64u << 20;
     assert_int_equal(kvr_cost_measure(f.ep_pc, &probe, &m, NULL),
+                     KVR_ERR_INVALID);
+    fix_fini(&f);
+}
+
+/* The probe in steps: a step whose until_ns has passed runs one unit (a
+ * stretch of the source, the warm-up or one timed batch); there is no
+ * model before the last; the model then is a full one. */
+static void test_cost_steps(void **state)
+{
+    (void)state;
+    fix_t f;
+    fix_init(&f, NULL, 4u << 20, 1, SUCCESS_MS);
+    kvr_cost_probe_t probe = small_probe(&f);
+    kvr_cost_run_t *run = NULL;
+    assert_int_equal(kvr_cost_start(f.ep_pc, &probe, &run, NULL), KVR_OK);
+    kvr_cost_model_t m;
+    bool done = false;
+    uint32_t steps = 0;
+    while (!done && steps < 100000) {
+        assert_false(kvr_cost_result(run, &m));
+        assert_int_equal(kvr_cost_step(run, 0, kvr_deadline_ns(SUCCESS_MS),
+                                       &done, NULL),
+                         KVR_OK);
+        steps++;
+    }
+    assert_true(done && kvr_cost_result(run, &m));
+    /* at least the warm-up and 5 rounds of a round trip and 4 units for
+     * each of the 12 sizes */
+    assert_true(steps >= 1 + 5 * (1 + 4 * 12));
+    assert_int_equal(m.points, 12);
+    assert_true(m.put_Bps > 0 && m.copy_Bps > 0 && m.mapped);
+    kvr_cost_free(run);
+    probe.large_bytes = 64u << 20; /* larger than the scratch */
+    assert_int_equal(kvr_cost_start(f.ep_pc, &probe, &run, NULL),
                      KVR_ERR_INVALID);
     fix_fini(&f);
 }
@@ -858,6 +898,7 @@ int main(void)
         cmocka_unit_test(test_cost_choose),
         cmocka_unit_test(test_cost_choose_curves),
         cmocka_unit_test(test_cost_measure),
+        cmocka_unit_test(test_cost_steps),
     };
     return cmocka_run_group_tests_name("xfer-loopback", tests, NULL, NULL);
 }
