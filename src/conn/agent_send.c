@@ -894,6 +894,30 @@ static void die_mid(kvr__pull_t *p)
     kvr__failpoint_exit();
 }
 
+/* Whether die-mid may hit now and hit r alone, however requests overlap:
+ * every consumer link has asked for r (a link's earlier requests came
+ * before it) and every other request's pull, held ones included, was
+ * answered. Until then r's pull does not move (docs/failpoints.md). */
+static bool die_mid_alone(const kvr_agent_t *a, const kvr__preq_t *r)
+{
+    for (const kvr__pull_t *q = a->orphans; q != NULL; q = q->next)
+        if (q->state < KVR__PULL_ANSWERED)
+            return false;
+    for (const kvr__preq_t *o = a->preqs; o != NULL; o = o->next)
+        for (const kvr__pull_t *q = o->pulls; o != r && q != NULL; q = q->next)
+            if (q->state < KVR__PULL_ANSWERED)
+                return false;
+    for (const kvr__alink_t *l = a->links; l != NULL; l = l->next) {
+        bool asked = l->data == NULL; /* not a consumer's link */
+        for (const kvr__pull_t *q = r->pulls; q != NULL && !asked;
+             q = q->next)
+            asked = q->link == l;
+        if (!asked)
+            return false;
+    }
+    return true;
+}
+
 /* A put waits for room in the peer's window at most one turn's work,
  * never to the pull's deadline: a stalled peer must not hold the loop (and
  * every other request) with it. */
@@ -932,8 +956,11 @@ static bool slice(kvr_agent_t *a, kvr__pull_t *p, uint64_t *moved)
     bool done = false;
     kvr__preq_t *r = owner_of(a, p);
     kvr_status_t st;
-    if (kvr__failpoint(KVR__FP_DIE_MID, p->request.bytes, p->request.len))
+    if (kvr__failpoint(KVR__FP_DIE_MID, p->request.bytes, p->request.len)) {
+        if (r != NULL && !die_mid_alone(a, r))
+            return false; /* the others first: sliced again next turn */
         die_mid(p);
+    }
     if (p->gpu)
         st = kvr__agpu_slice(a, r, p, &done, &err);
     else if (p->staged)
