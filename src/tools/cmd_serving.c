@@ -346,9 +346,6 @@ static void stop_all(sup_t *s)
 
 /* ---- phases ---- */
 
-/* One ceiling transfer: each instance's one large request, loaded by its
- * group. rep 0 is cold (it maps the pages every pass writes); each later
- * one follows a repetition's passes. */
 /* One-block requests of one kind (their ids' prefix): opened, then
  * loaded paced from T0 (or back to back: T0 = 0). */
 static bool small(sup_t *s, const char *kind, uint64_t T0, uint32_t ncons)
@@ -364,6 +361,9 @@ static bool small(sup_t *s, const char *kind, uint64_t T0, uint32_t ncons)
     return await(s, "D small", ncons);
 }
 
+/* One ceiling transfer: each instance's one large request, loaded by its
+ * group. rep 0 is cold (it maps the pages every pass writes); each later
+ * one follows a repetition's passes. */
 static bool ceiling(sup_t *s, uint32_t rep)
 {
     char line[64];
