@@ -894,19 +894,25 @@ static void die_mid(kvr__pull_t *p)
     kvr__failpoint_exit();
 }
 
+static bool any_unanswered(const kvr__pull_t *list)
+{
+    for (const kvr__pull_t *q = list; q != NULL; q = q->next)
+        if (q->state < KVR__PULL_ANSWERED)
+            return true;
+    return false;
+}
+
 /* Whether die-mid may hit now and hit r alone, however requests overlap:
  * every consumer link has asked for r (a link's earlier requests came
  * before it) and every other request's pull, held ones included, was
  * answered. Until then r's pull does not move (docs/failpoints.md). */
 static bool die_mid_alone(const kvr_agent_t *a, const kvr__preq_t *r)
 {
-    for (const kvr__pull_t *q = a->orphans; q != NULL; q = q->next)
-        if (q->state < KVR__PULL_ANSWERED)
-            return false;
+    if (any_unanswered(a->orphans))
+        return false;
     for (const kvr__preq_t *o = a->preqs; o != NULL; o = o->next)
-        for (const kvr__pull_t *q = o->pulls; o != r && q != NULL; q = q->next)
-            if (q->state < KVR__PULL_ANSWERED)
-                return false;
+        if (o != r && any_unanswered(o->pulls))
+            return false;
     for (const kvr__alink_t *l = a->links; l != NULL; l = l->next) {
         bool asked = l->data == NULL; /* not a consumer's link */
         for (const kvr__pull_t *q = r->pulls; q != NULL && !asked;
