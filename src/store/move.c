@@ -202,17 +202,45 @@ static kvr_status_t apply_plan(const kvr_plan_t *plan, const apply_t *a,
     return KVR_OK;
 }
 
-/* Applies region i's plan of set and every one after it (a_of(i) gives
- * region i's apply), each prefetching the next one's first run. */
-static kvr_status_t apply_set(const kvr_plan_set_t *set, size_t regions,
-                              apply_t (*a_of)(const void *, size_t),
-                              const void *arg, kvr_error_t *err)
+/* One chunk's side of a save's gather or a load's scatter: region i's
+ * canonical bytes are at chunk + off[i]. */
+typedef struct chunk_side {
+    const kvr_store_io_t *io;
+    const canon_t *canon;
+    const uint64_t *off;
+    uint8_t *chunk; /* only read from when load */
+    uint64_t start; /* the chunk's first token */
+    bool preshuffle;
+    bool load; /* the chunk is the source (a load), else the destination */
+} chunk_side_t;
+
+static apply_t side_apply(const chunk_side_t *c, size_t i)
+{
+    const canon_t *cn = &c->canon[i];
+    uint8_t *canon = c->chunk + c->off[i], *region = c->io->regions[i].base;
+    uint64_t canon0 = c->start * cn->width;
+    apply_t a = {.src = c->load ? canon : region,
+                 .dst = c->load ? region : canon,
+                 .src_off0 = c->load ? canon0 : 0,
+                 .dst_off0 = c->load ? 0 : canon0,
+                 .canon_is_src = c->load,
+                 .shuffle = cn->role == KVR_ROLE_INDEX && c->preshuffle,
+                 .D = cn->D,
+                 .bs = c->io->block_size};
+    return a;
+}
+
+/* Applies every region's plan of set between the regions and chunk side
+ * c, each prefetching the next one's first run. */
+static kvr_status_t apply_set(const kvr_plan_set_t *set, const chunk_side_t *c,
+                              kvr_error_t *err)
 {
     kvr_status_t s = KVR_OK;
-    apply_t a = regions > 0 ? a_of(arg, 0) : (apply_t){0};
+    size_t regions = c->io->num_regions;
+    apply_t a = regions > 0 ? side_apply(c, 0) : (apply_t){0};
     for (size_t i = 0; s == KVR_OK && i < regions; i++) {
         bool last = i + 1 == regions;
-        apply_t next = last ? a : a_of(arg, i + 1);
+        apply_t next = last ? a : side_apply(c, i + 1);
         s = apply_plan(kvr_plan_set_plan_of(set, i), &a,
                        last ? NULL : kvr_plan_set_plan_of(set, i + 1), &next,
                        err);
@@ -269,7 +297,7 @@ typedef struct save_ctx {
     kvr_region_pair_t *pairs;
     canon_t *canon;
     uint32_t *ident;
-    uint8_t **at; /* per region: its bytes in the chunk being gathered */
+    uint64_t *off; /* per region: its bytes' offset in a chunk buffer */
     uint64_t table_bytes, data_bytes;
 } save_ctx_t;
 
@@ -291,8 +319,8 @@ static kvr_status_t save_begin(const kvr_store_io_t *io, save_ctx_t *x,
     x->pairs = calloc(io->num_regions + 1, sizeof *x->pairs);
     x->canon = calloc(io->num_regions + 1, sizeof *x->canon);
     x->ident = identity(io->num_chains * io->chunk / io->block_size);
-    x->at = calloc(io->num_regions + 1, sizeof *x->at);
-    if (!x->pairs || !x->canon || !x->ident || !x->at)
+    x->off = calloc(io->num_regions + 1, sizeof *x->off);
+    if (!x->pairs || !x->canon || !x->ident || !x->off)
         return kvr_error_set(err, KVR_ERR_NO_MEMORY, "store save");
     x->table_bytes = 8 + TABLE_ENTRY * io->num_regions;
     x->data_bytes = 0;
@@ -305,6 +333,7 @@ static kvr_status_t save_begin(const kvr_store_io_t *io, save_ctx_t *x,
         x->pairs[i].dst = canon_desc(&io->regions[i].desc, &x->canon[i],
                                      io->block_size,
                                      io->num_chains * io->chunk);
+        x->off[i] = x->table_bytes + x->data_bytes;
         x->data_bytes += x->canon[i].width * io->chunk;
     }
     return KVR_OK;
@@ -312,7 +341,7 @@ static kvr_status_t save_begin(const kvr_store_io_t *io, save_ctx_t *x,
 
 static void save_end(save_ctx_t *x)
 {
-    free(x->at);
+    free(x->off);
     free(x->pairs);
     free(x->canon);
     free(x->ident);
@@ -341,28 +370,6 @@ static kvr_status_t plan_set(const kvr_layout_t *lay, uint32_t rank,
     return kvr_plan_set_create_pair(lay, 0, rank, pairs, n, req, out, err);
 }
 
-typedef struct gather_arg {
-    const kvr_store_io_t *io;
-    const save_ctx_t *x;
-    uint64_t start;
-    uint8_t *const *at; /* each region's canonical bytes in the chunk */
-} gather_arg_t;
-
-static apply_t gather_apply(const void *arg, size_t i)
-{
-    const gather_arg_t *g = arg;
-    const canon_t *cn = &g->x->canon[i];
-    apply_t a = {.src = g->io->regions[i].base,
-                 .dst = g->at[i],
-                 .src_off0 = 0,
-                 .dst_off0 = g->start * cn->width,
-                 .canon_is_src = false,
-                 .shuffle = cn->role == KVR_ROLE_INDEX && g->x->lay.preshuffle,
-                 .D = cn->D,
-                 .bs = g->io->block_size};
-    return a;
-}
-
 /* Gathers chunk c of every region into buf (table already written). */
 static kvr_status_t gather(const kvr_store_io_t *io, const save_ctx_t *x,
                            size_t c, uint8_t *buf, kvr_error_t *err)
@@ -374,17 +381,17 @@ static kvr_status_t gather(const kvr_store_io_t *io, const save_ctx_t *x,
                          .num_dst_blocks = end / io->block_size,
                          .num_tokens = end,
                          .num_computed_blocks = start / io->block_size};
-    uint8_t *at = buf + x->table_bytes;
-    for (size_t i = 0; i < io->num_regions; i++) {
-        x->at[i] = at;
-        at += x->canon[i].width * io->chunk;
-    }
     kvr_plan_set_t *set = NULL;
     kvr_status_t s = plan_set(&x->lay, 0, x->pairs, io->num_regions, &req, &set,
                               err);
-    gather_arg_t g = {.io = io, .x = x, .start = start, .at = x->at};
+    chunk_side_t side = {.io = io,
+                         .canon = x->canon,
+                         .off = x->off,
+                         .chunk = buf,
+                         .start = start,
+                         .preshuffle = x->lay.preshuffle};
     if (s == KVR_OK)
-        s = apply_set(set, io->num_regions, gather_apply, &g, err);
+        s = apply_set(set, &side, err);
     kvr_plan_set_destroy(set);
     return s;
 }
@@ -560,28 +567,6 @@ static kvr_status_t find_regions(const kvr_store_io_t *io, load_ctx_t *x,
     return KVR_OK;
 }
 
-typedef struct scatter_arg {
-    const kvr_store_io_t *io;
-    const load_ctx_t *x;
-    uint64_t start;
-    const uint8_t *data; /* the chunk's payload */
-} scatter_arg_t;
-
-static apply_t scatter_apply(const void *arg, size_t i)
-{
-    const scatter_arg_t *g = arg;
-    const canon_t *cn = &g->x->canon[i];
-    apply_t a = {.src = g->data + g->x->off[i],
-                 .dst = g->io->regions[i].base,
-                 .src_off0 = g->start * cn->width,
-                 .dst_off0 = 0,
-                 .canon_is_src = true,
-                 .shuffle = cn->role == KVR_ROLE_INDEX && g->x->lay.preshuffle,
-                 .D = cn->D,
-                 .bs = g->io->block_size};
-    return a;
-}
-
 static kvr_status_t scatter(const kvr_store_io_t *io, load_ctx_t *x, size_t c,
                             const uint8_t *data, uint64_t len, kvr_error_t *err)
 {
@@ -599,9 +584,15 @@ static kvr_status_t scatter(const kvr_store_io_t *io, load_ctx_t *x, size_t c,
     kvr_plan_set_t *set = NULL;
     s = kvr_plan_set_create(&x->lay, io->rank, x->pairs, io->num_regions, &req,
                             &set, err);
-    scatter_arg_t g = {.io = io, .x = x, .start = start, .data = data};
+    chunk_side_t side = {.io = io,
+                         .canon = x->canon,
+                         .off = x->off,
+                         .chunk = (uint8_t *)data, /* read only */
+                         .start = start,
+                         .preshuffle = x->lay.preshuffle,
+                         .load = true};
     if (s == KVR_OK)
-        s = apply_set(set, io->num_regions, scatter_apply, &g, err);
+        s = apply_set(set, &side, err);
     kvr_plan_set_destroy(set);
     return s;
 }
