@@ -315,6 +315,33 @@ static void stamp(uint64_t *stamps, int i)
         stamps[i] = kvr_now_ns();
 }
 
+/* A job of one reference on stream, device made current; *out is NULL
+ * only when there was no memory for it. */
+static kvr_status_t job_new(int device, void *stream, kvr__gpu_job_t **out,
+                            kvr_error_t *err)
+{
+    kvr__gpu_job_t *job = calloc(1, sizeof(*job));
+    *out = job;
+    if (job == NULL)
+        return kvr_error_set(err, KVR_ERR_NO_MEMORY, "no memory");
+    job->refs = 1;
+    job->device = device;
+    job->stream = stream;
+    return kvr_gpu_set_device(device, err);
+}
+
+/* The job to the caller when st is KVR_OK, else freed. */
+static kvr_status_t job_end(kvr__gpu_job_t *job, kvr_status_t st,
+                            kvr__gpu_job_t **out)
+{
+    if (st != KVR_OK) {
+        kvr__gpu_job_free(job);
+        return st;
+    }
+    *out = job;
+    return KVR_OK;
+}
+
 /* kvr__gpu_job_start; stamps (NULL or 4): set up, event, launched,
  * recorded (kvr__gpu_send's breakdown). waits: the caller synchronises
  * the stream itself, so no completion event is taken or recorded. */
@@ -326,13 +353,10 @@ job_start(int device, void *stream, struct kvr_gpu_pool *pool,
           const kvr_request_t *req, kvr__gpu_job_t **out, uint64_t *bytes,
           bool waits, uint64_t *stamps, kvr_error_t *err)
 {
-    kvr__gpu_job_t *job = calloc(1, sizeof(*job));
+    kvr__gpu_job_t *job = NULL;
+    kvr_status_t st = job_new(device, stream, &job, err);
     if (job == NULL)
-        return kvr_error_set(err, KVR_ERR_NO_MEMORY, "no memory");
-    job->refs = 1;
-    job->device = device;
-    job->stream = stream;
-    kvr_status_t st = kvr_gpu_set_device(device, err);
+        return st;
     stamp(stamps, 0);
     if (st == KVR_OK && !waits)
         st = event_get(device, &job->done, err);
@@ -347,12 +371,7 @@ job_start(int device, void *stream, struct kvr_gpu_pool *pool,
         st = kvr_gpu_event_record(job->done, stream, err);
     job->recorded = st == KVR_OK && !waits;
     stamp(stamps, 3);
-    if (st != KVR_OK) {
-        kvr__gpu_job_free(job);
-        return st;
-    }
-    *out = job;
-    return KVR_OK;
+    return job_end(job, st, out);
 }
 
 kvr_status_t
@@ -521,13 +540,10 @@ kvr_status_t kvr__gpu_job_runs(int device, void *stream,
                                void *dst_buf, kvr__gpu_job_t **out,
                                kvr_error_t *err)
 {
-    kvr__gpu_job_t *job = calloc(1, sizeof(*job));
+    kvr__gpu_job_t *job = NULL;
+    kvr_status_t st = job_new(device, stream, &job, err);
     if (job == NULL)
-        return kvr_error_set(err, KVR_ERR_NO_MEMORY, "no memory");
-    job->refs = 1;
-    job->device = device;
-    job->stream = stream;
-    kvr_status_t st = kvr_gpu_set_device(device, err);
+        return st;
     if (st == KVR_OK)
         st = event_get(device, &job->done, err);
     job->launched = st == KVR_OK;
@@ -536,12 +552,7 @@ kvr_status_t kvr__gpu_job_runs(int device, void *stream,
     if (st == KVR_OK)
         st = kvr_gpu_event_record(job->done, stream, err);
     job->recorded = st == KVR_OK;
-    if (st != KVR_OK) {
-        kvr__gpu_job_free(job);
-        return st;
-    }
-    *out = job;
-    return KVR_OK;
+    return job_end(job, st, out);
 }
 
 kvr_status_t kvr__gpu_runs_time(const kvr__gpu_runs_t *rt, uint64_t len,
