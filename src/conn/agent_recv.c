@@ -262,7 +262,6 @@ static kvr_status_t attach_stages(kvr_agent_t *a, kvr__creq_t *r,
     kvr_status_t st = check_request(a, r, err);
     for (uint32_t i = 0; st == KVR_OK && i < d->num_serving; i++) {
         kvr__alink_t *l = d->serving[i];
-        uint64_t need = 0;
         if (l == NULL)
             continue;
         const kvr_wire_topo_t *t = &l->link->peer.topo;
@@ -270,8 +269,7 @@ static kvr_status_t attach_stages(kvr_agent_t *a, kvr__creq_t *r,
             st = kvr__sources_mask(a, t->layer_start, t->layer_end,
                                    a->p.topo.tp_rank, &l->need, err);
         l->need_known = st == KVR_OK;
-        need = l->need;
-        if (st != KVR_OK || !(need >> t->tp_rank & 1))
+        if (st != KVR_OK || !(l->need >> t->tp_rank & 1))
             continue; /* holds nothing of these layers for us */
         if (r->num_stages == KVR_AGENT_MAX_STAGES)
             return kvr_error_set(err, KVR_ERR_UNSUPPORTED,

@@ -1,5 +1,6 @@
-/* Control links (TCP, or a Unix socket on one host): framing over a byte stream, bounded buffers, the frame
- * bookkeeping AUTH needs and the session MAC (docs/PROTOCOL.md Session MAC). */
+/* Control links (TCP, or a Unix socket on one host): framing over a byte
+ * stream, bounded buffers, the frame bookkeeping AUTH needs and the
+ * session MAC (docs/PROTOCOL.md Session MAC). */
 #include "link.h"
 
 #include <arpa/inet.h>

@@ -384,8 +384,10 @@ static kvr_status_t prepare(kvr_cost_run_t *run)
     probe_t *pr = &run->pr;
     const kvr_cost_probe_t *p = &run->p;
     pr->src = malloc(pr->src_len);
-    if (pr->src == NULL || p->lean)
-        return pr->src == NULL ? KVR_ERR_NO_MEMORY : KVR_OK;
+    if (pr->src == NULL)
+        return KVR_ERR_NO_MEMORY;
+    if (p->lean) /* puts only: no ladder, no copies */
+        return KVR_OK;
     kvr_status_t st = ladder(pr);
     void *ptr;
     run->m.mapped = kvr_rmem_ptr(pr->stage, 0, p->large_bytes, &ptr) == KVR_OK;
@@ -481,6 +483,7 @@ kvr_status_t kvr_cost_measure(kvr_ep_t *ep, const kvr_cost_probe_t *probe,
     kvr_cost_free(run);
     return st;
 }
+
 static double per_byte(double rate)
 {
     return rate > 0 ? 1.0 / rate : 0;
