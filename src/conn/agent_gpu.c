@@ -230,6 +230,12 @@ static kvr_status_t launch(kvr_agent_t *a, const kvr__preq_t *r, kvr__pull_t *p,
                                 (void *const *)dst, n, &req, &p->job, &bytes,
                                 err);
     uint64_t took = kvr_now_ns() - t0;
+    if (a->ph.on && st == KVR_OK) {
+        a->ph.ns[KVR__PH_LAUNCH] += took;
+        a->ph.n[KVR__PH_LAUNCH]++;
+        p->ph_launch_ns = t0 + took;
+        kvr__ph_launched(a, k, bytes, t0 + took);
+    }
     if (st == KVR_OK && bytes != want)
         st = kvr_error_set(err, KVR_ERR_VERIFY,
                            "gpu-direct launched %llu bytes for %u ranks, "
@@ -380,8 +386,10 @@ kvr_status_t kvr__agpu_slice(kvr_agent_t *a, const kvr__preq_t *r,
     if (p->job == NULL) {
         kvr_status_t st = plain(a) ? launch(a, r, p, err)
                                    : launch_runs(a, p, err);
+        uint64_t t0 = kvr__ph_start(a);
         if (st == KVR_OK) /* the loop wakes when the kernels are done */
             st = kvr__gpu_job_notify(p->job, a->nstream, a->wake_fd, err);
+        kvr__ph_add(a, KVR__PH_NOTIFY, t0);
         if (st != KVR_OK) {
             kvr__gpu_job_free(p->job);
             p->job = NULL;
@@ -392,6 +400,8 @@ kvr_status_t kvr__agpu_slice(kvr_agent_t *a, const kvr__preq_t *r,
     }
     kvr_status_t st = kvr__gpu_job_done(p->job, done, err);
     if (*done) { /* complete (or failed): its tables may go */
+        kvr__ph_job_done(a, p->ph_launch_ns);
+        p->ph_launch_ns = 0;
         kvr__agent_log(a, "pull of '%.*s' for dcp %u: kernels done",
                        (int)p->request.len, p->request.bytes, p->dcp_rank);
         kvr__gpu_job_free(p->job);

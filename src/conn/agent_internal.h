@@ -16,6 +16,7 @@
 #include "kvrelay/agent.h"
 #include "kvrelay/base.h"
 
+#include "agent_phases.h"
 #include "data.h"
 #include "gpu_path.h"
 #include "link.h"
@@ -272,6 +273,7 @@ typedef struct kvr__pull {
     kvr__gpu_job_t *job;   /* launched, not yet seen complete */
     kvr__gpu_tables_t *tables; /* its relayout tables, made as it starts */
     bool job_done;         /* its event fired: to answer this turn */
+    uint64_t ph_launch_ns; /* KVR_AGENT_PHASES: its job launched (lead) */
     kvr__gpu_runs_t *runs; /* its plan's run table (pair plans; gpu-staged) */
     bool gstaged;          /* staged with GPU packing (CUDA KV) */
     uint64_t packed_off;   /* gpu-staged: stream bytes packed (launched) */
@@ -511,6 +513,7 @@ struct kvr_agent {
         size_t cap;
     } gslots;
     uint64_t gpu_spin_until; /* kvr__agpu_spin watches kernels till then */
+    kvr__phases_t ph;        /* KVR_AGENT_PHASES: time per phase */
     uint8_t *slot_busy; /* its slots granted to a stage */
     bool slots_freed;   /* waiting stages may be sent now */
     kvr__alink_t *links;

@@ -591,7 +591,10 @@ static void start(kvr_agent_t *a, kvr__cmd_t *c)
 void kvr__recv_command(kvr_agent_t *a, kvr__cmd_t *c)
 {
     if (c->kind == KVR__CMD_RECV) {
+        kvr__ph_activity(a);
+        uint64_t t0 = kvr__ph_start(a);
         start(a, c);
+        kvr__ph_add(a, KVR__PH_RECV, t0);
         return;
     }
     kvr__creq_t *r = creq_find(a, &c->producer, &c->request);
