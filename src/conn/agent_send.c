@@ -182,7 +182,7 @@ static kvr_status_t plan_pull(kvr_agent_t *a, const kvr__preq_t *r,
         }
         pairs[n] = (kvr_region_pair_t){g->desc, p->link->maps[j].desc};
         p->segs[n++] = (kvr__dseg_t){NULL, g->base, p->link->maps[j].mapping,
-                                     NULL, g->desc.layer};
+                                     NULL, g->desc.layer, 0};
     }
     kvr_request_t req = {r->src,  r->nsrc,       p->dst,
                          p->ndst, p->num_tokens, p->num_computed};
@@ -190,7 +190,8 @@ static kvr_status_t plan_pull(kvr_agent_t *a, const kvr__preq_t *r,
      * unsharded producer, the plan of its DCP rank (docs/design.md §18) */
     bool tp = a->axis == KVR_AXIS_TP;
     uint64_t bytes = 0;
-    if (st == KVR_OK)
+    p->planless = st == KVR_OK && kvr__agpu_planless(a, p);
+    if (st == KVR_OK && !p->planless) /* else bytes from its tables */
         st = kvr__agent_plan(a, tp ? a->p.topo.tp_rank : a->p.topo.dcp_rank,
                              tp ? p->consumer_tp : p->dcp_rank, pairs, n, &req,
                              p->segs, &bytes, &p->plans, err);
@@ -221,6 +222,8 @@ static void start_pull(kvr_agent_t *a, const kvr__preq_t *r, kvr__pull_t *p)
     if (st == KVR_OK)
         st = kvr__agpu_prepare(a, r, p, &err);
     kvr__ph_add(a, KVR__PH_TABLES, t0);
+    if (st == KVR_OK && p->planless)
+        p->bytes = kvr__dseg_bytes(p->segs, p->nsegs);
     if (st != KVR_OK) {
         answer(a, p, err.code, err.msg);
         return;

@@ -223,6 +223,20 @@ void kvr__gpu_tables_share(kvr__gpu_tables_t *t)
     t->refs++;
 }
 
+kvr_status_t kvr__gpu_tables_bytes(const kvr__gpu_tables_t *t,
+                                   const kvr_region_pair_t *pair,
+                                   uint32_t rank, uint64_t *bytes,
+                                   kvr_error_t *err)
+{
+    const kvr_gpu_relayout_t *rl = tables_find(t, pair);
+    if (rl == NULL)
+        return kvr_error_set(err, KVR_ERR_NOT_FOUND,
+                             "no relayout tables for %s layer %u",
+                             kvr_role_name(pair->src.role), pair->src.layer);
+    *bytes = kvr_gpu_relayout_bytes(rl, rank);
+    return KVR_OK;
+}
+
 void kvr__gpu_tables_free(kvr__gpu_tables_t *t)
 {
     if (t == NULL || --t->refs > 0)
