@@ -408,23 +408,24 @@ static kvr_status_t launch_runs(kvr_agent_t *a, kvr__pull_t *p,
     return st;
 }
 
-/* Bytes the kernels queued on the agent's stream move, not yet seen
- * done. */
-static uint64_t queued(const kvr_agent_t *a)
-{
-    uint64_t n = 0;
-    for (const kvr__pull_t *p = a->active; p != NULL; p = p->work_next)
-        n += p->gpu && p->job != NULL ? p->job_bytes : 0;
-    return n;
-}
-
-/* Whether a gpu-direct pull may launch now: the stream's queue is short.
+/* Whether a gpu-direct pull may launch now: fewer than two jobs queued
+ * on the agent's stream, or their kernels move fewer bytes than the cap.
  * Else it waits for a completion; by then the other ranks' pulls of its
  * request are usually here, and one launch serves them all (issue 17's
- * "one launch for every rank at once") instead of one each. */
+ * "one launch for every rank at once") instead of one each. Two jobs keep
+ * the stream busy while the loop sees one complete and launches the next
+ * (with one, it sat idle that long: 8 % of the trace's rate, run
+ * 2026-12-02j in docs/performance.md). */
 static bool may_launch(const kvr_agent_t *a)
 {
-    return a->gpu_queue_cap == 0 || queued(a) < a->gpu_queue_cap;
+    uint64_t bytes = 0;
+    uint32_t jobs = 0;
+    for (const kvr__pull_t *p = a->active; p != NULL; p = p->work_next)
+        if (p->gpu && p->job != NULL && p->job_bytes > 0) {
+            bytes += p->job_bytes;
+            jobs++;
+        }
+    return a->gpu_queue_cap == 0 || jobs < 2 || bytes < a->gpu_queue_cap;
 }
 
 kvr_status_t kvr__agpu_slice(kvr_agent_t *a, const kvr__preq_t *r,

@@ -38,10 +38,11 @@
  * rather than sleeping, and for how many jobs at most */
 #define KVR_AGENT_GPU_SPIN_NS 300000ull
 #define KVR_AGENT_GPU_SPIN_JOBS 8u
-/* gpu-direct pulls launch at once while the kernels queued on the
- * agent's stream move fewer bytes than this; later ones wait for a
- * completion, then the ranks that pulled one request share one launch
- * (KVR_AGENT_GPU_QUEUE_MB overrides it; 0: always at once) */
+/* gpu-direct pulls launch at once while fewer than two jobs are queued
+ * on the agent's stream or their kernels move fewer bytes than this;
+ * later ones wait for a completion, then the ranks that pulled one
+ * request share one launch (KVR_AGENT_GPU_QUEUE_MB overrides it; 0:
+ * always at once) */
 #define KVR_AGENT_GPU_QUEUE_BYTES (64ull << 20)
 #define KVR_AGENT_CUT_FLUSH_MS                                                 \
     200u                                  /* a pull cut past its deadline: its

@@ -275,11 +275,11 @@ static bool first_of_class(const kvr_region_pair_t *pairs, size_t i)
 }
 
 /* Slots of one kvr_gpu_scatter_regions launch. */
-#define LAUNCH_SLOTS 64
+#define LAUNCH_SLOTS 128 /* kvr_gpu_scatter_regions' per launch */
 
 /* The relayout of the class of pairs[first] (from tables, else checked
  * and uploaded now and kept by the job), then one launch for every region
- * of that class and every rank, 64 slots a launch, from slot arrays on
+ * of that class and every rank, 128 slots a launch, from slot arrays on
  * the stack: a pull allocates nothing here (kvr_gpu_scatter_regions). */
 static kvr_status_t launch_class(kvr__gpu_job_t *job, void *stream,
                                  kvr_gpu_pool_t *pool, const kvr_layout_t *lay,
