@@ -553,6 +553,8 @@ struct kvr_agent {
                         streaming */
     uint64_t moved_turn_max;     /* tests: most bytes put in one turn */
     uint64_t moving_turns;       /* tests: turns that put bytes */
+    uint64_t planless_pulls;     /* tests: gpu-direct pulls served without
+                                    pair plans (kvr__agpu_planless) */
     uint64_t chunks_moved;       /* tests: staged chunks sent (producer)
                                      or unpacked (consumer) */
     /* consumer links whose cost probe is under way, as the last

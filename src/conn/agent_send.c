@@ -222,8 +222,10 @@ static void start_pull(kvr_agent_t *a, const kvr__preq_t *r, kvr__pull_t *p)
     if (st == KVR_OK)
         st = kvr__agpu_prepare(a, r, p, &err);
     kvr__ph_add(a, KVR__PH_TABLES, t0);
-    if (st == KVR_OK && p->planless)
+    if (st == KVR_OK && p->planless) {
         p->bytes = kvr__dseg_bytes(p->segs, p->nsegs);
+        a->planless_pulls++;
+    }
     if (st != KVR_OK) {
         answer(a, p, err.code, err.msg);
         return;
