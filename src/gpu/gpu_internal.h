@@ -57,7 +57,6 @@ kvr_status_t kvr__runs_span(const kvr_gpu_runs_t *rt, uint64_t pos,
  * vector a lane at a time, as before). bench_rl_kernel and the device
  * tests set them. */
 extern int kvr__rl_tune_step;
-extern int kvr__rl_tune_items; /* items a team takes at least; 0: default */
 /* (CUDA) 1: one-rank MLA scatters through relayout_kernel's items of up
  * to 1024 bytes instead of chunk_kernel's one source chunk an item (the
  * default, teams of 8 lanes of 5 vectors); 3, 4: other team shapes

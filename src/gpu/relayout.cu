@@ -9,7 +9,6 @@
  * over NVLink), loads follow the source's chunks. One-rank scatters of
  * small MLA chunks go through chunk_kernel instead: an item is one source
  * chunk, copied by a team of 8 lanes. */
-#include <stdlib.h>
 #include <string.h>
 
 #include "cuda_util.cuh"
@@ -219,33 +218,12 @@ __global__ void __launch_bounds__(THREADS) chunk_kernel(const J j)
     }
 }
 
-/* Items each team (or lane) takes at least: a kernel of few items per
- * team is a grid as large as the device holds, done in a round or two,
- * and under MPS it keeps other processes' kernels off the device until
- * its last block ends; fewer blocks with more items each leave room for
- * them (kvr__rl_tune_items, else KVR_RL_ITEMS_PER_TEAM, else
- * RL_ITEMS_PER_TEAM). */
-constexpr uint32_t RL_ITEMS_PER_TEAM = 1;
-
-uint64_t team_work(uint32_t items)
-{
-    static int env = -1;
-    if (env < 0) {
-        const char *e = getenv("KVR_RL_ITEMS_PER_TEAM");
-        env = e && atoi(e) > 0 ? atoi(e) : 0;
-    }
-    uint64_t k = kvr__rl_tune_items > 0 ? (uint64_t)kvr__rl_tune_items
-                 : env > 0              ? (uint64_t)env
-                                        : RL_ITEMS_PER_TEAM;
-    return (items + k - 1) / k;
-}
-
 template <typename J, typename V, int G, int U>
 kvr_status_t launch_team(const J &j, cudaStream_t stream, kvr_error_t *err)
 {
     unsigned blocks = 0;
     kvr_status_t st = kvr__grid_size((const void *)chunk_kernel<J, V, G, U>,
-                                     THREADS, 0, team_work(j.num_items) * G,
+                                     THREADS, 0, (uint64_t)j.num_items * G,
                                      &blocks, err);
     if (st != KVR_OK)
         return st;
@@ -295,7 +273,7 @@ kvr_status_t launch_step(const J &j, cudaStream_t stream, kvr_error_t *err)
     unsigned blocks = 0; /* a thread an item: a warp per 32 items */
     kvr_status_t st =
         kvr__grid_size((const void *)relayout_kernel<J, V, STEP>, THREADS, 0,
-                       team_work(j.num_items), &blocks, err);
+                       j.num_items, &blocks, err);
     if (st != KVR_OK)
         return st;
     relayout_kernel<J, V, STEP><<<blocks, THREADS, 0, stream>>>(j);
@@ -442,7 +420,6 @@ kvr_status_t run_range(const kvr_gpu_relayout_t *rl, Mode mode, uint32_t rank,
 /* Benchmark knobs (bench/gpu/bench_rl_kernel.c), 0 for the defaults. */
 int kvr__rl_tune_step = 0;
 int kvr__rl_tune_chunks = 0;
-int kvr__rl_tune_items = 0;
 
 /* The current device, as an index into rl's per-device copies; *done
  * when it has one already. */
