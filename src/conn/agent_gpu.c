@@ -231,8 +231,7 @@ static kvr_status_t launch(kvr_agent_t *a, const kvr__preq_t *r, kvr__pull_t *p,
                                 err);
     uint64_t took = kvr_now_ns() - t0;
     if (a->ph.on && st == KVR_OK) {
-        a->ph.ns[KVR__PH_LAUNCH] += took;
-        a->ph.n[KVR__PH_LAUNCH]++;
+        kvr__ph_sum(a, KVR__PH_LAUNCH, took);
         p->ph_launch_ns = t0 + took;
         kvr__ph_launched(a, k, bytes, t0 + took);
     }

@@ -283,11 +283,11 @@ void kvr__loop_thread_turn(kvr_agent_t *a)
     uint64_t seen = __atomic_load_n(&a->inline_turns, __ATOMIC_ACQUIRE);
     uint64_t t0 = kvr__ph_start(a);
     int n = kvr__agpu_spin(a, ev, 64); /* kernels just launched: watched */
-    if (a->gpu_spin_until != 0)
-        kvr__ph_add(a, KVR__PH_SPIN, t0);
+    uint64_t spun = t0 ? kvr_now_ns() - t0 : 0;
     if (n < 0)
         n = wait_until(a, ev, a->thread_wake);
     pthread_mutex_lock(&a->turn_lock);
+    kvr__ph_sum(a, KVR__PH_SPIN, spun); /* a->ph is the turn's */
     /* a caller's commands ran meanwhile: a link an event names may be gone */
     if (__atomic_load_n(&a->inline_turns, __ATOMIC_ACQUIRE) != seen)
         n = epoll_wait(a->epoll_fd, ev, 64, 0);

@@ -24,6 +24,14 @@ void kvr__ph_add(kvr_agent_t *a, kvr__ph_t ph, uint64_t t0)
         a->ph.last_ns = now;
 }
 
+void kvr__ph_sum(kvr_agent_t *a, kvr__ph_t ph, uint64_t ns)
+{
+    if (ns == 0)
+        return;
+    a->ph.ns[ph] += ns;
+    a->ph.n[ph]++;
+}
+
 static double ms(uint64_t ns)
 {
     return (double)ns * 1e-6;

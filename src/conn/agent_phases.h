@@ -3,7 +3,8 @@
  * with KVR_AGENT_PHASES set, each phase's time and count are summed over
  * a window of activity (a new one starts after 20 ms without a pull or a
  * load) and the window is printed to stderr when the next starts and when
- * the agent ends; unset, a phase costs one branch. */
+ * the agent ends; unset, a phase costs one branch. Summed under the
+ * agent's turn lock, as the rest of a turn's state. */
 #ifndef KVRELAY_CONN_AGENT_PHASES_H
 #define KVRELAY_CONN_AGENT_PHASES_H
 
@@ -40,6 +41,8 @@ struct kvr_agent;
 /* kvr_now_ns when profiling, else 0 (nothing is summed). */
 uint64_t kvr__ph_start(const struct kvr_agent *a);
 void kvr__ph_add(struct kvr_agent *a, kvr__ph_t ph, uint64_t t0);
+/* ns more of phase ph, measured by the caller (0: none). */
+void kvr__ph_sum(struct kvr_agent *a, kvr__ph_t ph, uint64_t ns);
 /* A pull or a load begins: a new window after a quiet spell. */
 void kvr__ph_activity(struct kvr_agent *a);
 /* A launch of `pulls` pulls moving `bytes`, at `at` (kvr_now_ns). */
