@@ -413,7 +413,7 @@ static kvr_status_t launch_runs(kvr_agent_t *a, kvr__pull_t *p,
  * request are usually here, and one launch serves them all (issue 17's
  * "one launch for every rank at once") instead of one each. Two jobs keep
  * the stream busy while the loop sees one complete and launches the next
- * (with one, it sat idle that long: 8 % of the trace's rate, run
+ * (with one, it sat idle that long: 5-8 % of the trace's rate, run
  * 2026-12-02j in docs/performance.md). */
 static bool may_launch(const kvr_agent_t *a)
 {
