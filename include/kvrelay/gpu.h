@@ -157,7 +157,7 @@ kvr_status_t kvr_gpu_scatter_rank(const kvr_gpu_relayout_t *rl, uint32_t rank,
 /* (CUDA) n slots at once, each a region of rl's class (the same
  * descriptions at other bases: the layers of one role) for one rank: slot
  * k is rank ranks[k]'s share from src_bases[k] into dst_bases[k] (every
- * rank of a request and every layer in one launch), one launch per 64
+ * rank of a request and every layer in one launch), one launch per 128
  * slots. */
 kvr_status_t kvr_gpu_scatter_regions(const kvr_gpu_relayout_t *rl,
                                      const uint32_t *ranks,

@@ -202,6 +202,10 @@ static kvr_status_t init_shared(kvr_agent_t *a, kvr_error_t *err)
         pthread_mutex_init(&a->turn_lock, NULL) != 0)
         return kvr_error_set(err, KVR_ERR_NO_MEMORY, "mutex init failed");
     a->debug = getenv("KVR_AGENT_DEBUG") != NULL;
+    a->ph.on = getenv("KVR_AGENT_PHASES") != NULL;
+    const char *q = getenv("KVR_AGENT_GPU_QUEUE_MB");
+    a->gpu_queue_cap = q ? strtoull(q, NULL, 10) << 20
+                         : KVR_AGENT_GPU_QUEUE_BYTES;
     a->wake_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
     a->event_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
     if (a->wake_fd < 0 || a->event_fd < 0)
@@ -293,6 +297,7 @@ void kvr_agent_destroy(kvr_agent_t *a)
         kvr__agent_wake(a);
         pthread_join(a->thread, NULL);
     }
+    kvr__ph_print(a);
     kvr__send_free_all(a);
     kvr__recv_free_all(a);
     kvr__pcache_destroy(a->pcache);

@@ -230,12 +230,18 @@ static kvr_status_t launch(kvr_agent_t *a, const kvr__preq_t *r, kvr__pull_t *p,
                                 (void *const *)dst, n, &req, &p->job, &bytes,
                                 err);
     uint64_t took = kvr_now_ns() - t0;
+    if (a->ph.on && st == KVR_OK) {
+        kvr__ph_sum(a, KVR__PH_LAUNCH, took);
+        p->ph_launch_ns = t0 + took;
+        kvr__ph_launched(a, k, bytes, t0 + took);
+    }
     if (st == KVR_OK && bytes != want)
         st = kvr_error_set(err, KVR_ERR_VERIFY,
                            "gpu-direct launched %llu bytes for %u ranks, "
                            "their plans have %llu",
                            (unsigned long long)bytes, k,
                            (unsigned long long)want);
+    p->job_bytes = st == KVR_OK ? bytes : 0;
     for (uint32_t i = 0; st == KVR_OK && i < k; i++) {
         if (i > 0) {
             kvr__gpu_job_share(p->job);
@@ -278,15 +284,9 @@ static kvr__gpu_tables_t *tables_of_peer(const kvr__preq_t *r,
     return NULL;
 }
 
-kvr_status_t kvr__agpu_prepare(kvr_agent_t *a, const kvr__preq_t *r,
-                               kvr__pull_t *p, kvr_error_t *err)
+static kvr_status_t make_tables(kvr_agent_t *a, const kvr__preq_t *r,
+                                kvr__pull_t *p, kvr_error_t *err)
 {
-    if (!p->gpu || !plain(a) || p->tables != NULL)
-        return KVR_OK; /* the run copy's table is made at its launch */
-    if ((p->tables = tables_of_peer(r, p)) != NULL) {
-        kvr__gpu_tables_share(p->tables);
-        return KVR_OK;
-    }
     kvr_status_t st = slots_room(a, (size_t)a->num_order + 1, err);
     kvr_region_pair_t *pairs = a->gslots.pairs;
     uint32_t n = st == KVR_OK ? add_pairs(a, p, p->layer_lo, p->layer_hi,
@@ -306,6 +306,40 @@ kvr_status_t kvr__agpu_prepare(kvr_agent_t *a, const kvr__preq_t *r,
                        "regions made in %.1f us",
                        (int)p->request.len, p->request.bytes, p->dcp_rank, n,
                        (double)(kvr_now_ns() - t0) * 1e-3);
+    return st;
+}
+
+/* A planless pull's seg bytes, from its tables (the planner's count for
+ * every other pull; the consumer checks WRITE_DONE's total against its
+ * own plan either way). */
+static kvr_status_t seg_bytes(kvr_agent_t *a, kvr__pull_t *p, kvr_error_t *err)
+{
+    kvr_status_t st = slots_room(a, (size_t)a->num_order + 1, err);
+    uint32_t n = st == KVR_OK ? add_pairs(a, p, p->layer_lo, p->layer_hi,
+                                          a->gslots.pairs, a->gslots.src,
+                                          a->gslots.dst, a->gslots.ranks, 0)
+                              : 0;
+    if (st == KVR_OK && n != p->nsegs)
+        st = kvr_error_set(err, KVR_ERR_INVALID,
+                           "%u region pairs for %zu segs", n, p->nsegs);
+    for (uint32_t i = 0; st == KVR_OK && i < n; i++)
+        st = kvr__gpu_tables_bytes(p->tables, &a->gslots.pairs[i],
+                                   p->dcp_rank, &p->segs[i].bytes, err);
+    return st;
+}
+
+kvr_status_t kvr__agpu_prepare(kvr_agent_t *a, const kvr__preq_t *r,
+                               kvr__pull_t *p, kvr_error_t *err)
+{
+    if (!p->gpu || !plain(a) || p->tables != NULL)
+        return KVR_OK; /* the run copy's table is made at its launch */
+    kvr_status_t st = KVR_OK;
+    if ((p->tables = tables_of_peer(r, p)) != NULL)
+        kvr__gpu_tables_share(p->tables);
+    else
+        st = make_tables(a, r, p, err);
+    if (st == KVR_OK && p->planless)
+        st = seg_bytes(a, p, err);
     return st;
 }
 
@@ -373,15 +407,39 @@ static kvr_status_t launch_runs(kvr_agent_t *a, kvr__pull_t *p,
     return st;
 }
 
+/* Whether a gpu-direct pull may launch now: fewer than two jobs queued
+ * on the agent's stream, or their kernels move fewer bytes than the cap.
+ * Else it waits for a completion; by then the other ranks' pulls of its
+ * request are usually here, and one launch serves them all (issue 17's
+ * "one launch for every rank at once") instead of one each. Two jobs keep
+ * the stream busy while the loop sees one complete and launches the next
+ * (with one, it sat idle that long: 5-8 % of the trace's rate, run
+ * 2026-12-02j in docs/performance.md). */
+static bool may_launch(const kvr_agent_t *a)
+{
+    uint64_t bytes = 0;
+    uint32_t jobs = 0;
+    for (const kvr__pull_t *p = a->active; p != NULL; p = p->work_next)
+        if (p->gpu && p->job != NULL && p->job_bytes > 0) {
+            bytes += p->job_bytes;
+            jobs++;
+        }
+    return a->gpu_queue_cap == 0 || jobs < 2 || bytes < a->gpu_queue_cap;
+}
+
 kvr_status_t kvr__agpu_slice(kvr_agent_t *a, const kvr__preq_t *r,
                              kvr__pull_t *p, bool *done, kvr_error_t *err)
 {
     *done = false;
+    if (p->job == NULL && !may_launch(a))
+        return KVR_OK; /* launched after a completion */
     if (p->job == NULL) {
         kvr_status_t st = plain(a) ? launch(a, r, p, err)
                                    : launch_runs(a, p, err);
+        uint64_t t0 = kvr__ph_start(a);
         if (st == KVR_OK) /* the loop wakes when the kernels are done */
             st = kvr__gpu_job_notify(p->job, a->nstream, a->wake_fd, err);
+        kvr__ph_add(a, KVR__PH_NOTIFY, t0);
         if (st != KVR_OK) {
             kvr__gpu_job_free(p->job);
             p->job = NULL;
@@ -392,6 +450,9 @@ kvr_status_t kvr__agpu_slice(kvr_agent_t *a, const kvr__preq_t *r,
     }
     kvr_status_t st = kvr__gpu_job_done(p->job, done, err);
     if (*done) { /* complete (or failed): its tables may go */
+        kvr__ph_job_done(a, p->ph_launch_ns);
+        p->ph_launch_ns = 0;
+        p->job_bytes = 0;
         kvr__agent_log(a, "pull of '%.*s' for dcp %u: kernels done",
                        (int)p->request.len, p->request.bytes, p->dcp_rank);
         kvr__gpu_job_free(p->job);
@@ -406,16 +467,19 @@ void kvr__agpu_launch_now(kvr_agent_t *a, const kvr__preq_t *r,
     bool done = false;
     kvr_error_t err = {0};
     if (p->gpu && p->job == NULL && p->state == KVR__PULL_MOVING &&
-        !p->wait_layers)
+        !p->wait_layers && may_launch(a))
         (void)kvr__agpu_slice(a, r, p, &done, &err);
 }
 
 bool kvr__agpu_cpu_work(const kvr_agent_t *a)
 {
-    for (const kvr__pull_t *p = a->active; p != NULL; p = p->work_next)
-        if (!p->gpu || p->job == NULL)
+    bool waiting = false;
+    for (const kvr__pull_t *p = a->active; p != NULL; p = p->work_next) {
+        if (!p->gpu)
             return true;
-    return false;
+        waiting = waiting || p->job == NULL;
+    }
+    return waiting && may_launch(a);
 }
 
 /* 1: some pull's kernels completed (or failed), 0: they run, -1: none
@@ -627,9 +691,22 @@ static kvr_status_t check_slots(const kvr__pull_t *p, kvr_error_t *err)
     return KVR_OK;
 }
 
+bool kvr__agpu_planless(const kvr_agent_t *a, const kvr__pull_t *p)
+{
+    if (a->p.cuda_device < 0 || !plain(a) || p->link == NULL)
+        return false;
+    int k = forced_gpu(p->executor, a->p.executor);
+    return (k == 4 || (k == 0 && p->link->gdirect)) && (reachable(a, p) & 4);
+}
+
 kvr_status_t kvr__agpu_choose(kvr_agent_t *a, kvr__pull_t *p, kvr_error_t *err)
 {
-    const kvr__alink_t *l = p->link;
+    kvr__alink_t *l = p->link;
+    if (p->planless) { /* kvr__agpu_planless: nothing to price */
+        p->gpu = true;
+        p->staged = p->gstaged = false;
+        return KVR_OK;
+    }
     int can = reachable(a, p), k = forced_gpu(p->executor, a->p.executor);
     if (k != 0 && !(can & k))
         return kvr_error_set(err, KVR_ERR_UNSUPPORTED,
@@ -659,6 +736,7 @@ kvr_status_t kvr__agpu_choose(kvr_agent_t *a, kvr__pull_t *p, kvr_error_t *err)
     }
     p->gpu = k == 4;
     p->staged = p->gstaged = k == 2;
+    l->gdirect = l->gdirect || (p->gpu && (can & 4));
     kvr__agent_log(a,
                    "pull of '%.*s' for dcp %u: %s (predicted ms: direct "
                    "puts %.3f, gpu-staged %.3f, gpu-direct %.3f; 0: not a "

@@ -16,6 +16,7 @@
 #include "kvrelay/agent.h"
 #include "kvrelay/base.h"
 
+#include "agent_phases.h"
 #include "data.h"
 #include "gpu_path.h"
 #include "link.h"
@@ -37,6 +38,12 @@
  * rather than sleeping, and for how many jobs at most */
 #define KVR_AGENT_GPU_SPIN_NS 300000ull
 #define KVR_AGENT_GPU_SPIN_JOBS 8u
+/* gpu-direct pulls launch at once while fewer than two jobs are queued
+ * on the agent's stream or their kernels move fewer bytes than this;
+ * later ones wait for a completion, then the ranks that pulled one
+ * request share one launch (KVR_AGENT_GPU_QUEUE_MB overrides it; 0:
+ * always at once) */
+#define KVR_AGENT_GPU_QUEUE_BYTES (64ull << 20)
 #define KVR_AGENT_CUT_FLUSH_MS                                                 \
     200u                                  /* a pull cut past its deadline: its
                                        flush, at most */
@@ -178,6 +185,8 @@ typedef struct kvr__alink {
     void *gpack;
     kvr__dmem_t *gpack_mem;
     kvr__dgpu_t gfig;
+    bool gdirect; /* a priced pull chose gpu-direct through CUDA IPC: later
+                     ones take it unpriced, without pair plans */
     uint64_t probe_ns; /* when its cost probe started (agent_staged.c) */
     bool regions_ready;
     /* consumer side: the producer instance it belongs to */
@@ -272,6 +281,10 @@ typedef struct kvr__pull {
     kvr__gpu_job_t *job;   /* launched, not yet seen complete */
     kvr__gpu_tables_t *tables; /* its relayout tables, made as it starts */
     bool job_done;         /* its event fired: to answer this turn */
+    uint64_t ph_launch_ns; /* KVR_AGENT_PHASES: its job launched (lead) */
+    uint64_t job_bytes;    /* leading a job: the bytes it launched */
+    bool planless;         /* gpu-direct without pair plans: its segs'
+                              bytes come from its relayout tables */
     kvr__gpu_runs_t *runs; /* its plan's run table (pair plans; gpu-staged) */
     bool gstaged;          /* staged with GPU packing (CUDA KV) */
     uint64_t packed_off;   /* gpu-staged: stream bytes packed (launched) */
@@ -511,6 +524,8 @@ struct kvr_agent {
         size_t cap;
     } gslots;
     uint64_t gpu_spin_until; /* kvr__agpu_spin watches kernels till then */
+    kvr__phases_t ph;        /* KVR_AGENT_PHASES: time per phase */
+    uint64_t gpu_queue_cap;  /* KVR_AGENT_GPU_QUEUE_BYTES, or the env's */
     uint8_t *slot_busy; /* its slots granted to a stage */
     bool slots_freed;   /* waiting stages may be sent now */
     kvr__alink_t *links;
@@ -538,6 +553,8 @@ struct kvr_agent {
                         streaming */
     uint64_t moved_turn_max;     /* tests: most bytes put in one turn */
     uint64_t moving_turns;       /* tests: turns that put bytes */
+    uint64_t planless_pulls;     /* tests: gpu-direct pulls served without
+                                    pair plans (kvr__agpu_planless) */
     uint64_t chunks_moved;       /* tests: staged chunks sent (producer)
                                      or unpacked (consumer) */
     /* consumer links whose cost probe is under way, as the last
@@ -767,6 +784,11 @@ kvr_status_t kvr__agpu_link(kvr_agent_t *a, kvr__alink_t *l,
 void kvr__agpu_link_free(kvr_agent_t *a, kvr__alink_t *l);
 /* Producer: gpu-direct, gpu-staged or direct puts for a CUDA pull. */
 kvr_status_t kvr__agpu_choose(kvr_agent_t *a, kvr__pull_t *p, kvr_error_t *err);
+/* Producer: whether pull p (its segs not yet planned) goes gpu-direct
+ * without pair plans or pricing: the relayout kernels place tokens from
+ * its tables alone, CUDA IPC reaches every twin, and gpu-direct was asked
+ * or an earlier pull's pricing on the link chose it (docs/gpu.md). */
+bool kvr__agpu_planless(const kvr_agent_t *a, const kvr__pull_t *p);
 /* Producer, gpu-staged (kvr__staged_slice's GPU form): the pull's runs
  * ready on the device before a slice's chunks, then one chunk (packed,
  * put, CHUNK_DONE; *len its bytes). */

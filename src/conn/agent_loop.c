@@ -223,7 +223,7 @@ static uint64_t run_timers(kvr_agent_t *a)
 static void turn_on(kvr_agent_t *a, const struct epoll_event *ev, int n,
                     uint32_t timeout_ms, bool thread)
 {
-    uint64_t start = kvr_now_ns();
+    uint64_t start = kvr_now_ns(), t0 = kvr__ph_start(a);
     run_commands(a);
     if (n > 0)
         handle_ready(a, ev, n);
@@ -243,6 +243,7 @@ static void turn_on(kvr_agent_t *a, const struct epoll_event *ev, int n,
         arm_timer(a, next);
     if (kvr__agpu_cpu_work(a) || probing)
         kvr__agent_wake(a); /* more slices: the fd stays readable */
+    kvr__ph_add(a, KVR__PH_TURN, t0);
 }
 
 void kvr__loop_turn(kvr_agent_t *a, uint32_t timeout_ms)
@@ -280,10 +281,13 @@ void kvr__loop_thread_turn(kvr_agent_t *a)
 {
     struct epoll_event ev[64];
     uint64_t seen = __atomic_load_n(&a->inline_turns, __ATOMIC_ACQUIRE);
+    uint64_t t0 = kvr__ph_start(a);
     int n = kvr__agpu_spin(a, ev, 64); /* kernels just launched: watched */
+    uint64_t spun = t0 ? kvr_now_ns() - t0 : 0;
     if (n < 0)
         n = wait_until(a, ev, a->thread_wake);
     pthread_mutex_lock(&a->turn_lock);
+    kvr__ph_sum(a, KVR__PH_SPIN, spun); /* a->ph is the turn's */
     /* a caller's commands ran meanwhile: a link an event names may be gone */
     if (__atomic_load_n(&a->inline_turns, __ATOMIC_ACQUIRE) != seen)
         n = epoll_wait(a->epoll_fd, ev, 64, 0);

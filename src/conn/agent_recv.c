@@ -194,7 +194,8 @@ static kvr_status_t plan_stage(kvr_agent_t *a, const kvr__creq_t *r,
         pairs[n] = (kvr_region_pair_t){
             kvr__twin_desc(&a->p.layout, &g->desc, false), g->desc};
         pairs[n].src.num_blocks = nsrc ? nsrc : 1;
-        s->segs[n++] = (kvr__dseg_t){NULL, NULL, 0, g->base, g->desc.layer};
+        s->segs[n++] = (kvr__dseg_t){NULL, NULL, 0, g->base, g->desc.layer,
+                                     0};
     }
     kvr_request_t req = {src,     nsrc,          r->dst,
                          r->ndst, r->num_tokens, r->num_computed};
@@ -591,7 +592,10 @@ static void start(kvr_agent_t *a, kvr__cmd_t *c)
 void kvr__recv_command(kvr_agent_t *a, kvr__cmd_t *c)
 {
     if (c->kind == KVR__CMD_RECV) {
+        kvr__ph_activity(a);
+        uint64_t t0 = kvr__ph_start(a);
         start(a, c);
+        kvr__ph_add(a, KVR__PH_RECV, t0);
         return;
     }
     kvr__creq_t *r = creq_find(a, &c->producer, &c->request);

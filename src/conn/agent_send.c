@@ -182,7 +182,7 @@ static kvr_status_t plan_pull(kvr_agent_t *a, const kvr__preq_t *r,
         }
         pairs[n] = (kvr_region_pair_t){g->desc, p->link->maps[j].desc};
         p->segs[n++] = (kvr__dseg_t){NULL, g->base, p->link->maps[j].mapping,
-                                     NULL, g->desc.layer};
+                                     NULL, g->desc.layer, 0};
     }
     kvr_request_t req = {r->src,  r->nsrc,       p->dst,
                          p->ndst, p->num_tokens, p->num_computed};
@@ -190,7 +190,8 @@ static kvr_status_t plan_pull(kvr_agent_t *a, const kvr__preq_t *r,
      * unsharded producer, the plan of its DCP rank (docs/design.md §18) */
     bool tp = a->axis == KVR_AXIS_TP;
     uint64_t bytes = 0;
-    if (st == KVR_OK)
+    p->planless = st == KVR_OK && kvr__agpu_planless(a, p);
+    if (st == KVR_OK && !p->planless) /* else bytes from its tables */
         st = kvr__agent_plan(a, tp ? a->p.topo.tp_rank : a->p.topo.dcp_rank,
                              tp ? p->consumer_tp : p->dcp_rank, pairs, n, &req,
                              p->segs, &bytes, &p->plans, err);
@@ -202,7 +203,9 @@ static kvr_status_t plan_pull(kvr_agent_t *a, const kvr__preq_t *r,
 static void start_pull(kvr_agent_t *a, const kvr__preq_t *r, kvr__pull_t *p)
 {
     kvr_error_t err = {0};
+    uint64_t t0 = kvr__ph_start(a);
     kvr_status_t st = plan_pull(a, r, p, &err);
+    kvr__ph_add(a, KVR__PH_PLAN, t0);
     if (st == KVR_OK &&
         kvr__failpoint(KVR__FP_REFUSE, p->request.bytes, p->request.len))
         st = kvr_error_set(&err, KVR_ERR_REFUSED,
@@ -211,10 +214,18 @@ static void start_pull(kvr_agent_t *a, const kvr__preq_t *r, kvr__pull_t *p)
                            (int)p->request.len, p->request.bytes);
     if (st == KVR_OK) {
         p->bytes = kvr__dseg_bytes(p->segs, p->nsegs);
+        t0 = kvr__ph_start(a);
         st = kvr__staged_choose(a, p, &err);
+        kvr__ph_add(a, KVR__PH_CHOOSE, t0);
     }
+    t0 = kvr__ph_start(a);
     if (st == KVR_OK)
         st = kvr__agpu_prepare(a, r, p, &err);
+    kvr__ph_add(a, KVR__PH_TABLES, t0);
+    if (st == KVR_OK && p->planless) {
+        p->bytes = kvr__dseg_bytes(p->segs, p->nsegs);
+        a->planless_pulls++;
+    }
     if (st != KVR_OK) {
         answer(a, p, err.code, err.msg);
         return;
@@ -667,6 +678,8 @@ static const char *refusal(const kvr_agent_t *a, const kvr__alink_t *l,
 static void on_write_request(kvr_agent_t *a, kvr__alink_t *l,
                              const kvr_msg_write_request_t *w, bool stream)
 {
+    kvr__ph_activity(a);
+    a->ph.pulls++;
     kvr__preq_t *r = preq_find(a, &w->request_id);
     kvr__pull_t *dup = pull_of(r ? r->pulls : a->orphans, l, w->write_nonce);
     if (dup != NULL) { /* idempotent: a done pull is confirmed again */
@@ -774,9 +787,13 @@ static void on_chunk_ack(kvr_agent_t *a, kvr__alink_t *l,
 
 void kvr__send_msg(kvr_agent_t *a, kvr__alink_t *l, const kvr_msg_t *m)
 {
-    if (m->type == KVR_MSG_WRITE_REQUEST || m->type == KVR_MSG_STREAM_REQUEST)
+    uint64_t t0 = kvr__ph_start(a);
+    if (m->type == KVR_MSG_WRITE_REQUEST ||
+        m->type == KVR_MSG_STREAM_REQUEST) {
         on_write_request(a, l, &m->u.write_request,
                          m->type == KVR_MSG_STREAM_REQUEST);
+        kvr__ph_add(a, KVR__PH_PULL, t0);
+    }
     else if (m->type == KVR_MSG_RELEASE)
         on_release(a, l, &m->u.release);
     else if (m->type == KVR_MSG_CHUNK_DONE)
@@ -1003,6 +1020,8 @@ static bool slice(kvr_agent_t *a, kvr__pull_t *p, uint64_t *moved)
  * walked afresh each time, since answering one may end others. */
 static void reap_gpu(kvr_agent_t *a, uint64_t *moved)
 {
+    uint64_t t0 = kvr__ph_start(a);
+    bool any = false;
     for (kvr__pull_t *p = a->active; p != NULL; p = p->work_next) {
         bool done = false;
         kvr_error_t err = {0};
@@ -1017,9 +1036,11 @@ static void reap_gpu(kvr_agent_t *a, uint64_t *moved)
             if (p->job_done && p->job != NULL) {
                 p->job_done = false;
                 slice(a, p, moved);
-                again = true;
+                again = any = true;
             }
     }
+    if (any)
+        kvr__ph_add(a, KVR__PH_REAP, t0);
 }
 
 static bool is_active(const kvr_agent_t *a, const kvr__pull_t *p)

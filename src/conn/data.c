@@ -269,7 +269,7 @@ uint64_t kvr__dseg_bytes(const kvr__dseg_t *segs, size_t n)
 {
     uint64_t b = 0;
     for (size_t i = 0; i < n; i++)
-        b += kvr_plan_bytes(segs[i].plan);
+        b += segs[i].plan ? kvr_plan_bytes(segs[i].plan) : segs[i].bytes;
     return b;
 }
 

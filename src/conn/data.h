@@ -66,6 +66,7 @@ typedef struct kvr__dseg {
     uint32_t remote; /* producer: index of the destination mapping */
     void *dst_local; /* consumer: local destination base */
     uint32_t layer;  /* the region's model layer (layer-wise streaming) */
+    uint64_t bytes;  /* plan NULL (gpu-direct without pair plans): its bytes */
 } kvr__dseg_t;
 
 uint64_t kvr__dseg_bytes(const kvr__dseg_t *segs, size_t n);

@@ -48,6 +48,12 @@ kvr_status_t kvr__gpu_tables_make(int device, void *stream,
                                   const kvr_request_t *req,
                                   kvr__gpu_tables_t **out, kvr_error_t *err);
 void kvr__gpu_tables_share(kvr__gpu_tables_t *t);
+/* The bytes rank's share of pair moves, from the tables of pair's class
+ * (KVR_ERR_NOT_FOUND: t has none). */
+kvr_status_t kvr__gpu_tables_bytes(const kvr__gpu_tables_t *t,
+                                   const kvr_region_pair_t *pair,
+                                   uint32_t rank, uint64_t *bytes,
+                                   kvr_error_t *err);
 void kvr__gpu_tables_free(kvr__gpu_tables_t *t);
 
 /* Producer: rank's share of every region pair, device to device (dst are

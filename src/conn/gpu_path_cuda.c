@@ -223,6 +223,20 @@ void kvr__gpu_tables_share(kvr__gpu_tables_t *t)
     t->refs++;
 }
 
+kvr_status_t kvr__gpu_tables_bytes(const kvr__gpu_tables_t *t,
+                                   const kvr_region_pair_t *pair,
+                                   uint32_t rank, uint64_t *bytes,
+                                   kvr_error_t *err)
+{
+    const kvr_gpu_relayout_t *rl = tables_find(t, pair);
+    if (rl == NULL)
+        return kvr_error_set(err, KVR_ERR_NOT_FOUND,
+                             "no relayout tables for %s layer %u",
+                             kvr_role_name(pair->src.role), pair->src.layer);
+    *bytes = kvr_gpu_relayout_bytes(rl, rank);
+    return KVR_OK;
+}
+
 void kvr__gpu_tables_free(kvr__gpu_tables_t *t)
 {
     if (t == NULL || --t->refs > 0)
@@ -261,11 +275,11 @@ static bool first_of_class(const kvr_region_pair_t *pairs, size_t i)
 }
 
 /* Slots of one kvr_gpu_scatter_regions launch. */
-#define LAUNCH_SLOTS 64
+#define LAUNCH_SLOTS 128 /* kvr_gpu_scatter_regions' per launch */
 
 /* The relayout of the class of pairs[first] (from tables, else checked
  * and uploaded now and kept by the job), then one launch for every region
- * of that class and every rank, 64 slots a launch, from slot arrays on
+ * of that class and every rank, 128 slots a launch, from slot arrays on
  * the stack: a pull allocates nothing here (kvr_gpu_scatter_regions). */
 static kvr_status_t launch_class(kvr__gpu_job_t *job, void *stream,
                                  kvr_gpu_pool_t *pool, const kvr_layout_t *lay,

@@ -67,6 +67,15 @@ void kvr__gpu_tables_share(kvr__gpu_tables_t *t)
     (void)t;
 }
 
+kvr_status_t kvr__gpu_tables_bytes(const kvr__gpu_tables_t *t,
+                                   const kvr_region_pair_t *pair,
+                                   uint32_t rank, uint64_t *bytes,
+                                   kvr_error_t *err)
+{
+    (void)t, (void)pair, (void)rank, (void)bytes;
+    return no_cuda(err);
+}
+
 void kvr__gpu_tables_free(kvr__gpu_tables_t *t)
 {
     (void)t;

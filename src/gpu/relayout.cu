@@ -39,11 +39,18 @@ template <int R> struct JobT {
     uint32_t part_bytes;
 };
 
-typedef JobT<KVR__GPU_MAX_RANKS> Job; /* every rank, or many slots */
+typedef JobT<KVR__GPU_MAX_RANKS> Job; /* every rank at once */
+/* Slots of one kvr_gpu_scatter_regions launch: a PP stage's MLA layers
+ * (about 20) for every rank of W = 4 in one kernel, not 64 and 16; a
+ * kernel of a serving request's few hundred microseconds paid a fixed
+ * cost of its own (docs/performance.md, run 2026-12-02j). */
+constexpr int SLOTS = 128;
+typedef JobT<SLOTS> JobS;
 typedef JobT<1> Job1;
 
 /* A kernel's parameters must fit CUDA's 4 KiB. */
 static_assert(sizeof(Job) <= 4096, "relayout Job too large for a parameter");
+static_assert(sizeof(JobS) <= 4096, "relayout JobS too large for a parameter");
 static_assert(sizeof(Job1) <= 256, "one-slot relayout Job grew");
 
 /* Bytes [x0, x0 + len) of a piece; src and dst are the addresses of the
@@ -552,6 +559,7 @@ kvr_status_t kvr__relayout_warm(void *stream, kvr_error_t *err)
 {
     warm<Job1>((cudaStream_t)stream);
     warm<Job>((cudaStream_t)stream);
+    warm<JobS>((cudaStream_t)stream);
     return kvr__launch_status("relayout_kernel (warm-up)", err);
 }
 
@@ -632,13 +640,21 @@ kvr_gpu_scatter_regions(const kvr_gpu_relayout_t *rl, const uint32_t *ranks,
     kvr_status_t st = KVR_OK;
     if (ranks == NULL || src_bases == NULL || dst_bases == NULL)
         st = kvr_error_set(err, KVR_ERR_INVALID, "slot arrays are NULL");
-    for (size_t k = 0; st == KVR_OK && k < n; k += KVR__GPU_MAX_RANKS) {
-        size_t m = n - k < KVR__GPU_MAX_RANKS ? n - k : KVR__GPU_MAX_RANKS;
-        st = m == 1 ? scatter_slots<1>(rl, ranks + k, src_bases + k,
-                                       dst_bases + k, m, stream, err)
-                    : scatter_slots<KVR__GPU_MAX_RANKS>(
-                          rl, ranks + k, src_bases + k, dst_bases + k, m,
-                          stream, err);
+    for (size_t k = 0; st == KVR_OK && k < n; k += SLOTS) {
+        size_t m = n - k < SLOTS ? n - k : SLOTS;
+        /* the smallest job that holds them: the driver copies it into
+         * the launch */
+        if (m == 1)
+            st = scatter_slots<1>(rl, ranks + k, src_bases + k, dst_bases + k,
+                                  m, stream, err);
+        else if (m <= KVR__GPU_MAX_RANKS)
+            st = scatter_slots<KVR__GPU_MAX_RANKS>(rl, ranks + k,
+                                                   src_bases + k,
+                                                   dst_bases + k, m, stream,
+                                                   err);
+        else
+            st = scatter_slots<SLOTS>(rl, ranks + k, src_bases + k,
+                                      dst_bases + k, m, stream, err);
     }
     return st;
 }

@@ -430,6 +430,20 @@ static kvr_gpu_relayout_t *tables_find(const kvr__gpu_tables_t *t,
     return NULL;
 }
 
+kvr_status_t kvr__gpu_tables_bytes(const kvr__gpu_tables_t *t,
+                                   const kvr_region_pair_t *pair,
+                                   uint32_t rank, uint64_t *bytes,
+                                   kvr_error_t *err)
+{
+    const kvr_gpu_relayout_t *rl = tables_find(t, pair);
+    if (rl == NULL)
+        return kvr_error_set(err, KVR_ERR_NOT_FOUND,
+                             "no relayout tables for %s layer %u",
+                             kvr_role_name(pair->src.role), pair->src.layer);
+    *bytes = kvr_gpu_relayout_bytes(rl, rank);
+    return KVR_OK;
+}
+
 kvr_status_t
 kvr__gpu_job_start(int device, void *stream, struct kvr_gpu_pool *pool,
                    const kvr_layout_t *lay, const kvr__gpu_tables_t *tables,

@@ -7,8 +7,11 @@
  * pulls of one request in one launch; a load
  * aborted while its kernels run; producer stages
  * destroyed while theirs run (their stream is drained before anything
- * goes). The kernels and the table pool are tested on a device
+ * goes); pulls after a link's first served without pair plans; pulls
+ * held while the stream's queue is full, then launched a request's ranks
+ * at once. The kernels and the table pool are tested on a device
  * (tests/gpu). */
+#include <pthread.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -20,6 +23,7 @@
 #include <cmocka.h>
 
 #include "agent_harness.h"
+#include "agent_internal.h"
 
 void kvr__emul_kernel_us(unsigned us);
 unsigned kvr__emul_notifies(void);
@@ -241,6 +245,85 @@ static void destroy_while_running(void **state)
     world_free(w);
 }
 
+static uint64_t planless(world_t *w)
+{
+    uint64_t n = 0;
+    for (uint32_t s = 0; s < 2; s++) {
+        kvr_agent_t *a = w->prod[0][s].agent;
+        pthread_mutex_lock(&a->turn_lock);
+        n += a->planless_pulls;
+        pthread_mutex_unlock(&a->turn_lock);
+    }
+    return n;
+}
+
+/* The first request on each link is planned and priced; gpu-direct won,
+ * so the next requests' pulls go without pair plans (their bytes from the
+ * relayout tables), and every byte still lands where the consumer's own
+ * plan says (expect_loaded verifies it, and the consumer checks each
+ * WRITE_DONE's bytes against its plan). */
+static void planless_after_first(void **state)
+{
+    (void)state;
+    kvr__emul_kernel_us(0);
+    world_t *w = gpu_world();
+    ah_req_t r[4];
+    offer(w, 30, &r[0]);
+    recv_all(w, 0, "prefill", &r[0], 0);
+    expect_loaded(w, 0, &r[0]);
+    if (planless(w) != 0)
+        fail_msg("%llu pulls planless before any was priced",
+                 (unsigned long long)planless(w));
+    for (uint32_t i = 1; i < 4; i++) {
+        offer(w, 30 + i, &r[i]);
+        recv_all(w, 0, "prefill", &r[i], 0);
+        expect_loaded(w, 0, &r[i]);
+    }
+    /* 3 requests x 2 stages x 2 ranks */
+    if (planless(w) != 12)
+        fail_msg("%llu of 12 later pulls planless",
+                 (unsigned long long)planless(w));
+    world_free(w);
+}
+
+static void queue_cap(world_t *w, uint64_t bytes)
+{
+    for (uint32_t s = 0; s < 2; s++) {
+        kvr_agent_t *a = w->prod[0][s].agent;
+        pthread_mutex_lock(&a->turn_lock);
+        a->gpu_queue_cap = bytes;
+        pthread_mutex_unlock(&a->turn_lock);
+    }
+}
+
+/* A queue of one byte: two jobs run on each stage's stream, later pulls
+ * wait for a completion and then go a request at a time, both ranks in
+ * one launch; six requests asked at once all load, every byte right,
+ * with fewer launches than pulls. */
+static void held_then_shared(void **state)
+{
+    (void)state;
+    kvr__emul_kernel_us(20000);
+    world_t *w = gpu_world();
+    queue_cap(w, 1);
+    ah_req_t r[6];
+    unsigned jobs0 = kvr__emul_jobs();
+    for (uint32_t i = 0; i < 6; i++) {
+        offer(w, 40 + i, &r[i]);
+        recv_all(w, 0, "prefill", &r[i], 0);
+    }
+    for (uint32_t i = 0; i < 6; i++)
+        expect_loaded(w, 0, &r[i]);
+    unsigned jobs = kvr__emul_jobs() - jobs0;
+    /* 24 pulls: 2 launched alone per stage before the queue filled, the
+     * rest shared by a request's two ranks (about 16 launches; 24 when
+     * every pull launches on its own) */
+    if (jobs == 0 || jobs > 20)
+        fail_msg("%u launches for 24 pulls of 6 requests", jobs);
+    kvr__emul_kernel_us(0);
+    world_free(w);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -250,6 +333,8 @@ int main(void)
         cmocka_unit_test(ranks_share_a_launch),
         cmocka_unit_test(destroy_while_running),
         cmocka_unit_test(launches_overlap),
+        cmocka_unit_test(planless_after_first),
+        cmocka_unit_test(held_then_shared),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
