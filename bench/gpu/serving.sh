@@ -23,7 +23,9 @@ fi
 R=${OUT:-bench/results}; mkdir -p "$R"
 DAY=$(date -u +%F)
 nvidia-smi -L; nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
-TRACE=(--requests 16 --tokens-dist uniform:2048:16384 --timeout 500)
+# TRACE_ARGS replaces the trace's arguments (a list, split on spaces), for experiments
+# shellcheck disable=SC2206 # TRACE_ARGS is a list of arguments
+TRACE=(${TRACE_ARGS:---requests 16 --tokens-dist uniform:2048:16384 --timeout 500})
 run() { # run NAME ARGS...: one bench serving run, its JSON and log in $R
   local name=$1; shift
   echo "== kvrelay bench serving $* ($name)"
