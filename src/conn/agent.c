@@ -206,6 +206,10 @@ static kvr_status_t init_shared(kvr_agent_t *a, kvr_error_t *err)
     const char *q = getenv("KVR_AGENT_GPU_QUEUE_MB");
     a->gpu_queue_cap = q ? strtoull(q, NULL, 10) << 20
                          : KVR_AGENT_GPU_QUEUE_BYTES;
+    /* KVR_AGENT_GPU_JOIN: at most this many pulls share a launch (1: none
+     * do), for measuring what a shared launch costs (docs/agent.md) */
+    const char *j = getenv("KVR_AGENT_GPU_JOIN");
+    a->gpu_join = j ? (uint32_t)strtoul(j, NULL, 10) : 0;
     a->wake_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
     a->event_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
     if (a->wake_fd < 0 || a->event_fd < 0)

@@ -135,9 +135,9 @@ static bool joins(const kvr__pull_t *p, const kvr__pull_t *q)
 static uint32_t gather(const kvr_agent_t *a, kvr__pull_t *p,
                        kvr__pull_t **set)
 {
-    uint32_t k = 0;
+    uint32_t k = 0, most = a->gpu_join - 1 < JOIN_MAX ? a->gpu_join : JOIN_MAX;
     set[k++] = p;
-    for (kvr__pull_t *q = a->active; q != NULL && k < JOIN_MAX;
+    for (kvr__pull_t *q = a->active; q != NULL && k < most;
          q = q->work_next) {
         bool taken = false;
         for (uint32_t i = 0; i < k; i++)
