@@ -466,9 +466,17 @@ void kvr__agpu_launch_now(kvr_agent_t *a, const kvr__preq_t *r,
 {
     bool done = false;
     kvr_error_t err = {0};
-    if (p->gpu && p->job == NULL && p->state == KVR__PULL_MOVING &&
-        !p->wait_layers && may_launch(a))
-        (void)kvr__agpu_slice(a, r, p, &done, &err);
+    if (!p->gpu || p->job != NULL || p->state != KVR__PULL_MOVING ||
+        p->wait_layers || !may_launch(a))
+        return;
+    /* a failed launch leaves the pull listed with no job: its next slice
+     * launches again and answers that attempt's error; this one's goes to
+     * the debug log rather than nowhere */
+    if (kvr__agpu_slice(a, r, p, &done, &err) != KVR_OK)
+        kvr__agent_log(a, "pull of '%.*s' for dcp %u: launch failed (%s), "
+                       "tried again in the turn's work",
+                       (int)p->request.len, p->request.bytes, p->dcp_rank,
+                       err.msg);
 }
 
 bool kvr__agpu_cpu_work(const kvr_agent_t *a)
