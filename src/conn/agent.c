@@ -3,6 +3,7 @@
  * thread. Everything here that touches shared state holds `lock`; the
  * request state lives in the loop (agent_loop.c). */
 #include <errno.h>
+#include <poll.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -1185,6 +1186,50 @@ bool kvr_agent_poll(kvr_agent_t *a, kvr_agent_event_t *out)
     *out = e->ev;
     free(e);
     return true;
+}
+
+/* True when an event or notification is queued. */
+static bool has_event(kvr_agent_t *a)
+{
+    pthread_mutex_lock(&a->lock);
+    bool any = !was_idle(a);
+    pthread_mutex_unlock(&a->lock);
+    return any;
+}
+
+/* Without a progress thread the caller's wait runs the loop itself while
+ * no other thread is in it: the answer that completes a load is handled
+ * on the thread that waits for it (docs/agent.md, Threading rules). */
+static bool wait_driving(kvr_agent_t *a, uint64_t until)
+{
+    if (a->p.progress_thread || pthread_mutex_trylock(&a->turn_lock) != 0)
+        return false;
+    kvr__loop_wait_turns(a, until, has_event);
+    pthread_mutex_unlock(&a->turn_lock);
+    return true;
+}
+
+static void wait_event_fd(kvr_agent_t *a, uint64_t until)
+{
+    struct pollfd p = {a->event_fd, POLLIN, 0};
+    uint64_t now = kvr_now_ns();
+    uint64_t ns = until > now ? until - now : 0;
+    struct timespec ts = {(time_t)(ns / 1000000000u), (long)(ns % 1000000000u)};
+    (void)ppoll(&p, 1, &ts, NULL);
+}
+
+kvr_status_t kvr_agent_wait(kvr_agent_t *a, uint32_t timeout_us)
+{
+    if (a == NULL || !a->started)
+        return fail(KVR_ERR_INVALID, "wait needs a started agent");
+    uint64_t until = kvr_now_ns() + (uint64_t)timeout_us * 1000u;
+    while (!has_event(a)) {
+        if (kvr_now_ns() >= until)
+            return fail(KVR_ERR_TIMEOUT, "no event within %u us", timeout_us);
+        if (!wait_driving(a, until))
+            wait_event_fd(a, until);
+    }
+    return KVR_OK;
 }
 
 bool kvr_agent_poll_notify(kvr_agent_t *a, kvr_agent_notify_t *out)
