@@ -1015,6 +1015,15 @@ static bool was_idle(const kvr_agent_t *a)
     return a->ev_head == NULL && a->nt_head == NULL;
 }
 
+/* Under lock, before an entry is queued: true when it is the first, whose
+ * signal_events is then owed. */
+static bool first_entry(kvr_agent_t *a)
+{
+    bool first = was_idle(a);
+    a->signal_owed |= first;
+    return first;
+}
+
 static void signal_events(kvr_agent_t *a, bool first)
 {
     if (first) {
@@ -1024,19 +1033,20 @@ static void signal_events(kvr_agent_t *a, bool first)
     }
 }
 
+/* A read only while a signal is owed: the poll that empties the queues
+ * reads it, the ones after do not (a syscall less each); a read that finds
+ * nothing (the write is still to come) leaves it owed. */
 static void drain_if_idle(kvr_agent_t *a)
 {
-    if (a->ev_head == NULL && a->nt_head == NULL) {
-        uint64_t v;
-        ssize_t n = read(a->event_fd, &v, sizeof(v));
-        (void)n;
-    }
+    uint64_t v;
+    if (a->signal_owed && was_idle(a) && read(a->event_fd, &v, sizeof(v)) > 0)
+        a->signal_owed = false;
 }
 
 /* Under lock; true when the queues were empty (signal_events after it). */
 static bool push_event(kvr_agent_t *a, kvr__event_node_t *e)
 {
-    bool first = was_idle(a);
+    bool first = first_entry(a);
     if (a->ev_tail)
         a->ev_tail->next = e;
     else
@@ -1124,7 +1134,7 @@ void kvr__agent_notify_in(kvr_agent_t *a, kvr__notify_node_t *n)
     pthread_mutex_lock(&a->lock);
     bool full = a->nt_count >= KVR_AGENT_NOTIFY_QUEUE ||
                 a->nt_bytes + n->len > KVR_AGENT_NOTIFY_QUEUE_BYTES;
-    bool first = !full && was_idle(a);
+    bool first = !full && first_entry(a);
     if (full) {
         a->nt_dropped++;
     } else {
