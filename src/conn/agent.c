@@ -734,16 +734,16 @@ static kvr__cmd_t *take_ready_recv(kvr_agent_t *a)
     return c;
 }
 
-/* A recv started on the calling thread while the progress thread sleeps:
- * planned, and its WRITE_REQUESTs written to links already up (never a
- * dial, a lookup or a wait), without waiting for that thread to wake (on
- * a loaded host 10-400 us; the caller waits for LOADED anyway). Not with
- * CUDA memory (its context is the progress thread's), nor while that
- * thread runs a turn. False: the thread must wake for the command. */
+/* A recv started on the calling thread while no thread is in the loop
+ * (the progress thread sleeps; without one, no kvr_agent_progress or
+ * kvr_agent_wait runs): planned, and its WRITE_REQUESTs written to links
+ * already up (never a dial, a lookup or a wait), without waiting for the
+ * loop to wake (on a loaded host 10-400 us; the caller waits for LOADED
+ * anyway). Not with CUDA memory (its context is the loop's thread's), nor
+ * while a turn runs. False: the loop must wake for the command. */
 static bool run_inline(kvr_agent_t *a)
 {
-    if (!a->p.progress_thread || a->p.cuda_device >= 0 ||
-        pthread_mutex_trylock(&a->turn_lock) != 0)
+    if (a->p.cuda_device >= 0 || pthread_mutex_trylock(&a->turn_lock) != 0)
         return false;
     kvr__cmd_t *c = a->started ? take_ready_recv(a) : NULL;
     if (c != NULL) {

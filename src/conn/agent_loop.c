@@ -305,8 +305,11 @@ void kvr__loop_thread_turn(kvr_agent_t *a)
 
 /* kvr_agent_wait's turns on the calling thread of an agent without a
  * progress thread, under turn_lock, until has_event(a) or `until` (ns):
- * kvr__loop_turn's, each waiting to the loop's next timer at most, which
- * timer_fd is then set to for kvr_agent_fd's pollers. */
+ * kvr__loop_turn's, each waiting to the loop's next timer at most. Then
+ * timer_fd, which kvr_agent_fd's pollers wait on, is set only if that
+ * timer is sooner than the one it holds (one set later wakes them once
+ * for nothing, and that turn sets it exactly): a load's deadline comes
+ * later than the one before, so no timerfd_settime per load. */
 void kvr__loop_wait_turns(kvr_agent_t *a, uint64_t until,
                           bool (*has_event)(kvr_agent_t *))
 {
@@ -314,7 +317,7 @@ void kvr__loop_wait_turns(kvr_agent_t *a, uint64_t until,
     do {
         next = drive(a, next < until ? next : until, 0, false);
     } while (!has_event(a) && kvr_now_ns() < until);
-    arm_timer(a, next);
+    kvr__loop_after_inline(a, next);
 }
 
 /* Under turn_lock. A timer the sleeping thread's timeout would miss is
