@@ -443,6 +443,40 @@ def test_close_from_another_thread_ends_a_waiting_reader():
     hub.close()
 
 
+def test_wait_drives_a_consumer_without_thread():
+    """wait() alone drives a consumer without a progress thread through a
+    load (the producer has its thread); it returns with the events still
+    queued, and False when none comes."""
+    lay = kv.Layout(block_size=16, dcp_size=1)
+    desc = kv.RegionDesc.mla(lay, 0, 64, 32)
+    with LoopbackHub() as hub:
+        p = Agent("p2", "producer", lay, layers=(0, 1), listen="127.0.0.1:0",
+                  hub=hub)
+        src = p.alloc_region(desc)
+        p.start()
+        c = Agent("d2", "consumer", lay, layers=(0, 1), hub=hub,
+                  progress_thread=False)
+        dst = c.alloc_region(desc)
+        dst[:] = 0
+        c.start()
+        assert c.wait(0.005) is False
+        blocks, tokens = [4, 1], 20
+        synth.fill_source(lay, desc, 9, blocks, synth.token_ids(tokens), src)
+        p.send_open("w", blocks, tokens, ready=True)
+        c.recv("p2", p.address, "w", [2, 6], tokens)
+        got: List = []
+        end = time.monotonic() + WAIT
+        while len(got) < 2 and time.monotonic() < end:
+            if c.wait(0.05):
+                assert c.wait(0) is True  # still queued
+                got.extend(c.events())
+        assert [e.kind.name for e in got] == ["LOADED", "RELEASED"]
+        kv.verify_region(lay, 0, kv.RegionPair(desc, desc),
+                         kv.Request(blocks, [2, 6], tokens), src, dst)
+        c.close()
+        p.close()
+
+
 def test_without_progress_threads():
     """Both agents driven by progress() from this thread; a progress()
     call on an agent with its own thread is refused."""
