@@ -366,6 +366,24 @@ static bool wait_released(world_t *w, const char *id, uint32_t ms)
     return false;
 }
 
+/* Request i (40 tokens) from instance 0 to both ranks, asked for. */
+static void start_load(world_t *w, uint32_t i, ah_req_t *r)
+{
+    ah_req(&w->m, i, 40, r);
+    fill_all(w, 0, r);
+    open_all(w, 0, r, 0, true);
+    recv_all(w, 0, A, r, 0);
+}
+
+/* start_load, then waited for by kvr_agent_wait alone, and verified. */
+static void load_by_waits(world_t *w, uint32_t i)
+{
+    ah_req_t r;
+    start_load(w, i, &r);
+    assert_true(wait_released(w, r.id, AH_WAIT_MS));
+    expect_loaded(w, 0, &r);
+}
+
 static bool readable(int fd)
 {
     struct pollfd p = {.fd = fd, .events = POLLIN};
@@ -386,13 +404,7 @@ static void test_wait_drives_without_thread(void **state)
     uint64_t t0 = mono_ns();
     assert_int_equal(kvr_agent_wait(c0, 3000), KVR_ERR_TIMEOUT);
     assert_true(mono_ns() - t0 >= 3000000ull); /* it waited its time */
-    ah_req_t r;
-    ah_req(&w->m, 0, 40, &r);
-    fill_all(w, 0, &r);
-    open_all(w, 0, &r, 0, true);
-    recv_all(w, 0, A, &r, 0);
-    assert_true(wait_released(w, r.id, AH_WAIT_MS));
-    expect_loaded(w, 0, &r);
+    load_by_waits(w, 0);
     /* every event polled: no wait returns, and no stale signal is left */
     for (uint32_t c = 0; c < 2; c++) {
         assert_int_equal(kvr_agent_wait(w->cons[c].agent, 0), KVR_ERR_TIMEOUT);
@@ -400,10 +412,7 @@ static void test_wait_drives_without_thread(void **state)
     }
     /* a second request: the wait returns with its events still queued */
     ah_req_t r2;
-    ah_req(&w->m, 1, 40, &r2);
-    fill_all(w, 0, &r2);
-    open_all(w, 0, &r2, 0, true);
-    recv_all(w, 0, A, &r2, 0);
+    start_load(w, 1, &r2);
     uint64_t end = ah_now_ms() + AH_WAIT_MS;
     while (kvr_agent_wait(c0, 2000) != KVR_OK && ah_now_ms() < end)
         ;
@@ -425,13 +434,7 @@ static void test_wait_with_thread(void **state)
     start_instance(w, 0, A, 1, NULL);
     start_group(w, 0, false);
     assert_int_equal(kvr_agent_wait(w->cons[0].agent, 1000), KVR_ERR_TIMEOUT);
-    ah_req_t r;
-    ah_req(&w->m, 2, 40, &r);
-    fill_all(w, 0, &r);
-    open_all(w, 0, &r, 0, true);
-    recv_all(w, 0, A, &r, 0);
-    assert_true(wait_released(w, r.id, AH_WAIT_MS));
-    expect_loaded(w, 0, &r);
+    load_by_waits(w, 2);
     world_free(w);
 }
 
@@ -464,10 +467,7 @@ static void test_wait_while_progress_elsewhere(void **state)
     pthread_t t;
     assert_int_equal(pthread_create(&t, NULL, progress_loop, &s), 0);
     ah_req_t r;
-    ah_req(&w->m, 3, 40, &r);
-    fill_all(w, 0, &r);
-    open_all(w, 0, &r, 0, true);
-    recv_all(w, 0, A, &r, 0);
+    start_load(w, 3, &r);
     bool ok = wait_released(w, r.id, AH_WAIT_MS);
     __atomic_store_n(&s.stop, 1, __ATOMIC_RELEASE);
     pthread_join(t, NULL);
