@@ -1020,7 +1020,7 @@ static bool was_idle(const kvr_agent_t *a)
 static bool first_entry(kvr_agent_t *a)
 {
     bool first = was_idle(a);
-    a->signal_owed |= first;
+    a->signal_owed += first;
     return first;
 }
 
@@ -1033,14 +1033,16 @@ static void signal_events(kvr_agent_t *a, bool first)
     }
 }
 
-/* A read only while a signal is owed: the poll that empties the queues
- * reads it, the ones after do not (a syscall less each); a read that finds
- * nothing (the write is still to come) leaves it owed. */
+/* A read only while a write is owed: the poll that empties the queues
+ * reads it, the ones after do not (a syscall less each). The counter read
+ * is the writes that landed; those still to come stay owed, so a write
+ * that lands after the queue emptied is read by the next poll. */
 static void drain_if_idle(kvr_agent_t *a)
 {
-    uint64_t v;
-    if (a->signal_owed && was_idle(a) && read(a->event_fd, &v, sizeof(v)) > 0)
-        a->signal_owed = false;
+    uint64_t v = 0;
+    if (a->signal_owed > 0 && was_idle(a) &&
+        read(a->event_fd, &v, sizeof(v)) == (ssize_t)sizeof(v))
+        a->signal_owed -= v < a->signal_owed ? v : a->signal_owed;
 }
 
 /* Under lock; true when the queues were empty (signal_events after it). */
@@ -1219,13 +1221,25 @@ static bool wait_driving(kvr_agent_t *a, uint64_t until)
     return true;
 }
 
+#define WAIT_RETRY_NS 1000000ull /* without a thread: drive again by then */
+
+/* Until the event fd is readable or `until`; without a progress thread
+ * (another thread was in the loop) for a millisecond at most, then the
+ * caller tries to drive again. A signal left with nothing queued is read
+ * here, or the wait would spin on it. */
 static void wait_event_fd(kvr_agent_t *a, uint64_t until)
 {
     struct pollfd p = {a->event_fd, POLLIN, 0};
     uint64_t now = kvr_now_ns();
+    if (!a->p.progress_thread && until > now + WAIT_RETRY_NS)
+        until = now + WAIT_RETRY_NS;
     uint64_t ns = until > now ? until - now : 0;
     struct timespec ts = {(time_t)(ns / 1000000000u), (long)(ns % 1000000000u)};
-    (void)ppoll(&p, 1, &ts, NULL);
+    if (ppoll(&p, 1, &ts, NULL) == 1) {
+        pthread_mutex_lock(&a->lock);
+        drain_if_idle(a);
+        pthread_mutex_unlock(&a->lock);
+    }
 }
 
 kvr_status_t kvr_agent_wait(kvr_agent_t *a, uint32_t timeout_us)

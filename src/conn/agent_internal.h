@@ -482,7 +482,7 @@ struct kvr_agent {
     kvr__cmd_t *inbox_head, *inbox_tail;
     kvr__event_node_t *ev_head, *ev_tail;
     kvr__notify_node_t *nt_head, *nt_tail;
-    bool signal_owed; /* event_fd written (or about to be), not yet read */
+    uint64_t signal_owed; /* event_fd writes made or coming, not yet read */
     uint32_t nt_count, nt_dropped;
     size_t nt_bytes;
     kvr__map_t snap;
