@@ -329,6 +329,14 @@ bool kvr_agent_poll(kvr_agent_t *agent, kvr_agent_event_t *out);
 /* Readable while events or notifications are queued; never read or close
  * it. */
 int kvr_agent_event_fd(const kvr_agent_t *agent);
+/* Blocks until an event or notification is queued (KVR_OK) or timeout_us
+ * passes (KVR_ERR_TIMEOUT); it takes none (kvr_agent_poll does). Without a
+ * progress thread it runs the loop on the calling thread meanwhile, as
+ * kvr_agent_progress would, so the answer that completes a load is handled
+ * on the thread that waits for it, with no thread to wake in between
+ * (while another thread is in kvr_agent_progress it waits on the event fd
+ * instead); with one, it waits on kvr_agent_event_fd. */
+kvr_status_t kvr_agent_wait(kvr_agent_t *agent, uint32_t timeout_us);
 
 /* ---- notifications: small messages between agents (routers) ---- */
 

@@ -207,6 +207,7 @@ _PROTOTYPES: Dict[str, Tuple[Any, Sequence[Any]]] = {
     "kvr_agent_status": (
         _int, [_P, _s, _sz, _s, _sz, ctypes.POINTER(T.AgentReqStatus)]),
     "kvr_agent_progress": (_int, [_P, _u32]),
+    "kvr_agent_wait": (_int, [_P, _u32]),
     # completion.h: the books (ids as kvr_completion_id_t)
     "kvr_quorum_create": (
         _int, [ctypes.POINTER(T.QuorumParams), ctypes.POINTER(_P), _E]),

@@ -706,6 +706,26 @@ class Agent:
         return RequestStatus(SendState(out.send), RecvState(out.recv),
                              out.status, out.message.decode(errors="replace"))
 
+    def wait(self, timeout: float) -> bool:
+        """Waits until an event or notification is queued (True) or
+        `timeout` seconds pass (False); takes none. Without a progress
+        thread it runs the loop on this thread meanwhile (progress() turns),
+        so the answer that completes a load is handled here. In slices of at
+        most _WAIT_SLICE_S, as _wait_fd, so that close() can come between."""
+        end = time.monotonic() + timeout
+        while True:
+            left = max(0.0, end - time.monotonic())
+            us = int(min(left, _WAIT_SLICE_S) * 1e6)
+            with self._use() as h:
+                code = LIB.kvr_agent_wait(h, us)
+                detail = LIB.kvr_agent_last_error(h) if code else b""
+            if code == 0:
+                return True
+            if code != int(Status.ERR_TIMEOUT):  # type: ignore[attr-defined]
+                raise KvrelayError(code, f"wait: {detail.decode()}")
+            if left <= _WAIT_SLICE_S:
+                return False
+
     # ---- without a progress thread ----
     def progress(self, timeout_ms: int = 0) -> None:
         """One turn of the progress loop (progress_thread=False only),

@@ -443,21 +443,52 @@ def test_close_from_another_thread_ends_a_waiting_reader():
     hub.close()
 
 
+def _started_pair(hub, n: int, producer_thread: bool):
+    """Producer "p<n>" (its progress thread as asked) and consumer "d<n>"
+    (none), one MLA layer each, started: (lay, desc, p, src, c, dst)."""
+    lay = kv.Layout(block_size=16, dcp_size=1)
+    desc = kv.RegionDesc.mla(lay, 0, 64, 32)
+    p = Agent(f"p{n}", "producer", lay, layers=(0, 1), listen="127.0.0.1:0",
+              hub=hub, progress_thread=producer_thread)
+    src = p.alloc_region(desc)
+    p.start()
+    c = Agent(f"d{n}", "consumer", lay, layers=(0, 1), hub=hub,
+              progress_thread=False)
+    dst = c.alloc_region(desc)
+    dst[:] = 0
+    c.start()
+    return lay, desc, p, src, c, dst
+
+
+def test_wait_drives_a_consumer_without_thread():
+    """wait() alone drives a consumer without a progress thread through a
+    load (the producer has its thread); it returns with the events still
+    queued, and False when none comes."""
+    with LoopbackHub() as hub:
+        lay, desc, p, src, c, dst = _started_pair(hub, 2, True)
+        assert c.wait(0.005) is False
+        blocks, tokens = [4, 1], 20
+        synth.fill_source(lay, desc, 9, blocks, synth.token_ids(tokens), src)
+        p.send_open("w", blocks, tokens, ready=True)
+        c.recv("p2", p.address, "w", [2, 6], tokens)
+        got: List = []
+        end = time.monotonic() + WAIT
+        while len(got) < 2 and time.monotonic() < end:
+            if c.wait(0.05):
+                assert c.wait(0) is True  # still queued
+                got.extend(c.events())
+        assert [e.kind.name for e in got] == ["LOADED", "RELEASED"]
+        kv.verify_region(lay, 0, kv.RegionPair(desc, desc),
+                         kv.Request(blocks, [2, 6], tokens), src, dst)
+        c.close()
+        p.close()
+
+
 def test_without_progress_threads():
     """Both agents driven by progress() from this thread; a progress()
     call on an agent with its own thread is refused."""
-    lay = kv.Layout(block_size=16, dcp_size=1)
-    desc = kv.RegionDesc.mla(lay, 0, 64, 32)
     with LoopbackHub() as hub:
-        p = Agent("p1", "producer", lay, layers=(0, 1), listen="127.0.0.1:0",
-                  hub=hub, progress_thread=False)
-        src = p.alloc_region(desc)
-        p.start()
-        c = Agent("d1", "consumer", lay, layers=(0, 1), hub=hub,
-                  progress_thread=False)
-        dst = c.alloc_region(desc)
-        dst[:] = 0
-        c.start()
+        lay, desc, p, src, c, dst = _started_pair(hub, 1, False)
         blocks, tokens = [5, 2, 9], 40
         synth.fill_source(lay, desc, 9, blocks, synth.token_ids(tokens), src)
         p.send_open("one", blocks, tokens, ready=True)

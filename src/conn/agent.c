@@ -3,6 +3,7 @@
  * thread. Everything here that touches shared state holds `lock`; the
  * request state lives in the loop (agent_loop.c). */
 #include <errno.h>
+#include <poll.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -733,16 +734,16 @@ static kvr__cmd_t *take_ready_recv(kvr_agent_t *a)
     return c;
 }
 
-/* A recv started on the calling thread while the progress thread sleeps:
- * planned, and its WRITE_REQUESTs written to links already up (never a
- * dial, a lookup or a wait), without waiting for that thread to wake (on
- * a loaded host 10-400 us; the caller waits for LOADED anyway). Not with
- * CUDA memory (its context is the progress thread's), nor while that
- * thread runs a turn. False: the thread must wake for the command. */
+/* A recv started on the calling thread while no thread is in the loop
+ * (the progress thread sleeps; without one, no kvr_agent_progress or
+ * kvr_agent_wait runs): planned, and its WRITE_REQUESTs written to links
+ * already up (never a dial, a lookup or a wait), without waiting for the
+ * loop to wake (on a loaded host 10-400 us; the caller waits for LOADED
+ * anyway). Not with CUDA memory (its context is the loop's thread's), nor
+ * while a turn runs. False: the loop must wake for the command. */
 static bool run_inline(kvr_agent_t *a)
 {
-    if (!a->p.progress_thread || a->p.cuda_device >= 0 ||
-        pthread_mutex_trylock(&a->turn_lock) != 0)
+    if (a->p.cuda_device >= 0 || pthread_mutex_trylock(&a->turn_lock) != 0)
         return false;
     kvr__cmd_t *c = a->started ? take_ready_recv(a) : NULL;
     if (c != NULL) {
@@ -1014,6 +1015,15 @@ static bool was_idle(const kvr_agent_t *a)
     return a->ev_head == NULL && a->nt_head == NULL;
 }
 
+/* Under lock, before an entry is queued: true when it is the first, whose
+ * signal_events is then owed. */
+static bool first_entry(kvr_agent_t *a)
+{
+    bool first = was_idle(a);
+    a->signal_owed += first;
+    return first;
+}
+
 static void signal_events(kvr_agent_t *a, bool first)
 {
     if (first) {
@@ -1023,19 +1033,22 @@ static void signal_events(kvr_agent_t *a, bool first)
     }
 }
 
+/* A read only while a write is owed: the poll that empties the queues
+ * reads it, the ones after do not (a syscall less each). The counter read
+ * is the writes that landed; those still to come stay owed, so a write
+ * that lands after the queue emptied is read by the next poll. */
 static void drain_if_idle(kvr_agent_t *a)
 {
-    if (a->ev_head == NULL && a->nt_head == NULL) {
-        uint64_t v;
-        ssize_t n = read(a->event_fd, &v, sizeof(v));
-        (void)n;
-    }
+    uint64_t v = 0;
+    if (a->signal_owed > 0 && was_idle(a) &&
+        read(a->event_fd, &v, sizeof(v)) == (ssize_t)sizeof(v))
+        a->signal_owed -= v < a->signal_owed ? v : a->signal_owed;
 }
 
 /* Under lock; true when the queues were empty (signal_events after it). */
 static bool push_event(kvr_agent_t *a, kvr__event_node_t *e)
 {
-    bool first = was_idle(a);
+    bool first = first_entry(a);
     if (a->ev_tail)
         a->ev_tail->next = e;
     else
@@ -1123,7 +1136,7 @@ void kvr__agent_notify_in(kvr_agent_t *a, kvr__notify_node_t *n)
     pthread_mutex_lock(&a->lock);
     bool full = a->nt_count >= KVR_AGENT_NOTIFY_QUEUE ||
                 a->nt_bytes + n->len > KVR_AGENT_NOTIFY_QUEUE_BYTES;
-    bool first = !full && was_idle(a);
+    bool first = !full && first_entry(a);
     if (full) {
         a->nt_dropped++;
     } else {
@@ -1185,6 +1198,62 @@ bool kvr_agent_poll(kvr_agent_t *a, kvr_agent_event_t *out)
     *out = e->ev;
     free(e);
     return true;
+}
+
+/* True when an event or notification is queued. */
+static bool has_event(kvr_agent_t *a)
+{
+    pthread_mutex_lock(&a->lock);
+    bool any = !was_idle(a);
+    pthread_mutex_unlock(&a->lock);
+    return any;
+}
+
+/* Without a progress thread the caller's wait runs the loop itself while
+ * no other thread is in it: the answer that completes a load is handled
+ * on the thread that waits for it (docs/agent.md, Threading rules). */
+static bool wait_driving(kvr_agent_t *a, uint64_t until)
+{
+    if (a->p.progress_thread || pthread_mutex_trylock(&a->turn_lock) != 0)
+        return false;
+    kvr__loop_wait_turns(a, until, has_event);
+    pthread_mutex_unlock(&a->turn_lock);
+    return true;
+}
+
+#define WAIT_RETRY_NS 1000000ull /* without a thread: drive again by then */
+
+/* Until the event fd is readable or `until`; without a progress thread
+ * (another thread was in the loop) for a millisecond at most, then the
+ * caller tries to drive again. A signal left with nothing queued is read
+ * here, or the wait would spin on it. */
+static void wait_event_fd(kvr_agent_t *a, uint64_t until)
+{
+    struct pollfd p = {a->event_fd, POLLIN, 0};
+    uint64_t now = kvr_now_ns();
+    if (!a->p.progress_thread && until > now + WAIT_RETRY_NS)
+        until = now + WAIT_RETRY_NS;
+    uint64_t ns = until > now ? until - now : 0;
+    struct timespec ts = {(time_t)(ns / 1000000000u), (long)(ns % 1000000000u)};
+    if (ppoll(&p, 1, &ts, NULL) == 1) {
+        pthread_mutex_lock(&a->lock);
+        drain_if_idle(a);
+        pthread_mutex_unlock(&a->lock);
+    }
+}
+
+kvr_status_t kvr_agent_wait(kvr_agent_t *a, uint32_t timeout_us)
+{
+    if (a == NULL || !a->started)
+        return fail(KVR_ERR_INVALID, "wait needs a started agent");
+    uint64_t until = kvr_now_ns() + (uint64_t)timeout_us * 1000u;
+    while (!has_event(a)) {
+        if (kvr_now_ns() >= until)
+            return fail(KVR_ERR_TIMEOUT, "no event within %u us", timeout_us);
+        if (!wait_driving(a, until))
+            wait_event_fd(a, until);
+    }
+    return KVR_OK;
 }
 
 bool kvr_agent_poll_notify(kvr_agent_t *a, kvr_agent_notify_t *out)

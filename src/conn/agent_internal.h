@@ -482,6 +482,7 @@ struct kvr_agent {
     kvr__cmd_t *inbox_head, *inbox_tail;
     kvr__event_node_t *ev_head, *ev_tail;
     kvr__notify_node_t *nt_head, *nt_tail;
+    uint64_t signal_owed; /* event_fd writes made or coming, not yet read */
     uint32_t nt_count, nt_dropped;
     size_t nt_bytes;
     kvr__map_t snap;
@@ -614,6 +615,10 @@ void kvr__loop_thread_turn(kvr_agent_t *a);
 /* After a command run on a caller's thread (agent.c, run_inline): links
  * with bytes queued are watched for room, and the timer fires by
  * timer_by_ns at the latest (the next turn sets it exactly). */
+/* kvr_agent_wait's turns on the calling thread (no progress thread), under
+ * turn_lock, until has_event(a) or `until` (ns). */
+void kvr__loop_wait_turns(kvr_agent_t *a, uint64_t until,
+                          bool (*has_event)(kvr_agent_t *));
 void kvr__loop_after_inline(kvr_agent_t *a, uint64_t timer_by_ns);
 kvr_status_t kvr__loop_watch(kvr_agent_t *a, int fd, void *tag, bool out);
 void kvr__loop_unwatch(kvr_agent_t *a, int fd);

@@ -216,12 +216,13 @@ static uint64_t run_timers(kvr_agent_t *a)
     return next;
 }
 
-/* A turn on the events ev[0..n) of one wait. The progress thread's next
- * timer becomes its next wait's timeout (a timerfd_settime less per turn,
- * 2-3 per one-block load and process); others arm timer_fd, which
- * kvr_agent_fd's pollers wait on. */
-static void turn_on(kvr_agent_t *a, const struct epoll_event *ev, int n,
-                    uint32_t timeout_ms, bool thread)
+/* A turn on the events ev[0..n) of one wait; returns the loop's next
+ * timer. Who waits next decides what becomes of it (kvr__loop_turn arms
+ * timer_fd, which kvr_agent_fd's pollers wait on; the progress thread and
+ * a caller in kvr_agent_wait make it their next wait's timeout: a
+ * timerfd_settime less per turn, 2-3 per one-block load and process). */
+static uint64_t turn_on(kvr_agent_t *a, const struct epoll_event *ev, int n,
+                        uint32_t timeout_ms)
 {
     uint64_t start = kvr_now_ns(), t0 = kvr__ph_start(a);
     run_commands(a);
@@ -237,25 +238,11 @@ static void turn_on(kvr_agent_t *a, const struct epoll_event *ev, int n,
     uint64_t next = run_timers(a);
     kvr__alink_reap(a);
     update_interest(a);
-    if (thread)
-        a->thread_wake = next;
-    else
-        arm_timer(a, next);
     if (kvr__agpu_cpu_work(a) || probing)
         kvr__agent_wake(a); /* more slices: the fd stays readable */
     kvr__ph_add(a, KVR__PH_TURN, t0);
+    return next;
 }
-
-void kvr__loop_turn(kvr_agent_t *a, uint32_t timeout_ms)
-{
-    struct epoll_event ev[64];
-    bool busy = kvr__agpu_cpu_work(a);
-    int wait = busy ? 0 : (int)timeout_ms;
-    int n = epoll_wait(a->epoll_fd, ev, 64, wait);
-    turn_on(a, ev, n, timeout_ms, false);
-}
-
-#define THREAD_WAIT_MAX_NS 100000000ull /* the stop flag is seen by then */
 
 /* Waits until `until` (ns, absolute) at most: to the nanosecond where the
  * kernel has epoll_pwait2 (5.11; called directly, as glibc wraps it only
@@ -264,8 +251,6 @@ static int wait_until(kvr_agent_t *a, struct epoll_event *ev, uint64_t until)
 {
     uint64_t now = kvr_now_ns();
     uint64_t ns = until > now ? until - now : 0;
-    if (ns > THREAD_WAIT_MAX_NS)
-        ns = THREAD_WAIT_MAX_NS;
     long n = -1;
     errno = ENOSYS;
 #ifdef SYS_epoll_pwait2
@@ -277,22 +262,62 @@ static int wait_until(kvr_agent_t *a, struct epoll_event *ev, uint64_t until)
     return (int)n;
 }
 
-void kvr__loop_thread_turn(kvr_agent_t *a)
+/* One turn for whoever drives the loop, under turn_lock. The progress
+ * thread (thread = true) waits for input without the lock, so a caller's
+ * commands may have run meanwhile and a link an event names may be gone:
+ * it polls again then. kvr__loop_turn's and kvr_agent_wait's callers wait
+ * holding the lock. Returns the loop's next timer. */
+static uint64_t drive(kvr_agent_t *a, uint64_t until, uint32_t timeout_ms,
+                      bool thread)
 {
     struct epoll_event ev[64];
     uint64_t seen = __atomic_load_n(&a->inline_turns, __ATOMIC_ACQUIRE);
-    uint64_t t0 = kvr__ph_start(a);
-    int n = kvr__agpu_spin(a, ev, 64); /* kernels just launched: watched */
+    uint64_t t0 = thread ? kvr__ph_start(a) : 0;
+    /* kernels just launched: watched (kvr__agpu_spin takes turn_lock) */
+    int n = thread ? kvr__agpu_spin(a, ev, 64) : -1;
     uint64_t spun = t0 ? kvr_now_ns() - t0 : 0;
     if (n < 0)
-        n = wait_until(a, ev, a->thread_wake);
-    pthread_mutex_lock(&a->turn_lock);
-    kvr__ph_sum(a, KVR__PH_SPIN, spun); /* a->ph is the turn's */
-    /* a caller's commands ran meanwhile: a link an event names may be gone */
-    if (__atomic_load_n(&a->inline_turns, __ATOMIC_ACQUIRE) != seen)
-        n = epoll_wait(a->epoll_fd, ev, 64, 0);
-    turn_on(a, ev, n, 0, true);
+        n = wait_until(a, ev, kvr__agpu_cpu_work(a) ? 0 : until);
+    if (thread) {
+        pthread_mutex_lock(&a->turn_lock);
+        kvr__ph_sum(a, KVR__PH_SPIN, spun); /* a->ph is the turn's */
+        if (__atomic_load_n(&a->inline_turns, __ATOMIC_ACQUIRE) != seen)
+            n = epoll_wait(a->epoll_fd, ev, 64, 0);
+    }
+    return turn_on(a, ev, n, timeout_ms);
+}
+
+void kvr__loop_turn(kvr_agent_t *a, uint32_t timeout_ms)
+{
+    arm_timer(a, drive(a, kvr_now_ns() + (uint64_t)timeout_ms * 1000000ull,
+                       timeout_ms, false));
+}
+
+#define THREAD_WAIT_MAX_NS 100000000ull /* the stop flag is seen by then */
+
+void kvr__loop_thread_turn(kvr_agent_t *a)
+{
+    uint64_t cap = kvr_now_ns() + THREAD_WAIT_MAX_NS;
+    a->thread_wake = drive(a, a->thread_wake < cap ? a->thread_wake : cap, 0,
+                           true);
     pthread_mutex_unlock(&a->turn_lock);
+}
+
+/* kvr_agent_wait's turns on the calling thread of an agent without a
+ * progress thread, under turn_lock, until has_event(a) or `until` (ns):
+ * kvr__loop_turn's, each waiting to the loop's next timer at most. Then
+ * timer_fd, which kvr_agent_fd's pollers wait on, is set only if that
+ * timer is sooner than the one it holds (one set later wakes them once
+ * for nothing, and that turn sets it exactly): a load's deadline comes
+ * later than the one before, so no timerfd_settime per load. */
+void kvr__loop_wait_turns(kvr_agent_t *a, uint64_t until,
+                          bool (*has_event)(kvr_agent_t *))
+{
+    uint64_t next = UINT64_MAX; /* a timer due now is on timer_fd */
+    do {
+        next = drive(a, next < until ? next : until, 0, false);
+    } while (!has_event(a) && kvr_now_ns() < until);
+    kvr__loop_after_inline(a, next);
 }
 
 /* Under turn_lock. A timer the sleeping thread's timeout would miss is

@@ -573,6 +573,8 @@ static json_t *params_json(const sup_t *s)
                                                       ? "distinct"
                                                       : "shared"));
     json_object_set_new(p, "reps", json_integer(s->c.reps));
+    json_object_set_new(p, "decode_progress",
+                        json_string(s->c.decode_thread ? "thread" : "wait"));
     return p;
 }
 

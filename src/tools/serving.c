@@ -173,6 +173,13 @@ static int sv_option(void *ctx, const char *name, const char *value)
         c->distinct_src = value[0] == 'd';
         return 1;
     }
+    if (strcmp(name, "decode-progress") == 0) {
+        if (strcmp(value, "wait") != 0 && strcmp(value, "thread") != 0)
+            return bad("--%s: '%s' is not wait or thread", name, value);
+        c->decode_thread = value[0] == 't';
+        c->decode_progress_set = true;
+        return 1;
+    }
     if (strcmp(name, "json") == 0) {
         c->json_path = value;
         return 1;
@@ -242,6 +249,10 @@ static const char sv_usage[] =
     "    source (the ceiling cycles over it), or each its own blocks (the\n"
     "    ceiling reads exactly those; the sources take as much memory as\n"
     "    the destinations)\n"
+    "  --decode-progress wait|thread (wait; thread with --device cuda):\n"
+    "    decode ranks drive their agents in their waits (kvr_agent_wait, no\n"
+    "    progress thread), or run the agent's progress thread and wait on\n"
+    "    its event fd\n"
     "  --device host|cuda  --json FILE\n";
 
 int sv_parse(int argc, char **argv, sv_cfg_t *c)
@@ -280,6 +291,8 @@ int sv_parse(int argc, char **argv, sv_cfg_t *c)
         return cli_usage_error("bench serving",
                                "--executor staged: KV in CUDA memory moves "
                                "gpu-direct");
+    if (!c->decode_progress_set) /* the GPU form as its results were taken */
+        c->decode_thread = c->d.use_cuda;
     return -1;
 }
 

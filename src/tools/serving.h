@@ -42,6 +42,11 @@ typedef struct sv_cfg {
     uint32_t reps; /* the passes and a ceiling after them, this often */
     uint64_t pool_tokens; /* destination pool per group; 0: every request's */
     bool distinct_src;    /* each request its own source blocks */
+    /* decode ranks run their agent's progress thread and wait on its event
+     * fd; else (host KV: the default) they have none and drive the agent
+     * in their waits (kvr_agent_wait) */
+    bool decode_thread;
+    bool decode_progress_set;
     const char *json_path;
 } sv_cfg_t;
 

@@ -177,23 +177,33 @@ static void drain(ch_t *h)
 }
 
 /* Sleeps until fd is readable or `until` (ns, absolute), then serves the
- * events queued; true when fd was readable. */
+ * events queued; true when fd was readable. An agent without a progress
+ * thread is driven meanwhile (a turn whenever its fd is readable). */
 static bool sleep_on(ch_t *h, int fd, uint64_t until)
 {
-    struct pollfd p = {fd, POLLIN, 0};
+    bool drive = !h->c->decode_thread && h->role->consumer;
+    struct pollfd p[2] = {{fd, POLLIN, 0},
+                          {drive ? kvr_agent_fd(h->agent) : -1, POLLIN, 0}};
     uint64_t now = now_ns();
     uint64_t wait = until > now ? until - now : 0;
     struct timespec ts = {(time_t)(wait / 1000000000u),
                           (long)(wait % 1000000000u)};
-    int n = ppoll(&p, 1, &ts, NULL);
+    int n = ppoll(p, 2, &ts, NULL);
+    if (n > 0 && (p[1].revents & POLLIN))
+        kvr_agent_progress(h->agent, 0);
     drain(h);
-    return n > 0 && (p.revents & (POLLIN | POLLHUP));
+    return n > 0 && (p[0].revents & (POLLIN | POLLHUP));
 }
 
-/* Sleeps until `until`, waking for events. */
+/* Sleeps until `until`, waking for events: on the agent's event fd, or,
+ * driving an agent without a progress thread, running its loop meanwhile
+ * (kvr_agent_wait), as an engine thread waiting for its loads would. */
 static void wait_until(ch_t *h, uint64_t until)
 {
-    sleep_on(h, kvr_agent_event_fd(h->agent), until);
+    uint64_t now = now_ns();
+    uint64_t us = until > now ? (until - now + 999u) / 1000u : 0;
+    kvr_agent_wait(h->agent, us < UINT32_MAX ? (uint32_t)us : UINT32_MAX);
+    drain(h);
 }
 
 /* Sleeps until a command comes (or `until`): between commands nothing
@@ -379,6 +389,7 @@ static kvr_status_t create(ch_t *h, kvr_error_t *err)
         keyed ? key : NULL, h->instance);
     bool head = !r->consumer && r->rank == 0 && r->tp == 0;
     p.listen = r->consumer ? NULL : "127.0.0.1:0";
+    p.progress_thread = !r->consumer || c->decode_thread;
     p.bootstrap = r->consumer || head ? NULL : r->heads[r->who];
     st = demo_agent_create(&c->d, &p, &h->agent, err);
     if (st == KVR_OK)

@@ -1,7 +1,8 @@
 /* The agent's threading rules: several engine threads call send_open,
  * recv, abort, status and poll at once on shared agents; and agents
  * without a progress thread, driven by kvr_agent_progress from one loop,
- * move a large transfer in bounded turns. Part of the ThreadSanitizer run
+ * move a large transfer in bounded turns, and kvr_agent_wait runs such a
+ * loop on the thread that waits. Part of the ThreadSanitizer run
  * (make test-tsan). */
 #include <poll.h>
 #include <pthread.h>
@@ -12,6 +13,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include <cmocka.h>
 
@@ -337,12 +339,168 @@ static void test_progress_refused_with_thread(void **state)
     world_free(w);
 }
 
+/* ---- kvr_agent_wait ---- */
+
+static uint64_t mono_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+/* Each rank in turn waits (up to 2 ms a call) until both released id. */
+static bool wait_released(world_t *w, const char *id, uint32_t ms)
+{
+    uint64_t end = ah_now_ms() + ms;
+    while (ah_now_ms() < end) {
+        uint32_t done = 0;
+        for (uint32_t c = 0; c < 2; c++) {
+            kvr_status_t st = kvr_agent_wait(w->cons[c].agent, 2000);
+            assert_true(st == KVR_OK || st == KVR_ERR_TIMEOUT);
+            ah_collect(&w->cons[c]);
+            done += ah_count(&w->cons[c], id, KVR_AGENT_RELEASED);
+        }
+        if (done == 2)
+            return true;
+    }
+    return false;
+}
+
+/* Request i (40 tokens) from instance 0 to both ranks, asked for. */
+static void start_load(world_t *w, uint32_t i, ah_req_t *r)
+{
+    ah_req(&w->m, i, 40, r);
+    fill_all(w, 0, r);
+    open_all(w, 0, r, 0, true);
+    recv_all(w, 0, A, r, 0);
+}
+
+/* start_load, then waited for by kvr_agent_wait alone, and verified. */
+static void load_by_waits(world_t *w, uint32_t i)
+{
+    ah_req_t r;
+    start_load(w, i, &r);
+    assert_true(wait_released(w, r.id, AH_WAIT_MS));
+    expect_loaded(w, 0, &r);
+}
+
+static bool readable(int fd)
+{
+    struct pollfd p = {.fd = fd, .events = POLLIN};
+    return poll(&p, 1, 0) == 1;
+}
+
+/* Ranks without a progress thread load through kvr_agent_wait alone (it
+ * runs their loops: dial, handshake, WRITE_REQUEST, the answers); it
+ * returns when an event is queued and leaves it to kvr_agent_poll, and
+ * times out when none comes. */
+static void test_wait_drives_without_thread(void **state)
+{
+    (void)state;
+    world_t *w = world_new();
+    start_instance(w, 0, A, 2, NULL);
+    start_group_tweaked(w, 0, false, no_thread);
+    kvr_agent_t *c0 = w->cons[0].agent;
+    uint64_t t0 = mono_ns();
+    assert_int_equal(kvr_agent_wait(c0, 3000), KVR_ERR_TIMEOUT);
+    assert_true(mono_ns() - t0 >= 3000000ull); /* it waited its time */
+    load_by_waits(w, 0);
+    /* every event polled: no wait returns, and no stale signal is left */
+    for (uint32_t c = 0; c < 2; c++) {
+        assert_int_equal(kvr_agent_wait(w->cons[c].agent, 0), KVR_ERR_TIMEOUT);
+        assert_false(readable(kvr_agent_event_fd(w->cons[c].agent)));
+    }
+    /* a second request: the wait returns with its events still queued */
+    ah_req_t r2;
+    start_load(w, 1, &r2);
+    uint64_t end = ah_now_ms() + AH_WAIT_MS;
+    while (kvr_agent_wait(c0, 2000) != KVR_OK && ah_now_ms() < end)
+        ;
+    assert_int_equal(kvr_agent_wait(c0, 0), KVR_OK);
+    assert_true(readable(kvr_agent_event_fd(c0)));
+    uint32_t had = w->cons[0].nlog;
+    ah_collect(&w->cons[0]);
+    assert_true(w->cons[0].nlog > had);
+    assert_true(wait_released(w, r2.id, AH_WAIT_MS));
+    expect_loaded(w, 0, &r2);
+    world_free(w);
+}
+
+/* With a progress thread the wait sleeps on the event fd. */
+static void test_wait_with_thread(void **state)
+{
+    (void)state;
+    world_t *w = world_new();
+    start_instance(w, 0, A, 1, NULL);
+    start_group(w, 0, false);
+    assert_int_equal(kvr_agent_wait(w->cons[0].agent, 1000), KVR_ERR_TIMEOUT);
+    load_by_waits(w, 2);
+    world_free(w);
+}
+
+typedef struct spinner {
+    kvr_agent_t *agent;
+    int stop; /* atomic */
+    uint32_t turns;
+} spinner_t;
+
+static void *progress_loop(void *arg)
+{
+    spinner_t *s = arg;
+    while (!__atomic_load_n(&s->stop, __ATOMIC_ACQUIRE)) {
+        kvr_status_t st = kvr_agent_progress(s->agent, 5);
+        s->turns += st == KVR_OK;
+    }
+    return NULL;
+}
+
+/* Another thread drives rank 0 with kvr_agent_progress meanwhile: rank
+ * 0's waits (which then sleep on the event fd) still return with its
+ * events, and each loop has one driver at a time. */
+static void test_wait_while_progress_elsewhere(void **state)
+{
+    (void)state;
+    world_t *w = world_new();
+    start_instance(w, 0, A, 1, NULL);
+    start_group_tweaked(w, 0, false, no_thread);
+    spinner_t s = {.agent = w->cons[0].agent};
+    pthread_t t;
+    assert_int_equal(pthread_create(&t, NULL, progress_loop, &s), 0);
+    ah_req_t r;
+    start_load(w, 3, &r);
+    bool ok = wait_released(w, r.id, AH_WAIT_MS);
+    __atomic_store_n(&s.stop, 1, __ATOMIC_RELEASE);
+    pthread_join(t, NULL);
+    assert_true(ok);
+    assert_true(s.turns > 0);
+    expect_loaded(w, 0, &r);
+    world_free(w);
+}
+
+static void test_wait_refused(void **state)
+{
+    (void)state;
+    assert_int_equal(kvr_agent_wait(NULL, 0), KVR_ERR_INVALID);
+    ah_model_t m = ah_model();
+    kvr_agent_params_t p = ah_consumer_params(&m, ah_hub(), "unstarted", 0);
+    kvr_agent_t *a = NULL;
+    kvr_error_t err = {0};
+    assert_int_equal(kvr_agent_create(&p, &a, &err), KVR_OK);
+    assert_int_equal(kvr_agent_wait(a, 0), KVR_ERR_INVALID);
+    assert_non_null(strstr(kvr_agent_last_error(a), "started"));
+    kvr_agent_destroy(a);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_engine_threads),
         cmocka_unit_test(test_no_thread_bounded_turns),
         cmocka_unit_test(test_progress_refused_with_thread),
+        cmocka_unit_test(test_wait_drives_without_thread),
+        cmocka_unit_test(test_wait_with_thread),
+        cmocka_unit_test(test_wait_while_progress_elsewhere),
+        cmocka_unit_test(test_wait_refused),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -5,8 +5,9 @@
 # Poisson arrivals and a destination pool small enough that blocks are
 # reused (verify-before-reuse) exits 0 with every request verified,
 # LAYERS_LOADED only in the streaming pass, and the JSON fields in place;
-# a run with distinct sources and two repetitions verifies every request
-# of each and reports both.
+# a run with distinct sources, two repetitions and decode ranks on their
+# agents' progress threads verifies every request of each and reports both
+# (the first run's ranks drive their agents in kvr_agent_wait).
 # With "cuda" as $2: the GPU form, exit 77 (skip) without a usable device.
 set -u
 cli="$1"
@@ -48,6 +49,7 @@ refused "'0'" --requests 0
 refused "'0'" --reps 0
 refused "'10'" --reps 10
 refused "'both'" --sources both
+refused "'poll'" --decode-progress poll
 refused "--tokens" --tokens 5
 refused "--pool-tokens 64" "${small[@]}" --tokens-dist fixed:300 --pool-tokens 64
 refused "$dir/no/such.json" --json "$dir/no/such.json"
@@ -67,6 +69,7 @@ for k in ("ceiling_GBps", "aggregate_GBps", "ratio", "stream", "requests",
           "machine", "command", "runs"):
     assert k in d, k
 assert d["ok"] is True
+assert d["params"]["decode_progress"] == "wait"  # the host default
 assert d["ceiling_GBps"] > 0 and d["small_request_us_p50"] > 0
 assert d["small_paced_us_p50"] > 0
 assert len(d["small_request_us"]) == len(d["small_paced_us"]) > 0
@@ -84,12 +87,13 @@ for r in d["runs"]:
         assert abs(q["gap_ms"] - (q["loaded_ns"] - q["prefill_end_ns"]) / 1e6) < 1e-3
 PY
 "$cli" bench serving "${small[@]}" --requests 3 --tokens-dist uniform:60:300 \
-  --sources distinct --reps 2 --json "$dir/reps.json" >"$dir/stdout" 2>"$dir/stderr" \
+  --sources distinct --reps 2 --decode-progress thread --json "$dir/reps.json" >"$dir/stdout" 2>"$dir/stderr" \
   || fail "distinct-source run failed: $(cat "$dir/stdout" "$dir/stderr")"
 python3 - "$dir/reps.json" <<'PY' || fail "reps JSON check"
 import json, sys
 d = json.load(open(sys.argv[1]))
 assert d["ok"] is True and d["reps"] == 2
+assert d["params"]["decode_progress"] == "thread"
 assert len(d["ceiling_GBps_each"]) == 2 and len(d["ceiling_seconds_each"]) == 3
 r = d["runs"][0]
 assert r["verified"] == 3 and len(r["aggregate_GBps_each"]) == 2
