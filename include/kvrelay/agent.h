@@ -335,7 +335,10 @@ int kvr_agent_event_fd(const kvr_agent_t *agent);
  * kvr_agent_progress would, so the answer that completes a load is handled
  * on the thread that waits for it, with no thread to wake in between
  * (while another thread is in kvr_agent_progress it waits on the event fd
- * instead); with one, it waits on kvr_agent_event_fd. */
+ * instead); with one, it waits on kvr_agent_event_fd. While its loads are
+ * in flight a driving wait looks for input for up to 120 us, yielding the
+ * core between looks, before it sleeps (environment KVR_AGENT_WAIT_SPIN_US,
+ * 0 for none). */
 kvr_status_t kvr_agent_wait(kvr_agent_t *agent, uint32_t timeout_us);
 
 /* ---- notifications: small messages between agents (routers) ---- */

@@ -209,6 +209,9 @@ static kvr_status_t init_shared(kvr_agent_t *a, kvr_error_t *err)
                          : KVR_AGENT_GPU_QUEUE_BYTES;
     /* KVR_AGENT_GPU_JOIN: at most this many pulls share a launch (1: none
      * do), for measuring what a shared launch costs (docs/agent.md) */
+    const char *w = getenv("KVR_AGENT_WAIT_SPIN_US");
+    a->wait_spin_ns = w ? strtoull(w, NULL, 10) * 1000ull
+                        : KVR_AGENT_WAIT_SPIN_NS;
     const char *j = getenv("KVR_AGENT_GPU_JOIN");
     a->gpu_join = j ? (uint32_t)strtoul(j, NULL, 10) : 0;
     a->wake_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);

@@ -44,6 +44,9 @@
  * request share one launch (KVR_AGENT_GPU_QUEUE_MB overrides it; 0:
  * always at once) */
 #define KVR_AGENT_GPU_QUEUE_BYTES (64ull << 20)
+/* A waiting caller's look for input before it sleeps, loads in flight
+ * (kvr__loop_wait_turns); environment KVR_AGENT_WAIT_SPIN_US, 0: none */
+#define KVR_AGENT_WAIT_SPIN_NS 120000ull
 #define KVR_AGENT_CUT_FLUSH_MS                                                 \
     200u                                  /* a pull cut past its deadline: its
                                        flush, at most */
@@ -528,6 +531,7 @@ struct kvr_agent {
     kvr__phases_t ph;        /* KVR_AGENT_PHASES: time per phase */
     uint64_t gpu_queue_cap;  /* KVR_AGENT_GPU_QUEUE_BYTES, or the env's */
     uint32_t gpu_join;       /* pulls a launch may share; 0: any */
+    uint64_t wait_spin_ns;   /* KVR_AGENT_WAIT_SPIN_NS, or the env's */
     uint8_t *slot_busy; /* its slots granted to a stage */
     bool slots_freed;   /* waiting stages may be sent now */
     kvr__alink_t *links;
