@@ -277,8 +277,10 @@ static uint64_t drive(kvr_agent_t *a, uint64_t until, uint32_t timeout_ms,
     /* kernels just launched: watched (kvr__agpu_spin takes turn_lock) */
     int n = thread ? kvr__agpu_spin(a, ev, 64) : -1;
     uint64_t spun = t0 ? kvr_now_ns() - t0 : 0;
+    /* the thread holds no lock here, so it may not walk the pulls: a
+     * turn that left slices to do wrote the wake fd, and the wait returns */
     if (n < 0)
-        n = wait_until(a, ev, kvr__agpu_cpu_work(a) ? 0 : until);
+        n = wait_until(a, ev, !thread && kvr__agpu_cpu_work(a) ? 0 : until);
     if (thread) {
         pthread_mutex_lock(&a->turn_lock);
         kvr__ph_sum(a, KVR__PH_SPIN, spun); /* a->ph is the turn's */

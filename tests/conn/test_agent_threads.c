@@ -14,6 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include <cmocka.h>
 
@@ -449,9 +450,21 @@ static void *progress_loop(void *arg)
     spinner_t *s = arg;
     while (!__atomic_load_n(&s->stop, __ATOMIC_ACQUIRE)) {
         kvr_status_t st = kvr_agent_progress(s->agent, 5);
-        s->turns += st == KVR_OK;
+        if (st == KVR_OK)
+            __atomic_add_fetch(&s->turns, 1, __ATOMIC_RELEASE);
     }
     return NULL;
+}
+
+/* Until the spinner has driven the loop once (it must be driving before
+ * the load starts, or the load may run entirely on the waiting thread). */
+static bool spinner_started(spinner_t *s)
+{
+    uint64_t end = kvr_now_ns() + (uint64_t)AH_WAIT_MS * 1000000ull;
+    while (__atomic_load_n(&s->turns, __ATOMIC_ACQUIRE) == 0 &&
+           kvr_now_ns() < end)
+        usleep(100);
+    return __atomic_load_n(&s->turns, __ATOMIC_ACQUIRE) > 0;
 }
 
 /* Another thread drives rank 0 with kvr_agent_progress meanwhile: rank
@@ -466,13 +479,14 @@ static void test_wait_while_progress_elsewhere(void **state)
     spinner_t s = {.agent = w->cons[0].agent};
     pthread_t t;
     assert_int_equal(pthread_create(&t, NULL, progress_loop, &s), 0);
+    bool driving = spinner_started(&s);
     ah_req_t r;
     start_load(w, 3, &r);
     bool ok = wait_released(w, r.id, AH_WAIT_MS);
     __atomic_store_n(&s.stop, 1, __ATOMIC_RELEASE);
     pthread_join(t, NULL);
+    assert_true(driving);
     assert_true(ok);
-    assert_true(s.turns > 0);
     expect_loaded(w, 0, &r);
     world_free(w);
 }
