@@ -7,7 +7,8 @@
  * kvr__emul_kernel_us microseconds. It checks the agent's side of the GPU
  * path (launch, wake on completion, answer, teardown, cuts) with every
  * byte verified, under the sanitizers too; the kernels themselves are
- * tested on a device (tests/gpu). gpu-staged is not emulated. */
+ * tested on a device (tests/gpu). gpu-staged is not emulated (its calls
+ * refuse: gpu_refused.c). */
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdlib.h>
@@ -15,6 +16,7 @@
 #include <unistd.h>
 
 #include "gpu_path.h"
+#include "gpu_refused.h"
 #include "gpu_tables.h"
 #include "kvrelay/gpu.h"
 
@@ -45,6 +47,13 @@ static kvr_status_t no_emul(kvr_error_t *err)
 {
     return kvr_error_set(err, KVR_ERR_UNSUPPORTED,
                          "not emulated (gpu_path_emul.c)");
+}
+
+/* What gpu_refused.c refuses (gpu-staged, stream waits on engine events)
+ * is not emulated. */
+kvr_status_t kvr__gpu_refused(kvr_error_t *err)
+{
+    return no_emul(err);
 }
 
 /* ---- streams ---- */
@@ -159,12 +168,6 @@ void kvr__gpu_stream_destroy(void *stream)
     pthread_cond_destroy(&s->work);
     pthread_cond_destroy(&s->idle);
     free(s);
-}
-
-kvr_status_t kvr__gpu_stream_wait(void *stream, void *event, kvr_error_t *err)
-{
-    (void)stream, (void)event;
-    return no_emul(err);
 }
 
 static void notify_task(void *arg)
@@ -508,15 +511,6 @@ kvr_status_t kvr__gpu_runs_make(int device, void *stream,
     return KVR_OK;
 }
 
-kvr_status_t kvr__gpu_runs_copy(const kvr__gpu_runs_t *rt, uint64_t pos,
-                                uint64_t len, const void *src_buf,
-                                void *dst_buf, void *stream, kvr_error_t *err)
-{
-    (void)rt, (void)pos, (void)len, (void)src_buf, (void)dst_buf;
-    (void)stream;
-    return no_emul(err); /* gpu-staged's pack and unpack */
-}
-
 static void free_runs(void *arg)
 {
     kvr__gpu_runs_t *r = arg;
@@ -547,45 +541,4 @@ kvr_status_t kvr__gpu_job_runs(int device, void *stream,
     j->pos = pos;
     j->len = len;
     return job_end(j, queue_job(stream, j, err), out);
-}
-
-kvr_status_t kvr__gpu_runs_time(const kvr__gpu_runs_t *rt, uint64_t len,
-                                const void *src_buf, void *dst_buf,
-                                void *stream, double *secs, kvr_error_t *err)
-{
-    (void)rt, (void)len, (void)src_buf, (void)dst_buf, (void)stream;
-    (void)secs;
-    return no_emul(err);
-}
-
-/* ---- gpu-staged: not emulated ---- */
-
-kvr_status_t kvr__gpu_packer_create(int device, const kvr_layout_t *lay,
-                                    uint32_t rank,
-                                    const kvr_region_pair_t *pairs,
-                                    const void *const *src, void *const *dst,
-                                    size_t n, const kvr_request_t *req,
-                                    uint32_t depth, kvr__gpu_packer_t **out,
-                                    kvr_error_t *err)
-{
-    (void)device, (void)lay, (void)rank, (void)pairs, (void)src, (void)dst;
-    (void)n, (void)req, (void)depth, (void)out;
-    return no_emul(err);
-}
-
-const kvr_exec_packer_t *kvr__gpu_packer_ops(const kvr__gpu_packer_t *pk)
-{
-    (void)pk;
-    return NULL;
-}
-
-uint64_t kvr__gpu_packer_bytes(const kvr__gpu_packer_t *pk)
-{
-    (void)pk;
-    return 0;
-}
-
-void kvr__gpu_packer_destroy(kvr__gpu_packer_t *pk)
-{
-    (void)pk;
 }
