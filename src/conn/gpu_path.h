@@ -1,7 +1,9 @@
 /* The connector's GPU path: regions in CUDA device memory, shared with the
  * producer through CUDA IPC, filled by the gpu layer's scatter kernel
  * (docs/design.md §5 gpu-direct). Two implementations: gpu_path_cuda.c when the
- * gpu layer was built with CUDA, gpu_path_none.c (ERR_UNSUPPORTED) else. */
+ * gpu layer was built with CUDA, gpu_path_none.c (ERR_UNSUPPORTED) else.
+ * gpu_tables.c holds the bookkeeping the CUDA path shares with the tests'
+ * emulation, gpu_refused.c the calls the refusing path and it both refuse. */
 #ifndef KVRELAY_CONN_GPU_PATH_H
 #define KVRELAY_CONN_GPU_PATH_H
 

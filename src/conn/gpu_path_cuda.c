@@ -1,5 +1,6 @@
 /* The connector's GPU path over the gpu layer (see gpu_path.h). */
 #include "gpu_path.h"
+#include "gpu_tables.h"
 
 #include <pthread.h>
 #include <stdlib.h>
@@ -140,23 +141,13 @@ struct kvr__gpu_job {
     uint32_t refs; /* the pulls it serves */
 };
 
-/* A request's relayout tables, one per region class: checked, sorted and
- * uploaded once (kvr__gpu_tables_make), then read by every launch of the
- * request's layer groups. */
-struct kvr__gpu_tables {
-    kvr_region_pair_t *reps; /* a pair of each class */
-    kvr_gpu_relayout_t **rl; /* its relayout, on the device */
-    size_t n;
-    uint32_t refs; /* the pulls sharing it */
-};
-
-static kvr_gpu_relayout_t *tables_find(const kvr__gpu_tables_t *t,
-                                       const kvr_region_pair_t *pair)
+/* A request's relayout tables (gpu_tables.h), one per region class:
+ * checked, sorted and uploaded once (kvr__gpu_tables_make), then read by
+ * every launch of the request's layer groups. */
+bool kvr__gpu_tables_match(const kvr_region_pair_t *rep,
+                           const kvr_region_pair_t *pair)
 {
-    for (size_t c = 0; t != NULL && c < t->n; c++)
-        if (same_class(&t->reps[c], pair))
-            return t->rl[c];
-    return NULL;
+    return same_class(rep, pair);
 }
 
 /* The relayout of pair's class, checked and uploaded (small tables into
@@ -170,9 +161,7 @@ static kvr_status_t class_relayout(void *stream, kvr_gpu_pool_t *pool,
                                    const kvr_request_t *req,
                                    kvr_gpu_relayout_t **out, kvr_error_t *err)
 {
-    kvr_gpu_request_t g = {req->src_blocks, req->num_src_blocks,
-                           req->dst_blocks, req->num_dst_blocks,
-                           req->num_tokens, req->num_computed_blocks};
+    kvr_gpu_request_t g = kvr__gpu_request(req);
     kvr_gpu_relayout_t *rl = NULL;
     kvr_status_t st =
         kvr_gpu_relayout_create(lay, &pair->src, &pair->dst, &g, &rl, err);
@@ -195,15 +184,12 @@ kvr_status_t kvr__gpu_tables_make(int device, void *stream,
                                   const kvr_request_t *req,
                                   kvr__gpu_tables_t **out, kvr_error_t *err)
 {
-    kvr__gpu_tables_t *t = calloc(1, sizeof(*t));
-    if (t != NULL)
-        t->refs = 1;
-    kvr_status_t st = t && (t->reps = calloc(n + 1, sizeof(*t->reps))) &&
-                              (t->rl = calloc(n + 1, sizeof(*t->rl)))
-                          ? kvr_gpu_set_device(device, err)
-                          : kvr_error_set(err, KVR_ERR_NO_MEMORY, "no memory");
+    kvr__gpu_tables_t *t = NULL;
+    kvr_status_t st = kvr__gpu_tables_new(n, &t, err);
+    if (st == KVR_OK)
+        st = kvr_gpu_set_device(device, err);
     for (size_t i = 0; i < n && st == KVR_OK; i++) {
-        if (tables_find(t, &pairs[i]) != NULL)
+        if (kvr__gpu_tables_find(t, &pairs[i]) != NULL)
             continue;
         st = class_relayout(stream, pool, lay, &pairs[i], req, &t->rl[t->n],
                             err);
@@ -216,36 +202,6 @@ kvr_status_t kvr__gpu_tables_make(int device, void *stream,
     }
     *out = t;
     return KVR_OK;
-}
-
-void kvr__gpu_tables_share(kvr__gpu_tables_t *t)
-{
-    t->refs++;
-}
-
-kvr_status_t kvr__gpu_tables_bytes(const kvr__gpu_tables_t *t,
-                                   const kvr_region_pair_t *pair,
-                                   uint32_t rank, uint64_t *bytes,
-                                   kvr_error_t *err)
-{
-    const kvr_gpu_relayout_t *rl = tables_find(t, pair);
-    if (rl == NULL)
-        return kvr_error_set(err, KVR_ERR_NOT_FOUND,
-                             "no relayout tables for %s layer %u",
-                             kvr_role_name(pair->src.role), pair->src.layer);
-    *bytes = kvr_gpu_relayout_bytes(rl, rank);
-    return KVR_OK;
-}
-
-void kvr__gpu_tables_free(kvr__gpu_tables_t *t)
-{
-    if (t == NULL || --t->refs > 0)
-        return;
-    for (size_t c = 0; c < t->n; c++) /* device copies: stream-ordered */
-        kvr_gpu_relayout_destroy(t->rl[c]);
-    free(t->reps);
-    free(t->rl);
-    free(t);
 }
 
 /* A class made at the launch (its tables were not given): kept by the
@@ -291,7 +247,7 @@ static kvr_status_t launch_class(kvr__gpu_job_t *job, void *stream,
                                  const kvr_request_t *req, uint64_t *bytes,
                                  kvr_error_t *err)
 {
-    kvr_gpu_relayout_t *rl = tables_find(tables, &pairs[first]);
+    kvr_gpu_relayout_t *rl = kvr__gpu_tables_find(tables, &pairs[first]);
     kvr_status_t st = KVR_OK;
     if (rl == NULL) {
         st = class_relayout(stream, pool, lay, &pairs[first], req, &rl, err);
@@ -344,18 +300,6 @@ static kvr_status_t job_new(int device, void *stream, kvr__gpu_job_t **out,
     return kvr_gpu_set_device(device, err);
 }
 
-/* The job to the caller when st is KVR_OK, else freed. */
-static kvr_status_t job_end(kvr__gpu_job_t *job, kvr_status_t st,
-                            kvr__gpu_job_t **out)
-{
-    if (st != KVR_OK) {
-        kvr__gpu_job_free(job);
-        return st;
-    }
-    *out = job;
-    return KVR_OK;
-}
-
 /* kvr__gpu_job_start; stamps (NULL or 4): set up, event, launched,
  * recorded (kvr__gpu_send's breakdown). waits: the caller synchronises
  * the stream itself, so no completion event is taken or recorded. */
@@ -385,7 +329,7 @@ job_start(int device, void *stream, struct kvr_gpu_pool *pool,
         st = kvr_gpu_event_record(job->done, stream, err);
     job->recorded = st == KVR_OK && !waits;
     stamp(stamps, 3);
-    return job_end(job, st, out);
+    return kvr__gpu_job_end(job, st, out);
 }
 
 kvr_status_t
@@ -430,10 +374,8 @@ void kvr__gpu_job_free(kvr__gpu_job_t *job)
         kvr_gpu_event_sync(job->done, NULL);
     else if (job->launched)
         kvr_gpu_sync(job->stream, NULL);
-    if (job->refs > 1) {
-        job->refs--;
+    if (!kvr__gpu_unref(&job->refs))
         return;
-    }
     for (size_t i = 0; i < job->nrl; i++)
         kvr_gpu_relayout_destroy(job->rl[i]);
     event_put(job->device, job->done);
@@ -489,11 +431,6 @@ struct kvr__gpu_runs {
     kvr_gpu_runs_t *rt;
 };
 
-static uint64_t address(const void *base, uint64_t off)
-{
-    return base ? (uint64_t)(uintptr_t)base + off : 0;
-}
-
 kvr_status_t kvr__gpu_runs_make(int device, void *stream,
                                 struct kvr_gpu_pool *pool,
                                 const kvr_plan_t *const *plans,
@@ -501,30 +438,15 @@ kvr_status_t kvr__gpu_runs_make(int device, void *stream,
                                 size_t n, kvr__gpu_runs_t **out,
                                 kvr_error_t *err)
 {
-    size_t total = 0, k = 0;
-    for (size_t i = 0; i < n; i++)
-        total += kvr_plan_num_runs(plans[i]);
-    kvr_gpu_run_t *runs = calloc(total + 1, sizeof(*runs));
     kvr__gpu_runs_t *r = calloc(1, sizeof(*r));
-    kvr_status_t st = runs && r ? KVR_OK : KVR_ERR_NO_MEMORY;
-    if (st != KVR_OK)
-        kvr_error_set(err, st, "no memory for %zu runs", total);
-    for (size_t i = 0; st == KVR_OK && i < n; i++) {
-        size_t nr = 0;
-        const kvr_run_t *pr = kvr_plan_runs(plans[i], &nr);
-        for (size_t j = 0; j < nr; j++)
-            runs[k++] = (kvr_gpu_run_t){address(src ? src[i] : NULL, pr[j].src),
-                                        address(dst ? dst[i] : NULL, pr[j].dst),
-                                        pr[j].len};
-    }
-    if (st == KVR_OK)
-        st = kvr_gpu_runs_create(runs, k, &r->rt, err);
+    kvr_status_t st =
+        r ? kvr__gpu_runs_of_plans(plans, src, dst, n, &r->rt, err)
+          : kvr_error_set(err, KVR_ERR_NO_MEMORY, "no memory for run tables");
     if (st == KVR_OK)
         st = kvr_gpu_set_device(device, err);
     if (st == KVR_OK)
         st = pool ? kvr_gpu_runs_upload_pool(r->rt, pool, err)
                   : kvr_gpu_runs_upload(r->rt, stream, err);
-    free(runs);
     if (st != KVR_OK) {
         kvr__gpu_runs_free(r);
         return st;
@@ -566,7 +488,7 @@ kvr_status_t kvr__gpu_job_runs(int device, void *stream,
     if (st == KVR_OK)
         st = kvr_gpu_event_record(job->done, stream, err);
     job->recorded = st == KVR_OK;
-    return job_end(job, st, out);
+    return kvr__gpu_job_end(job, st, out);
 }
 
 kvr_status_t kvr__gpu_runs_time(const kvr__gpu_runs_t *rt, uint64_t len,
@@ -696,9 +618,7 @@ static kvr_status_t packer_tables(kvr__gpu_packer_t *k, const kvr_layout_t *lay,
                                   const kvr_region_pair_t *pairs,
                                   const kvr_request_t *req, kvr_error_t *err)
 {
-    kvr_gpu_request_t g = {req->src_blocks, req->num_src_blocks,
-                           req->dst_blocks, req->num_dst_blocks,
-                           req->num_tokens, req->num_computed_blocks};
+    kvr_gpu_request_t g = kvr__gpu_request(req);
     kvr_status_t st = KVR_OK;
     for (size_t i = 0; i < k->n && st == KVR_OK; i++) {
         st = kvr_gpu_relayout_create(lay, &pairs[i].src, &pairs[i].dst, &g,

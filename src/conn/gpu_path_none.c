@@ -1,10 +1,17 @@
 /* Built without CUDA: device memory is refused with a clear error. */
 #include "gpu_path.h"
+#include "gpu_refused.h"
 
 static kvr_status_t no_cuda(kvr_error_t *err)
 {
     return kvr_error_set(err, KVR_ERR_UNSUPPORTED,
                          "kvrelay was built without CUDA: no device memory");
+}
+
+/* gpu_refused.c's calls refuse with it too. */
+kvr_status_t kvr__gpu_refused(kvr_error_t *err)
+{
+    return no_cuda(err);
 }
 
 int kvr__gpu_device_count(void)
@@ -152,42 +159,6 @@ void kvr__gpu_stream_destroy(void *stream)
     (void)stream;
 }
 
-kvr_status_t kvr__gpu_stream_wait(void *stream, void *event, kvr_error_t *err)
-{
-    (void)stream, (void)event;
-    return no_cuda(err);
-}
-
-kvr_status_t kvr__gpu_packer_create(int device, const kvr_layout_t *lay,
-                                    uint32_t rank,
-                                    const kvr_region_pair_t *pairs,
-                                    const void *const *src, void *const *dst,
-                                    size_t n, const kvr_request_t *req,
-                                    uint32_t depth, kvr__gpu_packer_t **out,
-                                    kvr_error_t *err)
-{
-    (void)device, (void)lay, (void)rank, (void)pairs, (void)src, (void)dst;
-    (void)n, (void)req, (void)depth, (void)out;
-    return no_cuda(err);
-}
-
-const kvr_exec_packer_t *kvr__gpu_packer_ops(const kvr__gpu_packer_t *pk)
-{
-    (void)pk;
-    return NULL;
-}
-
-uint64_t kvr__gpu_packer_bytes(const kvr__gpu_packer_t *pk)
-{
-    (void)pk;
-    return 0;
-}
-
-void kvr__gpu_packer_destroy(kvr__gpu_packer_t *pk)
-{
-    (void)pk;
-}
-
 kvr_status_t kvr__gpu_runs_make(int device, void *stream,
                                 struct kvr_gpu_pool *pool,
                                 const kvr_plan_t *const *plans,
@@ -197,15 +168,6 @@ kvr_status_t kvr__gpu_runs_make(int device, void *stream,
 {
     (void)device, (void)stream, (void)pool, (void)plans, (void)src;
     (void)dst, (void)n, (void)out;
-    return no_cuda(err);
-}
-
-kvr_status_t kvr__gpu_runs_copy(const kvr__gpu_runs_t *rt, uint64_t pos,
-                                uint64_t len, const void *src_buf,
-                                void *dst_buf, void *stream, kvr_error_t *err)
-{
-    (void)rt, (void)pos, (void)len, (void)src_buf, (void)dst_buf;
-    (void)stream;
     return no_cuda(err);
 }
 
@@ -222,15 +184,6 @@ kvr_status_t kvr__gpu_job_runs(int device, void *stream,
 {
     (void)device, (void)stream, (void)rt, (void)pos, (void)len;
     (void)src_buf, (void)dst_buf, (void)out;
-    return no_cuda(err);
-}
-
-kvr_status_t kvr__gpu_runs_time(const kvr__gpu_runs_t *rt, uint64_t len,
-                                const void *src_buf, void *dst_buf,
-                                void *stream, double *secs, kvr_error_t *err)
-{
-    (void)rt, (void)len, (void)src_buf, (void)dst_buf, (void)stream;
-    (void)secs;
     return no_cuda(err);
 }
 

@@ -7,7 +7,8 @@
  * kvr__emul_kernel_us microseconds. It checks the agent's side of the GPU
  * path (launch, wake on completion, answer, teardown, cuts) with every
  * byte verified, under the sanitizers too; the kernels themselves are
- * tested on a device (tests/gpu). gpu-staged is not emulated. */
+ * tested on a device (tests/gpu). gpu-staged is not emulated (its calls
+ * refuse: gpu_refused.c). */
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdlib.h>
@@ -15,6 +16,8 @@
 #include <unistd.h>
 
 #include "gpu_path.h"
+#include "gpu_refused.h"
+#include "gpu_tables.h"
 #include "kvrelay/gpu.h"
 
 static atomic_uint kernel_us;
@@ -44,6 +47,13 @@ static kvr_status_t no_emul(kvr_error_t *err)
 {
     return kvr_error_set(err, KVR_ERR_UNSUPPORTED,
                          "not emulated (gpu_path_emul.c)");
+}
+
+/* What gpu_refused.c refuses (gpu-staged, stream waits on engine events)
+ * is not emulated. */
+kvr_status_t kvr__gpu_refused(kvr_error_t *err)
+{
+    return no_emul(err);
 }
 
 /* ---- streams ---- */
@@ -158,12 +168,6 @@ void kvr__gpu_stream_destroy(void *stream)
     pthread_cond_destroy(&s->work);
     pthread_cond_destroy(&s->idle);
     free(s);
-}
-
-kvr_status_t kvr__gpu_stream_wait(void *stream, void *event, kvr_error_t *err)
-{
-    (void)stream, (void)event;
-    return no_emul(err);
 }
 
 static void notify_task(void *arg)
@@ -320,6 +324,16 @@ static kvr_status_t queue_job(void *stream, kvr__gpu_job_t *j,
     return st;
 }
 
+/* kvr__gpu_job_end, the job marked done first when it never ran (its
+ * free waits for that). */
+static kvr_status_t job_end(kvr__gpu_job_t *j, kvr_status_t st,
+                            kvr__gpu_job_t **out)
+{
+    if (st != KVR_OK)
+        atomic_store(&j->done, true);
+    return kvr__gpu_job_end(j, st, out);
+}
+
 static kvr__gpu_job_t *job_new(size_t n)
 {
     kvr__gpu_job_t *j = calloc(1, sizeof(*j));
@@ -339,15 +353,10 @@ static kvr__gpu_job_t *job_new(size_t n)
     return j;
 }
 
-/* Emulated tables: a relayout per pair given, found again by the pair's
- * descriptions (stricter than the device's per-class tables: a launch
- * finds them only for pairs the tables were made with). */
-struct kvr__gpu_tables {
-    kvr_region_pair_t *pairs;
-    kvr_gpu_relayout_t **rl;
-    size_t n;
-    uint32_t refs; /* the pulls sharing it */
-};
+/* Emulated tables (gpu_tables.h): a relayout per pair given, found again
+ * by the pair's descriptions (kvr__gpu_tables_match; stricter than the
+ * device's per-class tables: a launch finds them only for pairs the tables
+ * were made with). */
 
 static atomic_uint tables_used; /* pairs launched from given tables */
 static atomic_uint pairs_launched;
@@ -373,20 +382,13 @@ kvr_status_t kvr__gpu_tables_make(int device, void *stream,
                                   kvr__gpu_tables_t **out, kvr_error_t *err)
 {
     (void)device, (void)stream, (void)pool;
-    kvr_gpu_request_t g = {req->src_blocks, req->num_src_blocks,
-                           req->dst_blocks, req->num_dst_blocks,
-                           req->num_tokens, req->num_computed_blocks};
-    kvr__gpu_tables_t *t = calloc(1, sizeof(*t));
-    if (t != NULL)
-        t->refs = 1;
-    kvr_status_t st = t && (t->pairs = calloc(n + 1, sizeof(*t->pairs))) &&
-                              (t->rl = calloc(n + 1, sizeof(*t->rl)))
-                          ? KVR_OK
-                          : kvr_error_set(err, KVR_ERR_NO_MEMORY, "no memory");
+    kvr_gpu_request_t g = kvr__gpu_request(req);
+    kvr__gpu_tables_t *t = NULL;
+    kvr_status_t st = kvr__gpu_tables_new(n, &t, err);
     for (size_t i = 0; i < n && st == KVR_OK; i++) {
         st = kvr_gpu_relayout_create(lay, &pairs[i].src, &pairs[i].dst, &g,
                                      &t->rl[i], err);
-        t->pairs[i] = pairs[i];
+        t->reps[i] = pairs[i];
         t->n += st == KVR_OK;
     }
     if (st != KVR_OK) {
@@ -397,22 +399,6 @@ kvr_status_t kvr__gpu_tables_make(int device, void *stream,
     return KVR_OK;
 }
 
-void kvr__gpu_tables_share(kvr__gpu_tables_t *t)
-{
-    t->refs++;
-}
-
-void kvr__gpu_tables_free(kvr__gpu_tables_t *t)
-{
-    if (t == NULL || --t->refs > 0)
-        return;
-    for (size_t i = 0; i < t->n; i++)
-        kvr_gpu_relayout_destroy(t->rl[i]);
-    free(t->pairs);
-    free(t->rl);
-    free(t);
-}
-
 static bool same_desc(const kvr_region_desc_t *a, const kvr_region_desc_t *b)
 {
     return a->role == b->role && a->layer == b->layer &&
@@ -420,28 +406,10 @@ static bool same_desc(const kvr_region_desc_t *a, const kvr_region_desc_t *b)
            a->index_dim == b->index_dim && a->bytes == b->bytes;
 }
 
-static kvr_gpu_relayout_t *tables_find(const kvr__gpu_tables_t *t,
-                                       const kvr_region_pair_t *pair)
+bool kvr__gpu_tables_match(const kvr_region_pair_t *rep,
+                           const kvr_region_pair_t *pair)
 {
-    for (size_t i = 0; t != NULL && i < t->n; i++)
-        if (same_desc(&t->pairs[i].src, &pair->src) &&
-            same_desc(&t->pairs[i].dst, &pair->dst))
-            return t->rl[i];
-    return NULL;
-}
-
-kvr_status_t kvr__gpu_tables_bytes(const kvr__gpu_tables_t *t,
-                                   const kvr_region_pair_t *pair,
-                                   uint32_t rank, uint64_t *bytes,
-                                   kvr_error_t *err)
-{
-    const kvr_gpu_relayout_t *rl = tables_find(t, pair);
-    if (rl == NULL)
-        return kvr_error_set(err, KVR_ERR_NOT_FOUND,
-                             "no relayout tables for %s layer %u",
-                             kvr_role_name(pair->src.role), pair->src.layer);
-    *bytes = kvr_gpu_relayout_bytes(rl, rank);
-    return KVR_OK;
+    return same_desc(&rep->src, &pair->src) && same_desc(&rep->dst, &pair->dst);
 }
 
 kvr_status_t
@@ -456,13 +424,11 @@ kvr__gpu_job_start(int device, void *stream, struct kvr_gpu_pool *pool,
     kvr__gpu_job_t *j = job_new(n);
     if (j == NULL)
         return kvr_error_set(err, KVR_ERR_NO_MEMORY, "no memory");
-    kvr_gpu_request_t g = {req->src_blocks, req->num_src_blocks,
-                           req->dst_blocks, req->num_dst_blocks,
-                           req->num_tokens, req->num_computed_blocks};
+    kvr_gpu_request_t g = kvr__gpu_request(req);
     kvr_status_t st = KVR_OK;
     *bytes = 0;
     for (size_t i = 0; i < n && st == KVR_OK; i++, j->n++) {
-        j->rl[i] = tables_find(tables, &pairs[i]);
+        j->rl[i] = kvr__gpu_tables_find(tables, &pairs[i]);
         if (j->rl[i] != NULL)
             atomic_fetch_add(&tables_used, 1);
         atomic_fetch_add(&pairs_launched, 1);
@@ -477,13 +443,7 @@ kvr__gpu_job_start(int device, void *stream, struct kvr_gpu_pool *pool,
     }
     if (st == KVR_OK)
         st = queue_job(stream, j, err);
-    if (st != KVR_OK) {
-        atomic_store(&j->done, true);
-        kvr__gpu_job_free(j);
-        return st;
-    }
-    *out = j;
-    return KVR_OK;
+    return job_end(j, st, out);
 }
 
 kvr_status_t kvr__gpu_job_done(kvr__gpu_job_t *job, bool *done,
@@ -501,10 +461,8 @@ void kvr__gpu_job_free(kvr__gpu_job_t *job)
         return;
     while (!atomic_load(&job->done)) /* its "kernels" end first */
         usleep(100);
-    if (job->refs > 1) {
-        job->refs--;
+    if (!kvr__gpu_unref(&job->refs))
         return;
-    }
     for (size_t i = 0; i < job->n; i++)
         if (job->owned[i])
             kvr_gpu_relayout_destroy(job->rl[i]);
@@ -532,11 +490,6 @@ void kvr__gpu_job_share(kvr__gpu_job_t *job)
 
 /* ---- run copies ---- */
 
-static uint64_t address(const void *base, uint64_t off)
-{
-    return base ? (uint64_t)(uintptr_t)base + off : 0;
-}
-
 kvr_status_t kvr__gpu_runs_make(int device, void *stream,
                                 struct kvr_gpu_pool *pool,
                                 const kvr_plan_t *const *plans,
@@ -545,25 +498,10 @@ kvr_status_t kvr__gpu_runs_make(int device, void *stream,
                                 kvr_error_t *err)
 {
     (void)device, (void)pool;
-    size_t total = 0, k = 0;
-    for (size_t i = 0; i < n; i++)
-        total += kvr_plan_num_runs(plans[i]);
-    kvr_gpu_run_t *runs = calloc(total + 1, sizeof(*runs));
     kvr__gpu_runs_t *r = calloc(1, sizeof(*r));
-    kvr_status_t st = runs && r
-                          ? KVR_OK
-                          : kvr_error_set(err, KVR_ERR_NO_MEMORY, "no memory");
-    for (size_t i = 0; st == KVR_OK && i < n; i++) {
-        size_t nr = 0;
-        const kvr_run_t *pr = kvr_plan_runs(plans[i], &nr);
-        for (size_t x = 0; x < nr; x++)
-            runs[k++] = (kvr_gpu_run_t){address(src ? src[i] : NULL, pr[x].src),
-                                        address(dst ? dst[i] : NULL, pr[x].dst),
-                                        pr[x].len};
-    }
-    if (st == KVR_OK)
-        st = kvr_gpu_runs_create(runs, k, &r->rt, err);
-    free(runs);
+    kvr_status_t st =
+        r ? kvr__gpu_runs_of_plans(plans, src, dst, n, &r->rt, err)
+          : kvr_error_set(err, KVR_ERR_NO_MEMORY, "no memory for run tables");
     if (st != KVR_OK) {
         free(r);
         return st;
@@ -571,15 +509,6 @@ kvr_status_t kvr__gpu_runs_make(int device, void *stream,
     r->stream = stream;
     *out = r;
     return KVR_OK;
-}
-
-kvr_status_t kvr__gpu_runs_copy(const kvr__gpu_runs_t *rt, uint64_t pos,
-                                uint64_t len, const void *src_buf,
-                                void *dst_buf, void *stream, kvr_error_t *err)
-{
-    (void)rt, (void)pos, (void)len, (void)src_buf, (void)dst_buf;
-    (void)stream;
-    return no_emul(err); /* gpu-staged's pack and unpack */
 }
 
 static void free_runs(void *arg)
@@ -611,53 +540,5 @@ kvr_status_t kvr__gpu_job_runs(int device, void *stream,
     j->runs = rt;
     j->pos = pos;
     j->len = len;
-    kvr_status_t st = queue_job(stream, j, err);
-    if (st != KVR_OK) {
-        atomic_store(&j->done, true);
-        kvr__gpu_job_free(j);
-        return st;
-    }
-    *out = j;
-    return KVR_OK;
-}
-
-kvr_status_t kvr__gpu_runs_time(const kvr__gpu_runs_t *rt, uint64_t len,
-                                const void *src_buf, void *dst_buf,
-                                void *stream, double *secs, kvr_error_t *err)
-{
-    (void)rt, (void)len, (void)src_buf, (void)dst_buf, (void)stream;
-    (void)secs;
-    return no_emul(err);
-}
-
-/* ---- gpu-staged: not emulated ---- */
-
-kvr_status_t kvr__gpu_packer_create(int device, const kvr_layout_t *lay,
-                                    uint32_t rank,
-                                    const kvr_region_pair_t *pairs,
-                                    const void *const *src, void *const *dst,
-                                    size_t n, const kvr_request_t *req,
-                                    uint32_t depth, kvr__gpu_packer_t **out,
-                                    kvr_error_t *err)
-{
-    (void)device, (void)lay, (void)rank, (void)pairs, (void)src, (void)dst;
-    (void)n, (void)req, (void)depth, (void)out;
-    return no_emul(err);
-}
-
-const kvr_exec_packer_t *kvr__gpu_packer_ops(const kvr__gpu_packer_t *pk)
-{
-    (void)pk;
-    return NULL;
-}
-
-uint64_t kvr__gpu_packer_bytes(const kvr__gpu_packer_t *pk)
-{
-    (void)pk;
-    return 0;
-}
-
-void kvr__gpu_packer_destroy(kvr__gpu_packer_t *pk)
-{
-    (void)pk;
+    return job_end(j, queue_job(stream, j, err), out);
 }
