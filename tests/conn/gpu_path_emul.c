@@ -347,6 +347,7 @@ static kvr__gpu_job_t *job_new(size_t n)
     j->refs = 1;
     if (j->rl == NULL || j->src == NULL || j->dst == NULL ||
         j->ranks == NULL || j->owned == NULL) {
+        atomic_store(&j->done, true); /* never queued: its free waits not */
         kvr__gpu_job_free(j);
         return NULL;
     }
