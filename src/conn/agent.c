@@ -197,6 +197,14 @@ static kvr_status_t check_params(const kvr_agent_params_t *p, kvr_error_t *err)
     return KVR_OK;
 }
 
+/* A measuring knob from the environment, in units of `unit`, or the
+ * default (docs/agent.md names them). */
+static uint64_t env_u64(const char *name, uint64_t unit, uint64_t dflt)
+{
+    const char *v = getenv(name);
+    return v ? strtoull(v, NULL, 10) * unit : dflt;
+}
+
 static kvr_status_t init_shared(kvr_agent_t *a, kvr_error_t *err)
 {
     if (pthread_mutex_init(&a->lock, NULL) != 0 ||
@@ -204,16 +212,13 @@ static kvr_status_t init_shared(kvr_agent_t *a, kvr_error_t *err)
         return kvr_error_set(err, KVR_ERR_NO_MEMORY, "mutex init failed");
     a->debug = getenv("KVR_AGENT_DEBUG") != NULL;
     a->ph.on = getenv("KVR_AGENT_PHASES") != NULL;
-    const char *q = getenv("KVR_AGENT_GPU_QUEUE_MB");
-    a->gpu_queue_cap = q ? strtoull(q, NULL, 10) << 20
-                         : KVR_AGENT_GPU_QUEUE_BYTES;
+    a->gpu_queue_cap = env_u64("KVR_AGENT_GPU_QUEUE_MB", 1ull << 20,
+                               KVR_AGENT_GPU_QUEUE_BYTES);
+    a->wait_spin_ns =
+        env_u64("KVR_AGENT_WAIT_SPIN_US", 1000u, KVR_AGENT_WAIT_SPIN_NS);
     /* KVR_AGENT_GPU_JOIN: at most this many pulls share a launch (1: none
      * do), for measuring what a shared launch costs (docs/agent.md) */
-    const char *w = getenv("KVR_AGENT_WAIT_SPIN_US");
-    a->wait_spin_ns = w ? strtoull(w, NULL, 10) * 1000ull
-                        : KVR_AGENT_WAIT_SPIN_NS;
-    const char *j = getenv("KVR_AGENT_GPU_JOIN");
-    a->gpu_join = j ? (uint32_t)strtoul(j, NULL, 10) : 0;
+    a->gpu_join = (uint32_t)env_u64("KVR_AGENT_GPU_JOIN", 1, 0);
     a->wake_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
     a->event_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
     if (a->wake_fd < 0 || a->event_fd < 0)

@@ -284,22 +284,29 @@ static kvr__gpu_tables_t *tables_of_peer(const kvr__preq_t *r,
     return NULL;
 }
 
-static kvr_status_t make_tables(kvr_agent_t *a, const kvr__preq_t *r,
-                                kvr__pull_t *p, kvr_error_t *err)
+/* p's region pairs of its layers, with their twins, into the agent's
+ * slot arrays (a->gslots); *n their count. */
+static kvr_status_t pull_pairs(kvr_agent_t *a, const kvr__pull_t *p,
+                               uint32_t *n, kvr_error_t *err)
 {
     kvr_status_t st = slots_room(a, (size_t)a->num_order + 1, err);
-    kvr_region_pair_t *pairs = a->gslots.pairs;
-    uint32_t n = st == KVR_OK ? add_pairs(a, p, p->layer_lo, p->layer_hi,
-                                          pairs, a->gslots.src, a->gslots.dst,
-                                          a->gslots.ranks, 0)
-                              : 0;
+    *n = st == KVR_OK ? add_pairs(a, p, p->layer_lo, p->layer_hi,
+                                  a->gslots.pairs, a->gslots.src,
+                                  a->gslots.dst, a->gslots.ranks, 0)
+                      : 0;
+    return st;
+}
+
+/* p's relayout tables from its n pairs in a->gslots (pull_pairs). */
+static kvr_status_t make_tables(kvr_agent_t *a, const kvr__preq_t *r,
+                                kvr__pull_t *p, uint32_t n, kvr_error_t *err)
+{
     kvr_request_t req = {r->src,  r->nsrc,       p->dst,
                          p->ndst, p->num_tokens, p->num_computed};
     uint64_t t0 = kvr_now_ns();
-    if (st == KVR_OK)
-        st = kvr__gpu_tables_make(a->p.cuda_device, a->stream, a->gpool,
-                                  &a->p.layout, pairs, n, &req, &p->tables,
-                                  err);
+    kvr_status_t st = kvr__gpu_tables_make(
+        a->p.cuda_device, a->stream, a->gpool, &a->p.layout, a->gslots.pairs,
+        n, &req, &p->tables, err);
     if (st == KVR_OK)
         kvr__agent_log(a,
                        "pull of '%.*s' for dcp %u: relayout tables of %u "
@@ -309,37 +316,40 @@ static kvr_status_t make_tables(kvr_agent_t *a, const kvr__preq_t *r,
     return st;
 }
 
-/* A planless pull's seg bytes, from its tables (the planner's count for
- * every other pull; the consumer checks WRITE_DONE's total against its
- * own plan either way). */
-static kvr_status_t seg_bytes(kvr_agent_t *a, kvr__pull_t *p, kvr_error_t *err)
+/* A planless pull's seg bytes, from its tables and its n pairs in
+ * a->gslots (the planner's count for every other pull; the consumer
+ * checks WRITE_DONE's total against its own plan either way). */
+static kvr_status_t seg_bytes(kvr_agent_t *a, kvr__pull_t *p, uint32_t n,
+                              kvr_error_t *err)
 {
-    kvr_status_t st = slots_room(a, (size_t)a->num_order + 1, err);
-    uint32_t n = st == KVR_OK ? add_pairs(a, p, p->layer_lo, p->layer_hi,
-                                          a->gslots.pairs, a->gslots.src,
-                                          a->gslots.dst, a->gslots.ranks, 0)
-                              : 0;
-    if (st == KVR_OK && n != p->nsegs)
-        st = kvr_error_set(err, KVR_ERR_INVALID,
-                           "%u region pairs for %zu segs", n, p->nsegs);
+    if (n != p->nsegs)
+        return kvr_error_set(err, KVR_ERR_INVALID,
+                             "%u region pairs for %zu segs", n, p->nsegs);
+    kvr_status_t st = KVR_OK;
     for (uint32_t i = 0; st == KVR_OK && i < n; i++)
         st = kvr__gpu_tables_bytes(p->tables, &a->gslots.pairs[i],
                                    p->dcp_rank, &p->segs[i].bytes, err);
     return st;
 }
 
+/* p's tables (another rank's of the same request when they fit, else
+ * made), and a planless pull's seg bytes from them; its pairs are built
+ * once for both, and not at all for a planned pull that shares tables. */
 kvr_status_t kvr__agpu_prepare(kvr_agent_t *a, const kvr__preq_t *r,
                                kvr__pull_t *p, kvr_error_t *err)
 {
     if (!p->gpu || !plain(a) || p->tables != NULL)
         return KVR_OK; /* the run copy's table is made at its launch */
-    kvr_status_t st = KVR_OK;
     if ((p->tables = tables_of_peer(r, p)) != NULL)
         kvr__gpu_tables_share(p->tables);
-    else
-        st = make_tables(a, r, p, err);
+    uint32_t n = 0;
+    kvr_status_t st = p->tables == NULL || p->planless
+                          ? pull_pairs(a, p, &n, err)
+                          : KVR_OK;
+    if (st == KVR_OK && p->tables == NULL)
+        st = make_tables(a, r, p, n, err);
     if (st == KVR_OK && p->planless)
-        st = seg_bytes(a, p, err);
+        st = seg_bytes(a, p, n, err);
     return st;
 }
 

@@ -616,13 +616,13 @@ void kvr__loop_turn(kvr_agent_t *a, uint32_t timeout_ms);
  * recv may start its request meanwhile: run_inline in agent.c), then takes
  * it for the turn; what woke it is used unless such a call ran meanwhile. */
 void kvr__loop_thread_turn(kvr_agent_t *a);
-/* After a command run on a caller's thread (agent.c, run_inline): links
- * with bytes queued are watched for room, and the timer fires by
- * timer_by_ns at the latest (the next turn sets it exactly). */
 /* kvr_agent_wait's turns on the calling thread (no progress thread), under
  * turn_lock, until has_event(a) or `until` (ns). */
 void kvr__loop_wait_turns(kvr_agent_t *a, uint64_t until,
                           bool (*has_event)(kvr_agent_t *));
+/* After a command run on a caller's thread (agent.c, run_inline): links
+ * with bytes queued are watched for room, and the timer fires by
+ * timer_by_ns at the latest (the next turn sets it exactly). */
 void kvr__loop_after_inline(kvr_agent_t *a, uint64_t timer_by_ns);
 kvr_status_t kvr__loop_watch(kvr_agent_t *a, int fd, void *tag, bool out);
 void kvr__loop_unwatch(kvr_agent_t *a, int fd);

@@ -306,13 +306,6 @@ void kvr__loop_thread_turn(kvr_agent_t *a)
     pthread_mutex_unlock(&a->turn_lock);
 }
 
-/* kvr_agent_wait's turns on the calling thread of an agent without a
- * progress thread, under turn_lock, until has_event(a) or `until` (ns):
- * kvr__loop_turn's, each waiting to the loop's next timer at most. Then
- * timer_fd, which kvr_agent_fd's pollers wait on, is set only if that
- * timer is sooner than the one it holds (one set later wakes them once
- * for nothing, and that turn sets it exactly): a load's deadline comes
- * later than the one before, so no timerfd_settime per load. */
 /* Before a waiting caller sleeps while its loads are in flight: up to
  * KVR_AGENT_WAIT_SPIN_NS of looking for input, yielding the core between
  * looks. An answer due within microseconds is then met by a running
@@ -331,13 +324,21 @@ static void spin_for_input(kvr_agent_t *a, uint64_t until)
         sched_yield();
 }
 
+/* kvr_agent_wait's turns on the calling thread of an agent without a
+ * progress thread, under turn_lock, until has_event(a) or `until` (ns):
+ * kvr__loop_turn's, each waiting to the loop's next timer at most. Then
+ * timer_fd, which kvr_agent_fd's pollers wait on, is set only if that
+ * timer is sooner than the one it holds (one set later wakes them once
+ * for nothing, and that turn sets it exactly): a load's deadline comes
+ * later than the one before, so no timerfd_settime per load. */
 void kvr__loop_wait_turns(kvr_agent_t *a, uint64_t until,
                           bool (*has_event)(kvr_agent_t *))
 {
     uint64_t next = UINT64_MAX; /* a timer due now is on timer_fd */
     do {
-        spin_for_input(a, next < until ? next : until);
-        next = drive(a, next < until ? next : until, 0, false);
+        uint64_t by = next < until ? next : until;
+        spin_for_input(a, by);
+        next = drive(a, by, 0, false);
     } while (!has_event(a) && kvr_now_ns() < until);
     kvr__loop_after_inline(a, next);
 }
