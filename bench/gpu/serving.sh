@@ -23,9 +23,12 @@ fi
 R=${OUT:-bench/results}; mkdir -p "$R"
 DAY=$(date -u +%F)
 nvidia-smi -L; nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
-# TRACE_ARGS replaces the trace's arguments (a list, split on spaces), for experiments
+# TRACE_ARGS replaces the trace's arguments (a list, split on spaces), for experiments. Every
+# request reads its own source blocks and the ceiling exactly those (--sources distinct): with
+# one shared source the ceiling re-read a layer's few MB from the GPU's L2 and ran 2.2x faster
+# than the same kernels on distinct data (docs/performance.md, run 2026-12-02m)
 # shellcheck disable=SC2206 # TRACE_ARGS is a list of arguments
-TRACE=(${TRACE_ARGS:---requests 16 --tokens-dist uniform:2048:16384 --timeout 500})
+TRACE=(${TRACE_ARGS:---requests 16 --tokens-dist uniform:2048:16384 --sources distinct --timeout 500})
 run() { # run NAME ARGS...: one bench serving run, its JSON and log in $R
   local name=$1; shift
   echo "== kvrelay bench serving $* ($name)"
@@ -72,6 +75,14 @@ if [ "${MPS:-0}" = 1 ]; then
       for k in $(seq 2 "${MPS_RUNS:-1}"); do run "gpu-mps-$k" --device cuda "${TRACE[@]}"; done
       [ "${PROFILE:-0}" = 1 ] && profile gpu-mps-profile
       echo quit | nvidia-cuda-mps-control
+      # the server leaves once its last client has; in run 2026-12-02m every CUDA process
+      # started after two MPS runs and the quit (device tests, demos) hung on the device: wait
+      # for the daemons to leave, bounded, and say so when they did not
+      for _ in $(seq 60); do
+        pgrep -x nvidia-cuda-mps-server > /dev/null || pgrep -x nvidia-cuda-mps-control > /dev/null || break
+        sleep 0.5
+      done
+      pgrep -ax 'nvidia-cuda-mps-(server|control)' && echo "MPS: still running 30 s after quit"
     else
       echo "MPS: the control daemon did not start"
     fi

@@ -255,6 +255,13 @@ kvr_status_t kvr_gpu_stream_wait(void *stream, void *event, kvr_error_t *err);
 kvr_status_t kvr_gpu_event_done(void *event, int *done, kvr_error_t *err);
 /* Blocks until the event's work completed. */
 kvr_status_t kvr_gpu_event_sync(void *event, kvr_error_t *err);
+/* An event that keeps time, for profiling (kvr_gpu_event_create's do
+ * not): *ms is how long after `from`'s completion `to` completed; both
+ * timed, recorded and complete. */
+kvr_status_t kvr_gpu_event_create_timed(int device, void **event,
+                                        kvr_error_t *err);
+kvr_status_t kvr_gpu_event_elapsed(void *from, void *to, float *ms,
+                                   kvr_error_t *err);
 /* (CUDA) Once the work queued on `stream` so far is done, writes the
  * 8-byte value 1 to fd (an eventfd or a pipe) from CUDA's host-function
  * thread (cudaLaunchHostFunc; only write(2) runs there): a poll loop

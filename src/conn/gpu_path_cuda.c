@@ -3,8 +3,10 @@
 #include "gpu_tables.h"
 
 #include <pthread.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "kvrelay/base.h"
 #include "kvrelay/gpu.h"
@@ -139,7 +141,103 @@ struct kvr__gpu_job {
     bool recorded; /* done was recorded after them */
     int device;
     uint32_t refs; /* the pulls it serves */
+    /* KVR_AGENT_GPU_TIMES only (below): */
+    void *t0; /* a timed event before its first launch; NULL: untimed */
+    uint64_t launch_ns, bytes, tokens;
+    uint32_t pulls, kernels, slots;
 };
+
+/* ---- each job's time on the device (KVR_AGENT_GPU_TIMES=1) ----
+ * For profiling a stage's stream (docs/performance.md, run 2026-12-02m):
+ * a job's kernels lie between two timed events, and when the job is
+ * freed one line goes to stderr with its launch, start and end on the
+ * host's monotonic clock (µs). A reference event, recorded once per
+ * process and waited for, maps the device's clock onto the host's to a
+ * few microseconds; a process drives one device here. Off, a job takes
+ * untimed events from the cache as before. */
+static pthread_once_t times_once = PTHREAD_ONCE_INIT;
+static bool times_on;
+static pthread_mutex_t times_lock = PTHREAD_MUTEX_INITIALIZER;
+static void *times_ref; /* recorded and complete */
+static uint64_t times_ref_ns;
+
+static void times_init(void)
+{
+    const char *e = getenv("KVR_AGENT_GPU_TIMES");
+    times_on = e != NULL && *e != '\0' && strcmp(e, "0") != 0;
+}
+
+static bool times(void)
+{
+    pthread_once(&times_once, times_init);
+    return times_on;
+}
+
+/* The reference event, made on the first timed job's stream (waiting
+ * once for what is queued there). */
+static bool times_reference(int device, void *stream)
+{
+    bool ok = true;
+    pthread_mutex_lock(&times_lock);
+    if (times_ref == NULL) {
+        void *ev = NULL;
+        ok = kvr_gpu_event_create_timed(device, &ev, NULL) == KVR_OK &&
+             kvr_gpu_event_record(ev, stream, NULL) == KVR_OK &&
+             kvr_gpu_event_sync(ev, NULL) == KVR_OK;
+        if (ok) {
+            times_ref_ns = kvr_now_ns();
+            times_ref = ev;
+        } else {
+            kvr_gpu_event_destroy(ev);
+        }
+    }
+    pthread_mutex_unlock(&times_lock);
+    return ok;
+}
+
+/* A timed job's events: t0 recorded now, done timed (not from the cache,
+ * whose events keep no time). Best effort: false leaves the job untimed,
+ * and profiling never fails a pull. */
+static bool times_start(kvr__gpu_job_t *job)
+{
+    job->launch_ns = kvr_now_ns();
+    if (times_reference(job->device, job->stream) &&
+        kvr_gpu_event_create_timed(job->device, &job->t0, NULL) == KVR_OK &&
+        kvr_gpu_event_create_timed(job->device, &job->done, NULL) == KVR_OK &&
+        kvr_gpu_event_record(job->t0, job->stream, NULL) == KVR_OK)
+        return true;
+    kvr_gpu_event_destroy(job->t0);
+    kvr_gpu_event_destroy(job->done);
+    job->t0 = job->done = NULL;
+    return false;
+}
+
+static double times_at_us(void *ev)
+{
+    float ms = 0;
+    if (kvr_gpu_event_elapsed(times_ref, ev, &ms, NULL) != KVR_OK)
+        return -1;
+    return (double)times_ref_ns / 1e3 + (double)ms * 1e3;
+}
+
+/* The freed job's line, in one write (the stages share a stderr); its
+ * events are complete (waited for). */
+static void times_print(const kvr__gpu_job_t *job)
+{
+    char line[256];
+    int n = snprintf(
+        line, sizeof(line),
+        "kvr gpu job: pid %d tokens %llu pulls %u kernels %u slots %u "
+        "bytes %llu launch_us %.1f start_us %.1f end_us %.1f\n",
+        (int)getpid(), (unsigned long long)job->tokens, job->pulls,
+        job->kernels, job->slots, (unsigned long long)job->bytes,
+        (double)job->launch_ns / 1e3, times_at_us(job->t0),
+        times_at_us(job->done));
+    if (job->recorded && n > 0 && (size_t)n < sizeof(line))
+        (void)!write(STDERR_FILENO, line, (size_t)n);
+    kvr_gpu_event_destroy(job->t0);
+    kvr_gpu_event_destroy(job->done);
+}
 
 /* A request's relayout tables (gpu_tables.h), one per region class:
  * checked, sorted and uploaded once (kvr__gpu_tables_make), then read by
@@ -269,11 +367,15 @@ static kvr_status_t launch_class(kvr__gpu_job_t *job, void *stream,
         *bytes += kvr_gpu_relayout_bytes(rl, ranks[i]);
         if (m == LAUNCH_SLOTS) {
             job->launched = true;
+            job->kernels++;
+            job->slots += (uint32_t)m;
             st = kvr_gpu_scatter_regions(rl, r, s, d, m, stream, err);
             m = 0;
         }
     }
     job->launched = job->launched || m > 0;
+    job->kernels += m > 0;
+    job->slots += (uint32_t)m;
     return st == KVR_OK && m > 0
                ? kvr_gpu_scatter_regions(rl, r, s, d, m, stream, err)
                : st;
@@ -294,7 +396,7 @@ static kvr_status_t job_new(int device, void *stream, kvr__gpu_job_t **out,
     *out = job;
     if (job == NULL)
         return kvr_error_set(err, KVR_ERR_NO_MEMORY, "no memory");
-    job->refs = 1;
+    job->refs = job->pulls = 1;
     job->device = device;
     job->stream = stream;
     return kvr_gpu_set_device(device, err);
@@ -317,9 +419,11 @@ job_start(int device, void *stream, struct kvr_gpu_pool *pool,
         return st;
     stamp(stamps, 0);
     if (st == KVR_OK && !waits)
-        st = event_get(device, &job->done, err);
+        st = times() && times_start(job) ? KVR_OK
+                                          : event_get(device, &job->done, err);
     stamp(stamps, 1);
     *bytes = 0;
+    job->tokens = req->num_tokens;
     for (size_t i = 0; i < n && st == KVR_OK; i++)
         if (first_of_class(pairs, i))
             st = launch_class(job, stream, pool, lay, tables, ranks, pairs,
@@ -328,6 +432,7 @@ job_start(int device, void *stream, struct kvr_gpu_pool *pool,
     if (st == KVR_OK && !waits)
         st = kvr_gpu_event_record(job->done, stream, err);
     job->recorded = st == KVR_OK && !waits;
+    job->bytes = *bytes;
     stamp(stamps, 3);
     return kvr__gpu_job_end(job, st, out);
 }
@@ -378,7 +483,10 @@ void kvr__gpu_job_free(kvr__gpu_job_t *job)
         return;
     for (size_t i = 0; i < job->nrl; i++)
         kvr_gpu_relayout_destroy(job->rl[i]);
-    event_put(job->device, job->done);
+    if (job->t0 != NULL)
+        times_print(job);
+    else
+        event_put(job->device, job->done);
     free(job->rl);
     free(job);
 }
@@ -386,6 +494,7 @@ void kvr__gpu_job_free(kvr__gpu_job_t *job)
 void kvr__gpu_job_share(kvr__gpu_job_t *job)
 {
     job->refs++;
+    job->pulls++;
 }
 
 kvr_status_t kvr__gpu_send(int device, void *stream, struct kvr_gpu_pool *pool,

@@ -74,7 +74,8 @@ void kvr_gpu_stream_destroy(void *stream)
         cudaStreamDestroy((cudaStream_t)stream);
 }
 
-kvr_status_t kvr_gpu_event_create(int device, void **event, kvr_error_t *err)
+static kvr_status_t event_create(int device, unsigned flags, void **event,
+                                 kvr_error_t *err)
 {
     if (event == NULL)
         return kvr_error_set(err, KVR_ERR_INVALID, "event is NULL");
@@ -82,8 +83,27 @@ kvr_status_t kvr_gpu_event_create(int device, void **event, kvr_error_t *err)
     if (st != KVR_OK)
         return st;
     cudaEvent_t e = NULL;
-    KVR__CUDA_TRY(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), err);
+    KVR__CUDA_TRY(cudaEventCreateWithFlags(&e, flags), err);
     *event = (void *)e;
+    return KVR_OK;
+}
+
+kvr_status_t kvr_gpu_event_create(int device, void **event, kvr_error_t *err)
+{
+    return event_create(device, cudaEventDisableTiming, event, err);
+}
+
+kvr_status_t kvr_gpu_event_create_timed(int device, void **event,
+                                        kvr_error_t *err)
+{
+    return event_create(device, cudaEventDefault, event, err);
+}
+
+kvr_status_t kvr_gpu_event_elapsed(void *from, void *to, float *ms,
+                                   kvr_error_t *err)
+{
+    KVR__CUDA_TRY(
+        cudaEventElapsedTime(ms, (cudaEvent_t)from, (cudaEvent_t)to), err);
     return KVR_OK;
 }
 
