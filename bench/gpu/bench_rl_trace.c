@@ -12,8 +12,13 @@
  * ceiling's shape), and the median device time of each request length.
  * The last request of each pass is checked against the host reference.
  *
- * Usage: bench_rl_trace [--layers L] [--reps R] [--json FILE]
- *        TRACE...   (TRACE: fixed:N:COUNT, or a comma list of lengths) */
+ * Two switches take the set-up apart: --sorted gives both block tables in
+ * address order (no random pages: TLB and DRAM page misses out of the
+ * way), --shared has every request read the same source stretch (the
+ * bench's `--sources shared`, whose ceiling re-reads it from L2).
+ *
+ * Usage: bench_rl_trace [--layers L] [--reps R] [--json FILE] [--sorted]
+ *        [--shared] TRACE...  (TRACE: fixed:N:COUNT, or a comma list) */
 #include <cuda_runtime_api.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -42,6 +47,7 @@ typedef struct {
 
 typedef struct {
     kvr_layout_t lay;
+    bool sorted, shared;
     uint32_t L, src_pool, dst_pool; /* pages */
     uint32_t *src_table, *dst_table;
     unsigned char *src[MAX_L], *dst[MAX_L][W], *flush;
@@ -63,6 +69,16 @@ static kvr_region_desc_t region(uint32_t pages)
     return d;
 }
 
+static uint32_t *pages(uint32_t n, bool sorted)
+{
+    if (!sorted)
+        return bench_permutation(n, &rng);
+    uint32_t *p = xmalloc((n + 1) * sizeof(*p));
+    for (uint32_t i = 0; i < n; i++)
+        p[i] = i;
+    return p;
+}
+
 static void rig_make(rig_t *r, uint32_t L, uint64_t most, uint64_t ring)
 {
     r->lay = (kvr_layout_t)KVR_LAYOUT_INIT;
@@ -72,8 +88,8 @@ static void rig_make(rig_t *r, uint32_t L, uint64_t most, uint64_t ring)
     r->L = L;
     r->src_pool = (uint32_t)((most + BS - 1) / BS);
     r->dst_pool = (uint32_t)ring;
-    r->src_table = bench_permutation(r->src_pool, &rng);
-    r->dst_table = bench_permutation(r->dst_pool, &rng);
+    r->src_table = pages(r->src_pool, r->sorted);
+    r->dst_table = pages(r->dst_pool, r->sorted);
     uint64_t sb = (uint64_t)r->src_pool * BS * UNIT;
     uint64_t db = (uint64_t)r->dst_pool * BS * UNIT;
     unsigned char *h = xmalloc(sb);
@@ -198,7 +214,7 @@ static void pass(const rig_t *r, const trace_t *t, bool joined, pass_t *out)
         at[i] = cursor;
         cursor += vblocks(t->tokens[i]);
         rl[i] = request(r, t->tokens[i], from, at[i]);
-        from += (t->tokens[i] + BS - 1) / BS;
+        from += r->shared ? 0 : (t->tokens[i] + BS - 1) / BS;
         for (int k = 0; k < W; k++)
             out->bytes += kvr_gpu_relayout_bytes(rl[i], (uint32_t)k) * r->L;
     }
@@ -307,21 +323,30 @@ int main(int argc, char **argv)
     int reps = 5, count = 0, a = 1;
     uint32_t L = 20;
     const char *json_path = NULL;
-    for (; a < argc && strncmp(argv[a], "--", 2) == 0; a += 2) {
-        if (a + 1 >= argc)
-            DIE("%s needs a value", argv[a]);
-        if (strcmp(argv[a], "--layers") == 0)
-            L = (uint32_t)atoi(argv[a + 1]);
-        else if (strcmp(argv[a], "--reps") == 0)
-            reps = atoi(argv[a + 1]);
-        else if (strcmp(argv[a], "--json") == 0)
-            json_path = argv[a + 1];
+    rig_t r;
+    memset(&r, 0, sizeof(r));
+    while (a < argc && strncmp(argv[a], "--", 2) == 0) {
+        const char *o = argv[a++];
+        r.sorted = r.sorted || strcmp(o, "--sorted") == 0;
+        r.shared = r.shared || strcmp(o, "--shared") == 0;
+        if (strcmp(o, "--sorted") == 0 || strcmp(o, "--shared") == 0)
+            continue;
+        if (a >= argc)
+            DIE("%s needs a value", o);
+        const char *v = argv[a++];
+        if (strcmp(o, "--layers") == 0)
+            L = (uint32_t)atoi(v);
+        else if (strcmp(o, "--reps") == 0)
+            reps = atoi(v);
+        else if (strcmp(o, "--json") == 0)
+            json_path = v;
         else
-            DIE("unknown option %s", argv[a]);
+            DIE("unknown option %s", o);
     }
     if (L < 1 || L > MAX_L || reps < 1 || a >= argc)
         DIE("usage: bench_rl_trace [--layers 1-%d] [--reps N] [--json F] "
-            "TRACE... (fixed:N:COUNT or a comma list of lengths)",
+            "[--sorted] [--shared] TRACE... (fixed:N:COUNT or a comma list "
+            "of lengths)",
             MAX_L);
     if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {
         fprintf(stderr, "no CUDA device\n");
@@ -348,19 +373,22 @@ int main(int argc, char **argv)
     ring = vblocks(total) > ring ? vblocks(total) : ring;
     struct cudaDeviceProp prop;
     CUDA_OK(cudaGetDeviceProperties(&prop, 0));
-    rig_t r;
     /* room for every request's own stretch, each rounded up to pages */
     rig_make(&r, L, most + (uint64_t)MAX_REQ * BS, ring);
-    printf("%s: MLA W=%d I=1 bs=%d %d-byte tokens, %u layers, median of %d "
-           "passes, L2 flushed before each\n",
-           prop.name, W, BS, UNIT, L, reps);
+    printf("%s: MLA W=%d I=1 bs=%d %d-byte tokens, %u layers, %s pages, %s "
+           "source, median of %d passes, L2 flushed before each\n",
+           prop.name, W, BS, UNIT, L, r.sorted ? "sorted" : "random",
+           r.shared ? "shared" : "distinct", reps);
     FILE *json = json_path ? fopen(json_path, "w") : NULL;
     if (json_path && json == NULL)
         DIE("cannot write %s", json_path);
     if (json)
-        fprintf(json, "{\"bench\": \"rl_trace\", \"device\": \"%s\", "
-                      "\"layers\": %u, \"reps\": %d, \"runs\": [",
-                prop.name, L, reps);
+        fprintf(json,
+                "{\"bench\": \"rl_trace\", \"device\": \"%s\", "
+                "\"layers\": %u, \"reps\": %d, \"pages\": \"%s\", "
+                "\"source\": \"%s\", \"runs\": [",
+                prop.name, L, reps, r.sorted ? "sorted" : "random",
+                r.shared ? "shared" : "distinct");
     bool first = true;
     double ceiling = run(&r, &ceil_t, true, reps, 0, json, &first);
     for (int i = 0; i < nt; i++) {
