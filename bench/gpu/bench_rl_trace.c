@@ -17,8 +17,12 @@
  * way), --shared has every request read the same source stretch (the
  * bench's `--sources shared`, whose ceiling re-reads it from L2).
  *
- * Usage: bench_rl_trace [--layers L] [--reps R] [--json FILE] [--sorted]
- *        [--shared] TRACE...  (TRACE: fixed:N:COUNT, or a comma list) */
+ * --grid N caps a launch at N blocks (kvr__rl_tune_grid): fewer items in
+ * flight span fewer layer regions.
+ *
+ * Usage: bench_rl_trace [--layers L] [--reps R] [--json FILE] [--grid N]
+ *        [--sorted] [--shared] TRACE...  (TRACE: fixed:N:COUNT, or a comma
+ *        list of lengths) */
 #include <cuda_runtime_api.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -340,13 +344,15 @@ int main(int argc, char **argv)
             reps = atoi(v);
         else if (strcmp(o, "--json") == 0)
             json_path = v;
+        else if (strcmp(o, "--grid") == 0)
+            kvr__rl_tune_grid = atoi(v);
         else
             DIE("unknown option %s", o);
     }
     if (L < 1 || L > MAX_L || reps < 1 || a >= argc)
         DIE("usage: bench_rl_trace [--layers 1-%d] [--reps N] [--json F] "
-            "[--sorted] [--shared] TRACE... (fixed:N:COUNT or a comma list "
-            "of lengths)",
+            "[--grid BLOCKS] [--sorted] [--shared] TRACE... (fixed:N:COUNT "
+            "or a comma list of lengths)",
             MAX_L);
     if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {
         fprintf(stderr, "no CUDA device\n");
@@ -376,9 +382,10 @@ int main(int argc, char **argv)
     /* room for every request's own stretch, each rounded up to pages */
     rig_make(&r, L, most + (uint64_t)MAX_REQ * BS, ring);
     printf("%s: MLA W=%d I=1 bs=%d %d-byte tokens, %u layers, %s pages, %s "
-           "source, median of %d passes, L2 flushed before each\n",
+           "source, grid %d (0: what fits), median of %d passes, L2 flushed "
+           "before each\n",
            prop.name, W, BS, UNIT, L, r.sorted ? "sorted" : "random",
-           r.shared ? "shared" : "distinct", reps);
+           r.shared ? "shared" : "distinct", kvr__rl_tune_grid, reps);
     FILE *json = json_path ? fopen(json_path, "w") : NULL;
     if (json_path && json == NULL)
         DIE("cannot write %s", json_path);
@@ -386,9 +393,9 @@ int main(int argc, char **argv)
         fprintf(json,
                 "{\"bench\": \"rl_trace\", \"device\": \"%s\", "
                 "\"layers\": %u, \"reps\": %d, \"pages\": \"%s\", "
-                "\"source\": \"%s\", \"runs\": [",
+                "\"source\": \"%s\", \"grid\": %d, \"runs\": [",
                 prop.name, L, reps, r.sorted ? "sorted" : "random",
-                r.shared ? "shared" : "distinct");
+                r.shared ? "shared" : "distinct", kvr__rl_tune_grid);
     bool first = true;
     double ceiling = run(&r, &ceil_t, true, reps, 0, json, &first);
     for (int i = 0; i < nt; i++) {

@@ -62,6 +62,9 @@ extern int kvr__rl_tune_step;
  * default, teams of 8 lanes of 5 vectors); 3, 4: other team shapes
  * (relayout.cu). */
 extern int kvr__rl_tune_chunks;
+/* (CUDA) At most this many blocks a relayout launch, 0: as many as fit
+ * (then the environment's KVR_RL_GRID, if set). */
+extern int kvr__rl_tune_grid;
 extern int kvr__runs_tune_unroll;
 
 /* (CUDA) One empty launch of every relayout kernel, and of the run copy,

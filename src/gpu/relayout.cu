@@ -9,6 +9,7 @@
  * over NVLink), loads follow the source's chunks. One-rank scatters of
  * small MLA chunks go through chunk_kernel instead: an item is one source
  * chunk, copied by a team of 8 lanes. */
+#include <stdlib.h>
 #include <string.h>
 
 #include "cuda_util.cuh"
@@ -218,6 +219,20 @@ __global__ void __launch_bounds__(THREADS) chunk_kernel(const J j)
     }
 }
 
+/* At most kvr__rl_tune_grid blocks a launch (else the environment's
+ * KVR_RL_GRID, read once; 0: as many as fit). An experiment's knob: with
+ * short requests the items in flight span dozens of layer regions, and a
+ * smaller grid narrows that span (docs/performance.md, run 2026-12-02m). */
+unsigned grid_cap(unsigned blocks)
+{
+    static const int env = [] {
+        const char *e = getenv("KVR_RL_GRID");
+        return e != NULL ? atoi(e) : 0;
+    }();
+    int cap = kvr__rl_tune_grid > 0 ? kvr__rl_tune_grid : env;
+    return cap > 0 && blocks > (unsigned)cap ? (unsigned)cap : blocks;
+}
+
 template <typename J, typename V, int G, int U>
 kvr_status_t launch_team(const J &j, cudaStream_t stream, kvr_error_t *err)
 {
@@ -227,6 +242,7 @@ kvr_status_t launch_team(const J &j, cudaStream_t stream, kvr_error_t *err)
                                      &blocks, err);
     if (st != KVR_OK)
         return st;
+    blocks = grid_cap(blocks);
     chunk_kernel<J, V, G, U><<<blocks, THREADS, 0, stream>>>(j);
     return kvr__launch_status("relayout chunk_kernel", err);
 }
@@ -276,6 +292,7 @@ kvr_status_t launch_step(const J &j, cudaStream_t stream, kvr_error_t *err)
                        j.num_items, &blocks, err);
     if (st != KVR_OK)
         return st;
+    blocks = grid_cap(blocks);
     relayout_kernel<J, V, STEP><<<blocks, THREADS, 0, stream>>>(j);
     return kvr__launch_status("relayout_kernel", err);
 }
@@ -420,6 +437,7 @@ kvr_status_t run_range(const kvr_gpu_relayout_t *rl, Mode mode, uint32_t rank,
 /* Benchmark knobs (bench/gpu/bench_rl_kernel.c), 0 for the defaults. */
 int kvr__rl_tune_step = 0;
 int kvr__rl_tune_chunks = 0;
+int kvr__rl_tune_grid = 0;
 
 /* The current device, as an index into rl's per-device copies; *done
  * when it has one already. */
