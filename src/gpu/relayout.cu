@@ -849,6 +849,18 @@ static kvr_status_t check_slots(const kvr_gpu_relayout_t *const *rls,
     return KVR_OK;
 }
 
+/* Every relayout's tables on the current device, before the first
+ * launch: a refusal leaves nothing half done. */
+static kvr_status_t check_uploaded(const kvr_gpu_relayout_t *const *rls,
+                                   size_t nrl, kvr_error_t *err)
+{
+    kvr__rl_geom_t g;
+    kvr_status_t st = KVR_OK;
+    for (size_t i = 0; st == KVR_OK && i < nrl; i++)
+        st = device_tables(rls[i], &g, err);
+    return st;
+}
+
 /* The launch order: region-major (by source, then destination base), in
  * groups of MERGE_GEOMS relayouts (by index) so that every launch holds
  * all of its regions' requests; stable, so equal slots keep the
@@ -973,7 +985,9 @@ kvr_gpu_scatter_requests(const kvr_gpu_relayout_t *const *rls, size_t nrl,
         st = check_slots(rls, nrl, slots, n, &bits, err);
     if (st != KVR_OK || n == 0)
         return st;
-    st = region_order(slots, n, &order, err);
+    st = check_uploaded(rls, nrl, err);
+    if (st == KVR_OK)
+        st = region_order(slots, n, &order, err);
     if (st == KVR_OK)
         st = merge_run(rls, slots, order, n, bits, stream, err);
     free(order);
