@@ -498,6 +498,17 @@ static void check_merges(uint64_t *rng)
     case_shape_t seg = {KVR_ROLE_INDEX, 16, 4, 16, 0, 0, 36, 0, 0};
     check_merged(&repl, idx, 3, 2, 8, rng);
     check_merged(&seg, idx, 3, 2, 4, rng);
+    /* random classes, 1-12 requests (empty ones too) over 1-4 layers */
+    static const uint32_t SHIFTS[] = {0, 4, 8, 1};
+    for (int c = 0; c < 40; c++) {
+        case_shape_t r = case_random_shape(rng);
+        uint64_t t[12];
+        uint32_t nreq = 1 + rng_below(rng, 12);
+        for (uint32_t i = 0; i < nreq; i++)
+            t[i] = rng_below(rng, 6 * r.bs * r.W + 6);
+        check_merged(&r, t, nreq, 1 + rng_below(rng, 4),
+                     SHIFTS[rng_below(rng, 4)], rng);
+    }
 }
 
 int main(void)
