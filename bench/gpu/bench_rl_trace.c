@@ -331,7 +331,7 @@ static uint64_t sum(const trace_t *t)
 
 /* Median over reps of each pass measure; returns the median GB/s. */
 static double run(const rig_t *r, const trace_t *t, uint32_t how, int reps,
-                double ceiling, FILE *json, bool *first)
+                  double ceiling, FILE *json, bool *first)
 {
     pass_t p[16];
     float g[16];
@@ -353,8 +353,8 @@ static double run(const rig_t *r, const trace_t *t, uint32_t how, int reps,
         per += p[0].req_us[i];
     printf("%-28.28s %-7s %4u req %8.1f MB %8.1f GB/s (%.1f-%.1f)  ratio %.3f"
            "  %.1f us a request  %s\n",
-           t->name, how_name(how, false), t->n, p[0].bytes / 1e6, med,
-           lo, hi, ceiling > 0 ? med / ceiling : 1.0, per / t->n, p[0].check);
+           t->name, how_name(how, false), t->n, p[0].bytes / 1e6, med, lo, hi,
+           ceiling > 0 ? med / ceiling : 1.0, per / t->n, p[0].check);
     fflush(stdout);
     if (json == NULL)
         return med;
