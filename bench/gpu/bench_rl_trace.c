@@ -24,7 +24,10 @@
  * kvr_gpu_scatter_requests call, which runs their slots region-major, so
  * that the items in flight span few layer regions however short the
  * requests (docs/gpu.md, Several requests a launch). A merged group's
- * device time is shared evenly among its requests.
+ * device time is shared evenly among its requests. A fourth row, "merged
+ * K rq", makes the same calls in the order given, request-major
+ * (kvr__rl_tune_merge_order): the control that tells the order's effect
+ * from that of fewer, larger launches.
  *
  * Usage: bench_rl_trace [--layers L] [--reps R] [--json FILE] [--grid N]
  *        [--merge K] [--sorted] [--shared] TRACE...  (TRACE: fixed:N:COUNT,
@@ -175,17 +178,20 @@ static void launch(const rig_t *r, kvr_gpu_relayout_t *rl, bool joined)
 }
 
 /* How a pass launches its requests: one launch a rank, one a request
- * (joined), or K >= 2 requests a call (merged). */
+ * (joined), or K >= 2 requests a call (merged: region-major, or in the
+ * order given with kvr__rl_tune_merge_order 1). */
 enum { A_RANK = 0, JOINED = 1 };
 
 static const char *how_name(uint32_t how, bool json)
 {
-    static char buf[32];
+    static char buf[48];
+    bool given = kvr__rl_tune_merge_order == 1;
     if (how == A_RANK)
         return json ? "per-rank" : "a rank";
     if (how == JOINED)
         return "joined";
-    snprintf(buf, sizeof(buf), json ? "merged-%u" : "merged %u", how);
+    snprintf(buf, sizeof(buf), json ? "merged-%u%s" : "merged %u%s", how,
+             !given ? "" : json ? "-request-major" : " rq");
     return buf;
 }
 
@@ -443,7 +449,7 @@ int main(int argc, char **argv)
            r.shared ? "shared" : "distinct", kvr__rl_tune_grid, reps);
     if (merge > 0)
         printf("merged %u: %u requests a kvr_gpu_scatter_requests call, "
-               "slots region-major\n",
+               "slots region-major (rq: request-major, the control)\n",
                merge, merge);
     FILE *json = json_path ? fopen(json_path, "w") : NULL;
     if (json_path && json == NULL)
@@ -461,8 +467,12 @@ int main(int argc, char **argv)
     for (int i = 0; i < nt; i++) {
         run(&r, &t[i], JOINED, reps, ceiling, json, &first);
         run(&r, &t[i], A_RANK, reps, ceiling, json, &first);
-        if (merge > 0)
-            run(&r, &t[i], merge, reps, ceiling, json, &first);
+        if (merge == 0)
+            continue;
+        run(&r, &t[i], merge, reps, ceiling, json, &first);
+        kvr__rl_tune_merge_order = 1; /* the control */
+        run(&r, &t[i], merge, reps, ceiling, json, &first);
+        kvr__rl_tune_merge_order = 0;
     }
     if (json) {
         fprintf(json, "\n]}\n");

@@ -538,6 +538,7 @@ kvr_status_t run_range(const kvr_gpu_relayout_t *rl, Mode mode, uint32_t rank,
 int kvr__rl_tune_step = 0;
 int kvr__rl_tune_chunks = 0;
 int kvr__rl_tune_grid = 0;
+int kvr__rl_tune_merge_order = 0;
 
 /* The current device, as an index into rl's per-device copies; *done
  * when it has one already. */
@@ -864,7 +865,7 @@ static kvr_status_t check_uploaded(const kvr_gpu_relayout_t *const *rls,
 /* The launch order: region-major (by source, then destination base), in
  * groups of MERGE_GEOMS relayouts (by index) so that every launch holds
  * all of its regions' requests; stable, so equal slots keep the
- * caller's order. */
+ * caller's order (all of them with kvr__rl_tune_merge_order 1). */
 static kvr_status_t region_order(const kvr_gpu_scatter_slot_t *slots,
                                  size_t n, uint32_t **out, kvr_error_t *err)
 {
@@ -876,10 +877,11 @@ static kvr_status_t region_order(const kvr_gpu_scatter_slot_t *slots,
         return kvr_error_set(err, KVR_ERR_NO_MEMORY, "%zu slots' order", n);
     for (size_t k = 0; k < n; k++)
         o[k] = (uint32_t)k;
-    std::stable_sort(o, o + n, [slots](uint32_t x, uint32_t y) {
+    bool given = kvr__rl_tune_merge_order == 1;
+    std::stable_sort(o, o + n, [slots, given](uint32_t x, uint32_t y) {
         const kvr_gpu_scatter_slot_t &a = slots[x], &b = slots[y];
         uint32_t ga = a.relayout / MERGE_GEOMS, gb = b.relayout / MERGE_GEOMS;
-        if (ga != gb)
+        if (ga != gb || given)
             return ga < gb;
         if (a.src_base != b.src_base)
             return (uintptr_t)a.src_base < (uintptr_t)b.src_base;

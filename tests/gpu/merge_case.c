@@ -91,9 +91,9 @@ kvr_gpu_scatter_slot_t *merge_slots(const merge_case_t *m,
     kvr_gpu_scatter_slot_t *s =
         xmalloc((size_t)m->nreq * m->layers * m->W * sizeof(*s));
     size_t k = 0;
-    for (uint32_t r = 0; r < m->W; r++)
-        for (uint32_t l = 0; l < m->layers; l++)
-            for (uint32_t i = 0; i < m->nreq; i++)
+    for (uint32_t i = 0; i < m->nreq; i++)
+        for (uint32_t r = 0; r < m->W; r++)
+            for (uint32_t l = 0; l < m->layers; l++)
                 s[k++] = (kvr_gpu_scatter_slot_t){i, r, src[l],
                                                   dst[l * m->W + r]};
     *n = k;

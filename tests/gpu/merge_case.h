@@ -23,9 +23,10 @@ void merge_make(merge_case_t *m, const case_shape_t *s, const uint64_t *tokens,
                 uint32_t nreq, uint32_t layers, uint64_t *rng);
 void merge_free(merge_case_t *m);
 
-/* Every (request, layer, rank) slot, rank-major and request-minor (not the
- * region-major order the call runs): src[l] is layer l's producer region,
- * dst[l * W + r] the consumer region of layer l on rank r. Sets *n. */
+/* Every (request, layer, rank) slot, request-major as one launch a
+ * request gives them (not the region-major order the call runs): src[l]
+ * is layer l's producer region, dst[l * W + r] the consumer region of
+ * layer l on rank r. Sets *n. */
 kvr_gpu_scatter_slot_t *merge_slots(const merge_case_t *m,
                                     const void *const *src, void *const *dst,
                                     size_t *n);

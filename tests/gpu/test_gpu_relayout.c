@@ -411,16 +411,19 @@ static void check_merge_errors(void)
             KVR_ERR_INVALID, &err, "NULL");
     refused(kvr_gpu_scatter_requests(rls, 2, NULL, n, NULL, &err),
             KVR_ERR_INVALID, &err, "NULL");
-    s[1].relayout = 2;
-    refused(kvr_gpu_scatter_requests(rls, 2, s, n, NULL, &err),
+    kvr_gpu_scatter_slot_t bad[4]; /* a bad slot among good ones */
+    CHECK(n == 4, "%zu slots", n);
+    memcpy(bad, s, sizeof(bad));
+    bad[1].relayout = 2;
+    refused(kvr_gpu_scatter_requests(rls, 2, bad, n, NULL, &err),
             KVR_ERR_INVALID, &err, "slot 1: relayout 2 of 2");
-    s[1].relayout = 1;
-    s[2].rank = 2;
-    refused(kvr_gpu_scatter_requests(rls, 2, s, n, NULL, &err),
+    memcpy(bad, s, sizeof(bad));
+    bad[2].rank = 2;
+    refused(kvr_gpu_scatter_requests(rls, 2, bad, n, NULL, &err),
             KVR_ERR_RANK_RANGE, &err, "slot 2: DCP rank 2");
-    s[2].rank = 1;
-    s[3].dst_base = NULL;
-    refused(kvr_gpu_scatter_requests(rls, 2, s, n, NULL, &err),
+    memcpy(bad, s, sizeof(bad));
+    bad[3].dst_base = NULL;
+    refused(kvr_gpu_scatter_requests(rls, 2, bad, n, NULL, &err),
             KVR_ERR_INVALID, &err, "slot 3: destination base is NULL");
     free(s);
     merge_free(&ma);
