@@ -20,9 +20,18 @@
  * --grid N caps a launch at N blocks (kvr__rl_tune_grid): fewer items in
  * flight span fewer layer regions.
  *
+ * --merge K adds a third way beside the two: requests K at a time in one
+ * kvr_gpu_scatter_requests call, which runs their slots region-major, so
+ * that the items in flight span few layer regions however short the
+ * requests (docs/gpu.md, Several requests a launch). A merged group's
+ * device time is shared evenly among its requests. A fourth row, "merged
+ * K rq", makes the same calls in the order given, request-major
+ * (kvr__rl_tune_merge_order): the control that tells the order's effect
+ * from that of fewer, larger launches.
+ *
  * Usage: bench_rl_trace [--layers L] [--reps R] [--json FILE] [--grid N]
- *        [--sorted] [--shared] TRACE...  (TRACE: fixed:N:COUNT, or a comma
- *        list of lengths) */
+ *        [--merge K] [--sorted] [--shared] TRACE...  (TRACE: fixed:N:COUNT,
+ *        or a comma list of lengths) */
 #include <cuda_runtime_api.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -37,7 +46,7 @@
             DIE("%s:%d %s: %s", __FILE__, __LINE__, #call, err.msg);           \
     } while (0)
 
-enum { W = 4, BS = 64, UNIT = 576, MAX_REQ = 256, MAX_L = 64 };
+enum { W = 4, BS = 64, UNIT = 576, MAX_REQ = 256, MAX_L = 64, MAX_MERGE = 16 };
 #define FLUSH_BYTES (256ull << 20)
 
 static kvr_error_t err;
@@ -168,6 +177,64 @@ static void launch(const rig_t *r, kvr_gpu_relayout_t *rl, bool joined)
         KVR_OK(kvr_gpu_scatter_regions(rl, ranks, srcs, dsts, m, r->s, &err));
 }
 
+/* How a pass launches its requests: one launch a rank, one a request
+ * (joined), or K >= 2 requests a call (merged: region-major, or in the
+ * order given with kvr__rl_tune_merge_order 1). */
+enum { A_RANK = 0, JOINED = 1 };
+
+static const char *how_name(uint32_t how, bool json)
+{
+    static char buf[48];
+    bool given = kvr__rl_tune_merge_order == 1;
+    if (how == A_RANK)
+        return json ? "per-rank" : "a rank";
+    if (how == JOINED)
+        return "joined";
+    snprintf(buf, sizeof(buf), json ? "merged-%u%s" : "merged %u%s", how,
+             !given ? "" : json ? "-request-major" : " rq");
+    return buf;
+}
+
+/* m requests in one kvr_gpu_scatter_requests call, every (layer, rank)
+ * slot of each, given request-major as launch() gives them: the call runs
+ * them region-major. */
+static void launch_merged(const rig_t *r, kvr_gpu_relayout_t **rl, uint32_t m)
+{
+    static kvr_gpu_scatter_slot_t s[MAX_MERGE * MAX_L * W];
+    size_t n = 0;
+    for (uint32_t i = 0; i < m; i++)
+        for (int k = 0; k < W; k++)
+            for (uint32_t l = 0; l < r->L; l++)
+                s[n++] = (kvr_gpu_scatter_slot_t){i, (uint32_t)k, r->src[l],
+                                                  r->dst[l][k]};
+    KVR_OK(kvr_gpu_scatter_requests((const kvr_gpu_relayout_t *const *)rl, m,
+                                    s, n, r->s, &err));
+}
+
+/* The pass's launches, an event before each request's (or each merged
+ * group's), then each request's device time. */
+static void launches(const rig_t *r, kvr_gpu_relayout_t **rl, uint32_t n,
+                     uint32_t how, cudaEvent_t *ev, double *req_us)
+{
+    uint32_t step = how > JOINED ? how : 1;
+    for (uint32_t i = 0; i < n; i += step) {
+        CUDA_OK(cudaEventRecord(ev[i], r->s));
+        if (how > JOINED)
+            launch_merged(r, rl + i, n - i < step ? n - i : step);
+        else
+            launch(r, rl[i], how == JOINED);
+    }
+    CUDA_OK(cudaEventRecord(ev[n], r->s));
+    CUDA_OK(cudaEventSynchronize(ev[n]));
+    for (uint32_t i = 0; i < n; i += step) {
+        uint32_t end = n - i < step ? n : i + step;
+        float ms = 0;
+        CUDA_OK(cudaEventElapsedTime(&ms, ev[i], ev[end]));
+        for (uint32_t j = i; j < end; j++)
+            req_us[j] = ms * 1e3 / (end - i);
+    }
+}
+
 /* Layer 0, rank W-1 of the pass's last request against the host
  * reference, page by page. */
 static const char *check(const rig_t *r, kvr_gpu_relayout_t *rl,
@@ -206,7 +273,7 @@ typedef struct {
 
 /* One pass of the trace: every request's launches back to back, an event
  * before each, after the L2 flush. */
-static void pass(const rig_t *r, const trace_t *t, bool joined, pass_t *out)
+static void pass(const rig_t *r, const trace_t *t, uint32_t how, pass_t *out)
 {
     kvr_gpu_relayout_t *rl[MAX_REQ];
     uint64_t at[MAX_REQ], cursor = 0, from = 0;
@@ -225,20 +292,11 @@ static void pass(const rig_t *r, const trace_t *t, bool joined, pass_t *out)
     for (uint32_t i = 0; i <= t->n; i++)
         CUDA_OK(cudaEventCreate(&ev[i]));
     CUDA_OK(cudaMemsetAsync(r->flush, (int)(rng++ & 0xff), FLUSH_BYTES, r->s));
-    for (uint32_t i = 0; i < t->n; i++) {
-        CUDA_OK(cudaEventRecord(ev[i], r->s));
-        launch(r, rl[i], joined);
-    }
-    CUDA_OK(cudaEventRecord(ev[t->n], r->s));
-    CUDA_OK(cudaEventSynchronize(ev[t->n]));
+    launches(r, rl, t->n, how, ev, out->req_us);
     float ms = 0;
     CUDA_OK(cudaEventElapsedTime(&ms, ev[0], ev[t->n]));
     out->us = ms * 1e3;
     out->gbps = (double)out->bytes / (out->us * 1e3);
-    for (uint32_t i = 0; i < t->n; i++) {
-        CUDA_OK(cudaEventElapsedTime(&ms, ev[i], ev[i + 1]));
-        out->req_us[i] = ms * 1e3;
-    }
     out->check = check(r, rl[t->n - 1], t->tokens[t->n - 1], at[t->n - 1]);
     for (uint32_t i = 0; i <= t->n; i++)
         cudaEventDestroy(ev[i]);
@@ -278,16 +336,16 @@ static uint64_t sum(const trace_t *t)
 }
 
 /* Median over reps of each pass measure; returns the median GB/s. */
-static double run(const rig_t *r, const trace_t *t, bool joined, int reps,
-                double ceiling, FILE *json, bool *first)
+static double run(const rig_t *r, const trace_t *t, uint32_t how, int reps,
+                  double ceiling, FILE *json, bool *first)
 {
     pass_t p[16];
     float g[16];
     int n = reps < 16 ? reps : 16;
     pass_t warm;
-    pass(r, t, joined, &warm); /* code loaded */
+    pass(r, t, how, &warm); /* code loaded */
     for (int k = 0; k < n; k++) {
-        pass(r, t, joined, &p[k]);
+        pass(r, t, how, &p[k]);
         g[k] = (float)p[k].gbps;
     }
     float lo = g[0], hi = g[0];
@@ -301,8 +359,8 @@ static double run(const rig_t *r, const trace_t *t, bool joined, int reps,
         per += p[0].req_us[i];
     printf("%-28.28s %-7s %4u req %8.1f MB %8.1f GB/s (%.1f-%.1f)  ratio %.3f"
            "  %.1f us a request  %s\n",
-           t->name, joined ? "joined" : "a rank", t->n, p[0].bytes / 1e6, med,
-           lo, hi, ceiling > 0 ? med / ceiling : 1.0, per / t->n, p[0].check);
+           t->name, how_name(how, false), t->n, p[0].bytes / 1e6, med, lo, hi,
+           ceiling > 0 ? med / ceiling : 1.0, per / t->n, p[0].check);
     fflush(stdout);
     if (json == NULL)
         return med;
@@ -311,7 +369,7 @@ static double run(const rig_t *r, const trace_t *t, bool joined, int reps,
             "\"bytes\": %llu, \"GBps_median\": %.2f, \"GBps_min\": %.2f, "
             "\"GBps_max\": %.2f, \"ratio\": %.4f, \"check\": \"%s\", "
             "\"request_us\": [",
-            *first ? "" : ",", t->name, joined ? "joined" : "per-rank", t->n,
+            *first ? "" : ",", t->name, how_name(how, true), t->n,
             (unsigned long long)p[0].bytes, med, lo, hi,
             ceiling > 0 ? med / ceiling : 1.0, p[0].check);
     for (uint32_t i = 0; i < t->n; i++)
@@ -325,7 +383,7 @@ static double run(const rig_t *r, const trace_t *t, bool joined, int reps,
 int main(int argc, char **argv)
 {
     int reps = 5, count = 0, a = 1;
-    uint32_t L = 20;
+    uint32_t L = 20, merge = 0;
     const char *json_path = NULL;
     rig_t r;
     memset(&r, 0, sizeof(r));
@@ -346,14 +404,17 @@ int main(int argc, char **argv)
             json_path = v;
         else if (strcmp(o, "--grid") == 0)
             kvr__rl_tune_grid = atoi(v);
+        else if (strcmp(o, "--merge") == 0)
+            merge = (uint32_t)atoi(v);
         else
             DIE("unknown option %s", o);
     }
-    if (L < 1 || L > MAX_L || reps < 1 || a >= argc)
+    if (L < 1 || L > MAX_L || reps < 1 || a >= argc || merge == 1 ||
+        merge > MAX_MERGE)
         DIE("usage: bench_rl_trace [--layers 1-%d] [--reps N] [--json F] "
-            "[--grid BLOCKS] [--sorted] [--shared] TRACE... (fixed:N:COUNT "
-            "or a comma list of lengths)",
-            MAX_L);
+            "[--grid BLOCKS] [--merge 2-%d] [--sorted] [--shared] TRACE... "
+            "(fixed:N:COUNT or a comma list of lengths)",
+            MAX_L, MAX_MERGE);
     if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {
         fprintf(stderr, "no CUDA device\n");
         return 77;
@@ -386,6 +447,10 @@ int main(int argc, char **argv)
            "before each\n",
            prop.name, W, BS, UNIT, L, r.sorted ? "sorted" : "random",
            r.shared ? "shared" : "distinct", kvr__rl_tune_grid, reps);
+    if (merge > 0)
+        printf("merged %u: %u requests a kvr_gpu_scatter_requests call, "
+               "slots region-major (rq: request-major, the control)\n",
+               merge, merge);
     FILE *json = json_path ? fopen(json_path, "w") : NULL;
     if (json_path && json == NULL)
         DIE("cannot write %s", json_path);
@@ -393,14 +458,21 @@ int main(int argc, char **argv)
         fprintf(json,
                 "{\"bench\": \"rl_trace\", \"device\": \"%s\", "
                 "\"layers\": %u, \"reps\": %d, \"pages\": \"%s\", "
-                "\"source\": \"%s\", \"grid\": %d, \"runs\": [",
+                "\"source\": \"%s\", \"grid\": %d, \"merge\": %u, "
+                "\"runs\": [",
                 prop.name, L, reps, r.sorted ? "sorted" : "random",
-                r.shared ? "shared" : "distinct", kvr__rl_tune_grid);
+                r.shared ? "shared" : "distinct", kvr__rl_tune_grid, merge);
     bool first = true;
-    double ceiling = run(&r, &ceil_t, true, reps, 0, json, &first);
+    double ceiling = run(&r, &ceil_t, JOINED, reps, 0, json, &first);
     for (int i = 0; i < nt; i++) {
-        run(&r, &t[i], true, reps, ceiling, json, &first);
-        run(&r, &t[i], false, reps, ceiling, json, &first);
+        run(&r, &t[i], JOINED, reps, ceiling, json, &first);
+        run(&r, &t[i], A_RANK, reps, ceiling, json, &first);
+        if (merge == 0)
+            continue;
+        run(&r, &t[i], merge, reps, ceiling, json, &first);
+        kvr__rl_tune_merge_order = 1; /* the control */
+        run(&r, &t[i], merge, reps, ceiling, json, &first);
+        kvr__rl_tune_merge_order = 0;
     }
     if (json) {
         fprintf(json, "\n]}\n");

@@ -37,7 +37,7 @@ echo "== build: $("$NVCC" --version | tail -1), $ARCH"
 t0=$(date +%s)
 # base and layout: the files the gpu layer needs (base's init.c wants libsodium)
 CORE="src/base/status.c src/layout/layout.c src/layout/region_class.c"
-SRCS="$CORE $(ls src/gpu/*.c src/gpu/*.cu) tests/gpu/relayout_case.c
+SRCS="$CORE $(ls src/gpu/*.c src/gpu/*.cu) tests/gpu/relayout_case.c tests/gpu/merge_case.c
       tests/gpu/decode_case.c tests/gpu/test_gpu_relayout.c tests/gpu/test_gpu_decode.c
       tests/gpu/test_gpu_ipc.c bench/gpu/bench_gpu.c"
 pids=()
@@ -51,7 +51,8 @@ link() { # executable, objects...
     local exe=$1; shift
     "$NVCC" -arch="$ARCH" -o "$B/$exe" "$@" $LIB -lm || exit 1
 }
-link test_gpu_relayout "$(obj tests/gpu/test_gpu_relayout.c)" "$(obj tests/gpu/relayout_case.c)"
+link test_gpu_relayout "$(obj tests/gpu/test_gpu_relayout.c)" "$(obj tests/gpu/relayout_case.c)" \
+    "$(obj tests/gpu/merge_case.c)"
 link test_gpu_ipc "$(obj tests/gpu/test_gpu_ipc.c)" "$(obj tests/gpu/relayout_case.c)"
 link test_gpu_decode "$(obj tests/gpu/test_gpu_decode.c)" "$(obj tests/gpu/decode_case.c)"
 link bench_gpu "$(obj bench/gpu/bench_gpu.c)"

@@ -164,6 +164,31 @@ kvr_status_t kvr_gpu_scatter_regions(const kvr_gpu_relayout_t *rl,
                                      const void *const *src_bases,
                                      void *const *dst_bases, size_t n,
                                      void *stream, kvr_error_t *err);
+/* One slot of kvr_gpu_scatter_requests: rank `rank`'s share of relayout
+ * rls[relayout], from the producer region at src_base into that rank's
+ * region at dst_base. */
+typedef struct kvr_gpu_scatter_slot {
+    uint32_t relayout; /* index into rls */
+    uint32_t rank;
+    const void *src_base;
+    void *dst_base;
+} kvr_gpu_scatter_slot_t;
+/* (CUDA) kvr_gpu_scatter_regions for several requests at once: nrl
+ * relayouts of one class (the same kind, block size, W, interleave, unit,
+ * page sizes and preshuffle; KVR_ERR_INVALID names the first field that
+ * differs), each uploaded on the current device (else KVR_ERR_INVALID,
+ * before any launch), and n slots over them. The slots run region-major
+ * whatever their order here: sorted (stable) by source base, then
+ * destination base, so that every request's slots of one layer region are
+ * adjacent and the items in flight at once span few regions, as one long
+ * request's do (docs/gpu.md, Several requests a launch). A launch holds at
+ * most 8 relayouts and 128 slots: with more than 8 relayouts the slots go
+ * in groups of 8 (by relayout index), each group region-major. */
+kvr_status_t kvr_gpu_scatter_requests(const kvr_gpu_relayout_t *const *rls,
+                                      size_t nrl,
+                                      const kvr_gpu_scatter_slot_t *slots,
+                                      size_t n, void *stream,
+                                      kvr_error_t *err);
 /* (CUDA) Device pack/unpack with the semantics of the reference ones. Any
  * byte range works; 16-byte accesses are used when sizes, offsets and
  * pointers are 16-aligned, narrower ones otherwise. */

@@ -65,6 +65,10 @@ extern int kvr__rl_tune_chunks;
 /* (CUDA) At most this many blocks a relayout launch, 0: as many as fit
  * (then the environment's KVR_RL_GRID, if set). */
 extern int kvr__rl_tune_grid;
+/* (CUDA) 1: kvr_gpu_scatter_requests keeps the caller's slot order (in
+ * its groups of 8 relayouts) instead of region-major: the control that
+ * tells the order's effect from the launches' (bench_rl_trace). */
+extern int kvr__rl_tune_merge_order;
 extern int kvr__runs_tune_unroll;
 
 /* (CUDA) One empty launch of every relayout kernel, and of the run copy,

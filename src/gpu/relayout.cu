@@ -12,6 +12,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <algorithm>
+
 #include "cuda_util.cuh"
 
 namespace
@@ -49,9 +51,32 @@ constexpr int SLOTS = 128;
 typedef JobT<SLOTS> JobS;
 typedef JobT<1> Job1;
 
+/* A kvr_gpu_scatter_requests launch: several requests of one class, each
+ * its own tables (a geometry), their slots region-major so that the items
+ * in flight at once span few layer regions however short the requests
+ * (docs/gpu.md, Several requests a launch). Slot k's items are
+ * [first[k], first[k + 1]) (the last up to num_items), in the order of
+ * its relayout's pieces for its rank. */
+constexpr int MERGE_GEOMS = 8;
+constexpr int MERGE_SLOTS = 128;
+struct JobM {
+    kvr__rl_geom_t g[MERGE_GEOMS]; /* device tables */
+    const unsigned char *srcs[MERGE_SLOTS];
+    unsigned char *dst[MERGE_SLOTS];
+    uint32_t first[MERGE_SLOTS];
+    uint16_t ranks[MERGE_SLOTS];
+    uint8_t geoms[MERGE_SLOTS]; /* index into g */
+    uint32_t slots;
+    uint64_t stride;
+    kvr__div chunk;
+    uint32_t item0, num_items;
+    uint32_t parts, part_bytes;
+};
+
 /* A kernel's parameters must fit CUDA's 4 KiB. */
 static_assert(sizeof(Job) <= 4096, "relayout Job too large for a parameter");
 static_assert(sizeof(JobS) <= 4096, "relayout JobS too large for a parameter");
+static_assert(sizeof(JobM) <= 4096, "relayout JobM too large for a parameter");
 static_assert(sizeof(Job1) <= 256, "one-slot relayout Job grew");
 
 /* Bytes [x0, x0 + len) of a piece; src and dst are the addresses of the
@@ -115,6 +140,39 @@ template <int R> __device__ Item describe(const JobT<R> &j, uint32_t item)
         it.src = (uint64_t)j.src + staged;
         it.dst = (uint64_t)j.dst[0] + p.dst;
     }
+    return it;
+}
+
+/* The slot holding `item`: the last whose first item is at most it (a
+ * slot of no items shares its first with the next). Lanes of a warp
+ * mostly fall in one slot, so the parameter loads mostly broadcast. */
+__device__ uint32_t slot_of(const JobM &j, uint32_t item)
+{
+    uint32_t lo = 0, n = j.slots;
+    while (n > 1) {
+        uint32_t half = n / 2;
+        if (j.first[lo + half] <= item)
+            lo += half;
+        n -= half;
+    }
+    return lo;
+}
+
+__device__ Item describe(const JobM &j, uint32_t item)
+{
+    Item it = {0, 0, 0, 0};
+    uint32_t k = slot_of(j, item);
+    item -= j.first[k];
+    uint32_t piece = item / j.parts, part = item - piece * j.parts;
+    kvr__rl_piece_t p = kvr__rl_piece_at(&j.g[j.geoms[k]], j.ranks[k], piece);
+    uint64_t a = (uint64_t)part * j.part_bytes;
+    uint64_t b = min(p.len, a + j.part_bytes);
+    if (a >= b)
+        return it;
+    it.src = (uint64_t)j.srcs[k] + p.src;
+    it.dst = (uint64_t)j.dst[k] + p.dst;
+    it.x0 = (uint32_t)a;
+    it.len = (uint32_t)(b - a);
     return it;
 }
 
@@ -335,6 +393,72 @@ kvr_status_t device_tables(const kvr_gpu_relayout_t *rl, kvr__rl_geom_t *g,
     return KVR_OK;
 }
 
+/* How pieces are cut into items, the same for every relayout of a class
+ * (and vector width vb). */
+struct Shape {
+    kvr__div chunk; /* source chunk bytes */
+    uint64_t stride;
+    uint32_t parts, part_bytes;
+    bool chunked; /* chunk_kernel, an item a source chunk */
+};
+
+kvr_status_t item_shape(const kvr__rl_geom_t *g, uint32_t mode, uint32_t vb,
+                        Shape *s, kvr_error_t *err)
+{
+    /* Parts of at most 64 vectors (two per lane), of even size. */
+    uint64_t piece = kvr__rl_max_piece(g);
+    if (piece > INT32_MAX)
+        return kvr_error_set(err, KVR_ERR_UNSUPPORTED,
+                             "relayout pieces of %llu bytes exceed 2^31",
+                             (unsigned long long)piece);
+    bool strided = g->kind == KVR__RL_MLA && mode != UNPACK;
+    s->chunk = kvr__div_make(strided ? g->I * (uint32_t)g->unit : INT32_MAX);
+    s->stride = strided ? (uint64_t)g->I * g->W * g->unit : 0;
+    /* one-rank scatters of small MLA chunks: an item a chunk
+     * (chunk_kernel); every rank at once reads whole pages, where the
+     * items kernel measured faster (0.921 against 0.871) */
+    s->chunked = strided && mode == SCATTER && s->chunk.d <= CHUNK_MAX &&
+                 kvr__rl_tune_chunks != 1;
+    s->parts = s->chunked ? (uint32_t)(piece / s->chunk.d)
+                          : (uint32_t)((piece + 64 * vb - 1) / (64 * vb));
+    s->part_bytes = s->chunked ? s->chunk.d
+                               : (uint32_t)((piece + s->parts * vb - 1) /
+                                            (s->parts * vb) * vb);
+    return KVR_OK;
+}
+
+template <typename J> void set_shape(J &j, const Shape &s)
+{
+    j.chunk = s.chunk;
+    j.stride = s.stride;
+    j.parts = s.parts;
+    j.part_bytes = s.part_bytes;
+}
+
+kvr_status_t too_many_items(uint64_t items, uint32_t part_bytes,
+                            kvr_error_t *err)
+{
+    return kvr_error_set(err, KVR_ERR_UNSUPPORTED,
+                         "relayout of %llu items of %u bytes exceeds the "
+                         "kernel's 2^31",
+                         (unsigned long long)items, part_bytes);
+}
+
+/* The job's kernels for accesses of vb bytes. */
+template <typename J>
+kvr_status_t launch_vb(const J &j, uint32_t vb, bool chunked, void *stream,
+                       kvr_error_t *err)
+{
+    cudaStream_t s = (cudaStream_t)stream;
+    if (vb == 16)
+        return launch_as<J, uint4>(j, s, chunked, err);
+    if (vb == 8)
+        return launch_as<J, uint2>(j, s, chunked, err);
+    if (vb == 4)
+        return launch_as<J, uint32_t>(j, s, chunked, err);
+    return launch_as<J, unsigned char>(j, s, chunked, err);
+}
+
 /* Runs pieces [first, first + count) of the job's rank(s). */
 template <int R>
 kvr_status_t launch(const kvr_gpu_relayout_t *rl, JobT<R> &j, uint64_t bits,
@@ -348,42 +472,18 @@ kvr_status_t launch(const kvr_gpu_relayout_t *rl, JobT<R> &j, uint64_t bits,
     uint64_t ranks = j.mode == SCATTER_ALL ? j.g.W
                      : j.mode == SCATTER   ? j.regions
                                            : 1; /* copies of each item */
-    /* Parts of at most 64 vectors (two per lane), of even size. */
-    uint64_t piece = kvr__rl_max_piece(&j.g);
-    if (piece > INT32_MAX)
-        return kvr_error_set(err, KVR_ERR_UNSUPPORTED,
-                             "relayout pieces of %llu bytes exceed 2^31",
-                             (unsigned long long)piece);
-    bool strided = j.g.kind == KVR__RL_MLA && j.mode != UNPACK;
-    j.chunk = kvr__div_make(strided ? j.g.I * (uint32_t)j.g.unit : INT32_MAX);
-    j.stride = strided ? (uint64_t)j.g.I * j.g.W * j.g.unit : 0;
-    /* one-rank scatters of small MLA chunks: an item a chunk
-     * (chunk_kernel); every rank at once reads whole pages, where the
-     * items kernel measured faster (0.921 against 0.871) */
-    bool chunked = strided && j.mode == SCATTER && j.chunk.d <= CHUNK_MAX &&
-                   kvr__rl_tune_chunks != 1;
-    j.parts = chunked ? (uint32_t)(piece / j.chunk.d)
-                      : (uint32_t)((piece + 64 * vb - 1) / (64 * vb));
-    j.part_bytes =
-        chunked ? j.chunk.d
-                : (uint32_t)((piece + j.parts * vb - 1) / (j.parts * vb) * vb);
+    Shape sh;
+    st = item_shape(&j.g, j.mode, vb, &sh, err);
+    if (st != KVR_OK)
+        return st;
+    set_shape(j, sh);
     uint64_t items = (uint64_t)count * j.parts * ranks;
     if ((uint64_t)(first + count) * j.parts * ranks > INT32_MAX)
-        return kvr_error_set(err, KVR_ERR_UNSUPPORTED,
-                             "relayout of %llu items of %u bytes exceeds the "
-                             "kernel's 2^31",
-                             (unsigned long long)items, j.part_bytes);
+        return too_many_items(items, j.part_bytes, err);
     j.item0 = first * j.parts;
     j.num_items = (uint32_t)items;
     j.region_items = count * j.parts;
-    cudaStream_t s = (cudaStream_t)stream;
-    if (vb == 16)
-        return launch_as<JobT<R>, uint4>(j, s, chunked, err);
-    if (vb == 8)
-        return launch_as<JobT<R>, uint2>(j, s, chunked, err);
-    if (vb == 4)
-        return launch_as<JobT<R>, uint32_t>(j, s, chunked, err);
-    return launch_as<JobT<R>, unsigned char>(j, s, chunked, err);
+    return launch_vb(j, vb, sh.chunked, stream, err);
 }
 
 uint32_t all_pieces(const kvr_gpu_relayout_t *rl)
@@ -438,6 +538,7 @@ kvr_status_t run_range(const kvr_gpu_relayout_t *rl, Mode mode, uint32_t rank,
 int kvr__rl_tune_step = 0;
 int kvr__rl_tune_chunks = 0;
 int kvr__rl_tune_grid = 0;
+int kvr__rl_tune_merge_order = 0;
 
 /* The current device, as an index into rl's per-device copies; *done
  * when it has one already. */
@@ -578,6 +679,7 @@ kvr_status_t kvr__relayout_warm(void *stream, kvr_error_t *err)
     warm<Job1>((cudaStream_t)stream);
     warm<Job>((cudaStream_t)stream);
     warm<JobS>((cudaStream_t)stream);
+    warm<JobM>((cudaStream_t)stream);
     return kvr__launch_status("relayout_kernel (warm-up)", err);
 }
 
@@ -674,6 +776,223 @@ kvr_gpu_scatter_regions(const kvr_gpu_relayout_t *rl, const uint32_t *ranks,
             st = scatter_slots<SLOTS>(rl, ranks + k, src_bases + k,
                                       dst_bases + k, m, stream, err);
     }
+    return st;
+}
+
+/* The first field in which b's class differs from a's (the fields that
+ * cut pieces into items and place them), or NULL; *x, *y its values. */
+static const char *class_differs(const kvr__rl_geom_t *a,
+                                 const kvr__rl_geom_t *b, uint64_t *x,
+                                 uint64_t *y)
+{
+    const struct {
+        const char *name;
+        uint64_t x, y;
+    } f[] = {{"kind", a->kind, b->kind},
+             {"block size", a->bs, b->bs},
+             {"W", a->W, b->W},
+             {"interleave", a->I, b->I},
+             {"unit", a->unit, b->unit},
+             {"source page", a->src_page, b->src_page},
+             {"destination page", a->dst_page, b->dst_page},
+             {"preshuffle", a->preshuffle, b->preshuffle}};
+    for (size_t i = 0; i < sizeof(f) / sizeof(f[0]); i++)
+        if (f[i].x != f[i].y) {
+            *x = f[i].x;
+            *y = f[i].y;
+            return f[i].name;
+        }
+    return NULL;
+}
+
+static kvr_status_t check_class(const kvr_gpu_relayout_t *const *rls,
+                                size_t nrl, kvr_error_t *err)
+{
+    for (size_t i = 0; i < nrl; i++) {
+        uint64_t x = 0, y = 0;
+        if (rls[i] == NULL)
+            return kvr_error_set(err, KVR_ERR_INVALID, "relayout %zu is NULL",
+                                 i);
+        const char *f = class_differs(&rls[0]->geom, &rls[i]->geom, &x, &y);
+        if (f != NULL)
+            return kvr_error_set(err, KVR_ERR_INVALID,
+                                 "relayout %zu's %s %llu differs from "
+                                 "relayout 0's %llu: one class a call",
+                                 i, f, (unsigned long long)y,
+                                 (unsigned long long)x);
+    }
+    return KVR_OK;
+}
+
+/* Every slot names a relayout and a rank of it and both bases; *bits
+ * gathers the bases for the vector width. */
+static kvr_status_t check_slots(const kvr_gpu_relayout_t *const *rls,
+                                size_t nrl, const kvr_gpu_scatter_slot_t *slots,
+                                size_t n, uint64_t *bits, kvr_error_t *err)
+{
+    for (size_t k = 0; k < n; k++) {
+        const kvr_gpu_scatter_slot_t *s = &slots[k];
+        if (s->relayout >= nrl)
+            return kvr_error_set(err, KVR_ERR_INVALID,
+                                 "slot %zu: relayout %u of %zu", k,
+                                 s->relayout, nrl);
+        if (s->rank >= rls[s->relayout]->geom.W)
+            return kvr_error_set(err, KVR_ERR_RANK_RANGE,
+                                 "slot %zu: DCP rank %u out of range [0, %u)",
+                                 k, s->rank, rls[s->relayout]->geom.W);
+        if (s->src_base == NULL || s->dst_base == NULL)
+            return kvr_error_set(err, KVR_ERR_INVALID,
+                                 "slot %zu: %s base is NULL", k,
+                                 s->src_base == NULL ? "source"
+                                                     : "destination");
+        *bits |= (uintptr_t)s->src_base | (uintptr_t)s->dst_base;
+    }
+    return KVR_OK;
+}
+
+/* Every relayout's tables on the current device, before the first
+ * launch: a refusal leaves nothing half done. */
+static kvr_status_t check_uploaded(const kvr_gpu_relayout_t *const *rls,
+                                   size_t nrl, kvr_error_t *err)
+{
+    kvr__rl_geom_t g;
+    kvr_status_t st = KVR_OK;
+    for (size_t i = 0; st == KVR_OK && i < nrl; i++)
+        st = device_tables(rls[i], &g, err);
+    return st;
+}
+
+/* The launch order: region-major (by source, then destination base), in
+ * groups of MERGE_GEOMS relayouts (by index) so that every launch holds
+ * all of its regions' requests; stable, so equal slots keep the
+ * caller's order (all of them with kvr__rl_tune_merge_order 1). */
+static kvr_status_t region_order(const kvr_gpu_scatter_slot_t *slots,
+                                 size_t n, uint32_t **out, kvr_error_t *err)
+{
+    if (n > UINT32_MAX)
+        return kvr_error_set(err, KVR_ERR_UNSUPPORTED,
+                             "%zu slots: at most 2^32 - 1", n);
+    uint32_t *o = (uint32_t *)malloc(n * sizeof(*o));
+    if (o == NULL)
+        return kvr_error_set(err, KVR_ERR_NO_MEMORY, "%zu slots' order", n);
+    for (size_t k = 0; k < n; k++)
+        o[k] = (uint32_t)k;
+    bool given = kvr__rl_tune_merge_order == 1;
+    std::stable_sort(o, o + n, [slots, given](uint32_t x, uint32_t y) {
+        const kvr_gpu_scatter_slot_t &a = slots[x], &b = slots[y];
+        uint32_t ga = a.relayout / MERGE_GEOMS, gb = b.relayout / MERGE_GEOMS;
+        if (ga != gb || given)
+            return ga < gb;
+        if (a.src_base != b.src_base)
+            return (uintptr_t)a.src_base < (uintptr_t)b.src_base;
+        return (uintptr_t)a.dst_base < (uintptr_t)b.dst_base;
+    });
+    *out = o;
+    return KVR_OK;
+}
+
+/* A merged launch being filled. */
+struct Merge {
+    JobM j;
+    uint32_t rl_of[MERGE_GEOMS]; /* the relayout of each geometry */
+    uint32_t ngeoms, vb;
+    bool chunked;
+};
+
+static kvr_status_t merge_flush(Merge *m, void *stream, kvr_error_t *err)
+{
+    kvr_status_t st = KVR_OK;
+    if (m->j.num_items > 0)
+        st = launch_vb(m->j, m->vb, m->chunked, stream, err);
+    m->j.slots = m->j.num_items = 0;
+    m->ngeoms = 0;
+    return st;
+}
+
+/* m's geometry for relayout i, or ngeoms when it has none yet. */
+static uint32_t merge_geom(const Merge *m, uint32_t i)
+{
+    uint32_t g = 0;
+    while (g < m->ngeoms && m->rl_of[g] != i)
+        g++;
+    return g;
+}
+
+/* Adds a slot to m, launching m first when the slot does not fit. */
+static kvr_status_t merge_slot(Merge *m, const kvr_gpu_relayout_t *const *rls,
+                               const kvr_gpu_scatter_slot_t *s, void *stream,
+                               kvr_error_t *err)
+{
+    const kvr_gpu_relayout_t *rl = rls[s->relayout];
+    uint64_t items = (uint64_t)all_pieces(rl) * m->j.parts;
+    if (items > INT32_MAX)
+        return too_many_items(items, m->j.part_bytes, err);
+    uint32_t g = merge_geom(m, s->relayout);
+    kvr_status_t st = KVR_OK;
+    if (m->j.slots == MERGE_SLOTS || g == MERGE_GEOMS ||
+        m->j.num_items + items > INT32_MAX) {
+        st = merge_flush(m, stream, err);
+        g = 0;
+    }
+    if (st == KVR_OK && g == m->ngeoms) {
+        st = device_tables(rl, &m->j.g[g], err);
+        m->rl_of[m->ngeoms++] = s->relayout;
+    }
+    if (st != KVR_OK)
+        return st;
+    uint32_t k = m->j.slots++;
+    m->j.srcs[k] = (const unsigned char *)s->src_base;
+    m->j.dst[k] = (unsigned char *)s->dst_base;
+    m->j.ranks[k] = (uint16_t)s->rank;
+    m->j.geoms[k] = (uint8_t)g;
+    m->j.first[k] = m->j.num_items;
+    m->j.num_items += (uint32_t)items;
+    return KVR_OK;
+}
+
+/* The slots in `order`, as few launches as hold them. */
+static kvr_status_t merge_run(const kvr_gpu_relayout_t *const *rls,
+                              const kvr_gpu_scatter_slot_t *slots,
+                              const uint32_t *order, size_t n, uint64_t bits,
+                              void *stream, kvr_error_t *err)
+{
+    Merge *m = (Merge *)calloc(1, sizeof(*m));
+    if (m == NULL)
+        return kvr_error_set(err, KVR_ERR_NO_MEMORY, "a merged launch");
+    m->vb = vector_bytes(bits | geometry_bits(&rls[0]->geom));
+    Shape sh;
+    kvr_status_t st = item_shape(&rls[0]->geom, SCATTER, m->vb, &sh, err);
+    set_shape(m->j, sh);
+    m->chunked = sh.chunked;
+    for (size_t k = 0; st == KVR_OK && k < n; k++)
+        st = merge_slot(m, rls, &slots[order[k]], stream, err);
+    if (st == KVR_OK)
+        st = merge_flush(m, stream, err);
+    free(m);
+    return st;
+}
+
+extern "C" kvr_status_t
+kvr_gpu_scatter_requests(const kvr_gpu_relayout_t *const *rls, size_t nrl,
+                         const kvr_gpu_scatter_slot_t *slots, size_t n,
+                         void *stream, kvr_error_t *err)
+{
+    if (rls == NULL || slots == NULL)
+        return kvr_error_set(err, KVR_ERR_INVALID,
+                             "relayout or slot array is NULL");
+    uint64_t bits = 0;
+    uint32_t *order = NULL;
+    kvr_status_t st = check_class(rls, nrl, err);
+    if (st == KVR_OK)
+        st = check_slots(rls, nrl, slots, n, &bits, err);
+    if (st != KVR_OK || n == 0)
+        return st;
+    st = check_uploaded(rls, nrl, err);
+    if (st == KVR_OK)
+        st = region_order(slots, n, &order, err);
+    if (st == KVR_OK)
+        st = merge_run(rls, slots, order, n, bits, stream, err);
+    free(order);
     return st;
 }
 

@@ -48,7 +48,7 @@ case_shape_t case_random_shape(uint64_t *rng)
 }
 
 /* The ids below `range` in random order (tables use a prefix). */
-static uint32_t *random_ids(uint64_t *rng, uint64_t range)
+uint32_t *case_random_ids(uint64_t *rng, uint64_t range)
 {
     uint32_t *all = xmalloc(range * sizeof(*all));
     for (uint64_t i = 0; i < range; i++)
@@ -61,8 +61,8 @@ static uint32_t *random_ids(uint64_t *rng, uint64_t range)
     return all;
 }
 
-static kvr_region_desc_t region(const case_shape_t *s, int consumer,
-                                uint64_t blocks)
+kvr_region_desc_t case_region(const case_shape_t *s, int consumer,
+                              uint64_t blocks)
 {
     kvr_region_desc_t r = {0};
     r.role = s->role;
@@ -77,9 +77,8 @@ static kvr_region_desc_t region(const case_shape_t *s, int consumer,
     return r;
 }
 
-void case_make(relayout_case_t *c, const case_shape_t *s, uint64_t *rng)
+kvr_layout_t case_layout(const case_shape_t *s)
 {
-    memset(c, 0, sizeof(*c));
     kvr_layout_t lay = KVR_LAYOUT_INIT;
     lay.block_size = s->bs;
     lay.dcp_size = s->W;
@@ -88,14 +87,20 @@ void case_make(relayout_case_t *c, const case_shape_t *s, uint64_t *rng)
     lay.producer_tp = s->W;
     lay.replicate_index = s->replicate;
     lay.preshuffle = s->preshuffle;
-    c->lay = lay;
+    return lay;
+}
+
+void case_make(relayout_case_t *c, const case_shape_t *s, uint64_t *rng)
+{
+    memset(c, 0, sizeof(*c));
+    c->lay = case_layout(s);
     uint64_t V = (uint64_t)s->bs * s->W;
     size_t nsrc = kvr__ceil_div(s->tokens, s->bs) + rng_below(rng, 3);
     size_t ndst = kvr__ceil_div(s->tokens, V) + rng_below(rng, 3);
-    c->src = region(s, 0, nsrc + 5);
-    c->dst = region(s, 1, ndst + 4);
-    c->src_blocks = random_ids(rng, c->src.num_blocks);
-    c->dst_blocks = random_ids(rng, c->dst.num_blocks);
+    c->src = case_region(s, 0, nsrc + 5);
+    c->dst = case_region(s, 1, ndst + 4);
+    c->src_blocks = case_random_ids(rng, c->src.num_blocks);
+    c->dst_blocks = case_random_ids(rng, c->dst.num_blocks);
     c->req = (kvr_gpu_request_t){c->src_blocks, nsrc,      c->dst_blocks,
                                  ndst,          s->tokens, s->computed};
     c->src_bytes = c->src.num_blocks * c->src.page_bytes;

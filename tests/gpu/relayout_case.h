@@ -24,6 +24,14 @@ typedef struct case_shape {
     uint64_t computed; /* num_computed_blocks */
 } case_shape_t;
 
+/* The shape's layout (tp = producer_tp = W), and a producer or consumer
+ * region of `blocks` pages. */
+kvr_layout_t case_layout(const case_shape_t *s);
+kvr_region_desc_t case_region(const case_shape_t *s, int consumer,
+                              uint64_t blocks);
+/* The ids below `range` in random order. */
+uint32_t *case_random_ids(uint64_t *rng, uint64_t range);
+
 /* Random block tables (non-contiguous, spare entries past the end) and a
  * random producer region for the shape. */
 void case_make(relayout_case_t *c, const case_shape_t *shape, uint64_t *rng);

@@ -1,12 +1,13 @@
 /* Relayout kernels against the per-token expected images and the host
  * reference: direct scatter into every rank (ranks spread over the devices
  * present, written through peer access), one rank at a time launched on the
- * consumer's device (pull), pack and chunked unpack, misaligned buffers.
- * Exit 77 without a CUDA device. */
+ * consumer's device (pull), pack and chunked unpack, misaligned buffers;
+ * several requests a launch (kvr_gpu_scatter_requests). Exit 77 without a
+ * CUDA device, after the checks that need none. */
 #include <cuda_runtime_api.h>
 #include <string.h>
 
-#include "relayout_case.h"
+#include "merge_case.h"
 
 #define CUDA_OK(call)                                                          \
     do {                                                                       \
@@ -372,8 +373,150 @@ static void check_runs(uint64_t *rng)
     free(rc.off);
 }
 
+/* ---- several requests a launch (kvr_gpu_scatter_requests) ---- */
+
+static void refused(kvr_status_t st, kvr_status_t want, const kvr_error_t *err,
+                    const char *text)
+{
+    CHECK(st == want && strstr(err->msg, text) != NULL,
+          "want %s naming \"%s\", got %s: %s", kvr_status_str(want), text,
+          kvr_status_str(st), err->msg);
+}
+
+/* The call's refusals, every one before a device is touched (so they run
+ * on a machine without one too). */
+static void check_merge_errors(void)
+{
+    uint64_t rng = 9, tokens[2] = {100, 300};
+    case_shape_t a = {KVR_ROLE_MLA, 16, 2, 4, 0, 0, 64, 0, 0}, b = a;
+    b.unit = 128;
+    merge_case_t ma, mb;
+    merge_make(&ma, &a, tokens, 2, 1, &rng);
+    merge_make(&mb, &b, tokens, 1, 1, &rng);
+    int x = 0;
+    const void *src[1] = {&x};
+    void *dst[2] = {&x, &x};
+    size_t n = 0;
+    kvr_gpu_scatter_slot_t *s = merge_slots(&ma, src, dst, &n);
+    const kvr_gpu_relayout_t *const *rls =
+        (const kvr_gpu_relayout_t *const *)ma.rls;
+    const kvr_gpu_relayout_t *mixed[2] = {ma.rls[0], mb.rls[0]};
+    kvr_error_t err = {0};
+    refused(kvr_gpu_scatter_requests(mixed, 2, s, 1, NULL, &err),
+            KVR_ERR_INVALID, &err, "relayout 1's unit 128 differs");
+    mixed[1] = NULL;
+    refused(kvr_gpu_scatter_requests(mixed, 2, s, 1, NULL, &err),
+            KVR_ERR_INVALID, &err, "relayout 1 is NULL");
+    refused(kvr_gpu_scatter_requests(NULL, 2, s, n, NULL, &err),
+            KVR_ERR_INVALID, &err, "NULL");
+    refused(kvr_gpu_scatter_requests(rls, 2, NULL, n, NULL, &err),
+            KVR_ERR_INVALID, &err, "NULL");
+    kvr_gpu_scatter_slot_t bad[4]; /* a bad slot among good ones */
+    CHECK(n == 4, "%zu slots", n);
+    memcpy(bad, s, sizeof(bad));
+    bad[1].relayout = 2;
+    refused(kvr_gpu_scatter_requests(rls, 2, bad, n, NULL, &err),
+            KVR_ERR_INVALID, &err, "slot 1: relayout 2 of 2");
+    memcpy(bad, s, sizeof(bad));
+    bad[2].rank = 2;
+    refused(kvr_gpu_scatter_requests(rls, 2, bad, n, NULL, &err),
+            KVR_ERR_RANK_RANGE, &err, "slot 2: DCP rank 2");
+    memcpy(bad, s, sizeof(bad));
+    bad[3].dst_base = NULL;
+    refused(kvr_gpu_scatter_requests(rls, 2, bad, n, NULL, &err),
+            KVR_ERR_INVALID, &err, "slot 3: destination base is NULL");
+    free(s);
+    merge_free(&ma);
+    merge_free(&mb);
+}
+
+/* Every request of a merge case in one call, its regions `shift` bytes
+ * into fresh allocations: refused before the tables are uploaded, then
+ * every consumer region equal to the reference's image. */
+static void check_merged(const case_shape_t *s, const uint64_t *tokens,
+                         uint32_t nreq, uint32_t layers, uint32_t shift,
+                         uint64_t *rng)
+{
+    merge_case_t m;
+    char name[160], what[64];
+    merge_make(&m, s, tokens, nreq, layers, rng);
+    case_name(s, name, sizeof(name));
+    uint32_t nd = layers * m.W;
+    dbuf_t *buf = xmalloc((layers + nd) * sizeof(*buf));
+    const void **src = xmalloc(layers * sizeof(*src));
+    void **dst = xmalloc(nd * sizeof(*dst));
+    for (uint32_t l = 0; l < layers; l++) {
+        buf[l] = dbuf_make(0, m.src_img[l], m.src_bytes, shift);
+        src[l] = buf[l].ptr;
+    }
+    for (uint32_t k = 0; k < nd; k++) {
+        buf[layers + k] = dbuf_make(0, m.poison, m.dst_bytes, shift);
+        dst[k] = buf[layers + k].ptr;
+    }
+    size_t n = 0;
+    kvr_gpu_scatter_slot_t *slots = merge_slots(&m, src, dst, &n);
+    const kvr_gpu_relayout_t *const *rls =
+        (const kvr_gpu_relayout_t *const *)m.rls;
+    kvr_error_t e = {0};
+    refused(kvr_gpu_scatter_requests(rls, nreq, slots, n, NULL, &e),
+            KVR_ERR_INVALID, &e, "kvr_gpu_relayout_upload");
+    for (uint32_t i = 0; i < nreq; i++)
+        CHECK_KVR(kvr_gpu_relayout_upload(m.rls[i], &err));
+    CHECK_KVR(kvr_gpu_scatter_requests(rls, nreq, slots, n, NULL, &err));
+    CUDA_OK(cudaDeviceSynchronize());
+    for (uint32_t k = 0; k < nd; k++) {
+        snprintf(what, sizeof(what), "scatter_requests layer %u", k / m.W);
+        check_device_image(&buf[layers + k], m.expect[k], m.dst_bytes, what,
+                           name, k % m.W);
+    }
+    for (uint32_t k = 0; k < layers + nd; k++)
+        dbuf_free(&buf[k]);
+    free(buf);
+    free(src);
+    free(dst);
+    free(slots);
+    merge_free(&m);
+}
+
+static void check_merges(uint64_t *rng)
+{
+    /* a PP stage's MLA class, requests of every length (2500 and 333 not
+     * multiples of bs * W): through chunk_kernel (I = 1) and
+     * relayout_kernel (I = 16, chunks past CHUNK_MAX) */
+    static const uint64_t lens[] = {1000, 2500, 4096, 333};
+    case_shape_t mla = {KVR_ROLE_MLA, 64, 4, 1, 0, 0, 576, 0, 0};
+    check_merged(&mla, lens, 4, 3, 0, rng);
+    mla.I = 16;
+    check_merged(&mla, lens, 4, 2, 0, rng);
+    /* more than 8 requests and 128 slots: several launches; 100-byte
+     * tokens one byte off: byte accesses */
+    uint64_t many[10];
+    for (int i = 0; i < 10; i++)
+        many[i] = 1 + rng_below(rng, 700);
+    case_shape_t odd = {KVR_ROLE_MLA, 16, 4, 2, 0, 0, 100, 0, 0};
+    check_merged(&odd, many, 10, 5, 1, rng);
+    /* the index classes: replicated and preshuffled, sharded pages */
+    static const uint64_t idx[] = {700, 64, 1500};
+    case_shape_t repl = {KVR_ROLE_INDEX, 64, 4, 1, 1, 1, 128, 0, 0};
+    case_shape_t seg = {KVR_ROLE_INDEX, 16, 4, 16, 0, 0, 36, 0, 0};
+    check_merged(&repl, idx, 3, 2, 8, rng);
+    check_merged(&seg, idx, 3, 2, 4, rng);
+    /* random classes, 1-12 requests (empty ones too) over 1-4 layers */
+    static const uint32_t SHIFTS[] = {0, 4, 8, 1};
+    for (int c = 0; c < 40; c++) {
+        case_shape_t r = case_random_shape(rng);
+        uint64_t t[12];
+        uint32_t nreq = 1 + rng_below(rng, 12);
+        for (uint32_t i = 0; i < nreq; i++)
+            t[i] = rng_below(rng, 6 * r.bs * r.W + 6);
+        check_merged(&r, t, nreq, 1 + rng_below(rng, 4),
+                     SHIFTS[rng_below(rng, 4)], rng);
+    }
+}
+
 int main(void)
 {
+    check_merge_errors();
     CHECK_KVR(kvr_gpu_device_count(&devices, &err));
     if (devices == 0) {
         printf("SKIP: no CUDA device\n");
@@ -391,6 +534,7 @@ int main(void)
     }
     check_errors();
     uint64_t rng = 0x475055ull;
+    check_merges(&rng);
     for (int i = 0; i < 300; i++) {
         kvr__runs_tune_unroll = i % 2;
         check_runs(&rng);
