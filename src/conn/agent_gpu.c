@@ -113,6 +113,12 @@ void kvr__agpu_unmap(kvr__amap_t *m)
     m->dev = NULL;
 }
 
+static bool same_request(const kvr__pull_t *p, const kvr__pull_t *q)
+{
+    return q->request.len == p->request.len &&
+           memcmp(q->request.bytes, p->request.bytes, p->request.len) == 0;
+}
+
 /* Whether q may share p's launch (one launch for every rank that pulled
  * the same request: issue 17): a gpu-direct pull of the same request not
  * launched yet, with the same layer group and the same destination tables
@@ -120,9 +126,8 @@ void kvr__agpu_unmap(kvr__amap_t *m)
 static bool joins(const kvr__pull_t *p, const kvr__pull_t *q)
 {
     return q != p && q->gpu && q->job == NULL && q->link != NULL &&
-           q->request.len == p->request.len &&
-           memcmp(q->request.bytes, p->request.bytes, p->request.len) == 0 &&
-           q->group_begin == p->group_begin && q->group_end == p->group_end &&
+           same_request(p, q) && q->group_begin == p->group_begin &&
+           q->group_end == p->group_end &&
            q->layer_lo == p->layer_lo && q->layer_hi == p->layer_hi &&
            q->num_tokens == p->num_tokens &&
            q->num_computed == p->num_computed && q->ndst == p->ndst &&
@@ -175,9 +180,7 @@ static bool mergeable(const launch_set_t *ls, const kvr__pull_t *q)
         q->state != KVR__PULL_MOVING || q->wait_layers)
         return false;
     for (uint32_t i = 0; i < ls->k; i++)
-        if (ls->set[i]->request.len == q->request.len &&
-            memcmp(ls->set[i]->request.bytes, q->request.bytes,
-                   q->request.len) == 0)
+        if (same_request(ls->set[i], q))
             return false;
     return true;
 }

@@ -403,7 +403,7 @@ static kvr_status_t launch_merged(kvr__gpu_job_t *job, void *stream,
             *bytes += kvr_gpu_relayout_bytes(rls[at[q] - 1], l->ranks[i]);
         }
     }
-    if (st == KVR_OK && m > 0) { /* launches: 8 relayouts at most each */
+    if (st == KVR_OK && m > 0) { /* kernels: one per 128 slots at least */
         count_launch(job, m, (uint32_t)((m + LAUNCH_SLOTS - 1) / LAUNCH_SLOTS));
         st = kvr_gpu_scatter_requests(rls, nrl, slots, m, stream, err);
     }
