@@ -386,8 +386,26 @@ static void merged_requests(void **state)
     world_free(w);
 }
 
-/* The request of a pull on stage s whose job carries another request's
- * pull too (NULL: none yet). */
+static bool same_id(const kvr__pull_t *p, const kvr__pull_t *q)
+{
+    return q->request.len == p->request.len &&
+           memcmp(q->request.bytes, p->request.bytes, p->request.len) == 0;
+}
+
+/* Whether p's job carries both ranks' pulls of p's request (so neither
+ * rank has it loaded yet) and a pull of another request. */
+static bool rides_merged(const kvr_agent_t *a, const kvr__pull_t *p)
+{
+    uint32_t mine = 0, others = 0;
+    for (const kvr__pull_t *q = a->active; q != NULL; q = q->work_next)
+        if (p->job != NULL && q->job == p->job) {
+            mine += same_id(p, q);
+            others += !same_id(p, q);
+        }
+    return mine == 2 && others > 0;
+}
+
+/* The request of a pull on stage s that rides_merged (NULL: none yet). */
 static const ah_req_t *merged_victim(world_t *w, uint32_t s,
                                      const ah_req_t *r, uint32_t n)
 {
@@ -395,14 +413,10 @@ static const ah_req_t *merged_victim(world_t *w, uint32_t s,
     const ah_req_t *found = NULL;
     pthread_mutex_lock(&a->turn_lock);
     for (const kvr__pull_t *p = a->active; p && !found; p = p->work_next)
-        for (const kvr__pull_t *q = a->active; q && !found; q = q->work_next)
-            if (p->job != NULL && q->job == p->job &&
-                (q->request.len != p->request.len ||
-                 memcmp(q->request.bytes, p->request.bytes, p->request.len)))
-                for (uint32_t i = 0; i < n && !found; i++)
-                    if (strlen(r[i].id) == p->request.len &&
-                        memcmp(r[i].id, p->request.bytes, p->request.len) == 0)
-                        found = &r[i];
+        for (uint32_t i = 0; i < n && !found && rides_merged(a, p); i++)
+            if (strlen(r[i].id) == p->request.len &&
+                memcmp(r[i].id, p->request.bytes, p->request.len) == 0)
+                found = &r[i];
     pthread_mutex_unlock(&a->turn_lock);
     return found;
 }
