@@ -113,6 +113,12 @@ void kvr__agpu_unmap(kvr__amap_t *m)
     m->dev = NULL;
 }
 
+static bool same_request(const kvr__pull_t *p, const kvr__pull_t *q)
+{
+    return q->request.len == p->request.len &&
+           memcmp(q->request.bytes, p->request.bytes, p->request.len) == 0;
+}
+
 /* Whether q may share p's launch (one launch for every rank that pulled
  * the same request: issue 17): a gpu-direct pull of the same request not
  * launched yet, with the same layer group and the same destination tables
@@ -120,9 +126,8 @@ void kvr__agpu_unmap(kvr__amap_t *m)
 static bool joins(const kvr__pull_t *p, const kvr__pull_t *q)
 {
     return q != p && q->gpu && q->job == NULL && q->link != NULL &&
-           q->request.len == p->request.len &&
-           memcmp(q->request.bytes, p->request.bytes, p->request.len) == 0 &&
-           q->group_begin == p->group_begin && q->group_end == p->group_end &&
+           same_request(p, q) && q->group_begin == p->group_begin &&
+           q->group_end == p->group_end &&
            q->layer_lo == p->layer_lo && q->layer_hi == p->layer_hi &&
            q->num_tokens == p->num_tokens &&
            q->num_computed == p->num_computed && q->ndst == p->ndst &&
@@ -131,21 +136,73 @@ static bool joins(const kvr__pull_t *p, const kvr__pull_t *q)
 
 #define JOIN_MAX 64u /* pulls in one launch */
 
-/* p first, then the moving pulls that join it, one per other rank. */
-static uint32_t gather(const kvr_agent_t *a, kvr__pull_t *p,
-                       kvr__pull_t **set)
+/* A launch's pulls, a request at a time (its lead first, then the pulls
+ * that join it), and each request as the GPU path takes it. */
+typedef struct launch_set {
+    kvr__pull_t *set[JOIN_MAX];
+    uint32_t rq[JOIN_MAX]; /* each pull's request in reqs */
+    uint32_t k, nreq;
+    kvr_request_t reqs[JOIN_MAX];
+    const kvr__gpu_tables_t *tables[JOIN_MAX]; /* its lead's */
+} launch_set_t;
+
+/* lead (of request r) and the moving pulls that join it, one per other
+ * rank, appended while fewer than `most` pulls are in ls. */
+static void add_request(const kvr_agent_t *a, const kvr__preq_t *r,
+                        kvr__pull_t *lead, launch_set_t *ls, uint32_t most)
 {
-    uint32_t k = 0, most = a->gpu_join - 1 < JOIN_MAX ? a->gpu_join : JOIN_MAX;
-    set[k++] = p;
-    for (kvr__pull_t *q = a->active; q != NULL && k < most;
+    uint32_t first = ls->k, rq = ls->nreq++;
+    ls->reqs[rq] = (kvr_request_t){r->src,          r->nsrc,
+                                   lead->dst,       lead->ndst,
+                                   lead->num_tokens, lead->num_computed};
+    ls->tables[rq] = lead->tables;
+    ls->rq[ls->k] = rq;
+    ls->set[ls->k++] = lead;
+    for (kvr__pull_t *q = a->active; q != NULL && ls->k < most;
          q = q->work_next) {
         bool taken = false;
-        for (uint32_t i = 0; i < k; i++)
-            taken = taken || set[i]->dcp_rank == q->dcp_rank;
-        if (!taken && joins(p, q))
-            set[k++] = q;
+        for (uint32_t i = first; i < ls->k; i++)
+            taken = taken || ls->set[i]->dcp_rank == q->dcp_rank;
+        if (!taken && joins(lead, q)) {
+            ls->rq[ls->k] = rq;
+            ls->set[ls->k++] = q;
+        }
     }
-    return k;
+}
+
+/* Whether q may lead another request into the launch
+ * (KVR_AGENT_GPU_MERGE): a gpu-direct pull moving with its layers ready,
+ * not launched, with tables made at its arrival, of a request not in ls
+ * yet. */
+static bool mergeable(const launch_set_t *ls, const kvr__pull_t *q)
+{
+    if (!q->gpu || q->job != NULL || q->link == NULL || q->tables == NULL ||
+        q->state != KVR__PULL_MOVING || q->wait_layers)
+        return false;
+    for (uint32_t i = 0; i < ls->k; i++)
+        if (same_request(ls->set[i], q))
+            return false;
+    return true;
+}
+
+/* p's request first, then (KVR_AGENT_GPU_MERGE > 1) the ready pulls of
+ * up to that many requests in all, oldest first (the active list's
+ * order), so one launch moves several short requests region-major like
+ * one long one (docs/gpu.md, Several requests a launch). */
+static void gather(kvr_agent_t *a, const kvr__preq_t *r, kvr__pull_t *p,
+                   launch_set_t *ls)
+{
+    uint32_t most = a->gpu_join - 1 < JOIN_MAX ? a->gpu_join : JOIN_MAX;
+    ls->k = ls->nreq = 0;
+    add_request(a, r, p, ls, most);
+    for (kvr__pull_t *q = a->active;
+         q != NULL && ls->nreq < a->gpu_merge && ls->k < most;
+         q = q->work_next) {
+        const kvr__preq_t *qr = mergeable(ls, q) ? kvr__pull_owner(a, q)
+                                                 : NULL;
+        if (qr != NULL)
+            add_request(a, qr, q, ls, most);
+    }
 }
 
 /* p's regions of layers [lo, hi) (of the group moving: all its layers
@@ -186,7 +243,10 @@ static kvr_status_t slots_room(kvr_agent_t *a, size_t n, kvr_error_t *err)
     a->gslots.dst = dst ? dst : a->gslots.dst;
     uint32_t *ranks = realloc(a->gslots.ranks, cap * sizeof(*ranks));
     a->gslots.ranks = ranks ? ranks : a->gslots.ranks;
-    if (pairs == NULL || src == NULL || dst == NULL || ranks == NULL)
+    uint32_t *req = realloc(a->gslots.req, cap * sizeof(*req));
+    a->gslots.req = req ? req : a->gslots.req;
+    if (pairs == NULL || src == NULL || dst == NULL || ranks == NULL ||
+        req == NULL)
         return kvr_error_set(err, KVR_ERR_NO_MEMORY,
                              "no memory for %zu launch slots", cap);
     a->gslots.cap = cap;
@@ -199,36 +259,51 @@ void kvr__agpu_free(kvr_agent_t *a)
     free(a->gslots.src);
     free(a->gslots.dst);
     free(a->gslots.ranks);
+    free(a->gslots.req);
     memset(&a->gslots, 0, sizeof(a->gslots));
 }
 
+/* ls's pulls' region pairs of their layer groups into the agent's slot
+ * arrays, each with its request's index; *want their plans' bytes. */
+static kvr_status_t fill_slots(kvr_agent_t *a, const launch_set_t *ls,
+                               uint32_t *n, uint64_t *want, kvr_error_t *err)
+{
+    kvr_status_t st = slots_room(a, (size_t)ls->k * a->num_order + 1, err);
+    *n = 0;
+    *want = 0;
+    for (uint32_t i = 0; st == KVR_OK && i < ls->k; i++) {
+        const kvr__pull_t *q = ls->set[i];
+        uint32_t m = *n;
+        *n = add_pairs(a, q, q->group_begin, q->group_end, a->gslots.pairs,
+                       a->gslots.src, a->gslots.dst, a->gslots.ranks, *n);
+        for (; m < *n; m++)
+            a->gslots.req[m] = ls->rq[i];
+        *want += q->group_off - q->group_off0;
+    }
+    return st;
+}
+
 /* The launch of p's layer group and of every pull that joins it (their
- * tables are p's): one job they share, on the agent's stream, so after
- * every cudaStreamWaitEvent that send_ready made for these layers. */
+ * tables are p's), and with KVR_AGENT_GPU_MERGE of other requests' ready
+ * pulls (each request's tables its lead's): one job they share, on the
+ * agent's stream, so after every cudaStreamWaitEvent that send_ready made
+ * for these layers. */
 static kvr_status_t launch(kvr_agent_t *a, const kvr__preq_t *r, kvr__pull_t *p,
                            kvr_error_t *err)
 {
-    kvr__pull_t *set[JOIN_MAX];
-    uint32_t k = gather(a, p, set), n = 0;
-    kvr_status_t st = slots_room(a, (size_t)k * a->num_order + 1, err);
-    kvr_region_pair_t *pairs = a->gslots.pairs;
-    const void **src = a->gslots.src;
-    void **dst = a->gslots.dst;
-    uint32_t *ranks = a->gslots.ranks;
+    launch_set_t ls;
+    gather(a, r, p, &ls);
+    uint32_t k = ls.k, n = 0;
     uint64_t want = 0, bytes = 0;
-    for (uint32_t i = 0; st == KVR_OK && i < k; i++) {
-        n = add_pairs(a, set[i], set[i]->group_begin, set[i]->group_end, pairs,
-                      src, dst, ranks, n);
-        want += set[i]->group_off - set[i]->group_off0;
-    }
-    kvr_request_t req = {r->src,  r->nsrc,       p->dst,
-                         p->ndst, p->num_tokens, p->num_computed};
+    kvr_status_t st = fill_slots(a, &ls, &n, &want, err);
+    kvr__gpu_launch_t l = {ls.tables,       ls.reqs,       ls.nreq,
+                           a->gslots.req,   a->gslots.ranks,
+                           a->gslots.pairs, a->gslots.src,
+                           (void *const *)a->gslots.dst, n};
     uint64_t t0 = kvr_now_ns();
     if (st == KVR_OK)
-        st = kvr__gpu_job_start(a->p.cuda_device, a->stream, a->gpool,
-                                &a->p.layout, p->tables, ranks, pairs, src,
-                                (void *const *)dst, n, &req, &p->job, &bytes,
-                                err);
+        st = kvr__gpu_job_launch(a->p.cuda_device, a->stream, a->gpool,
+                                 &a->p.layout, &l, &p->job, &bytes, err);
     uint64_t took = kvr_now_ns() - t0;
     if (a->ph.on && st == KVR_OK) {
         kvr__ph_sum(a, KVR__PH_LAUNCH, took);
@@ -237,21 +312,23 @@ static kvr_status_t launch(kvr_agent_t *a, const kvr__preq_t *r, kvr__pull_t *p,
     }
     if (st == KVR_OK && bytes != want)
         st = kvr_error_set(err, KVR_ERR_VERIFY,
-                           "gpu-direct launched %llu bytes for %u ranks, "
-                           "their plans have %llu",
-                           (unsigned long long)bytes, k,
+                           "gpu-direct launched %llu bytes for %u pulls of "
+                           "%u requests, their plans have %llu",
+                           (unsigned long long)bytes, k, ls.nreq,
                            (unsigned long long)want);
     p->job_bytes = st == KVR_OK ? bytes : 0;
     for (uint32_t i = 0; st == KVR_OK && i < k; i++) {
+        kvr__pull_t *q = ls.set[i];
         if (i > 0) {
             kvr__gpu_job_share(p->job);
-            set[i]->job = p->job;
+            q->job = p->job;
         }
         kvr__agent_log(a,
                        "pull of '%.*s' for dcp %u, layers [%u, %u): kernels "
-                       "launched, %u ranks at once, %llu bytes, in %.1f us",
-                       (int)p->request.len, p->request.bytes,
-                       set[i]->dcp_rank, p->group_begin, p->group_end, k,
+                       "launched, %u pulls of %u requests at once, %llu "
+                       "bytes, in %.1f us",
+                       (int)q->request.len, q->request.bytes, q->dcp_rank,
+                       q->group_begin, q->group_end, k, ls.nreq,
                        (unsigned long long)bytes, (double)took * 1e-3);
     }
     return st;

@@ -525,12 +525,14 @@ struct kvr_agent {
         const void **src;
         void **dst;
         uint32_t *ranks;
+        uint32_t *req; /* a slot's request in the launch */
         size_t cap;
     } gslots;
     uint64_t gpu_spin_until; /* kvr__agpu_spin watches kernels till then */
     kvr__phases_t ph;        /* KVR_AGENT_PHASES: time per phase */
     uint64_t gpu_queue_cap;  /* KVR_AGENT_GPU_QUEUE_BYTES, or the env's */
     uint32_t gpu_join;       /* pulls a launch may share; 0: any */
+    uint32_t gpu_merge;      /* requests a launch may carry (the env's) */
     uint64_t wait_spin_ns;   /* KVR_AGENT_WAIT_SPIN_NS, or the env's */
     uint8_t *slot_busy; /* its slots granted to a stage */
     bool slots_freed;   /* waiting stages may be sent now */
@@ -814,6 +816,8 @@ kvr_status_t kvr__agpu_direct_ready(kvr_agent_t *a, kvr__pull_t *p,
 kvr_status_t kvr__agpu_unpack(kvr_agent_t *a, kvr__cstage_t *s, uint64_t off,
                               const void *buf, uint64_t len, kvr_error_t *err);
 void kvr__agpu_unmap(kvr__amap_t *m);
+/* Producer: the live request a pull serves (NULL: gone). */
+kvr__preq_t *kvr__pull_owner(kvr_agent_t *a, const kvr__pull_t *p);
 /* Producer: one step of a gpu-direct pull: the first launches its scatters
  * on the agent's stream, later ones look whether they completed. */
 kvr_status_t kvr__agpu_slice(kvr_agent_t *a, const kvr__preq_t *r,

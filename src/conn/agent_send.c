@@ -890,7 +890,7 @@ void kvr__send_tick(kvr_agent_t *a, uint64_t now, uint64_t *next)
 
 /* ---- moving bytes ---- */
 
-static kvr__preq_t *owner_of(kvr_agent_t *a, const kvr__pull_t *p)
+kvr__preq_t *kvr__pull_owner(kvr_agent_t *a, const kvr__pull_t *p)
 {
     return preq_find(a, &p->request);
 }
@@ -977,7 +977,7 @@ static bool slice(kvr_agent_t *a, kvr__pull_t *p, uint64_t *moved)
 {
     kvr_error_t err = {0};
     bool done = false;
-    kvr__preq_t *r = owner_of(a, p);
+    kvr__preq_t *r = kvr__pull_owner(a, p);
     kvr_status_t st;
     if (kvr__failpoint(KVR__FP_DIE_MID, p->request.bytes, p->request.len)) {
         if (r != NULL && !die_mid_alone(a, r))

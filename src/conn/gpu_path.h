@@ -79,19 +79,48 @@ kvr_status_t kvr__gpu_send(int device, void *stream, struct kvr_gpu_pool *pool,
  * `stream` (after whatever is queued there, e.g. waits on the engine's
  * events), their tables kept until the job is freed; in blocks of `pool`
  * (the stream's, see kvr_gpu_pool_t) when it is not NULL, else allocated
- * stream-ordered. Pair i moves rank ranks[i]'s share: pairs of one class
- * for any ranks (one request's pulls by several ranks) go in one launch;
- * *bytes is the total. A class found in `tables` (NULL: none) uses them,
- * which must outlive the job; others are made here, kept by the job. */
+ * stream-ordered. Slot i moves rank ranks[i]'s share of pairs[i] for
+ * request reqs[req[i]] (req NULL: every slot request 0): pairs of one
+ * class for any ranks (one request's pulls by several ranks) go in one
+ * launch, and with several requests (KVR_AGENT_GPU_MERGE, docs/agent.md)
+ * the class's slots of them all in one kvr_gpu_scatter_requests call;
+ * *bytes is the total. A class found in tables[q] (tables NULL, or an
+ * entry NULL: none) uses them, which must outlive the job; others are
+ * made here from reqs[q], kept by the job. */
 typedef struct kvr__gpu_job kvr__gpu_job_t;
 
-kvr_status_t
+typedef struct kvr__gpu_launch {
+    const kvr__gpu_tables_t *const *tables; /* per request */
+    const kvr_request_t *reqs;
+    size_t nreq;
+    const uint32_t *req; /* per slot: its request's index */
+    const uint32_t *ranks;
+    const kvr_region_pair_t *pairs;
+    const void *const *src;
+    void *const *dst;
+    size_t n;
+} kvr__gpu_launch_t;
+
+kvr_status_t kvr__gpu_job_launch(int device, void *stream,
+                                 struct kvr_gpu_pool *pool,
+                                 const kvr_layout_t *lay,
+                                 const kvr__gpu_launch_t *l,
+                                 kvr__gpu_job_t **out, uint64_t *bytes,
+                                 kvr_error_t *err);
+
+/* kvr__gpu_job_launch of one request's slots. */
+static inline kvr_status_t
 kvr__gpu_job_start(int device, void *stream, struct kvr_gpu_pool *pool,
                    const kvr_layout_t *lay, const kvr__gpu_tables_t *tables,
                    const uint32_t *ranks,
                    const kvr_region_pair_t *pairs, const void *const *src,
                    void *const *dst, size_t n, const kvr_request_t *req,
-                   kvr__gpu_job_t **out, uint64_t *bytes, kvr_error_t *err);
+                   kvr__gpu_job_t **out, uint64_t *bytes, kvr_error_t *err)
+{
+    kvr__gpu_launch_t l = {&tables, req, 1, NULL, ranks, pairs, src, dst, n};
+    return kvr__gpu_job_launch(device, stream, pool, lay, &l, out, bytes,
+                               err);
+}
 /* fd (the agent's wake eventfd) is written once the job's kernels
  * completed, by a host function on `side`, a stream of its own that waits
  * for the job's event: the job's stream never waits for the host

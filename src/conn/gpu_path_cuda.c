@@ -331,51 +331,120 @@ static bool first_of_class(const kvr_region_pair_t *pairs, size_t i)
 /* Slots of one kvr_gpu_scatter_regions launch. */
 #define LAUNCH_SLOTS 128 /* kvr_gpu_scatter_regions' per launch */
 
+static uint32_t req_of(const kvr__gpu_launch_t *l, size_t i)
+{
+    return l->req ? l->req[i] : 0;
+}
+
+/* Request q's relayout of pairs[i]'s class: from its tables, else checked
+ * and uploaded now and kept by the job. */
+static kvr_status_t class_of(kvr__gpu_job_t *job, void *stream,
+                             kvr_gpu_pool_t *pool, const kvr_layout_t *lay,
+                             const kvr__gpu_launch_t *l, size_t i,
+                             kvr_gpu_relayout_t **rl, kvr_error_t *err)
+{
+    uint32_t q = req_of(l, i);
+    *rl = kvr__gpu_tables_find(l->tables ? l->tables[q] : NULL, &l->pairs[i]);
+    if (*rl != NULL)
+        return KVR_OK;
+    kvr_status_t st =
+        class_relayout(stream, pool, lay, &l->pairs[i], &l->reqs[q], rl, err);
+    return st == KVR_OK ? job_keep(job, *rl, err) : st;
+}
+
+/* Whether the slots of pairs[first]'s class span several requests. */
+static bool class_merged(const kvr__gpu_launch_t *l, size_t first)
+{
+    for (size_t i = first + 1; i < l->n; i++)
+        if (req_of(l, i) != req_of(l, first) &&
+            same_class(&l->pairs[first], &l->pairs[i]))
+            return true;
+    return false;
+}
+
+static void count_launch(kvr__gpu_job_t *job, size_t slots, uint32_t kernels)
+{
+    job->launched = job->launched || slots > 0;
+    job->kernels += kernels;
+    job->slots += (uint32_t)slots;
+}
+
+/* The class of pairs[first] over several requests (KVR_AGENT_GPU_MERGE):
+ * one kvr_gpu_scatter_requests call, which runs the slots region-major
+ * so the items in flight span few regions, as one long request's do
+ * (docs/gpu.md, Several requests a launch). Its arrays are allocated per
+ * launch: the mode is opt-in and unmeasured. */
+static kvr_status_t launch_merged(kvr__gpu_job_t *job, void *stream,
+                                  kvr_gpu_pool_t *pool,
+                                  const kvr_layout_t *lay,
+                                  const kvr__gpu_launch_t *l, size_t first,
+                                  uint64_t *bytes, kvr_error_t *err)
+{
+    kvr_gpu_scatter_slot_t *slots = calloc(l->n + 1, sizeof(*slots));
+    const kvr_gpu_relayout_t **rls = calloc(l->nreq + 1, sizeof(*rls));
+    uint32_t *at = calloc(l->nreq + 1, sizeof(*at)); /* index + 1 in rls */
+    kvr_status_t st = slots && rls && at ? KVR_OK
+                                         : kvr_error_set(err, KVR_ERR_NO_MEMORY,
+                                                         "no memory");
+    size_t m = 0, nrl = 0;
+    for (size_t i = first; i < l->n && st == KVR_OK; i++) {
+        uint32_t q = req_of(l, i);
+        kvr_gpu_relayout_t *rl = NULL;
+        if (i > first && !same_class(&l->pairs[first], &l->pairs[i]))
+            continue;
+        if (at[q] == 0 && (st = class_of(job, stream, pool, lay, l, i, &rl,
+                                         err)) == KVR_OK) {
+            rls[nrl++] = rl;
+            at[q] = (uint32_t)nrl;
+        }
+        if (st == KVR_OK) {
+            slots[m++] = (kvr_gpu_scatter_slot_t){at[q] - 1, l->ranks[i],
+                                                  l->src[i], l->dst[i]};
+            *bytes += kvr_gpu_relayout_bytes(rls[at[q] - 1], l->ranks[i]);
+        }
+    }
+    if (st == KVR_OK && m > 0) { /* kernels: one per 128 slots at least */
+        count_launch(job, m, (uint32_t)((m + LAUNCH_SLOTS - 1) / LAUNCH_SLOTS));
+        st = kvr_gpu_scatter_requests(rls, nrl, slots, m, stream, err);
+    }
+    free(slots);
+    free(rls);
+    free(at);
+    return st;
+}
+
 /* The relayout of the class of pairs[first] (from tables, else checked
  * and uploaded now and kept by the job), then one launch for every region
  * of that class and every rank, 128 slots a launch, from slot arrays on
- * the stack: a pull allocates nothing here (kvr_gpu_scatter_regions). */
+ * the stack: a pull allocates nothing here (kvr_gpu_scatter_regions).
+ * Several requests of the class go through launch_merged. */
 static kvr_status_t launch_class(kvr__gpu_job_t *job, void *stream,
                                  kvr_gpu_pool_t *pool, const kvr_layout_t *lay,
-                                 const kvr__gpu_tables_t *tables,
-                                 const uint32_t *ranks,
-                                 const kvr_region_pair_t *pairs,
-                                 const void *const *src, void *const *dst,
-                                 size_t n, size_t first,
-                                 const kvr_request_t *req, uint64_t *bytes,
-                                 kvr_error_t *err)
+                                 const kvr__gpu_launch_t *l, size_t first,
+                                 uint64_t *bytes, kvr_error_t *err)
 {
-    kvr_gpu_relayout_t *rl = kvr__gpu_tables_find(tables, &pairs[first]);
-    kvr_status_t st = KVR_OK;
-    if (rl == NULL) {
-        st = class_relayout(stream, pool, lay, &pairs[first], req, &rl, err);
-        if (st == KVR_OK)
-            st = job_keep(job, rl, err);
-        if (st != KVR_OK)
-            return st;
-    }
+    if (class_merged(l, first))
+        return launch_merged(job, stream, pool, lay, l, first, bytes, err);
+    kvr_gpu_relayout_t *rl = NULL;
+    kvr_status_t st = class_of(job, stream, pool, lay, l, first, &rl, err);
     const void *s[LAUNCH_SLOTS];
     void *d[LAUNCH_SLOTS];
     uint32_t r[LAUNCH_SLOTS];
     size_t m = 0;
-    for (size_t i = first; i < n && st == KVR_OK; i++) {
-        if (i > first && !same_class(&pairs[first], &pairs[i]))
+    for (size_t i = first; i < l->n && st == KVR_OK; i++) {
+        if (i > first && !same_class(&l->pairs[first], &l->pairs[i]))
             continue;
-        s[m] = src[i];
-        d[m] = dst[i];
-        r[m++] = ranks[i];
-        *bytes += kvr_gpu_relayout_bytes(rl, ranks[i]);
+        s[m] = l->src[i];
+        d[m] = l->dst[i];
+        r[m++] = l->ranks[i];
+        *bytes += kvr_gpu_relayout_bytes(rl, l->ranks[i]);
         if (m == LAUNCH_SLOTS) {
-            job->launched = true;
-            job->kernels++;
-            job->slots += (uint32_t)m;
+            count_launch(job, m, 1);
             st = kvr_gpu_scatter_regions(rl, r, s, d, m, stream, err);
             m = 0;
         }
     }
-    job->launched = job->launched || m > 0;
-    job->kernels += m > 0;
-    job->slots += (uint32_t)m;
+    count_launch(job, m, m > 0);
     return st == KVR_OK && m > 0
                ? kvr_gpu_scatter_regions(rl, r, s, d, m, stream, err)
                : st;
@@ -402,16 +471,15 @@ static kvr_status_t job_new(int device, void *stream, kvr__gpu_job_t **out,
     return kvr_gpu_set_device(device, err);
 }
 
-/* kvr__gpu_job_start; stamps (NULL or 4): set up, event, launched,
+/* kvr__gpu_job_launch; stamps (NULL or 4): set up, event, launched,
  * recorded (kvr__gpu_send's breakdown). waits: the caller synchronises
  * the stream itself, so no completion event is taken or recorded. */
-static kvr_status_t
-job_start(int device, void *stream, struct kvr_gpu_pool *pool,
-          const kvr_layout_t *lay, const kvr__gpu_tables_t *tables,
-          const uint32_t *ranks, const kvr_region_pair_t *pairs,
-          const void *const *src, void *const *dst, size_t n,
-          const kvr_request_t *req, kvr__gpu_job_t **out, uint64_t *bytes,
-          bool waits, uint64_t *stamps, kvr_error_t *err)
+static kvr_status_t job_start(int device, void *stream,
+                              struct kvr_gpu_pool *pool,
+                              const kvr_layout_t *lay,
+                              const kvr__gpu_launch_t *l,
+                              kvr__gpu_job_t **out, uint64_t *bytes,
+                              bool waits, uint64_t *stamps, kvr_error_t *err)
 {
     kvr__gpu_job_t *job = NULL;
     kvr_status_t st = job_new(device, stream, &job, err);
@@ -423,11 +491,11 @@ job_start(int device, void *stream, struct kvr_gpu_pool *pool,
                                           : event_get(device, &job->done, err);
     stamp(stamps, 1);
     *bytes = 0;
-    job->tokens = req->num_tokens;
-    for (size_t i = 0; i < n && st == KVR_OK; i++)
-        if (first_of_class(pairs, i))
-            st = launch_class(job, stream, pool, lay, tables, ranks, pairs,
-                              src, dst, n, i, req, bytes, err);
+    for (size_t q = 0; q < l->nreq; q++)
+        job->tokens += l->reqs[q].num_tokens;
+    for (size_t i = 0; i < l->n && st == KVR_OK; i++)
+        if (first_of_class(l->pairs, i))
+            st = launch_class(job, stream, pool, lay, l, i, bytes, err);
     stamp(stamps, 2);
     if (st == KVR_OK && !waits)
         st = kvr_gpu_event_record(job->done, stream, err);
@@ -437,16 +505,15 @@ job_start(int device, void *stream, struct kvr_gpu_pool *pool,
     return kvr__gpu_job_end(job, st, out);
 }
 
-kvr_status_t
-kvr__gpu_job_start(int device, void *stream, struct kvr_gpu_pool *pool,
-                   const kvr_layout_t *lay, const kvr__gpu_tables_t *tables,
-                   const uint32_t *ranks,
-                   const kvr_region_pair_t *pairs, const void *const *src,
-                   void *const *dst, size_t n, const kvr_request_t *req,
-                   kvr__gpu_job_t **out, uint64_t *bytes, kvr_error_t *err)
+kvr_status_t kvr__gpu_job_launch(int device, void *stream,
+                                 struct kvr_gpu_pool *pool,
+                                 const kvr_layout_t *lay,
+                                 const kvr__gpu_launch_t *l,
+                                 kvr__gpu_job_t **out, uint64_t *bytes,
+                                 kvr_error_t *err)
 {
-    return job_start(device, stream, pool, lay, tables, ranks, pairs, src,
-                     dst, n, req, out, bytes, false, NULL, err);
+    return job_start(device, stream, pool, lay, l, out, bytes, false, NULL,
+                     err);
 }
 
 kvr_status_t kvr__gpu_job_notify(kvr__gpu_job_t *job, void *side, int fd,
@@ -518,9 +585,10 @@ kvr_status_t kvr__gpu_send(int device, void *stream, struct kvr_gpu_pool *pool,
         st = kvr__gpu_tables_make(device, stream, pool, lay, pairs, n, req,
                                   &made, err);
     stamp(stamps, 1);
+    const kvr__gpu_tables_t *t = tables ? tables : made;
+    kvr__gpu_launch_t l = {&t, req, 1, NULL, ranks, pairs, src, dst, n};
     if (st == KVR_OK)
-        st = job_start(device, stream, pool, lay, tables ? tables : made,
-                       ranks, pairs, src, dst, n, req, &job, bytes, true,
+        st = job_start(device, stream, pool, lay, &l, &job, bytes, true,
                        stamps ? stamps + 2 : NULL, err);
     free(ranks);
     /* the stream, not an event: one call fewer (the event record cost

@@ -102,17 +102,14 @@ kvr_status_t kvr__gpu_send(int device, void *stream, struct kvr_gpu_pool *pool,
     return no_cuda(err);
 }
 
-kvr_status_t
-kvr__gpu_job_start(int device, void *stream, struct kvr_gpu_pool *pool,
-                   const kvr_layout_t *lay, const kvr__gpu_tables_t *tables,
-                   const uint32_t *ranks,
-                   const kvr_region_pair_t *pairs, const void *const *src,
-                   void *const *dst, size_t n, const kvr_request_t *req,
-                   kvr__gpu_job_t **out, uint64_t *bytes, kvr_error_t *err)
+kvr_status_t kvr__gpu_job_launch(int device, void *stream,
+                                 struct kvr_gpu_pool *pool,
+                                 const kvr_layout_t *lay,
+                                 const kvr__gpu_launch_t *l,
+                                 kvr__gpu_job_t **out, uint64_t *bytes,
+                                 kvr_error_t *err)
 {
-    (void)device, (void)stream, (void)pool, (void)lay, (void)tables;
-    (void)ranks;
-    (void)pairs, (void)src, (void)dst, (void)n, (void)req, (void)out;
+    (void)device, (void)stream, (void)pool, (void)lay, (void)l, (void)out;
     (void)bytes;
     return no_cuda(err);
 }

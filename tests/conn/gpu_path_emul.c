@@ -413,37 +413,63 @@ bool kvr__gpu_tables_match(const kvr_region_pair_t *rep,
     return same_desc(&rep->src, &pair->src) && same_desc(&rep->dst, &pair->dst);
 }
 
-kvr_status_t
-kvr__gpu_job_start(int device, void *stream, struct kvr_gpu_pool *pool,
-                   const kvr_layout_t *lay, const kvr__gpu_tables_t *tables,
-                   const uint32_t *ranks,
-                   const kvr_region_pair_t *pairs, const void *const *src,
-                   void *const *dst, size_t n, const kvr_request_t *req,
-                   kvr__gpu_job_t **out, uint64_t *bytes, kvr_error_t *err)
+static atomic_uint merged; /* jobs of more than one request */
+
+unsigned kvr__emul_merged(void);
+
+unsigned kvr__emul_merged(void)
+{
+    return atomic_load(&merged);
+}
+
+/* Slot i's relayout into j: from its request's tables, else made now
+ * (and owned by the job); *bytes grows by its rank's share. */
+static kvr_status_t slot_relayout(const kvr_layout_t *lay,
+                                  const kvr__gpu_launch_t *l, size_t i,
+                                  kvr__gpu_job_t *j, uint64_t *bytes,
+                                  kvr_error_t *err)
+{
+    uint32_t q = l->req ? l->req[i] : 0;
+    const kvr_region_pair_t *pair = &l->pairs[i];
+    j->rl[i] = kvr__gpu_tables_find(l->tables ? l->tables[q] : NULL, pair);
+    if (j->rl[i] != NULL)
+        atomic_fetch_add(&tables_used, 1);
+    atomic_fetch_add(&pairs_launched, 1);
+    j->owned[i] = j->rl[i] == NULL;
+    kvr_gpu_request_t g = kvr__gpu_request(&l->reqs[q]);
+    kvr_status_t st = KVR_OK;
+    if (j->owned[i])
+        st = kvr_gpu_relayout_create(lay, &pair->src, &pair->dst, &g,
+                                     &j->rl[i], err);
+    if (st == KVR_OK)
+        *bytes += kvr_gpu_relayout_bytes(j->rl[i], l->ranks[i]);
+    return st;
+}
+
+/* Every request's slots in turn on the host, as one request's. */
+kvr_status_t kvr__gpu_job_launch(int device, void *stream,
+                                 struct kvr_gpu_pool *pool,
+                                 const kvr_layout_t *lay,
+                                 const kvr__gpu_launch_t *l,
+                                 kvr__gpu_job_t **out, uint64_t *bytes,
+                                 kvr_error_t *err)
 {
     (void)device, (void)pool;
-    kvr__gpu_job_t *j = job_new(n);
+    kvr__gpu_job_t *j = job_new(l->n);
     if (j == NULL)
         return kvr_error_set(err, KVR_ERR_NO_MEMORY, "no memory");
-    kvr_gpu_request_t g = kvr__gpu_request(req);
     kvr_status_t st = KVR_OK;
     *bytes = 0;
-    for (size_t i = 0; i < n && st == KVR_OK; i++, j->n++) {
-        j->rl[i] = kvr__gpu_tables_find(tables, &pairs[i]);
-        if (j->rl[i] != NULL)
-            atomic_fetch_add(&tables_used, 1);
-        atomic_fetch_add(&pairs_launched, 1);
-        j->owned[i] = j->rl[i] == NULL;
-        if (j->owned[i])
-            st = kvr_gpu_relayout_create(lay, &pairs[i].src, &pairs[i].dst,
-                                         &g, &j->rl[i], err);
-        j->src[i] = src[i];
-        j->dst[i] = dst[i];
-        j->ranks[i] = ranks[i];
-        *bytes += kvr_gpu_relayout_bytes(j->rl[i], ranks[i]);
+    for (size_t i = 0; i < l->n && st == KVR_OK; i++, j->n++) {
+        st = slot_relayout(lay, l, i, j, bytes, err);
+        j->src[i] = l->src[i];
+        j->dst[i] = l->dst[i];
+        j->ranks[i] = l->ranks[i];
     }
     if (st == KVR_OK)
         st = queue_job(stream, j, err);
+    if (st == KVR_OK && l->nreq > 1)
+        atomic_fetch_add(&merged, 1);
     return job_end(j, st, out);
 }
 

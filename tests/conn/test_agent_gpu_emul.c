@@ -9,7 +9,8 @@
  * destroyed while theirs run (their stream is drained before anything
  * goes); pulls after a link's first served without pair plans; pulls
  * held while the stream's queue is full, then launched a request's ranks
- * at once. The kernels and the table pool are tested on a device
+ * at once; with KVR_AGENT_GPU_MERGE, waiting pulls of several requests in
+ * one launch, and one of them aborted while it runs. The kernels and the table pool are tested on a device
  * (tests/gpu). */
 #include <pthread.h>
 #include <setjmp.h>
@@ -30,6 +31,7 @@ unsigned kvr__emul_notifies(void);
 unsigned kvr__emul_jobs(void);
 unsigned kvr__emul_tables_used(void);
 unsigned kvr__emul_pairs(void);
+unsigned kvr__emul_merged(void);
 
 static world_t *gpu_world(void)
 {
@@ -324,6 +326,133 @@ static void held_then_shared(void **state)
     world_free(w);
 }
 
+/* A gpu world whose stages carry up to four requests a launch
+ * (KVR_AGENT_GPU_MERGE, read as each agent starts; unset again for the
+ * other tests) with a queue of one byte: once two jobs run on a stage,
+ * its later pulls wait for a completion, then go together. */
+static world_t *merge_world(void)
+{
+    setenv("KVR_AGENT_GPU_MERGE", "4", 1);
+    world_t *w = gpu_world();
+    unsetenv("KVR_AGENT_GPU_MERGE");
+    queue_cap(w, 1);
+    return w;
+}
+
+/* Eight requests of different lengths asked at once, kernels of 300 ms;
+ * returns the launches made after each stage's first two (which fill its
+ * queue at once). */
+static unsigned offer_eight(world_t *w, uint32_t base, ah_req_t *r)
+{
+    unsigned jobs0 = kvr__emul_jobs();
+    kvr__emul_kernel_us(300000);
+    for (uint32_t i = 0; i < 8; i++) {
+        ah_req(&w->m, base + i, 20 + 61u * i, &r[i]);
+        fill_all(w, 0, &r[i]);
+        open_all(w, 0, &r[i], 0, true);
+        recv_all(w, 0, "prefill", &r[i], 0);
+    }
+    ah_agent_t *all[] = {&w->cons[0], &w->cons[1], &w->prod[0][0],
+                         &w->prod[0][1]};
+    uint64_t end = ah_now_ms() + AH_WAIT_MS;
+    while (kvr__emul_jobs() - jobs0 < 4 && ah_now_ms() < end)
+        ah_settle(all, 4, 5);
+    if (kvr__emul_jobs() - jobs0 < 4)
+        fail_msg("%u launches, 2 per stage expected at once",
+                 kvr__emul_jobs() - jobs0);
+    return kvr__emul_jobs();
+}
+
+/* The waiting pulls of the eight requests (by both ranks) go four
+ * requests to a launch: fewer launches than requests, some carrying
+ * several, every byte where the consumer's plan says. */
+static void merged_requests(void **state)
+{
+    (void)state;
+    world_t *w = merge_world();
+    ah_req_t r[8];
+    unsigned merged0 = kvr__emul_merged();
+    unsigned jobs1 = offer_eight(w, 50, r);
+    for (uint32_t i = 0; i < 8; i++)
+        expect_loaded(w, 0, &r[i]);
+    unsigned jobs = kvr__emul_jobs() - jobs1;
+    unsigned merged = kvr__emul_merged() - merged0;
+    /* one request a launch: 12 or more (6 to 8 requests a stage) */
+    if (jobs >= 8 || merged < 2)
+        fail_msg("%u launches (%u of several requests) after the first "
+                 "four, for 8 requests on 2 stages",
+                 jobs, merged);
+    kvr__emul_kernel_us(0);
+    world_free(w);
+}
+
+static bool same_id(const kvr__pull_t *p, const kvr__pull_t *q)
+{
+    return q->request.len == p->request.len &&
+           memcmp(q->request.bytes, p->request.bytes, p->request.len) == 0;
+}
+
+/* Whether p's job carries both ranks' pulls of p's request (so neither
+ * rank has it loaded yet) and a pull of another request. */
+static bool rides_merged(const kvr_agent_t *a, const kvr__pull_t *p)
+{
+    uint32_t mine = 0, others = 0;
+    for (const kvr__pull_t *q = a->active; q != NULL; q = q->work_next)
+        if (p->job != NULL && q->job == p->job) {
+            mine += same_id(p, q);
+            others += !same_id(p, q);
+        }
+    return mine == 2 && others > 0;
+}
+
+/* The request of a pull on stage s that rides_merged (NULL: none yet). */
+static const ah_req_t *merged_victim(world_t *w, uint32_t s,
+                                     const ah_req_t *r, uint32_t n)
+{
+    kvr_agent_t *a = w->prod[0][s].agent;
+    const ah_req_t *found = NULL;
+    pthread_mutex_lock(&a->turn_lock);
+    for (const kvr__pull_t *p = a->active; p && !found; p = p->work_next)
+        for (uint32_t i = 0; i < n && !found && rides_merged(a, p); i++)
+            if (strlen(r[i].id) == p->request.len &&
+                memcmp(r[i].id, p->request.bytes, p->request.len) == 0)
+                found = &r[i];
+    pthread_mutex_unlock(&a->turn_lock);
+    return found;
+}
+
+/* One request of a launch that carries several is aborted while its
+ * kernels run: only it fails (canceled), the others load, every byte
+ * right. */
+static void merged_one_aborted(void **state)
+{
+    (void)state;
+    world_t *w = merge_world();
+    ah_req_t r[8];
+    offer_eight(w, 60, r);
+    ah_agent_t *all[] = {&w->cons[0], &w->cons[1], &w->prod[0][0],
+                         &w->prod[0][1]};
+    const ah_req_t *v = NULL;
+    uint64_t end = ah_now_ms() + AH_WAIT_MS;
+    while ((v = merged_victim(w, 0, r, 8)) == NULL && ah_now_ms() < end)
+        ah_settle(all, 4, 5);
+    if (v == NULL)
+        fail_msg("no launch of several requests on stage 0");
+    for (uint32_t c = 0; c < 2; c++)
+        assert_int_equal(kvr_agent_recv_abort(w->cons[c].agent, "prefill", 7,
+                                              v->id, strlen(v->id)),
+                         KVR_OK);
+    for (uint32_t c = 0; c < 2; c++)
+        expect_failed(&w->cons[c], v->id, KVR_ERR_CANCELED);
+    for (uint32_t s = 0; s < 2; s++)
+        ah_wait(&w->prod[0][s], v->id, KVR_AGENT_SEND_FAILED, AH_WAIT_MS);
+    kvr__emul_kernel_us(0);
+    for (uint32_t i = 0; i < 8; i++)
+        if (&r[i] != v)
+            expect_loaded(w, 0, &r[i]);
+    world_free(w);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -335,6 +464,8 @@ int main(void)
         cmocka_unit_test(launches_overlap),
         cmocka_unit_test(planless_after_first),
         cmocka_unit_test(held_then_shared),
+        cmocka_unit_test(merged_requests),
+        cmocka_unit_test(merged_one_aborted),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
