@@ -50,14 +50,6 @@ typedef struct {
     int reps;
 } bench_t;
 
-static uint32_t *identity(uint32_t n)
-{
-    uint32_t *p = xmalloc(n * sizeof(*p));
-    for (uint32_t i = 0; i < n; i++)
-        p[i] = i;
-    return p;
-}
-
 /* sorted: block tables in order (the rank's source pieces in address
  * order), to tell TLB and DRAM page misses from the kernel's own cost */
 static void setup(bench_t *b, uint64_t tokens, bool sorted)
@@ -73,8 +65,8 @@ static void setup(bench_t *b, uint64_t tokens, bool sorted)
     b->dst = b->src;
     b->dst.num_blocks = tokens / (BS * W);
     uint32_t ns = (uint32_t)b->src.num_blocks, nd = (uint32_t)b->dst.num_blocks;
-    uint32_t *sb = sorted ? identity(ns) : bench_permutation(ns, &rng);
-    uint32_t *db = sorted ? identity(nd) : bench_permutation(nd, &rng);
+    uint32_t *sb = bench_pages(ns, sorted, &rng);
+    uint32_t *db = bench_pages(nd, sorted, &rng);
     b->req = (kvr_gpu_request_t){sb, b->src.num_blocks, db,
                                  b->dst.num_blocks, tokens, 0};
     KVR_OK(kvr_gpu_relayout_create(&b->lay, &b->src, &b->dst, &b->req, &b->rl,
@@ -115,12 +107,6 @@ static void flush_l2(bench_t *b)
 
 typedef void (*op_fn)(bench_t *b);
 
-static int cmp_float(const void *x, const void *y)
-{
-    float a = *(const float *)x, c = *(const float *)y;
-    return (a > c) - (a < c);
-}
-
 static int cmp_double(const void *x, const void *y)
 {
     double a = *(const double *)x, c = *(const double *)y;
@@ -141,7 +127,7 @@ static double time_op(bench_t *b, op_fn op)
         CUDA_OK(cudaEventSynchronize(b->e1));
         CUDA_OK(cudaEventElapsedTime(&t[i], b->e0, b->e1));
     }
-    qsort(t, (size_t)n, sizeof(float), cmp_float);
+    qsort(t, (size_t)n, sizeof(float), bench_cmp_float);
     return t[n / 2] * 1e3;
 }
 

@@ -82,16 +82,6 @@ static kvr_region_desc_t region(uint32_t pages)
     return d;
 }
 
-static uint32_t *pages(uint32_t n, bool sorted)
-{
-    if (!sorted)
-        return bench_permutation(n, &rng);
-    uint32_t *p = xmalloc((n + 1) * sizeof(*p));
-    for (uint32_t i = 0; i < n; i++)
-        p[i] = i;
-    return p;
-}
-
 static void rig_make(rig_t *r, uint32_t L, uint64_t most, uint64_t ring)
 {
     r->lay = (kvr_layout_t)KVR_LAYOUT_INIT;
@@ -101,8 +91,8 @@ static void rig_make(rig_t *r, uint32_t L, uint64_t most, uint64_t ring)
     r->L = L;
     r->src_pool = (uint32_t)((most + BS - 1) / BS);
     r->dst_pool = (uint32_t)ring;
-    r->src_table = pages(r->src_pool, r->sorted);
-    r->dst_table = pages(r->dst_pool, r->sorted);
+    r->src_table = bench_pages(r->src_pool, r->sorted, &rng);
+    r->dst_table = bench_pages(r->dst_pool, r->sorted, &rng);
     uint64_t sb = (uint64_t)r->src_pool * BS * UNIT;
     uint64_t db = (uint64_t)r->dst_pool * BS * UNIT;
     unsigned char *h = xmalloc(sb);
@@ -259,12 +249,6 @@ static const char *check(const rig_t *r, kvr_gpu_relayout_t *rl,
     return ok ? "verified" : "MISMATCH";
 }
 
-static int cmp_float(const void *x, const void *y)
-{
-    float a = *(const float *)x, c = *(const float *)y;
-    return (a > c) - (a < c);
-}
-
 typedef struct {
     double us, gbps, req_us[MAX_REQ];
     uint64_t bytes;
@@ -327,14 +311,6 @@ static bool parse_trace(const char *arg, trace_t *t)
     return t->n > 0;
 }
 
-static uint64_t sum(const trace_t *t)
-{
-    uint64_t s = 0;
-    for (uint32_t i = 0; i < t->n; i++)
-        s += t->tokens[i];
-    return s;
-}
-
 /* Median over reps of each pass measure; returns the median GB/s. */
 static double run(const rig_t *r, const trace_t *t, uint32_t how, int reps,
                   double ceiling, FILE *json, bool *first)
@@ -353,7 +329,7 @@ static double run(const rig_t *r, const trace_t *t, uint32_t how, int reps,
         lo = g[k] < lo ? g[k] : lo;
         hi = g[k] > hi ? g[k] : hi;
     }
-    qsort(g, (size_t)n, sizeof(float), cmp_float);
+    qsort(g, (size_t)n, sizeof(float), bench_cmp_float);
     double med = g[n / 2], per = 0;
     for (uint32_t i = 0; i < t->n; i++)
         per += p[0].req_us[i];
@@ -425,13 +401,14 @@ int main(int argc, char **argv)
     for (int i = 0; i < nt; i++) {
         if (!parse_trace(argv[a + i], &t[i]))
             DIE("bad trace %s", argv[a + i]);
-        uint64_t v = 0;
+        uint64_t v = 0, tokens = 0;
         for (uint32_t k = 0; k < t[i].n; k++) {
             most = t[i].tokens[k] > most ? t[i].tokens[k] : most;
             v += vblocks(t[i].tokens[k]);
+            tokens += t[i].tokens[k];
         }
         ring = v > ring ? v : ring;
-        total = sum(&t[i]) > total ? sum(&t[i]) : total;
+        total = tokens > total ? tokens : total;
     }
     /* the ceiling: one request of the largest trace's tokens */
     trace_t ceil_t = {.n = 1, .name = "ceiling (one request)"};

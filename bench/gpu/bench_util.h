@@ -1,5 +1,5 @@
 /* Helpers shared by the single-process GPU benchmarks (bench_gpu.c,
- * bench_rl_kernel.c): fatal errors, a seeded generator, random block
+ * bench_rl_kernel.c, bench_rl_trace.c): fatal errors, a seeded generator, random block
  * tables. */
 #ifndef KVRELAY_BENCH_GPU_UTIL_H
 #define KVRELAY_BENCH_GPU_UTIL_H
@@ -40,18 +40,31 @@ static inline void *xmalloc(size_t n)
     return p;
 }
 
-/* 0..n-1 shuffled: a block table of scattered pages. */
-static inline uint32_t *bench_permutation(uint32_t n, uint64_t *state)
+/* 0..n-1 in order (sorted) or shuffled: a block table of pages in
+ * address order, or of scattered pages. */
+static inline uint32_t *bench_pages(uint32_t n, int sorted, uint64_t *state)
 {
     uint32_t *p = xmalloc(n * sizeof(*p));
     for (uint32_t i = 0; i < n; i++)
         p[i] = i;
-    for (uint32_t i = n; i > 1; i--) {
+    for (uint32_t i = n; !sorted && i > 1; i--) {
         uint32_t j = (uint32_t)(bench_rng(state) % i), t = p[i - 1];
         p[i - 1] = p[j];
         p[j] = t;
     }
     return p;
+}
+
+static inline uint32_t *bench_permutation(uint32_t n, uint64_t *state)
+{
+    return bench_pages(n, 0, state);
+}
+
+/* qsort's comparison of floats, ascending. */
+static inline int bench_cmp_float(const void *x, const void *y)
+{
+    float a = *(const float *)x, c = *(const float *)y;
+    return (a > c) - (a < c);
 }
 
 #endif
