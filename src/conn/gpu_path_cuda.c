@@ -131,6 +131,8 @@ static void event_put(int device, void *ev)
     kvr_gpu_event_destroy(ev);
 }
 
+#define TIMES_CLASSES 4 /* classes a job's line times apart */
+
 struct kvr__gpu_job {
     kvr_gpu_relayout_t **rl; /* classes it made (no tables given for them),
                                 alive until the job ends; NULL: none */
@@ -143,8 +145,11 @@ struct kvr__gpu_job {
     uint32_t refs; /* the pulls it serves */
     /* KVR_AGENT_GPU_TIMES only (below): */
     void *t0; /* a timed event before its first launch; NULL: untimed */
-    uint64_t launch_ns, bytes, tokens;
+    uint64_t launch_ns, queued_ns, bytes, tokens;
     uint32_t pulls, kernels, slots;
+    void *tk[TIMES_CLASSES]; /* timed events after each class's launches */
+    uint64_t kbytes[TIMES_CLASSES];
+    uint32_t krole[TIMES_CLASSES], nk;
 };
 
 /* ---- each job's time on the device (KVR_AGENT_GPU_TIMES=1) ----
@@ -224,19 +229,46 @@ static double times_at_us(void *ev)
  * events are complete (waited for). */
 static void times_print(const kvr__gpu_job_t *job)
 {
-    char line[256];
+    char line[512];
     int n = snprintf(
         line, sizeof(line),
         "kvr gpu job: pid %d tokens %llu pulls %u kernels %u slots %u "
-        "bytes %llu launch_us %.1f start_us %.1f end_us %.1f\n",
+        "bytes %llu launch_us %.1f start_us %.1f end_us %.1f queued_us %.1f",
         (int)getpid(), (unsigned long long)job->tokens, job->pulls,
         job->kernels, job->slots, (unsigned long long)job->bytes,
         (double)job->launch_ns / 1e3, times_at_us(job->t0),
-        times_at_us(job->done));
+        times_at_us(job->done), (double)job->queued_ns / 1e3);
+    /* each class's launches: role, bytes, end (µs) */
+    for (uint32_t k = 0; k < job->nk && n > 0 && (size_t)n < sizeof(line);
+         k++)
+        n += snprintf(line + n, sizeof(line) - (size_t)n,
+                      " class %u %llu %.1f", job->krole[k],
+                      (unsigned long long)job->kbytes[k],
+                      times_at_us(job->tk[k]));
+    if (n > 0 && (size_t)n < sizeof(line) - 1)
+        line[n++] = '\n';
     if (job->recorded && n > 0 && (size_t)n < sizeof(line))
         (void)!write(STDERR_FILENO, line, (size_t)n);
     kvr_gpu_event_destroy(job->t0);
     kvr_gpu_event_destroy(job->done);
+    for (uint32_t k = 0; k < job->nk; k++)
+        kvr_gpu_event_destroy(job->tk[k]);
+}
+
+/* A timed event after a class's launches (best effort, as times_start). */
+static void times_class(kvr__gpu_job_t *job, uint32_t role, uint64_t bytes)
+{
+    void *ev = NULL;
+    if (job->t0 == NULL || job->nk == TIMES_CLASSES)
+        return;
+    if (kvr_gpu_event_create_timed(job->device, &ev, NULL) != KVR_OK ||
+        kvr_gpu_event_record(ev, job->stream, NULL) != KVR_OK) {
+        kvr_gpu_event_destroy(ev);
+        return;
+    }
+    job->tk[job->nk] = ev;
+    job->kbytes[job->nk] = bytes;
+    job->krole[job->nk++] = role;
 }
 
 /* A request's relayout tables (gpu_tables.h), one per region class:
@@ -494,9 +526,13 @@ static kvr_status_t job_start(int device, void *stream,
     for (size_t q = 0; q < l->nreq; q++)
         job->tokens += l->reqs[q].num_tokens;
     for (size_t i = 0; i < l->n && st == KVR_OK; i++)
-        if (first_of_class(l->pairs, i))
+        if (first_of_class(l->pairs, i)) {
+            uint64_t before = *bytes;
             st = launch_class(job, stream, pool, lay, l, i, bytes, err);
+            times_class(job, (uint32_t)l->pairs[i].src.role, *bytes - before);
+        }
     stamp(stamps, 2);
+    job->queued_ns = kvr_now_ns();
     if (st == KVR_OK && !waits)
         st = kvr_gpu_event_record(job->done, stream, err);
     job->recorded = st == KVR_OK && !waits;

@@ -173,6 +173,12 @@ static int sv_option(void *ctx, const char *name, const char *value)
         c->distinct_src = value[0] == 'd';
         return 1;
     }
+    if (strcmp(name, "pages") == 0) {
+        if (strcmp(value, "random") != 0 && strcmp(value, "sorted") != 0)
+            return bad("--%s: '%s' is not random or sorted", name, value);
+        c->sorted_pages = value[0] == 's';
+        return 1;
+    }
     if (strcmp(name, "decode-progress") == 0) {
         if (strcmp(value, "wait") != 0 && strcmp(value, "thread") != 0)
             return bad("--%s: '%s' is not wait or thread", name, value);
@@ -249,6 +255,8 @@ static const char sv_usage[] =
     "    source (the ceiling cycles over it), or each its own blocks (the\n"
     "    ceiling reads exactly those; the sources take as much memory as\n"
     "    the destinations)\n"
+    "  --pages random|sorted (random): block tables are slices of a\n"
+    "    shuffled pool, or in address order (a fresh allocator's)\n"
     "  --decode-progress wait|thread (wait; thread with --device cuda):\n"
     "    decode ranks drive their agents in their waits (kvr_agent_wait, no\n"
     "    progress thread), or run the agent's progress thread and wait on\n"
@@ -515,6 +523,16 @@ void sv_perm(uint32_t n, uint64_t seed, uint32_t *out)
         out[i - 1] = out[j];
         out[j] = x;
     }
+}
+
+void sv_pages(const sv_cfg_t *c, uint32_t n, uint64_t seed, uint32_t *out)
+{
+    if (!c->sorted_pages) {
+        sv_perm(n, seed, out);
+        return;
+    }
+    for (uint32_t i = 0; i < n; i++)
+        out[i] = i;
 }
 
 void sv_request_id(char *buf, size_t len, const char *kind, uint32_t a,

@@ -49,6 +49,7 @@ refused "'0'" --requests 0
 refused "'0'" --reps 0
 refused "'10'" --reps 10
 refused "'both'" --sources both
+refused "'ordered'" --pages ordered
 refused "'poll'" --decode-progress poll
 refused "--tokens" --tokens 5
 refused "--pool-tokens 64" "${small[@]}" --tokens-dist fixed:300 --pool-tokens 64
@@ -87,13 +88,14 @@ for r in d["runs"]:
         assert abs(q["gap_ms"] - (q["loaded_ns"] - q["prefill_end_ns"]) / 1e6) < 1e-3
 PY
 "$cli" bench serving "${small[@]}" --requests 3 --tokens-dist uniform:60:300 \
-  --sources distinct --reps 2 --decode-progress thread --json "$dir/reps.json" >"$dir/stdout" 2>"$dir/stderr" \
+  --sources distinct --pages sorted --reps 2 --decode-progress thread --json "$dir/reps.json" >"$dir/stdout" 2>"$dir/stderr" \
   || fail "distinct-source run failed: $(cat "$dir/stdout" "$dir/stderr")"
 python3 - "$dir/reps.json" <<'PY' || fail "reps JSON check"
 import json, sys
 d = json.load(open(sys.argv[1]))
 assert d["ok"] is True and d["reps"] == 2
 assert d["params"]["decode_progress"] == "thread"
+assert d["params"]["pages"] == "sorted"
 assert len(d["ceiling_GBps_each"]) == 2 and len(d["ceiling_seconds_each"]) == 3
 r = d["runs"][0]
 assert r["verified"] == 3 and len(r["aggregate_GBps_each"]) == 2
