@@ -38,6 +38,7 @@
 #include <string.h>
 
 #include "bench_util.h"
+#include "dst_owner.h"
 #include "gpu_internal.h"
 
 #define KVR_OK(call)                                                           \
@@ -65,6 +66,8 @@ typedef struct {
     uint32_t *src_table, *dst_table;
     unsigned char *src[MAX_L], *dst[MAX_L][W], *flush;
     cudaStream_t s;
+    dst_mode_t dst_mode; /* where the destination regions live */
+    dst_remote_t remote;
 } rig_t;
 
 static uint64_t vblocks(uint64_t tokens)
@@ -103,9 +106,12 @@ static void rig_make(rig_t *r, uint32_t L, uint64_t most, uint64_t ring)
     for (uint32_t l = 0; l < L; l++) {
         CUDA_OK(cudaMalloc((void **)&r->src[l], sb));
         CUDA_OK(cudaMemcpy(r->src[l], h, sb, cudaMemcpyHostToDevice));
-        for (int k = 0; k < W; k++)
+        for (int k = 0; r->dst_mode == DST_LOCAL && k < W; k++)
             CUDA_OK(cudaMalloc((void **)&r->dst[l][k], db));
     }
+    if (r->dst_mode != DST_LOCAL) /* r->dst is L rows of W in a row */
+        dst_remote_open("/proc/self/exe", r->dst_mode, L * W, db, &r->dst[0][0],
+                        &r->remote);
     free(h);
     CUDA_OK(cudaMalloc((void **)&r->flush, FLUSH_BYTES));
     CUDA_OK(cudaStreamCreateWithFlags(&r->s, cudaStreamNonBlocking));
@@ -115,9 +121,11 @@ static void rig_free(rig_t *r)
 {
     for (uint32_t l = 0; l < r->L; l++) {
         cudaFree(r->src[l]);
-        for (int k = 0; k < W; k++)
+        for (int k = 0; r->dst_mode == DST_LOCAL && k < W; k++)
             cudaFree(r->dst[l][k]);
     }
+    if (r->dst_mode != DST_LOCAL)
+        dst_remote_close(&r->remote);
     cudaFree(r->flush);
     cudaStreamDestroy(r->s);
     free(r->src_table);
@@ -363,6 +371,8 @@ int main(int argc, char **argv)
     const char *json_path = NULL;
     rig_t r;
     memset(&r, 0, sizeof(r));
+    if (argc > 1 && strcmp(argv[1], "--dst-owner") == 0)
+        return dst_owner_main(argc, argv);
     while (a < argc && strncmp(argv[a], "--", 2) == 0) {
         const char *o = argv[a++];
         r.sorted = r.sorted || strcmp(o, "--sorted") == 0;
@@ -382,13 +392,18 @@ int main(int argc, char **argv)
             kvr__rl_tune_grid = atoi(v);
         else if (strcmp(o, "--merge") == 0)
             merge = (uint32_t)atoi(v);
+        else if (strcmp(o, "--dst") == 0 && dst_mode_parse(v) < 0)
+            DIE("--dst: '%s' is not local, ipc, slab or vmm", v);
+        else if (strcmp(o, "--dst") == 0)
+            r.dst_mode = (dst_mode_t)dst_mode_parse(v);
         else
             DIE("unknown option %s", o);
     }
     if (L < 1 || L > MAX_L || reps < 1 || a >= argc || merge == 1 ||
         merge > MAX_MERGE)
         DIE("usage: bench_rl_trace [--layers 1-%d] [--reps N] [--json F] "
-            "[--grid BLOCKS] [--merge 2-%d] [--sorted] [--shared] TRACE... "
+            "[--grid BLOCKS] [--merge 2-%d] [--dst local|ipc|slab|vmm] "
+            "[--sorted] [--shared] TRACE... "
             "(fixed:N:COUNT or a comma list of lengths)",
             MAX_L, MAX_MERGE);
     if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {
@@ -420,10 +435,11 @@ int main(int argc, char **argv)
     /* room for every request's own stretch, each rounded up to pages */
     rig_make(&r, L, most + (uint64_t)MAX_REQ * BS, ring);
     printf("%s: MLA W=%d I=1 bs=%d %d-byte tokens, %u layers, %s pages, %s "
-           "source, grid %d (0: what fits), median of %d passes, L2 flushed "
-           "before each\n",
+           "source, destination %s, grid %d (0: what fits), median of %d "
+           "passes, L2 flushed before each\n",
            prop.name, W, BS, UNIT, L, r.sorted ? "sorted" : "random",
-           r.shared ? "shared" : "distinct", kvr__rl_tune_grid, reps);
+           r.shared ? "shared" : "distinct", dst_mode_name(r.dst_mode),
+           kvr__rl_tune_grid, reps);
     if (merge > 0)
         printf("merged %u: %u requests a kvr_gpu_scatter_requests call, "
                "slots region-major (rq: request-major, the control)\n",
@@ -435,10 +451,11 @@ int main(int argc, char **argv)
         fprintf(json,
                 "{\"bench\": \"rl_trace\", \"device\": \"%s\", "
                 "\"layers\": %u, \"reps\": %d, \"pages\": \"%s\", "
-                "\"source\": \"%s\", \"grid\": %d, \"merge\": %u, "
-                "\"runs\": [",
+                "\"source\": \"%s\", \"destination\": \"%s\", "
+                "\"grid\": %d, \"merge\": %u, \"runs\": [",
                 prop.name, L, reps, r.sorted ? "sorted" : "random",
-                r.shared ? "shared" : "distinct", kvr__rl_tune_grid, merge);
+                r.shared ? "shared" : "distinct", dst_mode_name(r.dst_mode),
+                kvr__rl_tune_grid, merge);
     bool first = true;
     double ceiling = run(&r, &ceil_t, JOINED, reps, 0, json, &first);
     for (int i = 0; i < nt; i++) {

@@ -174,11 +174,17 @@ kvr_status_t kvr_agent_copy(kvr_agent_t *agent, void *dst, const void *src,
 #define KVR_AGENT_REGION_CONSUMER_ONLY 0x1u
 
 /* Registers engine memory [base, base + bytes): host memory, or device
- * memory of params.cuda_device when it is >= 0. */
+ * memory of params.cuda_device when it is >= 0. Device regions that a
+ * producer on the same host writes through CUDA IPC are best carved from
+ * a few large allocations: scattered pages written through the mappings
+ * of region-sized ones (24 MB) ran at half the rate on an H200
+ * (docs/performance.md, run 2026-12-02n). */
 kvr_status_t kvr_agent_add_region(kvr_agent_t *agent,
                                   const kvr_region_desc_t *desc, void *base,
                                   uint32_t flags);
-/* kvrelay allocates and registers the region; its base comes back. */
+/* kvrelay allocates and registers the region; its base comes back. Device
+ * regions are carved from 2 GiB allocations (a larger region gets its
+ * own), 2 MiB apart, and freed when the agent is destroyed. */
 kvr_status_t kvr_agent_alloc_region(kvr_agent_t *agent,
                                     const kvr_region_desc_t *desc,
                                     uint32_t flags, void **base);

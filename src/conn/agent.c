@@ -17,7 +17,7 @@
 
 static _Thread_local char tls_error[KVR_ERROR_MSG_MAX];
 
-static void unplace(kvr__aregion_t *r);
+static void unplace(kvr_agent_t *a, kvr__aregion_t *r);
 
 static kvr_status_t fail(kvr_status_t st, const char *fmt, ...)
 #if defined(__GNUC__)
@@ -321,7 +321,7 @@ void kvr_agent_destroy(kvr_agent_t *a)
     kvr__pdir_free_all(a);
     kvr__loop_fini(a);
     for (uint32_t i = 0; i < a->num_regions; i++)
-        unplace(&a->regions[i]);
+        unplace(a, &a->regions[i]);
     /* no host function may write wake_fd after it closes, nor a kernel
      * read a pooled table after the pool goes */
     if (a->stream != NULL)
@@ -329,6 +329,7 @@ void kvr_agent_destroy(kvr_agent_t *a)
     if (a->nstream != NULL)
         kvr__gpu_stream_sync(a->nstream, NULL);
     kvr__gpu_pool_destroy(a->gpool);
+    kvr__gpu_arena_free(&a->arena); /* after the streams: nothing writes */
     kvr__gpu_stream_destroy(a->stream);
     kvr__gpu_stream_destroy(a->nstream);
     kvr__agpu_free(a);
@@ -481,7 +482,7 @@ static kvr_status_t place(kvr_agent_t *a, kvr__aregion_t *r, uint64_t len,
     kvr_status_t st = KVR_OK;
     r->device = a->p.cuda_device >= 0;
     if (r->device && alloc) {
-        st = kvr__gpu_alloc(a->p.cuda_device, len, base, err);
+        st = kvr__gpu_arena_alloc(&a->arena, a->p.cuda_device, len, base, err);
         r->owned = st == KVR_OK;
     } else if (alloc) {
         st = kvr__dmem_alloc(a->data, len, base, &r->mem, err);
@@ -494,11 +495,14 @@ static kvr_status_t place(kvr_agent_t *a, kvr__aregion_t *r, uint64_t len,
     return st;
 }
 
-static void unplace(kvr__aregion_t *r)
+/* A region's registration, and its device memory when it was the arena's
+ * last carve (a region that failed to come up); the arena keeps the rest
+ * until the agent goes. */
+static void unplace(kvr_agent_t *a, kvr__aregion_t *r)
 {
     kvr__dmem_destroy(r->mem);
     if (r->owned)
-        kvr__gpu_free(r->base);
+        kvr__gpu_arena_undo(&a->arena, r->base, kvr_region_bytes(&r->desc));
     memset(r, 0, sizeof(*r));
 }
 
@@ -528,7 +532,8 @@ static kvr_status_t add_region(kvr_agent_t *a, const kvr_region_desc_t *desc,
     if (r != NULL && st == KVR_OK && desc->role == KVR_ROLE_STAGING)
         st = claim_staging(a, desc);
     if (r != NULL && st != KVR_OK) {
-        unplace(r);
+        r->desc = *desc; /* its length, for the arena */
+        unplace(a, r);
         if (err.msg[0])
             fail(st, "%s", err.msg);
     } else if (r != NULL) {

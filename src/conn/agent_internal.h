@@ -18,6 +18,7 @@
 
 #include "agent_phases.h"
 #include "data.h"
+#include "gpu_arena.h"
 #include "gpu_path.h"
 #include "link.h"
 #include "plan_cache.h"
@@ -96,7 +97,8 @@ typedef struct kvr__aregion {
     void *base;
     kvr__dmem_t *mem; /* host memory: its registration */
     bool device;      /* CUDA memory (params.cuda_device) */
-    bool owned;       /* allocated by kvr_agent_alloc_region */
+    bool owned;       /* device memory of kvr_agent_alloc_region: carved
+                         from the agent's arena (gpu_arena.h) */
     bool consumer_only;
 } kvr__aregion_t;
 
@@ -518,6 +520,7 @@ struct kvr_agent {
     void *stream;       /* cuda_device >= 0: the agent's stream */
     void *nstream;      /* and its host functions' (kvr__gpu_job_notify) */
     struct kvr_gpu_pool *gpool; /* its relayout and run tables' memory */
+    kvr__gpu_arena_t arena; /* kvr_agent_alloc_region's device memory */
     /* agent_gpu.c: a launch's (and a pull's tables') region pairs and
      * slots, grown as needed and reused by every pull */
     struct {

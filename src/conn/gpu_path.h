@@ -25,6 +25,9 @@ int kvr__gpu_device_count(void);
 kvr_status_t kvr__gpu_alloc(int device, uint64_t len, void **ptr,
                             kvr_error_t *err);
 void kvr__gpu_free(void *ptr);
+/* How the agent's region arena (gpu_arena.h) carves device memory: chunks
+ * of *chunk bytes, regions starting *align bytes apart. */
+void kvr__gpu_chunking(uint64_t *chunk, uint64_t *align);
 /* cudaMemcpy of any direction (host and device pointers), synchronous. */
 kvr_status_t kvr__gpu_copy(void *dst, const void *src, uint64_t len,
                            kvr_error_t *err);

@@ -28,6 +28,15 @@ void kvr__gpu_free(void *ptr)
     kvr_gpu_free(ptr);
 }
 
+/* 2 GiB chunks with regions 2 MiB apart: the layout of the one mapping of
+ * all regions that wrote scattered pages at the rate of local memory
+ * (docs/performance.md, run 2026-12-02n). */
+void kvr__gpu_chunking(uint64_t *chunk, uint64_t *align)
+{
+    *chunk = 2ull << 30;
+    *align = 2ull << 20;
+}
+
 kvr_status_t kvr__gpu_copy(void *dst, const void *src, uint64_t len,
                            kvr_error_t *err)
 {

@@ -174,9 +174,16 @@ static int sv_option(void *ctx, const char *name, const char *value)
         return 1;
     }
     if (strcmp(name, "pages") == 0) {
-        if (strcmp(value, "random") != 0 && strcmp(value, "sorted") != 0)
-            return bad("--%s: '%s' is not random or sorted", name, value);
-        c->sorted_pages = value[0] == 's';
+        static const char *const kinds[] = {"random", "sorted", "sorted-src",
+                                        "sorted-dst"};
+        int k = 0;
+        while (k < 4 && strcmp(value, kinds[k]) != 0)
+            k++;
+        if (k == 4)
+            return bad("--%s: '%s' is not random, sorted, sorted-src or "
+                       "sorted-dst", name, value);
+        c->sorted_src = k == 1 || k == 2;
+        c->sorted_dst = k == 1 || k == 3;
         return 1;
     }
     if (strcmp(name, "decode-progress") == 0) {
@@ -255,8 +262,9 @@ static const char sv_usage[] =
     "    source (the ceiling cycles over it), or each its own blocks (the\n"
     "    ceiling reads exactly those; the sources take as much memory as\n"
     "    the destinations)\n"
-    "  --pages random|sorted (random): block tables are slices of a\n"
-    "    shuffled pool, or in address order (a fresh allocator's)\n"
+    "  --pages random|sorted|sorted-src|sorted-dst (random): block tables\n"
+    "    are slices of a shuffled pool, or in address order (a fresh\n"
+    "    allocator's) on both sides or on one\n"
     "  --decode-progress wait|thread (wait; thread with --device cuda):\n"
     "    decode ranks drive their agents in their waits (kvr_agent_wait, no\n"
     "    progress thread), or run the agent's progress thread and wait on\n"
@@ -525,9 +533,10 @@ void sv_perm(uint32_t n, uint64_t seed, uint32_t *out)
     }
 }
 
-void sv_pages(const sv_cfg_t *c, uint32_t n, uint64_t seed, uint32_t *out)
+void sv_pages(const sv_cfg_t *c, bool consumer, uint32_t n, uint64_t seed,
+              uint32_t *out)
 {
-    if (!c->sorted_pages) {
+    if (!(consumer ? c->sorted_dst : c->sorted_src)) {
         sv_perm(n, seed, out);
         return;
     }

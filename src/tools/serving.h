@@ -42,7 +42,9 @@ typedef struct sv_cfg {
     uint32_t reps; /* the passes and a ceiling after them, this often */
     uint64_t pool_tokens; /* destination pool per group; 0: every request's */
     bool distinct_src;    /* each request its own source blocks */
-    bool sorted_pages;    /* block tables in address order, not shuffled */
+    /* block tables in address order, not shuffled: the source's, the
+     * destination's */
+    bool sorted_src, sorted_dst;
     /* decode ranks run their agent's progress thread and wait on its event
      * fd; else (host KV: the default) they have none and drive the agent
      * in their waits (kvr_agent_wait) */
@@ -91,8 +93,10 @@ uint32_t sv_src_pool(const sv_trace_t *t, const sv_cfg_t *cfg);
 void sv_src_table(const sv_trace_t *t, const uint32_t *table, uint32_t i,
                   uint64_t n, uint32_t *out);
 void sv_perm(uint32_t n, uint64_t seed, uint32_t *out);
-/* A pool's block order: sv_perm, or 0..n-1 with --pages sorted. */
-void sv_pages(const sv_cfg_t *c, uint32_t n, uint64_t seed, uint32_t *out);
+/* A pool's block order: sv_perm, or 0..n-1 where --pages sorts that side
+ * (the consumer's pool: the destination). */
+void sv_pages(const sv_cfg_t *c, bool consumer, uint32_t n, uint64_t seed,
+              uint32_t *out);
 
 /* Request ids: "t<pass>-<i>" for the trace, else "<kind>-<a>-<b>":
  * "ceil-<instance>-<rep>", "small-<k>-0", "warm-<group>-0". */

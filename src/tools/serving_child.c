@@ -300,7 +300,7 @@ static kvr_status_t producer_regions(ch_t *h, kvr_error_t *err)
         free(ids);
         return kvr_error_set(err, KVR_ERR_NO_MEMORY, "no memory");
     }
-    sv_pages(c, pool, c->d.seed, h->table);
+    sv_pages(c, false, pool, c->d.seed, h->table);
     for (uint64_t g = 0; g < N; g++)
         ids[g] = demo_token_id(&c->d, 0, g);
     kvr_status_t st = KVR_OK;
@@ -332,7 +332,7 @@ static kvr_status_t consumer_regions(ch_t *h, kvr_error_t *err)
     h->owner = malloc((pool + 1) * sizeof(*h->owner));
     if (h->table == NULL || h->owner == NULL)
         return kvr_error_set(err, KVR_ERR_NO_MEMORY, "no memory");
-    sv_pages(c, pool, c->d.seed ^ 0xd57u, h->table);
+    sv_pages(c, true, pool, c->d.seed ^ 0xd57u, h->table);
     for (uint32_t k = 0; k < pool; k++)
         h->owner[k] = -1;
     kvr_status_t st = KVR_OK;

@@ -239,6 +239,13 @@ void kvr__gpu_free(void *ptr)
     free(ptr);
 }
 
+/* Small chunks, so that the tests' regions share some and fill others */
+void kvr__gpu_chunking(uint64_t *chunk, uint64_t *align)
+{
+    *chunk = 256u << 10;
+    *align = 256;
+}
+
 kvr_status_t kvr__gpu_copy(void *dst, const void *src, uint64_t len,
                            kvr_error_t *err)
 {

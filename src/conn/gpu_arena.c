@@ -1,0 +1,65 @@
+/* Regions' device memory in large chunks (gpu_arena.h). */
+#include "gpu_arena.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "gpu_path.h"
+
+static uint64_t round_up(uint64_t x, uint64_t a)
+{
+    return (x + a - 1) / a * a;
+}
+
+static kvr_status_t add_chunk(kvr__gpu_arena_t *ar, int device, uint64_t size,
+                              kvr_error_t *err)
+{
+    kvr__gpu_chunk_t *c = realloc(ar->chunks, (ar->n + 1) * sizeof(*c));
+    if (c == NULL)
+        return kvr_error_set(err, KVR_ERR_NO_MEMORY, "no memory");
+    ar->chunks = c;
+    void *base = NULL;
+    kvr_status_t st = kvr__gpu_alloc(device, size, &base, err);
+    if (st == KVR_OK)
+        c[ar->n++] = (kvr__gpu_chunk_t){base, size, 0};
+    return st;
+}
+
+kvr_status_t kvr__gpu_arena_alloc(kvr__gpu_arena_t *ar, int device,
+                                  uint64_t len, void **out, kvr_error_t *err)
+{
+    uint64_t chunk = 0, align = 0;
+    kvr__gpu_chunking(&chunk, &align);
+    uint64_t need = round_up(len > 0 ? len : 1, align);
+    kvr__gpu_chunk_t *last = ar->n > 0 ? &ar->chunks[ar->n - 1] : NULL;
+    if (last == NULL || last->size - last->used < need) {
+        kvr_status_t st =
+            add_chunk(ar, device, need > chunk ? need : chunk, err);
+        if (st != KVR_OK)
+            return st;
+        last = &ar->chunks[ar->n - 1];
+    }
+    *out = (unsigned char *)last->base + last->used;
+    last->used += need;
+    return KVR_OK;
+}
+
+void kvr__gpu_arena_undo(kvr__gpu_arena_t *ar, const void *ptr, uint64_t len)
+{
+    uint64_t chunk = 0, align = 0;
+    kvr__gpu_chunking(&chunk, &align);
+    kvr__gpu_chunk_t *last = ar->n > 0 ? &ar->chunks[ar->n - 1] : NULL;
+    uint64_t need = round_up(len > 0 ? len : 1, align);
+    if (last != NULL && last->used >= need &&
+        (const unsigned char *)last->base + last->used - need ==
+            (const unsigned char *)ptr)
+        last->used -= need;
+}
+
+void kvr__gpu_arena_free(kvr__gpu_arena_t *ar)
+{
+    for (size_t i = 0; i < ar->n; i++)
+        kvr__gpu_free(ar->chunks[i].base);
+    free(ar->chunks);
+    memset(ar, 0, sizeof(*ar));
+}

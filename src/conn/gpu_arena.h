@@ -1,0 +1,39 @@
+/* Device memory for the regions an agent allocates itself
+ * (kvr_agent_alloc_region), carved from a few large allocations rather
+ * than one allocation a region. A producer stage writes a decode rank's
+ * pages through a CUDA IPC mapping of the allocation that holds them, and
+ * on an H200 scattered pages written through mappings of region-sized
+ * allocations (24 MB each) ran at half the rate of the same writes
+ * through one mapping of all the regions, or into the writer's own memory
+ * (docs/performance.md, run 2026-12-02n). Regions live as long as their
+ * agent: chunks are freed together when it is destroyed. Callers
+ * serialise (the agent's turn lock). */
+#ifndef KVRELAY_CONN_GPU_ARENA_H
+#define KVRELAY_CONN_GPU_ARENA_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "kvrelay/status.h"
+
+typedef struct kvr__gpu_chunk {
+    void *base;
+    uint64_t size, used;
+} kvr__gpu_chunk_t;
+
+typedef struct kvr__gpu_arena {
+    kvr__gpu_chunk_t *chunks;
+    size_t n;
+} kvr__gpu_arena_t;
+
+/* len bytes on `device`, aligned as the GPU path asks (kvr__gpu_chunking),
+ * at the end of the last chunk when they fit there, else in a new chunk
+ * of the path's size (or of len, rounded up, when larger). */
+kvr_status_t kvr__gpu_arena_alloc(kvr__gpu_arena_t *ar, int device,
+                                  uint64_t len, void **out, kvr_error_t *err);
+/* Gives back the last carve (ptr, len), after a region failed to come up;
+ * anything else stays until kvr__gpu_arena_free. */
+void kvr__gpu_arena_undo(kvr__gpu_arena_t *ar, const void *ptr, uint64_t len);
+void kvr__gpu_arena_free(kvr__gpu_arena_t *ar);
+
+#endif
