@@ -29,9 +29,16 @@
  * (kvr__rl_tune_merge_order): the control that tells the order's effect
  * from that of fewer, larger launches.
  *
+ * --dst local|ipc|slab|vmm puts the destination regions in this process
+ * (the default) or in a second one that owns them (dst_owner.h): a stage
+ * writes decode ranks' pages through CUDA IPC. --dst-room MiB makes each
+ * of the owner's allocations at least that large (the regions use their
+ * start): whether mappings of production-sized allocations behave like
+ * the slab's.
+ *
  * Usage: bench_rl_trace [--layers L] [--reps R] [--json FILE] [--grid N]
- *        [--merge K] [--sorted] [--shared] TRACE...  (TRACE: fixed:N:COUNT,
- *        or a comma list of lengths) */
+ *        [--merge K] [--dst MODE] [--dst-room MiB] [--sorted] [--shared]
+ *        TRACE...  (TRACE: fixed:N:COUNT, or a comma list of lengths) */
 #include <cuda_runtime_api.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -67,6 +74,7 @@ typedef struct {
     unsigned char *src[MAX_L], *dst[MAX_L][W], *flush;
     cudaStream_t s;
     dst_mode_t dst_mode; /* where the destination regions live */
+    uint64_t dst_room;   /* --dst-room: bytes each owner's allocation holds */
     dst_remote_t remote;
 } rig_t;
 
@@ -110,7 +118,8 @@ static void rig_make(rig_t *r, uint32_t L, uint64_t most, uint64_t ring)
             CUDA_OK(cudaMalloc((void **)&r->dst[l][k], db));
     }
     if (r->dst_mode != DST_LOCAL) /* r->dst is L rows of W in a row */
-        dst_remote_open("/proc/self/exe", r->dst_mode, L * W, db, &r->dst[0][0],
+        dst_remote_open("/proc/self/exe", r->dst_mode, L * W,
+                        db > r->dst_room ? db : r->dst_room, &r->dst[0][0],
                         &r->remote);
     free(h);
     CUDA_OK(cudaMalloc((void **)&r->flush, FLUSH_BYTES));
@@ -396,6 +405,8 @@ int main(int argc, char **argv)
             DIE("--dst: '%s' is not local, ipc, slab or vmm", v);
         else if (strcmp(o, "--dst") == 0)
             r.dst_mode = (dst_mode_t)dst_mode_parse(v);
+        else if (strcmp(o, "--dst-room") == 0)
+            r.dst_room = strtoull(v, NULL, 10) << 20;
         else
             DIE("unknown option %s", o);
     }
@@ -403,7 +414,7 @@ int main(int argc, char **argv)
         merge > MAX_MERGE)
         DIE("usage: bench_rl_trace [--layers 1-%d] [--reps N] [--json F] "
             "[--grid BLOCKS] [--merge 2-%d] [--dst local|ipc|slab|vmm] "
-            "[--sorted] [--shared] TRACE... "
+            "[--dst-room MiB] [--sorted] [--shared] TRACE... "
             "(fixed:N:COUNT or a comma list of lengths)",
             MAX_L, MAX_MERGE);
     if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {
@@ -435,11 +446,11 @@ int main(int argc, char **argv)
     /* room for every request's own stretch, each rounded up to pages */
     rig_make(&r, L, most + (uint64_t)MAX_REQ * BS, ring);
     printf("%s: MLA W=%d I=1 bs=%d %d-byte tokens, %u layers, %s pages, %s "
-           "source, destination %s, grid %d (0: what fits), median of %d "
-           "passes, L2 flushed before each\n",
+           "source, destination %s (room %llu MiB), grid %d (0: what fits), "
+           "median of %d passes, L2 flushed before each\n",
            prop.name, W, BS, UNIT, L, r.sorted ? "sorted" : "random",
            r.shared ? "shared" : "distinct", dst_mode_name(r.dst_mode),
-           kvr__rl_tune_grid, reps);
+           (unsigned long long)(r.dst_room >> 20), kvr__rl_tune_grid, reps);
     if (merge > 0)
         printf("merged %u: %u requests a kvr_gpu_scatter_requests call, "
                "slots region-major (rq: request-major, the control)\n",

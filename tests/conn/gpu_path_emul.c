@@ -230,7 +230,11 @@ kvr_status_t kvr__gpu_alloc(int device, uint64_t len, void **ptr,
                             kvr_error_t *err)
 {
     (void)device;
-    *ptr = calloc(1, len);
+    /* 256-byte aligned and zeroed, as cudaMalloc's at least */
+    uint64_t n = (len + 255) / 256 * 256;
+    *ptr = aligned_alloc(256, n ? n : 256);
+    if (*ptr != NULL)
+        memset(*ptr, 0, n);
     return *ptr ? KVR_OK : kvr_error_set(err, KVR_ERR_NO_MEMORY, "no memory");
 }
 
@@ -239,10 +243,11 @@ void kvr__gpu_free(void *ptr)
     free(ptr);
 }
 
-/* Small chunks, so that the tests' regions share some and fill others */
+/* Small chunks, so that the tests' regions (240-400 KiB) share some and
+ * fill others */
 void kvr__gpu_chunking(uint64_t *chunk, uint64_t *align)
 {
-    *chunk = 256u << 10;
+    *chunk = 1u << 20;
     *align = 256;
 }
 

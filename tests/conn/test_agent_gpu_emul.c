@@ -75,6 +75,39 @@ static void wait_launched(world_t *w, const char *id, unsigned before)
     ah_settle(all, 4, 50);
 }
 
+/* kvr_agent_alloc_region's device regions are carved from the agent's
+ * arena (gpu_arena.h; the emulation's chunks are 1 MiB, regions 256
+ * bytes apart): each starts aligned, after the one before it in the same
+ * chunk, and none overlaps another (docs/agent.md, where device regions
+ * live). */
+static void regions_from_chunks(void **state)
+{
+    (void)state;
+    world_t *w = gpu_world();
+    ah_agent_t *all[] = {&w->cons[0], &w->prod[0][0]};
+    uint32_t shared = 0;
+    for (int k = 0; k < 2; k++) {
+        const ah_agent_t *x = all[k];
+        assert_true(x->n >= 2);
+        for (uint32_t i = 0; i < x->n; i++) {
+            const unsigned char *b = x->base[i];
+            uint64_t len = kvr_region_bytes(&x->desc[i]);
+            assert_int_equal((uintptr_t)b % 256, 0);
+            for (uint32_t j = 0; j < i; j++) {
+                const unsigned char *c = x->base[j];
+                assert_true(b >= c + kvr_region_bytes(&x->desc[j]) ||
+                            c >= b + len);
+            }
+            uint64_t prev = i > 0 ? kvr_region_bytes(&x->desc[i - 1]) : 0;
+            if (i > 0 && b == (const unsigned char *)x->base[i - 1] +
+                                  (prev + 255) / 256 * 256)
+                shared++; /* right after the one before, in its chunk */
+        }
+    }
+    assert_true(shared > 0);
+    world_free(w);
+}
+
 /* Two waves of 8 requests (disjoint blocks within a wave), each wave's
  * loads asked at once: 32 pulls in flight per wave. */
 static void many_in_flight(void **state)
@@ -456,6 +489,7 @@ static void merged_one_aborted(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(regions_from_chunks),
         cmocka_unit_test(many_in_flight),
         cmocka_unit_test(abort_while_running),
         cmocka_unit_test(streamed_groups),

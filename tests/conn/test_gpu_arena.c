@@ -1,5 +1,5 @@
 /* The agent's region arena (src/conn/gpu_arena.h) over the tests' emulated
- * GPU path, whose chunks are 256 KiB with regions 256 bytes apart. */
+ * GPU path, whose chunks are 1 MiB with regions 256 bytes apart. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
