@@ -216,9 +216,6 @@ static kvr_status_t init_shared(kvr_agent_t *a, kvr_error_t *err)
                                KVR_AGENT_GPU_QUEUE_BYTES);
     a->wait_spin_ns =
         env_u64("KVR_AGENT_WAIT_SPIN_US", 1000u, KVR_AGENT_WAIT_SPIN_NS);
-    /* KVR_AGENT_GPU_JOIN: at most this many pulls share a launch (1: none
-     * do), for measuring what a shared launch costs (docs/agent.md) */
-    a->gpu_join = (uint32_t)env_u64("KVR_AGENT_GPU_JOIN", 1, 0);
     /* KVR_AGENT_GPU_MERGE: a launch carries the waiting pulls of up to
      * this many requests (1: one request's, as without it) */
     a->gpu_merge = (uint32_t)env_u64("KVR_AGENT_GPU_MERGE", 1, 1);

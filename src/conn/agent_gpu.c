@@ -192,7 +192,7 @@ static bool mergeable(const launch_set_t *ls, const kvr__pull_t *q)
 static void gather(kvr_agent_t *a, const kvr__preq_t *r, kvr__pull_t *p,
                    launch_set_t *ls)
 {
-    uint32_t most = a->gpu_join - 1 < JOIN_MAX ? a->gpu_join : JOIN_MAX;
+    uint32_t most = JOIN_MAX;
     ls->k = ls->nreq = 0;
     add_request(a, r, p, ls, most);
     for (kvr__pull_t *q = a->active;

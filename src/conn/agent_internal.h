@@ -534,7 +534,6 @@ struct kvr_agent {
     uint64_t gpu_spin_until; /* kvr__agpu_spin watches kernels till then */
     kvr__phases_t ph;        /* KVR_AGENT_PHASES: time per phase */
     uint64_t gpu_queue_cap;  /* KVR_AGENT_GPU_QUEUE_BYTES, or the env's */
-    uint32_t gpu_join;       /* pulls a launch may share; 0: any */
     uint32_t gpu_merge;      /* requests a launch may carry (the env's) */
     uint64_t wait_spin_ns;   /* KVR_AGENT_WAIT_SPIN_NS, or the env's */
     uint8_t *slot_busy; /* its slots granted to a stage */

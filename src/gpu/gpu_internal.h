@@ -62,8 +62,7 @@ extern int kvr__rl_tune_step;
  * default, teams of 8 lanes of 5 vectors); 3, 4: other team shapes
  * (relayout.cu). */
 extern int kvr__rl_tune_chunks;
-/* (CUDA) At most this many blocks a relayout launch, 0: as many as fit
- * (then the environment's KVR_RL_GRID, if set). */
+/* (CUDA) At most this many blocks a relayout launch, 0: as many as fit. */
 extern int kvr__rl_tune_grid;
 /* (CUDA) 1: kvr_gpu_scatter_requests keeps the caller's slot order (in
  * its groups of 8 relayouts) instead of region-major: the control that

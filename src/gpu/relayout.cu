@@ -277,17 +277,13 @@ __global__ void __launch_bounds__(THREADS) chunk_kernel(const J j)
     }
 }
 
-/* At most kvr__rl_tune_grid blocks a launch (else the environment's
- * KVR_RL_GRID, read once; 0: as many as fit). An experiment's knob: with
- * short requests the items in flight span dozens of layer regions, and a
- * smaller grid narrows that span (docs/performance.md, run 2026-12-02m). */
+/* At most kvr__rl_tune_grid blocks a launch (0: as many as fit): the
+ * benches' knob (bench_rl_trace --grid). A smaller grid narrows the span
+ * of the items in flight, and lowered large requests' rate more than
+ * short ones' (docs/performance.md, run 2026-12-02m). */
 unsigned grid_cap(unsigned blocks)
 {
-    static const int env = [] {
-        const char *e = getenv("KVR_RL_GRID");
-        return e != NULL ? atoi(e) : 0;
-    }();
-    int cap = kvr__rl_tune_grid > 0 ? kvr__rl_tune_grid : env;
+    int cap = kvr__rl_tune_grid;
     return cap > 0 && blocks > (unsigned)cap ? (unsigned)cap : blocks;
 }
 
