@@ -511,7 +511,8 @@ class Agent:
         """Has kvrelay allocate and register a region, valid until
         close(). Returns a writable uint8 array over it, or, on an agent
         with a cuda_device, a RawBuffer with the device address (device
-        memory is not for numpy)."""
+        memory is not for numpy). Device regions are carved from 2 GiB
+        allocations (docs/agent.md, where device regions live)."""
         base, c = ctypes.c_void_p(), desc.to_c()
         self._call(f"alloc_region {desc.role.name} layer {desc.layer}",
                    LIB.kvr_agent_alloc_region, ctypes.byref(c),
