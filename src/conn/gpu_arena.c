@@ -30,6 +30,10 @@ kvr_status_t kvr__gpu_arena_alloc(kvr__gpu_arena_t *ar, int device,
 {
     uint64_t chunk = 0, align = 0;
     kvr__gpu_chunking(&chunk, &align);
+    if (len > UINT64_MAX - align)
+        return kvr_error_set(err, KVR_ERR_INVALID,
+                             "a device region of %llu bytes",
+                             (unsigned long long)len);
     uint64_t need = round_up(len > 0 ? len : 1, align);
     kvr__gpu_chunk_t *last = ar->n > 0 ? &ar->chunks[ar->n - 1] : NULL;
     if (last == NULL || last->size - last->used < need) {

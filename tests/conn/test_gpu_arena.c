@@ -73,12 +73,26 @@ static void test_undo_last_only(void **state)
     kvr__gpu_arena_free(&ar);
 }
 
+/* A length that would wrap when rounded up is refused, naming it. */
+static void test_huge_refused(void **state)
+{
+    (void)state;
+    kvr__gpu_arena_t ar = {0};
+    void *p = NULL;
+    kvr_error_t err = {0};
+    assert_int_equal(kvr__gpu_arena_alloc(&ar, 0, UINT64_MAX - 3, &p, &err),
+                     KVR_ERR_INVALID);
+    assert_non_null(strstr(err.msg, "18446744073709551612"));
+    assert_int_equal(ar.n, 0);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_regions_share_a_chunk),
         cmocka_unit_test(test_new_chunks),
         cmocka_unit_test(test_undo_last_only),
+        cmocka_unit_test(test_huge_refused),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
