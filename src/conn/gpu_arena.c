@@ -25,11 +25,18 @@ static kvr_status_t add_chunk(kvr__gpu_arena_t *ar, int device, uint64_t size,
     return st;
 }
 
+void kvr__gpu_arena_init(kvr__gpu_arena_t *ar, uint64_t chunk)
+{
+    uint64_t path_chunk = 0;
+    memset(ar, 0, sizeof(*ar));
+    kvr__gpu_chunking(&path_chunk, &ar->align);
+    ar->chunk = chunk;
+}
+
 kvr_status_t kvr__gpu_arena_alloc(kvr__gpu_arena_t *ar, int device,
                                   uint64_t len, void **out, kvr_error_t *err)
 {
-    uint64_t chunk = 0, align = 0;
-    kvr__gpu_chunking(&chunk, &align);
+    uint64_t chunk = ar->chunk, align = ar->align;
     if (len > UINT64_MAX - align)
         return kvr_error_set(err, KVR_ERR_INVALID,
                              "a device region of %llu bytes",
@@ -50,10 +57,8 @@ kvr_status_t kvr__gpu_arena_alloc(kvr__gpu_arena_t *ar, int device,
 
 void kvr__gpu_arena_undo(kvr__gpu_arena_t *ar, const void *ptr, uint64_t len)
 {
-    uint64_t chunk = 0, align = 0;
-    kvr__gpu_chunking(&chunk, &align);
     kvr__gpu_chunk_t *last = ar->n > 0 ? &ar->chunks[ar->n - 1] : NULL;
-    uint64_t need = round_up(len > 0 ? len : 1, align);
+    uint64_t need = round_up(len > 0 ? len : 1, ar->align);
     if (last != NULL && last->used >= need &&
         (const unsigned char *)last->base + last->used - need ==
             (const unsigned char *)ptr)
@@ -65,5 +70,6 @@ void kvr__gpu_arena_free(kvr__gpu_arena_t *ar)
     for (size_t i = 0; i < ar->n; i++)
         kvr__gpu_free(ar->chunks[i].base);
     free(ar->chunks);
-    memset(ar, 0, sizeof(*ar));
+    ar->chunks = NULL;
+    ar->n = 0;
 }

@@ -24,11 +24,16 @@ typedef struct kvr__gpu_chunk {
 typedef struct kvr__gpu_arena {
     kvr__gpu_chunk_t *chunks;
     size_t n;
+    uint64_t chunk; /* a new chunk's bytes; 0: one allocation a region */
+    uint64_t align; /* regions start this far apart */
 } kvr__gpu_arena_t;
 
-/* len bytes on `device`, aligned as the GPU path asks (kvr__gpu_chunking),
- * at the end of the last chunk when they fit there, else in a new chunk
- * of the path's size (or of len, rounded up, when larger). */
+/* An empty arena: the GPU path's alignment (kvr__gpu_chunking), chunks of
+ * `chunk` bytes (0: an allocation a region, as before the arena). */
+void kvr__gpu_arena_init(kvr__gpu_arena_t *ar, uint64_t chunk);
+/* len bytes on `device`, aligned as ar->align, at the end of the last
+ * chunk when they fit there, else in a new chunk of ar->chunk bytes (or
+ * of len, rounded up, when larger). */
 kvr_status_t kvr__gpu_arena_alloc(kvr__gpu_arena_t *ar, int device,
                                   uint64_t len, void **out, kvr_error_t *err);
 /* Gives back the last carve (ptr, len), after a region failed to come up;

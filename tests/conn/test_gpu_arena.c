@@ -18,6 +18,13 @@ static uint64_t chunk_bytes(void)
     return chunk;
 }
 
+static kvr__gpu_arena_t arena(uint64_t chunk)
+{
+    kvr__gpu_arena_t ar;
+    kvr__gpu_arena_init(&ar, chunk);
+    return ar;
+}
+
 static unsigned char *carve(kvr__gpu_arena_t *ar, uint64_t len)
 {
     void *p = NULL;
@@ -32,7 +39,7 @@ static unsigned char *carve(kvr__gpu_arena_t *ar, uint64_t len)
 static void test_regions_share_a_chunk(void **state)
 {
     (void)state;
-    kvr__gpu_arena_t ar = {0};
+    kvr__gpu_arena_t ar = arena(chunk_bytes());
     unsigned char *a = carve(&ar, 1000), *b = carve(&ar, 24), *c = carve(&ar, 256);
     assert_int_equal(ar.n, 1);
     assert_ptr_equal(b, a + 1024);
@@ -46,8 +53,8 @@ static void test_regions_share_a_chunk(void **state)
 static void test_new_chunks(void **state)
 {
     (void)state;
-    kvr__gpu_arena_t ar = {0};
     uint64_t C = chunk_bytes();
+    kvr__gpu_arena_t ar = arena(C);
     unsigned char *a = carve(&ar, C - 512);
     unsigned char *b = carve(&ar, 1024);
     assert_int_equal(ar.n, 2);
@@ -63,7 +70,7 @@ static void test_new_chunks(void **state)
 static void test_undo_last_only(void **state)
 {
     (void)state;
-    kvr__gpu_arena_t ar = {0};
+    kvr__gpu_arena_t ar = arena(chunk_bytes());
     unsigned char *a = carve(&ar, 300), *b = carve(&ar, 300);
     kvr__gpu_arena_undo(&ar, a, 300); /* not the last: stays */
     assert_int_equal(ar.chunks[0].used, 1024);
@@ -77,13 +84,27 @@ static void test_undo_last_only(void **state)
 static void test_huge_refused(void **state)
 {
     (void)state;
-    kvr__gpu_arena_t ar = {0};
+    kvr__gpu_arena_t ar = arena(chunk_bytes());
     void *p = NULL;
     kvr_error_t err = {0};
     assert_int_equal(kvr__gpu_arena_alloc(&ar, 0, UINT64_MAX - 3, &p, &err),
                      KVR_ERR_INVALID);
     assert_non_null(strstr(err.msg, "18446744073709551612"));
     assert_int_equal(ar.n, 0);
+}
+
+/* Chunks of 0 bytes: one allocation a region, each of its own length
+ * (KVR_AGENT_GPU_CHUNK_MB=0, the layout before the arena). */
+static void test_no_chunks(void **state)
+{
+    (void)state;
+    kvr__gpu_arena_t ar = arena(0);
+    carve(&ar, 1000);
+    carve(&ar, 10);
+    assert_int_equal(ar.n, 2);
+    assert_int_equal(ar.chunks[0].size, 1024);
+    assert_int_equal(ar.chunks[1].size, 256);
+    kvr__gpu_arena_free(&ar);
 }
 
 int main(void)
@@ -93,6 +114,7 @@ int main(void)
         cmocka_unit_test(test_new_chunks),
         cmocka_unit_test(test_undo_last_only),
         cmocka_unit_test(test_huge_refused),
+        cmocka_unit_test(test_no_chunks),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
