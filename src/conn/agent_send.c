@@ -921,16 +921,21 @@ static bool any_unanswered(const kvr__pull_t *list)
 
 /* Whether die-mid may hit now and hit r alone, however requests overlap:
  * every consumer link has asked for r (a link's earlier requests came
- * before it) and every other request's pull, held ones included, was
- * answered. Until then r's pull does not move (docs/failpoints.md). */
+ * before it), every other request's pull, held ones included, was
+ * answered, and the answers went out: a WRITE_DONE corked until the
+ * turn's end, or waiting for room in the socket, would die with the
+ * process and fail its request too (seen on a loaded CI run). Until then
+ * r's pull does not move (docs/failpoints.md). */
 static bool die_mid_alone(const kvr_agent_t *a, const kvr__preq_t *r)
 {
-    if (any_unanswered(a->orphans))
+    if (a->corked || any_unanswered(a->orphans))
         return false;
     for (const kvr__preq_t *o = a->preqs; o != NULL; o = o->next)
         if (o != r && any_unanswered(o->pulls))
             return false;
     for (const kvr__alink_t *l = a->links; l != NULL; l = l->next) {
+        if (l->link != NULL && kvr__link_wants_write(l->link))
+            return false; /* answers still queued */
         bool asked = l->data == NULL; /* not a consumer's link */
         for (const kvr__pull_t *q = r->pulls; q != NULL && !asked;
              q = q->next)
