@@ -219,10 +219,9 @@ static kvr_status_t init_shared(kvr_agent_t *a, kvr_error_t *err)
     /* KVR_AGENT_GPU_CHUNK_MB: the region arena's chunks (0: one
      * allocation a region, as before it), for measuring both side by side
      * (docs/agent.md, where device regions live) */
-    uint64_t chunk = 0, align = 0;
-    kvr__gpu_chunking(&chunk, &align);
-    kvr__gpu_arena_init(&a->arena,
-                        env_u64("KVR_AGENT_GPU_CHUNK_MB", 1ull << 20, chunk));
+    kvr__gpu_arena_init(&a->arena);
+    a->arena.chunk =
+        env_u64("KVR_AGENT_GPU_CHUNK_MB", 1ull << 20, a->arena.chunk);
     /* KVR_AGENT_GPU_MERGE: a launch carries the waiting pulls of up to
      * this many requests (1: one request's, as without it) */
     a->gpu_merge = (uint32_t)env_u64("KVR_AGENT_GPU_MERGE", 1, 1);

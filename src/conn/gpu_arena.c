@@ -6,8 +6,10 @@
 
 #include "gpu_path.h"
 
-static uint64_t round_up(uint64_t x, uint64_t a)
+/* The bytes a region of len takes: up to the next region's start. */
+static uint64_t carve_bytes(const kvr__gpu_arena_t *ar, uint64_t len)
 {
+    uint64_t a = ar->align, x = len > 0 ? len : 1;
     return (x + a - 1) / a * a;
 }
 
@@ -25,27 +27,24 @@ static kvr_status_t add_chunk(kvr__gpu_arena_t *ar, int device, uint64_t size,
     return st;
 }
 
-void kvr__gpu_arena_init(kvr__gpu_arena_t *ar, uint64_t chunk)
+void kvr__gpu_arena_init(kvr__gpu_arena_t *ar)
 {
-    uint64_t path_chunk = 0;
     memset(ar, 0, sizeof(*ar));
-    kvr__gpu_chunking(&path_chunk, &ar->align);
-    ar->chunk = chunk;
+    kvr__gpu_chunking(&ar->chunk, &ar->align);
 }
 
 kvr_status_t kvr__gpu_arena_alloc(kvr__gpu_arena_t *ar, int device,
                                   uint64_t len, void **out, kvr_error_t *err)
 {
-    uint64_t chunk = ar->chunk, align = ar->align;
-    if (len > UINT64_MAX - align)
+    if (len > UINT64_MAX - ar->align)
         return kvr_error_set(err, KVR_ERR_INVALID,
                              "a device region of %llu bytes",
                              (unsigned long long)len);
-    uint64_t need = round_up(len > 0 ? len : 1, align);
+    uint64_t need = carve_bytes(ar, len);
     kvr__gpu_chunk_t *last = ar->n > 0 ? &ar->chunks[ar->n - 1] : NULL;
     if (last == NULL || last->size - last->used < need) {
         kvr_status_t st =
-            add_chunk(ar, device, need > chunk ? need : chunk, err);
+            add_chunk(ar, device, need > ar->chunk ? need : ar->chunk, err);
         if (st != KVR_OK)
             return st;
         last = &ar->chunks[ar->n - 1];
@@ -58,7 +57,7 @@ kvr_status_t kvr__gpu_arena_alloc(kvr__gpu_arena_t *ar, int device,
 void kvr__gpu_arena_undo(kvr__gpu_arena_t *ar, const void *ptr, uint64_t len)
 {
     kvr__gpu_chunk_t *last = ar->n > 0 ? &ar->chunks[ar->n - 1] : NULL;
-    uint64_t need = round_up(len > 0 ? len : 1, ar->align);
+    uint64_t need = carve_bytes(ar, len);
     if (last != NULL && last->used >= need &&
         (const unsigned char *)last->base + last->used - need ==
             (const unsigned char *)ptr)

@@ -28,9 +28,10 @@ typedef struct kvr__gpu_arena {
     uint64_t align; /* regions start this far apart */
 } kvr__gpu_arena_t;
 
-/* An empty arena: the GPU path's alignment (kvr__gpu_chunking), chunks of
- * `chunk` bytes (0: an allocation a region, as before the arena). */
-void kvr__gpu_arena_init(kvr__gpu_arena_t *ar, uint64_t chunk);
+/* An empty arena with the GPU path's chunks and alignment
+ * (kvr__gpu_chunking); a caller may set ar->chunk after (0: an allocation
+ * a region, as before the arena). */
+void kvr__gpu_arena_init(kvr__gpu_arena_t *ar);
 /* len bytes on `device`, aligned as ar->align, at the end of the last
  * chunk when they fit there, else in a new chunk of ar->chunk bytes (or
  * of len, rounded up, when larger). */

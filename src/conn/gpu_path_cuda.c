@@ -162,8 +162,9 @@ struct kvr__gpu_job {
 };
 
 /* ---- each job's time on the device (KVR_AGENT_GPU_TIMES=1) ----
- * For profiling a stage's stream (docs/performance.md, run 2026-12-02m):
- * a job's kernels lie between two timed events, and when the job is
+ * For profiling a stage's stream (docs/performance.md, runs 2026-12-02m
+ * and n): a job's kernels lie between two timed events, with one more
+ * after each region class's launches (times_class), and when the job is
  * freed one line goes to stderr with its launch, start and end on the
  * host's monotonic clock (µs). A reference event, recorded once per
  * process and waited for, maps the device's clock onto the host's to a
@@ -541,7 +542,8 @@ static kvr_status_t job_start(int device, void *stream,
             times_class(job, (uint32_t)l->pairs[i].src.role, *bytes - before);
         }
     stamp(stamps, 2);
-    job->queued_ns = kvr_now_ns();
+    if (job->t0 != NULL) /* timed: when the host had queued it */
+        job->queued_ns = kvr_now_ns();
     if (st == KVR_OK && !waits)
         st = kvr_gpu_event_record(job->done, stream, err);
     job->recorded = st == KVR_OK && !waits;

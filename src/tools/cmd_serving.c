@@ -572,11 +572,7 @@ static json_t *params_json(const sup_t *s)
     json_object_set_new(p, "sources", json_string(s->c.distinct_src
                                                       ? "distinct"
                                                       : "shared"));
-    static const char *const pages[] = {"random", "sorted-dst", "sorted-src",
-                                        "sorted"};
-    json_object_set_new(
-        p, "pages",
-        json_string(pages[s->c.sorted_src * 2 + s->c.sorted_dst]));
+    json_object_set_new(p, "pages", json_string(sv_pages_name(&s->c)));
     json_object_set_new(p, "reps", json_integer(s->c.reps));
     json_object_set_new(p, "decode_progress",
                         json_string(s->c.decode_thread ? "thread" : "wait"));

@@ -134,6 +134,10 @@ static const char *const refused[] = {
     "tokens",  "abort",     "fault",       "dump", "no-reuse",
     "save-to", "load-from", "cuda-device", NULL};
 
+/* --pages' values, indexed by sorted_src * 2 + sorted_dst */
+static const char *const page_kinds[] = {"random", "sorted-dst",
+                                         "sorted-src", "sorted"};
+
 static int sv_option(void *ctx, const char *name, const char *value)
 {
     sv_cfg_t *c = ctx;
@@ -174,16 +178,14 @@ static int sv_option(void *ctx, const char *name, const char *value)
         return 1;
     }
     if (strcmp(name, "pages") == 0) {
-        static const char *const kinds[] = {"random", "sorted", "sorted-src",
-                                        "sorted-dst"};
         int k = 0;
-        while (k < 4 && strcmp(value, kinds[k]) != 0)
+        while (k < 4 && strcmp(value, page_kinds[k]) != 0)
             k++;
         if (k == 4)
             return bad("--%s: '%s' is not random, sorted, sorted-src or "
                        "sorted-dst", name, value);
-        c->sorted_src = k == 1 || k == 2;
-        c->sorted_dst = k == 1 || k == 3;
+        c->sorted_src = k & 2;
+        c->sorted_dst = k & 1;
         return 1;
     }
     if (strcmp(name, "decode-progress") == 0) {
@@ -531,6 +533,11 @@ void sv_perm(uint32_t n, uint64_t seed, uint32_t *out)
         out[i - 1] = out[j];
         out[j] = x;
     }
+}
+
+const char *sv_pages_name(const sv_cfg_t *c)
+{
+    return page_kinds[c->sorted_src * 2 + c->sorted_dst];
 }
 
 void sv_pages(const sv_cfg_t *c, bool consumer, uint32_t n, uint64_t seed,

@@ -97,6 +97,8 @@ void sv_perm(uint32_t n, uint64_t seed, uint32_t *out);
  * (the consumer's pool: the destination). */
 void sv_pages(const sv_cfg_t *c, bool consumer, uint32_t n, uint64_t seed,
               uint32_t *out);
+/* --pages' value for c. */
+const char *sv_pages_name(const sv_cfg_t *c);
 
 /* Request ids: "t<pass>-<i>" for the trace, else "<kind>-<a>-<b>":
  * "ceil-<instance>-<rep>", "small-<k>-0", "warm-<group>-0". */

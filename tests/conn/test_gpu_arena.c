@@ -21,7 +21,8 @@ static uint64_t chunk_bytes(void)
 static kvr__gpu_arena_t arena(uint64_t chunk)
 {
     kvr__gpu_arena_t ar;
-    kvr__gpu_arena_init(&ar, chunk);
+    kvr__gpu_arena_init(&ar);
+    ar.chunk = chunk;
     return ar;
 }
 
