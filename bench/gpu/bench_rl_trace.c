@@ -34,10 +34,13 @@
  * writes decode ranks' pages through CUDA IPC. --dst-room MiB makes each
  * of the owner's allocations at least that large (the regions use their
  * start): whether mappings of production-sized allocations behave like
- * the slab's.
+ * the slab's. --dst-round KiB rounds each of them up to a multiple of
+ * that: which granularity of an allocation's size keeps the mapping fast
+ * (docs/performance.md, run 2026-12-02o).
  *
  * Usage: bench_rl_trace [--layers L] [--reps R] [--json FILE] [--grid N]
- *        [--merge K] [--dst MODE] [--dst-room MiB] [--sorted] [--shared]
+ *        [--merge K] [--dst MODE] [--dst-room MiB] [--dst-round KiB]
+ *        [--sorted] [--shared]
  *        TRACE...  (TRACE: fixed:N:COUNT, or a comma list of lengths) */
 #include <cuda_runtime_api.h>
 #include <stdio.h>
@@ -75,6 +78,8 @@ typedef struct {
     cudaStream_t s;
     dst_mode_t dst_mode; /* where the destination regions live */
     uint64_t dst_room;   /* --dst-room: bytes each owner's allocation holds */
+    uint64_t dst_round;  /* --dst-round: ... rounded up to a multiple of */
+    uint64_t dst_each;   /* the bytes each owner allocation got */
     dst_remote_t remote;
 } rig_t;
 
@@ -117,10 +122,13 @@ static void rig_make(rig_t *r, uint32_t L, uint64_t most, uint64_t ring)
         for (int k = 0; r->dst_mode == DST_LOCAL && k < W; k++)
             CUDA_OK(cudaMalloc((void **)&r->dst[l][k], db));
     }
+    uint64_t each = db > r->dst_room ? db : r->dst_room;
+    if (r->dst_round > 0)
+        each = (each + r->dst_round - 1) / r->dst_round * r->dst_round;
+    r->dst_each = r->dst_mode == DST_LOCAL ? db : each;
     if (r->dst_mode != DST_LOCAL) /* r->dst is L rows of W in a row */
-        dst_remote_open("/proc/self/exe", r->dst_mode, L * W,
-                        db > r->dst_room ? db : r->dst_room, &r->dst[0][0],
-                        &r->remote);
+        dst_remote_open("/proc/self/exe", r->dst_mode, L * W, each,
+                        &r->dst[0][0], &r->remote);
     free(h);
     CUDA_OK(cudaMalloc((void **)&r->flush, FLUSH_BYTES));
     CUDA_OK(cudaStreamCreateWithFlags(&r->s, cudaStreamNonBlocking));
@@ -407,6 +415,8 @@ int main(int argc, char **argv)
             r.dst_mode = (dst_mode_t)dst_mode_parse(v);
         else if (strcmp(o, "--dst-room") == 0)
             r.dst_room = strtoull(v, NULL, 10) << 20;
+        else if (strcmp(o, "--dst-round") == 0)
+            r.dst_round = strtoull(v, NULL, 10) << 10;
         else
             DIE("unknown option %s", o);
     }
@@ -414,7 +424,7 @@ int main(int argc, char **argv)
         merge > MAX_MERGE)
         DIE("usage: bench_rl_trace [--layers 1-%d] [--reps N] [--json F] "
             "[--grid BLOCKS] [--merge 2-%d] [--dst local|ipc|slab|vmm] "
-            "[--dst-room MiB] [--sorted] [--shared] TRACE... "
+            "[--dst-room MiB] [--dst-round KiB] [--sorted] [--shared] TRACE... "
             "(fixed:N:COUNT or a comma list of lengths)",
             MAX_L, MAX_MERGE);
     if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {
@@ -446,11 +456,13 @@ int main(int argc, char **argv)
     /* room for every request's own stretch, each rounded up to pages */
     rig_make(&r, L, most + (uint64_t)MAX_REQ * BS, ring);
     printf("%s: MLA W=%d I=1 bs=%d %d-byte tokens, %u layers, %s pages, %s "
-           "source, destination %s (room %llu MiB), grid %d (0: what fits), "
+           "source, destination %s (room %llu MiB, %llu bytes an allocation), "
+           "grid %d (0: what fits), "
            "median of %d passes, L2 flushed before each\n",
            prop.name, W, BS, UNIT, L, r.sorted ? "sorted" : "random",
            r.shared ? "shared" : "distinct", dst_mode_name(r.dst_mode),
-           (unsigned long long)(r.dst_room >> 20), kvr__rl_tune_grid, reps);
+           (unsigned long long)(r.dst_room >> 20),
+           (unsigned long long)r.dst_each, kvr__rl_tune_grid, reps);
     if (merge > 0)
         printf("merged %u: %u requests a kvr_gpu_scatter_requests call, "
                "slots region-major (rq: request-major, the control)\n",

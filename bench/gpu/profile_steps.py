@@ -8,7 +8,7 @@ trips), times each consumer rank's load of it (its round trip) through the
 steps that rank and the producer stages logged:
 
   asked    consumer: WRITE_REQUEST sent to a stage ("recv 'id': asked")
-  chosen   stage: the pull planned and its executor chosen
+  chosen   stage: the pull planned and its executor chosen (or its tables made)
   launched stage: kernels launched (tables built and uploaded)
   done     stage: kernels seen complete (the host function woke the loop)
   loaded   consumer: LOADED
@@ -31,7 +31,9 @@ from collections import defaultdict
 LINE = re.compile(r"kvr agent (\S+) pp (\d+) tp (\d+) dcp (\d+) ([\d.]+): (.*)")
 STEPS = [  # (step, pattern: request id, then the rank for stage lines)
     ("asked", re.compile(r"recv '([^']+)': asked link")),
-    ("chosen", re.compile(r"pull of '([^']+)' for dcp (\d+): gpu-direct")),
+    # the executor's choice, or (logged since the choice went for gpu-direct
+    # pulls through CUDA IPC) the relayout tables made
+    ("chosen", re.compile(r"pull of '([^']+)' for dcp (\d+): (?:gpu-direct|relayout tables)")),
     ("launched", re.compile(r"pull of '([^']+)' for dcp (\d+), layers .*launched")),
     ("done", re.compile(r"pull of '([^']+)' for dcp (\d+): kernels done")),
     ("loaded", re.compile(r"recv '([^']+)' from '[^']*': LOADED")),
