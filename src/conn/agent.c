@@ -212,11 +212,6 @@ static kvr_status_t init_shared(kvr_agent_t *a, kvr_error_t *err)
         return kvr_error_set(err, KVR_ERR_NO_MEMORY, "mutex init failed");
     a->debug = getenv("KVR_AGENT_DEBUG") != NULL;
     a->ph.on = getenv("KVR_AGENT_PHASES") != NULL;
-    /* KVR_AGENT_BUSY_POLL=1: the progress thread polls for input instead of
-     * sleeping, a core for the agent against the wake of a sleeping thread
-     * at every hop (docs/agent.md, progress) */
-    const char *busy = getenv("KVR_AGENT_BUSY_POLL");
-    a->busy_poll = busy != NULL && strcmp(busy, "1") == 0;
     a->gpu_queue_cap = env_u64("KVR_AGENT_GPU_QUEUE_MB", 1ull << 20,
                                KVR_AGENT_GPU_QUEUE_BYTES);
     a->wait_spin_ns =

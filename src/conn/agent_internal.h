@@ -536,7 +536,6 @@ struct kvr_agent {
     uint64_t gpu_queue_cap;  /* KVR_AGENT_GPU_QUEUE_BYTES, or the env's */
     uint32_t gpu_merge;      /* requests a launch may carry (the env's) */
     uint64_t wait_spin_ns;   /* KVR_AGENT_WAIT_SPIN_NS, or the env's */
-    bool busy_poll; /* KVR_AGENT_BUSY_POLL: the progress thread never sleeps */
     uint8_t *slot_busy; /* its slots granted to a stage */
     bool slots_freed;   /* waiting stages may be sent now */
     kvr__alink_t *links;

@@ -263,25 +263,6 @@ static int wait_until(kvr_agent_t *a, struct epoll_event *ev, uint64_t until)
     return (int)n;
 }
 
-#define BUSY_SLICE_NS 1000000ull /* a busy thread's turn at least this often */
-
-/* The progress thread of a busy-polling agent (KVR_AGENT_BUSY_POLL): looks
- * for input without sleeping until `until`, or for BUSY_SLICE_NS, so that
- * the stop flag and the loop's timers are seen as when it sleeps. It
- * yields the core between looks (as spin_for_input): on a machine with
- * fewer cores than busy threads the others still run. */
-static int poll_busy(kvr_agent_t *a, struct epoll_event *ev, uint64_t until)
-{
-    uint64_t stop = kvr_now_ns() + BUSY_SLICE_NS;
-    if (stop > until)
-        stop = until;
-    int n;
-    while ((n = epoll_wait(a->epoll_fd, ev, 64, 0)) == 0 &&
-           kvr_now_ns() < stop)
-        sched_yield();
-    return n;
-}
-
 /* One turn for whoever drives the loop, under turn_lock. The progress
  * thread (thread = true) waits for input without the lock, so a caller's
  * commands may have run meanwhile and a link an event names may be gone:
@@ -298,9 +279,7 @@ static uint64_t drive(kvr_agent_t *a, uint64_t until, uint32_t timeout_ms,
     uint64_t spun = t0 ? kvr_now_ns() - t0 : 0;
     /* the thread holds no lock here, so it may not walk the pulls: a
      * turn that left slices to do wrote the wake fd, and the wait returns */
-    if (n < 0 && thread && a->busy_poll)
-        n = poll_busy(a, ev, until);
-    else if (n < 0)
+    if (n < 0)
         n = wait_until(a, ev, !thread && kvr__agpu_cpu_work(a) ? 0 : until);
     if (thread) {
         pthread_mutex_lock(&a->turn_lock);

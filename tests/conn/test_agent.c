@@ -229,19 +229,6 @@ static void test_two_instances(void **state)
     world_free(two_instances_loaded(NULL));
 }
 
-/* Busy-polling progress threads (KVR_AGENT_BUSY_POLL=1) load the same
- * requests, and their agents stop when destroyed. */
-static void test_busy_poll(void **state)
-{
-    (void)state;
-    setenv("KVR_AGENT_BUSY_POLL", "1", 1);
-    world_t *w = two_instances_loaded(NULL);
-    unsetenv("KVR_AGENT_BUSY_POLL");
-    assert_true(w->prod[0][0].agent->busy_poll);
-    assert_true(w->cons[1].agent->busy_poll);
-    world_free(w);
-}
-
 /* Nobody pulls: the lease ends, SEND_EXPIRED, the key is free again. */
 static void test_lease_expiry(void **state)
 {
@@ -324,7 +311,6 @@ int main(void)
         cmocka_unit_test(test_never_opened),
         cmocka_unit_test(test_unknown_producer),
         cmocka_unit_test(test_two_instances),
-        cmocka_unit_test(test_busy_poll),
         cmocka_unit_test(test_direct_stores_or_puts),
         cmocka_unit_test(test_lease_expiry),
         cmocka_unit_test(test_consumer_only_layer),
