@@ -174,11 +174,11 @@ kvr_status_t kvr_agent_copy(kvr_agent_t *agent, void *dst, const void *src,
 #define KVR_AGENT_REGION_CONSUMER_ONLY 0x1u
 
 /* Registers engine memory [base, base + bytes): host memory, or device
- * memory of params.cuda_device when it is >= 0. Device regions that a
- * producer on the same host writes through CUDA IPC are best carved from
- * a few large allocations: scattered pages written through the mappings
- * of region-sized ones (24 MB) ran at half the rate on an H200
- * (docs/performance.md, run 2026-12-02n). */
+ * memory of params.cuda_device when it is >= 0. Size every device
+ * allocation that holds regions in multiples of 2 MiB (64 KiB at least):
+ * on an H200 scattered pages written through the CUDA IPC mapping of an
+ * allocation whose size was not a multiple of 64 KiB ran at 0.69 of the
+ * rate (docs/agent.md, where device regions live). */
 kvr_status_t kvr_agent_add_region(kvr_agent_t *agent,
                                   const kvr_region_desc_t *desc, void *base,
                                   uint32_t flags);

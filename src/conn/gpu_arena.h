@@ -2,10 +2,12 @@
  * (kvr_agent_alloc_region), carved from a few large allocations rather
  * than one allocation a region. A producer stage writes a decode rank's
  * pages through a CUDA IPC mapping of the allocation that holds them, and
- * on an H200 scattered pages written through mappings of region-sized
- * allocations (24 MB each) ran at half the rate of the same writes
- * through one mapping of all the regions, or into the writer's own memory
- * (docs/performance.md, run 2026-12-02n). Regions live as long as their
+ * on an H200 scattered pages written through the mapping of an allocation
+ * whose size is not a multiple of 64 KiB (one region's exact size) ran at
+ * 0.57-0.69 of the rate of the same writes through a mapping of a rounded
+ * or a large one (docs/performance.md, runs 2026-12-02n and o): chunks
+ * and carves are whole multiples of the path's alignment (2 MiB on CUDA),
+ * and fewer allocations mean fewer mappings. Regions live as long as their
  * agent: chunks are freed together when it is destroyed. Callers
  * serialise (the agent's turn lock). */
 #ifndef KVRELAY_CONN_GPU_ARENA_H

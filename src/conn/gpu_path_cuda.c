@@ -29,8 +29,9 @@ void kvr__gpu_free(void *ptr)
 }
 
 /* 2 GiB chunks with regions 2 MiB apart: the layout of the one mapping of
- * all regions that wrote scattered pages at the rate of local memory
- * (docs/performance.md, run 2026-12-02n). */
+ * all regions that wrote scattered pages at the rate of local memory; any
+ * allocation sized in multiples of 64 KiB did as well (docs/performance.md,
+ * runs 2026-12-02n and o). */
 void kvr__gpu_chunking(uint64_t *chunk, uint64_t *align)
 {
     *chunk = 2ull << 30;
