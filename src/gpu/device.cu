@@ -9,6 +9,11 @@ kvr_status_t kvr__cuda_status(cudaError_t e, const char *what, kvr_error_t *err)
 {
     if (e == cudaSuccess)
         return KVR_OK;
+    /* a failed call's error stays CUDA's last error until someone reads
+     * it: the next launch's check (kvr__launch_status) would report it as
+     * its own and fail a good launch. Read, it is gone (a sticky error,
+     * which the context keeps, is reported again by the next call). */
+    (void)cudaGetLastError();
     return kvr_error_set(err, KVR_ERR_CUDA, "%s: %s (%s)", what,
                          cudaGetErrorString(e), cudaGetErrorName(e));
 }

@@ -1,7 +1,8 @@
 /* Direct scatter into another process's memory through CUDA IPC: the child
  * (a consumer rank) allocates its region, exports an interior pointer and
  * checks the bytes it received; the parent (the producer) maps the handle
- * and scatters. Fork happens before either side touches CUDA. Exit 77
+ * and scatters, after a refused open that must leave no error behind for
+ * the launch. Fork happens before either side touches CUDA. Exit 77
  * without a CUDA device. */
 #include <cuda_runtime_api.h>
 #include <string.h>
@@ -82,6 +83,13 @@ static void producer(int in_fd, int out_fd)
     CHECK_KVR(kvr_gpu_relayout_upload(rl, &err));
     CUDA_OK(cudaMalloc(&src, c.src_bytes));
     CUDA_OK(cudaMemcpy(src, c.src_img, c.src_bytes, cudaMemcpyHostToDevice));
+    /* a handle CUDA refuses: the failure is reported, and it must not stay
+     * behind as CUDA's last error for the launch below to report */
+    kvr_gpu_ipc_handle_t bad = {{0}, 0};
+    void *nowhere = NULL;
+    kvr_error_t bad_err = {0};
+    CHECK(kvr_gpu_ipc_open(&bad, &nowhere, &bad_err) == KVR_ERR_CUDA,
+          "a zeroed IPC handle opened (%s)", bad_err.msg);
     CHECK_KVR(kvr_gpu_ipc_open(&h, &dst, &err));
     CHECK_KVR(kvr_gpu_scatter_rank(rl, RANK, src, dst, NULL, &err));
     CUDA_OK(cudaDeviceSynchronize());
