@@ -381,6 +381,18 @@ static double run(const rig_t *r, const trace_t *t, uint32_t how, int reps,
     return med;
 }
 
+/* --dst-room and --dst-round: a whole number of units (1 MiB, 1 KiB) from 0
+ * to 1 << 20 of them, in bytes. */
+static uint64_t size_opt(const char *o, const char *v, unsigned shift)
+{
+    char *end = NULL;
+    unsigned long long n = strtoull(v, &end, 10);
+    if (end == v || *end != '\0' || v[0] == '-' || n > (1ull << 20))
+        DIE("%s: '%s' is not a whole number from 0 to %llu", o, v,
+            1ull << 20);
+    return (uint64_t)n << shift;
+}
+
 int main(int argc, char **argv)
 {
     int reps = 5, count = 0, a = 1;
@@ -414,9 +426,9 @@ int main(int argc, char **argv)
         else if (strcmp(o, "--dst") == 0)
             r.dst_mode = (dst_mode_t)dst_mode_parse(v);
         else if (strcmp(o, "--dst-room") == 0)
-            r.dst_room = strtoull(v, NULL, 10) << 20;
+            r.dst_room = size_opt(o, v, 20);
         else if (strcmp(o, "--dst-round") == 0)
-            r.dst_round = strtoull(v, NULL, 10) << 10;
+            r.dst_round = size_opt(o, v, 10);
         else
             DIE("unknown option %s", o);
     }
