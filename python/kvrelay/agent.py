@@ -493,7 +493,8 @@ class Agent:
         memory of an agent with a cuda_device must come so, e.g. a tensor's
         data_ptr()). It must hold desc.nbytes; the agent keeps a reference
         until close(). consumer_only: a layer no producer has (e.g. an MTP
-        draft layer)."""
+        draft layer). Device allocations holding regions are best sized in
+        multiples of 2 MiB (docs/agent.md, where device regions live)."""
         what = f"add_region {desc.role.name} layer {desc.layer}"
         if self.cuda_device >= 0 and not isinstance(memory, (RawBuffer, tuple)):
             raise invalid(f"{what}: an agent on CUDA device {self.cuda_device} "
