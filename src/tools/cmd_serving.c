@@ -638,12 +638,14 @@ static double ceilings(const sup_t *s, double *each)
 }
 
 /* Pass k of every rep: the median rep's record (its requests and gaps),
- * with every rep's aggregate and its ratio to the ceiling measured right
- * after it. */
+ * with every rep's aggregate, its ratio to the ceiling measured right
+ * after it, its length and its gap percentiles (whether a slow rep was
+ * slow throughout or in a few requests). */
 static json_t *pass_reps(const sup_t *s, uint32_t k, double ceiling,
                          const double *ceil_each, pass_sum_t *o)
 {
     json_t *rec[SV_MAX_REPS], *aggs = json_array(), *ratios = json_array();
+    json_t *secs = json_array(), *g50 = json_array(), *g99 = json_array();
     pass_sum_t sum[SV_MAX_REPS];
     double agg[SV_MAX_REPS];
     for (uint32_t r = 0; r < s->c.reps; r++) {
@@ -652,6 +654,9 @@ static json_t *pass_reps(const sup_t *s, uint32_t k, double ceiling,
         json_array_append_new(aggs, json_real(sum[r].agg));
         json_array_append_new(
             ratios, json_real(ceil_each[r] > 0 ? sum[r].agg / ceil_each[r] : 0));
+        json_array_append_new(secs, json_real(sum[r].secs));
+        json_array_append_new(g50, json_real(sum[r].gap[0]));
+        json_array_append_new(g99, json_real(sum[r].gap[2]));
     }
     double mid = pct(agg, s->c.reps, 50);
     uint32_t pick = 0;
@@ -668,6 +673,9 @@ static json_t *pass_reps(const sup_t *s, uint32_t k, double ceiling,
     json_object_set_new(rec[pick], "rep", json_integer(pick));
     json_object_set_new(rec[pick], "aggregate_GBps_each", aggs);
     json_object_set_new(rec[pick], "ratio_each", ratios);
+    json_object_set_new(rec[pick], "seconds_each", secs);
+    json_object_set_new(rec[pick], "gap_ms_p50_each", g50);
+    json_object_set_new(rec[pick], "gap_ms_p99_each", g99);
     return rec[pick];
 }
 

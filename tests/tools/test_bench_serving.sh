@@ -100,6 +100,10 @@ assert len(d["ceiling_GBps_each"]) == 2 and len(d["ceiling_seconds_each"]) == 3
 r = d["runs"][0]
 assert r["verified"] == 3 and len(r["aggregate_GBps_each"]) == 2
 assert len(r["ratio_each"]) == 2 and all(x > 0 for x in r["ratio_each"])
+assert len(r["seconds_each"]) == 2 and all(x > 0 for x in r["seconds_each"])
+assert r["seconds_each"][r["rep"]] == r["seconds"]
+assert r["gap_ms_p50_each"][r["rep"]] == r["gap_ms_p50"]
+assert all(a <= b for a, b in zip(r["gap_ms_p50_each"], r["gap_ms_p99_each"]))
 assert d["ratio_to_best_ceiling"] > 0
 PY
 echo "bench serving smoke: ok"
