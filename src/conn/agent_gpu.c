@@ -147,9 +147,9 @@ typedef struct launch_set {
 } launch_set_t;
 
 /* lead (of request r) and the moving pulls that join it, one per other
- * rank, appended while fewer than `most` pulls are in ls. */
+ * rank, appended while ls has room (JOIN_MAX pulls). */
 static void add_request(const kvr_agent_t *a, const kvr__preq_t *r,
-                        kvr__pull_t *lead, launch_set_t *ls, uint32_t most)
+                        kvr__pull_t *lead, launch_set_t *ls)
 {
     uint32_t first = ls->k, rq = ls->nreq++;
     ls->reqs[rq] = (kvr_request_t){r->src,          r->nsrc,
@@ -158,7 +158,7 @@ static void add_request(const kvr_agent_t *a, const kvr__preq_t *r,
     ls->tables[rq] = lead->tables;
     ls->rq[ls->k] = rq;
     ls->set[ls->k++] = lead;
-    for (kvr__pull_t *q = a->active; q != NULL && ls->k < most;
+    for (kvr__pull_t *q = a->active; q != NULL && ls->k < JOIN_MAX;
          q = q->work_next) {
         bool taken = false;
         for (uint32_t i = first; i < ls->k; i++)
@@ -192,16 +192,15 @@ static bool mergeable(const launch_set_t *ls, const kvr__pull_t *q)
 static void gather(kvr_agent_t *a, const kvr__preq_t *r, kvr__pull_t *p,
                    launch_set_t *ls)
 {
-    uint32_t most = JOIN_MAX;
     ls->k = ls->nreq = 0;
-    add_request(a, r, p, ls, most);
+    add_request(a, r, p, ls);
     for (kvr__pull_t *q = a->active;
-         q != NULL && ls->nreq < a->gpu_merge && ls->k < most;
+         q != NULL && ls->nreq < a->gpu_merge && ls->k < JOIN_MAX;
          q = q->work_next) {
         const kvr__preq_t *qr = mergeable(ls, q) ? kvr__pull_owner(a, q)
                                                  : NULL;
         if (qr != NULL)
-            add_request(a, qr, q, ls, most);
+            add_request(a, qr, q, ls);
     }
 }
 
