@@ -124,7 +124,7 @@ static void rig_make(rig_t *r, uint32_t L, uint64_t most, uint64_t ring)
     }
     uint64_t each = db > r->dst_room ? db : r->dst_room;
     if (r->dst_round > 0)
-        each = (each + r->dst_round - 1) / r->dst_round * r->dst_round;
+        each = bench_round_up(each, r->dst_round);
     r->dst_each = r->dst_mode == DST_LOCAL ? db : each;
     if (r->dst_mode != DST_LOCAL) /* r->dst is L rows of W in a row */
         dst_remote_open("/proc/self/exe", r->dst_mode, L * W, each,

@@ -60,6 +60,12 @@ static inline uint32_t *bench_permutation(uint32_t n, uint64_t *state)
     return bench_pages(n, 0, state);
 }
 
+/* x rounded up to a multiple of a (a > 0). */
+static inline uint64_t bench_round_up(uint64_t x, uint64_t a)
+{
+    return (x + a - 1) / a * a;
+}
+
 /* qsort's comparison of floats, ascending. */
 static inline int bench_cmp_float(const void *x, const void *y)
 {

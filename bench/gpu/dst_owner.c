@@ -80,11 +80,6 @@ static void driver_load(void)
     DRIVER_FNS(LOAD)
 }
 
-static uint64_t round_up(uint64_t x, uint64_t a)
-{
-    return (x + a - 1) / a * a;
-}
-
 static void send_all(int fd, const void *p, size_t n)
 {
     const char *c = p;
@@ -173,7 +168,7 @@ static uint64_t vmm_size(uint64_t bytes)
     size_t g = 0;
     CU_OK(p_cuMemGetAllocationGranularity(&g, &p,
                                         CU_MEM_ALLOC_GRANULARITY_RECOMMENDED));
-    return round_up(bytes, g);
+    return bench_round_up(bytes, g);
 }
 
 /* ---- the owner ---- */
@@ -181,7 +176,7 @@ static uint64_t vmm_size(uint64_t bytes)
 static void owner_ipc(int sock, uint32_t n, uint64_t bytes, bool slab)
 {
     uint32_t k = slab ? 1 : n;
-    uint64_t each = slab ? round_up(bytes, SLAB_ALIGN) * n : bytes;
+    uint64_t each = slab ? bench_round_up(bytes, SLAB_ALIGN) * n : bytes;
     for (uint32_t i = 0; i < k; i++) {
         void *p = NULL;
         cudaIpcMemHandle_t h;
@@ -260,7 +255,7 @@ static void open_ipc(dst_remote_t *h, uint32_t n, uint64_t bytes,
     }
     for (uint32_t i = 0; i < n; i++)
         out[i] = h->mode == DST_SLAB ? (unsigned char *)h->ptr[0] +
-                                           i * round_up(bytes, SLAB_ALIGN)
+                                           i * bench_round_up(bytes, SLAB_ALIGN)
                                      : (unsigned char *)h->ptr[i];
 }
 
