@@ -217,7 +217,8 @@ static kvr_status_t init_shared(kvr_agent_t *a, kvr_error_t *err)
     a->wait_spin_ns =
         env_u64("KVR_AGENT_WAIT_SPIN_US", 1000u, KVR_AGENT_WAIT_SPIN_NS);
     /* KVR_AGENT_GPU_CHUNK_MB: the region arena's chunks (0: one
-     * allocation a region, as before it), for measuring both side by side
+     * allocation a region, its size still rounded up to the alignment,
+     * unlike before the arena), for measuring both side by side
      * (docs/agent.md, where device regions live) */
     kvr__gpu_arena_init(&a->arena);
     a->arena.chunk =

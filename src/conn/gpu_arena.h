@@ -32,7 +32,8 @@ typedef struct kvr__gpu_arena {
 
 /* An empty arena with the GPU path's chunks and alignment
  * (kvr__gpu_chunking); a caller may set ar->chunk after (0: an allocation
- * a region, as before the arena). */
+ * a region, its size still rounded up to ar->align: not the exact sizes
+ * of before the arena). */
 void kvr__gpu_arena_init(kvr__gpu_arena_t *ar);
 /* len bytes on `device`, aligned as ar->align, at the end of the last
  * chunk when they fit there, else in a new chunk of ar->chunk bytes (or

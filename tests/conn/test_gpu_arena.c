@@ -95,7 +95,7 @@ static void test_huge_refused(void **state)
 }
 
 /* Chunks of 0 bytes: one allocation a region, each of its own length
- * (KVR_AGENT_GPU_CHUNK_MB=0, the layout before the arena). */
+ * (KVR_AGENT_GPU_CHUNK_MB=0), rounded up to the alignment. */
 static void test_no_chunks(void **state)
 {
     (void)state;
