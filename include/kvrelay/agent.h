@@ -219,10 +219,13 @@ kvr_status_t kvr_agent_send_open(kvr_agent_t *agent,
  * stage's whole layer range is ready, or, when the consumer streams
  * (kvr_agent_recv_t.stream), one ready layer group at a time in layer
  * order, each as soon as calls like this one covered it. cuda_event (a cudaEvent_t, agents
- * with a CUDA device only, else KVR_ERR_UNSUPPORTED): the device copy is
- * ordered after the work it recorded as of this call (cudaStreamWaitEvent
- * on the agent's stream, here, on the calling thread; no host
- * synchronisation). Keep the event alive until the request's outcome. */
+ * with a CUDA device only, after kvr_agent_start; else KVR_ERR_UNSUPPORTED
+ * or KVR_ERR_INVALID): the layers count as ready once the work it
+ * recorded as of this call completed, which the agent learns from a gate
+ * armed here, on the calling thread, on a stream of its own (no host
+ * synchronisation; no copy of any request is queued behind the event).
+ * The event may be re-recorded or destroyed after the call
+ * (docs/agent.md, CUDA events). */
 kvr_status_t kvr_agent_send_ready(kvr_agent_t *agent, const void *request_id,
                                   size_t request_id_len, uint32_t layer_begin,
                                   uint32_t layer_end, void *cuda_event);

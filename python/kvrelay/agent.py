@@ -565,9 +565,10 @@ class Agent:
                    layer_end: int = ALL_LAYERS, cuda_event: int = 0) -> None:
         """Prefill wrote layers [layer_begin, layer_end) (default: all).
         cuda_event (agents with a cuda_device only, else ERR_UNSUPPORTED):
-        a cudaEvent_t as an int (e.g. torch.cuda.Event().cuda_event) whose
-        recorded work the pulls' device copies are ordered after, with no
-        host synchronisation; keep it alive until the request's outcome.
+        a cudaEvent_t as an int (e.g. torch.cuda.Event().cuda_event): the
+        layers count as ready once the work it recorded as of this call
+        completed, with no host synchronisation (docs/agent.md, CUDA
+        events); it may be re-recorded or dropped after the call.
         0: the KV is in place already."""
         rid = _request_id(request_id)
         self._call(f"send_ready {rid!r}", LIB.kvr_agent_send_ready, rid,

@@ -208,7 +208,8 @@ static uint64_t env_u64(const char *name, uint64_t unit, uint64_t dflt)
 static kvr_status_t init_shared(kvr_agent_t *a, kvr_error_t *err)
 {
     if (pthread_mutex_init(&a->lock, NULL) != 0 ||
-        pthread_mutex_init(&a->turn_lock, NULL) != 0)
+        pthread_mutex_init(&a->turn_lock, NULL) != 0 ||
+        pthread_mutex_init(&a->gate_lock, NULL) != 0)
         return kvr_error_set(err, KVR_ERR_NO_MEMORY, "mutex init failed");
     a->debug = getenv("KVR_AGENT_DEBUG") != NULL;
     a->ph.on = getenv("KVR_AGENT_PHASES") != NULL;
@@ -332,14 +333,19 @@ void kvr_agent_destroy(kvr_agent_t *a)
         kvr__gpu_stream_sync(a->stream, NULL);
     if (a->nstream != NULL)
         kvr__gpu_stream_sync(a->nstream, NULL);
+    if (a->gstream != NULL)
+        kvr__gpu_stream_sync(a->gstream, NULL);
+    kvr__gates_free(a);
     kvr__gpu_pool_destroy(a->gpool);
     kvr__gpu_arena_free(&a->arena); /* after the streams: nothing writes */
     kvr__gpu_stream_destroy(a->stream);
     kvr__gpu_stream_destroy(a->nstream);
+    kvr__gpu_stream_destroy(a->gstream);
     kvr__agpu_free(a);
     kvr__data_destroy(a->data);
     for (kvr__cmd_t *c = a->inbox_head, *n; c != NULL; c = n) {
         n = c->next;
+        kvr__gate_drop(c->gate); /* armed, its stream idle since */
         kvr__cmd_free(c);
     }
     for (kvr__event_node_t *e = a->ev_head, *n; e != NULL; e = n) {
@@ -360,6 +366,7 @@ void kvr_agent_destroy(kvr_agent_t *a)
         close(a->event_fd);
     pthread_mutex_destroy(&a->lock);
     pthread_mutex_destroy(&a->turn_lock);
+    pthread_mutex_destroy(&a->gate_lock);
     sodium_memzero(a->key, sizeof(a->key));
     free(a);
 }
@@ -618,6 +625,10 @@ static kvr_status_t gpu_start(kvr_agent_t *a, kvr_error_t *err)
         st = kvr__gpu_stream_create(a->p.cuda_device, &a->nstream, err);
     if (st == KVR_OK)
         st = kvr__gpu_warm(a->p.cuda_device, a->nstream, err);
+    if (st == KVR_OK)
+        st = kvr__gpu_stream_create(a->p.cuda_device, &a->gstream, err);
+    if (st == KVR_OK)
+        st = kvr__gpu_warm(a->p.cuda_device, a->gstream, err);
     return st;
 }
 
@@ -820,6 +831,8 @@ static kvr_status_t enqueue(kvr_agent_t *a, kvr__cmd_t *c, uint8_t side,
     }
     pthread_mutex_unlock(&a->lock);
     if (st != KVR_OK) {
+        if (c->gate != NULL)
+            kvr__gate_recycle(a, c->gate);
         kvr__cmd_free(c);
         return st;
     }
@@ -897,10 +910,11 @@ kvr_status_t kvr_agent_send_ready(kvr_agent_t *a, const void *req, size_t rlen,
     if (cuda_event != NULL && a->p.cuda_device < 0)
         st = fail(KVR_ERR_UNSUPPORTED, "a CUDA event, but this agent's KV is "
                                        "in host memory");
-    /* now, on the calling thread: the wait orders our kernels after the
-     * work the event recorded as of this call (no host synchronisation) */
+    /* now, on the calling thread: the gate waits for the work the event
+     * recorded as of this call, on the gate stream, and the layers are
+     * ready once it completed (agent_gates.c; no host synchronisation) */
     else if (cuda_event != NULL &&
-             kvr__gpu_stream_wait(a->stream, cuda_event, &err) != KVR_OK)
+             kvr__gate_arm(a, cuda_event, &c->gate, &err) != KVR_OK)
         st = fail(err.code, "%s", err.msg);
     if (st != KVR_OK) {
         kvr__cmd_free(c);

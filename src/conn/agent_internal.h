@@ -230,6 +230,18 @@ typedef enum kvr__cmd_kind {
     KVR__CMD_NOTIFY,
 } kvr__cmd_kind_t;
 
+/* A CUDA event of the engine's handed to send_ready, as the loop sees it
+ * (agent_gates.c): an event of the agent's armed on its gate stream behind
+ * the engine's, and the layers of request `request` (its `serial`) that
+ * become ready when it completes. */
+typedef struct kvr__gate {
+    struct kvr__gate *next;
+    void *event;
+    kvr_wire_id_t request;
+    uint64_t serial;
+    uint32_t begin, end;
+} kvr__gate_t;
+
 typedef struct kvr__cmd {
     struct kvr__cmd *next;
     kvr__cmd_kind_t kind;
@@ -240,6 +252,7 @@ typedef struct kvr__cmd {
     uint32_t ms; /* lease or deadline */
     uint32_t groups;
     uint32_t layer_begin, layer_end;
+    kvr__gate_t *gate; /* SEND_READY with a CUDA event: armed, the loop's */
     bool stream; /* RECV: layer-wise */
     char address[KVR_AGENT_ADDR_MAX];
     uint8_t *payload; /* NOTIFY */
@@ -331,6 +344,8 @@ typedef struct kvr__preq {
     uint32_t groups_expected;
     kvr__group_t groups[KVR_AGENT_MAX_GROUPS];
     uint32_t num_groups;
+    uint64_t serial;      /* a->preq_serial at open: gates tell reuses of
+                             its id apart */
     uint8_t *layer_ready; /* per layer of this stage's range */
     uint32_t layers_missing;
     kvr__pull_t *pulls;
@@ -519,6 +534,11 @@ struct kvr_agent {
     int staging;        /* consumer: its STAGING region, or -1 */
     void *stream;       /* cuda_device >= 0: the agent's stream */
     void *nstream;      /* and its host functions' (kvr__gpu_job_notify) */
+    void *gstream;      /* gates on the engine's events (agent_gates.c) */
+    pthread_mutex_t gate_lock;  /* the free gates and arming on gstream */
+    kvr__gate_t *gate_free;     /* under gate_lock */
+    kvr__gate_t *gate_head, *gate_tail; /* armed, waiting: the loop's */
+    uint64_t preq_serial;
     struct kvr_gpu_pool *gpool; /* its relayout and run tables' memory */
     kvr__gpu_arena_t arena; /* kvr_agent_alloc_region's device memory */
     /* agent_gpu.c: a launch's (and a pull's tables') region pairs and
@@ -704,8 +724,29 @@ kvr_status_t kvr__sources_start(kvr_agent_t *a, kvr_error_t *err);
 kvr_status_t kvr__sources_check_topo(const kvr_agent_params_t *p,
                                      kvr_error_t *err);
 
+/* agent_gates.c (docs/agent.md, CUDA events). Any thread: an armed gate
+ * (from the free list, or made) behind engine_event. */
+kvr_status_t kvr__gate_arm(kvr_agent_t *a, void *engine_event,
+                           kvr__gate_t **out, kvr_error_t *err);
+/* The loop: g waits for r's layers [begin, end) (r NULL: the request
+ * ended; g only waits to be reused). */
+void kvr__gate_hold(kvr_agent_t *a, kvr__gate_t *g, const kvr__preq_t *r,
+                    uint32_t begin, uint32_t end);
+/* The loop, each turn: gates that completed make their layers ready. */
+void kvr__gates_poll(kvr_agent_t *a);
+/* Any thread: g back to the free list (armed or not: its next arming
+ * records after this one on the same stream). */
+void kvr__gate_recycle(kvr_agent_t *a, kvr__gate_t *g);
+/* At destroy, once gstream is idle: every gate's event freed. */
+void kvr__gates_free(kvr_agent_t *a);
+void kvr__gate_drop(kvr__gate_t *g);
+
 /* agent_send.c */
 void kvr__send_command(kvr_agent_t *a, const kvr__cmd_t *c);
+/* Gate g of a live request opened: its layers are ready; st != KVR_OK:
+ * waiting failed (msg), and so does the request. */
+void kvr__send_gate_opened(kvr_agent_t *a, const kvr__gate_t *g,
+                           kvr_status_t st, const char *msg);
 void kvr__send_msg(kvr_agent_t *a, kvr__alink_t *l, const kvr_msg_t *m);
 void kvr__send_link_lost(kvr_agent_t *a, kvr__alink_t *l);
 void kvr__send_tick(kvr_agent_t *a, uint64_t now, uint64_t *next);

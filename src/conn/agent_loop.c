@@ -208,7 +208,9 @@ static void handle_ready(kvr_agent_t *a, const struct epoll_event *ev, int n)
 static uint64_t run_timers(kvr_agent_t *a)
 {
     uint64_t now = kvr_now_ns(), next = UINT64_MAX;
-    if (a->active != NULL) /* kernels running: their host function wakes */
+    /* kernels running or gates armed: their host functions wake the loop,
+     * and this only bounds a miss */
+    if (a->active != NULL || a->gate_head != NULL)
         next = now + KVR_AGENT_GPU_BACKSTOP_NS;
     kvr__alink_tick(a, now, &next);
     kvr__join_tick(a, now, &next);
@@ -230,6 +232,7 @@ static uint64_t turn_on(kvr_agent_t *a, const struct epoll_event *ev, int n,
     if (n > 0)
         handle_ready(a, ev, n);
     run_commands(a);
+    kvr__gates_poll(a);
     uint64_t budget = (uint64_t)timeout_ms * 1000000ull;
     if (budget > KVR_AGENT_TURN_WORK_NS || budget == 0)
         budget = KVR_AGENT_TURN_WORK_NS;

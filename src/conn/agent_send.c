@@ -571,6 +571,7 @@ static void open_request(kvr_agent_t *a, const kvr__cmd_t *c)
         return;
     }
     r->id = c->request;
+    r->serial = ++a->preq_serial;
     memcpy(r->src, c->blocks, c->num_blocks * sizeof(*r->src));
     r->nsrc = c->num_blocks;
     r->num_tokens = c->num_tokens;
@@ -592,14 +593,34 @@ void kvr__send_command(kvr_agent_t *a, const kvr__cmd_t *c)
         return;
     }
     kvr__preq_t *r = preq_find(a, &c->request);
-    if (r == NULL)
+    if (c->gate != NULL) /* ready once the engine's event completed */
+        kvr__gate_hold(a, c->gate, r, c->layer_begin, c->layer_end);
+    else if (r == NULL)
         return; /* already ended: its outcome is queued */
-    if (c->kind == KVR__CMD_SEND_READY) {
+    else if (c->kind == KVR__CMD_SEND_READY) {
         mark_ready(a, r, c->layer_begin, c->layer_end);
         preq_step(a, r, KVR__SIN_READY, NULL, KVR_OK);
     } else {
         preq_step(a, r, KVR__SIN_ABORT, NULL, KVR_OK);
     }
+}
+
+void kvr__send_gate_opened(kvr_agent_t *a, const kvr__gate_t *g,
+                           kvr_status_t st, const char *msg)
+{
+    kvr__preq_t *r = preq_find(a, &g->request);
+    if (r == NULL || r->serial != g->serial)
+        return; /* ended (its id maybe reused): its outcome is queued */
+    if (st == KVR_OK) {
+        mark_ready(a, r, g->begin, g->end);
+        preq_step(a, r, KVR__SIN_READY, NULL, KVR_OK);
+        return;
+    }
+    char why[KVR_ERROR_MSG_MAX];
+    snprintf(why, sizeof(why), "waiting for the engine's CUDA event: %s", msg);
+    for (kvr__pull_t *q = r->pulls; q != NULL; q = q->next)
+        cut(a, q, st, why);
+    finish(a, r, KVR_SEND_FAILED, st, why);
 }
 
 /* ---- messages from consumers ---- */

@@ -190,9 +190,21 @@ void kvr__gpu_pool_destroy(struct kvr_gpu_pool *pool);
 kvr_status_t kvr__gpu_warm(int device, void *stream, kvr_error_t *err);
 /* Waits for everything queued on stream. */
 kvr_status_t kvr__gpu_stream_sync(void *stream, kvr_error_t *err);
-/* Work queued on stream from now on waits for the event (a cudaEvent_t of
- * the engine's): cudaStreamWaitEvent, no host synchronisation. */
-kvr_status_t kvr__gpu_stream_wait(void *stream, void *event, kvr_error_t *err);
+/* Gates: how send_ready's CUDA events reach the loop (docs/agent.md,
+ * CUDA events). A gate is an event of the agent's; arming it on `stream`
+ * (the agent's gate stream, where nothing else runs) queues there a wait
+ * for the engine's event (cudaEvent_t, as recorded at this call), the
+ * gate's record after it and a host function writing fd (the agent's wake
+ * eventfd): the loop learns the engine's work is done without waiting on
+ * it, and no copy kernel is ever queued behind an engine's event. Gates on
+ * one stream complete in the order they were armed. */
+kvr_status_t kvr__gpu_gate_create(int device, void **gate, kvr_error_t *err);
+void kvr__gpu_gate_destroy(void *gate);
+kvr_status_t kvr__gpu_gate_arm(void *stream, void *engine_event, void *gate,
+                               int fd, kvr_error_t *err);
+/* Non-blocking: whether the armed gate's wait is over (*done true with an
+ * error status: it failed). */
+kvr_status_t kvr__gpu_gate_done(void *gate, bool *done, kvr_error_t *err);
 
 /* gpu-staged's packer (docs/transport.md, gpu-staged): the rank's share
  * of each region pair, in pair order, is the transfer's stream; pack and

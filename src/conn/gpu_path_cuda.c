@@ -754,9 +754,31 @@ kvr_status_t kvr__gpu_stream_sync(void *stream, kvr_error_t *err)
     return kvr_gpu_sync(stream, err);
 }
 
-kvr_status_t kvr__gpu_stream_wait(void *stream, void *event, kvr_error_t *err)
+kvr_status_t kvr__gpu_gate_create(int device, void **gate, kvr_error_t *err)
 {
-    return kvr_gpu_stream_wait(stream, event, err);
+    return kvr_gpu_event_create(device, gate, err);
+}
+
+void kvr__gpu_gate_destroy(void *gate)
+{
+    kvr_gpu_event_destroy(gate);
+}
+
+kvr_status_t kvr__gpu_gate_arm(void *stream, void *engine_event, void *gate,
+                               int fd, kvr_error_t *err)
+{
+    kvr_status_t st = kvr_gpu_stream_wait(stream, engine_event, err);
+    if (st == KVR_OK)
+        st = kvr_gpu_event_record(gate, stream, err);
+    return st == KVR_OK ? kvr_gpu_stream_notify(stream, fd, err) : st;
+}
+
+kvr_status_t kvr__gpu_gate_done(void *gate, bool *done, kvr_error_t *err)
+{
+    int d = 0;
+    kvr_status_t st = kvr_gpu_event_done(gate, &d, err);
+    *done = st != KVR_OK || d;
+    return st;
 }
 
 kvr_status_t kvr__gpu_pool_create(int device, void *stream,

@@ -14,6 +14,31 @@ kvr_status_t kvr__gpu_refused(kvr_error_t *err)
     return no_cuda(err);
 }
 
+kvr_status_t kvr__gpu_gate_create(int device, void **gate, kvr_error_t *err)
+{
+    (void)device, (void)gate;
+    return no_cuda(err);
+}
+
+void kvr__gpu_gate_destroy(void *gate)
+{
+    (void)gate;
+}
+
+kvr_status_t kvr__gpu_gate_arm(void *stream, void *engine_event, void *gate,
+                               int fd, kvr_error_t *err)
+{
+    (void)stream, (void)engine_event, (void)gate, (void)fd;
+    return no_cuda(err);
+}
+
+kvr_status_t kvr__gpu_gate_done(void *gate, bool *done, kvr_error_t *err)
+{
+    (void)gate;
+    *done = true;
+    return no_cuda(err);
+}
+
 int kvr__gpu_device_count(void)
 {
     return 0;

@@ -1,12 +1,6 @@
 /* The GPU path calls refused without a device (see gpu_refused.h). */
 #include "gpu_refused.h"
 
-kvr_status_t kvr__gpu_stream_wait(void *stream, void *event, kvr_error_t *err)
-{
-    (void)stream, (void)event;
-    return kvr__gpu_refused(err);
-}
-
 kvr_status_t kvr__gpu_packer_create(int device, const kvr_layout_t *lay,
                                     uint32_t rank,
                                     const kvr_region_pair_t *pairs,

@@ -1,8 +1,8 @@
 /* The GPU path's calls (gpu_path.h) that a build without CUDA
  * (gpu_path_none.c) and the tests' emulation (gpu_path_emul.c) both
  * refuse: gpu-staged's packer and run copies through a staging buffer
- * (docs/transport.md, gpu-staged), and stream waits on an engine's
- * events. gpu_refused.c defines them once; each of the two says why. */
+ * (docs/transport.md, gpu-staged). gpu_refused.c defines them once; each
+ * of the two says why. */
 #ifndef KVRELAY_CONN_GPU_REFUSED_H
 #define KVRELAY_CONN_GPU_REFUSED_H
 

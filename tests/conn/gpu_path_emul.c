@@ -5,10 +5,10 @@
  * reference scatters and run copies (kvr_gpu_ref_*), each job's completion
  * flag and the host notifications. A job's "kernels" take
  * kvr__emul_kernel_us microseconds. It checks the agent's side of the GPU
- * path (launch, wake on completion, answer, teardown, cuts) with every
- * byte verified, under the sanitizers too; the kernels themselves are
- * tested on a device (tests/gpu). gpu-staged is not emulated (its calls
- * refuse: gpu_refused.c). */
+ * path (launch, wake on completion, answer, teardown, cuts, gates on an
+ * engine's events) with every byte verified, under the sanitizers too; the
+ * kernels themselves are tested on a device (tests/gpu). gpu-staged is not
+ * emulated (its calls refuse: gpu_refused.c). */
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdlib.h>
@@ -49,8 +49,7 @@ static kvr_status_t no_emul(kvr_error_t *err)
                          "not emulated (gpu_path_emul.c)");
 }
 
-/* What gpu_refused.c refuses (gpu-staged, stream waits on engine events)
- * is not emulated. */
+/* What gpu_refused.c refuses (gpu-staged) is not emulated. */
 kvr_status_t kvr__gpu_refused(kvr_error_t *err)
 {
     return no_emul(err);
@@ -181,6 +180,115 @@ static kvr_status_t notify_on(void *stream, int fd, kvr_error_t *err)
 {
     atomic_fetch_add(&notifies, 1);
     return enqueue(stream, notify_task, (void *)(intptr_t)fd, err);
+}
+
+/* ---- events: an engine's (the tests make them) and the agent's gates ---- */
+
+/* Records are counted; a record's task, when its stream reaches it, marks
+ * the event done up to that record. A wait blocks its stream's worker
+ * until the event is done up to its latest record as of the call (none:
+ * nothing to wait for, as with CUDA). */
+typedef struct emul_event {
+    atomic_uint_fast64_t recorded, done;
+} emul_event_t;
+
+typedef struct mark {
+    emul_event_t *ev;
+    uint64_t n;
+} mark_t;
+
+static void mark_task(void *arg)
+{
+    mark_t *m = arg;
+    atomic_store(&m->ev->done, m->n);
+    free(m);
+}
+
+static void wait_task(void *arg)
+{
+    mark_t *m = arg;
+    while (atomic_load(&m->ev->done) < m->n)
+        usleep(100);
+    free(m);
+}
+
+static kvr_status_t event_task(void *stream, emul_event_t *e, bool record,
+                               kvr_error_t *err)
+{
+    mark_t *m = malloc(sizeof(*m));
+    if (m == NULL)
+        return kvr_error_set(err, KVR_ERR_NO_MEMORY, "no memory");
+    m->ev = e;
+    m->n = record ? atomic_fetch_add(&e->recorded, 1) + 1
+                  : atomic_load(&e->recorded);
+    kvr_status_t st = enqueue(stream, record ? mark_task : wait_task, m, err);
+    if (st != KVR_OK)
+        free(m);
+    return st;
+}
+
+/* The tests' engine: events, records on a stream of the emulation
+ * (kvr__gpu_stream_create), and any host task queued there. */
+void *kvr__emul_event_new(void);
+void kvr__emul_event_free(void *event);
+kvr_status_t kvr__emul_record(void *event, void *stream);
+kvr_status_t kvr__emul_run_on(void *stream, void (*fn)(void *), void *arg);
+bool kvr__emul_event_done(void *event);
+
+void *kvr__emul_event_new(void)
+{
+    return calloc(1, sizeof(emul_event_t));
+}
+
+void kvr__emul_event_free(void *event)
+{
+    free(event);
+}
+
+kvr_status_t kvr__emul_record(void *event, void *stream)
+{
+    return event_task(stream, event, true, NULL);
+}
+
+kvr_status_t kvr__emul_run_on(void *stream, void (*fn)(void *), void *arg)
+{
+    return enqueue(stream, fn, arg, NULL);
+}
+
+bool kvr__emul_event_done(void *event)
+{
+    emul_event_t *e = event;
+    return atomic_load(&e->done) >= atomic_load(&e->recorded);
+}
+
+kvr_status_t kvr__gpu_gate_create(int device, void **gate, kvr_error_t *err)
+{
+    if (device != 0)
+        return kvr_error_set(err, KVR_ERR_INVALID, "emulated device %d",
+                             device);
+    *gate = kvr__emul_event_new();
+    return *gate ? KVR_OK : kvr_error_set(err, KVR_ERR_NO_MEMORY, "no memory");
+}
+
+void kvr__gpu_gate_destroy(void *gate)
+{
+    kvr__emul_event_free(gate);
+}
+
+kvr_status_t kvr__gpu_gate_arm(void *stream, void *engine_event, void *gate,
+                               int fd, kvr_error_t *err)
+{
+    kvr_status_t st = event_task(stream, engine_event, false, err);
+    if (st == KVR_OK)
+        st = event_task(stream, gate, true, err);
+    return st == KVR_OK ? notify_on(stream, fd, err) : st;
+}
+
+kvr_status_t kvr__gpu_gate_done(void *gate, bool *done, kvr_error_t *err)
+{
+    (void)err;
+    *done = kvr__emul_event_done(gate);
+    return KVR_OK;
 }
 
 kvr_status_t kvr__gpu_warm(int device, void *stream, kvr_error_t *err)

@@ -10,8 +10,9 @@
  * goes); pulls after a link's first served without pair plans; pulls
  * held while the stream's queue is full, then launched a request's ranks
  * at once; with KVR_AGENT_GPU_MERGE, waiting pulls of several requests in
- * one launch, and one of them aborted while it runs. The kernels and the table pool are tested on a device
- * (tests/gpu). */
+ * one launch, and one of them aborted while it runs; layers handed over
+ * with an engine's CUDA events ahead of its "GPU", group by group. The
+ * kernels and the table pool are tested on a device (tests/gpu). */
 #include <pthread.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -20,11 +21,13 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include <cmocka.h>
 
 #include "agent_harness.h"
 #include "agent_internal.h"
+#include "kvrelay/synth.h"
 
 void kvr__emul_kernel_us(unsigned us);
 unsigned kvr__emul_notifies(void);
@@ -32,6 +35,11 @@ unsigned kvr__emul_jobs(void);
 unsigned kvr__emul_tables_used(void);
 unsigned kvr__emul_pairs(void);
 unsigned kvr__emul_merged(void);
+void *kvr__emul_event_new(void);
+void kvr__emul_event_free(void *event);
+kvr_status_t kvr__emul_record(void *event, void *stream);
+kvr_status_t kvr__emul_run_on(void *stream, void (*fn)(void *), void *arg);
+bool kvr__emul_event_done(void *event);
 
 static world_t *gpu_world(void)
 {
@@ -486,6 +494,138 @@ static void merged_one_aborted(void **state)
     world_free(w);
 }
 
+/* ---- send_ready with an engine's CUDA events (docs/agent.md) ---- */
+
+/* What the emulated engine stream runs: request r's source KV of one
+ * layer written into stage st's regions, or a wait until the test opens
+ * the latch. */
+typedef struct engine_step {
+    const ah_model_t *m;
+    ah_agent_t *st;
+    const ah_req_t *r;
+    uint32_t layer;
+    _Atomic bool *latch;
+} engine_step_t;
+
+static void compute_layer(void *arg)
+{
+    const engine_step_t *e = arg;
+    uint32_t *ids = malloc((e->r->tokens + 1) * sizeof(*ids));
+    for (uint64_t g = 0; g < e->r->tokens; g++)
+        ids[g] = e->r->seq * 100000u + (uint32_t)g; /* as ah_fill's */
+    for (uint32_t i = 0; i < e->st->n; i++)
+        if (e->st->desc[i].layer == e->layer)
+            kvr_synth_fill_source(&e->m->lay, &e->st->desc[i],
+                                  1234 + e->r->seq, e->r->src, e->r->nsrc,
+                                  ids, e->r->tokens, e->st->base[i], NULL);
+    free(ids);
+}
+
+static void hold_until_open(void *arg)
+{
+    const engine_step_t *e = arg;
+    while (!*e->latch)
+        usleep(200);
+}
+
+/* A LAYERS_LOADED of request id covers layer. */
+static bool layer_reported(ah_agent_t *c, const char *id, uint32_t layer)
+{
+    ah_collect(c);
+    for (uint32_t i = 0; i < c->nlog; i++) {
+        const kvr_agent_event_t *e = &c->log[i];
+        if (e->kind == KVR_AGENT_LAYERS_LOADED && e->request.len == strlen(id) &&
+            memcmp(e->request.bytes, id, e->request.len) == 0 &&
+            e->layer_begin <= layer && layer < e->layer_end)
+            return true;
+    }
+    return false;
+}
+
+/* The last stage's engine runs ahead of its "GPU": send_ready for layer 2
+ * and for layer 3 at once, each with the event recorded after that
+ * layer's compute, and layer 3's compute held back. Layer 2 must move and
+ * be reported loaded while layer 3 is not computed yet (a wait for the
+ * engine's events queued where the copies run would hold layer 2 behind
+ * layer 3's event), another request must load meanwhile (nor hold the
+ * copies of others), nothing may be LOADED early, and once layer 3 is
+ * computed every byte must be right (no copy ran before its event). A
+ * request aborted while its gate waits ends SEND_FAILED, and its gate
+ * completing later touches nothing. */
+static void events_gate_groups(void **state)
+{
+    (void)state;
+    kvr__emul_kernel_us(500);
+    world_t *w = gpu_world();
+    ah_agent_t *all[] = {&w->cons[0], &w->cons[1], &w->prod[0][0],
+                         &w->prod[0][1]};
+    ah_agent_t *last = &w->prod[0][1];
+    ah_req_t a, b, c;
+    ah_req(&w->m, 20, 200, &a);
+    ah_req(&w->m, 21, 120, &b);
+    ah_req(&w->m, 22, 40, &c);
+    ah_fill(&w->m, &w->prod[0][0], &a); /* the last stage computes its own */
+    open_all(w, 0, &a, 0, false);
+    assert_int_equal(kvr_agent_send_ready(w->prod[0][0].agent, a.id,
+                                          strlen(a.id), 0, 2, NULL),
+                     KVR_OK);
+    for (uint32_t k = 0; k < 2; k++)
+        ah_recv_stream(&w->cons[k], "prefill", head_addr(w, 0), &a, 0, true);
+    void *engine = NULL, *ev2 = kvr__emul_event_new(),
+         *ev3 = kvr__emul_event_new();
+    _Atomic bool latch = false;
+    assert_int_equal(kvr__gpu_stream_create(0, &engine, NULL), KVR_OK);
+    engine_step_t l2 = {&w->m, last, &a, 2, &latch}, l3 = l2;
+    l3.layer = 3;
+    assert_int_equal(kvr__emul_run_on(engine, compute_layer, &l2), KVR_OK);
+    assert_int_equal(kvr__emul_record(ev2, engine), KVR_OK);
+    assert_int_equal(kvr__emul_run_on(engine, hold_until_open, &l3), KVR_OK);
+    assert_int_equal(kvr__emul_run_on(engine, compute_layer, &l3), KVR_OK);
+    assert_int_equal(kvr__emul_record(ev3, engine), KVR_OK);
+    assert_int_equal(kvr_agent_send_ready(last->agent, a.id, strlen(a.id), 2,
+                                          3, ev2),
+                     KVR_OK);
+    assert_int_equal(kvr_agent_send_ready(last->agent, a.id, strlen(a.id), 3,
+                                          4, ev3),
+                     KVR_OK);
+    /* c: a gate behind the held compute, then aborted */
+    ah_open(last, &c, 0, 1, false);
+    assert_int_equal(kvr_agent_send_ready(last->agent, c.id, strlen(c.id), 2,
+                                          4, ev3),
+                     KVR_OK);
+    assert_int_equal(kvr_agent_send_abort(last->agent, c.id, strlen(c.id)),
+                     KVR_OK);
+    assert_int_equal(
+        ah_wait(last, c.id, KVR_AGENT_SEND_FAILED, AH_WAIT_MS)->status,
+        KVR_ERR_CANCELED);
+    uint64_t end = ah_now_ms() + AH_WAIT_MS;
+    while (!(layer_reported(&w->cons[0], a.id, 2) &&
+             layer_reported(&w->cons[1], a.id, 2)) &&
+           ah_now_ms() < end)
+        ah_settle(all, 4, 10);
+    for (uint32_t k = 0; k < 2; k++)
+        if (!layer_reported(&w->cons[k], a.id, 2))
+            fail_msg("rank %u: layer 2 of '%s' not loaded while layer 3's "
+                     "event waits", k, a.id);
+    /* b, ready without events, loads while a's last gate waits */
+    fill_all(w, 0, &b);
+    open_all(w, 0, &b, 0, true);
+    recv_all(w, 0, "prefill", &b, 0);
+    expect_loaded(w, 0, &b);
+    for (uint32_t k = 0; k < 2; k++) {
+        assert_int_equal(ah_count(&w->cons[k], a.id, KVR_AGENT_LOADED), 0);
+        assert_false(layer_reported(&w->cons[k], a.id, 3));
+    }
+    assert_false(kvr__emul_event_done(ev3));
+    latch = true;
+    expect_loaded(w, 0, &a);
+    kvr__gpu_stream_sync(engine, NULL);
+    kvr__gpu_stream_destroy(engine);
+    world_free(w);
+    kvr__emul_event_free(ev2);
+    kvr__emul_event_free(ev3);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -500,6 +640,7 @@ int main(void)
         cmocka_unit_test(held_then_shared),
         cmocka_unit_test(merged_requests),
         cmocka_unit_test(merged_one_aborted),
+        cmocka_unit_test(events_gate_groups),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -1,0 +1,124 @@
+/* send_ready's CUDA events (docs/agent.md, CUDA events). The engine's
+ * event is never waited on where copies run: a copy queued behind it would
+ * hold every later copy on the agent's stream (other requests' too), and a
+ * request's layer groups, announced while the engine runs ahead of its GPU,
+ * would all queue behind the last group's event and move as one. Instead
+ * send_ready arms a gate on the agent's gate stream, on the calling thread:
+ * a wait for the engine's event as recorded then, an event of the agent's
+ * recorded after it, and a host function that wakes the loop. The loop
+ * makes the layers ready once the gate completed, and the pulls move them
+ * as if send_ready had been called then, group by group. Gates complete in
+ * the order they were armed (one stream), so each turn looks at the oldest
+ * ones only. */
+#include <stdlib.h>
+
+#include "agent_internal.h"
+
+void kvr__gate_drop(kvr__gate_t *g)
+{
+    if (g == NULL)
+        return;
+    kvr__gpu_gate_destroy(g->event);
+    free(g);
+}
+
+static kvr__gate_t *take_free(kvr_agent_t *a, kvr_error_t *err)
+{
+    kvr__gate_t *g = a->gate_free;
+    if (g != NULL) {
+        a->gate_free = g->next;
+        return g;
+    }
+    g = calloc(1, sizeof(*g));
+    if (g == NULL) {
+        kvr_error_set(err, KVR_ERR_NO_MEMORY, "no memory for a gate");
+        return NULL;
+    }
+    if (kvr__gpu_gate_create(a->p.cuda_device, &g->event, err) != KVR_OK) {
+        free(g);
+        return NULL;
+    }
+    return g;
+}
+
+void kvr__gate_recycle(kvr_agent_t *a, kvr__gate_t *g)
+{
+    pthread_mutex_lock(&a->gate_lock);
+    g->next = a->gate_free;
+    a->gate_free = g;
+    pthread_mutex_unlock(&a->gate_lock);
+}
+
+kvr_status_t kvr__gate_arm(kvr_agent_t *a, void *engine_event,
+                           kvr__gate_t **out, kvr_error_t *err)
+{
+    *out = NULL;
+    if (a->gstream == NULL)
+        return kvr_error_set(err, KVR_ERR_INVALID,
+                             "a CUDA event before kvr_agent_start");
+    /* one lock for the pool and the stream: two callers' wait, record and
+     * host function never interleave */
+    pthread_mutex_lock(&a->gate_lock);
+    kvr__gate_t *g = take_free(a, err);
+    kvr_status_t st = g != NULL ? kvr__gpu_gate_arm(a->gstream, engine_event,
+                                                    g->event, a->wake_fd, err)
+                                : err->code;
+    if (st != KVR_OK && g != NULL) {
+        g->next = a->gate_free;
+        a->gate_free = g;
+        g = NULL;
+    }
+    pthread_mutex_unlock(&a->gate_lock);
+    *out = g;
+    return st;
+}
+
+void kvr__gate_hold(kvr_agent_t *a, kvr__gate_t *g, const kvr__preq_t *r,
+                    uint32_t begin, uint32_t end)
+{
+    g->next = NULL;
+    g->serial = r != NULL ? r->serial : 0; /* serials start at 1 */
+    if (r != NULL)
+        g->request = r->id;
+    g->begin = begin;
+    g->end = end;
+    if (a->gate_tail != NULL)
+        a->gate_tail->next = g;
+    else
+        a->gate_head = g;
+    a->gate_tail = g;
+}
+
+void kvr__gates_poll(kvr_agent_t *a)
+{
+    while (a->gate_head != NULL) {
+        kvr__gate_t *g = a->gate_head;
+        kvr_error_t e = {0};
+        bool done = false;
+        kvr_status_t st = kvr__gpu_gate_done(g->event, &done, &e);
+        if (!done)
+            break;
+        a->gate_head = g->next;
+        if (a->gate_head == NULL)
+            a->gate_tail = NULL;
+        if (g->serial != 0)
+            kvr__send_gate_opened(a, g, st, e.msg);
+        kvr__gate_recycle(a, g);
+    }
+}
+
+static void drop_list(kvr__gate_t *g)
+{
+    while (g != NULL) {
+        kvr__gate_t *n = g->next;
+        kvr__gate_drop(g);
+        g = n;
+    }
+}
+
+void kvr__gates_free(kvr_agent_t *a)
+{
+    drop_list(a->gate_head);
+    drop_list(a->gate_free);
+    a->gate_head = a->gate_tail = a->gate_free = NULL;
+}
