@@ -299,6 +299,11 @@ kvr_status_t kvr_gpu_stream_notify(void *stream, int fd, kvr_error_t *err);
  * copy pays neither (lazy module loading would otherwise load a kernel at
  * its first launch). */
 kvr_status_t kvr_gpu_warm(void *stream, kvr_error_t *err);
+/* (CUDA) A kernel of one thread that keeps `stream` busy for `ns`
+ * nanoseconds of the device's clock (%globaltimer) and nothing else: a
+ * simulated compute step, for benchmarks (`kvrelay bench serving
+ * --prefill gpu`). Takes no memory and almost none of the device. */
+kvr_status_t kvr_gpu_spin(void *stream, uint64_t ns, kvr_error_t *err);
 
 /* Names device memory for another process: the allocation's IPC handle plus
  * the pointer's offset inside it. Plain bytes; send it as is. */

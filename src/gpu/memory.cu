@@ -189,6 +189,26 @@ kvr_status_t kvr_gpu_warm(void *stream, kvr_error_t *err)
     return KVR_OK;
 }
 
+static __device__ uint64_t global_ns(void)
+{
+    uint64_t t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    return t;
+}
+
+static __global__ void spin_kernel(uint64_t ns)
+{
+    uint64_t start = global_ns();
+    while (global_ns() - start < ns)
+        __nanosleep(1000);
+}
+
+kvr_status_t kvr_gpu_spin(void *stream, uint64_t ns, kvr_error_t *err)
+{
+    spin_kernel<<<1, 1, 0, (cudaStream_t)stream>>>(ns);
+    return kvr__launch_status("spin", err);
+}
+
 /* ---- the table pool ---- */
 
 /* Blocks of 2^k bytes, k in [POOL_MIN_LOG, POOL_MIN_LOG + POOL_CLASSES). */

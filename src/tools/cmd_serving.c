@@ -576,6 +576,8 @@ static json_t *params_json(const sup_t *s)
     json_object_set_new(p, "reps", json_integer(s->c.reps));
     json_object_set_new(p, "decode_progress",
                         json_string(s->c.decode_thread ? "thread" : "wait"));
+    json_object_set_new(p, "prefill",
+                        json_string(s->c.prefill_gpu ? "gpu" : "host"));
     return p;
 }
 
@@ -585,10 +587,11 @@ static void print_table(const sup_t *s, const pass_sum_t *ps, double ceiling,
     const demo_cfg_t *d = &s->c.d;
     char dist[64];
     printf("kvrelay bench serving: %u x PP%u (%u layers) -> %u x W=%u I=%u, "
-           "%u requests %s, rate %g/s, prefill %g us/layer/ktoken\n",
+           "%u requests %s, rate %g/s, prefill %g us/layer/ktoken%s\n",
            d->instances, d->pp, d->layers, d->groups, d->lay.dcp_size,
            d->lay.interleave, s->c.requests,
-           dist_text(&s->c, dist, sizeof(dist)), s->c.rate, s->c.prefill_us);
+           dist_text(&s->c, dist, sizeof(dist)), s->c.rate, s->c.prefill_us,
+           s->c.prefill_gpu ? " (on the GPU)" : "");
     printf("%-24s", "");
     for (uint32_t k = 0; k < s->c.passes; k++)
         printf("%14s", s->c.stream[k] ? "stream" : "no-stream");

@@ -195,6 +195,12 @@ static int sv_option(void *ctx, const char *name, const char *value)
         c->decode_progress_set = true;
         return 1;
     }
+    if (strcmp(name, "prefill") == 0) {
+        if (strcmp(value, "host") != 0 && strcmp(value, "gpu") != 0)
+            return bad("--%s: '%s' is not host or gpu", name, value);
+        c->prefill_gpu = value[0] == 'g';
+        return 1;
+    }
     if (strcmp(name, "json") == 0) {
         c->json_path = value;
         return 1;
@@ -255,6 +261,11 @@ static const char sv_usage[] =
     "  --requests N (32)  --rate R (arrivals/s, 0 = all at once; 0)\n"
     "  --tokens-dist fixed:N | uniform:A:B | FILE (uniform:2048:16384)\n"
     "  --prefill-us-per-layer-per-ktoken US (0)  --layer-group K (1)\n"
+    "  --prefill host|gpu (host): the simulated prefill's layer groups are\n"
+    "    timed on the host (send_ready once each is due), or compute on\n"
+    "    each stage's GPU (--device cuda): a kernel per group on an engine\n"
+    "    stream, send_ready at once with the event recorded after it, the\n"
+    "    prefill's end when the last group's event completed\n"
     "  --stream [on|off|both] | --no-stream (off)\n"
     "  --reps N (3): the passes and a ceiling after them, N times; the\n"
     "    medians are reported, every repetition in the JSON\n"
@@ -309,6 +320,13 @@ int sv_parse(int argc, char **argv, sv_cfg_t *c)
         return cli_usage_error("bench serving",
                                "--executor staged: KV in CUDA memory moves "
                                "gpu-direct");
+    if (c->prefill_gpu && !c->d.use_cuda)
+        return cli_usage_error("bench serving", "--prefill gpu: the prefill "
+                               "runs on the stages' GPU, which needs "
+                               "--device cuda");
+    if (c->prefill_gpu && !sv_engine_built())
+        return cli_usage_error("bench serving", "--prefill gpu: kvrelay was "
+                               "built without CUDA");
     if (!c->decode_progress_set) /* the GPU form as its results were taken */
         c->decode_thread = c->d.use_cuda;
     return -1;

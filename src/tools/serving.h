@@ -50,6 +50,9 @@ typedef struct sv_cfg {
      * in their waits (kvr_agent_wait) */
     bool decode_thread;
     bool decode_progress_set;
+    /* --prefill gpu: the simulated prefill is compute on each stage's GPU,
+     * its layer groups handed over with CUDA events ahead of it */
+    bool prefill_gpu;
     const char *json_path;
 } sv_cfg_t;
 
@@ -118,5 +121,22 @@ typedef struct sv_role {
 } sv_role_t;
 int sv_child_run(const sv_cfg_t *cfg, const sv_trace_t *t,
                  const sv_role_t *role, int ctl, FILE *out);
+
+/* --prefill gpu's engine (serving_gpu.c): a stream of the stage's GPU and
+ * the event its layer groups are handed over with. step: ns of compute
+ * queued, then the event recorded after it (*event, the engine's, for
+ * send_ready). mark: a new event recorded after everything queued, polled
+ * with passed, freed with unmark. Refused in a build without CUDA
+ * (sv_engine_built false). */
+typedef struct sv_engine sv_engine_t;
+bool sv_engine_built(void);
+kvr_status_t sv_engine_create(int device, sv_engine_t **out, kvr_error_t *err);
+void sv_engine_destroy(sv_engine_t *e);
+kvr_status_t sv_engine_step(sv_engine_t *e, uint64_t ns, void **event,
+                            kvr_error_t *err);
+kvr_status_t sv_engine_mark(sv_engine_t *e, int device, void **mark,
+                            kvr_error_t *err);
+kvr_status_t sv_engine_passed(void *mark, bool *done, kvr_error_t *err);
+void sv_engine_unmark(void *mark);
 
 #endif

@@ -41,6 +41,8 @@ typedef struct {
     uint64_t loaded_ns, loaded_bytes; /* the last LOADED of a single load */
     bool loaded, released, load_failed;
     uint64_t deadline;
+    sv_engine_t *engine; /* --prefill gpu */
+    void **ends;         /* per trace request: its prefill's end mark */
 } ch_t;
 
 static uint64_t now_ns(void)
@@ -397,6 +399,11 @@ static kvr_status_t create(ch_t *h, kvr_error_t *err)
     if (st == KVR_OK && kvr_agent_start(h->agent) != KVR_OK)
         st = kvr_error_set(err, KVR_ERR_IO, "start: %s",
                            kvr_agent_last_error(h->agent));
+    if (st == KVR_OK && !r->consumer && c->prefill_gpu) {
+        h->ends = calloc(h->t->n + 1, sizeof(*h->ends));
+        st = h->ends ? sv_engine_create(r->cuda_device, &h->engine, err)
+                     : kvr_error_set(err, KVR_ERR_NO_MEMORY, "no memory");
+    }
     return st;
 }
 
@@ -452,6 +459,82 @@ static uint64_t announce(ch_t *h, uint32_t i, uint32_t *next_layer, uint64_t T0)
     return UINT64_MAX;
 }
 
+/* The prefill's end as the host learns it: looked for in a spin from
+ * shortly before it is due (a wait for a host function would add its own
+ * latency to every gap measured), given up after a while to serve the
+ * other requests and looked for again. */
+#define END_SPIN_AHEAD_NS 200000ull
+#define END_SPIN_MAX_NS 2000000ull
+#define END_RETRY_NS 50000ull
+
+static void engine_failed(ch_t *h, uint32_t i, const kvr_error_t *err)
+{
+    fprintf(h->out, "X %u %u prefill on the GPU: %s\n", h->pass, i,
+            err->msg);
+}
+
+/* --prefill gpu, stage start: every layer group's compute queued on the
+ * engine, and each handed over with the event recorded after it at once,
+ * as an engine running ahead of its GPU does; then the end's mark. */
+static void queue_prefill(ch_t *h, uint32_t i, const char *id)
+{
+    const sv_cfg_t *c = h->c;
+    kvr_error_t err = {0};
+    kvr_status_t st = KVR_OK;
+    for (uint32_t l = h->lo; st == KVR_OK && l < h->hi; l += c->layer_group) {
+        uint32_t end = l + c->layer_group < h->hi ? l + c->layer_group : h->hi;
+        void *ev = NULL;
+        st = sv_engine_step(h->engine, (end - l) * h->t->layer_ns[i], &ev, &err);
+        if (st == KVR_OK &&
+            kvr_agent_send_ready(h->agent, id, strlen(id), l, end, ev))
+            st = kvr_error_set(&err, KVR_ERR_INVALID, "ready: %s",
+                               kvr_agent_last_error(h->agent));
+    }
+    if (st == KVR_OK)
+        st = sv_engine_mark(h->engine, h->role->cuda_device, &h->ends[i], &err);
+    if (st != KVR_OK)
+        engine_failed(h, i, &err);
+}
+
+/* --prefill gpu: request i's groups queued at its stage start, and its
+ * end reported once seen; when to look again (UINT64_MAX: done). */
+static uint64_t announce_gpu(ch_t *h, uint32_t i, uint32_t *next_layer,
+                             uint64_t T0)
+{
+    const sv_trace_t *t = h->t;
+    if (*next_layer < h->hi) {
+        uint64_t start = T0 + t->stage_start[(size_t)i * h->c->d.pp +
+                                             h->role->rank];
+        if (now_ns() < start)
+            return start;
+        char id[32];
+        sv_request_id(id, sizeof(id), "t", h->pass, i);
+        *next_layer = h->hi;
+        queue_prefill(h, i, id);
+    }
+    if (h->ends[i] == NULL)
+        return UINT64_MAX;
+    uint64_t due = T0 + sv_layer_ready(h->c, t, i, h->role->rank, h->hi - 1);
+    if (now_ns() + END_SPIN_AHEAD_NS < due)
+        return due - END_SPIN_AHEAD_NS;
+    uint64_t stop = now_ns() + END_SPIN_MAX_NS;
+    bool done = false;
+    kvr_error_t err = {0};
+    while (sv_engine_passed(h->ends[i], &done, &err) == KVR_OK && !done &&
+           now_ns() < stop)
+        ;
+    if (!done && err.msg[0] == '\0')
+        return now_ns() + END_RETRY_NS;
+    if (done)
+        fprintf(h->out, "P %u %u %llu\n", h->pass, i,
+                (unsigned long long)now_ns());
+    else
+        engine_failed(h, i, &err);
+    sv_engine_unmark(h->ends[i]);
+    h->ends[i] = NULL;
+    return UINT64_MAX;
+}
+
 static void producer_pass(ch_t *h, uint64_t T0)
 {
     const sv_trace_t *t = h->t;
@@ -477,7 +560,8 @@ static void producer_pass(ch_t *h, uint64_t T0)
                 if (!open_request(h, id, i, t->tokens[i], false))
                     h->outcomes++;
             }
-            uint64_t at = announce(h, i, &next[i], T0);
+            uint64_t at = h->engine ? announce_gpu(h, i, &next[i], T0)
+                                    : announce(h, i, &next[i], T0);
             due = at < due ? at : due;
             first += first == i && at == UINT64_MAX;
         }
@@ -704,6 +788,10 @@ int sv_child_run(const sv_cfg_t *c, const sv_trace_t *t, const sv_role_t *role,
                 role->rank, err.msg);
     }
     kvr_agent_destroy(h->agent);
+    for (uint32_t i = 0; h->ends != NULL && i < t->n; i++)
+        sv_engine_unmark(h->ends[i]);
+    sv_engine_destroy(h->engine);
+    free(h->ends);
     for (uint32_t r = 0; role->cuda_device >= 0 && r < h->nreg; r++)
         free(h->mirrors[r]);
     free(h->table);

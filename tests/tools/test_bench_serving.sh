@@ -8,7 +8,9 @@
 # a run with distinct sources, two repetitions and decode ranks on their
 # agents' progress threads verifies every request of each and reports both
 # (the first run's ranks drive their agents in kvr_agent_wait).
-# With "cuda" as $2: the GPU form, exit 77 (skip) without a usable device.
+# With "cuda" as $2: the GPU form, and with --prefill gpu (the prefill as
+# compute on the stages' GPU, handed over with CUDA events), exit 77
+# (skip) without a usable device.
 set -u
 cli="$1"
 mode="${2:-host}"
@@ -34,6 +36,20 @@ if [ "$mode" = cuda ]; then
   fi
   [ "$rc" -eq 0 ] || fail "GPU form exited $rc: $out"
   grep -q '"ok": true' "$dir/gpu.json" || fail "GPU form not ok"
+  # the prefill as compute on the stages' GPU, handed over with CUDA events
+  # ahead of it: streamed groups still land one by one, every byte right
+  "$cli" bench serving "${small[@]}" --requests 3 --tokens-dist fixed:300 \
+    --device cuda --prefill gpu --prefill-us-per-layer-per-ktoken 2000 \
+    --stream both --reps 1 --json "$dir/gpu-prefill.json" >"$dir/out" 2>&1 \
+    || fail "--prefill gpu run failed: $(cat "$dir/out")"
+  python3 - "$dir/gpu-prefill.json" <<'PY' || fail "--prefill gpu JSON check"
+import json, sys
+d = json.load(open(sys.argv[1]))
+assert d["ok"] is True and d["params"]["prefill"] == "gpu"
+assert d["runs"][1]["layer_events"] > 0
+# nothing loaded before its prefill's end (0.1 ms for a late look at it)
+assert all(r["gap_ms"] > -0.1 for r in d["runs"][1]["requests"])
+PY
   exit 0
 fi
 
@@ -51,6 +67,8 @@ refused "'10'" --reps 10
 refused "'both'" --sources both
 refused "'ordered'" --pages ordered
 refused "'poll'" --decode-progress poll
+refused "'gpux'" --prefill gpux
+refused "--device cuda" --prefill gpu
 refused "--tokens" --tokens 5
 refused "--pool-tokens 64" "${small[@]}" --tokens-dist fixed:300 --pool-tokens 64
 refused "$dir/no/such.json" --json "$dir/no/such.json"
@@ -71,6 +89,7 @@ for k in ("ceiling_GBps", "aggregate_GBps", "ratio", "stream", "requests",
     assert k in d, k
 assert d["ok"] is True
 assert d["params"]["decode_progress"] == "wait"  # the host default
+assert d["params"]["prefill"] == "host"
 assert d["ceiling_GBps"] > 0 and d["small_request_us_p50"] > 0
 assert d["small_paced_us_p50"] > 0
 assert len(d["small_request_us"]) == len(d["small_paced_us"]) > 0
