@@ -209,7 +209,8 @@ static kvr_status_t init_shared(kvr_agent_t *a, kvr_error_t *err)
 {
     if (pthread_mutex_init(&a->lock, NULL) != 0 ||
         pthread_mutex_init(&a->turn_lock, NULL) != 0 ||
-        pthread_mutex_init(&a->gate_lock, NULL) != 0)
+        pthread_mutex_init(&a->gate_lock, NULL) != 0 ||
+        pthread_cond_init(&a->watch_cond, NULL) != 0)
         return kvr_error_set(err, KVR_ERR_NO_MEMORY, "mutex init failed");
     a->debug = getenv("KVR_AGENT_DEBUG") != NULL;
     a->ph.on = getenv("KVR_AGENT_PHASES") != NULL;
@@ -227,6 +228,13 @@ static kvr_status_t init_shared(kvr_agent_t *a, kvr_error_t *err)
     /* KVR_AGENT_GPU_MERGE: a launch carries the waiting pulls of up to
      * this many requests (1: one request's, as without it) */
     a->gpu_merge = (uint32_t)env_u64("KVR_AGENT_GPU_MERGE", 1, 1);
+    /* KVR_AGENT_GATE_WATCH=spin|block: an experiment (docs/agent.md, CUDA
+     * events): a thread waits for the gates instead of host functions */
+    const char *watch = getenv("KVR_AGENT_GATE_WATCH");
+    a->gate_watch = watch == NULL                ? 0
+                    : strcmp(watch, "spin") == 0  ? 1
+                    : strcmp(watch, "block") == 0 ? 2
+                                                  : 0;
     a->wake_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
     a->event_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
     if (a->wake_fd < 0 || a->event_fd < 0)
@@ -335,6 +343,7 @@ void kvr_agent_destroy(kvr_agent_t *a)
         kvr__gpu_stream_sync(a->nstream, NULL);
     if (a->gstream != NULL)
         kvr__gpu_stream_sync(a->gstream, NULL);
+    kvr__gates_watch_stop(a); /* its last wait is over: gstream is idle */
     kvr__gates_free(a);
     kvr__gpu_pool_destroy(a->gpool);
     kvr__gpu_arena_free(&a->arena); /* after the streams: nothing writes */
@@ -367,6 +376,7 @@ void kvr_agent_destroy(kvr_agent_t *a)
     pthread_mutex_destroy(&a->lock);
     pthread_mutex_destroy(&a->turn_lock);
     pthread_mutex_destroy(&a->gate_lock);
+    pthread_cond_destroy(&a->watch_cond);
     sodium_memzero(a->key, sizeof(a->key));
     free(a);
 }
@@ -629,6 +639,8 @@ static kvr_status_t gpu_start(kvr_agent_t *a, kvr_error_t *err)
         st = kvr__gpu_stream_create(a->p.cuda_device, &a->gstream, err);
     if (st == KVR_OK)
         st = kvr__gpu_warm(a->p.cuda_device, a->gstream, err);
+    if (st == KVR_OK)
+        st = kvr__gates_watch_start(a, err);
     return st;
 }
 

@@ -34,7 +34,8 @@ static kvr__gate_t *take_free(kvr_agent_t *a, kvr_error_t *err)
         kvr_error_set(err, KVR_ERR_NO_MEMORY, "no memory for a gate");
         return NULL;
     }
-    if (kvr__gpu_gate_create(a->p.cuda_device, &g->event, err) != KVR_OK) {
+    if (kvr__gpu_gate_create(a->p.cuda_device, a->gate_watch == 2, &g->event,
+                             err) != KVR_OK) {
         free(g);
         return NULL;
     }
@@ -60,13 +61,23 @@ kvr_status_t kvr__gate_arm(kvr_agent_t *a, void *engine_event,
      * host function never interleave */
     pthread_mutex_lock(&a->gate_lock);
     kvr__gate_t *g = take_free(a, err);
+    int fd = a->gate_watch ? -1 : a->wake_fd;
     kvr_status_t st = g != NULL ? kvr__gpu_gate_arm(a->gstream, engine_event,
-                                                    g->event, a->wake_fd, err)
+                                                    g->event, fd, err)
                                 : err->code;
     if (st != KVR_OK && g != NULL) {
         g->next = a->gate_free;
         a->gate_free = g;
         g = NULL;
+    }
+    if (g != NULL && a->gate_watch) { /* the watcher's, in arming order */
+        g->watch_next = NULL;
+        if (a->watch_tail != NULL)
+            a->watch_tail->watch_next = g;
+        else
+            a->watch_head = g;
+        a->watch_tail = g;
+        pthread_cond_signal(&a->watch_cond);
     }
     pthread_mutex_unlock(&a->gate_lock);
     *out = g;
@@ -105,6 +116,56 @@ void kvr__gates_poll(kvr_agent_t *a)
             kvr__send_gate_opened(a, g, st, e.msg);
         kvr__gate_recycle(a, g);
     }
+}
+
+/* The watcher: each armed gate in turn, waited for on this thread, then
+ * the loop woken. A gate recycled and armed again meanwhile is waited for
+ * as armed last: later, never early (the loop looks at every gate itself). */
+static void *watch_main(void *arg)
+{
+    kvr_agent_t *a = arg;
+    kvr__gpu_use(a->p.cuda_device, NULL);
+    pthread_mutex_lock(&a->gate_lock);
+    for (;;) {
+        while (a->watch_head == NULL && !a->watch_stop)
+            pthread_cond_wait(&a->watch_cond, &a->gate_lock);
+        if (a->watch_stop)
+            break;
+        kvr__gate_t *g = a->watch_head;
+        a->watch_head = g->watch_next;
+        if (a->watch_head == NULL)
+            a->watch_tail = NULL;
+        void *ev = g->event;
+        pthread_mutex_unlock(&a->gate_lock);
+        kvr__gpu_gate_sync(ev, NULL);
+        kvr__agent_wake(a);
+        pthread_mutex_lock(&a->gate_lock);
+    }
+    pthread_mutex_unlock(&a->gate_lock);
+    return NULL;
+}
+
+kvr_status_t kvr__gates_watch_start(kvr_agent_t *a, kvr_error_t *err)
+{
+    if (a->gate_watch == 0)
+        return KVR_OK;
+    if (pthread_create(&a->watch_thread, NULL, watch_main, a) != 0)
+        return kvr_error_set(err, KVR_ERR_NO_MEMORY,
+                             "cannot start the gate watcher");
+    a->watch_running = true;
+    return KVR_OK;
+}
+
+void kvr__gates_watch_stop(kvr_agent_t *a)
+{
+    if (!a->watch_running)
+        return;
+    pthread_mutex_lock(&a->gate_lock);
+    a->watch_stop = true;
+    pthread_cond_signal(&a->watch_cond);
+    pthread_mutex_unlock(&a->gate_lock);
+    pthread_join(a->watch_thread, NULL);
+    a->watch_running = false;
 }
 
 static void drop_list(kvr__gate_t *g)

@@ -236,6 +236,7 @@ typedef enum kvr__cmd_kind {
  * become ready when it completes. */
 typedef struct kvr__gate {
     struct kvr__gate *next;
+    struct kvr__gate *watch_next; /* in the watcher's queue */
     void *event;
     kvr_wire_id_t request;
     uint64_t serial;
@@ -538,6 +539,14 @@ struct kvr_agent {
     pthread_mutex_t gate_lock;  /* the free gates and arming on gstream */
     kvr__gate_t *gate_free;     /* under gate_lock */
     kvr__gate_t *gate_head, *gate_tail; /* armed, waiting: the loop's */
+    /* KVR_AGENT_GATE_WATCH (an experiment, docs/agent.md): a thread waits
+     * for the armed gates in turn and wakes the loop, instead of a host
+     * function each; 1 polling, 2 sleeping (blocking-sync events) */
+    int gate_watch;
+    pthread_t watch_thread;
+    bool watch_running, watch_stop;      /* under gate_lock */
+    pthread_cond_t watch_cond;
+    kvr__gate_t *watch_head, *watch_tail; /* armed, not yet waited for */
     uint64_t preq_serial;
     struct kvr_gpu_pool *gpool; /* its relayout and run tables' memory */
     kvr__gpu_arena_t arena; /* kvr_agent_alloc_region's device memory */
@@ -737,6 +746,9 @@ void kvr__gates_poll(kvr_agent_t *a);
 /* Any thread: g back to the free list (armed or not: its next arming
  * records after this one on the same stream). */
 void kvr__gate_recycle(kvr_agent_t *a, kvr__gate_t *g);
+/* At start (KVR_AGENT_GATE_WATCH) and at destroy, before gates_free. */
+kvr_status_t kvr__gates_watch_start(kvr_agent_t *a, kvr_error_t *err);
+void kvr__gates_watch_stop(kvr_agent_t *a);
 /* At destroy, once gstream is idle: every gate's event freed. */
 void kvr__gates_free(kvr_agent_t *a);
 void kvr__gate_drop(kvr__gate_t *g);

@@ -754,9 +754,16 @@ kvr_status_t kvr__gpu_stream_sync(void *stream, kvr_error_t *err)
     return kvr_gpu_sync(stream, err);
 }
 
-kvr_status_t kvr__gpu_gate_create(int device, void **gate, kvr_error_t *err)
+kvr_status_t kvr__gpu_gate_create(int device, bool blocking, void **gate,
+                                  kvr_error_t *err)
 {
-    return kvr_gpu_event_create(device, gate, err);
+    return blocking ? kvr_gpu_event_create_blocking(device, gate, err)
+                    : kvr_gpu_event_create(device, gate, err);
+}
+
+kvr_status_t kvr__gpu_gate_sync(void *gate, kvr_error_t *err)
+{
+    return kvr_gpu_event_sync(gate, err);
 }
 
 void kvr__gpu_gate_destroy(void *gate)
@@ -770,7 +777,8 @@ kvr_status_t kvr__gpu_gate_arm(void *stream, void *engine_event, void *gate,
     kvr_status_t st = kvr_gpu_stream_wait(stream, engine_event, err);
     if (st == KVR_OK)
         st = kvr_gpu_event_record(gate, stream, err);
-    return st == KVR_OK ? kvr_gpu_stream_notify(stream, fd, err) : st;
+    return st == KVR_OK && fd >= 0 ? kvr_gpu_stream_notify(stream, fd, err)
+                                   : st;
 }
 
 kvr_status_t kvr__gpu_gate_done(void *gate, bool *done, kvr_error_t *err)

@@ -14,9 +14,16 @@ kvr_status_t kvr__gpu_refused(kvr_error_t *err)
     return no_cuda(err);
 }
 
-kvr_status_t kvr__gpu_gate_create(int device, void **gate, kvr_error_t *err)
+kvr_status_t kvr__gpu_gate_create(int device, bool blocking, void **gate,
+                                  kvr_error_t *err)
 {
-    (void)device, (void)gate;
+    (void)device, (void)blocking, (void)gate;
+    return no_cuda(err);
+}
+
+kvr_status_t kvr__gpu_gate_sync(void *gate, kvr_error_t *err)
+{
+    (void)gate;
     return no_cuda(err);
 }
 

@@ -261,8 +261,10 @@ bool kvr__emul_event_done(void *event)
     return atomic_load(&e->done) >= atomic_load(&e->recorded);
 }
 
-kvr_status_t kvr__gpu_gate_create(int device, void **gate, kvr_error_t *err)
+kvr_status_t kvr__gpu_gate_create(int device, bool blocking, void **gate,
+                                  kvr_error_t *err)
 {
+    (void)blocking;
     if (device != 0)
         return kvr_error_set(err, KVR_ERR_INVALID, "emulated device %d",
                              device);
@@ -281,7 +283,15 @@ kvr_status_t kvr__gpu_gate_arm(void *stream, void *engine_event, void *gate,
     kvr_status_t st = event_task(stream, engine_event, false, err);
     if (st == KVR_OK)
         st = event_task(stream, gate, true, err);
-    return st == KVR_OK ? notify_on(stream, fd, err) : st;
+    return st == KVR_OK && fd >= 0 ? notify_on(stream, fd, err) : st;
+}
+
+kvr_status_t kvr__gpu_gate_sync(void *gate, kvr_error_t *err)
+{
+    (void)err;
+    while (!kvr__emul_event_done(gate))
+        usleep(100);
+    return KVR_OK;
 }
 
 kvr_status_t kvr__gpu_gate_done(void *gate, bool *done, kvr_error_t *err)
