@@ -271,10 +271,6 @@ kvr_status_t kvr_gpu_sync(void *stream, kvr_error_t *err);
 kvr_status_t kvr_gpu_stream_create(int device, void **stream, kvr_error_t *err);
 void kvr_gpu_stream_destroy(void *stream);
 kvr_status_t kvr_gpu_event_create(int device, void **event, kvr_error_t *err);
-/* The same, except that kvr_gpu_event_sync on it sleeps until the device
- * signals it (cudaEventBlockingSync) instead of polling. */
-kvr_status_t kvr_gpu_event_create_blocking(int device, void **event,
-                                           kvr_error_t *err);
 void kvr_gpu_event_destroy(void *event);
 kvr_status_t kvr_gpu_event_record(void *event, void *stream, kvr_error_t *err);
 /* Work queued on `stream` from now on waits for `event`'s latest record

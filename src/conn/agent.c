@@ -228,13 +228,16 @@ static kvr_status_t init_shared(kvr_agent_t *a, kvr_error_t *err)
     /* KVR_AGENT_GPU_MERGE: a launch carries the waiting pulls of up to
      * this many requests (1: one request's, as without it) */
     a->gpu_merge = (uint32_t)env_u64("KVR_AGENT_GPU_MERGE", 1, 1);
-    /* KVR_AGENT_GATE_WATCH=spin|block: an experiment (docs/agent.md, CUDA
-     * events): a thread waits for the gates instead of host functions */
+    /* KVR_AGENT_GATE_WATCH=spin: a thread of the agent polls the gates of
+     * send_ready's CUDA events instead of a host function each, a core
+     * for a shorter hand-over (docs/agent.md, CUDA events) */
     const char *watch = getenv("KVR_AGENT_GATE_WATCH");
-    a->gate_watch = watch == NULL                ? 0
-                    : strcmp(watch, "spin") == 0  ? 1
-                    : strcmp(watch, "block") == 0 ? 2
-                                                  : 0;
+    a->gate_watch = watch != NULL && strcmp(watch, "spin") == 0;
+    if (watch != NULL && watch[0] != '\0' && !a->gate_watch)
+        return kvr_error_set(err, KVR_ERR_INVALID,
+                             "KVR_AGENT_GATE_WATCH: '%s' is not spin (or "
+                             "empty)",
+                             watch);
     a->wake_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
     a->event_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
     if (a->wake_fd < 0 || a->event_fd < 0)

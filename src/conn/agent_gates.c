@@ -34,8 +34,7 @@ static kvr__gate_t *take_free(kvr_agent_t *a, kvr_error_t *err)
         kvr_error_set(err, KVR_ERR_NO_MEMORY, "no memory for a gate");
         return NULL;
     }
-    if (kvr__gpu_gate_create(a->p.cuda_device, a->gate_watch == 2, &g->event,
-                             err) != KVR_OK) {
+    if (kvr__gpu_gate_create(a->p.cuda_device, &g->event, err) != KVR_OK) {
         free(g);
         return NULL;
     }
@@ -118,9 +117,13 @@ void kvr__gates_poll(kvr_agent_t *a)
     }
 }
 
-/* The watcher: each armed gate in turn, waited for on this thread, then
- * the loop woken. A gate recycled and armed again meanwhile is waited for
- * as armed last: later, never early (the loop looks at every gate itself). */
+/* The watcher (KVR_AGENT_GATE_WATCH=spin): each armed gate in turn,
+ * waited for on this thread (cudaEventSynchronize, which polls), then the
+ * loop woken. CUDA's host functions took about 80 µs longer to wake the
+ * loop on an H200 under MPS (docs/performance.md, run 2026-12-02p); the
+ * price is a core busy while any gate is armed. A gate recycled and armed
+ * again meanwhile is waited for as armed last: later, never early (the
+ * loop looks at every gate itself). */
 static void *watch_main(void *arg)
 {
     kvr_agent_t *a = arg;
@@ -147,7 +150,7 @@ static void *watch_main(void *arg)
 
 kvr_status_t kvr__gates_watch_start(kvr_agent_t *a, kvr_error_t *err)
 {
-    if (a->gate_watch == 0)
+    if (!a->gate_watch)
         return KVR_OK;
     if (pthread_create(&a->watch_thread, NULL, watch_main, a) != 0)
         return kvr_error_set(err, KVR_ERR_NO_MEMORY,

@@ -539,10 +539,10 @@ struct kvr_agent {
     pthread_mutex_t gate_lock;  /* the free gates and arming on gstream */
     kvr__gate_t *gate_free;     /* under gate_lock */
     kvr__gate_t *gate_head, *gate_tail; /* armed, waiting: the loop's */
-    /* KVR_AGENT_GATE_WATCH (an experiment, docs/agent.md): a thread waits
-     * for the armed gates in turn and wakes the loop, instead of a host
-     * function each; 1 polling, 2 sleeping (blocking-sync events) */
-    int gate_watch;
+    /* KVR_AGENT_GATE_WATCH=spin (docs/agent.md, CUDA events): a thread
+     * polls the armed gates in turn and wakes the loop, instead of a host
+     * function each */
+    bool gate_watch;
     pthread_t watch_thread;
     bool watch_running, watch_stop;      /* under gate_lock */
     pthread_cond_t watch_cond;

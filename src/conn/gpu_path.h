@@ -198,10 +198,9 @@ kvr_status_t kvr__gpu_stream_sync(void *stream, kvr_error_t *err);
  * eventfd): the loop learns the engine's work is done without waiting on
  * it, and no copy kernel is ever queued behind an engine's event. Gates on
  * one stream complete in the order they were armed. fd < 0: no host
- * function; a watcher waits for the gate instead (kvr__gpu_gate_sync;
- * blocking: its gates sleep there rather than poll). */
-kvr_status_t kvr__gpu_gate_create(int device, bool blocking, void **gate,
-                                  kvr_error_t *err);
+ * function; a watcher thread waits for the gate instead
+ * (kvr__gpu_gate_sync, which polls). */
+kvr_status_t kvr__gpu_gate_create(int device, void **gate, kvr_error_t *err);
 void kvr__gpu_gate_destroy(void *gate);
 kvr_status_t kvr__gpu_gate_arm(void *stream, void *engine_event, void *gate,
                                int fd, kvr_error_t *err);

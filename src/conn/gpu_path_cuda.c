@@ -754,11 +754,9 @@ kvr_status_t kvr__gpu_stream_sync(void *stream, kvr_error_t *err)
     return kvr_gpu_sync(stream, err);
 }
 
-kvr_status_t kvr__gpu_gate_create(int device, bool blocking, void **gate,
-                                  kvr_error_t *err)
+kvr_status_t kvr__gpu_gate_create(int device, void **gate, kvr_error_t *err)
 {
-    return blocking ? kvr_gpu_event_create_blocking(device, gate, err)
-                    : kvr_gpu_event_create(device, gate, err);
+    return kvr_gpu_event_create(device, gate, err);
 }
 
 kvr_status_t kvr__gpu_gate_sync(void *gate, kvr_error_t *err)

@@ -14,10 +14,9 @@ kvr_status_t kvr__gpu_refused(kvr_error_t *err)
     return no_cuda(err);
 }
 
-kvr_status_t kvr__gpu_gate_create(int device, bool blocking, void **gate,
-                                  kvr_error_t *err)
+kvr_status_t kvr__gpu_gate_create(int device, void **gate, kvr_error_t *err)
 {
-    (void)device, (void)blocking, (void)gate;
+    (void)device, (void)gate;
     return no_cuda(err);
 }
 

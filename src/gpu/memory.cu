@@ -93,13 +93,6 @@ kvr_status_t kvr_gpu_event_create(int device, void **event, kvr_error_t *err)
     return event_create(device, cudaEventDisableTiming, event, err);
 }
 
-kvr_status_t kvr_gpu_event_create_blocking(int device, void **event,
-                                           kvr_error_t *err)
-{
-    return event_create(device, cudaEventDisableTiming | cudaEventBlockingSync,
-                        event, err);
-}
-
 kvr_status_t kvr_gpu_event_create_timed(int device, void **event,
                                         kvr_error_t *err)
 {

@@ -261,10 +261,8 @@ bool kvr__emul_event_done(void *event)
     return atomic_load(&e->done) >= atomic_load(&e->recorded);
 }
 
-kvr_status_t kvr__gpu_gate_create(int device, bool blocking, void **gate,
-                                  kvr_error_t *err)
+kvr_status_t kvr__gpu_gate_create(int device, void **gate, kvr_error_t *err)
 {
-    (void)blocking;
     if (device != 0)
         return kvr_error_set(err, KVR_ERR_INVALID, "emulated device %d",
                              device);

@@ -11,7 +11,8 @@
  * held while the stream's queue is full, then launched a request's ranks
  * at once; with KVR_AGENT_GPU_MERGE, waiting pulls of several requests in
  * one launch, and one of them aborted while it runs; layers handed over
- * with an engine's CUDA events ahead of its "GPU", group by group. The
+ * with an engine's CUDA events ahead of its "GPU", group by group, woken
+ * by host functions or by the agent's watcher thread. The
  * kernels and the table pool are tested on a device (tests/gpu). */
 #include <pthread.h>
 #include <setjmp.h>
@@ -552,9 +553,8 @@ static bool layer_reported(ah_agent_t *c, const char *id, uint32_t layer)
  * computed every byte must be right (no copy ran before its event). A
  * request aborted while its gate waits ends SEND_FAILED, and its gate
  * completing later touches nothing. */
-static void events_gate_groups(void **state)
+static void gate_groups(void)
 {
-    (void)state;
     kvr__emul_kernel_us(500);
     world_t *w = gpu_world();
     ah_agent_t *all[] = {&w->cons[0], &w->cons[1], &w->prod[0][0],
@@ -626,6 +626,30 @@ static void events_gate_groups(void **state)
     kvr__emul_event_free(ev3);
 }
 
+static void events_gate_groups(void **state)
+{
+    (void)state;
+    gate_groups();
+}
+
+/* The same with KVR_AGENT_GATE_WATCH=spin: a thread of each agent waits
+ * for the gates instead of a host function each. Any other value is
+ * refused at create, naming it. */
+static void events_gate_groups_watched(void **state)
+{
+    (void)state;
+    setenv("KVR_AGENT_GATE_WATCH", "spin", 1);
+    gate_groups();
+    setenv("KVR_AGENT_GATE_WATCH", "block", 1);
+    ah_model_t m = ah_model();
+    kvr_agent_params_t p = ah_producer_params(&m, NULL, "p", 0, 1);
+    kvr_agent_t *a = NULL;
+    kvr_error_t err = {0};
+    assert_int_equal(kvr_agent_create(&p, &a, &err), KVR_ERR_INVALID);
+    assert_non_null(strstr(err.msg, "'block'"));
+    unsetenv("KVR_AGENT_GATE_WATCH");
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -641,6 +665,7 @@ int main(void)
         cmocka_unit_test(merged_requests),
         cmocka_unit_test(merged_one_aborted),
         cmocka_unit_test(events_gate_groups),
+        cmocka_unit_test(events_gate_groups_watched),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
