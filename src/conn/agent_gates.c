@@ -41,11 +41,19 @@ static kvr__gate_t *take_free(kvr_agent_t *a, kvr_error_t *err)
     return g;
 }
 
+/* Under gate_lock. */
+static void release(kvr_agent_t *a, kvr__gate_t *g)
+{
+    if (g->holds > 0 && --g->holds > 0)
+        return;
+    g->next = a->gate_free;
+    a->gate_free = g;
+}
+
 void kvr__gate_recycle(kvr_agent_t *a, kvr__gate_t *g)
 {
     pthread_mutex_lock(&a->gate_lock);
-    g->next = a->gate_free;
-    a->gate_free = g;
+    release(a, g);
     pthread_mutex_unlock(&a->gate_lock);
 }
 
@@ -65,10 +73,12 @@ kvr_status_t kvr__gate_arm(kvr_agent_t *a, void *engine_event,
                                                     g->event, fd, err)
                                 : err->code;
     if (st != KVR_OK && g != NULL) {
-        g->next = a->gate_free;
-        a->gate_free = g;
+        g->holds = 0;
+        release(a, g);
         g = NULL;
     }
+    if (g != NULL)
+        g->holds = a->gate_watch ? 2 : 1;
     if (g != NULL && a->gate_watch) { /* the watcher's, in arming order */
         g->watch_next = NULL;
         if (a->watch_tail != NULL)
@@ -121,9 +131,9 @@ void kvr__gates_poll(kvr_agent_t *a)
  * waited for on this thread (cudaEventSynchronize, which polls), then the
  * loop woken. CUDA's host functions took about 80 µs longer to wake the
  * loop on an H200 under MPS (docs/performance.md, run 2026-12-02p); the
- * price is a core busy while any gate is armed. A gate recycled and armed
- * again meanwhile is waited for as armed last: later, never early (the
- * loop looks at every gate itself). */
+ * price is a core busy while any gate is armed. It holds each gate until
+ * it waited for it (kvr__gate_recycle says why); the loop looks at every
+ * gate itself, so a wake from here is never needed for correctness. */
 static void *watch_main(void *arg)
 {
     kvr_agent_t *a = arg;
@@ -138,12 +148,19 @@ static void *watch_main(void *arg)
         a->watch_head = g->watch_next;
         if (a->watch_head == NULL)
             a->watch_tail = NULL;
-        void *ev = g->event;
         pthread_mutex_unlock(&a->gate_lock);
-        kvr__gpu_gate_sync(ev, NULL);
+        kvr__gpu_gate_sync(g->event, NULL);
         kvr__agent_wake(a);
         pthread_mutex_lock(&a->gate_lock);
+        release(a, g);
     }
+    /* stopped: the gates not waited for lose the watcher's hold */
+    while (a->watch_head != NULL) {
+        kvr__gate_t *g = a->watch_head;
+        a->watch_head = g->watch_next;
+        release(a, g);
+    }
+    a->watch_tail = NULL;
     pthread_mutex_unlock(&a->gate_lock);
     return NULL;
 }

@@ -237,6 +237,8 @@ typedef enum kvr__cmd_kind {
 typedef struct kvr__gate {
     struct kvr__gate *next;
     struct kvr__gate *watch_next; /* in the watcher's queue */
+    uint32_t holds; /* under gate_lock: the loop's, and the watcher's; it
+                       is free (and may be armed again) at none */
     void *event;
     kvr_wire_id_t request;
     uint64_t serial;
@@ -743,8 +745,11 @@ void kvr__gate_hold(kvr_agent_t *a, kvr__gate_t *g, const kvr__preq_t *r,
                     uint32_t begin, uint32_t end);
 /* The loop, each turn: gates that completed make their layers ready. */
 void kvr__gates_poll(kvr_agent_t *a);
-/* Any thread: g back to the free list (armed or not: its next arming
- * records after this one on the same stream). */
+/* Any thread: the loop's hold of g dropped; at the last hold it goes back
+ * to the free list (armed or not: its next arming records after this one
+ * on the same stream). The watcher holds a gate until it waited for it:
+ * armed again sooner, its wait would last until the next arming's work
+ * completed, and every later gate's wake with it. */
 void kvr__gate_recycle(kvr_agent_t *a, kvr__gate_t *g);
 /* At start (KVR_AGENT_GATE_WATCH) and at destroy, before gates_free. */
 kvr_status_t kvr__gates_watch_start(kvr_agent_t *a, kvr_error_t *err);
