@@ -638,10 +638,14 @@ static kvr_status_t gpu_start(kvr_agent_t *a, kvr_error_t *err)
         st = kvr__gpu_stream_create(a->p.cuda_device, &a->nstream, err);
     if (st == KVR_OK)
         st = kvr__gpu_warm(a->p.cuda_device, a->nstream, err);
+    void *gs = NULL;
     if (st == KVR_OK)
-        st = kvr__gpu_stream_create(a->p.cuda_device, &a->gstream, err);
+        st = kvr__gpu_stream_create(a->p.cuda_device, &gs, err);
     if (st == KVR_OK)
-        st = kvr__gpu_warm(a->p.cuda_device, a->gstream, err);
+        st = kvr__gpu_warm(a->p.cuda_device, gs, err);
+    pthread_mutex_lock(&a->gate_lock); /* send_ready reads it, any thread */
+    a->gstream = gs;
+    pthread_mutex_unlock(&a->gate_lock);
     if (st == KVR_OK)
         st = kvr__gates_watch_start(a, err);
     return st;

@@ -61,12 +61,15 @@ kvr_status_t kvr__gate_arm(kvr_agent_t *a, void *engine_event,
                            kvr__gate_t **out, kvr_error_t *err)
 {
     *out = NULL;
-    if (a->gstream == NULL)
+    /* one lock for the pool and the stream: two callers' wait, record and
+     * host function never interleave (and kvr_agent_start sets gstream
+     * under it) */
+    pthread_mutex_lock(&a->gate_lock);
+    if (a->gstream == NULL) {
+        pthread_mutex_unlock(&a->gate_lock);
         return kvr_error_set(err, KVR_ERR_INVALID,
                              "a CUDA event before kvr_agent_start");
-    /* one lock for the pool and the stream: two callers' wait, record and
-     * host function never interleave */
-    pthread_mutex_lock(&a->gate_lock);
+    }
     kvr__gate_t *g = take_free(a, err);
     int fd = a->gate_watch ? -1 : a->wake_fd;
     kvr_status_t st = g != NULL ? kvr__gpu_gate_arm(a->gstream, engine_event,
