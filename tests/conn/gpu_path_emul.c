@@ -284,11 +284,31 @@ kvr_status_t kvr__gpu_gate_arm(void *stream, void *engine_event, void *gate,
     return st == KVR_OK && fd >= 0 ? notify_on(stream, fd, err) : st;
 }
 
+/* A slow watcher for the tests: its waits begin only once released;
+ * how many it finished. */
+static atomic_bool syncs_held;
+static atomic_uint syncs_done;
+void kvr__emul_hold_syncs(bool hold);
+unsigned kvr__emul_syncs_done(void);
+
+void kvr__emul_hold_syncs(bool hold)
+{
+    atomic_store(&syncs_held, hold);
+}
+
+unsigned kvr__emul_syncs_done(void)
+{
+    return atomic_load(&syncs_done);
+}
+
 kvr_status_t kvr__gpu_gate_sync(void *gate, kvr_error_t *err)
 {
     (void)err;
+    while (atomic_load(&syncs_held))
+        usleep(100);
     while (!kvr__emul_event_done(gate))
         usleep(100);
+    atomic_fetch_add(&syncs_done, 1);
     return KVR_OK;
 }
 

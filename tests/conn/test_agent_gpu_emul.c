@@ -41,6 +41,8 @@ void kvr__emul_event_free(void *event);
 kvr_status_t kvr__emul_record(void *event, void *stream);
 kvr_status_t kvr__emul_run_on(void *stream, void (*fn)(void *), void *arg);
 bool kvr__emul_event_done(void *event);
+void kvr__emul_hold_syncs(bool hold);
+unsigned kvr__emul_syncs_done(void);
 
 static world_t *gpu_world(void)
 {
@@ -626,6 +628,68 @@ static void gate_groups(void)
     kvr__emul_event_free(ev3);
 }
 
+/* The watcher keeps its gate: the loop opens a gate (its backstop looks)
+ * while the watcher is slow to wait for it, and the next send_ready, whose
+ * compute is held back, arms a gate. Were the opened gate free by then,
+ * that arming would take it, and the watcher, once it waits, would wait
+ * for the held compute and wake nothing else meanwhile. It must finish
+ * its wait while the compute is still held. */
+static void watcher_keeps_its_gate(void **state)
+{
+    (void)state;
+    setenv("KVR_AGENT_GATE_WATCH", "spin", 1);
+    kvr__emul_kernel_us(200);
+    world_t *w = gpu_world();
+    ah_agent_t *all[] = {&w->cons[0], &w->cons[1], &w->prod[0][0],
+                         &w->prod[0][1]};
+    ah_agent_t *last = &w->prod[0][1];
+    ah_req_t a;
+    ah_req(&w->m, 30, 100, &a);
+    fill_all(w, 0, &a);
+    open_all(w, 0, &a, 0, false);
+    assert_int_equal(kvr_agent_send_ready(w->prod[0][0].agent, a.id,
+                                          strlen(a.id), 0, 2, NULL),
+                     KVR_OK);
+    for (uint32_t k = 0; k < 2; k++)
+        ah_recv_stream(&w->cons[k], "prefill", head_addr(w, 0), &a, 0, true);
+    void *engine = NULL, *done = kvr__emul_event_new(),
+         *held = kvr__emul_event_new();
+    _Atomic bool latch = false;
+    engine_step_t hold = {&w->m, last, &a, 3, &latch};
+    assert_int_equal(kvr__gpu_stream_create(0, &engine, NULL), KVR_OK);
+    assert_int_equal(kvr__emul_record(done, engine), KVR_OK);
+    assert_int_equal(kvr__emul_run_on(engine, hold_until_open, &hold), KVR_OK);
+    assert_int_equal(kvr__emul_record(held, engine), KVR_OK);
+    kvr__emul_hold_syncs(true);
+    unsigned syncs = kvr__emul_syncs_done();
+    assert_int_equal(kvr_agent_send_ready(last->agent, a.id, strlen(a.id), 2,
+                                          3, done),
+                     KVR_OK);
+    uint64_t end = ah_now_ms() + AH_WAIT_MS;
+    while (!(layer_reported(&w->cons[0], a.id, 2) &&
+             layer_reported(&w->cons[1], a.id, 2)) &&
+           ah_now_ms() < end)
+        ah_settle(all, 4, 10);
+    assert_true(layer_reported(&w->cons[0], a.id, 2));
+    assert_int_equal(kvr_agent_send_ready(last->agent, a.id, strlen(a.id), 3,
+                                          4, held),
+                     KVR_OK);
+    kvr__emul_hold_syncs(false);
+    end = ah_now_ms() + AH_WAIT_MS;
+    while (kvr__emul_syncs_done() == syncs && ah_now_ms() < end)
+        ah_settle(all, 4, 10);
+    if (kvr__emul_syncs_done() == syncs)
+        fail_msg("the watcher waits for the held compute");
+    latch = true;
+    expect_loaded(w, 0, &a);
+    kvr__gpu_stream_sync(engine, NULL);
+    kvr__gpu_stream_destroy(engine);
+    world_free(w);
+    kvr__emul_event_free(done);
+    kvr__emul_event_free(held);
+    unsetenv("KVR_AGENT_GATE_WATCH");
+}
+
 static void events_gate_groups(void **state)
 {
     (void)state;
@@ -666,6 +730,7 @@ int main(void)
         cmocka_unit_test(merged_one_aborted),
         cmocka_unit_test(events_gate_groups),
         cmocka_unit_test(events_gate_groups_watched),
+        cmocka_unit_test(watcher_keeps_its_gate),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
