@@ -555,6 +555,21 @@ static bool layer_reported(ah_agent_t *c, const char *id, uint32_t layer)
  * computed every byte must be right (no copy ran before its event). A
  * request aborted while its gate waits ends SEND_FAILED, and its gate
  * completing later touches nothing. */
+/* Request a opened on both stages (not ready), the first stage's layers
+ * ready, both ranks streaming it; the last stage's engine stream. */
+static void *stream_from_first(world_t *w, const ah_req_t *a)
+{
+    open_all(w, 0, a, 0, false);
+    assert_int_equal(kvr_agent_send_ready(w->prod[0][0].agent, a->id,
+                                          strlen(a->id), 0, 2, NULL),
+                     KVR_OK);
+    for (uint32_t k = 0; k < 2; k++)
+        ah_recv_stream(&w->cons[k], "prefill", head_addr(w, 0), a, 0, true);
+    void *engine = NULL;
+    assert_int_equal(kvr__gpu_stream_create(0, &engine, NULL), KVR_OK);
+    return engine;
+}
+
 static void gate_groups(void)
 {
     kvr__emul_kernel_us(500);
@@ -567,16 +582,9 @@ static void gate_groups(void)
     ah_req(&w->m, 21, 120, &b);
     ah_req(&w->m, 22, 40, &c);
     ah_fill(&w->m, &w->prod[0][0], &a); /* the last stage computes its own */
-    open_all(w, 0, &a, 0, false);
-    assert_int_equal(kvr_agent_send_ready(w->prod[0][0].agent, a.id,
-                                          strlen(a.id), 0, 2, NULL),
-                     KVR_OK);
-    for (uint32_t k = 0; k < 2; k++)
-        ah_recv_stream(&w->cons[k], "prefill", head_addr(w, 0), &a, 0, true);
-    void *engine = NULL, *ev2 = kvr__emul_event_new(),
+    void *engine = stream_from_first(w, &a), *ev2 = kvr__emul_event_new(),
          *ev3 = kvr__emul_event_new();
     _Atomic bool latch = false;
-    assert_int_equal(kvr__gpu_stream_create(0, &engine, NULL), KVR_OK);
     engine_step_t l2 = {&w->m, last, &a, 2, &latch}, l3 = l2;
     l3.layer = 3;
     assert_int_equal(kvr__emul_run_on(engine, compute_layer, &l2), KVR_OK);
@@ -646,17 +654,10 @@ static void watcher_keeps_its_gate(void **state)
     ah_req_t a;
     ah_req(&w->m, 30, 100, &a);
     fill_all(w, 0, &a);
-    open_all(w, 0, &a, 0, false);
-    assert_int_equal(kvr_agent_send_ready(w->prod[0][0].agent, a.id,
-                                          strlen(a.id), 0, 2, NULL),
-                     KVR_OK);
-    for (uint32_t k = 0; k < 2; k++)
-        ah_recv_stream(&w->cons[k], "prefill", head_addr(w, 0), &a, 0, true);
-    void *engine = NULL, *done = kvr__emul_event_new(),
+    void *engine = stream_from_first(w, &a), *done = kvr__emul_event_new(),
          *held = kvr__emul_event_new();
     _Atomic bool latch = false;
     engine_step_t hold = {&w->m, last, &a, 3, &latch};
-    assert_int_equal(kvr__gpu_stream_create(0, &engine, NULL), KVR_OK);
     assert_int_equal(kvr__emul_record(done, engine), KVR_OK);
     assert_int_equal(kvr__emul_run_on(engine, hold_until_open, &hold), KVR_OK);
     assert_int_equal(kvr__emul_record(held, engine), KVR_OK);
