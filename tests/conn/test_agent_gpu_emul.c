@@ -12,7 +12,8 @@
  * at once; with KVR_AGENT_GPU_MERGE, waiting pulls of several requests in
  * one launch, and one of them aborted while it runs; layers handed over
  * with an engine's CUDA events ahead of its "GPU", group by group, woken
- * by host functions or by the agent's watcher thread. The
+ * by host functions or by the agent's watcher thread, which keeps a gate
+ * until it waited for it. The
  * kernels and the table pool are tested on a device (tests/gpu). */
 #include <pthread.h>
 #include <setjmp.h>
