@@ -364,7 +364,8 @@ typedef enum kvr__send_in {
     KVR__SIN_PULL,     /* a pull attached (WRITE_REQUEST) */
     KVR__SIN_ANSWERED, /* a pull was answered (done or failed) */
     KVR__SIN_RELEASE,  /* a pull was released (RELEASE, loss, timeout) */
-    KVR__SIN_ABORT,    /* send_abort */
+    KVR__SIN_ABORT,    /* send_abort (st OK), or a gate failed (st, the
+                          request's message) */
     KVR__SIN_TICK,     /* timers: lease, pull deadlines */
 } kvr__send_in_t;
 

@@ -484,11 +484,14 @@ static void preq_step(kvr_agent_t *a, kvr__preq_t *r, kvr__send_in_t in,
         cut(a, p, KVR_ERR_CANCELED, "released by the consumer");
         count_release(a, r, p, st);
         break;
-    case KVR__SIN_ABORT:
+    case KVR__SIN_ABORT: {
+        bool asked = st == KVR_OK; /* else a gate failed: r->message */
+        kvr_status_t code = asked ? KVR_ERR_CANCELED : st;
         for (kvr__pull_t *q = r->pulls; q != NULL; q = q->next)
-            cut(a, q, KVR_ERR_CANCELED, "aborted by the producer");
-        finish(a, r, KVR_SEND_FAILED, KVR_ERR_CANCELED, "aborted");
+            cut(a, q, code, asked ? "aborted by the producer" : r->message);
+        finish(a, r, KVR_SEND_FAILED, code, asked ? "aborted" : r->message);
         return;
+    }
     case KVR__SIN_TICK:
         r->lease_seen = kvr_now_ns() >= r->lease_end_ns;
         tick_pulls(a, r, kvr_now_ns());
@@ -616,11 +619,9 @@ void kvr__send_gate_opened(kvr_agent_t *a, const kvr__gate_t *g,
         preq_step(a, r, KVR__SIN_READY, NULL, KVR_OK);
         return;
     }
-    char why[KVR_ERROR_MSG_MAX];
-    snprintf(why, sizeof(why), "waiting for the engine's CUDA event: %s", msg);
-    for (kvr__pull_t *q = r->pulls; q != NULL; q = q->next)
-        cut(a, q, st, why);
-    finish(a, r, KVR_SEND_FAILED, st, why);
+    snprintf(r->message, sizeof(r->message),
+             "waiting for the engine's CUDA event: %s", msg);
+    preq_step(a, r, KVR__SIN_ABORT, NULL, st);
 }
 
 /* ---- messages from consumers ---- */
