@@ -26,9 +26,7 @@ kvr_status_t sv_engine_create(int device, sv_engine_t **out, kvr_error_t *err)
     kvr_status_t st = kvr_gpu_stream_create(device, &e->stream, err);
     if (st == KVR_OK)
         st = kvr_gpu_event_create(device, &e->event, err);
-    if (st == KVR_OK)
-        st = kvr_gpu_warm(e->stream, err); /* the spin kernel's module too */
-    if (st == KVR_OK)
+    if (st == KVR_OK) /* the spin kernel loaded before the first request */
         st = kvr_gpu_spin(e->stream, 0, err);
     if (st == KVR_OK)
         st = kvr_gpu_sync(e->stream, err);
