@@ -571,12 +571,28 @@ static void *stream_from_first(world_t *w, const ah_req_t *a)
     return engine;
 }
 
+/* Until both ranks reported layer `layer` of id loaded (why: what it
+ * means that they did not). */
+static void expect_layer(world_t *w, const char *id, uint32_t layer,
+                         const char *why)
+{
+    ah_agent_t *all[] = {&w->cons[0], &w->cons[1], &w->prod[0][0],
+                         &w->prod[0][1]};
+    uint64_t end = ah_now_ms() + AH_WAIT_MS;
+    while (!(layer_reported(&w->cons[0], id, layer) &&
+             layer_reported(&w->cons[1], id, layer)) &&
+           ah_now_ms() < end)
+        ah_settle(all, 4, 10);
+    for (uint32_t k = 0; k < 2; k++)
+        if (!layer_reported(&w->cons[k], id, layer))
+            fail_msg("rank %u: layer %u of '%s' not loaded %s", k, layer, id,
+                     why);
+}
+
 static void gate_groups(void)
 {
     kvr__emul_kernel_us(500);
     world_t *w = gpu_world();
-    ah_agent_t *all[] = {&w->cons[0], &w->cons[1], &w->prod[0][0],
-                         &w->prod[0][1]};
     ah_agent_t *last = &w->prod[0][1];
     ah_req_t a, b, c;
     ah_req(&w->m, 20, 200, &a);
@@ -609,15 +625,7 @@ static void gate_groups(void)
     assert_int_equal(
         ah_wait(last, c.id, KVR_AGENT_SEND_FAILED, AH_WAIT_MS)->status,
         KVR_ERR_CANCELED);
-    uint64_t end = ah_now_ms() + AH_WAIT_MS;
-    while (!(layer_reported(&w->cons[0], a.id, 2) &&
-             layer_reported(&w->cons[1], a.id, 2)) &&
-           ah_now_ms() < end)
-        ah_settle(all, 4, 10);
-    for (uint32_t k = 0; k < 2; k++)
-        if (!layer_reported(&w->cons[k], a.id, 2))
-            fail_msg("rank %u: layer 2 of '%s' not loaded while layer 3's "
-                     "event waits", k, a.id);
+    expect_layer(w, a.id, 2, "while layer 3's event waits");
     /* b, ready without events, loads while a's last gate waits */
     fill_all(w, 0, &b);
     open_all(w, 0, &b, 0, true);
@@ -667,17 +675,12 @@ static void watcher_keeps_its_gate(void **state)
     assert_int_equal(kvr_agent_send_ready(last->agent, a.id, strlen(a.id), 2,
                                           3, done),
                      KVR_OK);
-    uint64_t end = ah_now_ms() + AH_WAIT_MS;
-    while (!(layer_reported(&w->cons[0], a.id, 2) &&
-             layer_reported(&w->cons[1], a.id, 2)) &&
-           ah_now_ms() < end)
-        ah_settle(all, 4, 10);
-    assert_true(layer_reported(&w->cons[0], a.id, 2));
+    expect_layer(w, a.id, 2, "from a gate the loop opens itself");
     assert_int_equal(kvr_agent_send_ready(last->agent, a.id, strlen(a.id), 3,
                                           4, held),
                      KVR_OK);
     kvr__emul_hold_syncs(false);
-    end = ah_now_ms() + AH_WAIT_MS;
+    uint64_t end = ah_now_ms() + AH_WAIT_MS;
     while (kvr__emul_syncs_done() == syncs && ah_now_ms() < end)
         ah_settle(all, 4, 10);
     if (kvr__emul_syncs_done() == syncs)
